@@ -1,0 +1,90 @@
+"""A GM's user queues: which task to decide on next (paper §IV-C).
+
+Each user has one FIFO queue; the GM serves its queues round-robin.  A task that
+could not be placed goes to the back of its queue (§IV-B5), a preempted one to the
+front.  To avoid spinning on a cluster that has nothing free, a queue whose
+``patience`` consecutive tasks failed since the GM's view last changed is *parked*
+until the view changes again (a new epoch); a GM whose queues are all parked or
+empty has no work.  This is the only departure from the paper's busy loop, and it
+changes no placement: a parked queue's tasks could not have been placed either.
+
+``QueuePolicy`` is the seam Carbyne plugs into (global_master/carbyne.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from common.ids import UserId
+from common.model import Task
+
+
+class UserQueues:
+    """Round-robin over FIFO user queues, with per-epoch parking."""
+
+    def __init__(self, users: Iterable[UserId], *, patience: int = 8) -> None:
+        self.queues: dict[UserId, deque[Task]] = {u: deque() for u in users}
+        self._order: list[UserId] = list(self.queues)
+        self._next = 0
+        self.patience = patience
+        self._failures: dict[UserId, int] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Task]:
+        for q in self.queues.values():
+            yield from q
+
+    def __contains__(self, user: object) -> bool:
+        return user in self.queues
+
+    def push_back(self, task: Task) -> None:
+        self.queues[task.user].append(task)
+        self._size += 1
+
+    def push_front(self, task: Task) -> None:
+        self.queues[task.user].appendleft(task)
+        self._size += 1
+        self._failures.pop(task.user, None)
+
+    def new_epoch(self) -> None:
+        """The view changed: parked queues may be able to place again."""
+        self._failures.clear()
+
+    def parked(self, user: UserId) -> bool:
+        return self._failures.get(user, 0) >= min(self.patience, len(self.queues[user]))
+
+    def failed(self, user: UserId) -> None:
+        """A task of ``user`` could not be placed in the current epoch."""
+        self._failures[user] = self._failures.get(user, 0) + 1
+
+    def placed(self, user: UserId) -> None:
+        self._failures.pop(user, None)
+
+    def has_work(self) -> bool:
+        if not self._size:
+            return False
+        return any(q and not self.parked(u) for u, q in self.queues.items())
+
+    def pop(self) -> Task | None:
+        """The next task, round-robin over queues that are neither empty nor parked."""
+        n = len(self._order)
+        for k in range(n):
+            user = self._order[(self._next + k) % n]
+            q = self.queues[user]
+            if q and not self.parked(user):
+                self._next = (self._next + k + 1) % n
+                self._size -= 1
+                return q.popleft()
+        return None
+
+    def remove(self, task: Task) -> bool:
+        try:
+            self.queues[task.user].remove(task)
+        except ValueError:
+            return False
+        self._size -= 1
+        return True

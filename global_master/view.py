@@ -1,0 +1,188 @@
+"""A GM's eventually consistent view of one LM's cluster (paper §IV-B1).
+
+Per LM the view holds one bit-vector per machine constraint (bit i = node i meets
+it), one bit-vector per partition (bit i = node i's home is that GM), the free
+resources of every node as last reported, the per-node versions, and the GM's own
+*pending reservations* (resources it has asked for and not yet heard back about).
+
+Invariant: ``free[i] == reported[i] - pending[i]`` componentwise, always.  Applying a
+reported node value therefore never forgets an in-flight request of this GM, and
+releasing a reservation when the response arrives is exact whichever of the
+response or a heartbeat comes first.
+
+The matching itself (AND of constraint vectors, then a first-fit scan of the nodes
+whose bit survives) lives here because it is the hot path: eligibility vectors are
+cached per constraint mask (machine constraints and homes never change), and an
+``avail`` vector (every resource > 0) skips full nodes without touching them.
+"""
+
+from __future__ import annotations
+
+from bitarray import bitarray
+
+from common.ids import GmId, LmId, UserId
+from common.messages import ClusterLayout, StateDelta
+from common.model import N_CONSTRAINTS, Resources
+
+
+class LmView:
+    """What one GM believes about one LM's cluster."""
+
+    __slots__ = (
+        "_eligible",
+        "avail",
+        "capacity",
+        "constraint_vectors",
+        "free",
+        "home",
+        "lm",
+        "n",
+        "node_masks",
+        "node_version",
+        "partitions",
+        "pending",
+        "usage",
+        "version",
+    )
+
+    def __init__(self, layout: ClusterLayout) -> None:
+        self.lm: LmId = layout.lm
+        n = self.n = len(layout.capacity)
+        self.capacity: list[Resources] = list(layout.capacity)
+        self.node_masks: list[int] = list(layout.constraints)
+        self.home: list[GmId] = list(layout.home)
+        self.constraint_vectors: list[bitarray] = []
+        for c in range(N_CONSTRAINTS):
+            v = bitarray(n, endian="little")
+            v.setall(0)
+            for i, m in enumerate(self.node_masks):
+                if m >> c & 1:
+                    v[i] = 1
+            self.constraint_vectors.append(v)
+        self.partitions: dict[GmId, bitarray] = {}
+        for i, g in enumerate(self.home):
+            part = self.partitions.get(g)
+            if part is None:
+                part = self.partitions[g] = bitarray(n, endian="little")
+                part.setall(0)
+            part[i] = 1
+        self.free: list[list[int]] = [[0] * len(c) for c in self.capacity]
+        self.pending: list[list[int] | None] = [None] * n
+        self.node_version: list[int] = [-1] * n
+        self.avail = bitarray(n, endian="little")
+        self.avail.setall(0)
+        self.version = -1
+        self.usage: dict[UserId, Resources] = {}
+        self._eligible: dict[tuple[int, GmId, bool], bitarray] = {}
+
+    # ------------------------------------------------------------ matching
+    def eligible(self, mask: int, gm: GmId, internal: bool) -> bitarray:
+        """Nodes meeting every constraint in ``mask``, in ``gm``'s partition or outside it."""
+        key = (mask, gm, internal)
+        v = self._eligible.get(key)
+        if v is None:
+            v = bitarray(self.n, endian="little")
+            v.setall(1)
+            for c in range(N_CONSTRAINTS):
+                if mask >> c & 1:
+                    v &= self.constraint_vectors[c]
+            part = self.partitions.get(gm)
+            if part is None:
+                if internal:
+                    v.setall(0)
+            elif internal:
+                v &= part
+            else:
+                v &= ~part
+            self._eligible[key] = v
+        return v
+
+    def first_fit(self, eligible: bitarray, demand: Resources) -> int:
+        """The first eligible node whose free resources cover ``demand``, or -1."""
+        cand = eligible & self.avail
+        free = self.free
+        for i in cand.search(1):
+            f = free[i]
+            for r, d in enumerate(demand):
+                if f[r] < d:
+                    break
+            else:
+                return i
+        return -1
+
+    def feasible(self, mask: int, demand: Resources) -> bool:
+        """Some node of this LM could ever run the task (constraints and capacity)."""
+        v = bitarray(self.n, endian="little")
+        v.setall(1)
+        for c in range(N_CONSTRAINTS):
+            if mask >> c & 1:
+                v &= self.constraint_vectors[c]
+        cap = self.capacity
+        return any(all(c >= d for c, d in zip(cap[i], demand, strict=True)) for i in v.search(1))
+
+    # ------------------------------------------------------------- updates
+    def _set_avail(self, i: int) -> None:
+        self.avail[i] = all(x > 0 for x in self.free[i])
+
+    def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
+        """Take a reported value if it is newer than what the view holds."""
+        if node_version <= self.node_version[i]:
+            return False
+        self.node_version[i] = node_version
+        pend = self.pending[i]
+        if pend is None:
+            self.free[i] = list(reported)
+        else:
+            self.free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
+        self._set_avail(i)
+        return True
+
+    def apply(self, delta: StateDelta) -> tuple[bool, bool]:
+        """Apply a delta; returns (something changed, a gap was detected).
+
+        A gap means the delta starts after the version the view is complete up to:
+        its nodes are still applied (per-node versions keep that safe), but the view
+        stays incomplete until a full snapshot arrives.
+        """
+        newer = delta.version >= self.version
+        changed = False
+        for i, f, v in zip(delta.nodes, delta.free, delta.node_versions, strict=True):
+            if self.set_node(i, f, v):
+                changed = True
+        gap = delta.base_version > self.version
+        if newer:
+            if not gap:
+                self.version = delta.version
+            if self.usage != delta.usage:
+                changed = True
+                self.usage = dict(delta.usage)
+        return changed, gap
+
+    def reserve(self, i: int, demand: Resources) -> None:
+        pend = self.pending[i]
+        if pend is None:
+            pend = self.pending[i] = [0] * len(demand)
+        f = self.free[i]
+        for r, d in enumerate(demand):
+            pend[r] += d
+            f[r] -= d
+        self._set_avail(i)
+
+    def release(self, i: int, demand: Resources) -> None:
+        pend = self.pending[i]
+        if pend is None:
+            return
+        f = self.free[i]
+        for r, d in enumerate(demand):
+            pend[r] -= d
+            f[r] += d
+        if not any(pend):
+            self.pending[i] = None
+        self._set_avail(i)
+
+    def total_capacity(self) -> list[int]:
+        tot = [0] * len(self.capacity[0])
+        for c in self.capacity:
+            for r, x in enumerate(c):
+                tot[r] += x
+        return tot
