@@ -78,6 +78,7 @@ class GlobalMaster:
         self.users: dict[UserId, UserConfig] = {u.user: u for u in users}
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
+        self.queues.bind(self)
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskId, InFlight] = {}
         self.placed: dict[TaskId, Task] = {}
@@ -223,7 +224,7 @@ class GlobalMaster:
             node = view.first_fit(view.eligible(mask, me, True), demand)
             if node >= 0:
                 self._rr_internal = (self._rr_internal + k + 1) % n
-                self._dispatch(task, view, node, False, batches)
+                self._dispatch(task, view, node, False, batches, now)
                 return
         # 2. external partitions, round-robin over LMs: repartition
         for k in range(n):
@@ -232,7 +233,7 @@ class GlobalMaster:
             node = view.first_fit(view.eligible(mask, me, False), demand)
             if node >= 0:
                 self._rr_external = (self._rr_external + k + 1) % n
-                self._dispatch(task, view, node, True, batches)
+                self._dispatch(task, view, node, True, batches, now)
                 return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self._is_feasible(mask, demand):
@@ -246,6 +247,7 @@ class GlobalMaster:
         if req is not None:
             self.counters["preemption_attempts"] += 1
             self.inflight[task.task_id] = InFlight(task, req.lm, -1, False)
+            self.queues.on_dispatched(task, now)
             effects.append(ToLm(req.lm, req))
             return
         self._requeue(task, now)
@@ -257,9 +259,11 @@ class GlobalMaster:
         node: int,
         repartition: bool,
         batches: dict[LmId, list[Placement]],
+        now: float,
     ) -> None:
         view.reserve(node, task.demand)
         self.inflight[task.task_id] = InFlight(task, view.lm, node, repartition)
+        self.queues.on_dispatched(task, now)
         self.counters["repartitions" if repartition else "placed_internal"] += 1
         self.queues.placed(task.user)
         batches.setdefault(view.lm, []).append(
@@ -419,6 +423,7 @@ class GlobalMaster:
                 self.placed[task.task_id] = task
             else:
                 self._back_from_lm(task, resp.received_at, resp.sent_at, now)
+                self.queues.on_returned(task, now)
                 self.counters[
                     "external_inconsistencies" if fl.repartition else "internal_inconsistencies"
                 ] += 1
@@ -467,12 +472,14 @@ class GlobalMaster:
             self.placed[task.task_id] = task
             return effects
         self._back_from_lm(task, resp.received_at, resp.sent_at, now)
+        self.queues.on_returned(task, now)
         req = self._preemption(task)
         if req is None:
             self._requeue(task, now)
             return effects
         self.counters["preemption_attempts"] += 1
         self.inflight[task.task_id] = InFlight(task, req.lm, -1, False)
+        self.queues.on_dispatched(task, now)
         return [*effects, ToLm(req.lm, req)]
 
     def on_task_event(self, ev: TaskEvent, now: float) -> list[Effect]:
@@ -492,6 +499,8 @@ class GlobalMaster:
             self.known_placed.discard(tid)
             if kind == "finished":
                 self.finished.add(tid)
+                if ev.task.user in self.queues:
+                    self.queues.on_finished(ev.task, now)
             else:
                 self.failed[tid] = "failed on worker"
             return []
@@ -505,6 +514,7 @@ class GlobalMaster:
         task = ev.task
         task.gm = self.gm_id
         task.enter(Phase.QUEUEING, now)
+        self.queues.on_returned(task, now)
         self.queues.push_front(task)
         return []
 

@@ -81,6 +81,19 @@ class UserQueues:
                 return q.popleft()
         return None
 
+    # Hooks for policies that track jobs (Carbyne); plain FIFO queues need none.
+    def bind(self, gm: object) -> None:
+        """Called once by the GM that owns these queues (read-only access to its views)."""
+
+    def on_dispatched(self, task: Task, now: float) -> None:
+        """A task left its queue for an LM."""
+
+    def on_finished(self, task: Task, now: float) -> None:
+        """A task of these queues finished (its children may become runnable)."""
+
+    def on_returned(self, task: Task, now: float) -> None:
+        """A dispatched/placed task came back (preempted, refused, worker lost)."""
+
     def remove(self, task: Task) -> bool:
         try:
             self.queues[task.user].remove(task)

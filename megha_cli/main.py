@@ -1,0 +1,46 @@
+"""``megha``: the command line.  Each sub-command lives in its own module and
+registers itself here, so the simulator and the live federation never share a file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# (module, function) pairs; each function adds its sub-commands to the parser.
+COMMAND_MODULES: tuple[str, ...] = ("megha_cli.simulate", "megha_cli.federation")
+
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megha",
+        description=(
+            "Megha: a decentralized federated cluster scheduler. Run a federation "
+            "(up/down/status/demo/bench) or simulate one at scale (simulate)."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        register: Registrar = module.register
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
