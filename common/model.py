@@ -61,7 +61,8 @@ class Phase(IntEnum):
     RUNNING = 4  # ran, then was preempted: not allocation time
 
 
-COMPONENTS = ("queueing", "processing", "worker_queueing", "communication")
+COMPONENTS = ("queueing", "processing", "communication", "worker_queueing")
+"""Allocation-time components, in `Phase` order (index i is `Task.spent[i]`)."""
 
 
 class TaskState(IntEnum):
