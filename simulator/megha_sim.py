@@ -418,8 +418,8 @@ class MeghaSimulation:
         self.loop.run(progress=progress)
         counters: dict[str, int] = {}
         for c in [g.counters for g in self.gms.values()] + [m.counters for m in self.lms.values()]:
-            for k, v in c.items():
-                counters[k] = counters.get(k, 0) + v
+            for name, v in c.items():
+                counters[name] = counters.get(name, 0) + v
         return SimResult(
             tasks=self.tasks,
             job_completion=self.job_completion,
