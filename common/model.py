@@ -16,6 +16,7 @@ stamp is charged to the phase being left.  The four components therefore add up 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -28,7 +29,7 @@ N_CONSTRAINTS = 21
 Resources = tuple[int, ...]
 
 
-def fits(free: Resources, demand: Resources) -> bool:
+def fits(free: Sequence[int], demand: Sequence[int]) -> bool:
     """Every resource type of ``demand`` is available in ``free``."""
     return all(f >= d for f, d in zip(free, demand, strict=True))
 

@@ -1,0 +1,407 @@
+"""``megha simulate``: Megha, Sparrow and a centralized scheduler on one workload.
+
+Every scheduler sees the same jobs (rebuilt from the same seed) on the same
+machines; Megha and the centralized configuration run the real GM/LM cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
+from common.ids import GmId, LmId
+from common.model import UserConfig
+from request_generator.report import (
+    format_table,
+    percentiles,
+    plot_cdfs,
+    plot_components,
+    summarize_tasks,
+    write_records_csv,
+)
+from request_generator.workload import (
+    PROFILES,
+    ClusterSpec,
+    Job,
+    WorkloadSpec,
+    jobs_from_trace,
+    make_federation,
+    parse_users,
+    profile,
+    read_trace,
+    synthetic_jobs,
+)
+from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.sparrow import SparrowConfig, SparrowSimulation
+
+BASELINES = ("sparrow", "centralized")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("values must be positive")
+    return values
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate Megha beside Sparrow and a centralized scheduler",
+        description=(
+            "Replay a trace or a synthetic workload in virtual time on 1,000-50,000 workers. "
+            "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
+            "the live services. Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_argument_group("workload")
+    src.add_argument("--trace", help="trace file (../shared/traces format)")
+    src.add_argument(
+        "--workload",
+        choices=("trace", "synthetic", "dag"),
+        default=None,
+        help="workload kind (default: trace if --trace is given, else synthetic)",
+    )
+    src.add_argument("--jobs", help="DAG job file (JSON, see README); implies --workload dag")
+    src.add_argument("--limit-jobs", type=int, help="replay only the first N jobs of the trace")
+    src.add_argument("--jobs-count", type=int, default=200, help="synthetic / DAG: number of jobs")
+    src.add_argument("--tasks-per-job", type=int, default=20, help="synthetic: tasks per job")
+    src.add_argument("--rate", type=float, default=5.0, help="synthetic: job arrivals per second")
+    src.add_argument("--mean-duration", type=float, default=2.0, help="synthetic: mean task s")
+    src.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times")
+    src.add_argument("--duration-scale", type=float, default=1.0, help="multiply durations")
+    src.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="slots",
+        help="slots: 1 slot per worker and task (Sparrow/Megha simulators); "
+        "paper: 64-core/16 GB nodes, multi-resource tasks",
+    )
+    src.add_argument(
+        "--no-constraints", action="store_true", help="no placement constraints at all"
+    )
+    src.add_argument(
+        "--task-constraint-prob",
+        type=float,
+        default=0.5,
+        help="probability that a task asks for placement constraints",
+    )
+    fed = p.add_argument_group("federation")
+    fed.add_argument("--workers", type=_ints, default=[10_000], help="e.g. 1000,10000,50000")
+    fed.add_argument("--gms", type=_ints, default=[4], help="GMs (comma list sweeps)")
+    fed.add_argument("--lms", type=_ints, default=[25], help="LMs (comma list sweeps)")
+    fed.add_argument(
+        "--users",
+        default="",
+        help="NAME:SHARE@GM,... e.g. 'q1:0.1@gm0,q2:0.25@gm1,q3:0.15@gm1,q4:0.5@gm2' "
+        "(default: one user per GM, equal shares)",
+    )
+    fed.add_argument(
+        "--baselines",
+        default="sparrow,centralized",
+        help="comma list of baselines to run beside Megha (sparrow, centralized; '' for none)",
+    )
+    model = p.add_argument_group("model")
+    model.add_argument("--network-delay", type=float, default=0.0005, help="s per message")
+    model.add_argument("--update-period", type=float, default=10.0, help="LM heartbeat s")
+    model.add_argument("--gm-decision-cost", type=float, default=SimConfig.gm_decision_s)
+    model.add_argument("--lm-validation-cost", type=float, default=SimConfig.lm_validation_s)
+    model.add_argument("--batch", type=int, default=1, help="GM decisions per request batch")
+    dag = p.add_argument_group("DAG jobs (Carbyne)")
+    dag.add_argument(
+        "--policies",
+        default="drf,tetris,sjf,carbyne",
+        help="DAG workloads: queue policies to compare (fifo, drf, tetris, sjf, carbyne)",
+    )
+    dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default="results/simulate", help="output directory")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=run)
+
+
+# ---------------------------------------------------------------------------- run
+def _progress(
+    label: str, total: int, done: Callable[[], int], quiet: bool
+) -> Callable[[float], None]:
+    start = time.perf_counter()
+
+    def show(t: float) -> None:
+        if quiet:
+            return
+        n = done()
+        pct = 100.0 * n / total if total else 100.0
+        sys.stderr.write(
+            f"\r  {label:<12} {pct:5.1f}% of {total} tasks  virtual {t:,.0f} s  "
+            f"wall {time.perf_counter() - start:,.0f} s"
+        )
+        sys.stderr.flush()
+
+    return show
+
+
+def _end_progress(quiet: bool) -> None:
+    if not quiet:
+        sys.stderr.write("\n")
+
+
+def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
+    """The workload, rebuilt identically for every scheduler from the seed."""
+    rng = random.Random(args.seed)
+    spec = WorkloadSpec(
+        profile=args.profile,
+        constraints=not args.no_constraints,
+        time_scale=args.time_scale,
+        duration_scale=args.duration_scale,
+        task_constraint_prob=args.task_constraint_prob,
+    )
+    if args.workload == "trace":
+        if not args.trace:
+            raise ConfigError("--workload trace needs --trace FILE", reason="missing_trace")
+        return jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
+    return synthetic_jobs(
+        args.jobs_count,
+        rate=args.rate,
+        tasks_per_job=args.tasks_per_job,
+        mean_duration=args.mean_duration,
+        spec=spec,
+        users=users,
+        rng=rng,
+    )
+
+
+def _jct(result: SimResult) -> dict[str, float]:
+    return percentiles(list(result.job_completion.values()))
+
+
+def scheduler_summary(result: SimResult) -> dict[str, Any]:
+    s = summarize_tasks(result.tasks)
+    s["jct_s"] = _jct(result)
+    s["makespan_s"] = result.makespan_s
+    s["counters"] = dict(sorted(result.counters.items()))
+    s["failed_tasks"] = len(result.failed)
+    s["stuck_tasks"] = result.stuck
+    s["jobs_completed"] = len(result.job_completion)
+    return s
+
+
+def centralized_cluster(clusters: Sequence[ClusterSpec], gm: GmId) -> list[ClusterSpec]:
+    """The same machines as one cluster under one LM, all in one GM's partition."""
+    nodes = [n for c in clusters for n in c.nodes]
+    return [ClusterSpec(LmId("lm0"), nodes, [gm] * len(nodes), "mixed")]
+
+
+def run_point(
+    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
+) -> dict[str, Any]:
+    """One federation size: Megha and the chosen baselines, side by side."""
+    gm_ids = [GmId(f"gm{i}") for i in range(n_gms)]
+    users = parse_users(args.users, gm_ids)
+    prof = profile(args.profile)
+    clusters = make_federation(
+        workers, gm_ids, n_lms, prof, not args.no_constraints, random.Random(args.seed + 7919)
+    )
+    cfg = SimConfig(
+        network_delay_s=args.network_delay,
+        update_period_s=args.update_period,
+        gm_decision_s=args.gm_decision_cost,
+        lm_validation_s=args.lm_validation_cost,
+        batch=args.batch,
+    )
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    for b in baselines:
+        if b not in BASELINES:
+            raise ConfigError(f"unknown baseline {b!r} (known: {', '.join(BASELINES)})")
+    results: dict[str, SimResult] = {}
+    timing: dict[str, dict[str, float]] = {}
+
+    def record(name: str, result: SimResult) -> None:
+        results[name] = result
+        n = max(1, len(result.tasks))
+        timing[name] = {
+            "wall_s": round(result.wall_s, 3),
+            "cpu_s": round(result.cpu_s, 3),
+            "cpu_ms_per_task": round(1000 * result.cpu_s / n, 4),
+            "events": result.events,
+        }
+
+    # Megha
+    jobs = build_jobs(args, users)
+    total = sum(len(j.tasks) for j in jobs)
+    sim = MeghaSimulation(clusters, gm_ids, users, cfg)
+    sim.add_jobs(jobs)
+    show = _progress("megha", total, lambda: total - sim.outstanding, args.quiet)
+    record("megha", sim.run(progress=show))
+    _end_progress(args.quiet)
+    if "sparrow" in baselines:
+        jobs = build_jobs(args, users)
+        sp = SparrowSimulation(
+            clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
+        )
+        sp.add_jobs(jobs)
+        if not args.quiet:
+            sys.stderr.write(f"  {'sparrow':<12} running {total} tasks\n")
+        record("sparrow", sp.run())
+    if "centralized" in baselines:
+        gm0 = GmId("gm0")
+        c_users = [UserConfig(u.user, gm0, u.share) for u in users]
+        jobs = build_jobs(args, c_users)
+        csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
+        csim.add_jobs(jobs)
+        show = _progress("centralized", total, lambda: total - csim.outstanding, args.quiet)
+        record("centralized", csim.run(progress=show))
+        _end_progress(args.quiet)
+
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "workers": workers,
+        "gms": n_gms,
+        "lms": n_lms,
+        "seed": args.seed,
+        "profile": args.profile,
+        "constraints": not args.no_constraints,
+        "tasks": total,
+        "jobs": len(jobs),
+        "users": {u.user: {"gm": u.gm, "share": u.share} for u in users},
+        "schedulers": {name: scheduler_summary(r) for name, r in results.items()},
+    }
+    for name, r in results.items():
+        write_records_csv(out / f"tasks-{name}.csv", r.tasks)
+    title = f"{workers} workers, {n_gms} GMs x {n_lms} LMs"
+    plot_cdfs(
+        out / "allocation_cdf.png",
+        {n: [t.allocation_time for t in r.tasks if t.started_at >= 0] for n, r in results.items()},
+        f"Allocation time: {title}",
+    )
+    plot_components(
+        out / "components.png",
+        {n: s["components_s"] for n, s in summary["schedulers"].items()},
+        "Allocation-time components",
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (out / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True))
+    summary["timing"] = timing
+    return summary
+
+
+def _print_point(summary: dict[str, Any]) -> None:
+    print(
+        f"\n{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs, "
+        f"{summary['tasks']} tasks — allocation time:"
+    )
+    print(format_table({n: s["allocation_time_s"] for n, s in summary["schedulers"].items()}))
+    for n, s in summary["schedulers"].items():
+        t = summary["timing"][n]
+        extra = ""
+        if s["failed_tasks"] or s["stuck_tasks"]:
+            extra = f", failed {s['failed_tasks']}, stuck {s['stuck_tasks']}"
+        print(
+            f"  {n:<12} jobs {s['jobs_completed']}, JCT p50 {s['jct_s']['p50']:.2f} s"
+            f", wall {t['wall_s']:.1f} s, CPU {t['cpu_ms_per_task']:.3f} ms/task{extra}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"megha simulate: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.jobs:
+        args.workload = "dag"
+    if args.workload is None:
+        args.workload = "trace" if args.trace else "synthetic"
+    out = Path(args.out)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    if args.workload == "dag":
+        return _run_dag(args, out)
+    points = list(itertools.product(args.workers, args.gms, args.lms))
+    summaries = []
+    for workers, g, lm in points:
+        target = out if len(points) == 1 else out / f"w{workers}_g{g}_l{lm}"
+        s = run_point(args, workers, g, lm, target)
+        _print_point(s)
+        summaries.append(s)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    if len(points) > 1:
+        _write_sweep(out, summaries)
+    else:
+        data = json.loads((out / "summary.json").read_text())
+        data["wall_s"], data["cpu_s"] = round(wall, 3), round(cpu, 3)
+        data["timing"] = summaries[0]["timing"]
+        (out / "summary.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    print(f"\nwrote {out}/ (summary.json, tasks-*.csv, allocation_cdf.png, components.png)")
+    return 0
+
+
+def _write_sweep(out: Path, summaries: list[dict[str, Any]]) -> None:
+    rows = {}
+    table: list[dict[str, Any]] = []
+    for s in summaries:
+        for name, sch in s["schedulers"].items():
+            label = f"{name} w{s['workers']} g{s['gms']} l{s['lms']}"
+            rows[label] = sch["allocation_time_s"]
+            table.append(
+                {
+                    "scheduler": name,
+                    "workers": s["workers"],
+                    "gms": s["gms"],
+                    "lms": s["lms"],
+                    **sch["allocation_time_s"],
+                    **s["timing"][name],
+                }
+            )
+    print("\nSweep:")
+    print(format_table(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(table, indent=2, sort_keys=True))
+    _plot_sweep(out / "sweep.png", table)
+
+
+def _plot_sweep(path: Path, table: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    by_sched: dict[str, list[dict[str, Any]]] = {}
+    for row in table:
+        by_sched.setdefault(row["scheduler"], []).append(row)
+    for name, rows in by_sched.items():
+        labels = [f"{r['workers']}/{r['gms']}/{r['lms']}" for r in rows]
+        for stat, style in (("p50", "o--"), ("p99", "s-")):
+            ax.plot(labels, [max(r[stat], 1e-6) for r in rows], style, label=f"{name} {stat}")
+    ax.set_yscale("log")
+    ax.set_xlabel("workers / GMs / LMs")
+    ax.set_ylabel("allocation time (s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _run_dag(args: argparse.Namespace, out: Path) -> int:
+    """DAG jobs under the queue policies (Carbyne and its baselines)."""
+    from simulator import dag_run  # the Carbyne comparison, same simulator and cores
+
+    runner: Callable[[argparse.Namespace, Path], int] = dag_run.run_cli
+    return runner(args, out)

@@ -1,0 +1,240 @@
+"""Sparrow, the distributed-sampling baseline (Ousterhout et al., SOSP'13).
+
+Not Megha code, and not a second copy of it: a different scheduler, held to the
+same workload, cluster and network model so its tails compare with Megha's.
+
+* **Batch sampling**: a job of m tasks places ``probe_ratio * m`` reservations on
+  distinct workers chosen at random.  Tasks with placement constraints are probed
+  per task, ``probe_ratio`` workers among those meeting the task's constraints
+  (Sparrow's per-task constraint handling).
+* **Late binding**: a worker with free resources takes its oldest reservation and
+  asks the job's scheduler for a task; the scheduler answers with an unlaunched
+  task the worker can run, or a no-op once all have been launched.
+* **FIFO worker queues**; no processing costs (as in the Sparrow and Eagle
+  simulators), one network delay per message.
+
+Allocation-time split of a task: communication = probe + request + reply;
+worker queueing = how long the winning reservation waited at its worker.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bitarray import bitarray
+
+from common.ids import JobId, TaskId
+from common.model import N_CONSTRAINTS, Phase, Task, fits, satisfies
+from request_generator.workload import ClusterSpec, Job
+from simulator.engine import EventLoop
+from simulator.megha_sim import SimResult
+
+
+@dataclass
+class SparrowConfig:
+    network_delay_s: float = 0.0005
+    probe_ratio: int = 2
+
+
+class _JobState:
+    __slots__ = ("arrival", "job_id", "pending", "probes_out", "unconstrained")
+
+    def __init__(self, job: Job) -> None:
+        self.job_id = job.job_id
+        self.arrival = job.arrival
+        # Most constrained first: a worker binds the hardest task it can run.
+        self.pending: deque[Task] = deque(
+            sorted(job.tasks, key=lambda t: -t.constraints.bit_count())
+        )
+        self.unconstrained = all(t.constraints == 0 for t in job.tasks)
+        self.probes_out = 0
+
+
+class _Worker:
+    __slots__ = ("asking", "free", "mask", "queue")
+
+    def __init__(self, capacity: tuple[int, ...], mask: int) -> None:
+        self.free = list(capacity)
+        self.mask = mask
+        self.queue: deque[tuple[_JobState, float]] = deque()
+        self.asking = False
+
+
+class SparrowSimulation:
+    """Sparrow over the same workers the Megha run uses (LM boundaries ignored)."""
+
+    def __init__(
+        self,
+        clusters: Sequence[ClusterSpec],
+        config: SparrowConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = config or SparrowConfig()
+        self.rng = rng or random.Random(0)
+        self.loop = EventLoop()
+        self.workers = [_Worker(n.capacity, n.constraints) for c in clusters for n in c.nodes]
+        n = len(self.workers)
+        self._vectors = []
+        for c in range(N_CONSTRAINTS):
+            v = bitarray(n, endian="little")
+            v.setall(0)
+            for i, w in enumerate(self.workers):
+                if w.mask >> c & 1:
+                    v[i] = 1
+            self._vectors.append(v)
+        self._eligible: dict[int, list[int]] = {}
+        self.tasks: list[Task] = []
+        self.job_arrival: dict[JobId, float] = {}
+        self.job_left: dict[JobId, int] = {}
+        self.job_completion: dict[JobId, float] = {}
+        self.failed: dict[TaskId, str] = {}
+        self.last_finish = 0.0
+        self.first_arrival: float | None = None
+        self.counters = {"probes": 0, "noops": 0, "get_task": 0, "resamples": 0}
+
+    def _eligible_workers(self, mask: int) -> list[int]:
+        lst = self._eligible.get(mask)
+        if lst is None:
+            v = bitarray(len(self.workers), endian="little")
+            v.setall(1)
+            for c in range(N_CONSTRAINTS):
+                if mask >> c & 1:
+                    v &= self._vectors[c]
+            lst = self._eligible[mask] = list(v.search(1))
+        return lst
+
+    def add_jobs(self, jobs: Iterable[Job]) -> None:
+        for job in jobs:
+            self.tasks.extend(job.tasks)
+            self.job_arrival[job.job_id] = job.arrival
+            self.job_left[job.job_id] = len(job.tasks)
+            if self.first_arrival is None or job.arrival < self.first_arrival:
+                self.first_arrival = job.arrival
+            self.loop.at(job.arrival, self._arrive, job)
+
+    def _arrive(self, job: Job) -> None:
+        now = self.loop.now
+        state = _JobState(job)
+        for t in job.tasks:
+            t.submit(now)
+        self._sample(state, now)
+
+    def _sample(self, state: _JobState, now: float) -> None:
+        """Place ``probe_ratio`` reservations per pending task of the job."""
+        d = self.cfg.probe_ratio
+        n = len(self.workers)
+        if state.unconstrained:
+            targets = self.rng.sample(range(n), min(n, d * len(state.pending)))
+        else:
+            targets = []
+            for t in list(state.pending):
+                elig = self._eligible_workers(t.constraints)
+                if not elig:
+                    state.pending.remove(t)
+                    self._done(t, now, "infeasible: no worker meets the constraints")
+                    continue
+                targets.extend(self.rng.sample(elig, min(d, len(elig))))
+        self.counters["probes"] += len(targets)
+        state.probes_out += len(targets)
+        at = now + self.cfg.network_delay_s
+        for w in targets:
+            self.loop.at(at, self._probe, w, state)
+
+    def _probe(self, w: int, state: _JobState) -> None:
+        worker = self.workers[w]
+        worker.queue.append((state, self.loop.now))
+        self._pull(w)
+
+    def _pull(self, w: int) -> None:
+        """A worker with room and no request outstanding asks for its next reservation."""
+        worker = self.workers[w]
+        if worker.asking or not worker.queue or not all(x > 0 for x in worker.free):
+            return
+        state, reserved_at = worker.queue.popleft()
+        worker.asking = True
+        self.counters["get_task"] += 1
+        now = self.loop.now
+        self.loop.at(now + self.cfg.network_delay_s, self._get_task, w, state, reserved_at, now)
+
+    def _get_task(self, w: int, state: _JobState, reserved_at: float, asked_at: float) -> None:
+        """At the scheduler: late binding of an unlaunched task to the asking worker."""
+        worker = self.workers[w]
+        state.probes_out -= 1
+        task: Task | None = None
+        if state.unconstrained:
+            if state.pending and fits(worker.free, state.pending[0].demand):
+                task = state.pending.popleft()
+        else:
+            for t in state.pending:
+                if satisfies(worker.mask, t.constraints) and fits(worker.free, t.demand):
+                    task = t
+                    break
+            if task is not None:
+                state.pending.remove(task)
+        at = self.loop.now + self.cfg.network_delay_s
+        if task is None:
+            self.counters["noops"] += 1
+            self.loop.at(at, self._noop, w)
+            if state.pending and state.probes_out == 0:
+                # every reservation of the job is spent and tasks remain: probe again
+                self.counters["resamples"] += 1
+                self._sample(state, self.loop.now)
+            return
+        d = self.cfg.network_delay_s
+        task.spent[Phase.COMMUNICATION] = 3 * d
+        task.spent[Phase.WORKER_QUEUEING] = asked_at - reserved_at
+        task.phase_since = at
+        task.phase = Phase.COMMUNICATION
+        for r, x in enumerate(task.demand):
+            worker.free[r] -= x
+        self.loop.at(at, self._start, w, task)
+
+    def _noop(self, w: int) -> None:
+        self.workers[w].asking = False
+        self._pull(w)
+
+    def _start(self, w: int, task: Task) -> None:
+        now = self.loop.now
+        task.start(now)
+        worker = self.workers[w]
+        worker.asking = False
+        self.loop.at(now + task.duration, self._finish, w, task)
+        self._pull(w)
+
+    def _finish(self, w: int, task: Task) -> None:
+        worker = self.workers[w]
+        for r, x in enumerate(task.demand):
+            worker.free[r] += x
+        self._done(task, self.loop.now)
+        self._pull(w)
+
+    def _done(self, task: Task, t: float, failure: str = "") -> None:
+        if failure:
+            self.failed[task.task_id] = failure
+        else:
+            task.finished_at = t
+        self.last_finish = max(self.last_finish, t)
+        left = self.job_left[task.job_id] - 1
+        self.job_left[task.job_id] = left
+        if left == 0:
+            self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
+
+    def run(self) -> SimResult:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        self.loop.run()
+        return SimResult(
+            tasks=self.tasks,
+            job_completion=self.job_completion,
+            job_arrival=self.job_arrival,
+            counters=dict(self.counters),
+            makespan_s=self.last_finish - (self.first_arrival or 0.0),
+            failed=self.failed,
+            events=self.loop.events,
+            virtual_s=self.loop.now,
+            wall_s=time.perf_counter() - wall0,
+            cpu_s=time.process_time() - cpu0,
+        )
