@@ -1,0 +1,78 @@
+"""Simulator scale: wall time, CPU per simulated task and peak memory.
+
+Two scenarios (issue 2, "How fast and how big"):
+  yh1    YH1_sub (122,878 tasks) on 10,000 workers, 4 GMs x 25 LMs, with Sparrow and the
+         centralized baseline, via `megha simulate` itself.
+  big    a synthetic 300,000-task workload on 50,000 workers, 10 GMs x 50 LMs (Megha only).
+Each scenario runs in a child process so its peak RSS is its own.  Writes JSON to --out.
+
+    python benchmarks/bench_sim.py --scenario yh1 --trace ../shared/traces/YH1_sub.tr
+    python benchmarks/bench_sim.py --scenario big
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _child(cmd: list[str]) -> dict[str, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, check=False)
+    wall = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+    return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak_kb / 1024, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--scenario", choices=("yh1", "big"), required=True)
+    ap.add_argument("--trace", default="../shared/traces/YH1_sub.tr")
+    ap.add_argument(
+        "--out", default=None, help="JSON file (default results/bench_sim_<scenario>.json)"
+    )
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    results_dir = Path("results") / f"bench_sim_{args.scenario}"
+    base = [sys.executable, "-m", "megha_cli.main", "simulate", "--seed", str(args.seed)]
+    if args.scenario == "yh1":
+        cmd = [
+            *base,
+            "--trace", args.trace, "--workers", "10000", "--gms", "4", "--lms", "25",
+            "--baselines", "sparrow,centralized", "--out", str(results_dir),
+        ]  # fmt: skip
+    else:
+        # 3,000 jobs x 100 tasks, mean 60 s, arrivals at 5 jobs/s: ~60% of 50,000 slots
+        cmd = [
+            *base,
+            "--workload", "synthetic", "--jobs-count", "3000", "--tasks-per-job", "100",
+            "--rate", "5", "--mean-duration", "60", "--workers", "50000", "--gms", "10",
+            "--lms", "50", "--baselines", "", "--out", str(results_dir),
+        ]  # fmt: skip
+    figures = _child(cmd)
+    summary = json.loads((results_dir / "summary.json").read_text())
+    report = {
+        "scenario": args.scenario,
+        "command": " ".join(cmd[2:]),
+        **figures,
+        "tasks": summary["tasks"],
+        "timing": summary["timing"],
+        "allocation_time_s": {
+            name: s["allocation_time_s"] for name, s in summary["schedulers"].items()
+        },
+    }
+    out = Path(args.out or f"results/bench_sim_{args.scenario}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
