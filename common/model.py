@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
 
 from common.ids import GmId, JobId, TaskId, UserId
 
@@ -132,27 +131,6 @@ class Task:
     @property
     def allocation_time(self) -> float:
         return self.spent[0] + self.spent[1] + self.spent[2] + self.spent[3]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "id": self.task_id,
-            "job": self.job_id,
-            "user": self.user,
-            "demand": list(self.demand),
-            "duration": self.duration,
-            "constraints": self.constraints,
-            "command": list(self.command),
-            "altruistic": self.altruistic,
-            "gm": self.gm,
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "phase": int(self.phase),
-            "phase_since": self.phase_since,
-            "spent": list(self.spent),
-            "attempts": self.attempts,
-            "waits": list(self.waits),
-        }
 
 
 @dataclass(frozen=True, slots=True)
