@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from common.dag import DagJob
 from common.effects import Effect, Report, ToLm
 from common.errors import ValidationError
 from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
@@ -93,6 +94,9 @@ class GlobalMaster:
         self._next_request = 0
         self._snapshot_wanted: set[LmId] = set()
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
+        self._capacity: list[int] = []
+        self._victim_pending: dict[UserId, float] = {}
+        self._preempt_victim: dict[TaskId, tuple[UserId, float]] = {}
         self.counters: dict[str, int] = {
             "decisions": 0,
             "placed_internal": 0,
@@ -100,7 +104,7 @@ class GlobalMaster:
             "internal_inconsistencies": 0,
             "external_inconsistencies": 0,
             "preemption_attempts": 0,
-            "preemptions": 0,
+            "preemptions_granted": 0,
             "preempted_requeued": 0,
             "requeues": 0,
             "failed": 0,
@@ -179,6 +183,29 @@ class GlobalMaster:
             self.queues.push_back(t)
         return []
 
+    def submit_job(self, job: DagJob, now: float) -> list[Effect]:
+        """A DAG job enters its user's queue: root stages now, the others as their
+        parent stages finish.  Refused like ``submit`` before anything is queued."""
+        if job.user not in self.queues:
+            raise ValidationError(
+                f"user {job.user!r} has no queue on {self.gm_id}", reason="unknown_user"
+            )
+        seen: set[TaskId] = set()
+        for t in job.tasks:
+            if t.user != job.user:
+                raise ValidationError(
+                    f"task {t.task_id!r} belongs to {t.user!r}, not {job.user!r}",
+                    reason="invalid_field",
+                )
+            if t.task_id in seen or self.knows(t.task_id):
+                raise ValidationError(
+                    f"duplicate task id {t.task_id!r}", reason="duplicate_task_id"
+                )
+            seen.add(t.task_id)
+            t.gm = self.gm_id
+        self.queues.add_job(job, now)
+        return []
+
     # -------------------------------------------------------------- deciding
     def decide(self, now: float, max_tasks: int = 1) -> list[Effect]:
         """Make up to ``max_tasks`` decisions; launches to one LM share one request."""
@@ -217,11 +244,12 @@ class GlobalMaster:
         n = len(lms)
         views = self.views
         mask, demand, me = task.constraints, task.demand, self.gm_id
+        fit = self.queues.choose_node or LmView.first_fit
         # 1. internal partitions, round-robin over LMs
         for k in range(n):
             lm = lms[(self._rr_internal + k) % n]
             view = views[lm]
-            node = view.first_fit(view.eligible(mask, me, True), demand)
+            node = fit(view, view.eligible(mask, me, True), demand)
             if node >= 0:
                 self._rr_internal = (self._rr_internal + k + 1) % n
                 self._dispatch(task, view, node, False, batches, now)
@@ -230,7 +258,7 @@ class GlobalMaster:
         for k in range(n):
             lm = lms[(self._rr_external + k) % n]
             view = views[lm]
-            node = view.first_fit(view.eligible(mask, me, False), demand)
+            node = fit(view, view.eligible(mask, me, False), demand)
             if node >= 0:
                 self._rr_external = (self._rr_external + k + 1) % n
                 self._dispatch(task, view, node, True, batches, now)
@@ -243,7 +271,8 @@ class GlobalMaster:
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES)
-        req = self._preemption(task)
+        # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
+        req = None if task.altruistic else self._preemption(task)
         if req is not None:
             self.counters["preemption_attempts"] += 1
             self.inflight[task.task_id] = InFlight(task, req.lm, -1, False)
@@ -303,37 +332,53 @@ class GlobalMaster:
     # -------------------------------------------------------------- fairness
     def dominant_shares(self) -> dict[UserId, float]:
         """Each user's dominant share of the federation, from the (stale) views."""
-        total: list[int] | None = None
+        total = self._capacity
+        if not total:
+            return {}
         used: dict[UserId, list[int]] = {}
         for v in self.views.values():
-            cap = v.total_capacity()
-            total = cap if total is None else [a + b for a, b in zip(total, cap, strict=True)]
             for u, res in v.usage.items():
                 acc = used.setdefault(u, [0] * len(res))
                 for r, x in enumerate(res):
                     acc[r] += x
-        if total is None:
-            return {}
-        return {
-            u: max((x / t for x, t in zip(res, total, strict=True) if t > 0), default=0.0)
-            for u, res in used.items()
-        }
+        return {u: self._share_of(res) for u, res in used.items()}
+
+    def _share_of(self, res: Sequence[int]) -> float:
+        return max(
+            (x / t for x, t in zip(res, self._capacity, strict=True) if t > 0), default=0.0
+        )
 
     def _preemption(self, task: Task) -> PreemptRequest | None:
-        """Alg. 2: a preemption request on behalf of an under-share user, or None."""
+        """Alg. 2: a preemption request on behalf of an under-share user, or None.
+
+        The requester must be below its share (the paper's test).  A victim must
+        be in violation of its share, and the move must make the allocation fairer:
+        afterwards the requester's share, relative to what it is promised, may not
+        exceed the victim's.  That is what keeps two users from preempting each
+        other back and forth on stale views.  Shares count this GM's own in-flight
+        requests (the part of the state it knows consistently).
+        """
         shares = self.dominant_shares()
+        need = self._share_of(task.demand)
+        own = 0.0
+        for fl in self.inflight.values():
+            if fl.task.user == task.user:
+                own += self._share_of(fl.task.demand)
         mine = self.users[task.user].share
-        if shares.get(task.user, 0.0) >= mine:
+        have = shares.get(task.user, 0.0) + own
+        if have >= mine:
             self._note(task, WaitReason.USER_AT_SHARE)
             return None
-        violators = sorted(
-            (
-                (ds - self.users[u].share, u)
-                for u, ds in shares.items()
-                if u in self.users and u != task.user and ds > self.users[u].share
-            ),
-            reverse=True,
-        )
+        after = (have + need) / mine
+        violators = []
+        for u, ds in shares.items():
+            cfg = self.users.get(u)
+            if cfg is None or u == task.user or ds <= cfg.share:
+                continue
+            left = ds - self._victim_pending.get(u, 0.0) - need
+            if after <= left / cfg.share + 1e-9:
+                violators.append((ds - cfg.share, u))
+        violators.sort(reverse=True)
         tried = self._preempt_tried.setdefault(task.task_id, set())
         for _, victim in violators:
             ranked = sorted(
@@ -344,6 +389,8 @@ class GlobalMaster:
                 if (victim, lm) in tried:
                     continue
                 tried.add((victim, lm))
+                self._victim_pending[victim] = self._victim_pending.get(victim, 0.0) + need
+                self._preempt_victim[task.task_id] = (victim, need)
                 return PreemptRequest(
                     gm=self.gm_id,
                     lm=lm,
@@ -395,6 +442,8 @@ class GlobalMaster:
         view.apply(snap.state)
         self.views[lm] = view
         self._feasible.clear()
+        totals = [v.total_capacity() for v in self.views.values()]
+        self._capacity = [sum(col) for col in zip(*totals, strict=True)]
         self._snapshot_wanted.discard(lm)
         self.known_placed.update(t for t in snap.placed_by_gm if t not in self.placed)
         self.queues.new_epoch()
@@ -429,9 +478,7 @@ class GlobalMaster:
                 ] += 1
                 self._note(task, WaitReason.REFUSED_BY_LM)
                 retry.append(task)
-        effects = self._apply(resp.delta)
-        if view is not None:
-            self.queues.new_epoch()
+        effects = self._apply(resp.delta)  # a new epoch if the delta changed the view
         return effects + self._retry(retry, now)
 
     @staticmethod
@@ -462,12 +509,19 @@ class GlobalMaster:
         """Accepted: the task is placed (victims come back to their own GMs).
         Refused: failed verification, try the next victim (Alg. 2)."""
         fl = self.inflight.pop(resp.task_id, None)
+        pending = self._preempt_victim.pop(resp.task_id, None)
+        if pending is not None:
+            left = self._victim_pending.get(pending[0], 0.0) - pending[1]
+            if left > 1e-12:
+                self._victim_pending[pending[0]] = left
+            else:
+                self._victim_pending.pop(pending[0], None)
         effects = self._apply(resp.delta)
         if fl is None:
             return effects
         task = fl.task
         if resp.accepted:
-            self.counters["preemptions"] += len(resp.preempted)
+            self.counters["preemptions_granted"] += len(resp.preempted)
             self._forget(task.task_id)
             self.placed[task.task_id] = task
             return effects

@@ -14,14 +14,25 @@ changes no placement: a parked queue's tasks could not have been placed either.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from common.ids import UserId
-from common.model import Task
+from common.dag import DagJob, DagProgress
+from common.ids import JobId, UserId
+from common.model import Resources, Task
+
+if TYPE_CHECKING:
+    from global_master.view import LmView
+
+NodeChooser = Callable[["LmView", Any, Resources], int]
+"""(view, eligible bit-vector, demand) -> node index or -1; None means first fit."""
 
 
 class UserQueues:
     """Round-robin over FIFO user queues, with per-epoch parking."""
+
+    choose_node: NodeChooser | None = None
+    """A policy's node choice (Carbyne: packing score); None: the GM's first fit."""
 
     def __init__(self, users: Iterable[UserId], *, patience: int = 8) -> None:
         self.queues: dict[UserId, deque[Task]] = {u: deque() for u in users}
@@ -30,6 +41,7 @@ class UserQueues:
         self.patience = patience
         self._failures: dict[UserId, int] = {}
         self._size = 0
+        self._dags: dict[JobId, DagProgress] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -90,6 +102,28 @@ class UserQueues:
 
     def on_finished(self, task: Task, now: float) -> None:
         """A task of these queues finished (its children may become runnable)."""
+        self.release_children(task, now)
+
+    def add_job(self, job: DagJob, now: float) -> None:
+        """A DAG job: root stages are queued now, others when their parent stages finish."""
+        progress = DagProgress(job)
+        self._dags[job.job_id] = progress
+        for t in progress.roots():
+            t.submit(now)
+            self.push_back(t)
+
+    def release_children(self, task: Task, now: float) -> list[Task]:
+        """Queue the tasks of the stages that ``task``'s completion makes runnable."""
+        progress = self._dags.get(task.job_id)
+        if progress is None:
+            return []
+        released = progress.finish(task.task_id)
+        for t in released:
+            t.submit(now)
+            self.push_back(t)
+        if progress.done:
+            del self._dags[task.job_id]
+        return released
 
     def on_returned(self, task: Task, now: float) -> None:
         """A dispatched/placed task came back (preempted, refused, worker lost)."""

@@ -60,6 +60,8 @@ class ActiveTask:
     gm: GmId
     logical: bool
     """Placed on a logical node carved out of another GM's partition (a repartition)."""
+    accepted_at: float = 0.0
+    """When this LM accepted it (its own clock: victim choice never depends on hearsay)."""
     started: bool = False
 
 
@@ -162,7 +164,7 @@ class LocalMaster:
         return [(tid, a.node, a.gm, a.task.demand) for tid, a in self.active.items() if a.logical]
 
     # ------------------------------------------------------------- accounting
-    def _commit(self, task: Task, node: int, gm: GmId) -> bool:
+    def _commit(self, task: Task, node: int, gm: GmId, now: float) -> bool:
         """Take ``task.demand`` from ``node`` for ``gm``; True if it is a repartition."""
         free = self.free[node]
         for r, d in enumerate(task.demand):
@@ -173,7 +175,7 @@ class LocalMaster:
         for r, d in enumerate(task.demand):
             use[r] += d
         logical = self.home[node] != gm
-        self.active[task.task_id] = ActiveTask(task, NodeIndex(node), gm, logical)
+        self.active[task.task_id] = ActiveTask(task, NodeIndex(node), gm, logical, now)
         self.on_node[node].add(task.task_id)
         self.accepted_by[task.task_id] = gm
         self._touch(node)
@@ -253,7 +255,7 @@ class LocalMaster:
             self.counters["refused_external" if external else "refused_internal"] += 1
             return PlacementResult(task_id=task.task_id, accepted=False, reason=reason)
         task.gm = gm
-        if self._commit(task, p.node, gm):
+        if self._commit(task, p.node, gm, now):
             self.counters["repartitions"] += 1
         else:
             self.counters["launches"] += 1
@@ -266,7 +268,7 @@ class LocalMaster:
         """Verify that preempting ``req.victim``'s tasks frees room for ``req.task``; do it.
 
         The LM picks the node needing the fewest victims (altruistic tasks first, then
-        the most recently started: the least work lost).  Refused when the victim has
+        the most recently accepted: the least work lost).  Refused when the victim has
         nothing here that would make room.
         """
         recv = now if received_at is None else received_at
@@ -285,7 +287,7 @@ class LocalMaster:
         for node, victims in by_node.items():
             if not self.alive[node] or not satisfies(self.constraints[node], task.constraints):
                 continue
-            victims.sort(key=lambda a: (not a.task.altruistic, -a.task.started_at))
+            victims.sort(key=lambda a: (not a.task.altruistic, -a.accepted_at))
             room = list(self.free[node])
             chosen: list[TaskId] = []
             for a in victims:
@@ -305,7 +307,7 @@ class LocalMaster:
                 # Room appeared without preempting anyone: launch as a plain placement.
                 node = best[0]
                 task.gm = req.gm
-                self._commit(task, node, req.gm)
+                self._commit(task, node, req.gm, now)
                 effects.append(self._start_effects(task, node, now))
                 return [
                     self._preempt_response(req, recv, now, True, reason, NodeIndex(node), ()),
@@ -316,6 +318,7 @@ class LocalMaster:
         for tid in chosen:
             victim = self._release(tid)
             assert victim is not None
+            del self.accepted_by[tid]  # back to its GM's queue: a relaunch must run it
             self.counters["preemptions"] += 1
             victim.task.enter(Phase.COMMUNICATION, now)
             victim.task.started_at = -1.0
@@ -324,7 +327,7 @@ class LocalMaster:
             )
             effects.append(ToGm(victim.gm, self._event("preempted", victim, now)))
         task.gm = req.gm
-        if self._commit(task, node, req.gm):
+        if self._commit(task, node, req.gm, now):
             self.counters["repartitions"] += 1
         effects.append(self._start_effects(task, node, now))
         response = self._preempt_response(req, recv, now, True, "ok", NodeIndex(node), chosen)
@@ -465,7 +468,7 @@ class LocalMaster:
                 )
                 continue
             self.counters["relaunched"] += 1
-            self._commit(task, target, a.gm)
+            self._commit(task, target, a.gm, now)
             effects.append(self._start_effects(task, target, now))
         return effects
 

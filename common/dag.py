@@ -1,0 +1,401 @@
+"""DAG jobs: stages of tasks with dependencies (Carbyne, seed ``carbyne-paper.txt`` §3).
+
+A job is a list of **stages**; a stage is a list of tasks (same code, similar demand)
+and the stages it depends on (``parents``).  A task is *runnable* once every parent
+stage has finished; a stage with several parents is a **barrier**.  A plain job (as
+in the trace files) is one stage without parents.
+
+Job file format (JSON, UTF-8)::
+
+    {
+      "format": "megha-dag/1",
+      "resources": ["cpu", "mem"],          # names of the demand components
+      "jobs": [
+        {
+          "id": "j1", "user": "alice", "arrival": 0.0,
+          "stages": [
+            {"id": 0, "parents": [], "count": 2, "demand": [4, 1], "duration": 1.0},
+            {"id": 1, "parents": [], "tasks": [
+                {"demand": [21, 2], "duration": 1.0},
+                {"demand": [21, 2], "duration": 1.5, "constraints": 3}]},
+            {"id": 2, "parents": [0, 1], "count": 1, "demand": [10, 1], "duration": 0.1}
+          ]
+        }
+      ]
+    }
+
+* Demands are vectors of non-negative **integers**, one per name in ``resources``
+  (scale fractions first: a demand of 0.21 of a 1.0 resource is ``21`` of ``100``).
+* A stage lists its tasks either one by one (``tasks``: ``demand``, ``duration``,
+  optional ``constraints`` bit mask) or as ``count`` identical tasks with one
+  ``demand`` and ``duration``; stage ids are unique integers within a job.
+* ``parents`` name stage ids of the same job; cycles are refused.
+* Task ids are ``"<job id>.s<stage id>.t<i>"``; job ids are unique within a file.
+
+:func:`load_jobs` is strict: unknown keys, wrong types, negative values, unknown
+parents, cycles and duplicate ids raise ``ConfigError`` naming the job and stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
+from common.ids import JobId, TaskId, UserId
+from common.model import N_CONSTRAINTS, Resources, Task
+
+FORMAT = "megha-dag/1"
+
+
+@dataclass(slots=True)
+class Stage:
+    """Tasks that run the same code, and the stages that must finish first."""
+
+    stage_id: int
+    tasks: list[Task]
+    parents: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class DagJob:
+    """A job whose stages form a DAG; ``stages`` are in a topological order."""
+
+    job_id: JobId
+    user: UserId
+    arrival: float
+    stages: list[Stage]
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [t for s in self.stages for t in s.tasks]
+
+    def critical_path(self) -> float:
+        """Length of the longest chain of stage durations (each stage: its longest task)."""
+        finish: dict[int, float] = {}
+        for s in self.stages:
+            start = max((finish[p] for p in s.parents), default=0.0)
+            finish[s.stage_id] = start + max((t.duration for t in s.tasks), default=0.0)
+        return max(finish.values(), default=0.0)
+
+
+def task_id(job_id: str, stage_id: int, i: int) -> TaskId:
+    return TaskId(f"{job_id}.s{stage_id}.t{i}")
+
+
+def make_job(
+    job_id: str,
+    user: str,
+    arrival: float,
+    stages: Sequence[tuple[int, Sequence[tuple[Resources, float]], Sequence[int]]],
+    *,
+    constraints: Sequence[Sequence[int]] | None = None,
+) -> DagJob:
+    """Build and check a job from ``(stage id, [(demand, duration)], parents)`` triples;
+    stages are re-ordered topologically."""
+    jid, uid = JobId(job_id), UserId(user)
+    built: list[Stage] = []
+    for k, (sid, tasks, parents) in enumerate(stages):
+        masks = constraints[k] if constraints is not None else [0] * len(tasks)
+        built.append(
+            Stage(
+                sid,
+                [
+                    Task(
+                        task_id=task_id(job_id, sid, i),
+                        job_id=jid,
+                        user=uid,
+                        demand=tuple(d),
+                        duration=float(dur),
+                        constraints=masks[i],
+                    )
+                    for i, (d, dur) in enumerate(tasks)
+                ],
+                tuple(parents),
+            )
+        )
+    return DagJob(jid, uid, float(arrival), _topological(job_id, built))
+
+
+def _topological(job_id: str, stages: list[Stage]) -> list[Stage]:
+    by_id: dict[int, Stage] = {}
+    for s in stages:
+        if s.stage_id in by_id:
+            raise ConfigError(f"job {job_id}: duplicate stage id {s.stage_id}", reason="bad_dag")
+        if not s.tasks:
+            raise ConfigError(f"job {job_id}: stage {s.stage_id} has no tasks", reason="bad_dag")
+        by_id[s.stage_id] = s
+    for s in stages:
+        for p in s.parents:
+            if p not in by_id:
+                raise ConfigError(
+                    f"job {job_id}: stage {s.stage_id} depends on unknown stage {p}",
+                    reason="bad_dag",
+                )
+            if p == s.stage_id:
+                raise ConfigError(
+                    f"job {job_id}: stage {s.stage_id} depends on itself", reason="bad_dag"
+                )
+    order: list[Stage] = []
+    state: dict[int, int] = {}  # 1 = visiting, 2 = done
+
+    def visit(s: Stage) -> None:
+        # iterative DFS: job files may hold long chains
+        stack: list[tuple[Stage, int]] = [(s, 0)]
+        while stack:
+            cur, k = stack.pop()
+            if k == 0:
+                if state.get(cur.stage_id) == 2:
+                    continue
+                state[cur.stage_id] = 1
+            if k < len(cur.parents):
+                stack.append((cur, k + 1))
+                p = by_id[cur.parents[k]]
+                st = state.get(p.stage_id)
+                if st == 1:
+                    raise ConfigError(
+                        f"job {job_id}: stages form a cycle through stage {p.stage_id}",
+                        reason="bad_dag",
+                    )
+                if st is None:
+                    stack.append((p, 0))
+                continue
+            state[cur.stage_id] = 2
+            order.append(cur)
+
+    for s in stages:
+        visit(s)
+    return order
+
+
+class DagProgress:
+    """Which stages of one job have finished, and which tasks that releases.
+
+    The queues (every policy) use it: roots are runnable at submission; a stage's
+    tasks are released when its last parent stage finishes.
+    """
+
+    __slots__ = ("_children", "_left", "_stage_of", "_waiting", "job")
+
+    def __init__(self, job: DagJob) -> None:
+        self.job = job
+        self._stage_of: dict[TaskId, int] = {}
+        self._left: dict[int, int] = {}
+        self._waiting: dict[int, int] = {}
+        self._children: dict[int, list[Stage]] = {}
+        for s in job.stages:
+            self._left[s.stage_id] = len(s.tasks)
+            self._waiting[s.stage_id] = len(set(s.parents))
+            for p in set(s.parents):
+                self._children.setdefault(p, []).append(s)
+            for t in s.tasks:
+                self._stage_of[t.task_id] = s.stage_id
+
+    def roots(self) -> list[Task]:
+        return [t for s in self.job.stages if not s.parents for t in s.tasks]
+
+    def finish(self, tid: TaskId) -> list[Task]:
+        """Task ``tid`` finished; the tasks of stages that become runnable now."""
+        sid = self._stage_of.pop(tid, None)
+        if sid is None:
+            return []
+        self._left[sid] -= 1
+        if self._left[sid]:
+            return []
+        released: list[Task] = []
+        for child in self._children.get(sid, ()):
+            self._waiting[child.stage_id] -= 1
+            if self._waiting[child.stage_id] == 0:
+                released.extend(child.tasks)
+        return released
+
+    def stage_of(self, tid: TaskId) -> int | None:
+        return self._stage_of.get(tid)
+
+    @property
+    def done(self) -> bool:
+        return not self._stage_of
+
+
+# ------------------------------------------------------------------ job files
+_JOB_KEYS = {"id", "user", "arrival", "stages"}
+_STAGE_KEYS = {"id", "parents", "tasks", "count", "demand", "duration"}
+_TASK_KEYS = {"demand", "duration", "constraints"}
+
+
+def _fail(where: str, what: str) -> ConfigError:
+    return ConfigError(f"{where}: {what}", reason="bad_job_file")
+
+
+def _number(x: Any, where: str, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+        raise _fail(where, f"{name} must be a non-negative number, got {x!r}")
+    return float(x)
+
+
+def _demand(x: Any, width: int, where: str) -> Resources:
+    if not isinstance(x, list) or len(x) != width:
+        raise _fail(where, f"demand must be a list of {width} integers, got {x!r}")
+    for v in x:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _fail(where, f"demand must hold non-negative integers, got {x!r}")
+    if not any(x):
+        raise _fail(where, "demand must ask for some resource")
+    return tuple(x)
+
+
+def _keys(obj: Any, allowed: set[str], required: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise _fail(where, f"expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise _fail(where, f"unknown keys {sorted(unknown)}")
+    missing = required - set(obj)
+    if missing:
+        raise _fail(where, f"missing keys {sorted(missing)}")
+    return obj
+
+
+def _stage(obj: Any, job_id: str, width: int, k: int) -> tuple[int, list[Task], tuple[int, ...]]:
+    where = f"job {job_id} stage #{k}"
+    st = _keys(obj, _STAGE_KEYS, {"id"}, where)
+    sid = st["id"]
+    if isinstance(sid, bool) or not isinstance(sid, int) or sid < 0:
+        raise _fail(where, f"id must be a non-negative integer, got {sid!r}")
+    where = f"job {job_id} stage {sid}"
+    parents = st.get("parents", [])
+    if not isinstance(parents, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in parents
+    ):
+        raise _fail(where, f"parents must be a list of stage ids, got {parents!r}")
+    specs: list[tuple[Resources, float, int]] = []
+    if "tasks" in st:
+        if {"count", "demand", "duration"} & set(st):
+            raise _fail(where, "give either tasks or count/demand/duration, not both")
+        if not isinstance(st["tasks"], list) or not st["tasks"]:
+            raise _fail(where, "tasks must be a non-empty list")
+        for i, tobj in enumerate(st["tasks"]):
+            tw = f"{where} task {i}"
+            t = _keys(tobj, _TASK_KEYS, {"demand", "duration"}, tw)
+            mask = t.get("constraints", 0)
+            if (
+                isinstance(mask, bool)
+                or not isinstance(mask, int)
+                or not 0 <= mask < 1 << N_CONSTRAINTS
+            ):
+                raise _fail(tw, f"constraints must be a bit mask below 2**{N_CONSTRAINTS}")
+            specs.append(
+                (_demand(t["demand"], width, tw), _number(t["duration"], tw, "duration"), mask)
+            )
+    else:
+        missing = {"count", "demand", "duration"} - set(st)
+        if missing:
+            raise _fail(where, f"missing keys {sorted(missing)} (or give a tasks list)")
+        count = st["count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise _fail(where, f"count must be a positive integer, got {count!r}")
+        d = _demand(st["demand"], width, where)
+        dur = _number(st["duration"], where, "duration")
+        specs = [(d, dur, 0)] * count
+    jid, uid = JobId(job_id), UserId("")
+    tasks = [
+        Task(
+            task_id=task_id(job_id, sid, i),
+            job_id=jid,
+            user=uid,
+            demand=d,
+            duration=dur,
+            constraints=mask,
+        )
+        for i, (d, dur, mask) in enumerate(specs)
+    ]
+    return sid, tasks, tuple(parents)
+
+
+def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
+    """Jobs from a decoded job file; returns (resource names, jobs by arrival)."""
+    top = _keys(doc, {"format", "resources", "jobs"}, {"format", "resources", "jobs"}, "file")
+    if top["format"] != FORMAT:
+        raise _fail("file", f"format must be {FORMAT!r}, got {top['format']!r}")
+    names = top["resources"]
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise _fail("file", f"resources must be a list of distinct names, got {names!r}")
+    if not isinstance(top["jobs"], list):
+        raise _fail("file", "jobs must be a list")
+    jobs: list[DagJob] = []
+    seen: set[str] = set()
+    for k, jobj in enumerate(top["jobs"]):
+        j = _keys(jobj, _JOB_KEYS, _JOB_KEYS, f"job #{k}")
+        jid, user = j["id"], j["user"]
+        if not isinstance(jid, str) or not jid:
+            raise _fail(f"job #{k}", f"id must be a non-empty string, got {jid!r}")
+        if jid in seen:
+            raise _fail(f"job {jid}", "duplicate job id")
+        seen.add(jid)
+        if not isinstance(user, str) or not user:
+            raise _fail(f"job {jid}", f"user must be a non-empty string, got {user!r}")
+        arrival = _number(j["arrival"], f"job {jid}", "arrival")
+        if not isinstance(j["stages"], list) or not j["stages"]:
+            raise _fail(f"job {jid}", "stages must be a non-empty list")
+        stages = [
+            Stage(sid, tasks, parents)
+            for sid, tasks, parents in (
+                _stage(s, jid, len(names), i) for i, s in enumerate(j["stages"])
+            )
+        ]
+        for s in stages:
+            for t in s.tasks:
+                t.user = UserId(user)
+        jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
+    jobs.sort(key=lambda job: job.arrival)
+    return tuple(names), jobs
+
+
+def load_jobs(path: str | Path) -> tuple[tuple[str, ...], list[DagJob]]:
+    """Read a job file (see the module docstring); ``ConfigError`` says what is wrong."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read job file {p}: {exc}", reason="bad_job_file") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{p}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
+            reason="bad_job_file",
+        ) from None
+    return parse_jobs(doc)
+
+
+def jobs_to_doc(jobs: Iterable[DagJob], names: Sequence[str]) -> dict[str, Any]:
+    """The job-file form of ``jobs`` (tasks listed one by one)."""
+    out: list[dict[str, Any]] = []
+    for job in jobs:
+        stages = []
+        for s in job.stages:
+            tasks: list[dict[str, Any]] = []
+            for t in s.tasks:
+                entry: dict[str, Any] = {"demand": list(t.demand), "duration": t.duration}
+                if t.constraints:
+                    entry["constraints"] = t.constraints
+                tasks.append(entry)
+            stages.append({"id": s.stage_id, "parents": list(s.parents), "tasks": tasks})
+        out.append({"id": job.job_id, "user": job.user, "arrival": job.arrival, "stages": stages})
+    return {"format": FORMAT, "resources": list(names), "jobs": out}
+
+
+def write_jobs(path: str | Path, jobs: Iterable[DagJob], names: Sequence[str]) -> None:
+    """Write a job file that :func:`load_jobs` reads back unchanged."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(jobs_to_doc(jobs, names), indent=1) + "\n", encoding="utf-8")
