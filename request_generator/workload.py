@@ -51,7 +51,9 @@ def read_trace(path: str | Path, *, limit_jobs: int | None = None) -> list[Trace
             arrival, n = float(fields[0]), int(fields[1])
             durations = tuple(float(x) for x in fields[3 : 3 + n])
         except (ValueError, IndexError) as exc:
-            raise ConfigError(f"{p}:{lineno}: not 'arrival n mean d1..dn'", reason="bad_trace") from exc
+            raise ConfigError(
+                f"{p}:{lineno}: not 'arrival n mean d1..dn'", reason="bad_trace"
+            ) from exc
         if len(durations) != n or n <= 0 or arrival < 0 or any(d < 0 for d in durations):
             raise ConfigError(
                 f"{p}:{lineno}: expected {n} non-negative durations, got {len(durations)}",
@@ -257,7 +259,9 @@ def make_federation(
         name = rng.choice(sorted(CLUSTER_PROFILES))
         probs = CLUSTER_PROFILES[name]
         nodes = [
-            NodeSpec(prof.node_capacity, machine_constraints(probs, rng) if constraints else all_met)
+            NodeSpec(
+                prof.node_capacity, machine_constraints(probs, rng) if constraints else all_met
+            )
             for _ in range(size)
         ]
         per = math.ceil(size / len(gm_ids))

@@ -1,0 +1,470 @@
+"""``megha up | down | status | bench | demo``: a live federation on this machine.
+
+``up`` starts the processes of ``common.config.process_plan`` (gunicorn-served GMs,
+LMs and worker pools), waits until each answers ``/health``, and records pids,
+config and logs in a state directory (``$MEGHA_HOME`` or ``./.megha``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from common.auth import internal_headers
+from common.config import FederationConfig, ProcessSpec, load_config, process_plan
+from common.errors import ConfigError, MeghaError
+
+RABBIT_HINT = (
+    "RabbitMQ is not reachable at {url}.\n"
+    "Start it with `rabbitmq-server -detached` (install: `apt-get install rabbitmq-server`),\n"
+    "or point MEGHA_BROKER_URL / broker_url in the config at a running broker."
+)
+
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Processes this interpreter started: kept so they are reaped, not left as zombies."""
+
+
+def state_dir(arg: str | None) -> Path:
+    return Path(arg or os.environ.get("MEGHA_HOME") or ".megha").resolve()
+
+
+def broker_reachable(url: str, timeout: float = 2.0) -> bool:
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 5672), timeout):
+            return True
+    except OSError:
+        return False
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) != 0
+
+
+def _health(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _is_ours(pid: int) -> bool:
+    try:
+        return b"gunicorn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def start_federation(
+    cfg: FederationConfig, home: Path, *, timeout_s: float = 90.0, quiet: bool = False
+) -> list[tuple[ProcessSpec, int]]:
+    """Start every process of the plan; return (spec, pid) once all are healthy."""
+    if (home / "pids.json").exists():
+        raise ConfigError(f"a federation is already recorded in {home}: run `megha down` first")
+    if not broker_reachable(cfg.broker_url):
+        raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url), reason="broker_unreachable")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    config_path = home / "federation.toml"
+    config_path.write_text(cfg.to_toml())
+    plan = process_plan(cfg, str(config_path))
+    busy = [p for p in plan if not port_free(cfg.host, p.port)]
+    if busy:
+        raise ConfigError(
+            "ports already in use: " + ", ".join(f"{p.name}:{p.port}" for p in busy),
+            reason="port_in_use",
+        )
+    started: list[tuple[ProcessSpec, int]] = []
+    try:
+        for spec in plan:
+            started.append((spec, launch(spec, home)))
+            _record(home, cfg, started)
+        wait_healthy(started, home, timeout_s)
+    except BaseException:
+        stop_federation(home, quiet=True)
+        raise
+    if not quiet:
+        print(f"federation {cfg.name!r} is up ({len(started)} processes; state in {home})")
+        for s, pid in started:
+            print(f"  {s.name:<14} pid {pid:<8} {s.url}")
+        print(f"  broker         {cfg.broker_url}")
+    return started
+
+
+def launch(spec: ProcessSpec, home: Path) -> int:
+    """Start one process of the plan in its own session; its output goes to logs/."""
+    argv = [sys.executable if spec.argv[0] == "python3" else spec.argv[0], *spec.argv[1:]]
+    with (home / "logs" / f"{spec.name}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **spec.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    return proc.pid
+
+
+def restart(home: Path, cfg: FederationConfig, name: str, *, timeout_s: float = 60.0) -> int:
+    """Start process ``name`` again (after a crash) and wait until it is healthy."""
+    spec = next(s for s in process_plan(cfg, str(home / "federation.toml")) if s.name == name)
+    pid = launch(spec, home)
+    data = json.loads((home / "pids.json").read_text())
+    for p in data["processes"]:
+        if p["name"] == name:
+            p["pid"] = pid
+    (home / "pids.json").write_text(json.dumps(data, indent=2))
+    wait_healthy([(spec, pid)], home, timeout_s)
+    return pid
+
+
+def wait_healthy(procs: list[tuple[ProcessSpec, int]], home: Path, timeout_s: float) -> None:
+    """Poll ``/health`` until every process answers 200; fail fast if one exits."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(procs)
+    while waiting:
+        waiting = [(s, pid) for s, pid in waiting if not _health(s.url)]
+        for s, pid in waiting:
+            if not _alive(pid):
+                raise MeghaError(
+                    f"{s.name} exited during start-up; see {home / 'logs' / (s.name + '.log')}"
+                )
+        if not waiting:
+            break
+        if time.monotonic() > deadline:
+            names = ", ".join(s.name for s, _ in waiting)
+            raise MeghaError(f"not healthy after {timeout_s:.0f} s: {names} (logs in {home})")
+        time.sleep(0.2)
+
+
+def _record(home: Path, cfg: FederationConfig, started: list[tuple[ProcessSpec, int]]) -> None:
+    data = {
+        "name": cfg.name,
+        "processes": [{"name": s.name, "pid": pid, "url": s.url} for s, pid in started],
+    }
+    (home / "pids.json").write_text(json.dumps(data, indent=2))
+
+
+def _alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False) -> int:
+    """SIGTERM every recorded process (GMs first), SIGKILL what remains; returns count."""
+    path = home / "pids.json"
+    if not path.exists():
+        if not quiet:
+            print(f"no federation recorded in {home}")
+        return 0
+    procs = json.loads(path.read_text())["processes"]
+    pids = [p["pid"] for p in reversed(procs) if _is_ours(p["pid"])]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    for pid in pids:
+        child = _CHILDREN.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=5)
+    path.unlink()
+    if not quiet:
+        print(f"stopped {len(pids)} processes")
+    return len(pids)
+
+
+def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
+    """``--config`` (or the recorded federation's, for commands that talk to it)."""
+    home = state_dir(args.state_dir)
+    if not fresh and args.config is None and (home / "federation.toml").exists():
+        return load_config(home / "federation.toml")
+    cfg = load_config(args.config)
+    overrides: dict[str, Any] = {}
+    for key in ("gms", "lms", "nodes_per_lm", "base_port", "name", "profile"):
+        v = getattr(args, key, None)
+        if v is not None:
+            overrides[key] = v
+    if args.config is None and fresh:
+        overrides["secret"] = secrets.token_hex(16)
+    return replace(cfg, **overrides).validate() if overrides else cfg
+
+
+def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=3.0) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {"error": str(exc)}
+
+
+async def _queue_depths(cfg: FederationConfig) -> dict[str, int]:
+    from common import broker
+
+    depths: dict[str, int] = {}
+    conn = await broker.connect(cfg)
+    try:
+        for name in [cfg.user_queue(u.user) for u in cfg.user_configs] + [cfg.dead_letter_queue]:
+            ch = await conn.channel()
+            try:
+                q = await ch.declare_queue(name, passive=True)
+                depths[name] = q.declaration_result.message_count or 0
+            except Exception:  # not declared yet
+                depths[name] = -1
+            finally:
+                if not ch.is_closed:
+                    await ch.close()
+    finally:
+        await conn.close()
+    return depths
+
+
+# ------------------------------------------------------------------ commands
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        cfg = _config_for(args, fresh=True)
+        start_federation(cfg, state_dir(args.state_dir))
+    except MeghaError as exc:
+        print(f"megha up: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
+    cfg = None
+    if args.purge and (home / "federation.toml").exists():
+        cfg = load_config(home / "federation.toml")
+    stop_federation(home)
+    if cfg is not None:
+        from common.broker import delete_topology
+
+        asyncio.run(delete_topology(cfg))
+        print(f"deleted the queues and exchanges of {cfg.name!r}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
+    if not (home / "pids.json").exists():
+        print(f"no federation recorded in {home} (start one with `megha up`)")
+        return 1
+    cfg = load_config(home / "federation.toml")
+    headers = internal_headers(cfg.secret)
+    procs = json.loads((home / "pids.json").read_text())["processes"]
+    print(f"federation {cfg.name!r}: {cfg.gms} GMs, {cfg.lms} LMs, {cfg.nodes_per_lm} nodes each")
+    for p in procs:
+        up = "alive" if _alive(p["pid"]) else "DEAD"
+        print(f"  {p['name']:<14} pid {p['pid']:<8} {up:<6} {p['url']}")
+    print("GMs:")
+    for g in cfg.gm_ids:
+        st = _get_json(cfg.gm_url(g) + "/v1/state", headers)
+        if "error" in st:
+            print(f"  {g}: unreachable ({st['error']})")
+            continue
+        print(
+            f"  {g}: queued {st['queued']} {st['queues']}  in flight {st['inflight']}  running "
+            f"{st['running_tasks']}  finished {st['finished']}  failed {st['failed']}  "
+            f"unacked jobs {st['jobs_unacked']}"
+        )
+    print("LMs:")
+    for lm in cfg.lm_ids:
+        st = _get_json(cfg.lm_url(lm) + "/v1/state", headers)
+        if "error" in st:
+            print(f"  {lm}: unreachable ({st['error']})")
+            continue
+        print(
+            f"  {lm}: nodes {st['nodes_alive']}/{st['nodes']} alive  running "
+            f"{st['running_tasks']}  logical nodes {st['logical_nodes']}  free "
+            f"{st['free_total']}/{st['capacity_total']}  version {st['version']}"
+        )
+    if broker_reachable(cfg.broker_url):
+        print("queues (messages ready):")
+        for name, n in asyncio.run(_queue_depths(cfg)).items():
+            print(f"  {name}: {'absent' if n < 0 else n}")
+    else:
+        print(RABBIT_HINT.format(url=cfg.broker_url))
+    return 0
+
+
+def _bench_options(args: argparse.Namespace) -> Any:
+    from request_generator.bench import BenchOptions
+
+    return BenchOptions(
+        trace=args.trace,
+        limit_jobs=args.limit_jobs,
+        jobs=args.jobs,
+        tasks_per_job=args.tasks_per_job,
+        mean_duration=args.mean_duration,
+        job_rate=args.job_rate,
+        rate=args.rate,
+        time_scale=args.time_scale,
+        duration_scale=args.duration_scale,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        out=args.out,
+        progress=not args.quiet,
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from request_generator.bench import report_text, run_bench
+
+    try:
+        cfg = _config_for(args, fresh=False)
+        if not broker_reachable(cfg.broker_url):
+            raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
+        summary = asyncio.run(run_bench(cfg, _bench_options(args)))
+    except MeghaError as exc:
+        print(f"megha bench: {exc}", file=sys.stderr)
+        return 1
+    print(report_text(summary))
+    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
+    return 0 if summary["lost_tasks"] == 0 else 2
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from common.broker import delete_topology
+    from request_generator.bench import report_text, run_bench
+
+    home = state_dir(args.state_dir) / "demo"
+    if args.name is None:
+        args.name = "megha-demo"
+    if args.base_port is None:
+        args.base_port = 18600
+    try:
+        cfg = _config_for(args, fresh=True)
+        if not broker_reachable(cfg.broker_url):
+            raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
+        start_federation(cfg, home)
+    except MeghaError as exc:
+        print(f"megha demo: {exc}", file=sys.stderr)
+        return 1
+    try:
+        summary = asyncio.run(run_bench(cfg, _bench_options(args)))
+    finally:
+        stop_federation(home)
+        with contextlib.suppress(Exception):
+            asyncio.run(delete_topology(cfg))
+    print(report_text(summary))
+    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
+    return 0 if summary["lost_tasks"] == 0 else 2
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="federation TOML (default: built-in defaults)")
+    p.add_argument("--state-dir", help="where pids, config and logs live ($MEGHA_HOME or ./.megha)")
+
+
+def _shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gms", type=int, help="number of Global Masters")
+    p.add_argument("--lms", type=int, help="number of Local Masters (clusters)")
+    p.add_argument("--nodes-per-lm", type=int, help="worker nodes per LM")
+    p.add_argument("--base-port", type=int, help="first port (GMs base+i, LMs +100, workers +200)")
+    p.add_argument("--name", help="prefix of the federation's RabbitMQ queues and exchanges")
+    p.add_argument("--profile", choices=["slots", "paper"], help="resource profile")
+
+
+def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
+    p.add_argument("--trace", help="replay this trace (../shared/traces format)")
+    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
+    p.add_argument("--jobs", type=int, default=jobs, help="synthetic jobs (without --trace)")
+    p.add_argument("--tasks-per-job", type=int, default=3)
+    p.add_argument("--mean-duration", type=float, default=0.2, help="synthetic task seconds")
+    p.add_argument("--job-rate", type=float, default=50.0, help="synthetic Poisson jobs/s")
+    p.add_argument("--rate", type=float, help="submit at a fixed rate (jobs/s) instead")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times")
+    p.add_argument("--duration-scale", type=float, default=1.0, help="multiply task durations")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the end")
+    p.add_argument("--out", default=out, help="directory for summary.json, tasks.csv, PNGs")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start a live federation here (GMs, LMs, worker pools under gunicorn)",
+        description="Start N GMs, M LMs and their worker pools as gunicorn processes, wait "
+        "until all are healthy, print where they listen. Needs RabbitMQ.",
+    )
+    _common(p)
+    _shape(p)
+    p.set_defaults(run=cmd_up)
+
+    p = sub.add_parser(
+        "down",
+        help="stop the federation started by `megha up`",
+        description="SIGTERM every recorded process (SIGKILL after a grace period).",
+    )
+    _common(p)
+    p.add_argument("--purge", action="store_true", help="also delete its RabbitMQ queues")
+    p.set_defaults(run=cmd_down)
+
+    p = sub.add_parser(
+        "status",
+        help="show GMs, LMs, nodes, queues and running tasks",
+        description="Query every GM's and LM's /v1/state and the broker's queue depths.",
+    )
+    _common(p)
+    p.set_defaults(run=cmd_status)
+
+    p = sub.add_parser(
+        "bench",
+        help="replay a workload against the running federation; report allocation tails",
+        description="Submit a trace or synthetic workload into the users' queues, wait for "
+        "every task, measure the floor RTT, and write summary.json, tasks.csv and PNG plots.",
+    )
+    _common(p)
+    _workload(p, jobs=200, out="results/bench")
+    p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser(
+        "demo",
+        help="up + a small workload + tail report + down, in one command",
+        description="Start a small federation, replay a few hundred tasks, print the "
+        "allocation-time report, write it to --out, stop everything.",
+    )
+    _common(p)
+    _shape(p)
+    _workload(p, jobs=100, out="results/demo")
+    p.set_defaults(run=cmd_demo)

@@ -1,0 +1,251 @@
+"""A live federation end to end: a workload to completion, a bench summary, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from common import codec
+from common.auth import internal_headers, user_token
+from common.codec import SubmitJob
+from common.config import FederationConfig
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.messages import LaunchRequest, Placement
+from common.model import N_CONSTRAINTS, Task
+from request_generator.bench import BenchOptions, run_bench
+from request_generator.submitter import SubmissionRefused, Submitter
+
+pytestmark = pytest.mark.e2e
+
+Federation = tuple[FederationConfig, Path]
+
+
+@pytest.fixture(scope="module")
+def fed(make_federation: Callable[..., Federation]) -> Federation:
+    return make_federation(gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5, worker_timeout_s=3.0)
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any] | bytes]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+        return resp.status, (json.loads(body) if "json" in resp.headers["Content-Type"] else body)
+
+
+def test_workload_runs_to_completion_with_a_correct_summary(
+    fed: Federation, tmp_path: Path
+) -> None:
+    cfg, _ = fed
+    opts = BenchOptions(
+        jobs=40, tasks_per_job=3, mean_duration=0.05, job_rate=40.0, out=str(tmp_path),
+        floor_samples=50, timeout_s=60.0, progress=False,
+    )  # fmt: skip
+    summary = asyncio.run(run_bench(cfg, opts))
+    assert summary["tasks"] == 120
+    assert summary["lost_tasks"] == 0
+    assert summary["tasks_finished"] + summary["tasks_failed"] == 120
+    assert summary["tasks_failed"] == 0
+    for key in ("p50", "p90", "p99", "p999", "max", "mean"):
+        assert summary["allocation_time_s"][key] >= 0
+    assert 0 < summary["allocation_time_s"]["p50"] <= summary["allocation_time_s"]["max"]
+    assert set(summary["components_s"]) == {
+        "queueing", "processing", "worker_queueing", "communication"
+    }  # fmt: skip
+    assert summary["floor_rtt_s"] > 0
+    assert summary["throughput_tasks_per_s"] > 0
+    assert set(summary["counters"]) >= {"inconsistencies", "repartitions", "preemptions"}
+    assert "wait_reasons" in summary
+    # every task's split adds up to its measured start - submit
+    rows = (tmp_path / "tasks.csv").read_text().splitlines()
+    assert len(rows) == 121
+    header = rows[0].split(",")
+    exact = 0
+    for line in rows[1:]:
+        r = dict(zip(header, line.split(","), strict=True))
+        span = float(r["started_at"]) - float(r["submitted_at"])
+        parts = sum(
+            float(r[f"{c}_s"])
+            for c in ("queueing", "processing", "worker_queueing", "communication")
+        )
+        assert abs(float(r["allocation_s"]) - parts) < 1e-6
+        # equal to start - submit, less any time it ran before being preempted
+        assert parts <= span + 1e-6
+        exact += abs(parts - span) < 1e-5
+        assert float(r["finished_at"]) >= float(r["started_at"]) > 0
+    assert exact >= 0.8 * 120
+    for name in ("summary.json", "allocation_cdf.png", "components.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["allocation_time_s"] == summary["allocation_time_s"]
+
+
+def _launch_fields(cfg: FederationConfig, **task_over: object) -> dict[str, Any]:
+    t = Task(TaskId("bad.t0"), JobId("bad"), UserId("u0"), (1,), 0.1)
+    req = LaunchRequest(
+        gm=GmId("gm0"), lm=LmId("lm0"), request_id=1, known_version=-1,
+        placements=(Placement(task=t, node=NodeIndex(0), repartition=False),),
+    )  # fmt: skip
+    fields: dict[str, Any] = msgpack.unpackb(codec.encode(req))[2]
+    fields["placements"][0]["task"].update(task_over)
+    return fields
+
+
+def _pack(fields: object, tag: str = "launch") -> bytes:
+    out: bytes = msgpack.packb([tag, codec.SCHEMA_VERSION, fields])
+    return out
+
+
+def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
+    cfg, _ = fed
+    url = cfg.lm_url("lm0") + "/v1/launch"
+    auth = {**internal_headers(cfg.secret), "Content-Type": "application/x-msgpack"}
+    missing = _launch_fields(cfg)
+    del missing["placements"][0]["task"]["demand"]
+    dup = _launch_fields(cfg)
+    dup["placements"].append(dup["placements"][0])
+    cases: list[tuple[bytes, dict[str, str], int, str]] = [
+        (b"\xc1not msgpack", auth, 400, "malformed_body"),
+        (_pack({}, tag="no_such_message"), auth, 400, "unknown_tag"),
+        (_pack(_launch_fields(cfg, duration="soon")), auth, 422, "wrong_type"),
+        (_pack(missing), auth, 422, "missing_field"),
+        (_pack(_launch_fields(cfg, demand=[-1])), auth, 422, "negative_value"),
+        (_pack(_launch_fields(cfg, demand=[1, 1, 1])), auth, 422, "wrong_resources"),
+        (_pack(_launch_fields(cfg, constraints=1 << (N_CONSTRAINTS + 2))), auth, 422,
+         "unknown_constraint"),
+        (_pack(dup), auth, 422, "duplicate_task_id"),
+        (b"\x00" * (cfg.max_body + 10), auth, 413, "too_large"),
+        (_pack(_launch_fields(cfg)), {}, 401, "missing_credentials"),
+        (_pack(_launch_fields(cfg)), {"Authorization": "Bearer nope"}, 401, "bad_credentials"),
+    ]  # fmt: skip
+    for body, headers, status, reason in cases:
+        got, answer = post(url, body, headers)
+        assert (got, answer["error"]) == (status, reason), answer  # type: ignore[index]
+    # the worker-facing endpoints too
+    bad_node = codec.encode(codec.WorkerHeartbeat(lm=LmId("lm0"), nodes=(NodeIndex(999),), at=0.0))
+    got, answer = post(cfg.lm_url("lm0") + "/v1/worker-heartbeat", bad_node, auth)
+    assert (got, answer["error"]) == (422, "unknown_node")  # type: ignore[index]
+    got, answer = post(cfg.worker_url("lm0") + "/v1/start", b"\x93", auth)
+    assert (got, answer["error"]) == (400, "malformed_body")  # type: ignore[index]
+    # still serving, and it counted what it refused
+    assert get(cfg.lm_url("lm0") + "/health")[0] == 200
+    status, state = get(cfg.lm_url("lm0") + "/v1/state", internal_headers(cfg.secret))
+    assert status == 200
+    assert state["running_tasks"] == 0
+    metrics = get(cfg.lm_url("lm0") + "/metrics")[1]
+    assert b'megha_lm_refused_total{reason="malformed_body"}' in metrics
+    assert b"megha_lm_launches_total" in metrics
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(cfg.gm_url("gm0") + "/v1/state")
+    err.value.close()
+    assert err.value.code == 401
+
+
+def test_bad_submissions_are_dead_lettered_with_their_reason(fed: Federation) -> None:
+    cfg, _ = fed
+    refused, ok_result = asyncio.run(_submit_bad(cfg))
+    assert refused == {
+        "bad-token": "bad_credentials",
+        "wrong-queue": "wrong_queue",
+        "impossible": "impossible_resources",
+        "dup-ids": "duplicate_task_id",
+        "wrong-types": "wrong_type",
+        "missing": "missing_field",
+        "constraint": "unknown_constraint",
+        "negative": "negative_value",
+        "malformed": "malformed_body",
+        "oversized": "too_large",
+    }
+    assert ok_result == "finished"
+    _, state = get(cfg.gm_url("gm0") + "/v1/state", internal_headers(cfg.secret))
+    assert state["dead_lettered"] >= 10
+    assert get(cfg.gm_url("gm0") + "/health")[0] == 200
+
+
+async def _submit_bad(cfg: FederationConfig) -> tuple[dict[str, str], str]:
+    sub = Submitter(cfg)
+    await sub.open()
+    dead: dict[str, str] = {}
+    got_all = asyncio.Event()
+    n_bad = 10
+
+    async def on_dead(msg: Any) -> None:
+        dead[msg.headers["x-megha-tag"]] = msg.headers["x-megha-reason"]
+        if len(dead) == n_bad:
+            got_all.set()
+
+    assert sub.conn is not None
+    ch = await sub.conn.channel()
+    q = await ch.declare_queue(exclusive=True, auto_delete=True)
+    await q.bind(cfg.dead_letter_exchange, routing_key="")
+    await q.consume(on_dead, no_ack=True)
+
+    def task(tid: str, job: str, user: str = "u0", demand: tuple[int, ...] = (1,)) -> Task:
+        return Task(TaskId(tid), JobId(job), UserId(user), demand, 0.05)
+
+    def job(jid: str, tasks: list[Task], user: str = "u0", token: str | None = None) -> bytes:
+        tok = user_token(cfg.secret, user) if token is None else token
+        return codec.encode(
+            SubmitJob(job_id=JobId(jid), user=UserId(user), token=tok, submitted_at=1.0,
+                      tasks=tuple(tasks))
+        )  # fmt: skip
+
+    def fields_with(**over: object) -> bytes:
+        f = msgpack.unpackb(job("x", [task("x.t0", "x")]))
+        f[2]["tasks"][0].update(over)
+        out: bytes = msgpack.packb(f)
+        return out
+
+    missing = msgpack.unpackb(job("m", [task("m.t0", "m")]))
+    del missing[2]["tasks"][0]["user"]
+    bodies = {
+        "bad-token": job("a", [task("a.t0", "a")], token="forged"),
+        "wrong-queue": job("b", [task("b.t0", "b", user="u1")], user="u1"),
+        "impossible": job("c", [task("c.t0", "c", demand=(5,))]),
+        "dup-ids": job("d", [task("d.t0", "d"), task("d.t0", "d")]),
+        "wrong-types": fields_with(duration="forever"),
+        "missing": msgpack.packb(missing),
+        "constraint": fields_with(constraints=1 << 30),
+        "negative": fields_with(demand=[-3]),
+        "malformed": b"\xc1\xc1\xc1",
+        "oversized": b"\x00" * (cfg.max_body + 1),
+    }
+    assert sub.ex is not None
+    from common import broker
+
+    for tag, body in bodies.items():
+        msg = broker.persistent(body, **{"x-megha-tag": tag})
+        await sub.ex.submit.publish(msg, routing_key="u0", mandatory=True)
+    # an unknown user has no queue: the publish itself is refused, nothing is lost silently
+    with pytest.raises(SubmissionRefused):
+        await sub.publish_raw("mallory", job("e", [task("e.t0", "e", user="mallory")], "mallory"))
+    await asyncio.wait_for(got_all.wait(), timeout=30)
+    # the GM keeps serving: a good job still runs
+    from request_generator.workload import Job
+
+    good = Job(JobId("good"), UserId("u0"), 0.0, [task("good.t0", "good")])
+    await sub.submit(good)
+    for _ in range(300):
+        if "good.t0" in sub.outcomes.finished:
+            break
+        await asyncio.sleep(0.1)
+    result = "finished" if "good.t0" in sub.outcomes.finished else "missing"
+    await sub.close()
+    return dead, result

@@ -1,0 +1,42 @@
+"""`megha up/demo/bench/status/down` without a broker or a federation: clear messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megha_cli.main import build_parser, main
+
+NO_BROKER = "amqp://guest:guest@127.0.0.1:1/"
+
+
+@pytest.mark.parametrize("command", ["up", "demo", "bench"])
+def test_unreachable_broker_says_how_to_start_it(
+    command: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("MEGHA_BROKER_URL", NO_BROKER)
+    assert main([command, "--state-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "RabbitMQ is not reachable" in err
+    assert "rabbitmq-server -detached" in err
+    assert not (tmp_path / "pids.json").exists()
+
+
+def test_status_and_down_without_a_federation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--state-dir", str(tmp_path)]) == 1
+    assert "megha up" in capsys.readouterr().out
+    assert main(["down", "--state-dir", str(tmp_path)]) == 0
+
+
+def test_every_federation_command_has_help() -> None:
+    parser = build_parser()
+    for cmd in ("up", "down", "status", "bench", "demo"):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([cmd, "--help"])
+        assert exit_.value.code == 0
