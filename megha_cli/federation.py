@@ -407,7 +407,9 @@ def _shape(p: argparse.ArgumentParser) -> None:
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--trace", help="replay this trace (../shared/traces format)")
     p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
-    p.add_argument("--jobs", type=int, default=jobs, help="synthetic jobs (without --trace)")
+    p.add_argument(
+        "--jobs-count", dest="jobs", type=int, default=jobs, help="synthetic jobs (without --trace)"
+    )
     p.add_argument("--tasks-per-job", type=int, default=3)
     p.add_argument("--mean-duration", type=float, default=0.2, help="synthetic task seconds")
     p.add_argument("--job-rate", type=float, default=50.0, help="synthetic Poisson jobs/s")
