@@ -213,12 +213,62 @@ class DagProgress:
                 released.extend(child.tasks)
         return released
 
+    def abandon(self, tid: TaskId) -> list[Task]:
+        """Task ``tid`` failed for good: the tasks of every stage that needed it
+        (transitively), which can now never run."""
+        sid = self._stage_of.pop(tid, None)
+        if sid is None:
+            return []
+        lost: list[Task] = []
+        todo = list(self._children.get(sid, ()))
+        seen: set[int] = set()
+        while todo:
+            st = todo.pop()
+            if st.stage_id in seen:
+                continue
+            seen.add(st.stage_id)
+            for t in st.tasks:
+                if self._stage_of.pop(t.task_id, None) is not None:
+                    lost.append(t)
+            todo.extend(self._children.get(st.stage_id, ()))
+        return lost
+
     def stage_of(self, tid: TaskId) -> int | None:
         return self._stage_of.get(tid)
 
     @property
     def done(self) -> bool:
         return not self._stage_of
+
+
+# ------------------------------------------------------- a DAG over the wire
+StageLayout = tuple[tuple[int, tuple[int, ...], int], ...]
+"""Per stage, in order: (stage id, parent stage ids, number of tasks).  With the job's
+flat task list (stage by stage) it is the whole DAG: what a submission carries."""
+
+
+def stage_layout(job: DagJob) -> StageLayout:
+    return tuple((s.stage_id, tuple(s.parents), len(s.tasks)) for s in job.stages)
+
+
+def from_layout(
+    job_id: JobId, user: UserId, arrival: float, tasks: Sequence[Task], layout: StageLayout
+) -> DagJob:
+    """The DagJob of a submission (flat tasks + layout); ``ConfigError`` if they disagree."""
+    if sum(n for _, _, n in layout) != len(tasks):
+        raise ConfigError(
+            f"job {job_id}: the stages hold {sum(n for _, _, n in layout)} tasks, "
+            f"the job has {len(tasks)}",
+            reason="bad_dag",
+        )
+    stages: list[Stage] = []
+    k = 0
+    for sid, parents, n in layout:
+        if n < 1:
+            raise ConfigError(f"job {job_id}: stage {sid} has no tasks", reason="bad_dag")
+        stages.append(Stage(sid, list(tasks[k : k + n]), tuple(parents)))
+        k += n
+    return DagJob(job_id, user, arrival, _topological(job_id, stages))
 
 
 # ------------------------------------------------------------------ job files

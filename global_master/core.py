@@ -59,6 +59,8 @@ class InFlight:
     lm: LmId
     node: int  # -1 for a preemption request (the LM picks the node)
     repartition: bool
+    request_id: int = 0
+    """The request it rides on: only that request's answer concerns it."""
 
 
 class GlobalMaster:
@@ -223,10 +225,13 @@ class GlobalMaster:
         return effects
 
     def _launch_request(self, lm: LmId, placements: list[Placement]) -> LaunchRequest:
+        rid = self._request_id()
+        for p in placements:
+            self.inflight[p.task.task_id].request_id = rid
         return LaunchRequest(
             gm=self.gm_id,
             lm=lm,
-            request_id=self._request_id(),
+            request_id=rid,
             placements=tuple(placements),
             known_version=self._known_version(lm),
         )
@@ -275,7 +280,7 @@ class GlobalMaster:
         req = None if task.altruistic else self._preemption(task)
         if req is not None:
             self.counters["preemption_attempts"] += 1
-            self.inflight[task.task_id] = InFlight(task, req.lm, -1, False)
+            self.inflight[task.task_id] = InFlight(task, req.lm, -1, False, req.request_id)
             self.queues.on_dispatched(task, now)
             effects.append(ToLm(req.lm, req))
             return
@@ -316,6 +321,15 @@ class GlobalMaster:
         self.failed[task.task_id] = reason
         self._forget(task.task_id)
         effects.append(Report(TaskFailed(gm=self.gm_id, task=task, reason=reason, at=now)))
+        self._abandon(task, now, effects)
+
+    def _abandon(self, task: Task, now: float, effects: list[Effect]) -> None:
+        """DAG jobs: the stages that needed a failed task can never run; fail them."""
+        for lost in self.queues.abandon(task, now):
+            why = f"parent task {task.task_id} failed"
+            self.counters["failed"] += 1
+            self.failed[lost.task_id] = why
+            effects.append(Report(TaskFailed(gm=self.gm_id, task=lost, reason=why, at=now)))
 
     def _forget(self, task_id: TaskId) -> None:
         self._retries.pop(task_id, None)
@@ -344,9 +358,7 @@ class GlobalMaster:
         return {u: self._share_of(res) for u, res in used.items()}
 
     def _share_of(self, res: Sequence[int]) -> float:
-        return max(
-            (x / t for x, t in zip(res, self._capacity, strict=True) if t > 0), default=0.0
-        )
+        return max((x / t for x, t in zip(res, self._capacity, strict=True) if t > 0), default=0.0)
 
     def _preemption(self, task: Task) -> PreemptRequest | None:
         """Alg. 2: a preemption request on behalf of an under-share user, or None.
@@ -460,9 +472,10 @@ class GlobalMaster:
         view = self.views.get(resp.lm)
         retry: list[Task] = []
         for res in resp.results:
-            fl = self.inflight.pop(res.task_id, None)
-            if fl is None:
-                continue
+            fl = self.inflight.get(res.task_id)
+            if fl is None or fl.request_id != resp.request_id:
+                continue  # an event overtook this answer; the task may have moved on
+            del self.inflight[res.task_id]
             if view is not None:
                 view.release(fl.node, fl.task.demand)
             task = fl.task
@@ -508,7 +521,10 @@ class GlobalMaster:
     def on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
         """Accepted: the task is placed (victims come back to their own GMs).
         Refused: failed verification, try the next victim (Alg. 2)."""
-        fl = self.inflight.pop(resp.task_id, None)
+        fl = self.inflight.get(resp.task_id)
+        if fl is not None and fl.request_id != resp.request_id:
+            return self._apply(resp.delta)  # overtaken: the task has moved on
+        self.inflight.pop(resp.task_id, None)
         pending = self._preempt_victim.pop(resp.task_id, None)
         if pending is not None:
             left = self._victim_pending.get(pending[0], 0.0) - pending[1]
@@ -532,7 +548,7 @@ class GlobalMaster:
             self._requeue(task, now)
             return effects
         self.counters["preemption_attempts"] += 1
-        self.inflight[task.task_id] = InFlight(task, req.lm, -1, False)
+        self.inflight[task.task_id] = InFlight(task, req.lm, -1, False, req.request_id)
         self.queues.on_dispatched(task, now)
         return [*effects, ToLm(req.lm, req)]
 
@@ -549,6 +565,7 @@ class GlobalMaster:
                 self.placed[tid] = ev.task
             return []
         if kind in ("finished", "failed"):
+            self._overtaken(tid)
             self.placed.pop(tid, None)
             self.known_placed.discard(tid)
             if kind == "finished":
@@ -557,11 +574,16 @@ class GlobalMaster:
                     self.queues.on_finished(ev.task, now)
             else:
                 self.failed[tid] = "failed on worker"
+                lost: list[Effect] = []
+                if ev.task.user in self.queues:
+                    self._abandon(ev.task, now, lost)
+                return lost
             return []
         # preempted or requeued: back to the front of its own queue, never lost
+        self._overtaken(tid)
         self.placed.pop(tid, None)
         self.known_placed.discard(tid)
-        if ev.task.user not in self.queues or tid in self.inflight:
+        if ev.task.user not in self.queues:
             return []
         if kind == "preempted":
             self.counters["preempted_requeued"] += 1
@@ -571,6 +593,17 @@ class GlobalMaster:
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         return []
+
+    def _overtaken(self, tid: TaskId) -> None:
+        """An event of the task overtook the LM's answer to its request: the LM had
+        accepted it, so the request is over (its late answer matches no request in flight)."""
+        fl = self.inflight.pop(tid, None)
+        if fl is None:
+            return
+        self._forget(tid)
+        view = self.views.get(fl.lm)
+        if view is not None and fl.node >= 0:
+            view.release(fl.node, fl.task.demand)
 
     def handle(self, msg: object, now: float) -> list[Effect]:
         """Single entry point for drivers that do not dispatch by type themselves."""

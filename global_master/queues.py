@@ -112,6 +112,18 @@ class UserQueues:
             t.submit(now)
             self.push_back(t)
 
+    def abandon(self, task: Task, now: float) -> list[Task]:
+        """``task`` failed for good: the not yet released tasks of its DAG that
+        depended on it, which the GM must fail explicitly."""
+        del now
+        progress = self._dags.get(task.job_id)
+        if progress is None:
+            return []
+        lost = progress.abandon(task.task_id)
+        if progress.done:
+            del self._dags[task.job_id]
+        return lost
+
     def release_children(self, task: Task, now: float) -> list[Task]:
         """Queue the tasks of the stages that ``task``'s completion makes runnable."""
         progress = self._dags.get(task.job_id)

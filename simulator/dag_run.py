@@ -1,0 +1,263 @@
+"""DAG workloads under several queue policies, side by side (Carbyne, issue 4).
+
+Each policy runs the same jobs (fresh copies) through ``MeghaSimulation``: the same
+GM and LM cores, only the GM's ``UserQueues`` differ (``global_master.carbyne``).
+Per policy: job completion times, makespan, Jain's fairness index over 60-s windows,
+leftover yielded and reused, the allocation-time figures, and a PNG of each user's
+dominant share over time against its configured share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from common.dag import DagJob, load_jobs
+from common.errors import ConfigError
+from common.ids import GmId, JobId, UserId
+from common.model import NodeSpec, UserConfig
+from global_master.carbyne import POLICIES, JobQueues, make_policy
+from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
+from request_generator.report import summarize_tasks
+from request_generator.workload import ClusterSpec, make_federation, parse_users, profile
+from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+
+JAIN_WINDOW_S = 60.0
+DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
+"""Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's)."""
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    ys = sorted(xs)
+    k = (len(ys) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (k - lo)
+
+
+def jct_stats(jct: Mapping[JobId, float]) -> dict[str, float]:
+    xs = list(jct.values())
+    return {
+        "mean": sum(xs) / len(xs) if xs else 0.0,
+        "p50": _pct(xs, 0.5),
+        "p95": _pct(xs, 0.95),
+        "max": max(xs, default=0.0),
+    }
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one takes everything."""
+    sq = sum(v * v for v in values)
+    if sq <= 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * sq)
+
+
+def jain_windows(
+    result: SimResult, users: Sequence[UserConfig], jobs: Sequence[DagJob]
+) -> dict[str, float]:
+    """Jain's index of (dominant share / configured share) per 60-s window, over the
+    users with a job in the system during that window."""
+    share = {u.user: u.share for u in users}
+    spans: dict[UserId, list[tuple[float, float]]] = {}
+    for j in jobs:
+        end = j.arrival + result.job_completion.get(j.job_id, float("inf"))
+        spans.setdefault(j.user, []).append((j.arrival, end))
+    samples = result.usage_samples
+    if not samples:
+        return {"mean": 1.0, "min": 1.0, "max": 1.0}
+    t0 = samples[0][0]
+    windows: dict[int, list[tuple[float, dict[UserId, float]]]] = {}
+    for t, use in samples:
+        windows.setdefault(int((t - t0) // JAIN_WINDOW_S), []).append((t, use))
+    idx: list[float] = []
+    for w, pts in sorted(windows.items()):
+        lo, hi = t0 + w * JAIN_WINDOW_S, t0 + (w + 1) * JAIN_WINDOW_S
+        active = [
+            u for u, sp in spans.items() if any(a < hi and e > lo for a, e in sp) and u in share
+        ]
+        if len(active) < 2:
+            continue
+        xs = [sum(use.get(u, 0.0) for _, use in pts) / len(pts) / share[u] for u in active]
+        idx.append(jain(xs))
+    if not idx:
+        return {"mean": 1.0, "min": 1.0, "max": 1.0}
+    return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
+
+
+def plot_shares(path: Path, result: SimResult, users: Sequence[UserConfig], title: str) -> None:
+    """Each user's dominant share over time (solid) and configured share (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ts = [t for t, _ in result.usage_samples]
+    for k, u in enumerate(users):
+        color = f"C{k % 10}"
+        ax.plot(ts, [s.get(u.user, 0.0) for _, s in result.usage_samples], color=color,
+                label=f"{u.user} (share {u.share:g})", linewidth=1)  # fmt: skip
+        ax.axhline(u.share, color=color, linestyle="--", linewidth=0.8)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("dominant share of the federation")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_policies(
+    jobs: list[DagJob],
+    clusters: Sequence[ClusterSpec],
+    gm_ids: Sequence[GmId],
+    users: Sequence[UserConfig],
+    policies: Sequence[str],
+    config: SimConfig,
+    seed: int,
+    *,
+    p_altruism: float = 1.0,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run ``jobs`` once per policy; returns ``{"schedulers": {policy: figures}}``.
+
+    With ``out``, writes ``shares-<policy>.png`` there.
+    """
+    for p in policies:
+        if p not in POLICIES:
+            raise ConfigError(
+                f"unknown queue policy {p!r} (known: {', '.join(POLICIES)})",
+                reason="unknown_policy",
+            )
+    cfg = copy.copy(config)
+    if cfg.sample_usage_every_s is None:
+        cfg.sample_usage_every_s = 1.0
+    schedulers: dict[str, Any] = {}
+    for policy in policies:
+        mine = copy.deepcopy(jobs)
+        sim = MeghaSimulation(
+            clusters,
+            gm_ids,
+            users,
+            cfg,
+            queues_factory=make_policy(policy, users, p_altruism=p_altruism, seed=seed),
+        )
+        sim.add_jobs(mine)
+        res = sim.run()
+        yielded = reused = 0.0
+        for gm in sim.gms.values():
+            q = gm.queues
+            if isinstance(q, JobQueues):
+                yielded += q.counters["leftover_yielded"]
+                reused += q.counters["leftover_reused"]
+        started = [t for t in res.tasks if t.started_at >= 0]
+        figures: dict[str, Any] = {
+            "jct_s": jct_stats(res.job_completion),
+            "makespan_s": res.makespan_s,
+            "jain": jain_windows(res, users, mine),
+            "leftover": {"yielded_share_s": yielded, "reused_share_s": reused},
+            "jobs_completed": len(res.job_completion),
+            "failed_tasks": len(res.failed),
+            "stuck_tasks": res.stuck,
+            "preemptions": res.counters.get("preemptions", 0),
+            "wall_s": res.wall_s,
+            "job_jct_s": dict(res.job_completion),
+            **summarize_tasks(started),
+        }
+        schedulers[policy] = figures
+        if out is not None:
+            plot_shares(out / f"shares-{policy}.png", res, users, f"dominant share: {policy}")
+    return {"schedulers": schedulers}
+
+
+def _clusters_for(
+    args: argparse.Namespace, width: int, gm_ids: Sequence[GmId], rng: random.Random
+) -> list[ClusterSpec]:
+    workers, lms = args.workers[0], args.lms[0]
+    if width == 2 and getattr(args, "profile", "") == "paper":
+        return make_federation(workers, gm_ids, lms, profile("paper"), False, rng)
+    cap = DAG_NODE_CAPACITY.get(width, tuple([100] * width))
+    base = make_federation(workers, gm_ids, lms, profile("slots"), False, rng)
+    return [ClusterSpec(c.lm, [NodeSpec(cap) for _ in c.nodes], c.home, c.profile) for c in base]
+
+
+def run_cli(args: argparse.Namespace, out: Path) -> int:
+    """``megha simulate --workload dag``: writes ``out/summary.json`` and share plots."""
+    gm_ids = [GmId(f"gm{i}") for i in range(args.gms[0])]
+    users = parse_users(args.users, gm_ids)
+    rng = random.Random(args.seed)
+    if args.jobs:
+        names, jobs = load_jobs(args.jobs)
+        known = {u.user for u in users}
+        unknown = sorted({j.user for j in jobs} - known)
+        if unknown:
+            raise ConfigError(
+                f"job file users {unknown} are not configured (--users NAME:SHARE@GM,...)",
+                reason="unknown_user",
+            )
+        width = len(names)
+    else:
+        width = 2 if args.profile == "paper" else 1
+        node = profile("paper").node_capacity if width == 2 else DAG_NODE_CAPACITY[1]
+        jobs = synthetic_dag_jobs(
+            args.jobs_count, rate=args.rate, users=users, node_capacity=node, rng=rng
+        )
+        for j in jobs:
+            j.arrival *= args.time_scale
+            for t in j.tasks:
+                t.duration *= args.duration_scale
+    clusters = _clusters_for(args, width, gm_ids, rng)
+    cfg = SimConfig(
+        network_delay_s=args.network_delay,
+        update_period_s=args.update_period,
+        gm_decision_s=args.gm_decision_cost,
+        lm_validation_s=args.lm_validation_cost,
+        batch=args.batch,
+        sample_usage_every_s=1.0,
+    )
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    summary = run_policies(
+        jobs, clusters, gm_ids, users, policies, cfg, args.seed,
+        p_altruism=args.p_altruism, out=out,
+    )  # fmt: skip
+    summary.update(
+        {
+            "workload": "dag",
+            "jobs": len(jobs),
+            "tasks": sum(len(j.tasks) for j in jobs),
+            "dag": dag_stats(jobs),
+            "workers": args.workers[0],
+            "gms": len(gm_ids),
+            "lms": args.lms[0],
+            "seed": args.seed,
+        }
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    if not getattr(args, "quiet", False):
+        print(format_dag_table(summary["schedulers"]))
+        print(f"\nwrote {out}/ (summary.json, shares-*.png)", file=sys.stderr)
+    return 0
+
+
+def format_dag_table(schedulers: Mapping[str, Mapping[str, Any]]) -> str:
+    """JCT, makespan and fairness side by side."""
+    rows = [f"{'policy':<14}{'JCT mean':>10}{'JCT p95':>10}{'makespan':>10}{'Jain mean':>10}"]
+    for name, s in schedulers.items():
+        rows.append(
+            f"{name:<14}{s['jct_s']['mean']:>10.1f}{s['jct_s']['p95']:>10.1f}"
+            f"{s['makespan_s']:>10.1f}{s['jain']['mean']:>10.3f}"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,344 @@
+"""Queue policies without an event loop: DRF, Tetris, SJF and Carbyne's three steps."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.dag import DagJob, make_job
+from common.ids import GmId, JobId, LmId, TaskId, UserId
+from common.model import Task
+from global_master.carbyne import (
+    CarbyneQueues,
+    DrfQueues,
+    JobQueues,
+    SjfQueues,
+    TetrisQueues,
+    _Stage,
+    drf_allocation,
+    forward_pack,
+    must_start,
+)
+
+A, B = UserId("A"), UserId("B")
+
+
+def _tasks(user: str, demand: tuple[int, ...], n: int, job: str) -> list[Task]:
+    return [Task(TaskId(f"{job}.t{i}"), JobId(job), UserId(user), demand, 1.0) for i in range(n)]
+
+
+def _drain(q: JobQueues) -> list[Task]:
+    out = []
+    while (t := q.pop()) is not None:
+        out.append(t)
+    return out
+
+
+def _fig2() -> tuple[DagJob, DagJob]:
+    """Carbyne Fig. 2 (issue 4): one resource of 100 units, both jobs at t = 0."""
+    j1 = make_job(
+        "J1",
+        "u1",
+        0.0,
+        [
+            (0, [((4,), 1.0)] * 2, []),
+            (1, [((21,), 1.0)] * 3, []),
+            (2, [((10,), 0.1)], [0, 1]),
+        ],
+    )
+    j2 = make_job("J2", "u2", 0.0, [(0, [((29,), 1.0)] * 2, [])])
+    return j1, j2
+
+
+# ----------------------------------------------------------------------- DRF
+def test_drf_example_from_the_lecture_closed_form() -> None:
+    """9 CPUs, 18 GB; A (1 CPU, 4 GB), B (3 CPU, 1 GB): A gets 3 tasks, B 2."""
+    a, b = drf_allocation((9, 18), [(100, 400), (300, 100)], [1.0, 1.0])
+    assert a == pytest.approx([3, 12])
+    assert b == pytest.approx([6, 2])
+
+
+def test_drf_example_from_the_lecture_as_queued_tasks() -> None:
+    q = DrfQueues([A, B], shares={A: 0.5, B: 0.5}, capacity=(9, 18))
+    for t in _tasks("A", (1, 4), 10, "ja") + _tasks("B", (3, 1), 10, "jb"):
+        t.submit(0.0)
+        q.push_back(t)
+    handed = _drain(q)
+    assert sum(t.user == A for t in handed) == 3
+    assert sum(t.user == B for t in handed) == 2
+
+
+def test_weighted_drf_follows_the_shares() -> None:
+    a, b = drf_allocation((100,), [(100,), (100,)], [0.75, 0.25])
+    assert a == pytest.approx([75])
+    assert b == pytest.approx([25])
+
+
+def test_drf_caps_a_job_at_its_demand_and_gives_the_rest_away() -> None:
+    a, b = drf_allocation((100,), [(10,), (500,)], [0.5, 0.5])
+    assert a == pytest.approx([10])
+    assert b == pytest.approx([90])
+
+
+def test_fig2_strict_drf_holds_j2_to_one_task() -> None:
+    q = DrfQueues([UserId("u1"), UserId("u2")], capacity=(100,))
+    for job in _fig2():
+        q.add_job(job, 0.0)
+    handed = _drain(q)
+    assert sorted(t.task_id for t in handed) == [
+        "J1.s0.t0",
+        "J1.s0.t1",
+        "J1.s1.t0",
+        "J1.s1.t1",
+        "J2.s0.t0",
+    ]
+
+
+# ------------------------------------------------------------------- Carbyne
+def test_forward_and_reverse_packing_of_fig2_j1() -> None:
+    j1, _ = _fig2()
+    stages = {s.stage_id: _Stage(s.parents, list(s.tasks), 0) for s in j1.stages}
+    t_k = forward_pack(0.0, (50,), (100,), stages, [])
+    assert t_k == pytest.approx(2.1)
+    latest = must_start(0.0, t_k, (50,), (100,), stages, [], {t.task_id for t in j1.tasks[:5]})
+    now = [t for start, t in latest if start <= 1e-9]
+    assert [t.demand for t in now] == [(21,)]
+    assert all(start == pytest.approx(1.0) for start, t in latest if t not in now)
+
+
+def test_fig2_carbyne_yields_0_29_of_j1_at_t0() -> None:
+    q = CarbyneQueues([UserId("u1"), UserId("u2")], capacity=(100,))
+    for job in _fig2():
+        q.add_job(job, 0.0)
+    handed = _drain(q)
+    default = sorted(t.task_id for t in handed if not t.altruistic)
+    altruistic = sorted(t.task_id for t in handed if t.altruistic)
+    assert q.last_yield[JobId("J1")] == pytest.approx([29])
+    assert q.last_yield[JobId("J2")] == pytest.approx([21])
+    assert len(default) == 2
+    assert default[1] == "J2.s0.t0" or default[1].startswith("J2")
+    assert default[0].startswith("J1.s1")
+    # leftover 0.5: SRTF gives J2 its second task first, then one more S1 task of J1
+    assert [t[:2] for t in altruistic] == ["J1", "J2"]
+    assert sum(t.demand[0] for t in handed) == 100
+
+
+def test_p_altruism_zero_is_plain_drf() -> None:
+    users = [UserId("u1"), UserId("u2")]
+    drf, carb = (
+        DrfQueues(users, capacity=(100,)),
+        CarbyneQueues(users, capacity=(100,), p_altruism=0.0),
+    )
+    for q in (drf, carb):
+        for job in _fig2():
+            q.add_job(job, 0.0)
+    assert [t.task_id for t in _drain(carb)] == [t.task_id for t in _drain(drf)]
+
+
+def test_dag_release_and_job_cleanup_through_the_hooks() -> None:
+    q = CarbyneQueues([UserId("u1"), UserId("u2")], capacity=(100,))
+    j1, _ = _fig2()
+    q.add_job(j1, 0.0)
+    first = _drain(q)
+    assert {t.task_id for t in first} == {t.task_id for t in j1.tasks[:5]}
+    for t in first:
+        q.on_dispatched(t, 0.0)
+    for t in first:
+        q.on_finished(t, 1.0)
+    (last,) = _drain(q)
+    assert last.task_id == "J1.s2.t0"
+    assert last.submitted_at == 1.0
+    q.on_dispatched(last, 1.0)
+    q.on_finished(last, 1.1)
+    assert not q.jobs
+    assert not q.has_work()
+
+
+def test_a_task_that_could_not_be_placed_waits_for_a_new_epoch() -> None:
+    q = TetrisQueues([A], capacity=(10,))
+    (t,) = _tasks("A", (5,), 1, "j")
+    q.push_back(t)
+    popped = q.pop()
+    assert popped is t
+    q.push_back(t)  # the GM re-queued it: nothing fitted
+    assert not q.has_work()
+    q.new_epoch()
+    assert q.pop() is t
+
+
+def test_sjf_prefers_the_job_with_the_shortest_critical_path() -> None:
+    q = SjfQueues([A], capacity=(10,))
+    long = make_job("long", "A", 0.0, [(0, [((10,), 5.0)], []), (1, [((10,), 5.0)], [0])])
+    short = make_job("short", "A", 1.0, [(0, [((10,), 1.0)], [])])
+    q.add_job(long, 0.0)
+    q.add_job(short, 1.0)
+    first = q.pop()
+    assert first is not None
+    assert first.job_id == "short"
+
+
+def test_tetris_packs_the_best_aligned_task_first() -> None:
+    q = TetrisQueues([A], capacity=(10, 10))
+    small = Task(TaskId("s"), JobId("j"), A, (1, 1), 1.0)
+    big = Task(TaskId("b"), JobId("j"), A, (6, 6), 1.0)
+    q.push_back(small)
+    q.push_back(big)
+    first = q.pop()
+    assert first is big
+
+
+# ---------------------------------------------------------------- invariants
+POLICIES = (DrfQueues, TetrisQueues, SjfQueues, CarbyneQueues)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(POLICIES),
+    jobs=st.lists(
+        st.tuples(
+            st.sampled_from(["A", "B", "C"]),
+            st.lists(
+                st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 4)),
+                min_size=1,
+                max_size=4,
+            ),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    seed=st.integers(0, 1000),
+)
+def test_policies_never_hand_out_more_than_capacity_and_finish_every_job(
+    policy: type[JobQueues], jobs: list[tuple[str, list[tuple[int, int, int]]]], seed: int
+) -> None:
+    """Drive a policy as a GM would (pop, run, finish): usage stays within the
+    entitled capacity, and every task of every DAG is released and handed out."""
+    cap = (10, 10)
+    users = [UserId(u) for u in ("A", "B", "C")]
+    q = policy(users, capacity=cap)
+    rng = random.Random(seed)
+    all_ids: set[TaskId] = set()
+    for k, (user, stages) in enumerate(jobs):
+        spec = [
+            (i, [((c, m), float(dur))] * (1 + i % 2), [i - 1] if i else [])
+            for i, (c, m, dur) in enumerate(stages)
+        ]
+        job = make_job(f"j{k}", user, 0.0, spec)
+        all_ids |= {t.task_id for t in job.tasks}
+        q.add_job(job, 0.0)
+    now, running, done = 0.0, list[tuple[float, Task]](), set[TaskId]()
+    for _ in range(500):
+        while (t := q.pop()) is not None:
+            q.on_dispatched(t, now)
+            running.append((now + t.duration, t))
+        used = [sum(t.demand[r] for _, t in running) for r in range(2)]
+        assert all(u <= c for u, c in zip(used, cap, strict=True))
+        if not running:
+            break
+        running.sort(key=lambda p: (p[0], rng.random()))
+        end, t = running.pop(0)
+        now = end
+        q.on_finished(t, now)
+        done.add(t.task_id)
+    assert done == all_ids
+    assert not q.jobs
+
+
+# ------------------------------------------------------- failure of a DAG task
+@pytest.mark.parametrize("policy", ["fifo", "drf", "carbyne"])
+def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -> None:
+    from common.model import UserConfig
+    from global_master.carbyne import make_policy
+    from global_master.core import GlobalMaster
+    from tests.conftest import failures, make_lm, sync_views
+
+    users = [UserConfig(A, GmId("gm0"), 1.0)]
+    queues = make_policy(policy, users)(GmId("gm0"), [A])
+    gm = GlobalMaster(GmId("gm0"), [LmId("lm0")], users, queues=queues)
+    sync_views(gm, make_lm())
+    job = make_job(
+        "j",
+        "A",
+        0.0,
+        [
+            (0, [((8, 8), 1.0)], []),  # no node has 8 CPUs: infeasible
+            (1, [((1, 1), 1.0)], []),
+            (2, [((1, 1), 1.0)] * 2, [0, 1]),
+        ],
+    )
+    gm.submit_job(job, 0.0)
+    effects = gm.decide(0.0, max_tasks=10)
+    failed = {f.task.task_id: f.reason for f in failures(effects)}
+    assert set(failed) == {"j.s0.t0", "j.s2.t0", "j.s2.t1"}
+    assert failed["j.s2.t0"] == "parent task j.s0.t0 failed"
+    assert not gm.queues.has_work()
+    if isinstance(gm.queues, JobQueues):
+        assert list(gm.queues.jobs[JobId("j")].stages) == [1]
+
+
+def test_an_altruistic_task_never_triggers_a_fairness_preemption() -> None:
+    """Same situation as the GM core's preemption test, but the waiting task is
+    ALTRUISTIC: it uses only what is free, so it is re-queued, nobody is preempted."""
+    from common.ids import NodeIndex
+    from common.messages import LaunchRequest, Placement
+    from tests.conftest import make_gm, make_lm, make_task, preempts, sync_views
+
+    lm = make_lm(nodes=[(10, 10)])
+    gm = make_gm(users=[("a", "gm0", 0.2), ("c", "gm0", 0.2), ("b", "gm0", 0.6)])
+    for user, cpu in (("a", 4), ("c", 6)):
+        placement = Placement(
+            task=make_task(cpu, cpu, user=user), node=NodeIndex(0), repartition=False
+        )
+        req = LaunchRequest(
+            gm=GmId("gm0"), lm=LmId("lm0"), request_id=0, placements=(placement,), known_version=-1
+        )
+        lm.on_launch(req, 0.0)
+    sync_views(gm, lm)
+    t = make_task(2, 2, user="b")
+    t.altruistic = True
+    gm.submit([t], 0.0)
+    assert preempts(gm.decide(1.0)) == []
+    assert gm.counters["requeues"] == 1
+    t.altruistic = False  # the same task as DEFAULT does preempt (the core's own test)
+    gm.queues.new_epoch()
+    assert len(preempts(gm.decide(2.0))) == 1
+
+
+@pytest.mark.parametrize("policy", ["fifo", "carbyne"])
+def test_a_task_failing_on_its_worker_fails_its_dependent_stages(policy: str) -> None:
+    from common.effects import ToGm, ToLm
+    from common.ids import NodeIndex
+    from common.messages import WorkerReport
+    from common.model import UserConfig
+    from global_master.carbyne import make_policy
+    from global_master.core import GlobalMaster
+    from tests.conftest import failures, make_lm, sync_views
+
+    users = [UserConfig(A, GmId("gm0"), 1.0)]
+    gm = GlobalMaster(
+        GmId("gm0"), [LmId("lm0")], users, queues=make_policy(policy, users)(GmId("gm0"), [A])
+    )
+    lm = make_lm()
+    sync_views(gm, lm)
+    job = make_job("j", "A", 0.0, [(0, [((1, 1), 1.0)], []), (1, [((1, 1), 1.0)] * 2, [0])])
+    gm.submit_job(job, 0.0)
+    for e in gm.decide(0.0):
+        assert isinstance(e, ToLm)
+        for ans in lm.handle(e.msg, 0.0):
+            if isinstance(ans, ToGm):
+                gm.handle(ans.msg, 0.0)
+    root = job.stages[0].tasks[0]
+    report = WorkerReport(
+        lm=LmId("lm0"), node=NodeIndex(0), task_id=root.task_id, kind="failed", at=1.0
+    )
+    lost: list[object] = []
+    for ans in lm.on_worker_report(report, 1.0):
+        if isinstance(ans, ToGm):
+            lost.extend(gm.handle(ans.msg, 1.0))
+    assert sorted(f.task.task_id for f in failures(lost)) == ["j.s1.t0", "j.s1.t1"]
+    assert not gm.queues.has_work()
+    if isinstance(gm.queues, JobQueues):
+        assert not gm.queues.jobs
