@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from common.dag import StageLayout
 from common.errors import DecodeError, ValidationError
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
@@ -49,6 +50,7 @@ MAX_BODY = 8 * 1024 * 1024
 MAX_ID_LEN = 200
 MAX_RESOURCES = 16
 MAX_COMMAND = 64
+MAX_STAGES = 10_000
 REPORT_KINDS = frozenset({"started", "finished", "failed"})
 EVENT_KINDS = frozenset({"started", "finished", "failed", "preempted", "requeued"})
 
@@ -62,6 +64,8 @@ class SubmitJob:
     token: str
     submitted_at: float
     tasks: tuple[Task, ...]
+    stages: StageLayout | None = None
+    """A DAG job: per stage (id, parent ids, task count), tasks listed stage by stage."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -656,7 +660,45 @@ def _enc_submit(m: SubmitJob) -> dict[str, Any]:
         "token": m.token,
         "submitted_at": m.submitted_at,
         "tasks": [task_fields(t) for t in m.tasks],
+        "stages": None
+        if m.stages is None
+        else [[sid, list(parents), n] for sid, parents, n in m.stages],
     }
+
+
+def _stages_from(raw: object, n_tasks: int) -> StageLayout | None:
+    """A DAG's stage layout: [[id, [parent ids], task count], ...] covering every task."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_STAGES:
+        raise ValidationError(
+            f"submit.stages: expected 1..{MAX_STAGES} stages", reason="wrong_type"
+        )
+    layout = []
+    for i, st in enumerate(raw):
+        where = f"submit.stages[{i}]"
+        if (
+            not isinstance(st, list)
+            or len(st) != 3
+            or not isinstance(st[0], int)
+            or not isinstance(st[1], list)
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in st[1])
+            or not isinstance(st[2], int)
+            or isinstance(st[2], bool)
+            or st[2] < 1
+        ):
+            raise ValidationError(
+                f"{where}: expected [stage id, [parent ids], task count >= 1]",
+                reason="wrong_type",
+            )
+        layout.append((st[0], tuple(st[1]), st[2]))
+    if sum(n for _, _, n in layout) != n_tasks:
+        raise ValidationError(
+            f"submit.stages: the stages hold {sum(n for _, _, n in layout)} tasks, "
+            f"the job has {n_tasks}",
+            reason="bad_dag",
+        )
+    return tuple(layout)
 
 
 def _dec_submit(f: _Fields) -> SubmitJob:
@@ -669,6 +711,7 @@ def _dec_submit(f: _Fields) -> SubmitJob:
         token=f.str_("token", empty=True),
         submitted_at=f.float_("submitted_at", lo=0.0),
         tasks=tuple(task_from(t, f"tasks[{i}]") for i, t in enumerate(raw)),
+        stages=_stages_from(f.d.get("stages"), len(raw)),
     )
 
 

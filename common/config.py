@@ -55,6 +55,10 @@ class FederationConfig:
     decide_batch: int = 64
     max_body: int = 4 * 1024 * 1024
     seed: int = 1
+    queue_policy: str = "fifo"
+    """How each GM orders its user queues: fifo (Megha), drf, tetris, sjf, carbyne, ..."""
+    p_altruism: float = 1.0
+    """Carbyne's P(altruism) on every GM (0: plain DRF)."""
 
     # ------------------------------------------------------------ derived
     @cached_property
@@ -144,6 +148,14 @@ class FederationConfig:
         if not 1 <= self.base_port <= 65535 - 300:
             raise ConfigError("base_port out of range")
         _ = self.user_configs
+        from global_master.carbyne import POLICIES
+
+        if self.queue_policy not in POLICIES:
+            raise ConfigError(
+                f"queue_policy must be one of {', '.join(POLICIES)}, not {self.queue_policy!r}"
+            )
+        if not 0.0 <= self.p_altruism <= 1.0:
+            raise ConfigError("p_altruism must be in [0, 1]")
         from request_generator.workload import profile
 
         profile(self.profile)

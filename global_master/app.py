@@ -25,8 +25,9 @@ from common import codec
 from common.auth import check_user, internal_headers
 from common.codec import SubmitJob
 from common.config import FederationConfig
+from common.dag import from_layout
 from common.effects import Effect, Report, ToLm, stamp_sent
-from common.errors import DecodeError, MeghaError, ValidationError
+from common.errors import ConfigError, DecodeError, MeghaError, ValidationError
 from common.ids import GmId, JobId, TaskId
 from common.messages import (
     LaunchRequest,
@@ -50,6 +51,7 @@ from common.service import (
     service_identity,
 )
 from global_master.amqp import GmBroker
+from global_master.carbyne import make_policy
 from global_master.core import GlobalMaster
 
 log = logging.getLogger("megha.gm")
@@ -141,6 +143,16 @@ def admit_job(
         t.spent = [0.0] * len(t.spent)
         t.waits = [0] * len(t.waits)
         t.attempts = 0
+    if job.stages is not None:
+        # A DAG: its stages are released as their parents finish.  A redelivered DAG
+        # whose tasks this GM already knows is refused (dead-lettered with the reason)
+        # by submit_job: resuming a half-run DAG is not supported.
+        try:
+            dag = from_layout(job.job_id, job.user, job.submitted_at, job.tasks, job.stages)
+        except ConfigError as exc:
+            raise ValidationError(str(exc), reason="bad_dag") from None
+        core.submit_job(dag, job.submitted_at)
+        return job, []
     core.submit(fresh, job.submitted_at)
     return job, skipped
 
@@ -170,7 +182,11 @@ class GmService:
 
     def __init__(self, cfg: FederationConfig, gm: GmId) -> None:
         self.cfg = cfg
-        self.core = GlobalMaster(gm, cfg.lm_ids, cfg.user_configs)
+        mine = [u.user for u in cfg.user_configs if u.gm == gm]
+        queues = make_policy(
+            cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
+        )(gm, mine)
+        self.core = GlobalMaster(gm, cfg.lm_ids, cfg.user_configs, queues=queues)
         self.broker = GmBroker(cfg, gm)
         self.headers = {**internal_headers(cfg.secret), "Content-Type": "application/x-msgpack"}
         self.session: aiohttp.ClientSession | None = None

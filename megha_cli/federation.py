@@ -218,7 +218,10 @@ def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
         return load_config(home / "federation.toml")
     cfg = load_config(args.config)
     overrides: dict[str, Any] = {}
-    for key in ("gms", "lms", "nodes_per_lm", "base_port", "name", "profile"):
+    for key in (
+        "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
+        "p_altruism",
+    ):  # fmt: skip
         v = getattr(args, key, None)
         if v is not None:
             overrides[key] = v
@@ -331,6 +334,7 @@ def _bench_options(args: argparse.Namespace) -> Any:
 
     return BenchOptions(
         trace=args.trace,
+        jobs_file=args.jobs_file,
         limit_jobs=args.limit_jobs,
         jobs=args.jobs,
         tasks_per_job=args.tasks_per_job,
@@ -402,10 +406,21 @@ def _shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-port", type=int, help="first port (GMs base+i, LMs +100, workers +200)")
     p.add_argument("--name", help="prefix of the federation's RabbitMQ queues and exchanges")
     p.add_argument("--profile", choices=["slots", "paper"], help="resource profile")
+    p.add_argument("--users", help="NAME:SHARE@GM,... (default: one user per GM, equal shares)")
+    p.add_argument(
+        "--policy",
+        dest="queue_policy",
+        help="order of each GM's user queues: fifo (Megha), drf, drf-wc, tetris, sjf, carbyne, "
+        "carbyne-pack",
+    )
+    p.add_argument("--p-altruism", type=float, help="Carbyne's P(altruism), 0..1")
 
 
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--trace", help="replay this trace (../shared/traces format)")
+    p.add_argument(
+        "--jobs", dest="jobs_file", help="submit the DAG jobs of this file (see README: DAG jobs)"
+    )
     p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
     p.add_argument(
         "--jobs-count", dest="jobs", type=int, default=jobs, help="synthetic jobs (without --trace)"

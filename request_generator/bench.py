@@ -23,7 +23,9 @@ import aiohttp
 
 from common.auth import internal_headers
 from common.config import FederationConfig
-from common.ids import JobId, TaskId
+from common.dag import DagJob, load_jobs
+from common.errors import ConfigError
+from common.ids import JobId, TaskId, UserId
 from common.model import Task
 from request_generator.report import (
     format_table,
@@ -38,6 +40,7 @@ from request_generator.workload import (
     Job,
     WorkloadSpec,
     jobs_from_trace,
+    profile,
     read_trace,
     synthetic_jobs,
 )
@@ -61,9 +64,35 @@ class BenchOptions:
     floor_samples: int = 200
     out: str = "results/bench"
     progress: bool = True
+    jobs_file: str | None = None
+    """A DAG job file (common/dag.py format) to submit instead of a trace or synthetic jobs."""
 
 
-def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job]:
+def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
+    """DAG jobs from a file, checked against the federation before anything is sent."""
+    names, jobs = load_jobs(path)
+    width = len(profile(cfg.profile).names)
+    if len(names) != width:
+        raise ConfigError(
+            f"{path}: jobs use {len(names)} resource types ({', '.join(names)}); the "
+            f"federation's profile {cfg.profile!r} has {width}",
+            reason="wrong_resources",
+        )
+    known = {u.user for u in cfg.user_configs}
+    for j in jobs:
+        if j.user not in known:
+            raise ConfigError(
+                f"{path}: job {j.job_id} is for user {j.user!r}; the federation's users are "
+                f"{', '.join(sorted(known))}",
+                reason="unknown_user",
+            )
+    return jobs
+
+
+def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJob]:
+    if opts.jobs_file:
+        dags = _dag_workload(cfg, opts.jobs_file)
+        return _stamp_run(list(dags), opts)
     spec = WorkloadSpec(
         profile=cfg.profile,
         constraints=cfg.constraints,
@@ -84,12 +113,20 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job]:
             users=cfg.user_configs,
             rng=rng,
         )
+    return _stamp_run(list(jobs), opts)
+
+
+def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJob]:
+    """Make ids unique across runs; arrivals relative to the first (or at a fixed rate)."""
     run = f"r{int(time.time() * 1000) % 10**10:x}"  # task ids are unique across runs
+    jobs.sort(key=lambda j: j.arrival)
     for j in jobs:
-        j.job_id = JobId(f"{run}.{j.job_id}")
+        old = j.job_id
+        j.job_id = JobId(f"{run}.{old}")
         for t in j.tasks:
             t.job_id = j.job_id
-            t.task_id = TaskId(f"{j.job_id}.{t.task_id.rsplit('.', 1)[-1]}")
+            rest = t.task_id[len(old) :] if t.task_id.startswith(old) else f".{t.task_id}"
+            t.task_id = TaskId(f"{j.job_id}{rest}")
     if opts.rate is not None:
         for i, j in enumerate(jobs):
             j.arrival = i / opts.rate
@@ -197,9 +234,11 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]
         sem = asyncio.Semaphore(256)
         next_report = t0 + 1.0
 
-        async def submit(job: Job) -> float:
+        async def submit(job: Job | DagJob) -> float:
             async with sem:
-                return await sub.submit(job)
+                at = await sub.submit(job)
+                job.arrival = at  # wall clock from here on: JCT and fairness windows
+                return at
 
         for job in jobs:
             delay = t0 + job.arrival - time.time()
@@ -277,11 +316,80 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]
             },
         }
     )
+    summary.update(job_metrics(cfg, jobs, tasks))
     floor = summary["floor_rtt_s"]
     if floor > 0:
         summary["allocation_p50_in_floors"] = summary["allocation_time_s"]["p50"] / floor
     write_outputs(Path(opts.out), summary, tasks)
     return summary
+
+
+def job_metrics(
+    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: list[Task]
+) -> dict[str, Any]:
+    """Job completion times, makespan and Jain's index over 60-s windows (issue 4),
+    from the tasks' measured start and finish times."""
+    from simulator.dag_run import jain_windows, jct_stats
+    from simulator.megha_sim import SimResult
+
+    by_id = {t.task_id: t for t in tasks}
+    jct: dict[JobId, float] = {}
+    last = 0.0
+    for j in jobs:
+        ends = [by_id[t.task_id].finished_at for t in j.tasks if t.task_id in by_id]
+        if len(ends) == len(j.tasks) and all(e >= 0 for e in ends):
+            jct[j.job_id] = max(ends) - j.arrival
+            last = max(last, max(ends))
+    first = min((j.arrival for j in jobs), default=0.0)
+    capacity = [
+        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
+    ]
+    samples = usage_samples(tasks, capacity, first, last)
+    result = SimResult(
+        tasks=tasks,
+        job_completion=jct,
+        job_arrival={j.job_id: j.arrival for j in jobs},
+        counters={},
+        makespan_s=last - first if jct else 0.0,
+        usage_samples=samples,
+    )
+    return {
+        "jct_s": jct_stats(jct),
+        "makespan_s": result.makespan_s,
+        "jobs_completed": len(jct),
+        "jain": jain_windows(result, cfg.user_configs, jobs),  # type: ignore[arg-type]
+    }
+
+
+def usage_samples(
+    tasks: list[Task], capacity: list[int], first: float, last: float, step: float = 1.0
+) -> list[tuple[float, dict[UserId, float]]]:
+    """Each user's dominant share of the federation, sampled every ``step`` seconds."""
+    edges: list[tuple[float, int, Task]] = []
+    for t in tasks:
+        if t.started_at >= 0 and t.finished_at >= t.started_at:
+            edges.append((t.started_at, 1, t))
+            edges.append((t.finished_at, -1, t))
+    edges.sort(key=lambda e: (e[0], e[1]))
+    used: dict[UserId, list[int]] = {}
+    out: list[tuple[float, dict[UserId, float]]] = []
+    k = 0
+    now = first
+    while now <= last:
+        while k < len(edges) and edges[k][0] <= now:
+            _, sign, t = edges[k]
+            acc = used.setdefault(t.user, [0] * len(capacity))
+            for r, x in enumerate(t.demand):
+                acc[r] += sign * x
+            k += 1
+        out.append(
+            (
+                now,
+                {u: max(x / c for x, c in zip(v, capacity, strict=True)) for u, v in used.items()},
+            )
+        )
+        now += step
+    return out
 
 
 async def _ping_during_run(

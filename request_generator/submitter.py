@@ -18,6 +18,7 @@ from common import broker, codec
 from common.auth import user_token
 from common.codec import SubmitJob
 from common.config import FederationConfig
+from common.dag import DagJob, stage_layout
 from common.errors import MeghaError
 from common.ids import TaskId
 from common.messages import TaskEvent, TaskFailed
@@ -90,7 +91,7 @@ class Submitter:
             tok = self._tokens[user] = user_token(self.cfg.secret, user)
         return tok
 
-    async def submit(self, job: Job, *, token: str | None = None) -> float:
+    async def submit(self, job: Job | DagJob, *, token: str | None = None) -> float:
         """Publish one job now; returns its submission time."""
         now = time.time()
         msg = SubmitJob(
@@ -99,6 +100,7 @@ class Submitter:
             token=self.token(job.user) if token is None else token,
             submitted_at=now,
             tasks=tuple(job.tasks),
+            stages=stage_layout(job) if isinstance(job, DagJob) else None,
         )
         await self.publish_raw(job.user, codec.encode(msg))
         for t in job.tasks:

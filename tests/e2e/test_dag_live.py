@@ -1,0 +1,90 @@
+"""DAG jobs through a live federation whose GMs run Carbyne (issue 4, `megha bench --jobs`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from common.config import FederationConfig
+from common.errors import ConfigError
+from request_generator.bench import BenchOptions, run_bench
+
+pytestmark = pytest.mark.e2e
+
+Federation = tuple[FederationConfig, Path]
+
+
+def _job(job_id: str, user: str, arrival: float) -> dict[str, object]:
+    # two roots, a barrier stage needing both, then a final stage: 4 stages, 7 tasks
+    return {
+        "id": job_id,
+        "user": user,
+        "arrival": arrival,
+        "stages": [
+            {"id": 0, "parents": [], "count": 2, "demand": [1], "duration": 0.3},
+            {"id": 1, "parents": [], "count": 2, "demand": [1], "duration": 0.1},
+            {"id": 2, "parents": [0, 1], "count": 2, "demand": [1], "duration": 0.1},
+            {"id": 3, "parents": [2], "count": 1, "demand": [1], "duration": 0.05},
+        ],
+    }
+
+
+def test_dag_jobs_run_stage_by_stage_under_carbyne(
+    make_federation: Callable[..., Federation], tmp_path: Path
+) -> None:
+    cfg, _ = make_federation(
+        gms=2, lms=2, nodes_per_lm=4, heartbeat_s=0.5, worker_timeout_s=3.0,
+        queue_policy="carbyne",
+    )  # fmt: skip
+    users = [u.user for u in cfg.user_configs]
+    doc = {
+        "format": "megha-dag/1",
+        "resources": ["slots"],
+        "jobs": [_job(f"d{i}", users[i % len(users)], 0.1 * i) for i in range(6)],
+    }
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps(doc))
+    opts = BenchOptions(
+        jobs_file=str(path), out=str(tmp_path / "out"), floor_samples=20, timeout_s=60.0,
+        progress=False,
+    )  # fmt: skip
+    summary = asyncio.run(run_bench(cfg, opts))
+    assert summary["tasks"] == 42
+    assert summary["lost_tasks"] == 0
+    assert summary["tasks_finished"] == 42
+    assert summary["jobs_completed"] == 6
+    assert summary["jct_s"]["mean"] > 0.45  # the critical path is 0.3 + 0.1 + 0.05 s
+    assert summary["makespan_s"] >= summary["jct_s"]["max"] - 1e-6
+    assert 0 < summary["jain"]["min"] <= summary["jain"]["max"] <= 1.0 + 1e-9
+    # barriers held: no task of a stage started before every parent task finished
+    rows = [r.split(",") for r in (tmp_path / "out" / "tasks.csv").read_text().splitlines()]
+    col = {name: i for i, name in enumerate(rows[0])}
+    times: dict[str, tuple[float, float]] = {
+        r[col["task_id"]]: (float(r[col["started_at"]]), float(r[col["finished_at"]]))
+        for r in rows[1:]
+    }
+    for tid, (start, _) in times.items():
+        job, stage, _ = tid.rsplit(".", 2)
+        parents = {"s2": ("s0", "s1"), "s3": ("s2",)}.get(stage, ())
+        for other, (_, end) in times.items():
+            if other.startswith(job + ".") and other.rsplit(".", 2)[1] in parents:
+                assert start >= end, f"{tid} started before its parent {other} finished"
+
+
+def test_a_job_file_that_does_not_fit_the_federation_is_refused_up_front(
+    make_federation: Callable[..., Federation], tmp_path: Path
+) -> None:
+    cfg, _ = make_federation(gms=1, lms=1, nodes_per_lm=2)
+    doc = {
+        "format": "megha-dag/1",
+        "resources": ["cpu", "mem"],
+        "jobs": [_job("x", cfg.user_configs[0].user, 0.0)],
+    }
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(doc).replace('"demand": [1]', '"demand": [1, 1]'))
+    with pytest.raises(ConfigError, match="resource types"):
+        asyncio.run(run_bench(cfg, BenchOptions(jobs_file=str(path), progress=False)))
