@@ -125,7 +125,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dag.add_argument(
         "--policies",
         default="drf,tetris,sjf,carbyne",
-        help="DAG workloads: queue policies to compare (fifo, drf, tetris, sjf, carbyne)",
+        help="DAG workloads: queue policies to compare "
+        "(fifo, drf, drf-wc, tetris, sjf, carbyne, carbyne-pack)",
     )
     dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
     p.add_argument("--seed", type=int, default=1)
