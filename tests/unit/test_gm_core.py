@@ -4,9 +4,11 @@ No event loop, no sleeps: every ``now`` is chosen by the test."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from common.effects import Report, ToGm, ToLm, ToWorker, stamp_sent
+from common.effects import Effect, Report, ToGm, ToLm, ToWorker, stamp_sent
 from common.errors import ValidationError
 from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
@@ -39,11 +41,13 @@ GM0, GM1 = GmId("gm0"), GmId("gm1")
 LM0, LM1 = LmId("lm0"), LmId("lm1")
 
 
-def deliver(lm: LocalMaster, gm: GlobalMaster, effects: list[object], now: float) -> list[object]:
+def deliver(
+    lm: LocalMaster, gm: GlobalMaster, effects: Sequence[Effect], now: float
+) -> list[Effect]:
     """Hand every GM request in ``effects`` to ``lm``, and every answer back to ``gm``.
 
     Returns the effects of the GM's handling of the answers (its retries)."""
-    out: list[object] = []
+    out: list[Effect] = []
     for e in effects:
         if isinstance(e, ToLm) and e.lm == lm.lm_id:
             for answer in lm.handle(e.msg, now):
@@ -483,16 +487,16 @@ def test_the_ledger_adds_up_through_an_inconsistency_retry() -> None:
     gm.submit([t], 0.0)
     first = gm.decide(1.0)
     stamp_sent(first, 1.1)
-    retry: list[object] = []
-    for e in first:
-        assert isinstance(e, ToLm)
-        for ans in lm.on_launch(e.msg, 1.4, received_at=1.2):  # type: ignore[arg-type]
+    retry: list[Effect] = []
+    for req in launches(first):
+        for ans in lm.on_launch(req, 1.4, received_at=1.2):
             if isinstance(ans, ToGm):
                 retry.extend(gm.handle(ans.msg, 1.6))
-    stamp_sent(retry, 1.7)  # type: ignore[arg-type]
-    (req,) = launches(retry)  # type: ignore[arg-type]
+    stamp_sent(retry, 1.7)
+    (req,) = launches(retry)
     out = lm.on_launch(req, 2.0, received_at=1.9)
     (start,) = [e.msg for e in out if isinstance(e, ToWorker)]
+    assert isinstance(start, StartTask)
     start.task.enter(Phase.WORKER_QUEUEING, 2.2)
     start.task.start(2.5)
     assert t.allocation_time == pytest.approx(2.5)
@@ -501,3 +505,55 @@ def test_the_ledger_adds_up_through_an_inconsistency_retry() -> None:
     assert t.spent[Phase.COMMUNICATION] == pytest.approx(0.1 + 0.2 + 0.2 + 0.2)
     assert t.spent[Phase.WORKER_QUEUEING] == pytest.approx(0.3)
     assert t.spent[Phase.PROCESSING] == pytest.approx(0.1 + 0.2 + 0.1 + 0.1)
+
+
+# ------------------------------------------------ events overtaking answers
+def test_an_event_that_overtakes_the_answer_settles_the_request() -> None:
+    """The task finished before the LM's answer arrived (HTTP reply vs AMQP event)."""
+    lm = make_lm()
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(2, 2)
+    gm.submit([t], 0.0)
+    (req,) = launches(gm.decide(1.0))
+    answer, *_ = lm.on_launch(req, 2.0)
+    assert isinstance(answer, ToGm)
+    a = lm.active[t.task_id]
+    rep = WorkerReport(lm=LM0, node=a.node, task_id=t.task_id, kind="finished", at=3.0)
+    (ev,) = lm.on_worker_report(rep, 3.0)
+    assert isinstance(ev, ToGm)
+    gm.handle(ev.msg, 3.5)
+    assert gm.state_of(t.task_id) is TaskState.FINISHED
+    assert gm.views[LM0].pending == [None, None]
+    gm.handle(answer.msg, 4.0)  # the late answer changes nothing
+    assert gm.state_of(t.task_id) is TaskState.FINISHED
+    assert t.task_id not in gm.placed
+
+
+def test_a_late_answer_does_not_settle_a_newer_request_of_the_same_task() -> None:
+    """Accepted, then its worker died and the LM returned it, all before the answer
+    came: the task is re-dispatched, and the old answer must not be taken for the new
+    request's (that would mark it placed while no LM runs it)."""
+    lm0 = make_lm("lm0", nodes=[(4, 4)])
+    lm1 = make_lm("lm1", nodes=[(4, 4)])
+    gm = make_gm(lms=["lm0", "lm1"])
+    sync_views(gm, lm0, lm1)
+    t = make_task(2, 2)
+    gm.submit([t], 0.0)
+    (req,) = launches(gm.decide(1.0))
+    assert req.lm == LM0
+    old_answer, *_ = lm0.on_launch(req, 1.5)
+    lm0.on_worker_heartbeat(NodeIndex(0), 0.0)
+    (returned,) = [e for e in lm0.check_workers(10.0, timeout=1.0) if isinstance(e, ToGm)]
+    gm.handle(returned.msg, 10.5)
+    assert gm.state_of(t.task_id) is TaskState.QUEUED
+    (again,) = launches(gm.decide(11.0))
+    assert again.lm == LM1
+    assert isinstance(old_answer, ToGm)
+    gm.handle(old_answer.msg, 11.5)
+    assert gm.state_of(t.task_id) is TaskState.DISPATCHED
+    assert deliver(lm1, gm, [ToLm(LM1, again)], 12.0) == []
+    assert gm.state_of(t.task_id) is TaskState.PLACED
+    assert t.task_id in lm1.active
+    assert gm.views[LM0].pending == [None]
+    assert gm.views[LM1].pending == [None]

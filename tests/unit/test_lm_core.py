@@ -210,8 +210,8 @@ def test_preemption_frees_exactly_enough_and_launches() -> None:
     assert resp.preempted == (alt.task_id, new.task_id)
     stops = [e.msg for e in effects if isinstance(e, ToWorker) and isinstance(e.msg, StopTask)]
     assert [s.task_id for s in stops] == [alt.task_id, new.task_id]
-    evs = [e for e in effects if isinstance(e, ToGm) and isinstance(e.msg, TaskEvent)]
-    assert {(e.gm, e.msg.kind) for e in evs} == {(GM1, "preempted")}
+    evs = [(e.gm, e.msg) for e in effects if isinstance(e, ToGm)]
+    assert {(g, m.kind) for g, m in evs if isinstance(m, TaskEvent)} == {(GM1, "preempted")}
     assert lm.active.keys() == {old.task_id, want.task_id}
     assert lm.free == [[0, 0]]
     assert new.started_at == -1.0

@@ -1,0 +1,373 @@
+"""A federation of one or two GMs and two or three LMs under a hostile network.
+
+The cores are driven by hand through ``tests.conftest.Network``: Hypothesis chooses
+which message is delivered next, which is dropped or duplicated, when workers start
+and finish tasks, when LMs send heartbeats and when a worker dies or comes back.
+Half the runs copy every message on the wire (as the live federation does), half
+share objects between cores (as the simulator does).
+
+What the network may do, and why.  The cores have no request timeout/retry and no
+deduplication of events, so only the losses the design tolerates are modelled:
+
+* GM -> LM requests (launch, preemption, snapshot) and LM -> GM answers and task
+  events are delivered **in any order**, exactly once: HTTP calls and replies,
+  persistent AMQP messages whose redeliveries the drivers must deduplicate.  An
+  event may overtake the answer to the request that placed its task.
+* Periodic state updates (``StateUpdated`` heartbeats, a fan-out) may be delivered
+  in any order, **dropped** or **duplicated**: per-node versions make them
+  order-independent and a gap is repaired with a snapshot.
+* LM -> worker commands arrive in order per worker.  A worker may fall silent
+  because it crashed (its commands and tasks die with it) or because it is cut
+  off (it goes on starting and reporting tasks its LM has moved elsewhere).
+
+After every step: no node over-allocated, resources conserved on live nodes, each
+task in exactly one state at its GM and active on at most one LM (and then
+dispatched or placed at its GM), every refused request answered by a retry, a
+re-queue or an explicit failure, LM versions monotone, GM view versions monotone
+except when a snapshot replaces the view, every started task's ledger adding up.
+At the end the network is drained, dead workers come back, and every task must be
+finished or failed: nothing refused, preempted or orphaned is ever lost.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from common.ids import GmId, LmId, NodeIndex, TaskId
+from common.messages import LaunchResponse, PreemptResponse, StateSnapshot, StateUpdated
+from common.model import Task, TaskState
+from global_master.core import GlobalMaster
+from local_master.core import LocalMaster
+from tests.conftest import Envelope, Network, make_gm, make_lm, make_task
+
+CAPACITIES = ((2, 2), (4, 2), (4, 4))
+MASKS = (0b01, 0b10, 0b11)
+TIMEOUT = 0.5
+
+
+class Federation(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.gms: dict[GmId, GlobalMaster] = {}
+        self.lms: dict[LmId, LocalMaster] = {}
+        self.net = Network({}, {})
+        self.tasks: dict[TaskId, Task] = {}
+        self.owner: dict[TaskId, GmId] = {}
+        self.dead: set[tuple[LmId, NodeIndex]] = set()
+        self.losses = 0
+        self.users: list[tuple[str, str]] = []
+        self.lm_versions: dict[LmId, int] = {}
+        self.view_versions: dict[tuple[GmId, LmId], tuple[int, list[int]]] = {}
+
+    def tick(self) -> float:
+        self.now += 0.25
+        return self.now
+
+    @initialize(
+        copies=st.booleans(),
+        shares=st.sampled_from(((0.2, 0.6, 0.2), (0.6, 0.2, 0.2), (1 / 3, 1 / 3, 1 / 3))),
+        n_gms=st.integers(1, 2),
+        clusters=st.lists(
+            st.lists(
+                st.tuples(st.sampled_from(CAPACITIES), st.sampled_from(MASKS)),
+                min_size=1,
+                max_size=3,
+            ),
+            min_size=2,
+            max_size=3,
+        ),
+    )
+    def build(
+        self,
+        copies: bool,
+        shares: tuple[float, float, float],
+        n_gms: int,
+        clusters: list[list[tuple[tuple[int, int], int]]],
+    ) -> None:
+        gm_names = [f"gm{g}" for g in range(n_gms)]
+        self.users = [("u0", "gm0"), ("u1", "gm0"), ("u2", gm_names[-1])]
+        users = [(u, g, share) for (u, g), share in zip(self.users, shares, strict=True)]
+        lm_names = [f"lm{i}" for i in range(len(clusters))]
+        k = 0
+        for name, nodes in zip(lm_names, clusters, strict=True):
+            home = []
+            for _ in nodes:
+                home.append(gm_names[k % n_gms])
+                k += 1
+            lm = make_lm(name, [(c[0], c[1], m) for c, m in nodes], home)
+            self.lms[lm.lm_id] = lm
+        for g in gm_names:
+            gm = make_gm(g, lm_names, users, max_retries=2, patience=3)
+            self.gms[gm.gm_id] = gm
+        self.net = Network(self.gms, self.lms, copies=copies)
+        self.net.start(self.now)
+        for lm in self.lms.values():
+            for n in range(lm.n_nodes):
+                lm.on_worker_heartbeat(NodeIndex(n), self.now)
+
+    # ------------------------------------------------------------------ rules
+    @rule(
+        user=st.integers(0, 2),
+        cpu=st.sampled_from((1, 1, 2, 3, 4)),
+        mem=st.sampled_from((1, 1, 2, 3)),
+        constraints=st.sampled_from((0, 0, 0b01, 0b10, 0b11, 0b100)),
+        count=st.integers(1, 4),
+    )
+    def submit(self, user: int, cpu: int, mem: int, constraints: int, count: int) -> None:
+        name, gm = self.users[user]
+        batch: list[Task] = []
+        for _ in range(count):
+            tid = f"t{len(self.tasks) + len(batch)}"
+            batch.append(make_task(cpu, mem, constraints=constraints, user=name, task_id=tid))
+        self.gms[GmId(gm)].submit(batch, self.tick())
+        for t in batch:
+            self.tasks[t.task_id] = t
+            self.owner[t.task_id] = GmId(gm)
+
+    @rule(gm=st.integers(0, 1), max_tasks=st.integers(1, 4))
+    def decide(self, gm: int, max_tasks: int) -> None:
+        g = list(self.gms)[gm % len(self.gms)]
+        self.net.decide(g, self.tick(), max_tasks)
+
+    def _deliver(self, index: int) -> None:
+        env = self.net.wire[index]
+        if isinstance(env.msg, StateSnapshot):
+            # A snapshot replaces the view wholesale (an LM that restarted counts its
+            # versions from 0 again): the only way a view may go back.
+            self.view_versions.pop((GmId(env.dst), env.msg.layout.lm), None)
+        refused: list[TaskId] = []
+        if isinstance(env.msg, LaunchResponse):
+            refused = [r.task_id for r in env.msg.results if not r.accepted]
+        elif isinstance(env.msg, PreemptResponse) and not env.msg.accepted:
+            refused = [env.msg.task_id]
+        self.net.deliver(index, self.tick())
+        for tid in refused:
+            # an inconsistency never loses the task: retried, re-queued or (if it can
+            # never run) failed explicitly; or already answered by an earlier event
+            state = self.gms[GmId(env.dst)].state_of(tid)
+            assert state is not None, tid
+
+    @precondition(lambda self: self.net.wire)
+    @rule(pick=st.integers(0, 10_000))
+    def deliver(self, pick: int) -> None:
+        self._deliver(pick % len(self.net.wire))
+
+    @precondition(lambda self: self.net.wire)
+    @rule()
+    def deliver_oldest(self) -> None:
+        self._deliver(0)
+
+    @precondition(lambda self: self.net.wire)
+    @rule()
+    def settle(self) -> None:
+        """A calm spell: everything on the wire now arrives, in order."""
+        for _ in range(len(self.net.wire)):
+            self._deliver(0)
+
+    @rule()
+    def work_all(self) -> None:
+        self.net.work_all(self.tick())
+
+    def _updates(self) -> list[int]:
+        return [i for i, e in enumerate(self.net.wire) if isinstance(e.msg, StateUpdated)]
+
+    @precondition(lambda self: self._updates())
+    @rule(pick=st.integers(0, 10_000))
+    def drop_update(self, pick: int) -> None:
+        idx = self._updates()
+        self.net.wire.pop(idx[pick % len(idx)])
+
+    @precondition(lambda self: self._updates())
+    @rule(pick=st.integers(0, 10_000))
+    def duplicate_update(self, pick: int) -> None:
+        idx = self._updates()
+        env = self.net.wire[idx[pick % len(idx)]]
+        self.net.wire.append(Envelope(env.dst, env.msg, env.to_lm))
+
+    @rule(lm=st.integers(0, 2))
+    def heartbeat(self, lm: int) -> None:
+        name = list(self.lms)[lm % len(self.lms)]
+        self.net.heartbeat(name, self.tick())
+
+    def _busy_workers(self) -> list[tuple[LmId, NodeIndex]]:
+        return sorted(k for k, q in self.net.inbox.items() if q)
+
+    @precondition(lambda self: self._busy_workers())
+    @rule(pick=st.integers(0, 10_000))
+    def work(self, pick: int) -> None:
+        busy = self._busy_workers()
+        lm, node = busy[pick % len(busy)]
+        self.net.work(lm, node, self.tick())
+
+    @precondition(lambda self: self.net.running)
+    @rule(pick=st.integers(0, 10_000), fail=st.booleans())
+    def finish(self, pick: int, fail: bool) -> None:
+        lm, node, tid = sorted(self.net.running)[pick % len(self.net.running)]
+        self.net.finish(tid, self.tick(), "failed" if fail else "finished", lm=lm, node=node)
+
+    @precondition(lambda self: len(self.dead) < 2 and self.losses < 3)
+    @rule(lm=st.integers(0, 2), node=st.integers(0, 2), crashed=st.booleans())
+    def lose_worker(self, lm: int, node: int, crashed: bool) -> None:
+        """A worker falls silent: crashed (its tasks die) or only cut off (it goes on
+        running and reporting what it had; its LM has moved those tasks on)."""
+        name = list(self.lms)[lm % len(self.lms)]
+        core = self.lms[name]
+        n = NodeIndex(node % core.n_nodes)
+        if not core.alive[n]:
+            return
+        self.losses += 1
+        if crashed:
+            self.net.lose_node(name, n)
+        self.dead.add((name, n))
+        now = self.tick() + 2 * TIMEOUT
+        self.now = now
+        for i in range(core.n_nodes):
+            if (name, NodeIndex(i)) not in self.dead:
+                core.on_worker_heartbeat(NodeIndex(i), now)
+        self.net.send(core.check_workers(now, TIMEOUT), now, src_lm=name)
+        assert not core.alive[n]
+
+    @precondition(lambda self: self.dead)
+    @rule(pick=st.integers(0, 10_000))
+    def revive_worker(self, pick: int) -> None:
+        lm, node = sorted(self.dead)[pick % len(self.dead)]
+        self.dead.discard((lm, node))
+        self.net.send(self.lms[lm].on_worker_heartbeat(node, self.tick()), self.now, src_lm=lm)
+
+    # ------------------------------------------------------------- invariants
+    @invariant()
+    def nodes_conserve_resources(self) -> None:
+        for lm in self.lms.values():
+            for n in range(lm.n_nodes):
+                free, cap = lm.free[n], lm.capacity[n]
+                assert all(0 <= f <= c for f, c in zip(free, cap, strict=True)), (lm.lm_id, n)
+                if not lm.alive[n]:
+                    assert not lm.on_node[n]
+                    continue
+                held = [0] * len(cap)
+                for tid in lm.on_node[n]:
+                    a = lm.active[tid]
+                    assert a.node == n
+                    for r, d in enumerate(a.task.demand):
+                        held[r] += d
+                assert [f + h for f, h in zip(free, held, strict=True)] == list(cap)
+            assert sum(len(s) for s in lm.on_node) == len(lm.active)
+
+    @invariant()
+    def each_task_in_exactly_one_state(self) -> None:
+        queued: dict[GmId, set[TaskId]] = {}
+        for g, gm in self.gms.items():
+            ids = [t.task_id for t in gm.queues]
+            assert len(ids) == len(set(ids)), f"a task is queued twice at {g}"
+            assert len(ids) == len(gm.queues)
+            queued[g] = set(ids)
+        for tid, g in self.owner.items():
+            gm = self.gms[g]
+            where = [
+                tid in queued[g],
+                tid in gm.inflight,
+                tid in gm.placed,
+                tid in gm.finished,
+                tid in gm.failed,
+            ]
+            assert sum(where) == 1, (tid, where)
+            for other, ogm in self.gms.items():
+                if other != g:
+                    assert tid not in queued[other]
+                    assert tid not in ogm.inflight
+                    assert tid not in ogm.placed
+
+    @invariant()
+    def a_task_runs_in_one_place_its_gm_knows_of(self) -> None:
+        seen: set[TaskId] = set()
+        for lm in self.lms.values():
+            for tid in lm.active:
+                assert tid not in seen, f"{tid} active on two LMs"
+                seen.add(tid)
+                state = self.gms[self.owner[tid]].state_of(tid)
+                assert state in (TaskState.DISPATCHED, TaskState.PLACED), (tid, state)
+
+    @invariant()
+    def versions_never_go_backwards(self) -> None:
+        for name, lm in self.lms.items():
+            assert lm.version >= self.lm_versions.get(name, 0)
+            self.lm_versions[name] = lm.version
+        for g, gm in self.gms.items():
+            for name, view in gm.views.items():
+                before = self.view_versions.get((g, name))
+                if before is not None:
+                    assert view.version >= before[0]
+                    assert all(a >= b for a, b in zip(view.node_version, before[1], strict=True))
+                self.view_versions[(g, name)] = (view.version, list(view.node_version))
+
+    @invariant()
+    def ledgers_add_up(self) -> None:
+        """Every copy of a task that started says where all its time went."""
+        copies = [*self.tasks.values(), *self.net.running.values()]
+        for gm in self.gms.values():
+            copies.extend(gm.placed.values())
+        for lm in self.lms.values():
+            copies.extend(a.task for a in lm.active.values())
+        for t in copies:
+            assert all(x >= 0 for x in t.spent)
+            if t.started_at >= 0:
+                assert sum(t.spent) == pytest.approx(t.started_at - t.submitted_at)
+                assert t.allocation_time <= t.started_at - t.submitted_at + 1e-9
+
+    # ------------------------------------------------------------------ drain
+    def teardown(self) -> None:
+        """Heal the network and the workers; every task must end finished or failed."""
+        if not self.gms:
+            return
+        for lm, node in sorted(self.dead):
+            self.lms[lm].on_worker_heartbeat(node, self.now)
+        self.dead.clear()
+        last: list[TaskState | None] = []
+        for _ in range(20 + 3 * len(self.owner)):  # progress stops long before
+            now = self.tick()
+            self.net.run(now)
+            self.net.work_all(now)
+            for lm, node, tid in sorted(self.net.running):
+                self.net.finish(tid, now, lm=lm, node=node)
+            for name in self.lms:
+                self.net.heartbeat(name, now)
+            self.net.run(now)
+            for g, gm in self.gms.items():
+                for _ in range(50):
+                    if not gm.has_work():
+                        break
+                    self.net.decide(g, now, 8)
+                    self.net.run(now)
+            self.nodes_conserve_resources()
+            self.each_task_in_exactly_one_state()
+            states = [self.gms[g].state_of(t) for t, g in self.owner.items()]
+            if all(s in (TaskState.FINISHED, TaskState.FAILED) for s in states):
+                return
+            if states == last and not self.net.wire and not self._busy_workers():
+                break  # quiet and no progress: stuck for good
+            last = states
+        stuck = {
+            t: self.gms[g].state_of(t)
+            for t, g in self.owner.items()
+            if self.gms[g].state_of(t) not in (TaskState.FINISHED, TaskState.FAILED)
+        }
+        raise AssertionError(f"tasks never finished nor failed: {stuck}")
+
+
+Federation.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_federation = Federation.TestCase

@@ -1,0 +1,84 @@
+"""User queues: round-robin, front/back, parking per epoch."""
+
+from __future__ import annotations
+
+from common.ids import UserId
+from global_master.queues import UserQueues
+from tests.conftest import make_task
+
+A, B, C = UserId("a"), UserId("b"), UserId("c")
+
+
+def test_pop_is_round_robin_over_non_empty_queues() -> None:
+    q = UserQueues([A, B, C])
+    tasks = {u: [make_task(user=u) for _ in range(2)] for u in ("a", "c")}
+    for ts in tasks.values():
+        for t in ts:
+            q.push_back(t)
+    order = [q.pop() for _ in range(5)]
+    assert order == [tasks["a"][0], tasks["c"][0], tasks["a"][1], tasks["c"][1], None]
+    assert len(q) == 0
+
+
+def test_front_and_back() -> None:
+    q = UserQueues([A])
+    first, second, preempted = make_task(user="a"), make_task(user="a"), make_task(user="a")
+    q.push_back(first)
+    q.push_back(second)
+    q.push_front(preempted)
+    assert list(q) == [preempted, first, second]
+    assert q.remove(first)
+    assert not q.remove(first)
+    assert len(q) == 2
+
+
+def test_a_queue_parks_after_patience_failures_until_a_new_epoch() -> None:
+    q = UserQueues([A, B], patience=2)
+    a_tasks = [make_task(user="a") for _ in range(3)]
+    for a in a_tasks:
+        q.push_back(a)
+    for _ in range(2):
+        t = q.pop()
+        assert t is not None
+        assert t.user == A
+        q.push_back(t)
+        q.failed(A)
+    b_task = make_task(user="b")
+    q.push_back(b_task)
+    # a failed twice: parked; b still served
+    assert q.parked(A)
+    assert not q.parked(B)
+    assert q.pop() is b_task
+    assert q.pop() is None
+    assert not q.has_work()
+    q.new_epoch()
+    assert q.has_work()
+    assert q.pop() is not None
+
+
+def test_a_short_queue_parks_after_each_of_its_tasks_failed() -> None:
+    q = UserQueues([A], patience=8)
+    t = make_task(user="a")
+    q.push_back(t)
+    q.failed(A)
+    assert q.parked(A)
+    assert not q.has_work()
+
+
+def test_placing_or_a_preempted_task_unparks() -> None:
+    q = UserQueues([A], patience=1)
+    q.push_back(make_task(user="a"))
+    q.failed(A)
+    assert q.parked(A)
+    q.placed(A)
+    assert not q.parked(A)
+    q.failed(A)
+    q.push_front(make_task(user="a"))
+    assert not q.parked(A)
+    assert q.has_work()
+
+
+def test_membership_is_by_user() -> None:
+    q = UserQueues([A])
+    assert A in q
+    assert B not in q
