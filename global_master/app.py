@@ -411,15 +411,16 @@ class GmService:
         if isinstance(msg, SnapshotRequest):
             raise DecodeError("LM refused a snapshot request")
         now = time.time()
+        assert isinstance(msg, LaunchRequest | PreemptRequest)
+        delta = StateDelta(
+            lm=msg.lm,
+            version=msg.known_version,
+            base_version=msg.known_version,
+            nodes=(),
+            free=(),
+            node_versions=(),
+        )
         if isinstance(msg, LaunchRequest):
-            delta = StateDelta(
-                lm=msg.lm,
-                version=msg.known_version,
-                base_version=msg.known_version,
-                nodes=(),
-                free=(),
-                node_versions=(),
-            )
             return codec.encode(
                 LaunchResponse(
                     gm=msg.gm,
@@ -434,15 +435,6 @@ class GmService:
                     sent_at=now,
                 )
             )
-        assert isinstance(msg, PreemptRequest)
-        delta = StateDelta(
-            lm=msg.lm,
-            version=msg.known_version,
-            base_version=msg.known_version,
-            nodes=(),
-            free=(),
-            node_versions=(),
-        )
         return codec.encode(
             PreemptResponse(
                 gm=msg.gm,

@@ -47,6 +47,7 @@ from global_master.queues import UserQueues
 from local_master.core import LocalMaster
 from request_generator.workload import ClusterSpec, Job
 from simulator.engine import EventLoop
+from simulator.jobs import JobBook
 
 
 @dataclass
@@ -147,14 +148,8 @@ class MeghaSimulation:
         self._lm_srv = {lm: _Server() for lm in self.lms}
         self._running: dict[TaskId, int] = {}
         self._token = 0
-        self.tasks: list[Task] = []
-        self.job_arrival: dict[JobId, float] = {}
-        self.job_left: dict[JobId, int] = {}
-        self.job_completion: dict[JobId, float] = {}
-        self.failed: dict[TaskId, str] = {}
+        self.book = JobBook()
         self.outstanding = 0
-        self.last_finish = 0.0
-        self.first_arrival: float | None = None
         self.usage_samples: list[tuple[float, dict[UserId, float]]] = []
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
@@ -181,14 +176,9 @@ class MeghaSimulation:
         for job in jobs:
             if job.user not in self.user_gm:
                 raise ValueError(f"job {job.job_id}: user {job.user!r} has no GM")
-            n = len(job.tasks)
-            self.tasks.extend(job.tasks)
-            self.job_arrival[job.job_id] = job.arrival
-            self.job_left[job.job_id] = n
-            self.outstanding += n
+            self.book.add(job)
+            self.outstanding += len(job.tasks)
             self._arrivals_left += 1
-            if self.first_arrival is None or job.arrival < self.first_arrival:
-                self.first_arrival = job.arrival
             self.loop.at(job.arrival, self._arrive, job)
 
     def _arrive(self, job: Job | DagLike) -> None:
@@ -358,15 +348,7 @@ class MeghaSimulation:
 
     def _task_done(self, task: Task, kind: str, t: float, reason: str = "") -> None:
         self.outstanding -= 1
-        if kind == "failed":
-            self.failed[task.task_id] = reason or "failed on worker"
-        else:
-            task.finished_at = t
-        self.last_finish = max(self.last_finish, t)
-        left = self.job_left[task.job_id] - 1
-        self.job_left[task.job_id] = left
-        if left == 0:
-            self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
+        self.book.done(task, t, (reason or "failed on worker") if kind == "failed" else "")
 
     # ----------------------------------------------------------------- usage
     def _sample_usage(self) -> None:
@@ -410,7 +392,7 @@ class MeghaSimulation:
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        start = self.first_arrival or 0.0
+        start = self.book.first_arrival or 0.0
         period = self.cfg.update_period_s
         for k, lm_id in enumerate(self.lms):
             self.loop.at(start + period * (k + 1) / len(self.lms), self._heartbeat, lm_id)
@@ -422,13 +404,14 @@ class MeghaSimulation:
         for c in [g.counters for g in self.gms.values()] + [m.counters for m in self.lms.values()]:
             for name, v in c.items():
                 counters[name] = counters.get(name, 0) + v
+        book = self.book
         return SimResult(
-            tasks=self.tasks,
-            job_completion=self.job_completion,
-            job_arrival=self.job_arrival,
+            tasks=book.tasks,
+            job_completion=book.job_completion,
+            job_arrival=book.job_arrival,
             counters=counters,
-            makespan_s=self.last_finish - start,
-            failed=self.failed,
+            makespan_s=book.makespan,
+            failed=book.failed,
             usage_samples=self.usage_samples,
             stuck=self.stuck,
             events=self.loop.events,

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 from bitarray import bitarray
 
-from common.ids import JobId, TaskId
 from common.model import N_CONSTRAINTS, Phase, Task, fits, satisfies
 from request_generator.workload import ClusterSpec, Job
 from simulator.engine import EventLoop
+from simulator.jobs import JobBook
 from simulator.megha_sim import SimResult
 
 
@@ -87,13 +87,7 @@ class SparrowSimulation:
                     v[i] = 1
             self._vectors.append(v)
         self._eligible: dict[int, list[int]] = {}
-        self.tasks: list[Task] = []
-        self.job_arrival: dict[JobId, float] = {}
-        self.job_left: dict[JobId, int] = {}
-        self.job_completion: dict[JobId, float] = {}
-        self.failed: dict[TaskId, str] = {}
-        self.last_finish = 0.0
-        self.first_arrival: float | None = None
+        self.book = JobBook()
         self.counters = {"probes": 0, "noops": 0, "get_task": 0, "resamples": 0}
 
     def _eligible_workers(self, mask: int) -> list[int]:
@@ -109,11 +103,7 @@ class SparrowSimulation:
 
     def add_jobs(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
-            self.tasks.extend(job.tasks)
-            self.job_arrival[job.job_id] = job.arrival
-            self.job_left[job.job_id] = len(job.tasks)
-            if self.first_arrival is None or job.arrival < self.first_arrival:
-                self.first_arrival = job.arrival
+            self.book.add(job)
             self.loop.at(job.arrival, self._arrive, job)
 
     def _arrive(self, job: Job) -> None:
@@ -135,7 +125,7 @@ class SparrowSimulation:
                 elig = self._eligible_workers(t.constraints)
                 if not elig:
                     state.pending.remove(t)
-                    self._done(t, now, "infeasible: no worker meets the constraints")
+                    self.book.done(t, now, "infeasible: no worker meets the constraints")
                     continue
                 targets.extend(self.rng.sample(elig, min(d, len(elig))))
         self.counters["probes"] += len(targets)
@@ -209,30 +199,20 @@ class SparrowSimulation:
         worker = self.workers[w]
         for r, x in enumerate(task.demand):
             worker.free[r] += x
-        self._done(task, self.loop.now)
+        self.book.done(task, self.loop.now)
         self._pull(w)
-
-    def _done(self, task: Task, t: float, failure: str = "") -> None:
-        if failure:
-            self.failed[task.task_id] = failure
-        else:
-            task.finished_at = t
-        self.last_finish = max(self.last_finish, t)
-        left = self.job_left[task.job_id] - 1
-        self.job_left[task.job_id] = left
-        if left == 0:
-            self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
 
     def run(self) -> SimResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         self.loop.run()
+        book = self.book
         return SimResult(
-            tasks=self.tasks,
-            job_completion=self.job_completion,
-            job_arrival=self.job_arrival,
+            tasks=book.tasks,
+            job_completion=book.job_completion,
+            job_arrival=book.job_arrival,
             counters=dict(self.counters),
-            makespan_s=self.last_finish - (self.first_arrival or 0.0),
-            failed=self.failed,
+            makespan_s=book.makespan,
+            failed=book.failed,
             events=self.loop.events,
             virtual_s=self.loop.now,
             wall_s=time.perf_counter() - wall0,

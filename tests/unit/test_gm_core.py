@@ -557,3 +557,49 @@ def test_a_late_answer_does_not_settle_a_newer_request_of_the_same_task() -> Non
     assert t.task_id in lm1.active
     assert gm.views[LM0].pending == [None]
     assert gm.views[LM1].pending == [None]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: a snapshot replaces the view wholesale (a restarted LM counts versions "
+    "from 0 again, and nothing tells a stale snapshot from a restart); gap detection "
+    "repairs the view at the next heartbeat",
+)
+def test_a_snapshot_overtaken_by_a_newer_update_does_not_take_the_view_back() -> None:
+    lm = make_lm(nodes=[(4, 4)])
+    gm = make_gm()
+    sync_views(gm, lm)
+    snap = lm.snapshot(GM0)  # the answer to a snapshot request, still on the wire
+    lm.on_launch(launch_req(make_task(2, 2)), 1.0)
+    (hb,) = lm.heartbeat(1.0)
+    gm.handle(hb.msg, 1.5)
+    assert gm.views[LM0].free == [[2, 2]]
+    gm.handle(snap, 2.0)
+    assert gm.views[LM0].free == [[2, 2]]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: task events are not idempotent in the GM core; the AMQP driver must "
+    "drop redelivered events (a redelivered 'preempted' would queue the task twice)",
+)
+def test_a_redelivered_preempted_event_does_not_queue_the_task_twice() -> None:
+    lm = make_lm(nodes=[(4, 4)])
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(4, 4)
+    gm.submit([t], 0.0)
+    deliver(lm, gm, gm.decide(1.0), 1.0)
+    ev = TaskEvent(
+        kind="preempted",
+        lm=LM0,
+        gm=GM0,
+        task=t,
+        node=NodeIndex(0),
+        node_free=(4, 4),
+        node_version=lm.version + 1,
+        at=2.0,
+    )
+    gm.handle(ev, 2.0)
+    gm.handle(ev, 2.5)
+    assert len(gm.queues) == 1
