@@ -39,13 +39,15 @@ def _pid(home: Path, name: str) -> int:
     return pid
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
-    make_federation: Callable[..., Federation],
+    make_federation: Callable[..., Federation], queue_type: str
 ) -> None:
     # One active user (u0, served by gm0): nobody to preempt, so every task starts once.
     cfg, home = make_federation(
-        gms=2, lms=2, nodes_per_lm=8, users="u0:0.5@gm0,u1:0.5@gm1", heartbeat_s=0.5
-    )
+        gms=2, lms=2, nodes_per_lm=8, users="u0:0.5@gm0,u1:0.5@gm1", heartbeat_s=0.5,
+        queue_type=queue_type,
+    )  # fmt: skip
     users = [u for u in cfg.user_configs if u.user == "u0"]
     jobs = synthetic_jobs(
         60, rate=30.0, tasks_per_job=4, mean_duration=0.3,
