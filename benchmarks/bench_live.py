@@ -71,7 +71,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench_live.json")
     ap.add_argument("--base-port", type=int, default=18800)
-    ap.add_argument("--queue-type", default="quorum", choices=["quorum", "classic"])
+    ap.add_argument(
+        "--queue-type", default=FederationConfig.queue_type, choices=["quorum", "classic"]
+    )
     ap.add_argument("--seconds", type=float, default=8.0, help="submission time per step")
     ap.add_argument(
         "--rates", default="250,500,750,1000,1500,2000", help="tasks/s steps for the ramp"

@@ -249,7 +249,7 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             "gunicorn",
             APPS[role],
             "--worker-class",
-            "aiohttp.GunicornWebWorker",
+            "aiohttp.GunicornUVLoopWebWorker",
             "--workers",
             "1",
             "--bind",
