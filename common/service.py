@@ -7,9 +7,11 @@ are JSON ``{"error": reason, "detail": ...}``; success bodies are msgpack.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -98,6 +100,33 @@ def base_app(cfg: FederationConfig) -> web.Application:
     app = web.Application(middlewares=[errors_middleware], client_max_size=cfg.max_body + 1)
     app[CONFIG_KEY] = cfg
     app.router.add_post("/v1/ping", ping_handler)
+    return app
+
+
+class Component(Protocol):
+    """What a service runs beside its HTTP routes (brokers, sessions, loops)."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def serve(
+    app: web.Application, component: Component, *, health: Handler, state: Handler
+) -> web.Application:
+    """Open ``component`` with the app and close it after; add the routes every
+    service has: ``/health``, ``/v1/state`` and ``/metrics``."""
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await component.open()
+        yield
+        with contextlib.suppress(Exception):
+            await component.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/state", state)
+    app.router.add_get("/metrics", metrics_handler)
     return app
 
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,8 +46,8 @@ from common.model import WaitReason, fits
 from common.service import (
     METRICS_KEY,
     base_app,
-    metrics_handler,
     require_internal,
+    serve,
     service_identity,
 )
 from global_master.amqp import GmBroker
@@ -524,16 +524,7 @@ def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
         },
     )
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await svc.open()
-        yield
-        await svc.close()
-
-    app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/health", health_handler)
-    app.router.add_get("/v1/state", state_handler)
-    app.router.add_get("/metrics", metrics_handler)
-    return app
+    return serve(app, svc, health=health_handler, state=state_handler)
 
 
 async def create_app() -> web.Application:

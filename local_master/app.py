@@ -8,10 +8,9 @@ POST /v1/launch, /v1/preempt, /v1/snapshot (from GMs), /v1/worker-report,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -37,10 +36,10 @@ from common.model import Task
 from common.service import (
     METRICS_KEY,
     base_app,
-    metrics_handler,
     msgpack_response,
     read_body,
     require_internal,
+    serve,
     service_identity,
 )
 from local_master.amqp import LmPublisher
@@ -323,22 +322,12 @@ def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
         },
     )
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await svc.open()
-        yield
-        with contextlib.suppress(Exception):
-            await svc.close()
-
-    app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/launch", launch_handler)
     app.router.add_post("/v1/preempt", preempt_handler)
     app.router.add_post("/v1/snapshot", snapshot_handler)
     app.router.add_post("/v1/worker-report", worker_report_handler)
     app.router.add_post("/v1/worker-heartbeat", worker_heartbeat_handler)
-    app.router.add_get("/health", health_handler)
-    app.router.add_get("/v1/state", state_handler)
-    app.router.add_get("/metrics", metrics_handler)
-    return app
+    return serve(app, svc, health=health_handler, state=state_handler)
 
 
 async def create_app() -> web.Application:

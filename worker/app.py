@@ -8,7 +8,6 @@ GET /health, /v1/state, /metrics; POST /v1/ping answers empty (the floor).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -21,10 +20,10 @@ from common.metrics import ServiceMetrics
 from common.service import (
     METRICS_KEY,
     base_app,
-    metrics_handler,
     msgpack_response,
     read_body,
     require_internal,
+    serve,
     service_identity,
 )
 from worker.core import WorkerPool
@@ -97,18 +96,9 @@ def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
         "megha_worker", lambda: pool.counters, lambda: {"running_tasks": len(pool.running)}
     )
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await runner.open()
-        yield
-        await runner.close()
-
-    app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/start", start_handler)
     app.router.add_post("/v1/stop", stop_handler)
-    app.router.add_get("/health", health_handler)
-    app.router.add_get("/v1/state", state_handler)
-    app.router.add_get("/metrics", metrics_handler)
-    return app
+    return serve(app, runner, health=health_handler, state=state_handler)
 
 
 async def create_app() -> web.Application:
