@@ -102,7 +102,7 @@ class GlobalMaster:
         self.counters: dict[str, int] = {
             "decisions": 0,
             "placed_internal": 0,
-            "repartitions": 0,
+            "repartition_requests": 0,
             "internal_inconsistencies": 0,
             "external_inconsistencies": 0,
             "preemption_attempts": 0,
@@ -298,7 +298,7 @@ class GlobalMaster:
         view.reserve(node, task.demand)
         self.inflight[task.task_id] = InFlight(task, view.lm, node, repartition)
         self.queues.on_dispatched(task, now)
-        self.counters["repartitions" if repartition else "placed_internal"] += 1
+        self.counters["repartition_requests" if repartition else "placed_internal"] += 1
         self.queues.placed(task.user)
         batches.setdefault(view.lm, []).append(
             Placement(task=task, node=NodeIndex(node), repartition=repartition)

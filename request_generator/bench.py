@@ -184,12 +184,12 @@ def counters_from(states: dict[str, Any]) -> dict[str, int]:
         if name.startswith("gm"):
             total["internal_inconsistencies"] += c.get("internal_inconsistencies", 0)
             total["external_inconsistencies"] += c.get("external_inconsistencies", 0)
-            total["repartitions"] += c.get("repartitions", 0)
             total["requeues"] += c.get("requeues", 0)
             total["gm_failed_tasks"] += c.get("failed", 0)
             total["dead_lettered"] += st.get("dead_lettered", 0)
         else:
             total["preemptions"] += c.get("preemptions", 0)
+            total["repartitions"] += c.get("repartitions", 0)  # accepted by the LM
             total["lm_refused_internal"] += c.get("refused_internal", 0)
             total["lm_refused_external"] += c.get("refused_external", 0)
             total["workers_lost"] += c.get("workers_lost", 0)

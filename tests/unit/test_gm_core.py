@@ -132,7 +132,7 @@ def test_no_internal_match_asks_for_a_repartition_round_robin_over_lms() -> None
     reqs = launches(gm.decide(1.0, max_tasks=2))
     got = {r.lm: [(p.task, p.node, p.repartition) for p in r.placements] for r in reqs}
     assert got == {LM0: [(a, 1, True)], LM1: [(b, 0, True)]}
-    assert gm.counters["repartitions"] == 2
+    assert gm.counters["repartition_requests"] == 2
     # the LM carves a logical node out of gm1's node and launches
     retries = deliver(lm0, gm, [ToLm(LM0, reqs[0])], 2.0)
     assert retries == []
