@@ -44,7 +44,7 @@ import bisect
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -189,22 +189,40 @@ def forward_pack(
         order = rest
         if not heap:
             break
-        released: list[tuple[Task, int]] = []
-        clock = heap[0][0]
-        while heap and heap[0][0] <= clock + EPS:
-            _, _, d, s = heapq.heappop(heap)
-            for r, x in enumerate(d):
-                in_use[r] -= x
-            left[s] -= 1
-            if left[s] == 0:
-                for c in children.get(s, ()):
-                    blocked[c] -= 1
-                    if blocked[c] == 0:
-                        released.extend((t, c) for t in stages[c].waiting)
+        clock, released = _complete_next(
+            heap, in_use, left, blocked, stages, lambda s: children.get(s, ())
+        )
         finish = max(finish, clock)
         if released:
             order = _order_pairs(order + released, capacity)
     return finish
+
+
+def _complete_next(
+    heap: list[tuple[float, int, Resources, int]],
+    in_use: list[float],
+    left: dict[int, int],
+    blocked: dict[int, int],
+    stages: Mapping[int, _Stage],
+    waiting_on: Callable[[int], Iterable[int]],
+) -> tuple[float, list[tuple[Task, int]]]:
+    """Pop every packed task that ends at the next completion time, free its resources,
+    and release the stages that were waiting only on the stages just finished
+    (``waiting_on(s)``: children when packing forward, parents when packing in reverse)."""
+    released: list[tuple[Task, int]] = []
+    t = heap[0][0]
+    while heap and heap[0][0] <= t + EPS:
+        _, _, d, s = heapq.heappop(heap)
+        for r, x in enumerate(d):
+            in_use[r] -= x
+        left[s] -= 1
+        if left[s] == 0:
+            for n in waiting_on(s):
+                if n in blocked:
+                    blocked[n] -= 1
+                    if blocked[n] == 0:
+                        released.extend((task, n) for task in stages[n].waiting)
+    return t, released
 
 
 def _order_pairs(
@@ -285,19 +303,9 @@ def must_start(
         order = rest
         if not heap:
             break
-        released: list[tuple[Task, int]] = []
-        tau = heap[0][0]
-        while heap and heap[0][0] <= tau + EPS:
-            _, _, d, s = heapq.heappop(heap)
-            for r, x in enumerate(d):
-                in_use[r] -= x
-            left[s] -= 1
-            if left[s] == 0:
-                for p in stages[s].parents:
-                    if p in blocked:
-                        blocked[p] -= 1
-                        if blocked[p] == 0:
-                            released.extend((t, p) for t in stages[p].waiting)
+        tau, released = _complete_next(
+            heap, in_use, left, blocked, stages, lambda s: stages[s].parents
+        )
         if released:
             order = _order_pairs(order + released, capacity)
     latest.sort(key=lambda p: p[0])
