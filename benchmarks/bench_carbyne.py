@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.cluster import ClusterSpec
 from common.ids import GmId, LmId, UserId
 from common.model import NodeSpec, UserConfig
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
-from request_generator.workload import ClusterSpec
 from simulator.dag_run import format_dag_table, run_policies
 from simulator.megha_sim import SimConfig
 

@@ -19,13 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
+from common.cluster import PROFILES, make_federation
 from common.effects import ToGm, ToLm
 from common.ids import GmId, JobId, TaskId, UserId
 from common.messages import LaunchRequest, StateDelta, TaskEvent, WorkerReport
 from common.model import Task
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
-from request_generator.workload import PROFILES, make_federation, task_constraints
+from request_generator.workload import task_constraints
 
 
 def _tasks(n: int, rng: random.Random, demand: tuple[int, ...]) -> list[Task]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import random
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
@@ -24,6 +25,9 @@ CONFIG_ENV = "MEGHA_CONFIG"
 ROLE_ENV = "MEGHA_ROLE"
 ID_ENV = "MEGHA_ID"
 BROKER_ENV = "MEGHA_BROKER_URL"
+
+QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
+"""How a GM may order its user queues (``global_master.policy`` implements each)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,13 @@ class FederationConfig:
     host: str = "127.0.0.1"
     base_port: int = 18100
     """GM i listens on base_port+i, LM j on base_port+100+j, LM j's workers on +200+j."""
+    addresses: dict[str, str] = field(default_factory=dict)
+    """``[federation.addresses]``: process name (``gm0``, ``lm1``, ``lm1-workers``) ->
+    ``"host:port"``, for federations spread over hosts; unlisted processes use
+    ``host`` and the ``base_port`` layout."""
+    listen: str = ""
+    """Interface every process binds; empty: the host of its own address
+    (``0.0.0.0`` in containers, where the address is a service name)."""
     broker_url: str = DEFAULT_BROKER_URL
     heartbeat_s: float = 1.0
     """LM state updates to all GMs, and worker heartbeats to their LM."""
@@ -73,15 +84,11 @@ class FederationConfig:
 
     @cached_property
     def user_configs(self) -> list[UserConfig]:
-        from request_generator.workload import parse_users
-
         return parse_users(self.users, self.gm_ids)
 
     @cached_property
-    def clusters(self) -> list[Any]:
+    def clusters(self) -> list[ClusterSpec]:
         """The clusters (nodes, constraints, homes): every process derives the same ones."""
-        from request_generator.workload import make_federation, profile
-
         return make_federation(
             self.nodes_per_lm * self.lms,
             self.gm_ids,
@@ -91,23 +98,43 @@ class FederationConfig:
             random.Random(self.seed),
         )
 
+    def address(self, name: str) -> tuple[str, int]:
+        """Where process ``name`` (``gm0``, ``lm1``, ``lm1-workers``) listens."""
+        given = self.addresses.get(name)
+        if given is not None:
+            host, _, port = given.rpartition(":")
+            return host, int(port)
+        if name.endswith("-workers"):
+            return self.host, self.base_port + 200 + self.lm_ids.index(LmId(name[:-8]))
+        if name in self.gm_ids:
+            return self.host, self.base_port + self.gm_ids.index(GmId(name))
+        return self.host, self.base_port + 100 + self.lm_ids.index(LmId(name))
+
+    def _url(self, name: str) -> str:
+        host, port = self.address(name)
+        return f"http://{host}:{port}"
+
     def gm_port(self, gm: str) -> int:
-        return self.base_port + self.gm_ids.index(GmId(gm))
+        return self.address(gm)[1]
 
     def lm_port(self, lm: str) -> int:
-        return self.base_port + 100 + self.lm_ids.index(LmId(lm))
+        return self.address(lm)[1]
 
     def worker_port(self, lm: str) -> int:
-        return self.base_port + 200 + self.lm_ids.index(LmId(lm))
+        return self.address(f"{lm}-workers")[1]
 
     def gm_url(self, gm: str) -> str:
-        return f"http://{self.host}:{self.gm_port(gm)}"
+        return self._url(gm)
 
     def lm_url(self, lm: str) -> str:
-        return f"http://{self.host}:{self.lm_port(lm)}"
+        return self._url(lm)
 
     def worker_url(self, lm: str) -> str:
-        return f"http://{self.host}:{self.worker_port(lm)}"
+        return self._url(f"{lm}-workers")
+
+    @property
+    def process_names(self) -> list[str]:
+        return [*(f"{lm}-workers" for lm in self.lm_ids), *self.lm_ids, *self.gm_ids]
 
     # AMQP names (all under the federation's prefix)
     @property
@@ -149,29 +176,41 @@ class FederationConfig:
             raise ConfigError("secret must not be empty")
         if not 1 <= self.base_port <= 65535 - 300:
             raise ConfigError("base_port out of range")
+        names = set(self.process_names)
+        for name, addr in self.addresses.items():
+            if name not in names:
+                raise ConfigError(
+                    f"addresses: {name!r} is not a process of this federation "
+                    f"({', '.join(sorted(names))})"
+                )
+            host, _, port = addr.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ConfigError(f"addresses.{name}: expected 'host:port', got {addr!r}")
         _ = self.user_configs
-        from global_master.carbyne import POLICIES
-
-        if self.queue_policy not in POLICIES:
+        if self.queue_policy not in QUEUE_POLICIES:
             raise ConfigError(
-                f"queue_policy must be one of {', '.join(POLICIES)}, not {self.queue_policy!r}"
+                f"queue_policy must be one of {', '.join(QUEUE_POLICIES)}, "
+                f"not {self.queue_policy!r}"
             )
         if not 0.0 <= self.p_altruism <= 1.0:
             raise ConfigError("p_altruism must be in [0, 1]")
-        from request_generator.workload import profile
-
         profile(self.profile)
         return self
 
     def to_toml(self) -> str:
         lines = ["[federation]"]
         for k, v in asdict(self).items():
+            if isinstance(v, dict):
+                continue
             if isinstance(v, bool):
                 lines.append(f"{k} = {'true' if v else 'false'}")
             elif isinstance(v, int | float):
                 lines.append(f"{k} = {v!r}")
             else:
                 lines.append(f'{k} = "{v}"')
+        if self.addresses:
+            lines.append("\n[federation.addresses]")
+            lines.extend(f'"{k}" = "{v}"' for k, v in sorted(self.addresses.items()))
         return "\n".join(lines) + "\n"
 
 
@@ -192,6 +231,8 @@ def parse_config(data: dict[str, Any], *, env: dict[str, str] | None = None) -> 
             value = float(value)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ConfigError(f"{key}: expected {want.__name__}, got {value!r}")
+        if isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{key}: every value must be a string")
         kwargs[key] = value
     cfg = FederationConfig(**kwargs)
     env = dict(os.environ) if env is None else env
@@ -242,7 +283,8 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
     """
     plan: list[ProcessSpec] = []
 
-    def spec(role: str, ident: str, port: int) -> ProcessSpec:
+    def spec(role: str, ident: str, name: str) -> ProcessSpec:
+        host, port = cfg.address(name)
         argv = [
             "python3",
             "-m",
@@ -253,7 +295,7 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             "--workers",
             "1",
             "--bind",
-            f"{cfg.host}:{port}",
+            f"{cfg.listen or host}:{port}",
             "--graceful-timeout",
             "5",
             "--timeout",
@@ -266,13 +308,12 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             ID_ENV: ident,
             BROKER_ENV: cfg.broker_url,
         }
-        name = f"{ident}-workers" if role == "worker" else ident
-        return ProcessSpec(name, role, ident, argv, env, port, f"http://{cfg.host}:{port}")
+        return ProcessSpec(name, role, ident, argv, env, port, f"http://{host}:{port}")
 
     for lm in cfg.lm_ids:
-        plan.append(spec("worker", lm, cfg.worker_port(lm)))
+        plan.append(spec("worker", lm, f"{lm}-workers"))
     for lm in cfg.lm_ids:
-        plan.append(spec("lm", lm, cfg.lm_port(lm)))
+        plan.append(spec("lm", lm, lm))
     for gm in cfg.gm_ids:
-        plan.append(spec("gm", gm, cfg.gm_port(gm)))
+        plan.append(spec("gm", gm, gm))
     return plan

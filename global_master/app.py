@@ -23,6 +23,7 @@ from aiohttp import web
 
 from common import codec
 from common.auth import check_user, internal_headers
+from common.cluster import profile
 from common.codec import SubmitJob
 from common.config import FederationConfig
 from common.dag import from_layout
@@ -109,8 +110,6 @@ def admit_job(
     assert isinstance(job, SubmitJob)
     check_user(job.user, job.token, queue_user, cfg.secret)
     codec.check_ids_unique(job.tasks)
-    from request_generator.workload import profile
-
     n_res = len(profile(cfg.profile).names)
     capacities = {tuple(n.capacity) for c in cfg.clusters for n in c.nodes}
     for t in job.tasks:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from common.config import QUEUE_POLICIES
 from common.dag import DagJob, DagProgress
 from common.errors import ConfigError
 from common.ids import GmId, JobId, TaskId, UserId
@@ -932,7 +933,7 @@ def packing_node(view: LmView, eligible: Any, demand: Resources) -> int:
 
 
 # ------------------------------------------------------------------ selection
-POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
+POLICIES = QUEUE_POLICIES
 
 QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
 

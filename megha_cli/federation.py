@@ -86,7 +86,7 @@ def start_federation(
     config_path = home / "federation.toml"
     config_path.write_text(cfg.to_toml())
     plan = process_plan(cfg, str(config_path))
-    busy = [p for p in plan if not port_free(cfg.host, p.port)]
+    busy = [p for p in plan if not port_free(urlparse(p.url).hostname or cfg.host, p.port)]
     if busy:
         raise ConfigError(
             "ports already in use: " + ", ".join(f"{p.name}:{p.port}" for p in busy),

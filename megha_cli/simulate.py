@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
@@ -28,14 +29,9 @@ from request_generator.report import (
     write_records_csv,
 )
 from request_generator.workload import (
-    PROFILES,
-    ClusterSpec,
     Job,
     WorkloadSpec,
     jobs_from_trace,
-    make_federation,
-    parse_users,
-    profile,
     read_trace,
     synthetic_jobs,
 )

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from common.auth import internal_headers
+from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
@@ -40,7 +41,6 @@ from request_generator.workload import (
     Job,
     WorkloadSpec,
     jobs_from_trace,
-    profile,
     read_trace,
     synthetic_jobs,
 )

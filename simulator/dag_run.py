@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
@@ -25,7 +26,6 @@ from common.model import NodeSpec, UserConfig
 from global_master.carbyne import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from request_generator.report import summarize_tasks
-from request_generator.workload import ClusterSpec, make_federation, parse_users, profile
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
 
 JAIN_WINDOW_S = 60.0

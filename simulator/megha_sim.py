@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from common.cluster import ClusterSpec
 from common.effects import Effect, Report, ToAllGms, ToGm, ToLm, ToWorker, stamp_sent
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
@@ -45,7 +46,7 @@ from common.model import Phase, Task, UserConfig
 from global_master.core import GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
-from request_generator.workload import ClusterSpec, Job
+from request_generator.workload import Job
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from bitarray import bitarray
 
+from common.cluster import ClusterSpec
 from common.model import N_CONSTRAINTS, Phase, Task, fits, satisfies
-from request_generator.workload import ClusterSpec, Job
+from request_generator.workload import Job
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from simulator.megha_sim import SimResult

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from common import codec
+from common.cluster import PROFILES, make_federation, parse_users
 from common.codec import TaskReport
 from common.effects import Effect, Report, ToAllGms, ToGm, ToLm, ToWorker
 from common.ids import GmId
@@ -38,13 +39,7 @@ from global_master import app as gm_app
 from global_master.core import GlobalMaster
 from local_master import app as lm_app
 from local_master.core import LocalMaster
-from request_generator.workload import (
-    PROFILES,
-    WorkloadSpec,
-    make_federation,
-    parse_users,
-    synthetic_jobs,
-)
+from request_generator.workload import WorkloadSpec, synthetic_jobs
 from simulator.megha_sim import MeghaSimulation, SimConfig
 
 GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from common.cluster import ClusterSpec
 from common.dag import DagJob, make_job
 from common.ids import GmId, JobId, LmId, UserId
 from common.model import NodeSpec, UserConfig
 from global_master.carbyne import CarbyneQueues, make_policy
 from request_generator.dag_workload import synthetic_dag_jobs
-from request_generator.workload import ClusterSpec
 from simulator.dag_run import run_policies
 from simulator.megha_sim import MeghaSimulation, SimConfig
 

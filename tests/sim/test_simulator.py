@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from common.cluster import PROFILES, default_users, make_federation, parse_users
 from common.ids import GmId
 from common.model import UserConfig
 from megha_cli.main import main
 from request_generator.report import summarize_tasks
-from request_generator.workload import (
-    PROFILES,
-    WorkloadSpec,
-    default_users,
-    make_federation,
-    parse_users,
-    synthetic_jobs,
-)
+from request_generator.workload import WorkloadSpec, synthetic_jobs
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
 from simulator.sparrow import SparrowSimulation
 
