@@ -21,10 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common.broker import delete_topology
 from common.config import FederationConfig
 from megha_cli.federation import start_federation, stop_federation
 from request_generator.bench import BenchOptions, run_bench
+from runtime.broker import delete_topology
 
 NODES = 120
 

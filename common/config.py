@@ -66,7 +66,13 @@ class FederationConfig:
     prefetch: int = 2000
     delivery_limit: int = 5
     decide_batch: int = 64
-    max_body: int = 4 * 1024 * 1024
+    max_body: int = 16 * 1024 * 1024
+    """Largest HTTP body or broker message any service reads (bytes); read whole."""
+    max_task_duration_s: float = 7 * 24 * 3600.0
+    """Longest task a GM admits (a longer one is refused with ``duration_too_long``)."""
+    task_commands: bool = False
+    """Whether workers run a task's ``command`` (off: every task holds its resources for
+    its duration, as in the paper's prototype)."""
     seed: int = 1
     queue_policy: str = "fifo"
     """How each GM orders its user queues: fifo (Megha), drf, tetris, sjf, carbyne, ..."""
@@ -110,7 +116,7 @@ class FederationConfig:
             return self.host, self.base_port + self.gm_ids.index(GmId(name))
         return self.host, self.base_port + 100 + self.lm_ids.index(LmId(name))
 
-    def _url(self, name: str) -> str:
+    def url(self, name: str) -> str:
         host, port = self.address(name)
         return f"http://{host}:{port}"
 
@@ -124,13 +130,13 @@ class FederationConfig:
         return self.address(f"{lm}-workers")[1]
 
     def gm_url(self, gm: str) -> str:
-        return self._url(gm)
+        return self.url(gm)
 
     def lm_url(self, lm: str) -> str:
-        return self._url(lm)
+        return self.url(lm)
 
     def worker_url(self, lm: str) -> str:
-        return self._url(f"{lm}-workers")
+        return self.url(f"{lm}-workers")
 
     @property
     def process_names(self) -> list[str]:

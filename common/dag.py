@@ -47,7 +47,7 @@ from typing import Any
 
 from common.errors import ConfigError
 from common.ids import JobId, TaskId, UserId
-from common.model import N_CONSTRAINTS, Resources, Task
+from common.model import N_CONSTRAINTS, Resources, Task, TaskSpec
 
 FORMAT = "megha-dag/1"
 
@@ -87,6 +87,20 @@ def task_id(job_id: str, stage_id: int, i: int) -> TaskId:
     return TaskId(f"{job_id}.s{stage_id}.t{i}")
 
 
+def _task(
+    job_id: str, user: str, stage_id: int, i: int, demand: Resources, duration: float, mask: int
+) -> Task:
+    spec = TaskSpec(
+        task_id=task_id(job_id, stage_id, i),
+        job_id=JobId(job_id),
+        user=UserId(user),
+        demand=tuple(demand),
+        duration=float(duration),
+        constraints=mask,
+    )
+    return Task(spec=spec)
+
+
 def make_job(
     job_id: str,
     user: str,
@@ -104,17 +118,7 @@ def make_job(
         built.append(
             Stage(
                 sid,
-                [
-                    Task(
-                        task_id=task_id(job_id, sid, i),
-                        job_id=jid,
-                        user=uid,
-                        demand=tuple(d),
-                        duration=float(dur),
-                        constraints=masks[i],
-                    )
-                    for i, (d, dur) in enumerate(tasks)
-                ],
+                [_task(job_id, user, sid, i, d, dur, masks[i]) for i, (d, dur) in enumerate(tasks)],
                 tuple(parents),
             )
         )
@@ -310,7 +314,9 @@ def _keys(obj: Any, allowed: set[str], required: set[str], where: str) -> dict[s
     return obj
 
 
-def _stage(obj: Any, job_id: str, width: int, k: int) -> tuple[int, list[Task], tuple[int, ...]]:
+def _stage(
+    obj: Any, job_id: str, user: str, width: int, k: int
+) -> tuple[int, list[Task], tuple[int, ...]]:
     where = f"job {job_id} stage #{k}"
     st = _keys(obj, _STAGE_KEYS, {"id"}, where)
     sid = st["id"]
@@ -351,18 +357,7 @@ def _stage(obj: Any, job_id: str, width: int, k: int) -> tuple[int, list[Task], 
         d = _demand(st["demand"], width, where)
         dur = _number(st["duration"], where, "duration")
         specs = [(d, dur, 0)] * count
-    jid, uid = JobId(job_id), UserId("")
-    tasks = [
-        Task(
-            task_id=task_id(job_id, sid, i),
-            job_id=jid,
-            user=uid,
-            demand=d,
-            duration=dur,
-            constraints=mask,
-        )
-        for i, (d, dur, mask) in enumerate(specs)
-    ]
+    tasks = [_task(job_id, user, sid, i, d, dur, mask) for i, (d, dur, mask) in enumerate(specs)]
     return sid, tasks, tuple(parents)
 
 
@@ -399,12 +394,9 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
         stages = [
             Stage(sid, tasks, parents)
             for sid, tasks, parents in (
-                _stage(s, jid, len(names), i) for i, s in enumerate(j["stages"])
+                _stage(s, jid, user, len(names), i) for i, s in enumerate(j["stages"])
             )
         ]
-        for s in stages:
-            for t in s.tasks:
-                t.user = UserId(user)
         jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
     jobs.sort(key=lambda job: job.arrival)
     return tuple(names), jobs

@@ -1,41 +1,51 @@
-"""What a pure core asks its driver to do.  Drivers (the simulator, the aiohttp and
-aio-pika services) carry effects out; the cores never touch a socket or a clock."""
+"""What a pure core asks its driver to do.
+
+Every core has one entry, ``handle(message, now) -> list[Effect]``.  Drivers (the
+simulator, the aiohttp and aio-pika services) deliver messages and carry effects out;
+the cores never touch a socket, a clock or a process.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     LaunchRequest,
-    LaunchResponse,
     PreemptRequest,
-    PreemptResponse,
     SnapshotRequest,
     StartTask,
-    StateSnapshot,
     StateUpdated,
     StopTask,
     TaskEvent,
-    TaskFailed,
+    TaskOutcome,
+    WorkerHeartbeat,
+    WorkerReport,
 )
-from common.model import Phase
+from common.model import TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to the message being handled (an HTTP response when live)."""
+
+    msg: object
 
 
 @dataclass(frozen=True, slots=True)
 class ToLm:
-    """GM -> LM, synchronous request (HTTP in the live federation)."""
+    """GM -> LM request (HTTP), or worker pool -> its LM (reports, heartbeats)."""
 
     lm: LmId
-    msg: LaunchRequest | PreemptRequest | SnapshotRequest
+    msg: LaunchRequest | PreemptRequest | SnapshotRequest | WorkerReport | WorkerHeartbeat
 
 
 @dataclass(frozen=True, slots=True)
 class ToGm:
-    """LM -> one GM: a response to its request, a snapshot, or a task event."""
+    """LM -> the GM that placed a task: a task event (batched per GM by the driver)."""
 
     gm: GmId
-    msg: LaunchResponse | PreemptResponse | StateSnapshot | TaskEvent
+    msg: TaskEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,29 +57,88 @@ class ToAllGms:
 
 @dataclass(frozen=True, slots=True)
 class ToWorker:
-    """LM -> the worker hosting ``node``."""
+    """LM -> the worker pool hosting ``msg.node`` (batched per pool by the driver)."""
 
-    node: NodeIndex
     msg: StartTask | StopTask
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
-    """A fact for result listeners only (a task the GM gave up on)."""
+class ToUser:
+    """GM -> a task's user: its outcome (finished, or failed with the reason)."""
 
-    msg: TaskFailed
-
-
-Effect = ToLm | ToGm | ToAllGms | ToWorker | Report
+    user: UserId
+    msg: TaskOutcome
 
 
-def stamp_sent(effects: list[Effect], at: float) -> None:
-    """Charge a GM's decision time up to ``at`` and put its dispatched tasks on the wire."""
-    for eff in effects:
-        if isinstance(eff, ToLm):
-            msg = eff.msg
-            if isinstance(msg, LaunchRequest):
-                for p in msg.placements:
-                    p.task.enter(Phase.COMMUNICATION, at)
-            elif isinstance(msg, PreemptRequest):
-                msg.task.enter(Phase.COMMUNICATION, at)
+@dataclass(frozen=True, slots=True)
+class After:
+    """Deliver ``msg`` back to this core ``delay`` seconds from now (a timer)."""
+
+    delay: float
+    msg: object
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettled:
+    """GM: every task of the job is accepted by an LM or has failed explicitly, so the
+    job's delivery may be acknowledged."""
+
+    job_id: JobId
+    user: UserId
+
+
+@dataclass(frozen=True, slots=True)
+class JobRefused:
+    """GM: the job cannot be admitted (dead-letter it with the reason)."""
+
+    job_id: JobId
+    user: UserId
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunCommand:
+    """Worker: start a real process for attempt ``attempt`` of ``spec``."""
+
+    spec: TaskSpec
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class KillCommand:
+    """Worker: stop the process of attempt ``attempt`` of a task."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: int
+
+
+Effect = (
+    Reply
+    | ToLm
+    | ToGm
+    | ToAllGms
+    | ToWorker
+    | ToUser
+    | After
+    | JobSettled
+    | JobRefused
+    | RunCommand
+    | KillCommand
+)
+
+__all__ = [
+    "After",
+    "Effect",
+    "JobRefused",
+    "JobSettled",
+    "KillCommand",
+    "Reply",
+    "RunCommand",
+    "ToAllGms",
+    "ToGm",
+    "ToLm",
+    "ToUser",
+    "ToWorker",
+]

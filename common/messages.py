@@ -1,31 +1,73 @@
-"""Messages between GMs, LMs and workers.
+"""Every message between users, GMs, LMs and worker pools, declared once.
 
-Commands are imperative (``LaunchRequest``, ``PreemptRequest``), facts are in the past
-tense (``StateUpdated``, ``TaskStarted``).  All are frozen, slotted, keyword-only.
-``common.codec`` owns their wire form.
+Commands are imperative (``LaunchRequest``, ``Decide``), facts are in the past tense
+(``StateUpdated``, ``TaskEvent`` kinds).  All are frozen, slotted, keyword-only
+dataclasses; ``common.schema`` derives their msgpack form and strict decoders from
+these declarations, and ``common.codec`` adds the envelope.  A message registered
+with ``@message`` may stand alone on the wire; the others travel inside one.
+
+Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
+
+    user  ⇒ GM      SubmitJob                     GM ⇒ user    TaskOutcomes
+    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest
+    LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
+    LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
+    LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat
+    ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed
+    ↺ LM            Heartbeat, CheckWorkers       ↺ pool      TaskDue, CommandStarted/Exited
+    any → caller    Refused (a request a core will not take, with the reason)
 
 State travels as ``StateDelta``: the LM's version plus, for every node changed since
 ``base_version``, its free resources and the version at which it changed.  A GM
-applies a node only if its version is newer than what it holds, so deltas can be
-applied in any order; a gap (``base_version`` newer than the GM's view) is detected
-and answered with a full snapshot.
+applies a node only if its version is newer than what it holds, so deltas apply in
+any order; a gap (``base_version`` newer than the GM's view) is answered with a full
+snapshot.  ``epoch`` is the LM's incarnation: a restarted LM's versions start again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Annotated
 
-from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
-from common.model import Resources, Task
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.model import Resources, Seconds, Task, TaskSpec, Time
+from common.schema import Length, Range, message
+
+Version = Annotated[int, Range(-1, None)]
+"""An LM state version (``-1``: nothing known yet)."""
+MAX_JOB_TASKS = 100_000
+MAX_STAGES = 10_000
 
 
+class EventKind(IntEnum):
+    """What became of a task at its LM (``TaskEvent.kind``)."""
+
+    STARTED = 0
+    FINISHED = 1
+    FAILED = 2
+    PREEMPTED = 3  # stopped to make room: back to the front of its queue
+    REQUEUED = 4  # its worker died and no node of its partition could take it
+    RELAUNCHED = 5  # its worker died; the LM started a new attempt on another node
+
+
+class ReportKind(IntEnum):
+    """What a worker says about a task (``WorkerReport.kind``)."""
+
+    STARTED = 0
+    FINISHED = 1
+    FAILED = 2
+
+
+# -------------------------------------------------------------------- state
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateDelta:
     """What changed in an LM's cluster between ``base_version`` and ``version``."""
 
     lm: LmId
-    version: int
-    base_version: int
+    epoch: int = 0
+    version: Version
+    base_version: Version
     nodes: tuple[NodeIndex, ...]
     free: tuple[Resources, ...]
     node_versions: tuple[int, ...]
@@ -39,22 +81,50 @@ class ClusterLayout:
 
     lm: LmId
     capacity: tuple[Resources, ...]
-    constraints: tuple[int, ...]
+    constraints: tuple[Annotated[int, Range(0, None)], ...]
     home: tuple[GmId, ...]
     """The GM whose partition each physical node belongs to."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacedRef:
+    """A task an LM holds for a GM: which attempt, where."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldTask:
+    """A task an LM holds (or held lately) for a GM, with what the LM knows of it."""
+
+    spec: TaskSpec
+    attempt: int
+    queued_at: Time = -1.0
+    """When it entered its GM's queue (the GM said so in the placement)."""
+    accepted_at: Time = -1.0
+    worker_at: Time = -1.0
+    started_at: Time = -1.0
+    ended_at: Time = -1.0
+    """When it finished or failed (``-1``: it still runs)."""
+    ok: bool = True
+
+
+@message("snapshot")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateSnapshot:
     """A full snapshot: layout plus a delta from version 0."""
 
     layout: ClusterLayout
     state: StateDelta
-    placed_by_gm: tuple[TaskId, ...] = ()
-    """Tasks of the receiving GM this LM has accepted (active or done): a restarted,
-    stateless GM uses them to skip redelivered tasks that already run."""
+    held: tuple[HeldTask, ...] = ()
+    """Tasks of the receiving GM this LM runs, or ended in the last few minutes: a
+    restarted, stateless GM adopts the running ones (their events and outcomes come to
+    it) and never runs an ended one again when its job is redelivered."""
 
 
+@message("state_updated")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateUpdated:
     """Periodic LM heartbeat, fanned out to all GMs."""
@@ -62,39 +132,54 @@ class StateUpdated:
     delta: StateDelta
 
 
+@message("snapshot_request")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotRequest:
     gm: GmId
     lm: LmId
 
 
+# --------------------------------------------------------------- placement
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Launch ``task`` on ``node``; ``repartition`` when the node is in another GM's partition."""
+    """Launch attempt ``attempt`` of a task on ``node``; ``repartition`` when the node
+    is in another GM's partition (it becomes a logical node of the requester's)."""
 
-    task: Task
+    spec: TaskSpec
+    attempt: int
     node: NodeIndex
-    repartition: bool
+    repartition: bool = False
+    altruistic: bool = False
+    queued_at: Time = -1.0
+    """When the task entered its GM's queue (kept by the LM for a restarted GM)."""
 
 
+@message("launch")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchRequest:
     gm: GmId
     lm: LmId
     request_id: int
-    placements: tuple[Placement, ...]
-    known_version: int
+    placements: Annotated[tuple[Placement, ...], Length(1, MAX_JOB_TASKS)]
+    known_version: Version
+    sent_at: Time = -1.0
+    """When the request left the GM (stamped by its driver; echoed in the response)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementResult:
-    task_id: TaskId
+    """The LM's verdict on one placement, in request order."""
+
     accepted: bool
-    reason: str = ""
-    """``ok``, ``duplicate`` (already accepted: idempotent), ``insufficient_resources``,
+    reason: str = "ok"
+    """``ok``; ``duplicate`` (the LM already holds this or a newer attempt: idempotent),
+    ``finished`` / ``failed`` (that attempt already ended here); ``insufficient_resources``,
     ``constraints_unmet``, ``node_down``, ``unknown_node``."""
+    attempt: int = 0
+    """For a duplicate: the attempt the LM holds (or held), which the GM takes on."""
 
 
+@message("launch_response")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchResponse:
     gm: GmId
@@ -102,94 +187,306 @@ class LaunchResponse:
     request_id: int
     results: tuple[PlacementResult, ...]
     delta: StateDelta
-    received_at: float = 0.0
+    request_sent_at: Time = -1.0
+    received_at: Time = 0.0
     """When the LM received the request; with ``sent_at`` it splits the round trip
     into communication and LM processing exactly."""
-    sent_at: float = 0.0
+    sent_at: Time = 0.0
 
 
+@message("preempt")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptRequest:
-    """Free room for ``task`` by preempting tasks of ``victim``, then launch it."""
+    """Free room for attempt ``attempt`` of ``spec`` by preempting tasks of ``victim``,
+    then launch it."""
 
     gm: GmId
     lm: LmId
     request_id: int
-    task: Task
+    spec: TaskSpec
+    attempt: int
     victim: UserId
-    known_version: int
+    known_version: Version
+    sent_at: Time = -1.0
+    queued_at: Time = -1.0
 
 
+@message("preempt_response")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptResponse:
     gm: GmId
     lm: LmId
     request_id: int
-    task_id: TaskId
     accepted: bool
     reason: str
     node: NodeIndex | None
-    preempted: tuple[TaskId, ...]
+    preempted: tuple[PlacedRef, ...]
+    attempt: int = 0
+    """For a duplicate: the attempt the LM holds (or held)."""
     delta: StateDelta
-    received_at: float = 0.0
-    sent_at: float = 0.0
+    request_sent_at: Time = -1.0
+    received_at: Time = 0.0
+    sent_at: Time = 0.0
 
 
+@message("request_failed")
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StartTask:
-    """LM -> worker: run ``task`` on ``node``."""
+class RequestFailed:
+    """A GM's driver could not get an answer to request ``request_id`` (the LM refused
+    it with a 4xx): the core treats it as a refusal of everything it asked for."""
 
     lm: LmId
+    request_id: int
+    reason: str
+
+
+# -------------------------------------------------------------- task events
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskEvent:
+    """LM -> the GM that placed attempt ``attempt`` of a task.
+
+    ``node_free`` piggybacks the node's fresh free resources so the placing GM learns
+    of freed resources at once, not at the next heartbeat.  Worker-side times:
+    ``worker_at`` (the StartTask reached the worker) and ``started_at`` (the attempt
+    started); ``at`` is when the event happened.
+    """
+
+    kind: EventKind
+    lm: LmId
+    gm: GmId
+    user: UserId
+    task_id: TaskId
+    attempt: int
     node: NodeIndex
+    node_free: Resources
+    node_version: int
+    at: Time
+    worker_at: Time = -1.0
+    started_at: Time = -1.0
+    detail: str = ""
+
+
+@message("task_events")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskEvents:
+    """The task events one LM has for one GM, batched per loop turn."""
+
+    lm: LmId
+    events: Annotated[tuple[TaskEvent, ...], Length(1, MAX_JOB_TASKS)]
+
+
+@message("task_outcome")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOutcome:
+    """GM -> the task's user: it finished, or failed for good (with the reason).
+    Carries the whole ledger: what the user's reports are made of."""
+
     task: Task
+    finished: bool
+    reason: str = ""
+
+
+@message("task_outcomes")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOutcomes:
+    """The outcomes one GM has for one user, batched per loop turn."""
+
+    gm: GmId
+    outcomes: Annotated[tuple[TaskOutcome, ...], Length(1, MAX_JOB_TASKS)]
+
+
+# ------------------------------------------------------------------ jobs
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSpec:
+    """One stage of a DAG job: its id, the stages it waits for, how many tasks."""
+
+    stage_id: int
+    parents: Annotated[tuple[int, ...], Length(0, MAX_STAGES)] = ()
+    count: Annotated[int, Range(1, None)]
+
+
+@message("submit_job")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitJob:
+    """A job into its user's queue; ``token`` is the user's credential.  A DAG job
+    lists its tasks stage by stage and ``stages`` gives the layout."""
+
+    job_id: JobId
+    user: UserId
+    token: str
+    submitted_at: Time
+    tasks: Annotated[tuple[TaskSpec, ...], Length(1, MAX_JOB_TASKS, below="empty_job")]
+    stages: Annotated[tuple[StageSpec, ...], Length(1, MAX_STAGES)] | None = None
+
+
+@message("admit_job")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmitJob:
+    """GM driver -> core: a submission was delivered (``redelivered``: again, after a
+    consumer or GM failure).  The core admits it or answers ``JobRefused``."""
+
+    job: SubmitJob
+    redelivered: bool = False
+
+
+# --------------------------------------------------------------- workers
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTask:
+    """LM -> worker pool: run attempt ``attempt`` of ``spec`` on ``node``."""
+
+    node: NodeIndex
+    spec: TaskSpec
+    attempt: int
+
+
+@message("start_tasks")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTasks:
+    lm: LmId
+    epoch: int = 0
+    tasks: Annotated[tuple[StartTask, ...], Length(1, MAX_JOB_TASKS)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StopTask:
-    """LM -> worker: stop a preempted task."""
+    """LM -> worker pool: stop a preempted (or superseded) attempt."""
 
-    lm: LmId
     node: NodeIndex
+    user: UserId
     task_id: TaskId
+    attempt: int
+
+
+@message("stop_tasks")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopTasks:
+    lm: LmId
+    epoch: int = 0
+    tasks: Annotated[tuple[StopTask, ...], Length(1, MAX_JOB_TASKS)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerReport:
-    """Worker -> LM: a task started, finished or failed on ``node`` at ``at``."""
+    """Worker -> LM: attempt ``attempt`` of a task started, finished or failed."""
 
-    lm: LmId
+    kind: ReportKind
     node: NodeIndex
+    user: UserId
     task_id: TaskId
-    kind: str  # "started" | "finished" | "failed"
-    at: float
+    attempt: int
+    at: Time
+    worker_at: Time
+    started_at: Time = -1.0
     detail: str = ""
 
 
+@message("worker_reports")
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskEvent:
-    """LM -> the GM that placed the task (and to result listeners).
-
-    ``kind``: ``started``, ``finished``, ``failed``, ``preempted`` (back to the front of
-    its queue) or ``requeued`` (its worker died and no other node could take it).
-    ``node_state`` piggybacks the node's fresh free resources so the placing GM learns
-    of freed resources at once, not at the next heartbeat.
-    """
-
-    kind: str
+class WorkerReports:
     lm: LmId
-    gm: GmId
-    task: Task
-    node: NodeIndex
-    node_free: Resources
-    node_version: int
-    at: float
+    reports: Annotated[tuple[WorkerReport, ...], Length(0, MAX_JOB_TASKS)]
 
 
+@message("worker_heartbeat")
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskFailed:
-    """A GM gives up on a task (explicit failure status, never a silent drop)."""
+class WorkerHeartbeat:
+    """Worker pool -> LM: these nodes are alive at ``at``."""
 
-    gm: GmId
-    task: Task
+    lm: LmId
+    nodes: tuple[NodeIndex, ...]
+    at: Time
+
+
+# ------------------------------------------------------------------ timers
+@message("decide")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decide:
+    """GM driver -> core: make up to ``max_tasks`` decisions (launches to one LM share
+    one request)."""
+
+    max_tasks: Annotated[int, Range(1, None)] = 1
+
+
+@message("request_snapshots")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSnapshots:
+    """A (re)started GM asks every LM for a full snapshot."""
+
+
+@message("heartbeat")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """LM timer: publish the state delta since the previous heartbeat to every GM."""
+
+
+@message("check_workers")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckWorkers:
+    """LM timer: declare nodes silent for ``timeout`` seconds dead."""
+
+    timeout: Seconds
+
+
+@message("task_due")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskDue:
+    """Worker timer: a synthetic task's duration has elapsed."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: int
+
+
+@message("command_started")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandStarted:
+    """Worker runner -> core: a task's command is running."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: int
+
+
+@message("command_exited")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandExited:
+    """Worker runner -> core: a task's command ended."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: int
+    ok: bool
+    detail: str = ""
+
+
+# ----------------------------------------------------------------- answers
+@message("refused")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refused:
+    """A request a core will not take: the reason (machine-readable) and why."""
+
     reason: str
-    at: float
+    detail: str = ""
+
+
+GmInput = (
+    AdmitJob
+    | Decide
+    | RequestSnapshots
+    | StateUpdated
+    | StateSnapshot
+    | LaunchResponse
+    | PreemptResponse
+    | RequestFailed
+    | TaskEvents
+)
+LmInput = (
+    LaunchRequest
+    | PreemptRequest
+    | SnapshotRequest
+    | WorkerReports
+    | WorkerHeartbeat
+    | Heartbeat
+    | CheckWorkers
+)
+WorkerInput = StartTasks | StopTasks | TaskDue | CommandStarted | CommandExited

@@ -8,24 +8,41 @@ Placement constraints are numbered ``0..N_CONSTRAINTS-1``; a task's constraints 
 machine's constraints are both bit masks (Python ints).  A node matches a task when
 ``task_mask & ~node_mask == 0``.
 
-Allocation time (SPEC §3) is measured by a ledger that travels with the task: every
-hop moves the task into a phase at a timestamp, and the time since the previous
-stamp is charged to the phase being left.  The four components therefore add up to
-``started_at - submitted_at`` exactly (minus time spent running before a preemption).
+A task is two things: its **spec** (``TaskSpec``: what the user asked for; immutable,
+it travels GM -> LM -> worker) and its **ledger** (``Task``: kept by the GM that owns
+the task's queue, the only place where a task's whole story is known).  Every hop
+reports *when* it handled the task; the GM records each report as a *mark*
+``(time, phase entered)``.  Marks may arrive in any order (an event can overtake a
+response): they are kept sorted by time, and the components are the intervals
+between consecutive marks.  The components therefore add up exactly to
+``started_at - submitted_at`` (SPEC §3), where ``started_at`` is the **final** start,
+the one that ran to completion; time spent running before a preemption is its own
+component (``preempted_running``) so no wait disappears.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Annotated
 
 from common.ids import GmId, JobId, TaskId, UserId
+from common.schema import Length, Range
 
 N_CONSTRAINTS = 21
 """Machine/task placement constraints, as in the paper (bit i of a mask = constraint i)."""
+MAX_RESOURCES = 16
+MAX_COMMAND = 64
 
-Resources = tuple[int, ...]
+Resources = Annotated[tuple[int, ...], Length(1, MAX_RESOURCES)]
+Mask = Annotated[int, Range(0, (1 << N_CONSTRAINTS) - 1, above="unknown_constraint")]
+Seconds = Annotated[float, Range(0, None)]
+"""A non-negative duration."""
+Time = Annotated[float, Range(None, None)]
+"""A timestamp (seconds; ``-1`` where something has not happened)."""
 
 
 def fits(free: Sequence[int], demand: Sequence[int]) -> bool:
@@ -52,17 +69,17 @@ def satisfies(node_mask: int, task_mask: int) -> bool:
 
 
 class Phase(IntEnum):
-    """Where a task's time goes before it starts (SPEC §3)."""
+    """Where a task's time goes before its final start (SPEC §3)."""
 
     QUEUEING = 0  # waiting in a GM user queue
     PROCESSING = 1  # GM decision, LM validation (incl. inconsistency retries)
     COMMUNICATION = 2  # on the wire between components
     WORKER_QUEUEING = 3  # accepted by a worker, waiting to start
-    RUNNING = 4  # ran, then was preempted: not allocation time
+    RUNNING = 4  # running (before a preemption: work thrown away, still a wait)
 
 
-COMPONENTS = ("queueing", "processing", "communication", "worker_queueing")
-"""Allocation-time components, in `Phase` order (index i is `Task.spent[i]`)."""
+COMPONENTS = ("queueing", "processing", "communication", "worker_queueing", "preempted_running")
+"""Allocation-time components, in `Phase` order (index i is ``Task.components()[i]``)."""
 
 
 class TaskState(IntEnum):
@@ -72,7 +89,7 @@ class TaskState(IntEnum):
     DISPATCHED = 1  # a launch / repartition / preemption request is in flight
     PLACED = 2  # accepted by an LM (starting or running)
     FINISHED = 3
-    FAILED = 4  # explicit failure: infeasible or too many attempts
+    FAILED = 4  # explicit failure: infeasible, refused, lost for good
 
 
 class WaitReason(IntEnum):
@@ -85,52 +102,131 @@ class WaitReason(IntEnum):
     PREEMPTION_FAILED = 4  # no victim could be verified by any LM
 
 
-@dataclass(slots=True)
-class Task:
-    """One task: what it needs, where it may run, and its timing ledger.
-
-    Mutable on purpose: the ledger is stamped at every hop.  ``attempts`` counts
-    decisions; ``waits`` counts the reasons of failed ones.
-    """
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """What a task needs, as its user submitted it.  Immutable; decoded once at the GM
+    and carried as the same object into every placement of the task."""
 
     task_id: TaskId
     job_id: JobId
     user: UserId
     demand: Resources
-    duration: float
-    constraints: int = 0
-    command: tuple[str, ...] = ()
+    duration: Seconds
+    constraints: Mask = 0
+    command: Annotated[tuple[str, ...], Length(0, MAX_COMMAND)] = ()
+
+
+TaskKey = tuple[UserId, TaskId]
+"""Task ids are unique per user: every table of tasks is keyed by (user, task id)."""
+
+
+def key_of(spec: TaskSpec) -> TaskKey:
+    return (spec.user, spec.task_id)
+
+
+@dataclass(slots=True, kw_only=True)
+class Task:
+    """A task as the GM that owns its queue knows it: spec, attempt, ledger.
+
+    ``attempt`` numbers placements: every launch request (and every relaunch by an LM)
+    is a new attempt, and events of a superseded attempt are ignored.  ``decisions``
+    counts how often a GM ran its decision path on the task; ``waits`` counts the
+    reasons of the decisions that did not place it.
+    """
+
+    spec: TaskSpec
     altruistic: bool = False
     gm: GmId | None = None
-    submitted_at: float = 0.0
-    started_at: float = -1.0
-    finished_at: float = -1.0
-    phase: int = Phase.QUEUEING
-    phase_since: float = 0.0
-    spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
-    attempts: int = 0
-    waits: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
+    attempt: Annotated[int, Range(0, None)] = 0
+    submitted_at: Time = 0.0
+    first_started_at: Time = -1.0
+    started_at: Time = -1.0
+    finished_at: Time = -1.0
+    marks: list[tuple[Time, Phase]] = field(default_factory=list)
+    decisions: int = 0
+    waits: Annotated[list[int], Length(len(WaitReason), len(WaitReason))] = field(
+        default_factory=lambda: [0] * len(WaitReason)
+    )
 
-    def enter(self, phase: int, now: float) -> None:
-        """Charge the time since the last stamp to the current phase; move to ``phase``."""
-        if now > self.phase_since:
-            self.spent[self.phase] += now - self.phase_since
-            self.phase_since = now
-        self.phase = phase
+    # the spec's fields, for the hot path and for readers
+    @property
+    def task_id(self) -> TaskId:
+        return self.spec.task_id
+
+    @property
+    def job_id(self) -> JobId:
+        return self.spec.job_id
+
+    @property
+    def user(self) -> UserId:
+        return self.spec.user
+
+    @property
+    def demand(self) -> Resources:
+        return self.spec.demand
+
+    @property
+    def duration(self) -> float:
+        return self.spec.duration
+
+    @property
+    def constraints(self) -> int:
+        return self.spec.constraints
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.spec.user, self.spec.task_id)
+
+    # ------------------------------------------------------------- the ledger
+    def mark(self, phase: Phase, at: float) -> None:
+        """From ``at`` on, the task is in ``phase`` (marks may arrive out of order)."""
+        marks = self.marks
+        if not marks or at >= marks[-1][0]:
+            marks.append((at, phase))
+        else:
+            bisect.insort_right(marks, (at, phase), key=lambda m: m[0])
 
     def submit(self, now: float) -> None:
+        """The task enters its user's queue at the GM."""
         self.submitted_at = now
-        self.phase = Phase.QUEUEING
-        self.phase_since = now
+        self.marks = [(now, Phase.QUEUEING)]
 
-    def start(self, now: float) -> None:
-        """The task starts on a worker: the allocation-time ledger closes."""
-        self.enter(Phase.RUNNING, now)
-        self.started_at = now
+    def start(self, at: float) -> None:
+        """The task starts on a worker (a later start supersedes an earlier one)."""
+        self.mark(Phase.RUNNING, at)
+        if at > self.started_at:
+            self.started_at = at
+        if self.first_started_at < 0 or at < self.first_started_at:
+            self.first_started_at = at
+
+    def components(self) -> list[float]:
+        """Seconds in each `Phase` from submission to the final start (or to the last
+        mark, if the task never started): the allocation-time split."""
+        out = [0.0] * len(Phase)
+        marks = self.marks
+        end = self.started_at if self.started_at >= 0 else None
+        for (t0, p0), (t1, _) in itertools.pairwise(marks):
+            if end is not None and t0 >= end:
+                break
+            out[p0] += t1 - t0
+        return out
 
     @property
     def allocation_time(self) -> float:
-        return self.spent[0] + self.spent[1] + self.spent[2] + self.spent[3]
+        """Final start - submission (the paper's metric for a task that runs)."""
+        return self.started_at - self.submitted_at if self.started_at >= 0 else -1.0
+
+    @property
+    def first_allocation_time(self) -> float:
+        """First start - submission."""
+        return self.first_started_at - self.submitted_at if self.first_started_at >= 0 else -1.0
+
+
+def new_task(spec: TaskSpec, now: float, *, gm: GmId | None = None) -> Task:
+    """A task entering its user's queue at ``now``."""
+    t = Task(spec=spec, gm=gm, submitted_at=now)
+    t.marks.append((now, Phase.QUEUEING))
+    return t
 
 
 @dataclass(frozen=True, slots=True)

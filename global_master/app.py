@@ -1,9 +1,14 @@
 """Global Master service: drives ``global_master.core.GlobalMaster``.
 
 Jobs come from the GM's users' RabbitMQ queues, LM state from the fan-out exchange,
-task events from the GM's own queue; launch / preemption / snapshot requests go to
-LMs over keep-alive HTTP.  Stateless: on start the GM asks every LM for a snapshot
-before it consumes anything.  GET /health, /v1/state, /metrics.
+task events from the GM's own durable queue (de-duplicated by message id); launch,
+preemption and snapshot requests go to LMs over keep-alive HTTP; task outcomes go
+to their users.  A job's delivery is acknowledged when the core says it is settled
+(every task accepted by an LM or failed), so a GM killed before that loses nothing:
+the broker redelivers the job and LM snapshots say which of its tasks already run.
+Stateless: on start (and after the broker connection recovers) the GM asks every LM
+for a snapshot; it consumes jobs once it has a view of every LM.
+GET /health, /v1/state, /metrics.
 """
 
 from __future__ import annotations
@@ -12,9 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -22,158 +25,57 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 
 from common import codec
-from common.auth import check_user, internal_headers
-from common.cluster import profile
-from common.codec import SubmitJob
+from common.auth import check_user
 from common.config import FederationConfig
-from common.dag import from_layout
-from common.effects import Effect, Report, ToLm, stamp_sent
-from common.errors import ConfigError, DecodeError, MeghaError, ValidationError
-from common.ids import GmId, JobId, TaskId
+from common.effects import JobRefused, JobSettled, ToLm, ToUser
+from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
+    AdmitJob,
+    Decide,
     LaunchRequest,
     LaunchResponse,
-    PlacementResult,
     PreemptRequest,
     PreemptResponse,
+    RequestFailed,
+    RequestSnapshots,
     SnapshotRequest,
-    StateDelta,
     StateSnapshot,
     StateUpdated,
-    TaskEvent,
+    SubmitJob,
+    TaskEvents,
+    TaskOutcome,
+    TaskOutcomes,
 )
-from common.metrics import ServiceMetrics
-from common.model import WaitReason, fits
-from common.service import (
+from common.metrics import percentiles
+from common.model import WaitReason
+from global_master.carbyne import make_policy
+from global_master.core import AdmissionLimits, GlobalMaster
+from runtime import broker as amqp
+from runtime.dedup import Dedup
+from runtime.driver import Batcher, CoreDriver
+from runtime.http import (
     METRICS_KEY,
+    Peer,
+    PeerRefused,
     base_app,
     require_internal,
     serve,
     service_identity,
+    session,
 )
-from global_master.amqp import GmBroker
-from global_master.carbyne import make_policy
-from global_master.core import GlobalMaster
+from runtime.prometheus import ServiceMetrics
+from runtime.retry import Backoff, GiveUp
+from runtime.supervisor import Supervisor
 
 log = logging.getLogger("megha.gm")
 
-KINDS = ("state_updated", "task_events", "launch_response", "preempt_response", "snapshot")
-SETTLING_EVENTS = frozenset({"started", "finished", "failed"})
-
-
-def handle_body(core: GlobalMaster, kind: str, body: bytes, now: float) -> list[Effect]:
-    """Decode a body of ``kind`` (see ``KINDS``) and run the core on it.
-
-    Pure: the live service and tests feed the same bytes.  Raises ``InvalidInput``.
-    """
-    if kind == "state_updated":
-        msg = codec.decode(body, expect=StateUpdated)
-        assert isinstance(msg, StateUpdated)
-        return core.on_state_update(msg, now)
-    if kind == "task_events":
-        effects: list[Effect] = []
-        for ev in codec.decode_batch(body, expect=TaskEvent):
-            assert isinstance(ev, TaskEvent)
-            effects.extend(core.on_task_event(ev, now))
-        return effects
-    if kind == "launch_response":
-        resp = codec.decode(body, expect=LaunchResponse)
-        assert isinstance(resp, LaunchResponse)
-        return core.on_launch_response(resp, now)
-    if kind == "preempt_response":
-        pre = codec.decode(body, expect=PreemptResponse)
-        assert isinstance(pre, PreemptResponse)
-        return core.on_preempt_response(pre, now)
-    if kind == "snapshot":
-        snap = codec.decode(body, expect=StateSnapshot)
-        assert isinstance(snap, StateSnapshot)
-        return core.on_snapshot(snap, now)
-    raise ValueError(f"unknown body kind {kind!r}")
-
-
-def admit_job(
-    core: GlobalMaster,
-    cfg: FederationConfig,
-    body: bytes,
-    queue_user: str,
-    outstanding: set[TaskId] | dict[TaskId, Any],
-    *,
-    redelivered: bool = False,
-) -> tuple[SubmitJob, list[TaskId]]:
-    """Validate a submission from ``queue_user``'s queue and queue its tasks in the core.
-
-    Returns the job and the ids of tasks skipped because an LM already runs them for
-    this GM (a redelivery after a restart).  Raises ``InvalidInput`` / ``Unauthorized``
-    before anything is queued.
-    """
-    job = codec.decode(body, expect=SubmitJob, max_size=cfg.max_body)
-    assert isinstance(job, SubmitJob)
-    check_user(job.user, job.token, queue_user, cfg.secret)
-    codec.check_ids_unique(job.tasks)
-    n_res = len(profile(cfg.profile).names)
-    capacities = {tuple(n.capacity) for c in cfg.clusters for n in c.nodes}
-    for t in job.tasks:
-        if t.user != job.user or t.job_id != job.job_id:
-            raise ValidationError(
-                f"task {t.task_id} belongs to {t.user}/{t.job_id}, not {job.user}/{job.job_id}",
-                reason="wrong_job",
-            )
-        if len(t.demand) != n_res:
-            raise ValidationError(
-                f"task {t.task_id}: {len(t.demand)} resource amounts, the federation has {n_res}",
-                reason="wrong_resources",
-            )
-        if not any(fits(cap, t.demand) for cap in capacities):
-            raise ValidationError(
-                f"task {t.task_id}: demand {t.demand} exceeds every node's capacity",
-                reason="impossible_resources",
-            )
-        if t.task_id in outstanding:
-            raise ValidationError(f"duplicate task id {t.task_id!r}", reason="duplicate_task_id")
-    if redelivered:
-        # After a restart this GM may already know some tasks: running (an LM's snapshot
-        # said so) or finished (their events were waiting in its queue).  Only the rest
-        # are queued again; a fresh delivery gets no such leniency.
-        skipped = [t.task_id for t in job.tasks if core.knows(t.task_id)]
-    else:
-        skipped = [t.task_id for t in job.tasks if t.task_id in core.known_placed]
-    fresh = [t for t in job.tasks if t.task_id not in skipped]
-    for t in fresh:
-        t.spent = [0.0] * len(t.spent)
-        t.waits = [0] * len(t.waits)
-        t.attempts = 0
-    if job.stages is not None:
-        # A DAG: its stages are released as their parents finish.  A redelivered DAG
-        # whose tasks this GM already knows is refused (dead-lettered with the reason)
-        # by submit_job: resuming a half-run DAG is not supported.
-        try:
-            dag = from_layout(job.job_id, job.user, job.submitted_at, job.tasks, job.stages)
-        except ConfigError as exc:
-            raise ValidationError(str(exc), reason="bad_dag") from None
-        core.submit_job(dag, job.submitted_at)
-        return job, []
-    core.submit(fresh, job.submitted_at)
-    return job, skipped
-
-
-@dataclass
-class Pending:
-    """A delivered submission, acked once every task is accepted by an LM or failed."""
-
-    message: AbstractIncomingMessage
-    outstanding: set[TaskId] = field(default_factory=set)
-
-
-PATHS: dict[type, str] = {
-    LaunchRequest: "/v1/launch",
-    PreemptRequest: "/v1/preempt",
-    SnapshotRequest: "/v1/snapshot",
+ROUTES: dict[type, tuple[str, type]] = {
+    LaunchRequest: ("/v1/launch", LaunchResponse),
+    PreemptRequest: ("/v1/preempt", PreemptResponse),
+    SnapshotRequest: ("/v1/snapshot", StateSnapshot),
 }
-REPLIES: dict[type, str] = {
-    LaunchRequest: "launch_response",
-    PreemptRequest: "preempt_response",
-    SnapshotRequest: "snapshot",
-}
+SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
+"""A GM cannot decide without a view of every LM: it asks until the LM answers."""
 
 
 class GmService:
@@ -185,285 +87,188 @@ class GmService:
         queues = make_policy(
             cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
         )(gm, mine)
-        self.core = GlobalMaster(gm, cfg.lm_ids, cfg.user_configs, queues=queues)
-        self.broker = GmBroker(cfg, gm)
-        self.headers = {**internal_headers(cfg.secret), "Content-Type": "application/x-msgpack"}
-        self.session: aiohttp.ClientSession | None = None
-        self.jobs: dict[JobId, Pending] = {}
-        self.task_job: dict[TaskId, JobId] = {}
+        self.core = GlobalMaster(
+            gm,
+            cfg.lm_ids,
+            cfg.user_configs,
+            queues=queues,
+            limits=AdmissionLimits(max_task_duration_s=cfg.max_task_duration_s),
+        )
+        self.sup = Supervisor(gm)
+        self.driver = CoreDriver(self.core, self.sup)
+        self.broker = amqp.Broker(cfg, gm)
+        self.http: aiohttp.ClientSession | None = None
+        self.lms: dict[LmId, Peer] = {}
+        self.deliveries: dict[tuple[UserId, JobId], AbstractIncomingMessage] = {}
+        self.events_seen = Dedup()
+        self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
+            self.sup, self._publish_outcomes, "task outcomes"
+        )
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
-        self._bg: set[asyncio.Task[None]] = set()
+        self._tickets: dict[UserId, int] = {}
         self.consuming = False
-        self.lm_rtts: deque[float] = deque(maxlen=2000)
-        """Round trips of the latest requests to LMs (a diagnostic on /v1/state)."""
-        self.counters = {
-            "jobs_admitted": 0,
-            "jobs_redelivered": 0,
-            "jobs_acked": 0,
-            "jobs_refused": 0,
-            "redelivered_jobs": 0,
-            "lm_errors": 0,
-            "bad_broker_messages": 0,
-        }
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        t = asyncio.ensure_future(coro)
-        self._bg.add(t)
-        t.add_done_callback(self._done)
-
-    def _done(self, t: asyncio.Task[None]) -> None:
-        self._bg.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            log.error("background task failed", exc_info=t.exception())
+        self.refused_jobs = 0
+        self.redelivered_jobs = 0
+        d = self.driver
+        d.on(ToLm, lambda e: self.sup.spawn(self._send(e), f"request to {e.lm}"))
+        d.on(ToUser, self._to_user)
+        d.on(JobSettled, self._ack)
+        d.on(JobRefused, self._dead_letter)
 
     # ------------------------------------------------------------ lifecycle
     async def open(self) -> None:
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=16),
-            timeout=aiohttp.ClientTimeout(total=10),
-        )
+        await self.sup.__aenter__()
+        self.http = session(64)
+        for lm in self.cfg.lm_ids:
+            self.lms[lm] = Peer(
+                lm, self.cfg.lm_url(lm), self.cfg.secret, self.http, max_answer=self.cfg.max_body
+            )
         await self.broker.open()
-        self._spawn(self._start())
+        self.broker.on_reconnect = lambda: self.feed(RequestSnapshots())
+        self.sup.spawn(self._start(), "start-up")
 
     async def _start(self) -> None:
-        """Snapshots from every LM first (so redelivered jobs are recognised), then consume."""
-        self.carry_out(self.core.start(time.time()))
+        """Views of every LM first (so redelivered jobs are recognised), then consume."""
+        state_q = await self._declare_state_queue()
+        await self.broker.consume(state_q, self._on_state, no_ack=True)
+        self.feed(RequestSnapshots())
         await self._ready.wait()
-        await self.broker.consume(self._on_state, self._on_events, self._on_job)
+        await self._consume_jobs_and_events()
         self.consuming = True
-        self._spawn(self._decide_loop())
+        self.sup.run_forever(self._decide_loop(), "decide loop")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
 
+    async def _declare_state_queue(self) -> Any:
+        assert self.broker.sub is not None
+        q = await self.broker.sub.declare_queue(exclusive=True, auto_delete=True)
+        await q.bind(self.cfg.state_exchange, routing_key="")
+        return q
+
+    async def _consume_jobs_and_events(self) -> None:
+        sub, ex, cfg, gm = self.broker.sub, self.broker.ex, self.cfg, self.core.gm_id
+        assert sub is not None
+        events_q = await sub.declare_queue(cfg.gm_events_queue(gm), durable=True)
+        await events_q.bind(cfg.events_exchange, routing_key=f"gm.{gm}")
+        await self.broker.consume(events_q, self._on_events)
+        for u in cfg.user_configs:
+            if u.gm != gm:
+                continue
+            q = await amqp.declare_user_queue(sub, cfg, ex, u.user)
+
+            async def job(msg: AbstractIncomingMessage, user: UserId = u.user) -> None:
+                await self._on_job(user, msg)
+
+            await self.broker.consume(q, job)
+
     async def close(self) -> None:
-        for t in list(self._bg):
-            t.cancel()
+        await self.sup.__aexit__(None, None, None)
         with contextlib.suppress(Exception):
             await self.broker.close()
-        if self.session is not None:
-            await self.session.close()
+        if self.http is not None:
+            await self.http.close()
 
     # --------------------------------------------------------------- inputs
-    def _feed(self, kind: str, body: bytes) -> list[Effect]:
-        effects = handle_body(self.core, kind, body, time.time())
+    def feed(self, msg: object) -> None:
+        self.driver.feed(msg)
         self._wake.set()
         if self.core.ready:
             self._ready.set()
-        return effects
 
     async def _on_state(self, msg: AbstractIncomingMessage) -> None:
-        try:
-            self.carry_out(self._feed("state_updated", msg.body))
-        except MeghaError as exc:
-            self.counters["bad_broker_messages"] += 1
-            log.warning("bad state update dropped: %s", exc)
+        self.feed(codec.decode(msg.body, expect=StateUpdated, max_size=self.cfg.max_body))
+
+    def _to_user(self, eff: ToUser) -> None:
+        self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
 
     async def _on_events(self, msg: AbstractIncomingMessage) -> None:
-        try:
-            evs = codec.decode_batch(msg.body, expect=TaskEvent)
-        except MeghaError as exc:
-            self.counters["bad_broker_messages"] += 1
-            await self.broker.dead_letter(msg, self.cfg.gm_events_queue(self.core.gm_id), exc)
-            return
-        now = time.time()
-        effects: list[Effect] = []
-        for ev in evs:
-            assert isinstance(ev, TaskEvent)
-            effects.extend(self.core.on_task_event(ev, now))
-            if ev.kind in SETTLING_EVENTS:
-                self._settle(ev.task.task_id)
-        self._wake.set()
-        self.carry_out(effects)
+        """Task events; acknowledged once the outcomes they produced are published, so a
+        GM killed in between gets them again (outcomes are at least once)."""
+        events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
+        self._tickets = {}
+        if self.events_seen.first_time(msg.message_id):
+            self.feed(events)
+        tickets, self._tickets = self._tickets, {}
+        if tickets:
+            await self.outcomes.sent(tickets)
         await msg.ack()
 
-    async def _on_job(self, user: str, msg: AbstractIncomingMessage) -> None:
-        try:
-            job, skipped = admit_job(
-                self.core,
-                self.cfg,
-                msg.body,
-                user,
-                self.task_job,
-                redelivered=bool(msg.redelivered),
-            )
-        except ValidationError as exc:
-            if exc.reason == "duplicate_task_id" and await self._redelivery(msg):
+    async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
+        job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
+        check_user(job.user, job.token, user, self.cfg.secret)
+        key = (job.user, job.job_id)
+        held = self.deliveries.get(key)
+        if held is not None:
+            if msg.redelivered:  # the same job, on a channel that came back: ack this one
+                self.deliveries[key] = msg
                 return
-            self.counters["jobs_refused"] += 1
-            await self.broker.dead_letter(msg, self.cfg.user_queue(user), exc)
+            self.refused_jobs += 1
+            await self.broker.dead_letter(
+                msg, self.cfg.user_queue(user), "duplicate_job_id", f"job {job.job_id!r} is active"
+            )
             return
-        except MeghaError as exc:
-            self.counters["jobs_refused"] += 1
-            await self.broker.dead_letter(msg, self.cfg.user_queue(user), exc)
-            return
-        self.counters["jobs_admitted"] += 1
+        self.deliveries[key] = msg
         if msg.redelivered:
-            self.counters["jobs_redelivered"] += 1
-        pending = Pending(msg, {t.task_id for t in job.tasks})
-        self.jobs[job.job_id] = pending
-        for t in job.tasks:
-            self.task_job[t.task_id] = job.job_id
-        for tid in skipped:
-            self._settle(tid)
-        self._wake.set()
-
-    async def _redelivery(self, msg: AbstractIncomingMessage) -> bool:
-        """The same job delivered again to this process (a channel came back)."""
-        try:
-            job = codec.decode(msg.body, expect=SubmitJob)
-        except MeghaError:
-            return False
-        assert isinstance(job, SubmitJob)
-        pending = self.jobs.get(job.job_id)
-        if pending is not None and msg.redelivered:
-            pending.message = msg
-            self.counters["redelivered_jobs"] += 1
-            return True
-        if msg.redelivered and all(self.core.knows(t.task_id) for t in job.tasks):
-            self.counters["redelivered_jobs"] += 1
-            await msg.ack()
-            return True
-        return False
-
-    def _settle(self, tid: TaskId) -> None:
-        jid = self.task_job.pop(tid, None)
-        if jid is None:
-            return
-        pending = self.jobs[jid]
-        pending.outstanding.discard(tid)
-        if not pending.outstanding:
-            del self.jobs[jid]
-            self.counters["jobs_acked"] += 1
-            self._spawn(self._ack(pending.message))
-
-    @staticmethod
-    async def _ack(msg: AbstractIncomingMessage) -> None:
-        try:
-            await msg.ack()
-        except Exception as exc:  # channel gone: the broker will redeliver; we skip it then
-            log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
+            self.redelivered_jobs += 1
+        self.feed(AdmitJob(job=job, redelivered=bool(msg.redelivered)))
 
     # -------------------------------------------------------------- effects
-    def carry_out(self, effects: Sequence[Effect]) -> None:
-        if not effects:
-            return
-        stamp_sent(list(effects), time.time())
-        for eff in effects:
-            if isinstance(eff, ToLm):
-                self._spawn(self._send(eff))
-            elif isinstance(eff, Report):
-                self._settle(eff.msg.task.task_id)
-                self._spawn(self._publish_failure(codec.encode(eff.msg)))
+    def _ack(self, eff: JobSettled) -> None:
+        msg = self.deliveries.pop((eff.user, eff.job_id), None)
+        if msg is not None:
+            self.sup.spawn(_ack(msg), "job ack")
 
-    async def _publish_failure(self, body: bytes) -> None:
-        try:
-            await self.broker.publish_failure(body)
-        except Exception:
-            log.exception("could not publish a task failure")
+    def _dead_letter(self, eff: JobRefused) -> None:
+        self.refused_jobs += 1
+        msg = self.deliveries.pop((eff.user, eff.job_id), None)
+        if msg is not None:
+            queue = self.cfg.user_queue(eff.user)
+            self.sup.spawn(
+                self.broker.dead_letter(msg, queue, eff.reason, eff.detail), "dead-letter"
+            )
 
     async def _send(self, eff: ToLm) -> None:
-        assert self.session is not None
         msg = eff.msg
-        url = self.cfg.lm_url(eff.lm) + PATHS[type(msg)]
-        body = codec.encode(msg)
-        delay = 0.02
-        reply: bytes | None = None
-        while reply is None:
+        path, expect = ROUTES[type(msg)]
+        peer = self.lms[eff.lm]
+        reply: object | None
+        if isinstance(msg, LaunchRequest | PreemptRequest):
+            msg = replace(msg, sent_at=time.time())
+            key = f"{self.core.gm_id}:{msg.request_id}"
             try:
-                t = time.perf_counter()
-                async with self.session.post(url, data=body, headers=self.headers) as resp:
-                    data = await resp.read()
-                    if resp.status == 200:
-                        self.lm_rtts.append(time.perf_counter() - t)
-                        reply = data
-                        break
-                    self.counters["lm_errors"] += 1
-                    log.error(
-                        "%s refused %s: %s %s", eff.lm, PATHS[type(msg)], resp.status, data[:300]
-                    )
-                    if resp.status < 500:
-                        reply = self._refusal(msg)
-                        break
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self.counters["lm_errors"] += 1
-                log.warning("%s unreachable (%s); retrying", eff.lm, exc)
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 1.0)
-        try:
-            effects = self._feed(REPLIES[type(msg)], reply)
-        except MeghaError as exc:
-            log.error("bad reply from %s: %s", eff.lm, exc)
-            effects = self._feed(REPLIES[type(msg)], self._refusal(msg))
-        self._settle_reply(reply, msg)
-        self.carry_out(effects)
+                reply = await peer.post(path, msg, expect=(expect,), key=key)
+            except (PeerRefused, GiveUp) as exc:
+                log.error("%s refused or unreachable for %s: %s", eff.lm, path, exc)
+                reason = exc.reason if isinstance(exc, PeerRefused) else "lm_unreachable"
+                self.feed(RequestFailed(lm=eff.lm, request_id=msg.request_id, reason=reason))
+                return
+        else:
+            reply = await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
+        if reply is not None:
+            self.feed(reply)
 
-    def _settle_reply(self, reply: bytes, msg: object) -> None:
-        if isinstance(msg, LaunchRequest):
-            for p in msg.placements:
-                if p.task.task_id in self.core.placed:
-                    self._settle(p.task.task_id)
-        elif isinstance(msg, PreemptRequest) and msg.task.task_id in self.core.placed:
-            self._settle(msg.task.task_id)
-
-    def _refusal(self, msg: object) -> bytes:
-        """An LM that answers 4xx (a bug) is treated as refusing: the tasks are retried."""
-        if isinstance(msg, SnapshotRequest):
-            raise DecodeError("LM refused a snapshot request")
-        now = time.time()
-        assert isinstance(msg, LaunchRequest | PreemptRequest)
-        delta = StateDelta(
-            lm=msg.lm,
-            version=msg.known_version,
-            base_version=msg.known_version,
-            nodes=(),
-            free=(),
-            node_versions=(),
-        )
-        if isinstance(msg, LaunchRequest):
-            return codec.encode(
-                LaunchResponse(
-                    gm=msg.gm,
-                    lm=msg.lm,
-                    request_id=msg.request_id,
-                    results=tuple(
-                        PlacementResult(task_id=p.task.task_id, accepted=False, reason="lm_error")
-                        for p in msg.placements
-                    ),
-                    delta=delta,
-                    received_at=now,
-                    sent_at=now,
-                )
-            )
-        return codec.encode(
-            PreemptResponse(
-                gm=msg.gm,
-                lm=msg.lm,
-                request_id=msg.request_id,
-                task_id=msg.task.task_id,
-                accepted=False,
-                reason="lm_error",
-                node=None,
-                preempted=(),
-                delta=delta,
-                received_at=now,
-                sent_at=now,
-            )
+    async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
+        body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
+        await self.broker.publish(
+            self.broker.ex.events, f"user.{user}", amqp.persistent(body), mandatory=False
         )
 
     async def _decide_loop(self) -> None:
-        """Decide while there is work; batches of decisions share one request per LM."""
+        """Decide while there is work; decisions of one batch share one request per LM."""
         core = self.core
+        batch = Decide(max_tasks=self.cfg.decide_batch)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=0.5)
             self._wake.clear()
             while core.has_work():
-                self.carry_out(core.decide(time.time(), self.cfg.decide_batch))
+                self.driver.feed(batch)
                 await asyncio.sleep(0)
 
     # ----------------------------------------------------------------- pages
     def state_page(self) -> dict[str, Any]:
         core = self.core
+        rtts = [x for p in self.lms.values() for x in p.rtts]
         return {
             "gm": core.gm_id,
             "ready": self.consuming,
@@ -471,23 +276,39 @@ class GmService:
             "queued": len(core.queues),
             "inflight": len(core.inflight),
             "running_tasks": len(core.placed),
-            "finished": len(core.finished),
-            "failed": len(core.failed),
-            "jobs_unacked": len(self.jobs),
+            "jobs_active": len(core.jobs),
+            "sample": {
+                "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
+                "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],
+                "inflight": [f"{u}/{t}" for (u, t) in list(core.inflight)[:20]],
+                "jobs": {
+                    f"{u}/{j}": [r.left, len(r.unsettled), r.settled]
+                    for (u, j), r in list(core.jobs.items())[:20]
+                },
+                "known_done": len(core.known_done),
+            },
+            "jobs_unacked": len(self.deliveries),
             "views": {lm: v.version for lm, v in core.views.items()},
             "shares": core.dominant_shares(),
-            "counters": {**core.counters, **self.counters},
+            "counters": {
+                **core.counters.as_dict(),
+                "jobs_refused_by_driver": self.refused_jobs,
+                "jobs_redelivered": self.redelivered_jobs,
+                "lm_errors": sum(p.errors for p in self.lms.values()),
+                "duplicate_events": self.events_seen.dropped,
+                "background_failures": self.sup.failures,
+            },
             "dead_lettered": self.broker.dead_lettered,
             "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
-            "lm_request_rtt_s": _tails(self.lm_rtts),
+            "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
 
 
-def _tails(xs: deque[float]) -> dict[str, float]:
-    v = sorted(xs)
-    if not v:
-        return {}
-    return {"p50": v[len(v) // 2], "p99": v[int(len(v) * 0.99)], "max": v[-1], "n": len(v)}
+async def _ack(msg: AbstractIncomingMessage) -> None:
+    try:
+        await msg.ack()
+    except Exception as exc:  # channel gone: the broker will redeliver; the core knows it
+        log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
 
 
 SERVICE_KEY = web.AppKey("service", GmService)
@@ -514,15 +335,14 @@ def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
     core = svc.core
     app[METRICS_KEY] = ServiceMetrics(
         "megha_gm",
-        lambda: {**core.counters, **svc.counters},
+        lambda: core.counters,
         lambda: {
             "queued_tasks": len(core.queues),
             "inflight_tasks": len(core.inflight),
             "running_tasks": len(core.placed),
-            "jobs_unacked": len(svc.jobs),
+            "jobs_unacked": len(svc.deliveries),
         },
     )
-
     return serve(app, svc, health=health_handler, state=state_handler)
 
 
@@ -530,5 +350,5 @@ async def create_app() -> web.Application:
     """gunicorn entry point (``global_master.app:create_app``)."""
     cfg, ident = service_identity("gm")
     if ident not in cfg.gm_ids:
-        raise MeghaError(f"{ident} is not a GM of this federation ({cfg.gm_ids})")
+        raise ValueError(f"{ident} is not a GM of this federation ({cfg.gm_ids})")
     return build_app(cfg, GmId(ident))

@@ -2,53 +2,86 @@
 
 Theory of operation:
 
-* A GM owns its users' queues (the only state it holds consistently) and an
-  eventually consistent ``LmView`` of every partition of every LM.  It is stateless
-  in the paper's sense: everything else is rebuilt from LM snapshots and updates.
-* **Decide** (``decide``): take the next task round-robin over the user queues;
-  **match** in the GM's *internal* partitions, walking LMs round-robin (AND of the
-  task's constraint vectors, first fit on free resources); otherwise look for an
-  eligible node in the *external* partitions, round-robin over LMs, and ask that LM
-  to **repartition**; otherwise, under contention, apply **fairness** (Alg. 2): if
-  the user is below its share, ask an LM to preempt tasks of the user with the
-  largest share violation; if it is at or above its share, re-queue at the back.
-  A task no node anywhere could ever run fails explicitly (``TaskFailed``).
+* One entry: ``handle(message, now) -> effects``.  Submissions (``AdmitJob``), LM
+  answers, state updates, task events and the driver's ``Decide`` are all messages;
+  expected outcomes (a refused job, an infeasible task) are effects with a reason.
+* A GM owns its users' queues and the **ledger** of every task in them (the only
+  state it holds consistently), and an eventually consistent ``LmView`` of every
+  partition of every LM.  It is stateless in the paper's sense: views are rebuilt
+  from LM snapshots; unacknowledged jobs come back from the durable broker queues.
+* **Decide**: take the next task round-robin over the user queues; **match** in the
+  GM's *internal* partitions, walking LMs round-robin (AND of the task's constraint
+  vectors, first fit on free resources); otherwise look for an eligible node in the
+  *external* partitions, round-robin over LMs, and ask that LM to **repartition**;
+  otherwise, under contention, apply **fairness** (Alg. 2): if the user is below its
+  share, ask an LM to preempt tasks of the user with the largest share violation; if
+  it is at or above its share, re-queue at the back.  A task no node anywhere could
+  ever run fails explicitly.
 * Requests are optimistic: the GM reserves the resources in its view when it sends
   a request and releases them when the answer comes.  An LM refusal is an
   **inconsistency**: the response's delta refreshes the view and the decision is
   retried at once (up to ``max_retries``), then the task goes to the back of its queue.
+* Every placement is an **attempt** (a number that only grows); events of a
+  superseded attempt are ignored.
 * Every task is in exactly one of: a queue (QUEUED), ``inflight`` (DISPATCHED),
-  ``placed`` (PLACED), ``finished`` or ``failed``.  Nothing is dropped: preempted
-  tasks and tasks of dead workers come back to the front of their queue.
+  ``placed`` (PLACED), finished or failed.  Nothing is dropped: preempted tasks and
+  tasks of dead workers come back to the front of their queue.  A job is *settled*
+  (its delivery may be acknowledged) once each of its tasks was accepted by an LM or
+  failed; its records go when every task has finished or failed.
 
 No clocks, sockets or global randomness: ``now`` is an argument, effects are returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from common.dag import DagJob
-from common.effects import Effect, Report, ToLm
-from common.errors import ValidationError
-from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
+from common.dag import from_layout
+from common.effects import Effect, JobRefused, JobSettled, ToLm, ToUser
+from common.errors import ConfigError
+from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
+    AdmitJob,
+    Decide,
+    EventKind,
+    HeldTask,
     LaunchRequest,
     LaunchResponse,
     Placement,
+    PlacementResult,
     PreemptRequest,
     PreemptResponse,
+    RequestFailed,
+    RequestSnapshots,
     SnapshotRequest,
     StateDelta,
     StateSnapshot,
     StateUpdated,
+    SubmitJob,
     TaskEvent,
-    TaskFailed,
+    TaskEvents,
+    TaskOutcome,
 )
-from common.model import Phase, Task, TaskState, UserConfig, WaitReason
+from common.metrics import GmCounters
+from common.model import (
+    Phase,
+    Task,
+    TaskKey,
+    TaskSpec,
+    TaskState,
+    UserConfig,
+    WaitReason,
+    fits,
+    new_task,
+)
 from global_master.queues import UserQueues
 from global_master.view import LmView
+
+JobKey = tuple[UserId, JobId]
+_MISSING = PlacementResult(accepted=False, reason="missing_result")
 
 
 @dataclass(slots=True)
@@ -60,7 +93,36 @@ class InFlight:
     node: int  # -1 for a preemption request (the LM picks the node)
     repartition: bool
     request_id: int = 0
-    """The request it rides on: only that request's answer concerns it."""
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job of this GM's users: which tasks still keep its delivery unacknowledged."""
+
+    unsettled: set[TaskKey]
+    left: int
+    """Tasks not yet finished or failed."""
+    settled: bool = False
+    tasks: list[TaskKey] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Ended:
+    """A task known to have ended that this GM holds no job record for (it restarted,
+    or its job was acknowledged before): what is known, and whether its user was told."""
+
+    held: HeldTask
+    spec_known: bool
+    reported: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """What a GM admits (beyond what the schema already checks)."""
+
+    max_task_duration_s: float = 7 * 24 * 3600.0
+    recent_jobs: int = 100_000
+    """Completed job ids remembered per GM, so a reused id is refused (bounded)."""
 
 
 class GlobalMaster:
@@ -75,6 +137,7 @@ class GlobalMaster:
         max_retries: int = 3,
         patience: int = 8,
         queues: UserQueues | None = None,
+        limits: AdmissionLimits | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.lms: list[LmId] = list(lms)
@@ -82,62 +145,77 @@ class GlobalMaster:
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
         self.queues.bind(self)
+        self.limits = limits or AdmissionLimits()
         self.views: dict[LmId, LmView] = {}
-        self.inflight: dict[TaskId, InFlight] = {}
-        self.placed: dict[TaskId, Task] = {}
-        self.finished: set[TaskId] = set()
-        self.failed: dict[TaskId, str] = {}
-        self.known_placed: set[TaskId] = set()
+        self.inflight: dict[TaskKey, InFlight] = {}
+        self.placed: dict[TaskKey, Task] = {}
+        self.finished: set[TaskKey] = set()
+        self.failed: dict[TaskKey, str] = {}
+        self.known_done: dict[TaskKey, Ended] = {}
+        self._orphans: dict[TaskKey, TaskEvent] = {}
+        """Tasks that ended lately on an LM, unknown to this GM (it restarted): a
+        redelivered job reports them instead of running them twice."""
+        self.jobs: dict[JobKey, JobRecord] = {}
+        self._recent_jobs: OrderedDict[JobKey, None] = OrderedDict()
+        self._launches: dict[int, tuple[LmId, list[TaskKey]]] = {}
+        self._preempts: dict[int, TaskKey] = {}
         self.max_retries = max_retries
-        self._retries: dict[TaskId, int] = {}
-        self._preempt_tried: dict[TaskId, set[tuple[UserId, LmId]]] = {}
+        self._retries: dict[TaskKey, int] = {}
+        self._preempt_tried: dict[TaskKey, set[tuple[UserId, LmId]]] = {}
         self._rr_internal = 0
         self._rr_external = 0
         self._next_request = 0
         self._snapshot_wanted: set[LmId] = set()
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
         self._capacity: list[int] = []
+        self._node_caps: frozenset[tuple[int, ...]] = frozenset()
         self._victim_pending: dict[UserId, float] = {}
-        self._preempt_victim: dict[TaskId, tuple[UserId, float]] = {}
-        self.counters: dict[str, int] = {
-            "decisions": 0,
-            "placed_internal": 0,
-            "repartition_requests": 0,
-            "internal_inconsistencies": 0,
-            "external_inconsistencies": 0,
-            "preemption_attempts": 0,
-            "preemptions_granted": 0,
-            "preempted_requeued": 0,
-            "requeues": 0,
-            "failed": 0,
-            "redelivered_skipped": 0,
-            "updates_applied": 0,
-            "gaps": 0,
-        }
+        self._preempt_victim: dict[TaskKey, tuple[UserId, float]] = {}
+        self.counters = GmCounters()
         self.wait_reasons: list[int] = [0] * len(WaitReason)
+        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+            AdmitJob: self._on_admit,
+            Decide: self._on_decide,
+            RequestSnapshots: self._on_request_snapshots,
+            StateUpdated: self._on_state_update,
+            StateSnapshot: self._on_snapshot,
+            LaunchResponse: self._on_launch_response,
+            PreemptResponse: self._on_preempt_response,
+            RequestFailed: self._on_request_failed,
+            TaskEvents: self._on_task_events,
+        }
 
-    # ----------------------------------------------------------- bookkeeping
-    def state_of(self, task_id: TaskId) -> TaskState | None:
+    # --------------------------------------------------------------- the entry
+    def handle(self, msg: object, now: float) -> list[Effect]:
+        """Take one message at time ``now``; return what the driver must do."""
+        try:
+            handler = self._handlers[type(msg)]
+        except KeyError:
+            raise TypeError(f"a GM does not handle {type(msg).__name__}") from None
+        return handler(msg, now)
+
+    # ------------------------------------------------------------ bookkeeping
+    def state_of(self, key: TaskKey) -> TaskState | None:
         """Where a task is, as this GM sees it (None: never heard of it)."""
-        if task_id in self.inflight:
+        if key in self.inflight:
             return TaskState.DISPATCHED
-        if task_id in self.placed:
+        if key in self.placed:
             return TaskState.PLACED
-        if task_id in self.finished:
+        if key in self.finished:
             return TaskState.FINISHED
-        if task_id in self.failed:
+        if key in self.failed:
             return TaskState.FAILED
-        if any(t.task_id == task_id for t in self.queues):
+        if any(t.key == key for t in self.queues):
             return TaskState.QUEUED
         return None
 
-    def knows(self, task_id: TaskId) -> bool:
+    def knows(self, key: TaskKey) -> bool:
         return (
-            task_id in self.inflight
-            or task_id in self.placed
-            or task_id in self.finished
-            or task_id in self.failed
-            or task_id in self.known_placed
+            key in self.inflight
+            or key in self.placed
+            or key in self.finished
+            or key in self.failed
+            or key in self.known_done
         )
 
     @property
@@ -156,85 +234,280 @@ class GlobalMaster:
         v = self.views.get(lm)
         return -1 if v is None else v.version
 
-    # ------------------------------------------------------------ submission
-    def submit(self, tasks: Iterable[Task], now: float) -> list[Effect]:
-        """Tasks enter their users' queues.  Unknown users and duplicate ids are
-        refused (``ValidationError``) before any task of the batch is queued.
-
-        A task an LM already accepted for this GM before a restart (seen in a
-        snapshot) is not queued again: a redelivered job never runs a task twice.
-        """
-        batch = list(tasks)
-        seen: set[TaskId] = set()
-        for t in batch:
-            if t.user not in self.queues:
-                raise ValidationError(
-                    f"user {t.user!r} has no queue on {self.gm_id}", reason="unknown_user"
+    # ------------------------------------------------------------ admission
+    def _on_admit(self, msg: AdmitJob, now: float) -> list[Effect]:
+        """A submission: admitted into its user's queue, or refused with the reason
+        before any of its tasks is queued."""
+        job = msg.job
+        jk: JobKey = (job.user, job.job_id)
+        record = self.jobs.get(jk)
+        if record is not None or jk in self._recent_jobs:
+            if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
+                settled = record is None or record.settled
+                return [JobSettled(job.job_id, job.user)] if settled else []
+            return [self._refuse(job, "duplicate_job_id", f"job {job.job_id!r} already submitted")]
+        why = self._admission_error(job, msg.redelivered)
+        if why is not None:
+            return [self._refuse(job, *why)]
+        # a task enters the GM queue now (its user's submission time is job.submitted_at)
+        tasks = [new_task(spec, now, gm=self.gm_id) for spec in job.tasks]
+        adopted: list[Task] = []
+        ended: list[tuple[Task, Ended]] = []
+        if msg.redelivered:  # after a restart some of its tasks may run, or have run
+            for i, t in enumerate(tasks):
+                running = self.placed.get(t.key)
+                if running is None:
+                    running = self._orphan_running(t)
+                if running is not None:
+                    tasks[i] = running
+                    adopted.append(running)
+                    continue
+                known = self.known_done.pop(t.key, None)
+                if known is not None:  # (the spec it was remembered with may be partial)
+                    tasks[i] = recovered_task(replace(known.held, spec=t.spec), self.gm_id)
+                    ended.append((tasks[i], known))
+        dag = None
+        if job.stages is not None:
+            try:
+                dag = from_layout(
+                    job.job_id,
+                    job.user,
+                    now,
+                    tasks,
+                    tuple((s.stage_id, s.parents, s.count) for s in job.stages),
                 )
-            if t.task_id in seen or (self.knows(t.task_id) and t.task_id not in self.known_placed):
-                raise ValidationError(
-                    f"duplicate task id {t.task_id!r}", reason="duplicate_task_id"
-                )
-            seen.add(t.task_id)
-        for t in batch:
-            if t.task_id in self.known_placed:
-                self.counters["redelivered_skipped"] += 1
-                continue
-            t.gm = self.gm_id
-            t.submit(now)
-            self.queues.push_back(t)
-        return []
+            except ConfigError as exc:
+                return [self._refuse(job, "bad_dag", str(exc))]
+        record = JobRecord(unsettled={t.key for t in tasks}, left=len(tasks))
+        record.tasks = [t.key for t in tasks]
+        self.jobs[jk] = record
+        self.counters.jobs_admitted += 1
+        if dag is not None:
+            self.queues.add_job(dag, now)
+        else:
+            skip = {t.key for t in adopted} | {t.key for t, _ in ended}
+            for t in tasks:
+                if t.key not in skip:
+                    self.queues.push_back(t)
+        return self._resume(adopted, ended, dag is not None, now)
 
-    def submit_job(self, job: DagJob, now: float) -> list[Effect]:
-        """A DAG job enters its user's queue: root stages now, the others as their
-        parent stages finish.  Refused like ``submit`` before anything is queued."""
+    def _resume(
+        self, adopted: list[Task], ended: list[tuple[Task, Ended]], dag: bool, now: float
+    ) -> list[Effect]:
+        """A redelivered job's tasks that ran on since a restart (adopted) or ended: none
+        runs twice; a DAG goes on from the stages they released."""
+        effects: list[Effect] = []
+        for t in adopted:
+            self.counters.redelivered_skipped += 1
+            if dag:
+                self.queues.remove(t)
+                self.queues.on_dispatched(t, now)
+            self._settle(t, effects)
+        for t, known in ended:
+            self.counters.redelivered_skipped += 1
+            if dag:
+                self.queues.remove(t)
+            self._settle(t, effects)
+            tell = not known.reported
+            if known.held.ok:
+                self.queues.on_finished(t, now)
+                self._ended(t, effects, finished=True, reason="", tell=tell)
+            else:
+                self._fail(t, "failed on worker", effects, tell=tell)
+        return effects
+
+    def _admission_error(self, job: SubmitJob, redelivered: bool) -> tuple[str, str] | None:
         if job.user not in self.queues:
-            raise ValidationError(
-                f"user {job.user!r} has no queue on {self.gm_id}", reason="unknown_user"
-            )
-        seen: set[TaskId] = set()
-        for t in job.tasks:
-            if t.user != job.user:
-                raise ValidationError(
-                    f"task {t.task_id!r} belongs to {t.user!r}, not {job.user!r}",
-                    reason="invalid_field",
+            return "unknown_user", f"user {job.user!r} has no queue on {self.gm_id}"
+        if not self.ready:
+            return "not_ready", f"{self.gm_id} has no view of every LM yet"
+        seen: set[TaskKey] = set()
+        width = len(self._capacity)
+        limit = self.limits.max_task_duration_s
+        for spec in job.tasks:
+            key = (spec.user, spec.task_id)
+            if spec.user != job.user or spec.job_id != job.job_id:
+                return "wrong_job", (
+                    f"task {spec.task_id} belongs to {spec.user}/{spec.job_id}, "
+                    f"not {job.user}/{job.job_id}"
                 )
-            if t.task_id in seen or self.knows(t.task_id):
-                raise ValidationError(
-                    f"duplicate task id {t.task_id!r}", reason="duplicate_task_id"
+            if key in seen or key in self.inflight:
+                return "duplicate_task_id", f"task id {spec.task_id!r} is already in use"
+            if key in self.placed and not redelivered:
+                return "duplicate_task_id", f"task id {spec.task_id!r} is already in use"
+            seen.add(key)
+            if len(spec.demand) != width:
+                return "wrong_resources", (
+                    f"task {spec.task_id}: {len(spec.demand)} resource amounts, "
+                    f"the federation has {width}"
                 )
-            seen.add(t.task_id)
-            t.gm = self.gm_id
-        self.queues.add_job(job, now)
-        return []
+            if not any(spec.demand):
+                return "zero_demand", f"task {spec.task_id} asks for no resource at all"
+            if not any(fits(cap, spec.demand) for cap in self._node_caps):
+                return "impossible_resources", (
+                    f"task {spec.task_id}: demand {spec.demand} exceeds every node's capacity"
+                )
+            if spec.duration > limit:
+                return "duration_too_long", (
+                    f"task {spec.task_id}: duration {spec.duration:.6g} s exceeds {limit:g} s"
+                )
+        return None
+
+    def _refuse(self, job: SubmitJob, reason: str, detail: str) -> JobRefused:
+        self.counters.jobs_refused += 1
+        return JobRefused(job.job_id, job.user, reason, detail)
+
+    def _settle(self, task: Task, effects: list[Effect]) -> None:
+        """The task was accepted by an LM or failed: its job may be acknowledged."""
+        rec = self.jobs.get((task.user, task.job_id))
+        if rec is None or rec.settled:
+            return
+        rec.unsettled.discard(task.key)
+        if not rec.unsettled:
+            rec.settled = True
+            self.counters.jobs_settled += 1
+            effects.append(JobSettled(task.job_id, task.user))
+
+    def _ended(
+        self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True
+    ) -> None:
+        """A task finished or failed for good: tell its user (unless a predecessor of
+        this GM did); retire its job when done."""
+        key = task.key
+        if finished:
+            self.finished.add(key)
+            self.counters.tasks_finished += 1
+        else:
+            self.failed[key] = reason
+            self.counters.failed += 1
+        self._forget(key)
+        if tell:
+            outcome = TaskOutcome(task=task, finished=finished, reason=reason)
+            effects.append(ToUser(task.user, outcome))
+        jk = (task.user, task.job_id)
+        rec = self.jobs.get(jk)
+        if rec is None:  # adopted after a restart: its job may still be redelivered
+            self._remember_done(task, finished)
+            return
+        if not finished:
+            self._settle(task, effects)
+        rec.left -= 1
+        if rec.left <= 0:
+            for k in rec.tasks:
+                self.finished.discard(k)
+                self.failed.pop(k, None)
+            del self.jobs[jk]
+            self._recent_jobs[jk] = None
+            while len(self._recent_jobs) > self.limits.recent_jobs:
+                self._recent_jobs.popitem(last=False)
+
+    def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
+        """An event about a task of this GM's users that it does not hold (it restarted,
+        and the task's job has not come back yet): kept, bounded, for that job."""
+        key = (ev.user, ev.task_id)
+        if ev.user not in self.queues or key in self.placed or key in self.inflight:
+            return
+        if ev.kind not in (EventKind.FINISHED, EventKind.FAILED):
+            self._orphans[key] = ev
+        else:
+            self._orphans.pop(key, None)
+            self._orphan_ended(key, ev, effects)
+        while len(self._orphans) > self.limits.recent_jobs:
+            del self._orphans[next(iter(self._orphans))]
+
+    def _orphan_ended(self, key: TaskKey, ev: TaskEvent, effects: list[Effect]) -> None:
+        """A task ended that this GM holds no record of.  If an LM's snapshot told it the
+        task's spec, its user is told now (its job may have been acknowledged already:
+        nothing else would tell); otherwise a redelivered job will."""
+        ok = ev.kind == EventKind.FINISHED
+        known = self.known_done.get(key)
+        if known is not None and known.reported:
+            return
+        if known is None or not known.spec_known:
+            spec = TaskSpec(task_id=ev.task_id, job_id=JobId("unknown"), user=ev.user,
+                            demand=(0,), duration=0.0)  # fmt: skip
+            held = HeldTask(spec=spec, attempt=ev.attempt, worker_at=ev.worker_at,
+                            started_at=ev.started_at, ended_at=ev.at, ok=ok)  # fmt: skip
+            self.known_done[key] = Ended(held, spec_known=False, reported=False)
+            return
+        task = recovered_task(
+            replace(known.held, worker_at=ev.worker_at, started_at=ev.started_at, ended_at=ev.at,
+                    ok=ok),
+            self.gm_id,
+        )  # fmt: skip
+        why = "" if ok else (f"failed on worker: {ev.detail}" if ev.detail else "failed on worker")
+        self._ended(task, effects, finished=ok, reason=why)
+
+    def _orphan_running(self, task: Task) -> Task | None:
+        """A redelivered task an orphan event says runs (or ran and came back)."""
+        ev = self._orphans.pop(task.key, None)
+        if ev is None:
+            return None
+        task.attempt = max(task.attempt, ev.attempt)
+        if ev.kind in (EventKind.STARTED, EventKind.RELAUNCHED):
+            if ev.worker_at >= 0:
+                task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
+            if ev.started_at >= 0:
+                task.start(ev.started_at)
+            self.placed[task.key] = task
+            self.counters.tasks_adopted += 1
+            return task
+        return None  # preempted or requeued: it waits in the queue like the others
+
+    def _remember_done(self, task: Task, ok: bool) -> None:
+        held = HeldTask(
+            spec=task.spec,
+            attempt=task.attempt,
+            queued_at=task.submitted_at,
+            started_at=task.started_at,
+            ended_at=task.finished_at,
+            ok=ok,
+        )
+        self.known_done[task.key] = Ended(held, spec_known=True, reported=True)
+        while len(self.known_done) > self.limits.recent_jobs:
+            del self.known_done[next(iter(self.known_done))]
 
     # -------------------------------------------------------------- deciding
+    def _on_decide(self, msg: Decide, now: float) -> list[Effect]:
+        return self.decide(now, msg.max_tasks)
+
     def decide(self, now: float, max_tasks: int = 1) -> list[Effect]:
         """Make up to ``max_tasks`` decisions; launches to one LM share one request."""
         effects: list[Effect] = []
         batches: dict[LmId, list[Placement]] = {}
+        if not self.ready:
+            return effects
         for _ in range(max_tasks):
             task = self.queues.pop()
             if task is None:
                 break
-            task.enter(Phase.PROCESSING, now)
-            self.counters["decisions"] += 1
+            task.mark(Phase.PROCESSING, now)
+            self.counters.decisions += 1
             self._place(task, now, batches, effects)
-        for lm, placements in batches.items():
-            effects.append(ToLm(lm, self._launch_request(lm, placements)))
+        self._flush(batches, effects)
         return effects
 
-    def _launch_request(self, lm: LmId, placements: list[Placement]) -> LaunchRequest:
-        rid = self._request_id()
-        for p in placements:
-            self.inflight[p.task.task_id].request_id = rid
-        return LaunchRequest(
-            gm=self.gm_id,
-            lm=lm,
-            request_id=rid,
-            placements=tuple(placements),
-            known_version=self._known_version(lm),
-        )
+    def _flush(self, batches: dict[LmId, list[Placement]], effects: list[Effect]) -> None:
+        for lm, placements in batches.items():
+            rid = self._request_id()
+            keys = []
+            for p in placements:
+                key = (p.spec.user, p.spec.task_id)
+                self.inflight[key].request_id = rid
+                keys.append(key)
+            self._launches[rid] = (lm, keys)
+            effects.append(
+                ToLm(
+                    lm,
+                    LaunchRequest(
+                        gm=self.gm_id,
+                        lm=lm,
+                        request_id=rid,
+                        placements=tuple(placements),
+                        known_version=self._known_version(lm),
+                    ),
+                )
+            )
 
     def _place(
         self,
@@ -244,7 +517,7 @@ class GlobalMaster:
         effects: list[Effect],
     ) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
-        task.attempts += 1
+        task.decisions += 1
         lms = self.lms
         n = len(lms)
         views = self.views
@@ -270,19 +543,14 @@ class GlobalMaster:
                 return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self._is_feasible(mask, demand):
-            self._fail(
-                task, "infeasible: no node satisfies the constraints and demand", now, effects
-            )
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH)
+            self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
         req = None if task.altruistic else self._preemption(task)
         if req is not None:
-            self.counters["preemption_attempts"] += 1
-            self.inflight[task.task_id] = InFlight(task, req.lm, -1, False, req.request_id)
-            self.queues.on_dispatched(task, now)
-            effects.append(ToLm(req.lm, req))
+            self._send_preemption(task, req, now, effects)
             return
         self._requeue(task, now)
 
@@ -296,13 +564,33 @@ class GlobalMaster:
         now: float,
     ) -> None:
         view.reserve(node, task.demand)
-        self.inflight[task.task_id] = InFlight(task, view.lm, node, repartition)
+        task.attempt += 1
+        self.inflight[task.key] = InFlight(task, view.lm, node, repartition)
         self.queues.on_dispatched(task, now)
-        self.counters["repartition_requests" if repartition else "placed_internal"] += 1
+        if repartition:
+            self.counters.repartition_requests += 1
+        else:
+            self.counters.placed_internal += 1
         self.queues.placed(task.user)
         batches.setdefault(view.lm, []).append(
-            Placement(task=task, node=NodeIndex(node), repartition=repartition)
+            Placement(
+                spec=task.spec,
+                attempt=task.attempt,
+                node=NodeIndex(node),
+                repartition=repartition,
+                altruistic=task.altruistic,
+                queued_at=task.submitted_at,
+            )
         )
+
+    def _send_preemption(
+        self, task: Task, req: PreemptRequest, now: float, effects: list[Effect]
+    ) -> None:
+        self.counters.preemption_attempts += 1
+        self.inflight[task.key] = InFlight(task, req.lm, -1, False, req.request_id)
+        self._preempts[req.request_id] = task.key
+        self.queues.on_dispatched(task, now)
+        effects.append(ToLm(req.lm, req))
 
     def _note(self, task: Task, reason: WaitReason) -> None:
         task.waits[reason] += 1
@@ -316,30 +604,24 @@ class GlobalMaster:
             self._feasible[key] = ok
         return ok
 
-    def _fail(self, task: Task, reason: str, now: float, effects: list[Effect]) -> None:
-        self.counters["failed"] += 1
-        self.failed[task.task_id] = reason
-        self._forget(task.task_id)
-        effects.append(Report(TaskFailed(gm=self.gm_id, task=task, reason=reason, at=now)))
-        self._abandon(task, now, effects)
+    def _fail(self, task: Task, reason: str, effects: list[Effect], *, tell: bool = True) -> None:
+        self._ended(task, effects, finished=False, reason=reason, tell=tell)
+        self._abandon(task, effects)
 
-    def _abandon(self, task: Task, now: float, effects: list[Effect]) -> None:
+    def _abandon(self, task: Task, effects: list[Effect]) -> None:
         """DAG jobs: the stages that needed a failed task can never run; fail them."""
-        for lost in self.queues.abandon(task, now):
-            why = f"parent task {task.task_id} failed"
-            self.counters["failed"] += 1
-            self.failed[lost.task_id] = why
-            effects.append(Report(TaskFailed(gm=self.gm_id, task=lost, reason=why, at=now)))
+        for lost in self.queues.abandon(task, 0.0):
+            self._ended(lost, effects, finished=False, reason=f"parent task {task.task_id} failed")
 
-    def _forget(self, task_id: TaskId) -> None:
-        self._retries.pop(task_id, None)
-        self._preempt_tried.pop(task_id, None)
+    def _forget(self, key: TaskKey) -> None:
+        self._retries.pop(key, None)
+        self._preempt_tried.pop(key, None)
 
     def _requeue(self, task: Task, now: float) -> None:
         """Back of its queue (§IV-B5); the queue may park until the view changes."""
-        self.counters["requeues"] += 1
-        self._forget(task.task_id)
-        task.enter(Phase.QUEUEING, now)
+        self.counters.requeues += 1
+        self._forget(task.key)
+        task.mark(Phase.QUEUEING, now)
         self.queues.push_back(task)
         self.queues.failed(task.user)
 
@@ -352,13 +634,20 @@ class GlobalMaster:
         used: dict[UserId, list[int]] = {}
         for v in self.views.values():
             for u, res in v.usage.items():
-                acc = used.setdefault(u, [0] * len(res))
-                for r, x in enumerate(res):
-                    acc[r] += x
+                acc = used.get(u)
+                if acc is None:
+                    used[u] = list(res)
+                else:
+                    for r, x in enumerate(res):
+                        acc[r] += x
         return {u: self._share_of(res) for u, res in used.items()}
 
     def _share_of(self, res: Sequence[int]) -> float:
-        return max((x / t for x, t in zip(res, self._capacity, strict=True) if t > 0), default=0.0)
+        best = 0.0
+        for x, t in zip(res, self._capacity, strict=True):
+            if t > 0 and x / t > best:
+                best = x / t
+        return best
 
     def _preemption(self, task: Task) -> PreemptRequest | None:
         """Alg. 2: a preemption request on behalf of an under-share user, or None.
@@ -391,7 +680,7 @@ class GlobalMaster:
             if after <= left / cfg.share + 1e-9:
                 violators.append((ds - cfg.share, u))
         violators.sort(reverse=True)
-        tried = self._preempt_tried.setdefault(task.task_id, set())
+        tried = self._preempt_tried.setdefault(task.key, set())
         for _, victim in violators:
             ranked = sorted(
                 (lm for lm, v in self.views.items() if any(v.usage.get(victim, ()))),
@@ -402,14 +691,17 @@ class GlobalMaster:
                     continue
                 tried.add((victim, lm))
                 self._victim_pending[victim] = self._victim_pending.get(victim, 0.0) + need
-                self._preempt_victim[task.task_id] = (victim, need)
+                self._preempt_victim[task.key] = (victim, need)
+                task.attempt += 1
                 return PreemptRequest(
                     gm=self.gm_id,
                     lm=lm,
                     request_id=self._request_id(),
-                    task=task,
+                    spec=task.spec,
+                    attempt=task.attempt,
                     victim=victim,
                     known_version=self._known_version(lm),
+                    queued_at=task.submitted_at,
                 )
         self._note(task, WaitReason.PREEMPTION_FAILED)
         return None
@@ -420,11 +712,11 @@ class GlobalMaster:
         if view is None:
             return self._want_snapshot(delta.lm)
         changed, gap = view.apply(delta)
-        self.counters["updates_applied"] += 1
+        self.counters.updates_applied += 1
         if changed:
             self.queues.new_epoch()
         if gap:
-            self.counters["gaps"] += 1
+            self.counters.gaps += 1
             return self._want_snapshot(delta.lm)
         return []
 
@@ -434,187 +726,301 @@ class GlobalMaster:
         self._snapshot_wanted.add(lm)
         return [ToLm(lm, SnapshotRequest(gm=self.gm_id, lm=lm))]
 
-    def start(self, now: float) -> list[Effect]:
+    def _on_request_snapshots(self, msg: RequestSnapshots, now: float) -> list[Effect]:
         """A (re)started GM asks every LM for a full snapshot."""
-        del now
         effects: list[Effect] = []
         for lm in self.lms:
             effects.extend(self._want_snapshot(lm))
         return effects
 
-    def on_snapshot(self, snap: StateSnapshot, now: float) -> list[Effect]:
-        del now
+    def _on_snapshot(self, snap: StateSnapshot, now: float) -> list[Effect]:
         lm = snap.layout.lm
+        if lm not in self.lms:
+            return []
         old = self.views.get(lm)
         view = LmView(snap.layout)
         if old is not None:  # keep this GM's in-flight reservations
             for i, pend in enumerate(old.pending):
-                if pend is not None:
+                if pend is not None and i < view.n:
                     view.pending[i] = list(pend)
         view.apply(snap.state)
         self.views[lm] = view
         self._feasible.clear()
         totals = [v.total_capacity() for v in self.views.values()]
         self._capacity = [sum(col) for col in zip(*totals, strict=True)]
+        self._node_caps = frozenset(c for v in self.views.values() for c in v.capacity)
+        self.queues.set_cluster(self._capacity, self._node_caps)
         self._snapshot_wanted.discard(lm)
-        self.known_placed.update(t for t in snap.placed_by_gm if t not in self.placed)
+        self._adopt(snap.held)
         self.queues.new_epoch()
         return []
 
-    def on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
-        del now
+    def _adopt(self, held: Sequence[HeldTask]) -> None:
+        """What an LM holds for this GM: a task running there that this GM does not know
+        (it restarted) is adopted, so its events and outcome come here; a task that ended
+        lately is remembered, so a redelivered job does not run it again."""
+        if not held:
+            return
+        queued = {t.key for t in self.queues}
+        for h in held:
+            spec = h.spec
+            key = (spec.user, spec.task_id)
+            if spec.user not in self.queues:
+                continue
+            if h.ended_at >= 0:
+                if not self.knows(key) and key not in queued:
+                    self.known_done[key] = Ended(h, spec_known=True, reported=False)
+                continue
+            task = self.placed.get(key)
+            if task is not None:
+                task.attempt = max(task.attempt, h.attempt)
+            elif key not in self.inflight and key not in queued:
+                self.placed[key] = recovered_task(h, self.gm_id)
+                self.counters.tasks_adopted += 1
+
+    def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
         return self._apply(msg.delta)
 
     # --------------------------------------------------------------- answers
-    def on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
+    def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
         is refreshed from the response and the decision retried at once."""
-        view = self.views.get(resp.lm)
+        sent = self._launches.pop(resp.request_id, None)
+        effects: list[Effect] = []
         retry: list[Task] = []
-        for res in resp.results:
-            fl = self.inflight.get(res.task_id)
-            if fl is None or fl.request_id != resp.request_id:
-                continue  # an event overtook this answer; the task may have moved on
-            del self.inflight[res.task_id]
-            if view is not None:
-                view.release(fl.node, fl.task.demand)
-            task = fl.task
-            if res.accepted:
-                # the task is on its way to a worker: its ledger is the LM's to stamp now
-                self._forget(task.task_id)
-                self.placed[task.task_id] = task
-            else:
-                self._back_from_lm(task, resp.received_at, resp.sent_at, now)
-                self.queues.on_returned(task, now)
-                self.counters[
-                    "external_inconsistencies" if fl.repartition else "internal_inconsistencies"
-                ] += 1
-                self._note(task, WaitReason.REFUSED_BY_LM)
-                retry.append(task)
-        effects = self._apply(resp.delta)  # a new epoch if the delta changed the view
-        return effects + self._retry(retry, now)
+        if sent is not None and sent[0] == resp.lm:
+            view = self.views.get(resp.lm)
+            results = resp.results
+            for i, key in enumerate(sent[1]):
+                res = results[i] if i < len(results) else _MISSING
+                fl = self.inflight.get(key)
+                if fl is None or fl.request_id != resp.request_id:
+                    continue  # an event overtook this answer; the task has moved on
+                del self.inflight[key]
+                if view is not None:
+                    view.release(fl.node, fl.task.demand)
+                task = fl.task
+                self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
+                if res.accepted:
+                    self._forget(key)
+                    self._accepted(task, res.reason, res.attempt, now, effects)
+                else:
+                    task.mark(Phase.PROCESSING, now)
+                    self.queues.on_returned(task, now)
+                    if fl.repartition:
+                        self.counters.external_inconsistencies += 1
+                    else:
+                        self.counters.internal_inconsistencies += 1
+                    self._note(task, WaitReason.REFUSED_BY_LM)
+                    retry.append(task)
+        effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
+        effects.extend(self._retry(retry, now))
+        return effects
+
+    def _accepted(
+        self, task: Task, reason: str, attempt: int, now: float, effects: list[Effect]
+    ) -> None:
+        """An LM took the task.  A duplicate names the attempt it holds (this GM may
+        have restarted and lost count); an attempt that already ended is an outcome."""
+        task.attempt = max(task.attempt, attempt)
+        self._settle(task, effects)
+        if reason not in ("finished", "failed"):
+            self.placed[task.key] = task
+            return
+        task.finished_at = now
+        if reason == "finished":
+            self.queues.on_finished(task, now)
+            self._ended(task, effects, finished=True, reason="")
+        else:
+            self._fail(task, "failed on worker", effects)
 
     @staticmethod
-    def _back_from_lm(task: Task, received_at: float, sent_at: float, now: float) -> None:
-        """A refused task's round trip: wire, LM validation, wire, then GM processing.
+    def _round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
+        """A request's trip: on the wire, validated at the LM, on the wire back."""
+        if request_sent >= 0:
+            task.mark(Phase.COMMUNICATION, request_sent)
+        task.mark(Phase.PROCESSING, received)
+        task.mark(Phase.COMMUNICATION, sent)
 
-        Idempotent for a ledger the LM already stamped (the simulator shares objects).
-        """
-        task.enter(Phase.PROCESSING, received_at)
-        task.enter(Phase.COMMUNICATION, sent_at)
-        task.enter(Phase.PROCESSING, now)
+    def _on_request_failed(self, msg: RequestFailed, now: float) -> list[Effect]:
+        """No answer will come: everything the request asked for is refused."""
+        retry: list[Task] = []
+        sent = self._launches.pop(msg.request_id, None)
+        keys = list(sent[1]) if sent is not None and sent[0] == msg.lm else []
+        pre = self._preempts.pop(msg.request_id, None)
+        if pre is not None:
+            keys.append(pre)
+        effects: list[Effect] = []
+        for key in dict.fromkeys(keys):
+            fl = self.inflight.get(key)
+            if fl is None or fl.request_id != msg.request_id or fl.lm != msg.lm:
+                continue
+            del self.inflight[key]
+            view = self.views.get(fl.lm)
+            if view is not None and fl.node >= 0:
+                view.release(fl.node, fl.task.demand)
+            self._release_victim(key)
+            fl.task.mark(Phase.PROCESSING, now)
+            self.queues.on_returned(fl.task, now)
+            self._note(fl.task, WaitReason.REFUSED_BY_LM)
+            retry.append(fl.task)
+        for task in retry:
+            self._requeue(task, now)
+        return effects
 
     def _retry(self, tasks: list[Task], now: float) -> list[Effect]:
         effects: list[Effect] = []
         batches: dict[LmId, list[Placement]] = {}
         for task in tasks:
-            n = self._retries.get(task.task_id, 0) + 1
+            n = self._retries.get(task.key, 0) + 1
             if n > self.max_retries:
                 self._requeue(task, now)
                 continue
-            self._retries[task.task_id] = n
+            self._retries[task.key] = n
             self._place(task, now, batches, effects)
-        for lm, placements in batches.items():
-            effects.append(ToLm(lm, self._launch_request(lm, placements)))
+        self._flush(batches, effects)
         return effects
 
-    def on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
-        """Accepted: the task is placed (victims come back to their own GMs).
-        Refused: failed verification, try the next victim (Alg. 2)."""
-        fl = self.inflight.get(resp.task_id)
-        if fl is not None and fl.request_id != resp.request_id:
-            return self._apply(resp.delta)  # overtaken: the task has moved on
-        self.inflight.pop(resp.task_id, None)
-        pending = self._preempt_victim.pop(resp.task_id, None)
+    def _release_victim(self, key: TaskKey) -> None:
+        pending = self._preempt_victim.pop(key, None)
         if pending is not None:
             left = self._victim_pending.get(pending[0], 0.0) - pending[1]
             if left > 1e-12:
                 self._victim_pending[pending[0]] = left
             else:
                 self._victim_pending.pop(pending[0], None)
+
+    def _on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
+        """Accepted: the task is placed (victims come back to their own GMs).
+        Refused: failed verification, try the next victim (Alg. 2)."""
+        key = self._preempts.pop(resp.request_id, None)
         effects = self._apply(resp.delta)
-        if fl is None:
-            return effects
+        fl = self.inflight.get(key) if key is not None else None
+        if key is None or fl is None or fl.request_id != resp.request_id:
+            return effects  # overtaken: the task has moved on
+        del self.inflight[key]
+        self._release_victim(key)
         task = fl.task
+        self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
         if resp.accepted:
-            self.counters["preemptions_granted"] += len(resp.preempted)
-            self._forget(task.task_id)
-            self.placed[task.task_id] = task
+            self.counters.preemptions_granted += len(resp.preempted)
+            self._forget(key)
+            self._accepted(task, resp.reason, resp.attempt, now, effects)
             return effects
-        self._back_from_lm(task, resp.received_at, resp.sent_at, now)
+        task.mark(Phase.PROCESSING, now)
         self.queues.on_returned(task, now)
         req = self._preemption(task)
         if req is None:
             self._requeue(task, now)
             return effects
-        self.counters["preemption_attempts"] += 1
-        self.inflight[task.task_id] = InFlight(task, req.lm, -1, False, req.request_id)
-        self.queues.on_dispatched(task, now)
-        return [*effects, ToLm(req.lm, req)]
+        self._send_preemption(task, req, now, effects)
+        return effects
 
-    def on_task_event(self, ev: TaskEvent, now: float) -> list[Effect]:
-        """Started / finished / failed / preempted / requeued, from the LM that ran it."""
+    # ------------------------------------------------------------ task events
+    def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for ev in msg.events:
+            self._on_task_event(ev, now, effects)
+        return effects
+
+    def _current(self, ev: TaskEvent) -> Task | None:
+        """The task an event is about, if the event is about its current attempt (an
+        event that overtook the LM's answer to its request settles that request)."""
+        key = (ev.user, ev.task_id)
+        fl = self.inflight.get(key)
+        if fl is not None:
+            if fl.task.attempt != ev.attempt or fl.lm != ev.lm:
+                return None
+            del self.inflight[key]
+            self._forget(key)
+            self._release_victim(key)
+            if fl.node < 0:
+                self._preempts.pop(fl.request_id, None)
+            view = self.views.get(fl.lm)
+            if view is not None and fl.node >= 0:
+                view.release(fl.node, fl.task.demand)
+            self.placed[key] = fl.task
+            return fl.task
+        task = self.placed.get(key)
+        if task is None or task.attempt != ev.attempt:
+            return None
+        return task
+
+    def _on_task_event(self, ev: TaskEvent, now: float, effects: list[Effect]) -> None:
+        """Started / finished / failed / preempted / requeued / relaunched, from the LM
+        that holds the task."""
         view = self.views.get(ev.lm)
-        if view is not None and view.set_node(ev.node, ev.node_free, ev.node_version):
+        if view is None or not 0 <= ev.node < view.n or len(ev.node_free) != len(self._capacity):
+            self.counters.stale_events += 1  # not from an LM of this federation as it is
+            return
+        if view.set_node(ev.node, ev.node_free, ev.node_version):
             self.queues.new_epoch()
-        tid = ev.task.task_id
         kind = ev.kind
-        if kind == "started":
-            task = self.placed.get(tid)
-            if task is not None and task is not ev.task:
-                self.placed[tid] = ev.task
-            return []
-        if kind in ("finished", "failed"):
-            self._overtaken(tid)
-            self.placed.pop(tid, None)
-            self.known_placed.discard(tid)
-            if kind == "finished":
-                self.finished.add(tid)
-                if ev.task.user in self.queues:
-                    self.queues.on_finished(ev.task, now)
-            else:
-                self.failed[tid] = "failed on worker"
-                lost: list[Effect] = []
-                if ev.task.user in self.queues:
-                    self._abandon(ev.task, now, lost)
-                return lost
-            return []
+        if kind == EventKind.RELAUNCHED:
+            task = self.placed.get((ev.user, ev.task_id))
+            if task is None or ev.attempt <= task.attempt:
+                self.counters.stale_events += 1
+                return
+            if ev.started_at >= 0:
+                task.start(ev.started_at)
+            task.mark(Phase.COMMUNICATION, ev.at)
+            task.attempt = ev.attempt
+            return
+        task = self._current(ev)
+        if task is None:
+            self.counters.stale_events += 1
+            self._orphan(ev, effects)
+            return
+        key = task.key
+        self._settle(task, effects)
+        if ev.worker_at >= 0:
+            task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
+        if ev.started_at >= 0:
+            task.start(ev.started_at)
+        if kind == EventKind.STARTED:
+            return
+        del self.placed[key]
+        if kind == EventKind.FINISHED or kind == EventKind.FAILED:
+            task.finished_at = ev.at
+            ok = kind == EventKind.FINISHED
+            if task.user in self.queues:
+                if ok:
+                    self.queues.on_finished(task, now)
+                    self._ended(task, effects, finished=True, reason="")
+                else:
+                    why = f"failed on worker: {ev.detail}" if ev.detail else "failed on worker"
+                    self._fail(task, why, effects)
+            return
         # preempted or requeued: back to the front of its own queue, never lost
-        self._overtaken(tid)
-        self.placed.pop(tid, None)
-        self.known_placed.discard(tid)
-        if ev.task.user not in self.queues:
-            return []
-        if kind == "preempted":
-            self.counters["preempted_requeued"] += 1
-        task = ev.task
-        task.gm = self.gm_id
-        task.enter(Phase.QUEUEING, now)
+        if kind == EventKind.PREEMPTED:
+            self.counters.preempted_requeued += 1
+        task.mark(Phase.COMMUNICATION, ev.at)
+        task.mark(Phase.QUEUEING, now)
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
-        return []
 
-    def _overtaken(self, tid: TaskId) -> None:
-        """An event of the task overtook the LM's answer to its request: the LM had
-        accepted it, so the request is over (its late answer matches no request in flight)."""
-        fl = self.inflight.pop(tid, None)
-        if fl is None:
-            return
-        self._forget(tid)
-        view = self.views.get(fl.lm)
-        if view is not None and fl.node >= 0:
-            view.release(fl.node, fl.task.demand)
+    # ------------------------------------------------------------ read-only
+    def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:
+        """The tasks this GM holds for ``keys`` (queued, in flight or placed)."""
+        want = set(keys)
+        out = [t for t in self.queues if t.key in want]
+        out += [fl.task for k, fl in self.inflight.items() if k in want]
+        out += [t for k, t in self.placed.items() if k in want]
+        return out
 
-    def handle(self, msg: object, now: float) -> list[Effect]:
-        """Single entry point for drivers that do not dispatch by type themselves."""
-        if isinstance(msg, StateUpdated):
-            return self.on_state_update(msg, now)
-        if isinstance(msg, LaunchResponse):
-            return self.on_launch_response(msg, now)
-        if isinstance(msg, PreemptResponse):
-            return self.on_preempt_response(msg, now)
-        if isinstance(msg, TaskEvent):
-            return self.on_task_event(msg, now)
-        if isinstance(msg, StateSnapshot):
-            return self.on_snapshot(msg, now)
-        raise TypeError(f"a GM does not handle {type(msg).__name__}")
+
+def recovered_task(h: HeldTask, gm: GmId) -> Task:
+    """A task rebuilt from what its LM knew (its GM restarted): the ledger keeps the
+    LM's times; the GM-side split before the LM accepted it is lost (queueing)."""
+    queued = h.queued_at if h.queued_at >= 0 else h.accepted_at
+    task = new_task(h.spec, queued, gm=gm)
+    task.attempt = h.attempt
+    if h.accepted_at >= 0:
+        task.mark(Phase.COMMUNICATION, h.accepted_at)
+    if h.worker_at >= 0:
+        task.mark(Phase.WORKER_QUEUEING, h.worker_at)
+    if h.started_at >= 0:
+        task.start(h.started_at)
+    if h.ended_at >= 0:
+        task.finished_at = h.ended_at
+    return task

@@ -14,7 +14,7 @@ changes no placement: a parked queue's tasks could not have been placed either.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.dag import DagJob, DagProgress
@@ -96,6 +96,10 @@ class UserQueues:
     # Hooks for policies that track jobs (Carbyne); plain FIFO queues need none.
     def bind(self, gm: object) -> None:
         """Called once by the GM that owns these queues (read-only access to its views)."""
+
+    def set_cluster(self, capacity: Sequence[int], node_capacities: Collection[Resources]) -> None:
+        """The federation's total capacity and its distinct node capacities (the GM calls
+        this whenever its view of the clusters is rebuilt from a snapshot)."""
 
     def on_dispatched(self, task: Task, now: float) -> None:
         """A task left its queue for an LM."""

@@ -2,43 +2,64 @@
 
 Theory of operation (Megha paper §IV-A, §IV-B4, §IV-B6, §IV-C, §IV-D):
 
+* One entry: ``handle(message, now) -> effects``.  GM requests are answered with a
+  ``Reply`` (a request it will not take: ``Reply(Refused(reason))``); worker reports,
+  worker heartbeats and the driver's timers (``Heartbeat``, ``CheckWorkers``) are
+  messages too.
 * The LM owns the truth about its worker nodes: capacity, free resources, machine
-  constraints, liveness, and the *active task list* (which task holds what where).
+  constraints, liveness, and the *active task list* (which attempt of which task
+  holds what where).
 * The cluster is split into one partition per GM: every physical node has a *home*
   GM.  A **repartition** carves exactly the requested resources out of a node in
   another GM's partition into a *logical node* of the requesting GM's partition; the
   logical node lives as long as its task and its resources return to the physical
   node when the task ends.  Granularity is resources, never whole nodes.
-* Every request from a GM is **validated** against true state; a request that the
+* Every request from a GM is **validated** against true state; a placement that the
   true state cannot satisfy is refused (an *inconsistency*) and every response
   piggybacks a delta of the cluster's state since the version the GM said it knows.
+* **Attempts**: each placement is an attempt of a task; a launch of the attempt the
+  LM already holds (or recently finished) is a duplicate and changes nothing; a newer
+  attempt supersedes an older one still held here (the older is stopped first), so a
+  worker never runs two attempts of one task.  Reports about an attempt the LM does
+  not hold are stale; a worker still running one is told to stop.
 * **Versions**: ``version`` grows by one on every change of any node; each node
   remembers the version of its last change.  Deltas carry per-node versions, so GMs
-  apply them in any order and never go backwards.
+  apply them in any order and never go backwards; ``epoch`` is this LM's incarnation.
 
 Invariants (checked by tests/property): for every node ``0 <= free <= capacity``
 componentwise and ``free + sum(demand of active tasks on it) == capacity`` while the
-node is alive; every accepted task id is active or done, never both; ``version`` is
-monotone.
+node is alive; every task is active at most once; ``version`` is monotone.
+
+Memory: finished attempts are remembered only for ``retain_s`` seconds (to refuse
+late duplicate launches); nothing else outlives its task.
 
 No clocks, sockets or randomness: ``now`` is an argument, effects are returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from common.effects import Effect, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
+from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
+from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
+    CheckWorkers,
     ClusterLayout,
+    EventKind,
+    Heartbeat,
+    HeldTask,
     LaunchRequest,
     LaunchResponse,
+    PlacedRef,
     Placement,
     PlacementResult,
     PreemptRequest,
     PreemptResponse,
+    Refused,
+    ReportKind,
     SnapshotRequest,
     StartTask,
     StateDelta,
@@ -46,23 +67,42 @@ from common.messages import (
     StateUpdated,
     StopTask,
     TaskEvent,
+    WorkerHeartbeat,
     WorkerReport,
+    WorkerReports,
 )
-from common.model import NodeSpec, Phase, Resources, Task, satisfies
+from common.metrics import LmCounters
+from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
 
 
 @dataclass(slots=True)
 class ActiveTask:
-    """An entry of the active task list."""
+    """An entry of the active task list: one attempt of one task, on one node."""
 
-    task: Task
+    spec: TaskSpec
+    attempt: int
     node: NodeIndex
     gm: GmId
     logical: bool
     """Placed on a logical node carved out of another GM's partition (a repartition)."""
+    altruistic: bool = False
     accepted_at: float = 0.0
     """When this LM accepted it (its own clock: victim choice never depends on hearsay)."""
-    started: bool = False
+    worker_at: float = -1.0
+    started_at: float = -1.0
+    queued_at: float = -1.0
+
+    def held(self, ended_at: float = -1.0, ok: bool = True) -> HeldTask:
+        return HeldTask(
+            spec=self.spec,
+            attempt=self.attempt,
+            queued_at=self.queued_at,
+            accepted_at=self.accepted_at,
+            worker_at=self.worker_at,
+            started_at=self.started_at,
+            ended_at=ended_at,
+            ok=ok,
+        )
 
 
 class LocalMaster:
@@ -74,44 +114,60 @@ class LocalMaster:
         nodes: Sequence[NodeSpec],
         home: Sequence[GmId],
         *,
+        gms: Sequence[GmId] = (),
+        epoch: int = 0,
         log_limit: int | None = None,
+        retain_s: float = 120.0,
+        report_starts: bool = True,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
         if not nodes:
             raise ValueError("an LM needs at least one node")
         self.lm_id = lm_id
+        self.epoch = epoch
         self.capacity: list[Resources] = [n.capacity for n in nodes]
         self.constraints: list[int] = [n.constraints for n in nodes]
         self.home: list[GmId] = list(home)
+        self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
+        """The federation's GMs (the only ones whose requests are taken)."""
         self.n_resources = len(self.capacity[0])
         self.free: list[list[int]] = [list(c) for c in self.capacity]
         self.alive: list[bool] = [True] * len(nodes)
         self.last_seen: list[float] = [0.0] * len(nodes)
         self.node_version: list[int] = [0] * len(nodes)
         self.version = 0
-        self.active: dict[TaskId, ActiveTask] = {}
-        self.on_node: list[set[TaskId]] = [set() for _ in nodes]
-        self.accepted_by: dict[TaskId, GmId] = {}
-        """Every task id this LM ever accepted, and its GM: launches are idempotent."""
-        self.usage: dict[UserId, list[int]] = {}
+        self.active: dict[TaskKey, ActiveTask] = {}
+        self.on_node: list[set[TaskKey]] = [set() for _ in nodes]
+        self.done: OrderedDict[TaskKey, tuple[GmId, HeldTask, float]] = OrderedDict()
+        """Attempts that ended here in the last ``retain_s`` seconds: a late duplicate
+        launch is recognised, and a restarted GM learns what already ran."""
+        self.retain_s = retain_s
+        self.report_starts = report_starts
+        self.usage: dict[Any, list[int]] = {}
         self._log: list[int] = []
         self._log_base = 0
         self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
         self._heartbeat_version = 0
-        self.counters: dict[str, int] = {
-            "launches": 0,
-            "repartitions": 0,
-            "refused_internal": 0,
-            "refused_external": 0,
-            "duplicates": 0,
-            "preemption_requests": 0,
-            "preemptions": 0,
-            "preemptions_refused": 0,
-            "relaunched": 0,
-            "returned_to_gm": 0,
-            "workers_lost": 0,
+        self.counters = LmCounters()
+        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+            LaunchRequest: self._on_launch,
+            PreemptRequest: self._on_preempt,
+            SnapshotRequest: self._on_snapshot_request,
+            WorkerReports: self._on_worker_reports,
+            WorkerHeartbeat: self._on_worker_heartbeat,
+            Heartbeat: self._on_heartbeat,
+            CheckWorkers: self._on_check_workers,
         }
+
+    # --------------------------------------------------------------- the entry
+    def handle(self, msg: object, now: float) -> list[Effect]:
+        """Take one message at time ``now``; return what the driver must do."""
+        try:
+            handler = self._handlers[type(msg)]
+        except KeyError:
+            raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
+        return handler(msg, now)
 
     # ------------------------------------------------------------------ state
     @property
@@ -145,349 +201,447 @@ class LocalMaster:
         else:
             nodes = sorted(set(self._log[base - self._log_base :]))
         idx = tuple(NodeIndex(i) for i in nodes)
+        free = self.free
+        nv = self.node_version
         return StateDelta(
             lm=self.lm_id,
+            epoch=self.epoch,
             version=self.version,
             base_version=base,
             nodes=idx,
-            free=tuple(tuple(self.free[i]) for i in idx),
-            node_versions=tuple(self.node_version[i] for i in idx),
+            free=tuple(tuple(free[i]) for i in idx),
+            node_versions=tuple(nv[i] for i in idx),
             usage={u: tuple(v) for u, v in self.usage.items()},
         )
 
     def snapshot(self, gm: GmId | None = None) -> StateSnapshot:
-        placed = () if gm is None else tuple(t for t, g in self.accepted_by.items() if g == gm)
-        return StateSnapshot(layout=self.layout(), state=self.delta_since(-1), placed_by_gm=placed)
+        held: tuple[HeldTask, ...] = ()
+        if gm is not None:
+            held = tuple(a.held() for a in self.active.values() if a.gm == gm) + tuple(
+                h for g, h, _ in self.done.values() if g == gm
+            )
+        return StateSnapshot(layout=self.layout(), state=self.delta_since(-1), held=held)
 
-    def logical_nodes(self) -> list[tuple[TaskId, NodeIndex, GmId, Resources]]:
+    def logical_nodes(self) -> list[tuple[TaskKey, NodeIndex, GmId, Resources]]:
         """Logical nodes created by repartition: (task, physical node, GM, resources)."""
-        return [(tid, a.node, a.gm, a.task.demand) for tid, a in self.active.items() if a.logical]
+        return [(k, a.node, a.gm, a.spec.demand) for k, a in self.active.items() if a.logical]
 
     # ------------------------------------------------------------- accounting
-    def _commit(self, task: Task, node: int, gm: GmId, now: float) -> bool:
-        """Take ``task.demand`` from ``node`` for ``gm``; True if it is a repartition."""
+    def _commit(
+        self,
+        spec: TaskSpec,
+        attempt: int,
+        node: int,
+        gm: GmId,
+        altruistic: bool,
+        now: float,
+        queued_at: float = -1.0,
+    ) -> bool:
+        """Take ``spec.demand`` from ``node`` for ``gm``; True if it is a repartition."""
         free = self.free[node]
-        for r, d in enumerate(task.demand):
+        for r, d in enumerate(spec.demand):
             free[r] -= d
-        use = self.usage.get(task.user)
+        use = self.usage.get(spec.user)
         if use is None:
-            use = self.usage[task.user] = [0] * self.n_resources
-        for r, d in enumerate(task.demand):
+            use = self.usage[spec.user] = [0] * self.n_resources
+        for r, d in enumerate(spec.demand):
             use[r] += d
         logical = self.home[node] != gm
-        self.active[task.task_id] = ActiveTask(task, NodeIndex(node), gm, logical, now)
-        self.on_node[node].add(task.task_id)
-        self.accepted_by[task.task_id] = gm
+        key = (spec.user, spec.task_id)
+        self.active[key] = ActiveTask(
+            spec, attempt, NodeIndex(node), gm, logical, altruistic, accepted_at=now,
+            queued_at=queued_at,
+        )  # fmt: skip
+        self.on_node[node].add(key)
         self._touch(node)
         return logical
 
-    def _release(self, task_id: TaskId) -> ActiveTask | None:
-        a = self.active.pop(task_id, None)
+    def _release(self, key: TaskKey) -> ActiveTask | None:
+        a = self.active.pop(key, None)
         if a is None:
             return None
         node = a.node
-        self.on_node[node].discard(task_id)
+        self.on_node[node].discard(key)
         if self.alive[node]:
             free = self.free[node]
-            for r, d in enumerate(a.task.demand):
+            for r, d in enumerate(a.spec.demand):
                 free[r] += d
-        use = self.usage[a.task.user]
-        for r, d in enumerate(a.task.demand):
+        user = a.spec.user
+        use = self.usage[user]
+        for r, d in enumerate(a.spec.demand):
             use[r] -= d
         if not any(use):
-            del self.usage[a.task.user]
+            del self.usage[user]
         self._touch(node)
         return a
 
-    def _check(self, task: Task, node: int) -> str:
+    def _retire(self, key: TaskKey, a: ActiveTask, ended_at: float, ok: bool, now: float) -> None:
+        self.done[key] = (a.gm, a.held(ended_at=ended_at, ok=ok), now)
+        self.done.move_to_end(key)
+
+    def _check(self, spec: TaskSpec, node: int) -> str:
         if not 0 <= node < self.n_nodes:
             return "unknown_node"
         if not self.alive[node]:
             return "node_down"
-        if not satisfies(self.constraints[node], task.constraints):
+        if not satisfies(self.constraints[node], spec.constraints):
             return "constraints_unmet"
         free = self.free[node]
-        for r, d in enumerate(task.demand):
+        for r, d in enumerate(spec.demand):
             if free[r] < d:
                 return "insufficient_resources"
         return "ok"
 
-    def _start_effects(self, task: Task, node: int, now: float) -> ToWorker:
-        task.enter(Phase.COMMUNICATION, now)
-        return ToWorker(NodeIndex(node), StartTask(lm=self.lm_id, node=NodeIndex(node), task=task))
+    def _start(self, spec: TaskSpec, attempt: int, node: int) -> ToWorker:
+        return ToWorker(StartTask(node=NodeIndex(node), spec=spec, attempt=attempt))
+
+    def _stop(self, a: ActiveTask) -> ToWorker:
+        return ToWorker(
+            StopTask(node=a.node, user=a.spec.user, task_id=a.spec.task_id, attempt=a.attempt)
+        )
+
+    def _refuse_request(self, gm: GmId, lm: LmId, specs: Iterable[TaskSpec]) -> Refused | None:
+        """Why a whole GM request is not for this LM, or None."""
+        if lm != self.lm_id:
+            return Refused(reason="wrong_lm", detail=f"this is {self.lm_id}, not {lm}")
+        if gm not in self.gms:
+            return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
+        seen: set[TaskKey] = set()
+        for spec in specs:
+            if len(spec.demand) != self.n_resources:
+                return Refused(
+                    reason="wrong_resources",
+                    detail=f"task {spec.task_id}: {len(spec.demand)} resource amounts, "
+                    f"this cluster has {self.n_resources}",
+                )
+            key = (spec.user, spec.task_id)
+            if key in seen:
+                return Refused(
+                    reason="duplicate_task_id", detail=f"task {spec.task_id} twice in one request"
+                )
+            seen.add(key)
+        return None
 
     # --------------------------------------------------------------- requests
-    def on_launch(
-        self, req: LaunchRequest, now: float, *, received_at: float | None = None
-    ) -> list[Effect]:
+    def _on_launch(self, req: LaunchRequest, now: float) -> list[Effect]:
         """Validate and enforce a batch of launches (internal) and repartitions (external).
 
         Partial acceptance: each placement is judged alone, in order.
         """
-        recv = now if received_at is None else received_at
+        refused = self._refuse_request(req.gm, req.lm, (p.spec for p in req.placements))
+        if refused is not None:
+            self.counters.refused_requests += 1
+            return [Reply(refused)]
         effects: list[Effect] = []
-        results: list[PlacementResult] = []
-        for p in req.placements:
-            results.append(self._launch_one(req.gm, p, recv, now, effects))
+        results = tuple(self._launch_one(req.gm, p, now, effects) for p in req.placements)
         response = LaunchResponse(
             gm=req.gm,
             lm=self.lm_id,
             request_id=req.request_id,
-            results=tuple(results),
+            results=results,
             delta=self.delta_since(req.known_version),
-            received_at=recv,
+            request_sent_at=req.sent_at,
+            received_at=now,
             sent_at=now,
         )
-        effects.insert(0, ToGm(req.gm, response))
+        effects.insert(0, Reply(response))
         return effects
 
+    def _held(self, key: TaskKey, attempt: int, effects: list[Effect]) -> PlacementResult | None:
+        """The answer to a placement of an attempt this LM holds, or held lately (a
+        duplicate: nothing changes), or None.  An older attempt still held here is
+        superseded: stopped and released, and the new one is judged afresh."""
+        a = self.active.get(key)
+        if a is not None:
+            if a.attempt >= attempt:
+                return PlacementResult(accepted=True, reason="duplicate", attempt=a.attempt)
+            self._release(key)
+            effects.append(self._stop(a))
+        past = self.done.get(key)
+        if past is not None and past[1].attempt >= attempt:
+            held = past[1]
+            reason = "finished" if held.ok else "failed"
+            return PlacementResult(accepted=True, reason=reason, attempt=held.attempt)
+        return None
+
+    _OK = PlacementResult(accepted=True, reason="ok")
+
     def _launch_one(
-        self, gm: GmId, p: Placement, recv: float, now: float, effects: list[Effect]
+        self, gm: GmId, p: Placement, now: float, effects: list[Effect]
     ) -> PlacementResult:
-        task = p.task
-        if task.task_id in self.accepted_by:
-            self.counters["duplicates"] += 1
-            return PlacementResult(task_id=task.task_id, accepted=True, reason="duplicate")
-        task.enter(Phase.PROCESSING, recv)
-        reason = self._check(task, p.node)
+        spec = p.spec
+        held = self._held((spec.user, spec.task_id), p.attempt, effects)
+        if held is not None:
+            self.counters.duplicates += 1
+            return held
+        reason = self._check(spec, p.node)
         if reason != "ok":
             external = self.home[p.node] != gm if 0 <= p.node < self.n_nodes else p.repartition
-            self.counters["refused_external" if external else "refused_internal"] += 1
-            return PlacementResult(task_id=task.task_id, accepted=False, reason=reason)
-        task.gm = gm
-        if self._commit(task, p.node, gm, now):
-            self.counters["repartitions"] += 1
+            if external:
+                self.counters.refused_external += 1
+            else:
+                self.counters.refused_internal += 1
+            return PlacementResult(accepted=False, reason=reason)
+        if self._commit(spec, p.attempt, p.node, gm, p.altruistic, now, p.queued_at):
+            self.counters.repartitions += 1
         else:
-            self.counters["launches"] += 1
-        effects.append(self._start_effects(task, p.node, now))
-        return PlacementResult(task_id=task.task_id, accepted=True, reason="ok")
+            self.counters.launches += 1
+        effects.append(self._start(spec, p.attempt, p.node))
+        return self._OK
 
-    def on_preempt(
-        self, req: PreemptRequest, now: float, *, received_at: float | None = None
-    ) -> list[Effect]:
-        """Verify that preempting ``req.victim``'s tasks frees room for ``req.task``; do it.
+    def _on_preempt(self, req: PreemptRequest, now: float) -> list[Effect]:
+        """Verify that preempting ``req.victim``'s tasks frees room for ``req.spec``; do it.
 
         The LM picks the node needing the fewest victims (altruistic tasks first, then
         the most recently accepted: the least work lost).  Refused when the victim has
         nothing here that would make room.
         """
-        recv = now if received_at is None else received_at
-        task = req.task
-        self.counters["preemption_requests"] += 1
+        refused = self._refuse_request(req.gm, req.lm, (req.spec,))
+        if refused is not None:
+            self.counters.refused_requests += 1
+            return [Reply(refused)]
+        spec = req.spec
+        self.counters.preemption_requests += 1
         effects: list[Effect] = []
-        if task.task_id in self.accepted_by:
-            self.counters["duplicates"] += 1
-            return [self._preempt_response(req, recv, now, True, "duplicate", None, ())]
-        task.enter(Phase.PROCESSING, recv)
-        best: tuple[int, int, list[TaskId]] | None = None
+        held = self._held((spec.user, spec.task_id), req.attempt, effects)
+        if held is not None:
+            self.counters.duplicates += 1
+            dup = self._preempt_response(req, now, True, held.reason, None, (), held.attempt)
+            return [dup, *effects]
+        best: tuple[int, int, list[ActiveTask]] | None = None
         by_node: dict[int, list[ActiveTask]] = {}
         for a in self.active.values():
-            if a.task.user == req.victim:
+            if a.spec.user == req.victim:
                 by_node.setdefault(a.node, []).append(a)
+        demand = spec.demand
         for node, victims in by_node.items():
-            if not self.alive[node] or not satisfies(self.constraints[node], task.constraints):
+            if not self.alive[node] or not satisfies(self.constraints[node], spec.constraints):
                 continue
-            victims.sort(key=lambda a: (not a.task.altruistic, -a.accepted_at))
+            victims.sort(key=lambda a: (not a.altruistic, -a.accepted_at))
             room = list(self.free[node])
-            chosen: list[TaskId] = []
+            chosen: list[ActiveTask] = []
             for a in victims:
-                if all(f >= d for f, d in zip(room, task.demand, strict=True)):
+                if all(f >= d for f, d in zip(room, demand, strict=True)):
                     break
-                chosen.append(a.task.task_id)
-                for r, d in enumerate(a.task.demand):
+                chosen.append(a)
+                for r, d in enumerate(a.spec.demand):
                     room[r] += d
-            if all(f >= d for f, d in zip(room, task.demand, strict=True)) and (
+            if all(f >= d for f, d in zip(room, demand, strict=True)) and (
                 best is None or len(chosen) < best[1]
             ):
                 best = (node, len(chosen), chosen)
         if best is None or not best[2]:
-            self.counters["preemptions_refused"] += 1
+            self.counters.preemptions_refused += 1
             reason = "no_victim" if best is None else "room_free"
             if best is not None:
                 # Room appeared without preempting anyone: launch as a plain placement.
                 node = best[0]
-                task.gm = req.gm
-                self._commit(task, node, req.gm, now)
-                effects.append(self._start_effects(task, node, now))
+                self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at)
+                effects.append(self._start(spec, req.attempt, node))
                 return [
-                    self._preempt_response(req, recv, now, True, reason, NodeIndex(node), ()),
+                    self._preempt_response(req, now, True, reason, NodeIndex(node), ()),
                     *effects,
                 ]
-            return [self._preempt_response(req, recv, now, False, reason, None, ())]
+            return [self._preempt_response(req, now, False, reason, None, ()), *effects]
         node, _, chosen = best
-        for tid in chosen:
-            victim = self._release(tid)
-            assert victim is not None
-            del self.accepted_by[tid]  # back to its GM's queue: a relaunch must run it
-            self.counters["preemptions"] += 1
-            victim.task.enter(Phase.COMMUNICATION, now)
-            victim.task.started_at = -1.0
-            effects.append(
-                ToWorker(victim.node, StopTask(lm=self.lm_id, node=victim.node, task_id=tid))
-            )
-            effects.append(ToGm(victim.gm, self._event("preempted", victim, now)))
-        task.gm = req.gm
-        if self._commit(task, node, req.gm, now):
-            self.counters["repartitions"] += 1
-        effects.append(self._start_effects(task, node, now))
-        response = self._preempt_response(req, recv, now, True, "ok", NodeIndex(node), chosen)
+        refs = []
+        for victim in chosen:
+            key = (victim.spec.user, victim.spec.task_id)
+            self._release(key)
+            self.counters.preemptions += 1
+            effects.append(self._stop(victim))
+            effects.append(ToGm(victim.gm, self._event(EventKind.PREEMPTED, victim, now)))
+            refs.append(PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt))
+        if self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at):
+            self.counters.repartitions += 1
+        effects.append(self._start(spec, req.attempt, node))
+        response = self._preempt_response(req, now, True, "ok", NodeIndex(node), refs)
         return [response, *effects]
 
     def _preempt_response(
         self,
         req: PreemptRequest,
-        recv: float,
         now: float,
         accepted: bool,
         reason: str,
         node: NodeIndex | None,
-        preempted: Sequence[TaskId],
-    ) -> ToGm:
-        return ToGm(
-            req.gm,
+        preempted: Sequence[PlacedRef],
+        attempt: int = 0,
+    ) -> Reply:
+        return Reply(
             PreemptResponse(
                 gm=req.gm,
                 lm=self.lm_id,
                 request_id=req.request_id,
-                task_id=req.task.task_id,
                 accepted=accepted,
                 reason=reason,
                 node=node,
                 preempted=tuple(preempted),
+                attempt=attempt,
                 delta=self.delta_since(req.known_version),
-                received_at=recv,
+                request_sent_at=req.sent_at,
+                received_at=now,
                 sent_at=now,
-            ),
+            )
         )
 
-    def on_snapshot_request(self, req: SnapshotRequest, now: float) -> list[Effect]:
+    def _on_snapshot_request(self, req: SnapshotRequest, now: float) -> list[Effect]:
         """A GM (new, restarted, or one that saw a gap) asks for the full state."""
-        del now
-        return [ToGm(req.gm, self.snapshot(req.gm))]
+        if req.lm != self.lm_id:
+            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        if req.gm not in self.gms:
+            return [Reply(Refused(reason="unknown_gm", detail=f"{req.gm} is not a GM here"))]
+        return [Reply(self.snapshot(req.gm))]
 
     # ---------------------------------------------------------------- workers
-    def _event(self, kind: str, a: ActiveTask, now: float) -> TaskEvent:
+    def _event(self, kind: EventKind, a: ActiveTask, now: float, detail: str = "") -> TaskEvent:
         return TaskEvent(
             kind=kind,
             lm=self.lm_id,
             gm=a.gm,
-            task=a.task,
+            user=a.spec.user,
+            task_id=a.spec.task_id,
+            attempt=a.attempt,
             node=a.node,
             node_free=tuple(self.free[a.node]),
             node_version=self.node_version[a.node],
             at=now,
+            worker_at=a.worker_at,
+            started_at=a.started_at,
+            detail=detail,
         )
 
-    def on_worker_report(
-        self, rep: WorkerReport, now: float, *, task: Task | None = None
-    ) -> list[Effect]:
-        """A worker says a task started, finished or failed.
+    def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:
+        """Worker reports: a task started, finished or failed on a node."""
+        if msg.lm != self.lm_id:
+            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        effects: list[Effect] = []
+        for rep in msg.reports:
+            if not 0 <= rep.node < self.n_nodes:
+                self.counters.stale_reports += 1
+                continue
+            self._report(rep, now, effects)
+        return effects
 
-        ``task`` is the worker's copy when it crossed a wire (its ledger is the
-        authoritative one); in the simulator it is the same object.
-        """
+    def _report(self, rep: WorkerReport, now: float, effects: list[Effect]) -> None:
         self.last_seen[rep.node] = now
-        a = self.active.get(rep.task_id)
-        if a is None or a.node != rep.node:
-            return []  # a preempted or relaunched task reporting late: nothing to do
-        if task is not None and task is not a.task:
-            a.task.spent = list(task.spent)
-            a.task.phase = task.phase
-            a.task.phase_since = task.phase_since
-            a.task.started_at = task.started_at
-        if rep.kind == "started":
-            a.started = True
-            if a.task.started_at < 0:
-                a.task.start(rep.at)
-            return [ToGm(a.gm, self._event("started", a, rep.at))]
-        a.task.finished_at = rep.at
-        self._release(rep.task_id)
-        return [ToGm(a.gm, self._event(rep.kind, a, rep.at))]
+        key = (rep.user, rep.task_id)
+        a = self.active.get(key)
+        if a is None or a.node != rep.node or a.attempt != rep.attempt:
+            # an attempt this LM does not hold (preempted, superseded, relaunched)
+            self.counters.stale_reports += 1
+            if rep.kind == ReportKind.STARTED:
+                effects.append(
+                    ToWorker(
+                        StopTask(
+                            node=rep.node, user=rep.user, task_id=rep.task_id, attempt=rep.attempt
+                        )
+                    )
+                )
+            return
+        a.worker_at = rep.worker_at
+        if rep.started_at >= 0:
+            a.started_at = rep.started_at
+        if rep.kind == ReportKind.STARTED:
+            if self.report_starts:
+                effects.append(ToGm(a.gm, self._event(EventKind.STARTED, a, rep.at)))
+            return
+        self._release(key)
+        ok = rep.kind == ReportKind.FINISHED
+        self._retire(key, a, rep.at, ok, now)
+        kind = EventKind.FINISHED if ok else EventKind.FAILED
+        effects.append(ToGm(a.gm, self._event(kind, a, rep.at, rep.detail)))
 
-    def on_worker_heartbeat(self, node: NodeIndex, now: float) -> list[Effect]:
-        """A worker is alive; a node that had been declared dead comes back empty."""
-        self.last_seen[node] = now
-        if not self.alive[node]:
-            self.alive[node] = True
-            self.free[node] = list(self.capacity[node])
-            self._touch(node)
+    def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
+        """A worker pool's nodes are alive; a node that had been declared dead comes
+        back empty."""
+        if msg.lm != self.lm_id:
+            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        bad = next((n for n in msg.nodes if not 0 <= n < self.n_nodes), None)
+        if bad is not None:
+            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
+        for node in msg.nodes:
+            self.last_seen[node] = now
+            if not self.alive[node]:
+                self.alive[node] = True
+                self.free[node] = list(self.capacity[node])
+                self._touch(node)
         return []
 
-    def check_workers(self, now: float, timeout: float) -> list[Effect]:
+    def _on_check_workers(self, msg: CheckWorkers, now: float) -> list[Effect]:
         """Declare nodes silent for ``timeout`` dead; relaunch their tasks (§IV-D).
 
-        Each task of a dead node is relaunched on the first live node of its GM's
-        partition that fits; failing that, it goes back to its GM, which re-queues it
-        at the front of its queue.
+        Each task of a dead node is relaunched, as a new attempt, on the first live node
+        of its GM's partition that fits; failing that, it goes back to its GM, which
+        re-queues it at the front of its queue.
         """
         effects: list[Effect] = []
         for node in range(self.n_nodes):
-            if self.alive[node] and now - self.last_seen[node] > timeout:
+            if self.alive[node] and now - self.last_seen[node] > msg.timeout:
                 effects.extend(self._lose_node(node, now))
         return effects
 
     def _lose_node(self, node: int, now: float) -> list[Effect]:
-        self.counters["workers_lost"] += 1
+        self.counters.workers_lost += 1
         self.alive[node] = False
         effects: list[Effect] = []
-        orphans = [self.active[t] for t in list(self.on_node[node])]
+        orphans = [self.active[k] for k in list(self.on_node[node])]
         for a in orphans:
-            self._release(a.task.task_id)
+            self._release((a.spec.user, a.spec.task_id))
         self.free[node] = [0] * self.n_resources
         self._touch(node)
         for a in orphans:
-            task = a.task
-            task.started_at = -1.0
-            task.enter(Phase.PROCESSING, now)
+            spec = a.spec
             target = next(
                 (
                     n
                     for n in range(self.n_nodes)
-                    if self.home[n] == a.gm and self._check(task, n) == "ok"
+                    if self.home[n] == a.gm and self._check(spec, n) == "ok"
                 ),
                 None,
             )
             if target is None:
-                self.counters["returned_to_gm"] += 1
-                del self.accepted_by[task.task_id]
-                task.enter(Phase.COMMUNICATION, now)
-                effects.append(
-                    ToGm(
-                        a.gm,
-                        TaskEvent(
-                            kind="requeued",
-                            lm=self.lm_id,
-                            gm=a.gm,
-                            task=task,
-                            node=NodeIndex(node),
-                            node_free=tuple(self.free[node]),
-                            node_version=self.node_version[node],
-                            at=now,
-                        ),
-                    )
-                )
+                self.counters.returned_to_gm += 1
+                effects.append(ToGm(a.gm, self._event(EventKind.REQUEUED, a, now, "worker lost")))
                 continue
-            self.counters["relaunched"] += 1
-            self._commit(task, target, a.gm, now)
-            effects.append(self._start_effects(task, target, now))
+            self.counters.relaunched += 1
+            lost = self._event(EventKind.RELAUNCHED, a, now, "worker lost")
+            attempt = a.attempt + 1
+            self._commit(spec, attempt, target, a.gm, a.altruistic, now, a.queued_at)
+            effects.append(ToGm(a.gm, _with_attempt(lost, attempt, target)))
+            effects.append(self._start(spec, attempt, target))
         return effects
 
     # -------------------------------------------------------------- heartbeat
-    def heartbeat(self, now: float) -> list[Effect]:
+    def _on_heartbeat(self, msg: Heartbeat, now: float) -> list[Effect]:
         """The periodic state update to every GM: a delta since the previous one."""
-        del now
         delta = self.delta_since(self._heartbeat_version)
         self._heartbeat_version = self.version
+        done = self.done
+        horizon = now - self.retain_s
+        while done:
+            _, (_, _, retired_at) = next(iter(done.items()))
+            if retired_at > horizon:
+                break
+            done.popitem(last=False)
         return [ToAllGms(StateUpdated(delta=delta))]
 
-    def handle(self, msg: object, now: float) -> list[Effect]:
-        """Single entry point for drivers that do not dispatch by type themselves."""
-        if isinstance(msg, LaunchRequest):
-            return self.on_launch(msg, now)
-        if isinstance(msg, PreemptRequest):
-            return self.on_preempt(msg, now)
-        if isinstance(msg, SnapshotRequest):
-            return self.on_snapshot_request(msg, now)
-        if isinstance(msg, WorkerReport):
-            return self.on_worker_report(msg, now)
-        raise TypeError(f"an LM does not handle {type(msg).__name__}")
+
+def _with_attempt(ev: TaskEvent, attempt: int, node: int) -> TaskEvent:
+    """A RELAUNCHED event names the new attempt and node; it keeps the lost attempt's
+    start (the work thrown away)."""
+    return TaskEvent(
+        kind=ev.kind,
+        lm=ev.lm,
+        gm=ev.gm,
+        user=ev.user,
+        task_id=ev.task_id,
+        attempt=attempt,
+        node=NodeIndex(node),
+        node_free=ev.node_free,
+        node_version=ev.node_version,
+        at=ev.at,
+        worker_at=ev.worker_at,
+        started_at=ev.started_at,
+        detail=ev.detail,
+    )

@@ -241,7 +241,7 @@ def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
 
 
 async def _queue_depths(cfg: FederationConfig) -> dict[str, int]:
-    from common import broker
+    from runtime import broker
 
     depths: dict[str, int] = {}
     conn = await broker.connect(cfg)
@@ -279,7 +279,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         cfg = load_config(home / "federation.toml")
     stop_federation(home)
     if cfg is not None:
-        from common.broker import delete_topology
+        from runtime.broker import delete_topology
 
         asyncio.run(delete_topology(cfg))
         print(f"deleted the queues and exchanges of {cfg.name!r}")
@@ -367,8 +367,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from common.broker import delete_topology
     from request_generator.bench import report_text, run_bench
+    from runtime.broker import delete_topology
 
     home = state_dir(args.state_dir) / "demo"
     if args.name is None:

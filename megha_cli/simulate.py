@@ -19,15 +19,9 @@ from typing import Any
 from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
+from common.metrics import jct_stats, summarize_tasks
 from common.model import UserConfig
-from request_generator.report import (
-    format_table,
-    percentiles,
-    plot_cdfs,
-    plot_components,
-    summarize_tasks,
-    write_records_csv,
-)
+from request_generator.report import format_table, plot_cdfs, plot_components, write_records_csv
 from request_generator.workload import (
     Job,
     WorkloadSpec,
@@ -181,13 +175,9 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
     )
 
 
-def _jct(result: SimResult) -> dict[str, float]:
-    return percentiles(list(result.job_completion.values()))
-
-
 def scheduler_summary(result: SimResult) -> dict[str, Any]:
     s = summarize_tasks(result.tasks)
-    s["jct_s"] = _jct(result)
+    s["jct_s"] = jct_stats(result.job_completion)
     s["makespan_s"] = result.makespan_s
     s["counters"] = dict(sorted(result.counters.items()))
     s["failed_tasks"] = len(result.failed)

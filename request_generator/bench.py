@@ -1,10 +1,14 @@
 """``megha bench``: drive a running federation and report allocation-time tails.
 
-Replays a trace or a synthetic workload into the users' queues (at the workload's
-arrival times, scaled, or at a fixed rate), waits until every task finished or
-failed, and measures the floor (an empty request's round trip to an LM and to a
-worker over keep-alive HTTP) in the same run.  Writes ``summary.json``,
+Replays a trace, a synthetic workload or a DAG job file into the users' queues (at
+the workload's arrival times, scaled, or at a fixed rate), waits until every task
+finished or failed, and measures the floor (an empty request's round trip to an LM
+and to a worker over keep-alive HTTP) in the same run.  Writes ``summary.json``,
 ``tasks.csv``, ``allocation_cdf.png`` and ``components.png`` into ``--out``.
+
+Times: a task's allocation time runs from its entry into its GM's queue (when the
+GM takes the job from the broker) to its final start; ``submission_s`` is the time
+from the generator's publish to that entry, and ``submit_to_start_s`` the whole.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +30,17 @@ from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
-from common.ids import JobId, TaskId, UserId
-from common.model import Task
-from request_generator.report import (
-    format_table,
-    percentiles,
-    plot_cdfs,
-    plot_components,
-    summarize_tasks,
-    write_records_csv,
-)
+from common.ids import JobId, TaskId
+from common.metrics import jain_windows, jct_stats, percentiles, summarize_tasks, usage_from_tasks
+from common.model import Task, TaskKey, new_task
+from request_generator.report import format_table, plot_cdfs, plot_components, write_records_csv
 from request_generator.submitter import Submitter
 from request_generator.workload import (
     Job,
     WorkloadSpec,
     jobs_from_trace,
     read_trace,
+    specs_of,
     synthetic_jobs,
 )
 
@@ -68,6 +67,7 @@ class BenchOptions:
     """A DAG job file (common/dag.py format) to submit instead of a trace or synthetic jobs."""
 
 
+# -------------------------------------------------------------------- workload
 def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
     """DAG jobs from a file, checked against the federation before anything is sent."""
     names, jobs = load_jobs(path)
@@ -91,8 +91,7 @@ def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
 
 def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJob]:
     if opts.jobs_file:
-        dags = _dag_workload(cfg, opts.jobs_file)
-        return _stamp_run(list(dags), opts)
+        return _stamp_run(list(_dag_workload(cfg, opts.jobs_file)), opts)
     spec = WorkloadSpec(
         profile=cfg.profile,
         constraints=cfg.constraints,
@@ -100,6 +99,7 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJ
         duration_scale=opts.duration_scale,
     )
     rng = random.Random(opts.seed)
+    jobs: list[Job]
     if opts.trace:
         trace = read_trace(opts.trace, limit_jobs=opts.limit_jobs)
         jobs = jobs_from_trace(trace, spec, cfg.user_configs, rng)
@@ -118,15 +118,21 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJ
 
 def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJob]:
     """Make ids unique across runs; arrivals relative to the first (or at a fixed rate)."""
-    run = f"r{int(time.time() * 1000) % 10**10:x}"  # task ids are unique across runs
+    run = f"r{int(time.time() * 1000) % 10**10:x}"
     jobs.sort(key=lambda j: j.arrival)
     for j in jobs:
         old = j.job_id
         j.job_id = JobId(f"{run}.{old}")
-        for t in j.tasks:
-            t.job_id = j.job_id
-            rest = t.task_id[len(old) :] if t.task_id.startswith(old) else f".{t.task_id}"
-            t.task_id = TaskId(f"{j.job_id}{rest}")
+
+        def renamed(s: Any, old: str = old, new: JobId = j.job_id) -> Any:
+            rest = s.task_id[len(old) :] if s.task_id.startswith(old) else f".{s.task_id}"
+            return replace(s, job_id=new, task_id=TaskId(f"{new}{rest}"))
+
+        if isinstance(j, DagJob):
+            for t in j.tasks:
+                t.spec = renamed(t.spec)
+        else:
+            j.tasks = [renamed(s) for s in j.tasks]
     if opts.rate is not None:
         for i, j in enumerate(jobs):
             j.arrival = i / opts.rate
@@ -137,6 +143,7 @@ def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJo
     return jobs
 
 
+# --------------------------------------------------------------- measurement
 async def measure_floor(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int
 ) -> list[float]:
@@ -154,47 +161,49 @@ async def fetch_states(
     session: aiohttp.ClientSession, cfg: FederationConfig, headers: dict[str, str]
 ) -> dict[str, Any]:
     states: dict[str, Any] = {}
-    for name, url in [(g, cfg.gm_url(g)) for g in cfg.gm_ids] + [
-        (lm, cfg.lm_url(lm)) for lm in cfg.lm_ids
-    ]:
+    for name in [*cfg.gm_ids, *cfg.lm_ids]:
         try:
-            async with session.get(url + "/v1/state", headers=headers) as resp:
+            async with session.get(cfg.url(name) + "/v1/state", headers=headers) as resp:
                 states[name] = await resp.json()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             states[name] = {"error": str(exc)}
     return states
 
 
+COUNTERS_GM = ("internal_inconsistencies", "external_inconsistencies", "requeues", "failed")
+COUNTERS_LM = (
+    "preemptions",
+    "repartitions",
+    "refused_internal",
+    "refused_external",
+    "workers_lost",
+)
+
+
 def counters_from(states: dict[str, Any]) -> dict[str, int]:
-    total: dict[str, int] = {
-        "internal_inconsistencies": 0,
-        "external_inconsistencies": 0,
-        "inconsistencies": 0,
-        "repartitions": 0,
-        "preemptions": 0,
-        "requeues": 0,
-        "gm_failed_tasks": 0,
-        "dead_lettered": 0,
-        "lm_refused_internal": 0,
-        "lm_refused_external": 0,
-        "workers_lost": 0,
-    }
+    """The federation's counters, summed over the GMs' and LMs' state pages."""
+    total: dict[str, int] = dict.fromkeys((*COUNTERS_GM, *COUNTERS_LM, "dead_lettered"), 0)
     for name, st in states.items():
         c = st.get("counters", {})
-        if name.startswith("gm"):
-            total["internal_inconsistencies"] += c.get("internal_inconsistencies", 0)
-            total["external_inconsistencies"] += c.get("external_inconsistencies", 0)
-            total["requeues"] += c.get("requeues", 0)
-            total["gm_failed_tasks"] += c.get("failed", 0)
-            total["dead_lettered"] += st.get("dead_lettered", 0)
-        else:
-            total["preemptions"] += c.get("preemptions", 0)
-            total["repartitions"] += c.get("repartitions", 0)  # accepted by the LM
-            total["lm_refused_internal"] += c.get("refused_internal", 0)
-            total["lm_refused_external"] += c.get("refused_external", 0)
-            total["workers_lost"] += c.get("workers_lost", 0)
+        for k in COUNTERS_GM if name.startswith("gm") else COUNTERS_LM:
+            total[k] += int(c.get(k, 0))
+        total["dead_lettered"] += int(st.get("dead_lettered", 0))
     total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
     return total
+
+
+# ------------------------------------------------------------------- the run
+@dataclass
+class _Run:
+    """What a run gathered, before it becomes a summary."""
+
+    jobs: list[Job | DagJob]
+    published: dict[TaskKey, float]
+    submit_span: float
+    floor_lm: list[float]
+    floor_worker: list[float]
+    busy_floor: list[float]
+    states: dict[str, Any]
 
 
 def _progress(msg: str, enabled: bool) -> None:
@@ -202,194 +211,56 @@ def _progress(msg: str, enabled: bool) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]:
-    """Replay, wait, measure; returns the summary (also written to ``opts.out``)."""
-    jobs = build_workload(cfg, opts)
-    n_tasks = sum(len(j.tasks) for j in jobs)
-    headers = internal_headers(cfg.secret)
-    sub = Submitter(cfg)
-    await sub.open()
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
+def _line(sub: Submitter, n: int, t0: float) -> str:
+    o = sub.outcomes
+    return (
+        f"bench: t={time.time() - t0:6.1f}s submitted {len(sub.submitted)}/{n} "
+        f"finished {len(o.finished)} failed {len(o.failed)}"
     )
-    try:
-        lm0 = cfg.lm_ids[0]
-        floor_lm = await measure_floor(session, cfg.lm_url(lm0), headers, opts.floor_samples)
-        floor_worker = await measure_floor(
-            session, cfg.worker_url(lm0), headers, opts.floor_samples
-        )
-        _progress(
-            f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
-            f"{percentiles(floor_lm)['p50'] * 1e3:.3f} ms, worker "
-            f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
-            opts.progress,
-        )
-        out = sub.outcomes
-        busy_floor: list[float] = []
-        pinger = asyncio.ensure_future(
-            _ping_during_run(session, cfg.lm_url(lm0), headers, busy_floor)
-        )
-        t0 = time.time()
-        inflight: set[asyncio.Task[float]] = set()
-        sem = asyncio.Semaphore(256)
-        next_report = t0 + 1.0
 
-        async def submit(job: Job | DagJob) -> float:
-            async with sem:
-                at = await sub.submit(job)
-                job.arrival = at  # wall clock from here on: JCT and fairness windows
-                return at
 
+async def _submit_all(
+    sub: Submitter, jobs: list[Job | DagJob], opts: BenchOptions, n_tasks: int
+) -> tuple[dict[TaskKey, float], float]:
+    """Publish every job at its arrival time; returns publish times and the span."""
+    t0 = time.time()
+    published: dict[TaskKey, float] = {}
+    sem = asyncio.Semaphore(256)
+    next_report = t0 + 1.0
+
+    async def submit(job: Job | DagJob) -> None:
+        async with sem:
+            at = await sub.submit(job)
+            job.arrival = at  # wall clock from here on: JCT and fairness windows
+            for s in specs_of(job):
+                published[(s.user, s.task_id)] = at
+
+    async with asyncio.TaskGroup() as tg:
         for job in jobs:
             delay = t0 + job.arrival - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            fut = asyncio.ensure_future(submit(job))
-            inflight.add(fut)
-            fut.add_done_callback(inflight.discard)
+            tg.create_task(submit(job))
             if time.time() >= next_report:
                 next_report += 1.0
                 _progress(_line(sub, n_tasks, t0), opts.progress)
-        for fut in list(inflight):
-            await fut
-        submit_span = time.time() - t0
-        deadline = time.time() + opts.timeout_s
-        ids = [t.task_id for j in jobs for t in j.tasks]
-        while time.time() < deadline:
-            if out.n_done >= len(ids) and all(out.done(i) for i in ids):
-                break
-            out.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(out.changed.wait(), timeout=1.0)
-            if time.time() >= next_report:
-                next_report = time.time() + 1.0
-                _progress(_line(sub, n_tasks, t0), opts.progress)
-        _progress(_line(sub, n_tasks, t0), opts.progress)
-        pinger.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pinger
-        states = await fetch_states(session, cfg, headers)
-    finally:
-        await session.close()
-        await sub.close()
-
-    tasks: list[Task] = []
-    for i in ids:
-        task = out.finished.get(i) or out.started.get(i) or out.failed_tasks.get(i)
-        if task is not None:
-            tasks.append(task)
-    started = [t for t in tasks if t.started_at >= 0]
-    lost = [i for i in ids if not out.done(i)]
-    summary = summarize_tasks(tasks)
-    first = min((t.submitted_at for t in started), default=0.0)
-    last = max((t.started_at for t in started), default=0.0)
-    summary.update(
-        {
-            "tasks": n_tasks,
-            "tasks_finished": len(out.finished),
-            "tasks_failed": len(out.failed),
-            "jobs_refused": dict(sub.refused),
-            "lost_tasks": len(lost),
-            "lost_task_ids": lost[:50],
-            "throughput_tasks_per_s": len(started) / (last - first) if last > first else 0.0,
-            "offered_tasks_per_s": n_tasks / submit_span if submit_span > 0 else 0.0,
-            "floor_rtt_s": percentiles(floor_lm)["p50"],
-            "floor": {
-                "lm_s": percentiles(floor_lm),
-                "worker_s": percentiles(floor_worker),
-                "lm_during_run_s": percentiles(busy_floor),
-            },
-            "counters": counters_from(states),
-            "services": states,
-            "federation": {
-                "gms": cfg.gms,
-                "lms": cfg.lms,
-                "nodes": cfg.lms * cfg.nodes_per_lm,
-                "profile": cfg.profile,
-            },
-            "workload": {
-                "trace": opts.trace,
-                "jobs": len(jobs),
-                "rate": opts.rate,
-                "time_scale": opts.time_scale,
-                "seed": opts.seed,
-            },
-        }
-    )
-    summary.update(job_metrics(cfg, jobs, tasks))
-    floor = summary["floor_rtt_s"]
-    if floor > 0:
-        summary["allocation_p50_in_floors"] = summary["allocation_time_s"]["p50"] / floor
-    write_outputs(Path(opts.out), summary, tasks)
-    return summary
+    return published, time.time() - t0
 
 
-def job_metrics(
-    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: list[Task]
-) -> dict[str, Any]:
-    """Job completion times, makespan and Jain's index over 60-s windows (issue 4),
-    from the tasks' measured start and finish times."""
-    from simulator.dag_run import jain_windows, jct_stats
-    from simulator.megha_sim import SimResult
-
-    by_id = {t.task_id: t for t in tasks}
-    jct: dict[JobId, float] = {}
-    last = 0.0
-    for j in jobs:
-        ends = [by_id[t.task_id].finished_at for t in j.tasks if t.task_id in by_id]
-        if len(ends) == len(j.tasks) and all(e >= 0 for e in ends):
-            jct[j.job_id] = max(ends) - j.arrival
-            last = max(last, max(ends))
-    first = min((j.arrival for j in jobs), default=0.0)
-    capacity = [
-        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
-    ]
-    samples = usage_samples(tasks, capacity, first, last)
-    result = SimResult(
-        tasks=tasks,
-        job_completion=jct,
-        job_arrival={j.job_id: j.arrival for j in jobs},
-        counters={},
-        makespan_s=last - first if jct else 0.0,
-        usage_samples=samples,
-    )
-    return {
-        "jct_s": jct_stats(jct),
-        "makespan_s": result.makespan_s,
-        "jobs_completed": len(jct),
-        "jain": jain_windows(result, cfg.user_configs, jobs),  # type: ignore[arg-type]
-    }
-
-
-def usage_samples(
-    tasks: list[Task], capacity: list[int], first: float, last: float, step: float = 1.0
-) -> list[tuple[float, dict[UserId, float]]]:
-    """Each user's dominant share of the federation, sampled every ``step`` seconds."""
-    edges: list[tuple[float, int, Task]] = []
-    for t in tasks:
-        if t.started_at >= 0 and t.finished_at >= t.started_at:
-            edges.append((t.started_at, 1, t))
-            edges.append((t.finished_at, -1, t))
-    edges.sort(key=lambda e: (e[0], e[1]))
-    used: dict[UserId, list[int]] = {}
-    out: list[tuple[float, dict[UserId, float]]] = []
-    k = 0
-    now = first
-    while now <= last:
-        while k < len(edges) and edges[k][0] <= now:
-            _, sign, t = edges[k]
-            acc = used.setdefault(t.user, [0] * len(capacity))
-            for r, x in enumerate(t.demand):
-                acc[r] += sign * x
-            k += 1
-        out.append(
-            (
-                now,
-                {u: max(x / c for x, c in zip(v, capacity, strict=True)) for u, v in used.items()},
-            )
-        )
-        now += step
-    return out
+async def _wait_done(sub: Submitter, keys: list[TaskKey], opts: BenchOptions) -> None:
+    out = sub.outcomes
+    t0 = time.time()
+    deadline = t0 + opts.timeout_s
+    next_report = t0 + 1.0
+    while time.time() < deadline:
+        if out.n_done >= len(keys) and all(out.done(k) for k in keys):
+            break
+        out.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(out.changed.wait(), timeout=1.0)
+        if time.time() >= next_report:
+            next_report = time.time() + 1.0
+            _progress(_line(sub, len(keys), t0), opts.progress)
 
 
 async def _ping_during_run(
@@ -401,14 +272,151 @@ async def _ping_during_run(
         await asyncio.sleep(0.02)
 
 
-def _line(sub: Submitter, n: int, t0: float) -> str:
-    o = sub.outcomes
-    return (
-        f"bench: t={time.time() - t0:6.1f}s submitted {len(sub.submitted)}/{n} "
-        f"started {len(o.started)} finished {len(o.finished)} failed {len(o.failed)}"
+async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _Run:
+    jobs = build_workload(cfg, opts)
+    n_tasks = sum(len(j.tasks) for j in jobs)
+    headers = internal_headers(cfg.secret)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
+    ) as session:
+        lm0 = cfg.lm_ids[0]
+        floor_lm = await measure_floor(session, cfg.lm_url(lm0), headers, opts.floor_samples)
+        floor_worker = await measure_floor(
+            session, cfg.worker_url(lm0), headers, opts.floor_samples
+        )
+        _progress(
+            f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
+            f"{percentiles(floor_lm)['p50'] * 1e3:.3f} ms, worker "
+            f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
+            opts.progress,
+        )
+        busy: list[float] = []
+        pinger = asyncio.ensure_future(_ping_during_run(session, cfg.lm_url(lm0), headers, busy))
+        try:
+            published, span = await _submit_all(sub, jobs, opts, n_tasks)
+            await _wait_done(sub, list(published), opts)
+        finally:
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+        states = await fetch_states(session, cfg, headers)
+    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states)
+
+
+async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]:
+    """Replay, wait, measure; returns the summary (also written to ``opts.out``)."""
+    sub = Submitter(cfg)
+    await sub.open()
+    try:
+        run = await _drive(cfg, opts, sub)
+    finally:
+        await sub.close()
+    summary, tasks = summarize_run(cfg, opts, run, sub)
+    write_outputs(Path(opts.out), summary, tasks)
+    return summary
+
+
+def summarize_run(
+    cfg: FederationConfig, opts: BenchOptions, run: _Run, sub: Submitter
+) -> tuple[dict[str, Any], list[Task]]:
+    out = sub.outcomes
+    tasks: list[Task] = []
+    lost: list[TaskKey] = []
+    for key, at in run.published.items():
+        task = out.finished.get(key) or out.failed_tasks.get(key)
+        if task is None:
+            lost.append(key)
+            task = new_task(sub.submitted[key], at)
+        tasks.append(task)
+    started = [t for t in tasks if t.started_at >= 0]
+    summary = summarize_tasks(tasks)
+    first = min((t.submitted_at for t in started), default=0.0)
+    last = max((t.started_at for t in started), default=0.0)
+    summary.update(
+        {
+            "submission_s": percentiles(
+                [t.submitted_at - run.published[t.key] for t in started if t.key in run.published]
+            ),
+            "submit_to_start_s": percentiles(
+                [t.started_at - run.published[t.key] for t in started if t.key in run.published]
+            ),
+            "tasks_finished": len(out.finished),
+            "tasks_failed": len(out.failed.keys() - out.finished.keys()),
+            "failure_reasons": _reasons(out.failed),
+            "jobs_refused": dict(sub.refused),
+            "lost_tasks": len(lost),
+            "lost_task_ids": [f"{u}/{t}" for u, t in lost[:50]],
+            "duplicate_outcomes": out.duplicates,
+            "throughput_tasks_per_s": len(started) / (last - first) if last > first else 0.0,
+            "offered_tasks_per_s": len(tasks) / run.submit_span if run.submit_span > 0 else 0.0,
+            "floor_rtt_s": percentiles(run.floor_lm)["p50"],
+            "floor": {
+                "lm_s": percentiles(run.floor_lm),
+                "worker_s": percentiles(run.floor_worker),
+                "lm_during_run_s": percentiles(run.busy_floor),
+            },
+            "counters": counters_from(run.states),
+            "services": run.states,
+            "federation": {
+                "gms": cfg.gms,
+                "lms": cfg.lms,
+                "nodes": cfg.lms * cfg.nodes_per_lm,
+                "profile": cfg.profile,
+            },
+            "workload": {
+                "trace": opts.trace,
+                "jobs_file": opts.jobs_file,
+                "jobs": len(run.jobs),
+                "rate": opts.rate,
+                "time_scale": opts.time_scale,
+                "seed": opts.seed,
+            },
+        }
     )
+    summary.update(job_metrics(cfg, run.jobs, tasks))
+    floor = summary["floor_rtt_s"]
+    if floor > 0:
+        summary["allocation_p50_in_floors"] = summary["allocation_time_s"]["p50"] / floor
+    return summary, tasks
 
 
+def _reasons(failed: dict[TaskKey, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for why in failed.values():
+        out[why] = out.get(why, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:20])
+
+
+def job_metrics(
+    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: list[Task]
+) -> dict[str, Any]:
+    """Job completion times, makespan and Jain's index over 60-s windows, from the
+    tasks' measured start and finish times."""
+    by_key = {t.key: t for t in tasks}
+    jct: dict[JobId, float] = {}
+    spans: dict[Any, list[tuple[float, float]]] = {}
+    last = 0.0
+    for j in jobs:
+        ends = [by_key[(s.user, s.task_id)].finished_at for s in specs_of(j)]
+        if ends and all(e >= 0 for e in ends):
+            jct[j.job_id] = max(ends) - j.arrival
+            last = max(last, max(ends))
+        spans.setdefault(j.user, []).append((j.arrival, j.arrival + jct.get(j.job_id, 1e18)))
+    first = min((j.arrival for j in jobs), default=0.0)
+    capacity = [
+        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
+    ]
+    samples = usage_from_tasks(tasks, capacity, first, last)
+    shares = {u.user: u.share for u in cfg.user_configs}
+    return {
+        "jct_s": jct_stats(jct),
+        "makespan_s": last - first if jct else 0.0,
+        "jobs_completed": len(jct),
+        "jain": jain_windows(samples, spans, shares),
+    }
+
+
+# ------------------------------------------------------------------- outputs
 def write_outputs(out: Path, summary: dict[str, Any], tasks: list[Task]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -425,7 +433,12 @@ def write_outputs(out: Path, summary: dict[str, Any], tasks: list[Task]) -> None
 
 
 def report_text(summary: dict[str, Any]) -> str:
-    rows = {"allocation": summary["allocation_time_s"], **summary["components_s"]}
+    rows = {
+        "allocation": summary["allocation_time_s"],
+        **summary["components_s"],
+        "submission": summary["submission_s"],
+    }
+    counters = ", ".join(f"{k}={v}" for k, v in summary["counters"].items() if v)
     lines = [
         format_table(rows),
         f"tasks {summary['tasks']}  finished {summary['tasks_finished']}  failed "
@@ -433,6 +446,6 @@ def report_text(summary: dict[str, Any]) -> str:
         f"throughput {summary['throughput_tasks_per_s']:.1f} tasks/s; floor (empty LM round "
         f"trip, p50) {summary['floor_rtt_s'] * 1e3:.3f} ms idle, "
         f"{summary['floor']['lm_during_run_s']['p50'] * 1e3:.3f} ms during the run",
-        "counters: " + ", ".join(f"{k}={v}" for k, v in summary["counters"].items() if v),
+        f"counters: {counters or 'all zero (no inconsistency, repartition or preemption)'}",
     ]
     return "\n".join(lines)

@@ -1,82 +1,18 @@
-"""Allocation-time reports: tails, components, per-user figures, CSV rows and PNG plots.
+"""Allocation-time reports as files: CSV rows, PNG plots and printable tables.
 
-Shared by ``megha simulate`` and ``megha bench`` so both speak the same keys:
-``p50 p90 p99 p999 max mean`` for allocation time and each of its components
-(SPEC §3: queueing, processing, worker queueing, communication).
+Shared by ``megha simulate`` and ``megha bench``; the figures themselves
+(percentiles, summaries, one definition each) are ``common.metrics``.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.model import COMPONENTS, Task, WaitReason
-
-PERCENTILE_KEYS = ("p50", "p90", "p99", "p999", "max", "mean")
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """Nearest-rank percentiles (no interpolation: every figure is a measured value)."""
-    if not values:
-        return dict.fromkeys(PERCENTILE_KEYS, 0.0)
-    xs = sorted(values)
-    n = len(xs)
-
-    def rank(q: float) -> float:
-        return xs[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
-    return {
-        "p50": rank(0.5),
-        "p90": rank(0.9),
-        "p99": rank(0.99),
-        "p999": rank(0.999),
-        "max": xs[-1],
-        "mean": math.fsum(xs) / n,
-    }
-
-
-def task_record(task: Task) -> dict[str, Any]:
-    """One row per task: identity, timestamps, allocation time and its split."""
-    row: dict[str, Any] = {
-        "task_id": task.task_id,
-        "job_id": task.job_id,
-        "user": task.user,
-        "gm": task.gm or "",
-        "submitted_at": round(task.submitted_at, 9),
-        "started_at": round(task.started_at, 9),
-        "finished_at": round(task.finished_at, 9),
-        "allocation_s": round(task.allocation_time, 9),
-    }
-    for name, value in zip(COMPONENTS, task.spent, strict=False):
-        row[f"{name}_s"] = round(value, 9)
-    row["attempts"] = task.attempts
-    for reason in WaitReason:
-        row[f"waits_{reason.name.lower()}"] = task.waits[reason]
-    return row
-
-
-def summarize_tasks(tasks: Sequence[Task]) -> dict[str, Any]:
-    """Tails of the tasks that started, per component and per user."""
-    started = [t for t in tasks if t.started_at >= 0]
-    alloc = [t.allocation_time for t in started]
-    per_user: dict[str, list[float]] = {}
-    for t in started:
-        per_user.setdefault(t.user, []).append(t.allocation_time)
-    waits = {r.name.lower(): sum(t.waits[r] for t in tasks) for r in WaitReason}
-    waited = {r.name.lower(): sum(1 for t in tasks if t.waits[r]) for r in WaitReason}
-    return {
-        "allocation_time_s": percentiles(alloc),
-        "components_s": {
-            name: percentiles([t.spent[i] for t in started]) for i, name in enumerate(COMPONENTS)
-        },
-        "per_user": {u: percentiles(v) for u, v in sorted(per_user.items())},
-        "tasks": len(tasks),
-        "tasks_started": len(started),
-        "wait_reasons": {"decisions": waits, "tasks": waited},
-    }
+from common.metrics import PERCENTILE_KEYS, percentiles, task_record
+from common.model import COMPONENTS, Task
 
 
 def write_records_csv(path: Path, tasks: Sequence[Task]) -> None:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.cluster import ResourceProfile, profile
+from common.dag import DagJob, stage_layout
 from common.errors import ConfigError
 from common.ids import JobId, TaskId, UserId
-from common.model import N_CONSTRAINTS, Task, UserConfig
+from common.messages import StageSpec, SubmitJob
+from common.model import N_CONSTRAINTS, Task, TaskSpec, UserConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +81,35 @@ def task_constraints(rng: random.Random, prob: float) -> int:
 
 @dataclass
 class Job:
+    """A job of independent tasks (one stage), as a trace or generator makes it."""
+
     job_id: JobId
     user: UserId
     arrival: float
-    tasks: list[Task] = field(default_factory=list)
+    tasks: list[TaskSpec] = field(default_factory=list)
+
+
+def specs_of(job: Job | DagJob) -> list[TaskSpec]:
+    """The task specs of a plain or DAG job, in submission order."""
+    return [t.spec if isinstance(t, Task) else t for t in job.tasks]
+
+
+def to_submission(job: Job | DagJob, token: str, submitted_at: float) -> SubmitJob:
+    """The message that submits ``job`` into its user's queue."""
+    stages = None
+    if isinstance(job, DagJob):
+        stages = tuple(
+            StageSpec(stage_id=sid, parents=parents, count=n)
+            for sid, parents, n in stage_layout(job)
+        )
+    return SubmitJob(
+        job_id=job.job_id,
+        user=job.user,
+        token=token,
+        submitted_at=submitted_at,
+        tasks=tuple(specs_of(job)),
+        stages=stages,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,12 +131,12 @@ def _tasks(
     spec: WorkloadSpec,
     prof: ResourceProfile,
     rng: random.Random,
-) -> list[Task]:
+) -> list[TaskSpec]:
     tasks = []
     for i, d in enumerate(durations):
         mask = task_constraints(rng, spec.task_constraint_prob) if spec.constraints else 0
         tasks.append(
-            Task(
+            TaskSpec(
                 task_id=TaskId(f"{job_id}.t{i}"),
                 job_id=job_id,
                 user=user,

@@ -15,6 +15,7 @@ import json
 import random
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
+from common.metrics import summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.carbyne import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
-from request_generator.report import summarize_tasks
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
 
 JAIN_WINDOW_S = 60.0
@@ -217,7 +218,7 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
         for j in jobs:
             j.arrival *= args.time_scale
             for t in j.tasks:
-                t.duration *= args.duration_scale
+                t.spec = replace(t.spec, duration=t.spec.duration * args.duration_scale)
     clusters = _clusters_for(args, width, gm_ids, rng)
     cfg = SimConfig(
         network_delay_s=args.network_delay,

@@ -1,57 +1,87 @@
 """Which tasks of which job are done: job completion times, failures, makespan.
 
 One book for every simulated scheduler, so Megha, Sparrow and the centralized
-configuration count finished jobs the same way.
+configuration count finished jobs the same way.  Tasks are recorded as their
+outcomes arrive (the GM's ledger of each task); a task with no outcome at the end
+is reported as it was submitted, never started.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
-from common.ids import JobId, TaskId
-from common.model import Task
+from common.dag import DagJob
+from common.ids import JobId
+from common.model import Task, TaskKey, TaskSpec, new_task
+from request_generator.workload import Job, specs_of
 
 
-class JobLike(Protocol):
-    job_id: JobId
+@dataclass(slots=True)
+class _Entry:
+    spec: TaskSpec
     arrival: float
-
-    @property
-    def tasks(self) -> list[Task]: ...
 
 
 class JobBook:
     """Tasks in, completions out; a job completes when its last task is done."""
 
     def __init__(self) -> None:
-        self.tasks: list[Task] = []
+        self._entries: dict[TaskKey, _Entry] = {}
+        self._outcomes: dict[TaskKey, Task] = {}
+        self._jobs: dict[JobId, list[TaskSpec]] = {}
         self.job_arrival: dict[JobId, float] = {}
         self.job_left: dict[JobId, int] = {}
         self.job_completion: dict[JobId, float] = {}
-        self.failed: dict[TaskId, str] = {}
+        self.failed: dict[TaskKey, str] = {}
         self.first_arrival: float | None = None
         self.last_finish = 0.0
 
-    def add(self, job: JobLike) -> None:
-        tasks: Sequence[Task] = job.tasks
-        self.tasks.extend(tasks)
+    def add(self, job: Job | DagJob) -> None:
+        specs = specs_of(job)
+        self._jobs[job.job_id] = specs
+        for s in specs:
+            self._entries[(s.user, s.task_id)] = _Entry(s, job.arrival)
         self.job_arrival[job.job_id] = job.arrival
-        self.job_left[job.job_id] = len(tasks)
+        self.job_left[job.job_id] = len(specs)
         if self.first_arrival is None or job.arrival < self.first_arrival:
             self.first_arrival = job.arrival
 
     def done(self, task: Task, t: float, failure: str = "") -> None:
         """``task`` finished at ``t`` (or failed, with the reason)."""
+        key = task.key
+        if key in self._outcomes:
+            return
+        self._outcomes[key] = task
         if failure:
-            self.failed[task.task_id] = failure
-        else:
+            self.failed[key] = failure
+        elif task.finished_at < 0:
             task.finished_at = t
         self.last_finish = max(self.last_finish, t)
         left = self.job_left[task.job_id] - 1
         self.job_left[task.job_id] = left
         if left == 0:
             self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
+
+    def done_spec(self, spec: TaskSpec, t: float, failure: str) -> None:
+        """A task that failed before any scheduler made a ledger for it."""
+        e = self._entries[(spec.user, spec.task_id)]
+        self.done(new_task(spec, e.arrival), t, failure)
+
+    def specs(self, job_id: JobId) -> list[TaskSpec]:
+        return self._jobs.get(job_id, [])
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._entries) - len(self._outcomes)
+
+    @property
+    def tasks(self) -> list[Task]:
+        """Every task, in submission order: its outcome, or as submitted."""
+        out = []
+        for key, e in self._entries.items():
+            task = self._outcomes.get(key)
+            out.append(task if task is not None else new_task(e.spec, e.arrival))
+        return out
 
     @property
     def makespan(self) -> float:

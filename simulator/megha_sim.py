@@ -1,21 +1,20 @@
-"""The Megha simulator: the real GM and LM cores, driven in virtual time (paper §V-B).
+"""The Megha simulator: the real GM, LM and worker cores, driven in virtual time (paper §V-B).
 
-This module holds *no* placement logic.  It delivers messages between the cores
+This module holds *no* scheduling logic.  It calls each core's one entry,
+``handle(message, now)``, exactly as the live services do, delivers the effects
 with a network delay, and models each GM and LM as a single server that charges
-processing time for what it handles (a decision, a validation, a state update),
-so queues form where they would form in a real deployment:
+processing time for what it handles (a decision, a validation, a state update), so
+queues form where they would form in a real deployment:
 
 * GM: a message or a decision starts when the GM is free; the core is called at
-  the start, its effects leave when the processing time has passed.
-* LM: a request waits in the LM's inbox; the core is called when its processing
-  ends (``received_at`` = arrival), and its effects leave then.
-* Worker: a task starts the moment its StartTask arrives (the LM has already
-  validated its resources) and reports its end to the LM after its duration.
+  the start, its effects leave when the processing time has passed (a request's
+  ``sent_at`` is stamped then, as the live driver stamps it when it posts).
+* LM: a message waits in the LM's inbox; the core is called when its processing
+  ends, and the answer carries the arrival as ``received_at``.
+* Worker pools (one per LM, as live): the same ``WorkerPool`` core as the live
+  worker; its timers (``After``) become events of the loop.
 * Heartbeats: every LM sends its state delta to every GM each ``update_period_s``,
   the LMs' phases spread over the period.
-
-Start reports of workers are not sent in simulation (they change no decision); the
-worker stamps the task's ledger itself.
 """
 
 from __future__ import annotations
@@ -23,32 +22,52 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from common.cluster import ClusterSpec
-from common.effects import Effect, Report, ToAllGms, ToGm, ToLm, ToWorker, stamp_sent
-from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.dag import DagJob
+from common.effects import (
+    After,
+    Effect,
+    JobRefused,
+    JobSettled,
+    Reply,
+    ToAllGms,
+    ToGm,
+    ToLm,
+    ToUser,
+    ToWorker,
+)
+from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
+    AdmitJob,
+    Decide,
+    Heartbeat,
     LaunchRequest,
     LaunchResponse,
     PreemptRequest,
     PreemptResponse,
-    SnapshotRequest,
     StartTask,
+    StartTasks,
     StateSnapshot,
     StateUpdated,
     StopTask,
+    StopTasks,
     TaskEvent,
+    TaskEvents,
     WorkerReport,
+    WorkerReports,
 )
-from common.model import Phase, Task, UserConfig
+from common.metrics import GmCounters, LmCounters, total
+from common.model import Task, TaskKey, UserConfig
 from global_master.core import GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
-from request_generator.workload import Job
+from request_generator.workload import Job, to_submission
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
+from worker.core import WorkerPool
 
 
 @dataclass
@@ -77,23 +96,14 @@ class SimConfig:
     """Record each user's dominant share of the federation this often (Carbyne reports)."""
 
 
-class DagLike(Protocol):
-    job_id: JobId
-    user: UserId
-    arrival: float
-
-    @property
-    def tasks(self) -> list[Task]: ...
-
-
 @dataclass
 class SimResult:
     tasks: list[Task]
     job_completion: dict[JobId, float]
     job_arrival: dict[JobId, float]
-    counters: dict[str, int]
+    counters: dict[str, float]
     makespan_s: float
-    failed: dict[TaskId, str] = field(default_factory=dict)
+    failed: dict[TaskKey, str] = field(default_factory=dict)
     usage_samples: list[tuple[float, dict[UserId, float]]] = field(default_factory=list)
     stuck: int = 0
     events: int = 0
@@ -116,7 +126,7 @@ QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
 
 
 class MeghaSimulation:
-    """A federation of GMs and LMs in virtual time, driving the real cores."""
+    """A federation of GMs, LMs and worker pools in virtual time, driving the real cores."""
 
     def __init__(
         self,
@@ -142,24 +152,30 @@ class MeghaSimulation:
                 queues=queues,
             )
         self.lms: dict[LmId, LocalMaster] = {
-            c.lm: LocalMaster(c.lm, c.nodes, c.home) for c in clusters
+            c.lm: LocalMaster(c.lm, c.nodes, c.home, gms=gm_ids, report_starts=False)
+            for c in clusters
+        }
+        self.pools: dict[LmId, WorkerPool] = {
+            c.lm: WorkerPool(c.lm, len(c.nodes), commands=False) for c in clusters
         }
         self.user_gm: dict[UserId, GmId] = {u.user: u.gm for u in users}
         self._gm_srv = {g: _Server() for g in self.gms}
         self._lm_srv = {lm: _Server() for lm in self.lms}
-        self._running: dict[TaskId, int] = {}
-        self._token = 0
         self.book = JobBook()
-        self.outstanding = 0
         self.usage_samples: list[tuple[float, dict[UserId, float]]] = []
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
         self._arrivals_left = 0
+        self._running_timers = 0
         self.stuck = 0
         for lm in self.lms.values():
             for g in self.gms:
-                snap = lm.snapshot(g)
-                self.gms[g].on_snapshot(snap, 0.0)
+                self.gms[g].handle(lm.snapshot(g), 0.0)
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks without an outcome yet (the stuck ones count as done once declared)."""
+        return 0 if self.stuck else self.book.outstanding
 
     def _capacity_totals(self) -> list[int]:
         tot: list[int] = []
@@ -172,27 +188,19 @@ class MeghaSimulation:
         return tot
 
     # ---------------------------------------------------------------- input
-    def add_jobs(self, jobs: Iterable[Job | DagLike]) -> None:
+    def add_jobs(self, jobs: Iterable[Job | DagJob]) -> None:
         """Jobs enter their user's GM queue at their arrival time."""
         for job in jobs:
             if job.user not in self.user_gm:
                 raise ValueError(f"job {job.job_id}: user {job.user!r} has no GM")
             self.book.add(job)
-            self.outstanding += len(job.tasks)
             self._arrivals_left += 1
             self.loop.at(job.arrival, self._arrive, job)
 
-    def _arrive(self, job: Job | DagLike) -> None:
+    def _arrive(self, job: Job | DagJob) -> None:
         self._arrivals_left -= 1
-        gm_id = self.user_gm[job.user]
-        gm = self.gms[gm_id]
-        now = self.loop.now
-        if hasattr(job, "stages"):
-            submit_job: Callable[[Any, float], list[Effect]] = getattr(gm, "submit_job")  # noqa: B009
-            self._route(submit_job(job, now), now)
-        else:
-            gm.submit(job.tasks, now)
-        self._kick_gm(gm_id)
+        sub = to_submission(job, "", self.loop.now)
+        self._deliver_gm(self.user_gm[job.user], AdmitJob(job=sub))
 
     # ------------------------------------------------------------------ GMs
     def _deliver_gm(self, gm_id: GmId, msg: Any) -> None:
@@ -205,51 +213,44 @@ class MeghaSimulation:
         for g in self.gms:
             self._deliver_gm(g, msg)
 
-    def _kick_gm(self, gm_id: GmId) -> None:
-        if not self._gm_srv[gm_id].busy:
-            self._gm_step(gm_id)
+    def _gm_cost(self, gm: GlobalMaster, msg: Any) -> float:
+        cfg = self.cfg
+        if isinstance(msg, StateUpdated):
+            return cfg.gm_message_s + cfg.update_node_s * len(msg.delta.nodes)
+        if isinstance(msg, LaunchResponse):
+            retried = sum(1 for r in msg.results if not r.accepted)
+            return (
+                cfg.gm_message_s
+                + cfg.update_node_s * len(msg.delta.nodes)
+                + cfg.gm_decision_s * retried
+            )
+        if isinstance(msg, PreemptResponse):
+            return cfg.gm_message_s + cfg.gm_decision_s * (not msg.accepted)
+        if isinstance(msg, StateSnapshot):
+            return cfg.gm_message_s + cfg.update_node_s * len(msg.state.nodes)
+        if isinstance(msg, TaskEvents):
+            return cfg.gm_message_s * len(msg.events)
+        return cfg.gm_message_s
 
     def _gm_step(self, gm_id: GmId) -> None:
-        """The GM handles its next message, or makes its next decision, or idles."""
+        """The GM handles its next message, or makes its next decisions, or idles."""
         srv = self._gm_srv[gm_id]
         gm = self.gms[gm_id]
-        cfg = self.cfg
         now = self.loop.now
         if srv.inbox:
             _, msg = srv.inbox.popleft()
-            if isinstance(msg, StateUpdated):
-                effects = gm.on_state_update(msg, now)
-                cost = cfg.gm_message_s + cfg.update_node_s * len(msg.delta.nodes)
-            elif isinstance(msg, TaskEvent):
-                effects = gm.on_task_event(msg, now)
-                cost = cfg.gm_message_s
-            elif isinstance(msg, LaunchResponse):
-                effects = gm.on_launch_response(msg, now)
-                retried = sum(1 for r in msg.results if not r.accepted)
-                cost = (
-                    cfg.gm_message_s
-                    + cfg.update_node_s * len(msg.delta.nodes)
-                    + cfg.gm_decision_s * retried
-                )
-            elif isinstance(msg, PreemptResponse):
-                effects = gm.on_preempt_response(msg, now)
-                cost = cfg.gm_message_s + cfg.gm_decision_s * (not msg.accepted)
-            elif isinstance(msg, StateSnapshot):
-                effects = gm.on_snapshot(msg, now)
-                cost = cfg.gm_message_s + cfg.update_node_s * len(msg.state.nodes)
-            else:
-                raise TypeError(f"GM cannot handle {type(msg).__name__}")
+            effects = gm.handle(msg, now)
+            cost = self._gm_cost(gm, msg)
         elif gm.has_work():
-            before = gm.counters["decisions"]
-            effects = gm.decide(now, cfg.batch)
-            cost = cfg.gm_decision_s * (gm.counters["decisions"] - before)
+            before = gm.counters.decisions
+            effects = gm.handle(Decide(max_tasks=self.cfg.batch), now)
+            cost = self.cfg.gm_decision_s * (gm.counters.decisions - before)
         else:
             srv.busy = False
             return
         srv.busy = True
         done = now + cost
-        stamp_sent(effects, done)
-        self._route(effects, done)
+        self._route(effects, done, gm_id=gm_id)
         self.loop.at(done, self._gm_step, gm_id)
 
     # ------------------------------------------------------------------ LMs
@@ -260,7 +261,7 @@ class MeghaSimulation:
             self._lm_step(lm_id)
 
     def _lm_step(self, lm_id: LmId) -> None:
-        """The LM takes its next request; the core runs when its processing ends."""
+        """The LM takes its next message; the core runs when its processing ends."""
         srv = self._lm_srv[lm_id]
         if not srv.inbox:
             srv.busy = False
@@ -279,77 +280,111 @@ class MeghaSimulation:
     def _lm_done(self, lm_id: LmId) -> None:
         srv = self._lm_srv[lm_id]
         arrived, msg = srv.inbox.popleft()
-        lm = self.lms[lm_id]
         now = self.loop.now
-        if isinstance(msg, LaunchRequest):
-            effects = lm.on_launch(msg, now, received_at=arrived)
-        elif isinstance(msg, WorkerReport):
-            effects = lm.on_worker_report(msg, now)
-        elif isinstance(msg, PreemptRequest):
-            effects = lm.on_preempt(msg, now, received_at=arrived)
-        elif isinstance(msg, SnapshotRequest):
-            effects = lm.on_snapshot_request(msg, now)
-        elif msg == "heartbeat":
-            effects = lm.heartbeat(now)
-        else:
-            raise TypeError(f"LM cannot handle {type(msg).__name__}")
-        self._route(effects, now)
+        effects = self.lms[lm_id].handle(msg, now)
+        self._route(effects, now, lm_id=lm_id, request=msg, arrived=arrived)
         self._lm_step(lm_id)
 
     def _heartbeat(self, lm_id: LmId) -> None:
         if self.outstanding <= 0:
             return
-        self._deliver_lm(lm_id, "heartbeat")
+        self._deliver_lm(lm_id, Heartbeat())
         self.loop.after(self.cfg.update_period_s, self._heartbeat, lm_id)
 
     # -------------------------------------------------------------- workers
-    def _worker_start(self, lm_id: LmId, node: NodeIndex, task: Task) -> None:
+    def _deliver_pool(self, lm_id: LmId, msg: Any) -> None:
         now = self.loop.now
-        task.enter(Phase.WORKER_QUEUEING, now)
-        task.start(now)
-        self._token += 1
-        self._running[task.task_id] = self._token
-        self.loop.at(now + task.duration, self._worker_finish, lm_id, node, task, self._token)
+        effects = self.pools[lm_id].handle(msg, now)
+        self._route(effects, now, pool=lm_id)
 
-    def _worker_stop(self, task_id: TaskId) -> None:
-        self._running.pop(task_id, None)
-
-    def _worker_finish(self, lm_id: LmId, node: NodeIndex, task: Task, token: int) -> None:
-        if self._running.get(task.task_id) != token:
-            return  # stopped (preempted) before it finished
-        del self._running[task.task_id]
-        rep = WorkerReport(
-            lm=lm_id, node=node, task_id=task.task_id, kind="finished", at=self.loop.now
-        )
-        self.loop.after(self.cfg.network_delay_s, self._deliver_lm, lm_id, rep)
+    def _timer(self, lm_id: LmId, msg: Any) -> None:
+        self._running_timers -= 1
+        self._deliver_pool(lm_id, msg)
 
     # ---------------------------------------------------------------- wires
-    def _route(self, effects: list[Effect], t: float) -> None:
+    def _route(
+        self,
+        effects: list[Effect],
+        t: float,
+        *,
+        gm_id: GmId | None = None,
+        lm_id: LmId | None = None,
+        pool: LmId | None = None,
+        request: Any = None,
+        arrived: float = 0.0,
+    ) -> None:
+        """Carry out a core's effects at time ``t`` (the end of its processing)."""
+        if not effects:
+            return
         at = t + self.cfg.network_delay_s
         loop = self.loop
+        starts: list[StartTask] = []
+        stops: list[StopTask] = []
+        events: dict[GmId, list[TaskEvent]] = {}
+        reports: list[WorkerReport] = []
         for eff in effects:
-            if isinstance(eff, ToWorker):
+            if isinstance(eff, ToLm):
                 msg = eff.msg
-                lm_id = msg.lm
-                if isinstance(msg, StartTask):
-                    loop.at(at, self._worker_start, lm_id, eff.node, msg.task)
-                elif isinstance(msg, StopTask):
-                    loop.at(at, self._worker_stop, msg.task_id)
+                if isinstance(msg, LaunchRequest | PreemptRequest):
+                    msg = replace(msg, sent_at=t)  # the driver stamps when a request leaves
+                if isinstance(msg, WorkerReport):
+                    reports.append(msg)
+                else:
+                    loop.at(at, self._deliver_lm, eff.lm, msg)
+            elif isinstance(eff, Reply):
+                self._reply(eff.msg, at, lm_id=lm_id, pool=pool, request=request, arrived=arrived)
             elif isinstance(eff, ToGm):
-                m = eff.msg
-                if isinstance(m, TaskEvent) and m.kind in ("finished", "failed"):
-                    self._task_done(m.task, m.kind, t)
-                loop.at(at, self._deliver_gm, eff.gm, m)
-            elif isinstance(eff, ToLm):
-                loop.at(at, self._deliver_lm, eff.lm, eff.msg)
+                events.setdefault(eff.gm, []).append(eff.msg)
+            elif isinstance(eff, ToWorker):
+                if isinstance(eff.msg, StartTask):
+                    starts.append(eff.msg)
+                else:
+                    stops.append(eff.msg)
             elif isinstance(eff, ToAllGms):
                 loop.at(at, self._deliver_all_gms, eff.msg)
-            elif isinstance(eff, Report):
-                self._task_done(eff.msg.task, "failed", t, eff.msg.reason)
+            elif isinstance(eff, ToUser):
+                out = eff.msg
+                self.book.done(out.task, t, "" if out.finished else out.reason or "failed")
+            elif isinstance(eff, After):
+                assert pool is not None
+                self._running_timers += 1
+                loop.at(t + eff.delay, self._timer, pool, eff.msg)
+            elif isinstance(eff, JobRefused):
+                self._refused(eff, t)
+            elif isinstance(eff, JobSettled):
+                pass  # nothing to acknowledge in virtual time
+            else:
+                raise TypeError(f"the simulator cannot carry out {type(eff).__name__}")
+        if lm_id is not None and (starts or stops):
+            if stops:
+                loop.at(at, self._deliver_pool, lm_id, StopTasks(lm=lm_id, tasks=tuple(stops)))
+            if starts:
+                loop.at(at, self._deliver_pool, lm_id, StartTasks(lm=lm_id, tasks=tuple(starts)))
+        for g, evs in events.items():
+            assert lm_id is not None
+            loop.at(at, self._deliver_gm, g, TaskEvents(lm=lm_id, events=tuple(evs)))
+        if reports:
+            assert pool is not None
+            loop.at(at, self._deliver_lm, pool, WorkerReports(lm=pool, reports=tuple(reports)))
 
-    def _task_done(self, task: Task, kind: str, t: float, reason: str = "") -> None:
-        self.outstanding -= 1
-        self.book.done(task, t, (reason or "failed on worker") if kind == "failed" else "")
+    def _reply(
+        self, msg: Any, at: float, *, lm_id: LmId | None, pool: LmId | None, request: Any,
+        arrived: float,
+    ) -> None:  # fmt: skip
+        if pool is not None:  # a worker pool answers its LM's start/stop request
+            if isinstance(msg, WorkerReports) and msg.reports:
+                self.loop.at(at, self._deliver_lm, pool, msg)
+            return
+        if isinstance(msg, LaunchResponse | PreemptResponse):
+            msg = replace(msg, received_at=arrived)
+        gm = getattr(request, "gm", None)
+        if gm is None or not isinstance(msg, LaunchResponse | PreemptResponse | StateSnapshot):
+            raise TypeError(f"{lm_id} answered {type(request).__name__} with {msg!r:.200}")
+        self.loop.at(at, self._deliver_gm, gm, msg)
+
+    def _refused(self, eff: JobRefused, t: float) -> None:
+        for spec in self.book.specs(eff.job_id):
+            self.book.done_spec(spec, t, f"refused: {eff.reason}")
 
     # ----------------------------------------------------------------- usage
     def _sample_usage(self) -> None:
@@ -381,15 +416,19 @@ class MeghaSimulation:
         """
         if self.outstanding <= 0:
             return
-        quiet = not self._running and all(
+        quiet = not self._running_timers and all(
             not s.busy and not s.inbox for s in (*self._gm_srv.values(), *self._lm_srv.values())
         )
         self._idle_ticks = self._idle_ticks + 1 if quiet and not self._arrivals_left else 0
         if self._idle_ticks >= 3:
-            self.stuck = self.outstanding
-            self.outstanding = 0
+            self.stuck = self.book.outstanding
             return
         self.loop.after(self.cfg.update_period_s * 3, self._watchdog)
+
+    def counters(self) -> dict[str, float]:
+        gm = total((g.counters for g in self.gms.values()), GmCounters).as_dict()
+        lm = total((m.counters for m in self.lms.values()), LmCounters).as_dict()
+        return {**gm, **lm}
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -400,17 +439,13 @@ class MeghaSimulation:
         if self.cfg.sample_usage_every_s is not None:
             self.loop.at(start, self._sample_usage)
         self.loop.at(start + period * 3, self._watchdog)
-        self.loop.run(progress=progress)
-        counters: dict[str, int] = {}
-        for c in [g.counters for g in self.gms.values()] + [m.counters for m in self.lms.values()]:
-            for name, v in c.items():
-                counters[name] = counters.get(name, 0) + v
+        self.loop.run(progress=progress, stop=lambda: self.stuck > 0)
         book = self.book
         return SimResult(
             tasks=book.tasks,
             job_completion=book.job_completion,
             job_arrival=book.job_arrival,
-            counters=counters,
+            counters=self.counters(),
             makespan_s=book.makespan,
             failed=book.failed,
             usage_samples=self.usage_samples,

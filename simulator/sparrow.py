@@ -28,11 +28,20 @@ from dataclasses import dataclass
 from bitarray import bitarray
 
 from common.cluster import ClusterSpec
-from common.model import N_CONSTRAINTS, Phase, Task, fits, satisfies
+from common.metrics import Counters
+from common.model import N_CONSTRAINTS, Phase, Task, fits, new_task, satisfies
 from request_generator.workload import Job
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from simulator.megha_sim import SimResult
+
+
+@dataclass(slots=True)
+class SparrowCounters(Counters):
+    probes: int = 0
+    noops: int = 0
+    get_task: int = 0
+    resamples: int = 0
 
 
 @dataclass
@@ -44,14 +53,13 @@ class SparrowConfig:
 class _JobState:
     __slots__ = ("arrival", "job_id", "pending", "probes_out", "unconstrained")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, now: float) -> None:
         self.job_id = job.job_id
         self.arrival = job.arrival
+        tasks = [new_task(spec, now) for spec in job.tasks]
         # Most constrained first: a worker binds the hardest task it can run.
-        self.pending: deque[Task] = deque(
-            sorted(job.tasks, key=lambda t: -t.constraints.bit_count())
-        )
-        self.unconstrained = all(t.constraints == 0 for t in job.tasks)
+        self.pending: deque[Task] = deque(sorted(tasks, key=lambda t: -t.constraints.bit_count()))
+        self.unconstrained = all(t.constraints == 0 for t in tasks)
         self.probes_out = 0
 
 
@@ -89,7 +97,7 @@ class SparrowSimulation:
             self._vectors.append(v)
         self._eligible: dict[int, list[int]] = {}
         self.book = JobBook()
-        self.counters = {"probes": 0, "noops": 0, "get_task": 0, "resamples": 0}
+        self.counters = SparrowCounters()
 
     def _eligible_workers(self, mask: int) -> list[int]:
         lst = self._eligible.get(mask)
@@ -109,10 +117,7 @@ class SparrowSimulation:
 
     def _arrive(self, job: Job) -> None:
         now = self.loop.now
-        state = _JobState(job)
-        for t in job.tasks:
-            t.submit(now)
-        self._sample(state, now)
+        self._sample(_JobState(job, now), now)
 
     def _sample(self, state: _JobState, now: float) -> None:
         """Place ``probe_ratio`` reservations per pending task of the job."""
@@ -129,7 +134,7 @@ class SparrowSimulation:
                     self.book.done(t, now, "infeasible: no worker meets the constraints")
                     continue
                 targets.extend(self.rng.sample(elig, min(d, len(elig))))
-        self.counters["probes"] += len(targets)
+        self.counters.probes += len(targets)
         state.probes_out += len(targets)
         at = now + self.cfg.network_delay_s
         for w in targets:
@@ -147,7 +152,7 @@ class SparrowSimulation:
             return
         state, reserved_at = worker.queue.popleft()
         worker.asking = True
-        self.counters["get_task"] += 1
+        self.counters.get_task += 1
         now = self.loop.now
         self.loop.at(now + self.cfg.network_delay_s, self._get_task, w, state, reserved_at, now)
 
@@ -168,18 +173,18 @@ class SparrowSimulation:
                 state.pending.remove(task)
         at = self.loop.now + self.cfg.network_delay_s
         if task is None:
-            self.counters["noops"] += 1
+            self.counters.noops += 1
             self.loop.at(at, self._noop, w)
             if state.pending and state.probes_out == 0:
                 # every reservation of the job is spent and tasks remain: probe again
-                self.counters["resamples"] += 1
+                self.counters.resamples += 1
                 self._sample(state, self.loop.now)
             return
-        d = self.cfg.network_delay_s
-        task.spent[Phase.COMMUNICATION] = 3 * d
-        task.spent[Phase.WORKER_QUEUEING] = asked_at - reserved_at
-        task.phase_since = at
-        task.phase = Phase.COMMUNICATION
+        # waiting for a probe, the probe on the wire, the reservation queued at the
+        # worker, then the request and the task on the wire
+        task.mark(Phase.COMMUNICATION, reserved_at - self.cfg.network_delay_s)
+        task.mark(Phase.WORKER_QUEUEING, reserved_at)
+        task.mark(Phase.COMMUNICATION, asked_at)
         for r, x in enumerate(task.demand):
             worker.free[r] -= x
         self.loop.at(at, self._start, w, task)
@@ -211,7 +216,7 @@ class SparrowSimulation:
             tasks=book.tasks,
             job_completion=book.job_completion,
             job_arrival=book.job_arrival,
-            counters=dict(self.counters),
+            counters=self.counters.as_dict(),
             makespan_s=book.makespan,
             failed=book.failed,
             events=self.loop.events,

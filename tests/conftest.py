@@ -1,36 +1,62 @@
 """Shared builders for tests of the pure cores, and a hand-driven in-memory network.
 
-``Network`` only routes effects between cores (GM -> LM requests, LM -> GM answers,
-events and state updates, LM -> worker commands) and plays the workers; it makes
-no placement decision of its own.  Tests choose what is delivered, when, in which
-order, or whether it is dropped.
+``Network`` only routes effects between the real cores (GM -> LM requests, LM -> GM
+answers, events and state updates, LM -> worker pool commands, pool -> LM reports)
+and keeps the pools' timers; it makes no decision of its own and plays no worker
+logic (the pools are ``worker.core.WorkerPool``).  Tests choose what is delivered,
+when, in which order, or whether it is dropped.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass, field, replace
 
-from common.effects import Effect, Report, ToAllGms, ToGm, ToLm, ToWorker, stamp_sent
+from common import codec
+from common.effects import (
+    After,
+    Effect,
+    JobRefused,
+    JobSettled,
+    Reply,
+    ToAllGms,
+    ToGm,
+    ToLm,
+    ToUser,
+    ToWorker,
+)
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
+    AdmitJob,
+    CheckWorkers,
+    CommandExited,
+    Decide,
+    Heartbeat,
     LaunchRequest,
+    Placement,
     PreemptRequest,
+    RequestSnapshots,
     StartTask,
+    StartTasks,
     StopTask,
-    TaskFailed,
+    StopTasks,
+    SubmitJob,
+    TaskDue,
+    TaskEvent,
+    TaskEvents,
+    TaskOutcome,
+    WorkerHeartbeat,
     WorkerReport,
+    WorkerReports,
 )
-from common.model import N_CONSTRAINTS, NodeSpec, Phase, Task, UserConfig
+from common.model import N_CONSTRAINTS, NodeSpec, Task, TaskKey, TaskSpec, TaskState, UserConfig
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
+from worker.core import WorkerPool
 
 ALL = (1 << N_CONSTRAINTS) - 1
-T = TypeVar("T")
 _ids = itertools.count()
 
 
@@ -43,10 +69,10 @@ def make_task(
     task_id: str | None = None,
     duration: float = 1.0,
     job: str = "j0",
-) -> Task:
+) -> TaskSpec:
     """A task demanding ``(cpu, mem)``; ids are unique unless given."""
     tid = task_id if task_id is not None else f"t{next(_ids)}"
-    return Task(
+    return TaskSpec(
         task_id=TaskId(tid),
         job_id=JobId(job),
         user=UserId(user),
@@ -54,6 +80,10 @@ def make_task(
         duration=duration,
         constraints=constraints,
     )
+
+
+def key(spec: TaskSpec) -> TaskKey:
+    return (spec.user, spec.task_id)
 
 
 def make_lm(
@@ -68,7 +98,8 @@ def make_lm(
         NodeSpec(capacity=(n[0], n[1]), constraints=n[2] if len(n) > 2 else ALL) for n in nodes
     ]
     homes = [GmId(h) for h in (home if home is not None else ["gm0"] * len(nodes))]
-    return LocalMaster(LmId(lm), specs, homes, log_limit=kwargs.get("log_limit"))
+    gms = [GmId(f"gm{i}") for i in range(3)]
+    return LocalMaster(LmId(lm), specs, homes, gms=gms, log_limit=kwargs.get("log_limit"))
 
 
 def make_gm(
@@ -89,7 +120,46 @@ def make_gm(
 def sync_views(gm: GlobalMaster, *lms: LocalMaster) -> None:
     """Give ``gm`` a full snapshot of each LM, as after start-up."""
     for lm in lms:
-        gm.on_snapshot(lm.snapshot(gm.gm_id), 0.0)
+        gm.handle(lm.snapshot(gm.gm_id), 0.0)
+
+
+def jobs_of(specs: Iterable[TaskSpec], now: float) -> list[SubmitJob]:
+    """The submissions of ``specs``: one job per (user, job id), in order."""
+    by_job: dict[tuple[UserId, JobId], list[TaskSpec]] = {}
+    for s in specs:
+        by_job.setdefault((s.user, s.job_id), []).append(s)
+    return [
+        SubmitJob(job_id=j, user=u, token="", submitted_at=now, tasks=tuple(ts))
+        for (u, j), ts in by_job.items()
+    ]
+
+
+def submit(
+    gm: GlobalMaster, specs: Iterable[TaskSpec], now: float, *, redelivered: bool = False
+) -> list[Effect]:
+    """Submit ``specs`` to ``gm`` (one job per job id) and return its effects."""
+    out: list[Effect] = []
+    for job in jobs_of(specs, now):
+        out.extend(gm.handle(AdmitJob(job=job, redelivered=redelivered), now))
+    return out
+
+
+def decide(gm: GlobalMaster, now: float, max_tasks: int = 1) -> list[Effect]:
+    return gm.handle(Decide(max_tasks=max_tasks), now)
+
+
+def task_of(gm: GlobalMaster, spec: TaskSpec) -> Task:
+    """The GM's own record of a task it holds (queued, in flight or placed)."""
+    (task,) = gm.tasks_of([key(spec)])
+    return task
+
+
+def state(gm: GlobalMaster, spec: TaskSpec) -> TaskState | None:
+    return gm.state_of(key(spec))
+
+
+def queued(gm: GlobalMaster) -> list[TaskSpec]:
+    return [t.spec for t in gm.queues]
 
 
 def launches(effects: Iterable[Effect]) -> list[LaunchRequest]:
@@ -100,76 +170,188 @@ def preempts(effects: Iterable[Effect]) -> list[PreemptRequest]:
     return [e.msg for e in effects if isinstance(e, ToLm) and isinstance(e.msg, PreemptRequest)]
 
 
-def to_gm(effects: Iterable[Effect], kind: type) -> list[object]:
-    return [e.msg for e in effects if isinstance(e, ToGm) and isinstance(e.msg, kind)]
+def replies(effects: Iterable[Effect]) -> list[object]:
+    return [e.msg for e in effects if isinstance(e, Reply)]
 
 
-def failures(effects: Iterable[Effect]) -> list[TaskFailed]:
-    return [e.msg for e in effects if isinstance(e, Report)]
+def events(effects: Iterable[Effect]) -> list[TaskEvent]:
+    return [e.msg for e in effects if isinstance(e, ToGm)]
 
 
-def _same(msg: T) -> T:
-    return msg
+def as_events(lm: LmId, evs: Sequence[TaskEvent]) -> TaskEvents:
+    return TaskEvents(lm=lm, events=tuple(evs))
 
 
+def failures(effects: Iterable[Effect]) -> list[TaskOutcome]:
+    return [e.msg for e in effects if isinstance(e, ToUser) and not e.msg.finished]
+
+
+def outcomes(effects: Iterable[Effect]) -> list[TaskOutcome]:
+    return [e.msg for e in effects if isinstance(e, ToUser)]
+
+
+def report(
+    lm: LmId,
+    kind: int,
+    spec: TaskSpec,
+    node: int,
+    at: float,
+    *,
+    attempt: int = 1,
+    worker_at: float | None = None,
+    started_at: float = -1.0,
+) -> WorkerReports:
+    """A worker pool's report about one attempt of a task (a start at ``at`` unless
+    ``started_at`` says otherwise)."""
+    if kind == 0 and started_at < 0:  # ReportKind.STARTED
+        started_at = at
+    return WorkerReports(
+        lm=lm,
+        reports=(
+            WorkerReport(
+                kind=kind,  # type: ignore[arg-type]
+                node=NodeIndex(node),
+                user=spec.user,
+                task_id=spec.task_id,
+                attempt=attempt,
+                at=at,
+                worker_at=at if worker_at is None else worker_at,
+                started_at=started_at,
+            ),
+        ),
+    )
+
+
+def alive(lm: LocalMaster, now: float, *nodes: int) -> None:
+    """Worker heartbeats for ``nodes`` (all if none given)."""
+    which = nodes or tuple(range(lm.n_nodes))
+    lm.handle(WorkerHeartbeat(lm=lm.lm_id, nodes=tuple(NodeIndex(n) for n in which), at=now), now)
+
+
+def check_workers(lm: LocalMaster, now: float, timeout: float) -> list[Effect]:
+    return lm.handle(CheckWorkers(timeout=timeout), now)
+
+
+def heartbeat(lm: LocalMaster, now: float) -> list[Effect]:
+    return lm.handle(Heartbeat(), now)
+
+
+def launch_req(spec: TaskSpec, node: int = 0, gm: str = "gm0", attempt: int = 1) -> LaunchRequest:
+    return LaunchRequest(
+        gm=GmId(gm),
+        lm=LmId("lm0"),
+        request_id=0,
+        placements=(Placement(spec=spec, attempt=attempt, node=NodeIndex(node)),),
+        known_version=-1,
+    )
+
+
+# ------------------------------------------------------------------- network
 @dataclass(slots=True)
 class Envelope:
-    """A message on the wire: to an LM (``ToLm``) or to a GM (``ToGm``/fan-out)."""
+    """A message on the wire: to an LM (``to_lm``, answered to ``reply_to``) or a GM."""
 
     dst: str
     msg: object
     to_lm: bool
+    reply_to: str = ""
+
+
+def _wire(msg: object) -> object:
+    """What the other end receives: the message as the codec encodes and decodes it."""
+    return codec.decode(codec.encode(msg))
+
+
+def _same(msg: object) -> object:
+    return msg
 
 
 @dataclass(slots=True)
 class Network:
-    """Routes effects between cores by hand, and plays the workers.
+    """Routes effects between cores by hand; runs the real worker-pool cores.
 
-    Workers receive their LM's commands in order (one FIFO per node) and, being other
-    processes, work on their own copy of a task; a started task is reported back at
-    once with that copy's ledger.  With ``copies`` every message is copied on the
-    wire, as in the live federation; without, cores share objects as in the simulator.
+    Worker pools receive their LM's commands in order (one FIFO per pool).  A pool
+    may be cut off from its LM (it goes on running and reporting what it had) or lose
+    a node (its tasks die).  With ``copies`` every message crosses the codec, as in
+    the live federation; without, cores share objects as in the simulator.
     """
 
     gms: dict[GmId, GlobalMaster]
     lms: dict[LmId, LocalMaster]
     wire: list[Envelope] = field(default_factory=list)
-    inbox: dict[tuple[LmId, NodeIndex], deque[StartTask | StopTask]] = field(default_factory=dict)
-    running: dict[tuple[LmId, NodeIndex, TaskId], Task] = field(default_factory=dict)
-    """What each worker runs, by (LM, node, task): a worker may start a task its LM
-    has already moved elsewhere (a StartTask queued before the StopTask)."""
-    failed: list[TaskFailed] = field(default_factory=list)
+    pools: dict[LmId, WorkerPool] = field(default_factory=dict)
+    inbox: dict[LmId, deque[StartTasks | StopTasks]] = field(default_factory=dict)
+    timers: list[tuple[float, LmId, TaskDue]] = field(default_factory=list)
+    outcomes: dict[TaskKey, TaskOutcome] = field(default_factory=dict)
+    settled: list[JobSettled] = field(default_factory=list)
+    refused: list[JobRefused] = field(default_factory=list)
     copies: bool = False
 
-    def send(self, effects: Iterable[Effect], now: float, *, src_lm: LmId | None = None) -> None:
-        """Put a core's effects on the wire (a GM's are stamped as sent at ``now``)."""
-        effects = list(effects)
-        if src_lm is None:
-            stamp_sent(effects, now)
-        wire = copy.deepcopy if self.copies else _same
+    def pool(self, lm: LmId) -> WorkerPool:
+        p = self.pools.get(lm)
+        if p is None:
+            p = self.pools[lm] = WorkerPool(lm, self.lms[lm].n_nodes)
+        return p
+
+    def send(
+        self,
+        effects: Iterable[Effect],
+        now: float,
+        *,
+        src_lm: LmId | None = None,
+        src_gm: GmId | None = None,
+        request: object = None,
+    ) -> None:
+        """Put a core's effects on the wire (a GM's requests are stamped as sent at ``now``)."""
+        wire = _wire if self.copies else _same
+        starts: list[StartTask] = []
+        stops: list[StopTask] = []
+        evs: dict[GmId, list[TaskEvent]] = {}
         for e in effects:
             if isinstance(e, ToLm):
-                self.wire.append(Envelope(e.lm, wire(e.msg), True))
+                msg = e.msg
+                if isinstance(msg, LaunchRequest | PreemptRequest):
+                    msg = replace(msg, sent_at=now)
+                self.wire.append(Envelope(e.lm, wire(msg), True, src_gm or ""))
+            elif isinstance(e, Reply):
+                to = getattr(request, "gm", None)
+                assert to is not None, f"{src_lm} answered {request!r:.80} with {e.msg!r:.80}"
+                self.wire.append(Envelope(to, wire(e.msg), False))
             elif isinstance(e, ToGm):
-                self.wire.append(Envelope(e.gm, wire(e.msg), False))
+                evs.setdefault(e.gm, []).append(e.msg)
             elif isinstance(e, ToAllGms):
                 for g in self.gms:
                     self.wire.append(Envelope(g, wire(e.msg), False))
             elif isinstance(e, ToWorker):
-                assert src_lm is not None
-                self.inbox.setdefault((src_lm, e.node), deque()).append(e.msg)
+                (starts if isinstance(e.msg, StartTask) else stops).append(e.msg)  # type: ignore[arg-type]
+            elif isinstance(e, ToUser):
+                self.outcomes[e.msg.task.key] = e.msg
+            elif isinstance(e, JobSettled):
+                self.settled.append(e)
+            elif isinstance(e, JobRefused):
+                self.refused.append(e)
             else:
-                self.failed.append(e.msg)
+                raise TypeError(f"unexpected effect {e!r:.80}")
+        for g, items in evs.items():
+            assert src_lm is not None
+            self.wire.append(Envelope(g, wire(TaskEvents(lm=src_lm, events=tuple(items))), False))
+        if starts or stops:
+            assert src_lm is not None
+            q = self.inbox.setdefault(src_lm, deque())
+            if stops:
+                q.append(StopTasks(lm=src_lm, tasks=tuple(stops)))
+            if starts:
+                q.append(StartTasks(lm=src_lm, tasks=tuple(starts)))
 
     def deliver(self, index: int, now: float) -> None:
         """Hand the ``index``-th message on the wire to its core; send its effects."""
         env = self.wire.pop(index)
         if env.to_lm:
             lm = self.lms[LmId(env.dst)]
-            self.send(lm.handle(env.msg, now), now, src_lm=lm.lm_id)
+            self.send(lm.handle(env.msg, now), now, src_lm=lm.lm_id, request=env.msg)
         else:
             gm = self.gms[GmId(env.dst)]
-            self.send(gm.handle(env.msg, now), now)
+            self.send(gm.handle(env.msg, now), now, src_gm=gm.gm_id)
 
     def run(self, now: float, limit: int = 10_000) -> None:
         """Deliver everything on the wire, oldest first, until it is quiet."""
@@ -182,33 +364,55 @@ class Network:
     def start(self, now: float) -> None:
         """Every GM asks every LM for a snapshot; deliver until quiet."""
         for gm in self.gms.values():
-            self.send(gm.start(now), now)
+            self.send(gm.handle(RequestSnapshots(), now), now, src_gm=gm.gm_id)
         self.run(now)
 
+    def submit(self, gm: GmId, specs: Iterable[TaskSpec], now: float) -> None:
+        self.send(submit(self.gms[gm], specs, now), now, src_gm=gm)
+
     def decide(self, gm: GmId, now: float, max_tasks: int = 1) -> None:
-        self.send(self.gms[gm].decide(now, max_tasks), now)
+        self.send(decide(self.gms[gm], now, max_tasks), now, src_gm=gm)
 
     def heartbeat(self, lm: LmId, now: float) -> None:
-        self.send(self.lms[lm].heartbeat(now), now, src_lm=lm)
+        self.send(heartbeat(self.lms[lm], now), now, src_lm=lm)
+
+    def lm_input(self, lm: LmId, msg: object, now: float) -> None:
+        """A message straight into an LM (worker heartbeats, liveness checks)."""
+        self.send(self.lms[lm].handle(msg, now), now, src_lm=lm)
 
     # ------------------------------------------------------------ workers
-    def work(self, lm: LmId, node: NodeIndex, now: float) -> None:
-        """The worker of ``node`` takes its next command: start or stop a task."""
-        cmd = self.inbox[(lm, node)].popleft()
-        if isinstance(cmd, StopTask):
-            self.running.pop((lm, node, cmd.task_id), None)
-            return
-        task = copy.deepcopy(cmd.task)
-        task.enter(Phase.WORKER_QUEUEING, now)
-        task.start(now)
-        self.running[(lm, node, task.task_id)] = task
-        rep = WorkerReport(lm=lm, node=node, task_id=task.task_id, kind="started", at=now)
-        self.send(self.lms[lm].on_worker_report(rep, now, task=task), now, src_lm=lm)
+    def _pool_effects(self, lm: LmId, effects: list[Effect], now: float) -> None:
+        reports: list[WorkerReport] = []
+        for e in effects:
+            if isinstance(e, Reply):
+                msg = e.msg
+                if isinstance(msg, WorkerReports):
+                    reports.extend(msg.reports)
+            elif isinstance(e, After):
+                assert isinstance(e.msg, TaskDue)
+                self.timers.append((now + e.delay, lm, e.msg))
+            elif isinstance(e, ToLm):
+                assert isinstance(e.msg, WorkerReport)
+                reports.append(e.msg)
+        if reports:
+            self.lm_input(lm, WorkerReports(lm=lm, reports=tuple(reports)), now)
+
+    def work(self, lm: LmId, now: float) -> None:
+        """The pool of ``lm`` takes its next command batch (start or stop)."""
+        cmd = self.inbox[lm].popleft()
+        self._pool_effects(lm, self.pool(lm).handle(cmd, now), now)
 
     def work_all(self, now: float) -> None:
-        for (lm, node), q in list(self.inbox.items()):
+        for lm, q in list(self.inbox.items()):
             while q:
-                self.work(lm, node, now)
+                self.work(lm, now)
+
+    @property
+    def running(self) -> list[tuple[LmId, NodeIndex, UserId, TaskId]]:
+        """What every pool runs: (LM, node, user, task)."""
+        return sorted(
+            (lm, r.node, k[0], k[1]) for lm, p in self.pools.items() for k, r in p.running.items()
+        )
 
     def finish(
         self,
@@ -217,19 +421,33 @@ class Network:
         kind: str = "finished",
         *,
         lm: LmId | None = None,
-        node: NodeIndex | None = None,
+        user: UserId | None = None,
     ) -> None:
-        """The worker running ``task_id`` (on ``lm``/``node`` if given) reports it ended."""
-        (key,) = [
-            k for k in self.running if k[2] == task_id and (lm, node) in ((None, None), k[:2])
+        """The pool running ``task_id`` (on ``lm`` if given) reports it ended."""
+        (where,) = [
+            (l_, u)
+            for l_, _, u, t in self.running
+            if t == task_id and lm in (None, l_) and user in (None, u)
         ]
-        del self.running[key]
-        lm, node, _ = key
-        rep = WorkerReport(lm=lm, node=node, task_id=task_id, kind=kind, at=now)
-        self.send(self.lms[lm].on_worker_report(rep, now), now, src_lm=lm)
+        l_, u = where
+        r = self.pools[l_].running[(u, task_id)]
+        msg: TaskDue | CommandExited
+        if kind == "finished":
+            msg = TaskDue(user=u, task_id=task_id, attempt=r.attempt)
+        else:
+            msg = CommandExited(user=u, task_id=task_id, attempt=r.attempt, ok=False, detail="x")
+        self._pool_effects(l_, self.pools[l_].handle(msg, now), now)
 
     def lose_node(self, lm: LmId, node: NodeIndex) -> None:
-        """The worker dies: its commands and running tasks vanish with it."""
-        self.inbox.pop((lm, node), None)
-        for key in [k for k in self.running if k[:2] == (lm, node)]:
-            del self.running[key]
+        """The node dies: its tasks and the commands queued for it vanish with it."""
+        pool = self.pool(lm)
+        for k in [k for k, r in pool.running.items() if r.node == node]:
+            del pool.running[k]
+        q = self.inbox.get(lm)
+        if q:
+            kept: deque[StartTasks | StopTasks] = deque()
+            for batch in q:
+                tasks = tuple(t for t in batch.tasks if t.node != node)
+                if tasks:
+                    kept.append(replace(batch, tasks=tasks))  # type: ignore[arg-type]
+            self.inbox[lm] = kept

@@ -1,104 +1,156 @@
 """Worker pool service: hosts the nodes of one LM (``MEGHA_ID`` = that LM).
 
-POST /v1/start and /v1/stop take batches of StartTask / StopTask from the LM (the
-start response carries the "started" reports of synthetic tasks);
-GET /health, /v1/state, /metrics; POST /v1/ping answers empty (the floor).
+POST /v1/start and /v1/stop take batches from the LM (the answer to a start carries
+the "started" reports of synthetic tasks); later reports go to the LM batched per
+loop turn and are retried until it takes them.  GET /health, /v1/state, /metrics;
+POST /v1/ping answers empty (the floor).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from common import codec
 from common.config import FederationConfig
-from common.errors import ValidationError
-from common.ids import LmId
-from common.messages import StartTask, StopTask
-from common.metrics import ServiceMetrics
-from common.service import (
+from common.effects import KillCommand, RunCommand, ToLm
+from common.ids import LmId, NodeIndex
+from common.messages import StartTasks, StopTasks, WorkerHeartbeat, WorkerReport, WorkerReports
+from runtime.driver import Batcher, CoreDriver
+from runtime.http import (
     METRICS_KEY,
+    Peer,
+    PeerRefused,
     base_app,
-    msgpack_response,
-    read_body,
+    read_message,
+    reply_response,
     require_internal,
     serve,
     service_identity,
+    session,
 )
+from runtime.prometheus import ServiceMetrics
+from runtime.retry import Backoff, GiveUp
+from runtime.supervisor import Supervisor
 from worker.core import WorkerPool
 from worker.runner import Runner
 
-RUNNER_KEY = web.AppKey("runner", Runner)
+log = logging.getLogger("megha.worker")
+
+REPORTS = Backoff(first_s=0.05, cap_s=2.0, deadline_s=None)
+"""Reports are retried until the LM takes them: they are never dropped."""
 
 
-def _batch(body: bytes, pool: WorkerPool, kind: type) -> list[StartTask | StopTask]:
-    msgs = codec.decode_batch(body, expect=kind)
-    out: list[StartTask | StopTask] = []
-    for m in msgs:
-        assert isinstance(m, StartTask | StopTask)
-        if m.lm != pool.lm:
-            raise ValidationError(
-                f"this pool hosts {pool.lm}'s nodes, not {m.lm}'s", reason="wrong_lm"
-            )
-        if not 0 <= m.node < pool.n_nodes:
-            raise ValidationError(f"node {m.node} is not hosted here", reason="unknown_node")
-        out.append(m)
-    return out
+class WorkerService:
+    """A worker-pool core, the runner of its commands, and its LM as a peer."""
+
+    def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
+        self.cfg = cfg
+        n_nodes = len(cfg.clusters[cfg.lm_ids.index(lm)].nodes)
+        self.core = WorkerPool(lm, n_nodes, commands=cfg.task_commands)
+        self.sup = Supervisor(f"{lm}-workers")
+        self.driver = CoreDriver(self.core, self.sup)
+        self.runner = Runner(self.driver)
+        self.http: aiohttp.ClientSession | None = None
+        self.lm: Peer | None = None
+        self.reports: Batcher[str, WorkerReport] = Batcher(
+            self.sup, self._send_reports, "reports to the LM", max_items=2000
+        )
+        d = self.driver
+        d.on(ToLm, self._report)
+        d.on(RunCommand, self.runner.run)
+        d.on(KillCommand, self.runner.kill)
+
+    async def open(self) -> None:
+        await self.sup.__aenter__()
+        self.http = session(16)
+        self.lm = Peer(
+            self.core.lm, self.cfg.lm_url(self.core.lm), self.cfg.secret, self.http, policy=REPORTS
+        )
+        self.sup.run_forever(self._heartbeats(), "heartbeats")
+
+    async def close(self) -> None:
+        self.runner.close()
+        await self.sup.__aexit__(None, None, None)
+        if self.http is not None:
+            await self.http.close()
+
+    def _report(self, eff: ToLm) -> None:
+        assert isinstance(eff.msg, WorkerReport)
+        self.reports.add("lm", eff.msg)
+
+    async def _send_reports(self, _: str, reports: list[WorkerReport]) -> None:
+        assert self.lm is not None
+        msg = WorkerReports(lm=self.core.lm, reports=tuple(reports))
+        while True:
+            try:
+                await self.lm.post("/v1/worker-report", msg, expect=WorkerReports)
+                return
+            except PeerRefused as exc:  # an LM that refuses reports is misconfigured: keep them
+                log.error("LM refused %d reports (%s); retrying", len(reports), exc)
+                await asyncio.sleep(2.0)
+
+    async def _heartbeats(self) -> None:
+        assert self.lm is not None
+        nodes = tuple(NodeIndex(i) for i in range(self.core.n_nodes))
+        policy = Backoff(deadline_s=self.cfg.heartbeat_s)
+        while True:
+            hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=time.time())
+            try:
+                await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
+            except (PeerRefused, GiveUp) as exc:
+                log.debug("heartbeat not delivered: %s", exc)
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+    def state_page(self) -> dict[str, Any]:
+        return {
+            "lm": self.core.lm,
+            "nodes": self.core.n_nodes,
+            "epoch": self.core.epoch,
+            "running": len(self.core.running),
+            "counters": self.core.counters.as_dict(),
+            "reports_pending": self.reports.pending(),
+            "at": time.time(),
+        }
 
 
-async def start_handler(request: web.Request) -> web.Response:
-    runner = request.app[RUNNER_KEY]
-    started = []
-    for m in _batch(await read_body(request), runner.pool, StartTask):
-        assert isinstance(m, StartTask)
-        rep = runner.start(m)
-        if rep is not None:
-            started.append(rep)
-    return msgpack_response(codec.encode_batch(started))
+SERVICE_KEY = web.AppKey("service", WorkerService)
 
 
-async def stop_handler(request: web.Request) -> web.Response:
-    runner = request.app[RUNNER_KEY]
-    for m in _batch(await read_body(request), runner.pool, StopTask):
-        assert isinstance(m, StopTask)
-        runner.stop(m)
-    return web.Response(status=204)
+def _handler(kind: type) -> Any:
+    async def handle(request: web.Request) -> web.Response:
+        svc = request.app[SERVICE_KEY]
+        msg: object = await read_message(request, kind)
+        return reply_response(svc.driver.feed(msg))
+
+    return handle
 
 
 async def health_handler(request: web.Request) -> web.Response:
     return web.json_response(
-        {"status": "ok", "role": "worker", "lm": request.app[RUNNER_KEY].pool.lm}
+        {"status": "ok", "role": "worker", "lm": request.app[SERVICE_KEY].core.lm}
     )
 
 
 async def state_handler(request: web.Request) -> web.Response:
     require_internal(request)
-    pool = request.app[RUNNER_KEY].pool
-    return web.json_response(
-        {
-            "lm": pool.lm,
-            "nodes": pool.n_nodes,
-            "running": len(pool.running),
-            "counters": pool.counters,
-            "at": time.time(),
-        }
-    )
+    return web.json_response(request.app[SERVICE_KEY].state_page())
 
 
 def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
+    svc = WorkerService(cfg, lm)
     app = base_app(cfg)
-    n_nodes = len(cfg.clusters[cfg.lm_ids.index(lm)].nodes)
-    pool = WorkerPool(lm, n_nodes)
-    runner = Runner(pool, cfg.lm_url(lm), cfg.secret, cfg.heartbeat_s)
-    app[RUNNER_KEY] = runner
+    app[SERVICE_KEY] = svc
     app[METRICS_KEY] = ServiceMetrics(
-        "megha_worker", lambda: pool.counters, lambda: {"running_tasks": len(pool.running)}
+        "megha_worker", lambda: svc.core.counters, lambda: {"running_tasks": len(svc.core.running)}
     )
-
-    app.router.add_post("/v1/start", start_handler)
-    app.router.add_post("/v1/stop", stop_handler)
-    return serve(app, runner, health=health_handler, state=state_handler)
+    app.router.add_post("/v1/start", _handler(StartTasks))
+    app.router.add_post("/v1/stop", _handler(StopTasks))
+    return serve(app, svc, health=health_handler, state=state_handler)
 
 
 async def create_app() -> web.Application:

@@ -1,77 +1,197 @@
-"""A worker pool's task lifecycle: the nodes of one LM hosted by one process.
+"""A worker pool's pure core: the task lifecycle on the nodes of one LM.
 
-Pure: ``now`` is passed in and reports are returned; ``worker.runner`` owns the
-timers and subprocesses.  A StartTask arriving is stamped WORKER_QUEUEING (the wire
-time before it is charged to communication); the task starts when the runner has
-it running, which closes its allocation-time ledger.  Every report carries the
-worker's copy of the task, so the LM relays the final ledger to the GM.
+Theory of operation:
+
+* One entry: ``handle(message, now) -> effects``.  ``StartTasks`` and ``StopTasks``
+  come from the pool's LM; ``TaskDue`` (a synthetic task's duration elapsed) and
+  ``CommandExited`` (a real process ended) come from the driver.
+* A synthetic task (no command) starts the moment its ``StartTask`` arrives and holds
+  its resources for its duration: the core asks for a timer (``After``).  A task with
+  a command asks the driver to run it (``RunCommand``); it has started once the
+  driver says so.  The started reports of a ``StartTasks`` batch travel back in the
+  answer (``Reply``); later reports go to the LM (``ToLm``).
+* Attempts: each ``(user, task id)`` runs at most one attempt here.  A start of an
+  attempt already running is a repeat (ignored); a newer attempt replaces an older
+  one (stopped first).  Timers and exits of an attempt no longer running are stale
+  and ignored, so nothing ever has to be cancelled.
+* A ``StartTasks`` from an older LM epoch than the newest one seen is refused: a
+  superseded LM (an old incarnation, or a fenced standby) cannot start work.
+
+Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from common.codec import TaskReport
-from common.ids import LmId, NodeIndex, TaskId
-from common.messages import StartTask, StopTask, WorkerReport
-from common.model import Phase, Task
+from common.effects import After, Effect, KillCommand, Reply, RunCommand, ToLm
+from common.ids import LmId, NodeIndex
+from common.messages import (
+    CommandExited,
+    CommandStarted,
+    Refused,
+    ReportKind,
+    StartTask,
+    StartTasks,
+    StopTasks,
+    TaskDue,
+    WorkerReport,
+    WorkerReports,
+)
+from common.metrics import WorkerCounters
+from common.model import TaskKey, TaskSpec
 
 
 @dataclass(slots=True)
 class Running:
-    task: Task
+    spec: TaskSpec
+    attempt: int
     node: NodeIndex
-    started: bool = False
+    worker_at: float
+    started_at: float = -1.0
 
 
-@dataclass
 class WorkerPool:
-    """The tasks on the nodes of one LM's cluster hosted by this process."""
+    """The tasks on the nodes of one LM's cluster hosted by this pool."""
 
-    lm: LmId
-    n_nodes: int
-    running: dict[TaskId, Running] = field(default_factory=dict)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {"started": 0, "finished": 0, "failed": 0, "stopped": 0}
-    )
+    def __init__(self, lm: LmId, n_nodes: int, *, commands: bool = True) -> None:
+        self.lm = lm
+        self.n_nodes = n_nodes
+        self.commands = commands
+        """Whether tasks may carry a command (off: every task is synthetic)."""
+        self.epoch = -1
+        self.running: dict[TaskKey, Running] = {}
+        self.counters = WorkerCounters()
+        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+            StartTasks: self._on_start,
+            StopTasks: self._on_stop,
+            TaskDue: self._on_due,
+            CommandStarted: self._on_command_started,
+            CommandExited: self._on_exited,
+        }
 
-    def accept(self, msg: StartTask, now: float) -> Task | None:
-        """A StartTask arrived; None if the task is already here (a repeated request)."""
-        if msg.task.task_id in self.running:
-            return None
-        if not 0 <= msg.node < self.n_nodes:
-            raise ValueError(f"node {msg.node} is not hosted here")
-        msg.task.enter(Phase.WORKER_QUEUEING, now)
-        self.running[msg.task.task_id] = Running(msg.task, msg.node)
-        return msg.task
+    def handle(self, msg: object, now: float) -> list[Effect]:
+        """Take one message at time ``now``; return what the driver must do."""
+        try:
+            handler = self._handlers[type(msg)]
+        except KeyError:
+            raise TypeError(f"a worker pool does not handle {type(msg).__name__}") from None
+        return handler(msg, now)
 
-    def started(self, task_id: TaskId, now: float) -> TaskReport | None:
-        r = self.running.get(task_id)
-        if r is None or r.started:
-            return None
-        r.started = True
-        r.task.start(now)
-        self.counters["started"] += 1
-        return self._report(r, "started", now)
+    def _fence(self, lm: LmId, epoch: int) -> Refused | None:
+        if lm != self.lm:
+            return Refused(reason="wrong_lm", detail=f"this pool hosts {self.lm}'s nodes")
+        if epoch < self.epoch:
+            return Refused(reason="stale_epoch", detail=f"epoch {epoch} is older than {self.epoch}")
+        self.epoch = epoch
+        return None
 
-    def ended(self, task_id: TaskId, now: float, ok: bool, detail: str = "") -> TaskReport | None:
-        r = self.running.pop(task_id, None)
+    def _on_start(self, msg: StartTasks, now: float) -> list[Effect]:
+        refused = self._fence(msg.lm, msg.epoch)
+        if refused is not None:
+            self.counters.refused += 1
+            return [Reply(refused)]
+        bad = next((s for s in msg.tasks if not 0 <= s.node < self.n_nodes), None)
+        if bad is not None:
+            self.counters.refused += 1
+            return [Reply(Refused(reason="unknown_node", detail=f"node {bad.node} not hosted"))]
+        effects: list[Effect] = []
+        started: list[WorkerReport] = []
+        for s in msg.tasks:
+            self._start_one(s, now, started, effects)
+        effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=tuple(started))))
+        return effects
+
+    def _start_one(
+        self, s: StartTask, now: float, started: list[WorkerReport], effects: list[Effect]
+    ) -> None:
+        spec = s.spec
+        key = (spec.user, spec.task_id)
+        r = self.running.get(key)
+        if r is not None:
+            if r.attempt >= s.attempt:
+                self.counters.repeated += 1
+                return
+            self._drop(key, effects)
+        r = self.running[key] = Running(spec, s.attempt, s.node, now)
+        if spec.command and self.commands:
+            effects.append(RunCommand(spec, s.attempt))
+            return
+        r.started_at = now
+        self.counters.started += 1
+        started.append(self._report(ReportKind.STARTED, r, now))
+        effects.append(After(spec.duration, TaskDue(user=spec.user, task_id=spec.task_id,
+                                                     attempt=s.attempt)))  # fmt: skip
+
+    def _drop(self, key: TaskKey, effects: list[Effect]) -> None:
+        r = self.running.pop(key)
+        self.counters.stopped += 1
+        if r.spec.command and self.commands:
+            effects.append(KillCommand(r.spec.user, r.spec.task_id, r.attempt))
+
+    def _on_stop(self, msg: StopTasks, now: float) -> list[Effect]:
+        """Preempted or superseded attempts: dropped without a report (the LM already
+        released them)."""
+        refused = self._fence(msg.lm, msg.epoch)
+        if refused is not None:
+            self.counters.refused += 1
+            return [Reply(refused)]
+        effects: list[Effect] = []
+        for s in msg.tasks:
+            key = (s.user, s.task_id)
+            r = self.running.get(key)
+            if r is not None and r.attempt <= s.attempt:
+                self._drop(key, effects)
+        effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=())))
+        return effects
+
+    def _current(self, user: Any, task_id: Any, attempt: int) -> Running | None:
+        r = self.running.get((user, task_id))
+        return r if r is not None and r.attempt == attempt else None
+
+    def _on_due(self, msg: TaskDue, now: float) -> list[Effect]:
+        r = self._current(msg.user, msg.task_id, msg.attempt)
         if r is None:
-            return None
-        r.task.finished_at = now
-        kind = "finished" if ok else "failed"
-        self.counters[kind] += 1
-        return self._report(r, kind, now, detail)
+            return []  # stopped or superseded meanwhile
+        return self._end(r, now, True, "")
 
-    def stop(self, msg: StopTask) -> bool:
-        """A preempted task: dropped without a report (its LM already released it)."""
-        if self.running.pop(msg.task_id, None) is None:
-            return False
-        self.counters["stopped"] += 1
-        return True
+    def _on_exited(self, msg: CommandExited, now: float) -> list[Effect]:
+        r = self._current(msg.user, msg.task_id, msg.attempt)
+        if r is None:
+            return []
+        if r.started_at < 0:  # it never got going: started and ended at once
+            r.started_at = now
+        return self._end(r, now, msg.ok, msg.detail)
 
-    def _report(self, r: Running, kind: str, now: float, detail: str = "") -> TaskReport:
-        rep = WorkerReport(
-            lm=self.lm, node=r.node, task_id=r.task.task_id, kind=kind, at=now, detail=detail
+    def _on_command_started(self, msg: CommandStarted, now: float) -> list[Effect]:
+        """The driver has the command running: the attempt has started."""
+        r = self._current(msg.user, msg.task_id, msg.attempt)
+        if r is None or r.started_at >= 0:
+            return []
+        r.started_at = now
+        self.counters.started += 1
+        return [ToLm(self.lm, self._report(ReportKind.STARTED, r, now))]
+
+    def _end(self, r: Running, now: float, ok: bool, detail: str) -> list[Effect]:
+        del self.running[(r.spec.user, r.spec.task_id)]
+        if ok:
+            self.counters.finished += 1
+        else:
+            self.counters.failed += 1
+        kind = ReportKind.FINISHED if ok else ReportKind.FAILED
+        return [ToLm(self.lm, self._report(kind, r, now, detail))]
+
+    def _report(self, kind: ReportKind, r: Running, now: float, detail: str = "") -> WorkerReport:
+        return WorkerReport(
+            kind=kind,
+            node=r.node,
+            user=r.spec.user,
+            task_id=r.spec.task_id,
+            attempt=r.attempt,
+            at=now,
+            worker_at=r.worker_at,
+            started_at=r.started_at,
+            detail=detail,
         )
-        return TaskReport(report=rep, task=r.task)

@@ -1,150 +1,77 @@
-"""The only place that waits or spawns: runs tasks (synthetic timers or real
-commands), batches reports to the LM, and heartbeats the hosted nodes."""
+"""The only place in a worker pool that spawns processes: runs a task's command.
+
+The core asks (``RunCommand``, ``KillCommand``); the runner starts or kills the
+process and tells the core what happened (``CommandStarted``, ``CommandExited``)
+through the driver.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Coroutine
-from typing import Any
 
-import aiohttp
+from common.effects import KillCommand, RunCommand
+from common.messages import CommandExited, CommandStarted
+from common.model import TaskKey
+from runtime.driver import CoreDriver
 
-from common import codec
-from common.auth import internal_headers
-from common.codec import TaskReport, WorkerHeartbeat
-from common.ids import NodeIndex, TaskId
-from common.messages import StartTask, StopTask
-from worker.core import WorkerPool
-
-log = logging.getLogger("megha.worker")
+log = logging.getLogger("megha.worker.runner")
 
 
 class Runner:
-    """Drives a ``WorkerPool`` on the event loop."""
+    """Real processes for the tasks that carry a command."""
 
-    def __init__(self, pool: WorkerPool, lm_url: str, secret: str, heartbeat_s: float) -> None:
-        self.pool = pool
-        self.lm_url = lm_url
-        self.headers = {**internal_headers(secret), "Content-Type": "application/x-msgpack"}
-        self.heartbeat_s = heartbeat_s
-        self.session: aiohttp.ClientSession | None = None
-        self._outbox: list[TaskReport] = []
-        self._flushing = False
-        self._handles: dict[TaskId, asyncio.TimerHandle | asyncio.Task[None]] = {}
-        self._bg: set[asyncio.Task[None]] = set()
+    def __init__(self, driver: CoreDriver) -> None:
+        self.driver = driver
+        self._procs: dict[tuple[TaskKey, int], asyncio.subprocess.Process] = {}
 
-    async def open(self) -> None:
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=16), timeout=aiohttp.ClientTimeout(total=10)
-        )
-        self._spawn(self._heartbeats())
+    def run(self, eff: RunCommand) -> None:
+        self.driver.sup.spawn(self._run(eff), f"command of {eff.spec.task_id}")
 
-    async def close(self) -> None:
-        for t in list(self._bg):
-            t.cancel()
-        for h in self._handles.values():
-            h.cancel()
-        if self.session is not None:
-            await self.session.close()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._bg.add(task)
-        task.add_done_callback(self._bg.discard)
-
-    # ---------------------------------------------------------------- tasks
-    def start(self, msg: StartTask) -> TaskReport | None:
-        """Start a task; a synthetic one starts at once and its report is returned, to
-        travel back in the response to the LM's request (one hop fewer per task)."""
-        task = self.pool.accept(msg, time.time())
-        if task is None:
-            return None
-        if task.command:
-            self._handles[task.task_id] = asyncio.ensure_future(self._run_command(task.task_id))
-            return None
-        rep = self.pool.started(task.task_id, time.time())
-        loop = asyncio.get_running_loop()
-        self._handles[task.task_id] = loop.call_later(task.duration, self._finish, task.task_id)
-        return rep
-
-    def _finish(self, task_id: TaskId, ok: bool = True, detail: str = "") -> None:
-        self._handles.pop(task_id, None)
-        self._report(self.pool.ended(task_id, time.time(), ok, detail))
-
-    async def _run_command(self, task_id: TaskId) -> None:
-        r = self.pool.running[task_id]
+    async def _run(self, eff: RunCommand) -> None:
+        spec = eff.spec
+        key = ((spec.user, spec.task_id), eff.attempt)
+        user, tid, attempt = spec.user, spec.task_id, eff.attempt
         try:
             proc = await asyncio.create_subprocess_exec(
-                *r.task.command,
+                *spec.command,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
             )
         except OSError as exc:
-            self._report(self.pool.started(task_id, time.time()))
-            self._finish(task_id, False, f"spawn failed: {exc}")
+            self.driver.feed(
+                CommandExited(
+                    user=user, task_id=tid, attempt=attempt, ok=False, detail=f"spawn failed: {exc}"
+                )
+            )
             return
-        self._report(self.pool.started(task_id, time.time()))
+        self._procs[key] = proc
+        self.driver.feed(CommandStarted(user=user, task_id=tid, attempt=attempt))
         try:
             _, err = await proc.communicate()
-        except asyncio.CancelledError:
+        finally:
+            self._procs.pop(key, None)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        ok = proc.returncode == 0
+        detail = "" if ok else f"exit {proc.returncode}: {err[-200:]!r}"
+        self.driver.feed(
+            CommandExited(user=user, task_id=tid, attempt=attempt, ok=ok, detail=detail)
+        )
+
+    def kill(self, eff: KillCommand) -> None:
+        proc = self._procs.pop(((eff.user, eff.task_id), eff.attempt), None)
+        if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
-            raise
-        detail = "" if proc.returncode == 0 else f"exit {proc.returncode}: {err[-200:]!r}"
-        self._finish(task_id, proc.returncode == 0, detail)
 
-    def stop(self, msg: StopTask) -> None:
-        if self.pool.stop(msg):
-            h = self._handles.pop(msg.task_id, None)
-            if h is not None:
-                h.cancel()
-
-    # -------------------------------------------------------------- reports
-    def _report(self, rep: TaskReport | None) -> None:
-        if rep is None:
-            return
-        self._outbox.append(rep)
-        if not self._flushing:
-            self._flushing = True
-            self._spawn(self._flush())
-
-    async def _flush(self) -> None:
-        """One POST per loop turn carries every report made meanwhile."""
-        try:
-            await asyncio.sleep(0)
-            delay = 0.05
-            while self._outbox:
-                batch, self._outbox = self._outbox, []
-                if await self._post("/v1/worker-report", codec.encode_batch(batch)):
-                    delay = 0.05
-                    continue
-                self._outbox[:0] = batch
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        finally:
-            self._flushing = False
-
-    async def _post(self, path: str, body: bytes) -> bool:
-        assert self.session is not None
-        try:
-            async with self.session.post(
-                self.lm_url + path, data=body, headers=self.headers
-            ) as resp:
-                if resp.status >= 400:
-                    log.warning("LM refused %s: %s %s", path, resp.status, await resp.text())
-                    return resp.status < 500  # a refused report will never be accepted
-                return True
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.debug("LM unreachable for %s: %s", path, exc)
-            return False
-
-    async def _heartbeats(self) -> None:
-        nodes = tuple(NodeIndex(i) for i in range(self.pool.n_nodes))
-        while True:
-            hb = WorkerHeartbeat(lm=self.pool.lm, nodes=nodes, at=time.time())
-            await self._post("/v1/worker-heartbeat", codec.encode(hb))
-            await asyncio.sleep(self.heartbeat_s)
+    def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        self._procs.clear()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from common.broker import delete_topology
 from common.config import FederationConfig
 from megha_cli.federation import broker_reachable, start_federation, stop_federation
+from runtime.broker import delete_topology
 
 
 def _free_base(host: str = "127.0.0.1") -> int:

@@ -54,13 +54,12 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
         spec=WorkloadSpec(profile=cfg.profile, constraints=False), users=users,
         rng=random.Random(3),
     )  # fmt: skip
-    ids = [t.task_id for j in jobs for t in j.tasks]
+    ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
     outcome = asyncio.run(_drive(cfg, home, jobs))
-    done, starts, killed_at = outcome
+    done, killed_at = outcome
     assert killed_at > 0
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    assert all(n == 1 for n in starts.values()), {t: n for t, n in starts.items() if n > 1}
-    assert set(starts) == set(ids)
+    # no task ran twice: the workers started each exactly once
     worker_starts = sum(_state(cfg.worker_url(lm), cfg)["counters"]["started"] for lm in cfg.lm_ids)
     assert worker_starts == len(ids)
     gm = _state(cfg.gm_url("gm0"), cfg)
@@ -70,9 +69,7 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
     assert gm["counters"]["jobs_redelivered"] > 0
 
 
-async def _drive(
-    cfg: FederationConfig, home: Path, jobs: list[Any]
-) -> tuple[list[str], dict[str, int], float]:
+async def _drive(cfg: FederationConfig, home: Path, jobs: list[Any]) -> tuple[list[Any], float]:
     sub = Submitter(cfg)
     await sub.open()
     t0 = time.time()
@@ -87,7 +84,7 @@ async def _drive(
                 killed_at = time.time() - t0
         await asyncio.sleep(0.3)
         await asyncio.get_running_loop().run_in_executor(None, restart, home, cfg, "gm0")
-        ids = [t.task_id for j in jobs for t in j.tasks]
+        ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
         out = sub.outcomes
         deadline = time.time() + 60
         while time.time() < deadline and not all(out.done(i) for i in ids):
@@ -97,6 +94,6 @@ async def _drive(
         assert not out.bad_events, out.bad_events[:3]
         assert not out.failed, dict(list(out.failed.items())[:5])
         done = [i for i in ids if out.done(i)]
-        return done, dict(out.starts), killed_at
+        return done, killed_at
     finally:
         await sub.close()

@@ -43,7 +43,7 @@ def test_dead_worker_pool_tasks_are_placed_again(
         spec=WorkloadSpec(profile=cfg.profile, constraints=False), users=cfg.user_configs,
         rng=random.Random(5),
     )  # fmt: skip
-    ids = [t.task_id for j in jobs for t in j.tasks]
+    ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
     done, failed = asyncio.run(_drive(cfg, home, jobs, ids))
     assert not failed
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
@@ -53,8 +53,8 @@ def test_dead_worker_pool_tasks_are_placed_again(
 
 
 async def _drive(
-    cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[str]
-) -> tuple[list[str], dict[str, str]]:
+    cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[Any]
+) -> tuple[list[Any], dict[Any, str]]:
     sub = Submitter(cfg)
     await sub.open()
     t0 = time.time()

@@ -1,32 +1,31 @@
 """A federation of one or two GMs and two or three LMs under a hostile network.
 
-The cores are driven by hand through ``tests.conftest.Network``: Hypothesis chooses
-which message is delivered next, which is dropped or duplicated, when workers start
-and finish tasks, when LMs send heartbeats and when a worker dies or comes back.
-Half the runs copy every message on the wire (as the live federation does), half
-share objects between cores (as the simulator does).
+The cores (GMs, LMs and the real worker-pool cores) are driven by hand through
+``tests.conftest.Network``: Hypothesis chooses which message is delivered next, which
+is dropped or duplicated, when pools start and finish tasks, when LMs send heartbeats
+and when a worker dies or comes back.  Half the runs send every message through the
+codec (as the live federation does), half share objects (as the simulator does).
 
-What the network may do, and why.  The cores have no request timeout/retry and no
-deduplication of events, so only the losses the design tolerates are modelled:
+What the network may do, and why:
 
 * GM -> LM requests (launch, preemption, snapshot) and LM -> GM answers and task
-  events are delivered **in any order**, exactly once: HTTP calls and replies,
-  persistent AMQP messages whose redeliveries the drivers must deduplicate.  An
-  event may overtake the answer to the request that placed its task.
+  events are delivered **in any order**; task events may also be **duplicated** (the
+  broker redelivers; attempts make the GM ignore a second copy).  An event may
+  overtake the answer to the request that placed its task.
 * Periodic state updates (``StateUpdated`` heartbeats, a fan-out) may be delivered
   in any order, **dropped** or **duplicated**: per-node versions make them
   order-independent and a gap is repaired with a snapshot.
-* LM -> worker commands arrive in order per worker.  A worker may fall silent
-  because it crashed (its commands and tasks die with it) or because it is cut
-  off (it goes on starting and reporting tasks its LM has moved elsewhere).
+* LM -> pool commands arrive in order per pool.  A node may die with its tasks, or
+  only fall silent (its pool goes on running and reporting what it had; its LM has
+  moved those tasks on and tells the pool to stop them).
 
 After every step: no node over-allocated, resources conserved on live nodes, each
-task in exactly one state at its GM and active on at most one LM (and then
-dispatched or placed at its GM), every refused request answered by a retry, a
-re-queue or an explicit failure, LM versions monotone, GM view versions monotone
-except when a snapshot replaces the view, every started task's ledger adding up.
-At the end the network is drained, dead workers come back, and every task must be
-finished or failed: nothing refused, preempted or orphaned is ever lost.
+task in exactly one state (queued, in flight or placed at its GM, or ended with an
+outcome to its user), active on at most one LM and then dispatched or placed at its
+GM, a pool never running two attempts of one task, LM versions monotone, GM view
+versions monotone except when a snapshot replaces the view, every ledger adding up.
+At the end the network is drained, dead workers come back, and every task must have
+an outcome: nothing refused, preempted or orphaned is ever lost, nothing ends twice.
 """
 
 from __future__ import annotations
@@ -42,12 +41,18 @@ from hypothesis.stateful import (
     rule,
 )
 
-from common.ids import GmId, LmId, NodeIndex, TaskId
-from common.messages import LaunchResponse, PreemptResponse, StateSnapshot, StateUpdated
-from common.model import Task, TaskState
+from common.ids import GmId, LmId, NodeIndex
+from common.messages import (
+    CheckWorkers,
+    StateSnapshot,
+    StateUpdated,
+    TaskEvents,
+    WorkerHeartbeat,
+)
+from common.model import TaskKey, TaskSpec, TaskState
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
-from tests.conftest import Envelope, Network, make_gm, make_lm, make_task
+from tests.conftest import Envelope, Network, alive, make_gm, make_lm, make_task
 
 CAPACITIES = ((2, 2), (4, 2), (4, 4))
 MASKS = (0b01, 0b10, 0b11)
@@ -61,10 +66,13 @@ class Federation(RuleBasedStateMachine):
         self.gms: dict[GmId, GlobalMaster] = {}
         self.lms: dict[LmId, LocalMaster] = {}
         self.net = Network({}, {})
-        self.tasks: dict[TaskId, Task] = {}
-        self.owner: dict[TaskId, GmId] = {}
+        self.tasks: dict[TaskKey, TaskSpec] = {}
+        self.owner: dict[TaskKey, GmId] = {}
         self.dead: set[tuple[LmId, NodeIndex]] = set()
+        self.ended: set[TaskKey] = set()
+        """Tasks of jobs their GM refused at admission (dead-lettered when live)."""
         self.losses = 0
+        self.jobs = 0
         self.users: list[tuple[str, str]] = []
         self.lm_versions: dict[LmId, int] = {}
         self.view_versions: dict[tuple[GmId, LmId], tuple[int, list[int]]] = {}
@@ -112,8 +120,7 @@ class Federation(RuleBasedStateMachine):
         self.net = Network(self.gms, self.lms, copies=copies)
         self.net.start(self.now)
         for lm in self.lms.values():
-            for n in range(lm.n_nodes):
-                lm.on_worker_heartbeat(NodeIndex(n), self.now)
+            alive(lm, self.now)
 
     # ------------------------------------------------------------------ rules
     @rule(
@@ -125,14 +132,22 @@ class Federation(RuleBasedStateMachine):
     )
     def submit(self, user: int, cpu: int, mem: int, constraints: int, count: int) -> None:
         name, gm = self.users[user]
-        batch: list[Task] = []
+        self.jobs += 1
+        batch: list[TaskSpec] = []
         for _ in range(count):
             tid = f"t{len(self.tasks) + len(batch)}"
-            batch.append(make_task(cpu, mem, constraints=constraints, user=name, task_id=tid))
-        self.gms[GmId(gm)].submit(batch, self.tick())
+            batch.append(
+                make_task(
+                    cpu, mem, constraints=constraints, user=name, task_id=tid, job=f"j{self.jobs}"
+                )
+            )
+        refused = len(self.net.refused)
+        self.net.submit(GmId(gm), batch, self.tick())
         for t in batch:
-            self.tasks[t.task_id] = t
-            self.owner[t.task_id] = GmId(gm)
+            self.tasks[(t.user, t.task_id)] = t
+            self.owner[(t.user, t.task_id)] = GmId(gm)
+            if len(self.net.refused) > refused:  # refused whole, with a reason: an end too
+                self.ended.add((t.user, t.task_id))
 
     @rule(gm=st.integers(0, 1), max_tasks=st.integers(1, 4))
     def decide(self, gm: int, max_tasks: int) -> None:
@@ -142,20 +157,9 @@ class Federation(RuleBasedStateMachine):
     def _deliver(self, index: int) -> None:
         env = self.net.wire[index]
         if isinstance(env.msg, StateSnapshot):
-            # A snapshot replaces the view wholesale (an LM that restarted counts its
-            # versions from 0 again): the only way a view may go back.
+            # A snapshot replaces the view wholesale: the only way a view may go back.
             self.view_versions.pop((GmId(env.dst), env.msg.layout.lm), None)
-        refused: list[TaskId] = []
-        if isinstance(env.msg, LaunchResponse):
-            refused = [r.task_id for r in env.msg.results if not r.accepted]
-        elif isinstance(env.msg, PreemptResponse) and not env.msg.accepted:
-            refused = [env.msg.task_id]
         self.net.deliver(index, self.tick())
-        for tid in refused:
-            # an inconsistency never loses the task: retried, re-queued or (if it can
-            # never run) failed explicitly; or already answered by an earlier event
-            state = self.gms[GmId(env.dst)].state_of(tid)
-            assert state is not None, tid
 
     @precondition(lambda self: self.net.wire)
     @rule(pick=st.integers(0, 10_000))
@@ -181,6 +185,9 @@ class Federation(RuleBasedStateMachine):
     def _updates(self) -> list[int]:
         return [i for i, e in enumerate(self.net.wire) if isinstance(e.msg, StateUpdated)]
 
+    def _events(self) -> list[int]:
+        return [i for i, e in enumerate(self.net.wire) if isinstance(e.msg, TaskEvents)]
+
     @precondition(lambda self: self._updates())
     @rule(pick=st.integers(0, 10_000))
     def drop_update(self, pick: int) -> None:
@@ -194,31 +201,38 @@ class Federation(RuleBasedStateMachine):
         env = self.net.wire[idx[pick % len(idx)]]
         self.net.wire.append(Envelope(env.dst, env.msg, env.to_lm))
 
+    @precondition(lambda self: self._events())
+    @rule(pick=st.integers(0, 10_000))
+    def redeliver_events(self, pick: int) -> None:
+        """The broker delivers a batch of task events a second time."""
+        idx = self._events()
+        env = self.net.wire[idx[pick % len(idx)]]
+        self.net.wire.append(Envelope(env.dst, env.msg, env.to_lm))
+
     @rule(lm=st.integers(0, 2))
     def heartbeat(self, lm: int) -> None:
         name = list(self.lms)[lm % len(self.lms)]
         self.net.heartbeat(name, self.tick())
 
-    def _busy_workers(self) -> list[tuple[LmId, NodeIndex]]:
+    def _busy_pools(self) -> list[LmId]:
         return sorted(k for k, q in self.net.inbox.items() if q)
 
-    @precondition(lambda self: self._busy_workers())
+    @precondition(lambda self: self._busy_pools())
     @rule(pick=st.integers(0, 10_000))
     def work(self, pick: int) -> None:
-        busy = self._busy_workers()
-        lm, node = busy[pick % len(busy)]
-        self.net.work(lm, node, self.tick())
+        busy = self._busy_pools()
+        self.net.work(busy[pick % len(busy)], self.tick())
 
     @precondition(lambda self: self.net.running)
     @rule(pick=st.integers(0, 10_000), fail=st.booleans())
     def finish(self, pick: int, fail: bool) -> None:
-        lm, node, tid = sorted(self.net.running)[pick % len(self.net.running)]
-        self.net.finish(tid, self.tick(), "failed" if fail else "finished", lm=lm, node=node)
+        lm, _, user, tid = self.net.running[pick % len(self.net.running)]
+        self.net.finish(tid, self.tick(), "failed" if fail else "finished", lm=lm, user=user)
 
     @precondition(lambda self: len(self.dead) < 2 and self.losses < 3)
     @rule(lm=st.integers(0, 2), node=st.integers(0, 2), crashed=st.booleans())
     def lose_worker(self, lm: int, node: int, crashed: bool) -> None:
-        """A worker falls silent: crashed (its tasks die) or only cut off (it goes on
+        """A node falls silent: crashed (its tasks die) or only cut off (its pool goes on
         running and reporting what it had; its LM has moved those tasks on)."""
         name = list(self.lms)[lm % len(self.lms)]
         core = self.lms[name]
@@ -231,10 +245,11 @@ class Federation(RuleBasedStateMachine):
         self.dead.add((name, n))
         now = self.tick() + 2 * TIMEOUT
         self.now = now
-        for i in range(core.n_nodes):
-            if (name, NodeIndex(i)) not in self.dead:
-                core.on_worker_heartbeat(NodeIndex(i), now)
-        self.net.send(core.check_workers(now, TIMEOUT), now, src_lm=name)
+        live = tuple(
+            NodeIndex(i) for i in range(core.n_nodes) if (name, NodeIndex(i)) not in self.dead
+        )
+        self.net.lm_input(name, WorkerHeartbeat(lm=name, nodes=live, at=now), now)
+        self.net.lm_input(name, CheckWorkers(timeout=TIMEOUT), now)
         assert not core.alive[n]
 
     @precondition(lambda self: self.dead)
@@ -242,7 +257,8 @@ class Federation(RuleBasedStateMachine):
     def revive_worker(self, pick: int) -> None:
         lm, node = sorted(self.dead)[pick % len(self.dead)]
         self.dead.discard((lm, node))
-        self.net.send(self.lms[lm].on_worker_heartbeat(node, self.tick()), self.now, src_lm=lm)
+        now = self.tick()
+        self.net.lm_input(lm, WorkerHeartbeat(lm=lm, nodes=(node,), at=now), now)
 
     # ------------------------------------------------------------- invariants
     @invariant()
@@ -255,47 +271,46 @@ class Federation(RuleBasedStateMachine):
                     assert not lm.on_node[n]
                     continue
                 held = [0] * len(cap)
-                for tid in lm.on_node[n]:
-                    a = lm.active[tid]
+                for k in lm.on_node[n]:
+                    a = lm.active[k]
                     assert a.node == n
-                    for r, d in enumerate(a.task.demand):
+                    for r, d in enumerate(a.spec.demand):
                         held[r] += d
                 assert [f + h for f, h in zip(free, held, strict=True)] == list(cap)
             assert sum(len(s) for s in lm.on_node) == len(lm.active)
 
     @invariant()
     def each_task_in_exactly_one_state(self) -> None:
-        queued: dict[GmId, set[TaskId]] = {}
+        queued: dict[GmId, set[TaskKey]] = {}
         for g, gm in self.gms.items():
-            ids = [t.task_id for t in gm.queues]
-            assert len(ids) == len(set(ids)), f"a task is queued twice at {g}"
-            assert len(ids) == len(gm.queues)
-            queued[g] = set(ids)
-        for tid, g in self.owner.items():
+            keys = [t.key for t in gm.queues]
+            assert len(keys) == len(set(keys)), f"a task is queued twice at {g}"
+            assert len(keys) == len(gm.queues)
+            queued[g] = set(keys)
+        for k, g in self.owner.items():
             gm = self.gms[g]
             where = [
-                tid in queued[g],
-                tid in gm.inflight,
-                tid in gm.placed,
-                tid in gm.finished,
-                tid in gm.failed,
+                k in queued[g],
+                k in gm.inflight,
+                k in gm.placed,
+                k in self.net.outcomes or k in self.ended,
             ]
-            assert sum(where) == 1, (tid, where)
+            assert sum(where) == 1, (k, where)
             for other, ogm in self.gms.items():
                 if other != g:
-                    assert tid not in queued[other]
-                    assert tid not in ogm.inflight
-                    assert tid not in ogm.placed
+                    assert k not in queued[other]
+                    assert k not in ogm.inflight
+                    assert k not in ogm.placed
 
     @invariant()
     def a_task_runs_in_one_place_its_gm_knows_of(self) -> None:
-        seen: set[TaskId] = set()
+        seen: set[TaskKey] = set()
         for lm in self.lms.values():
-            for tid in lm.active:
-                assert tid not in seen, f"{tid} active on two LMs"
-                seen.add(tid)
-                state = self.gms[self.owner[tid]].state_of(tid)
-                assert state in (TaskState.DISPATCHED, TaskState.PLACED), (tid, state)
+            for k in lm.active:
+                assert k not in seen, f"{k} active on two LMs"
+                seen.add(k)
+                state = self.gms[self.owner[k]].state_of(k)
+                assert state in (TaskState.DISPATCHED, TaskState.PLACED), (k, state)
 
     @invariant()
     def versions_never_go_backwards(self) -> None:
@@ -312,17 +327,17 @@ class Federation(RuleBasedStateMachine):
 
     @invariant()
     def ledgers_add_up(self) -> None:
-        """Every copy of a task that started says where all its time went."""
-        copies = [*self.tasks.values(), *self.net.running.values()]
+        """Every task a GM holds, and every outcome, says where all its time went."""
+        tasks = [o.task for o in self.net.outcomes.values()]
         for gm in self.gms.values():
-            copies.extend(gm.placed.values())
-        for lm in self.lms.values():
-            copies.extend(a.task for a in lm.active.values())
-        for t in copies:
-            assert all(x >= 0 for x in t.spent)
+            tasks.extend(gm.placed.values())
+            tasks.extend(fl.task for fl in gm.inflight.values())
+        for t in tasks:
+            spent = t.components()
+            assert all(x >= -1e-9 for x in spent)
             if t.started_at >= 0:
-                assert sum(t.spent) == pytest.approx(t.started_at - t.submitted_at)
-                assert t.allocation_time <= t.started_at - t.submitted_at + 1e-9
+                assert sum(spent) == pytest.approx(t.started_at - t.submitted_at)
+                assert t.first_started_at <= t.started_at
 
     # ------------------------------------------------------------------ drain
     def teardown(self) -> None:
@@ -330,15 +345,15 @@ class Federation(RuleBasedStateMachine):
         if not self.gms:
             return
         for lm, node in sorted(self.dead):
-            self.lms[lm].on_worker_heartbeat(node, self.now)
+            alive(self.lms[lm], self.now, node)
         self.dead.clear()
-        last: list[TaskState | None] = []
+        last: list[object] = []
         for _ in range(20 + 3 * len(self.owner)):  # progress stops long before
             now = self.tick()
             self.net.run(now)
             self.net.work_all(now)
-            for lm, node, tid in sorted(self.net.running):
-                self.net.finish(tid, now, lm=lm, node=node)
+            for lm, _, user, tid in self.net.running:
+                self.net.finish(tid, now, lm=lm, user=user)
             for name in self.lms:
                 self.net.heartbeat(name, now)
             self.net.run(now)
@@ -350,16 +365,17 @@ class Federation(RuleBasedStateMachine):
                     self.net.run(now)
             self.nodes_conserve_resources()
             self.each_task_in_exactly_one_state()
-            states = [self.gms[g].state_of(t) for t, g in self.owner.items()]
-            if all(s in (TaskState.FINISHED, TaskState.FAILED) for s in states):
+            if all(k in self.net.outcomes or k in self.ended for k in self.owner):
+                assert not any(gm.jobs for gm in self.gms.values()), "a finished job lingers"
                 return
-            if states == last and not self.net.wire and not self._busy_workers():
+            states = [self.gms[g].state_of(k) for k, g in self.owner.items()]
+            if states == last and not self.net.wire and not self._busy_pools():
                 break  # quiet and no progress: stuck for good
             last = states
         stuck = {
-            t: self.gms[g].state_of(t)
-            for t, g in self.owner.items()
-            if self.gms[g].state_of(t) not in (TaskState.FINISHED, TaskState.FAILED)
+            k: self.gms[g].state_of(k)
+            for k, g in self.owner.items()
+            if k not in self.net.outcomes and k not in self.ended
         }
         raise AssertionError(f"tasks never finished nor failed: {stuck}")
 

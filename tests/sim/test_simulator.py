@@ -10,9 +10,9 @@ import pytest
 
 from common.cluster import PROFILES, default_users, make_federation, parse_users
 from common.ids import GmId
+from common.metrics import summarize_tasks
 from common.model import UserConfig
 from megha_cli.main import main
-from request_generator.report import summarize_tasks
 from request_generator.workload import WorkloadSpec, synthetic_jobs
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
 from simulator.sparrow import SparrowSimulation
@@ -50,7 +50,7 @@ def test_every_task_is_accounted_for() -> None:
     done = [t for t in r.tasks if t.finished_at >= 0]
     assert len(done) + len(r.failed) == len(r.tasks) == 400
     assert r.stuck == 0
-    assert len(r.job_completion) == 40 - len({t.job_id for t in r.tasks if t.task_id in r.failed})
+    assert len(r.job_completion) == 40 - len({t.job_id for t in r.tasks if t.key in r.failed})
 
 
 def test_components_add_up_to_allocation_time() -> None:
@@ -58,12 +58,14 @@ def test_components_add_up_to_allocation_time() -> None:
     for t in r.tasks:
         if t.started_at < 0:
             continue
-        # time spent running before a preemption (Phase.RUNNING) is not allocation time
-        total = t.allocation_time + t.spent[4]
-        assert total == pytest.approx(t.started_at - t.submitted_at, abs=1e-9)
-        assert min(t.spent) >= 0
+        # allocation time runs to the final start; a run thrown away by a preemption is
+        # its own component, so the components add up to it exactly
+        spent = t.components()
+        assert sum(spent) == pytest.approx(t.allocation_time, abs=1e-9)
+        assert t.allocation_time == pytest.approx(t.started_at - t.submitted_at, abs=1e-9)
+        assert min(spent) >= 0
         # the two network hops are always there (GM -> LM -> worker)
-        assert t.spent[2] >= 2 * SimConfig().network_delay_s - 1e-12
+        assert spent[2] >= 2 * SimConfig().network_delay_s - 1e-12
 
 
 def test_same_seed_same_result() -> None:
@@ -154,6 +156,7 @@ def test_cli_writes_summary_and_plots(tmp_path: Path, capsys: pytest.CaptureFixt
             "processing",
             "communication",
             "worker_queueing",
+            "preempted_running",
         }
         assert s["tasks"] == 75
         assert "jct_s" in s

@@ -1,73 +1,94 @@
 """The LM core on small hand-built clusters: validation, repartition, preemption,
-worker loss, idempotent launches, versioned deltas.  No event loop, no sleeps."""
+worker loss, idempotent launches by attempt, versioned deltas, refusals as values.
+No event loop, no sleeps; every input goes through ``handle``."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from common.effects import ToAllGms, ToGm, ToWorker
+from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
+    EventKind,
+    Heartbeat,
     LaunchRequest,
     LaunchResponse,
+    PlacedRef,
     Placement,
     PreemptRequest,
     PreemptResponse,
+    Refused,
+    ReportKind,
     SnapshotRequest,
     StartTask,
     StateSnapshot,
     StopTask,
     TaskEvent,
-    WorkerReport,
 )
-from common.model import Phase, Task
+from common.model import TaskSpec
 from local_master.core import LocalMaster
-from tests.conftest import make_lm, make_task
+from tests.conftest import alive, check_workers, key, make_lm, make_task, report
 
 GM0, GM1 = GmId("gm0"), GmId("gm1")
+LM0 = LmId("lm0")
 N0, N1 = NodeIndex(0), NodeIndex(1)
 
 
 def launch(
     lm: LocalMaster,
-    *placements: tuple[Task, int],
+    *placements: tuple[TaskSpec, int],
     gm: GmId = GM0,
     known: int = -1,
     now: float = 1.0,
     repartition: bool = False,
+    attempt: int = 1,
+    altruistic: bool = False,
 ) -> tuple[LaunchResponse, list[object]]:
     req = LaunchRequest(
         gm=gm,
         lm=lm.lm_id,
         request_id=1,
         placements=tuple(
-            Placement(task=t, node=NodeIndex(n), repartition=repartition) for t, n in placements
+            Placement(
+                spec=t,
+                attempt=attempt,
+                node=NodeIndex(n),
+                repartition=repartition,
+                altruistic=altruistic,
+            )
+            for t, n in placements
         ),
         known_version=known,
     )
-    effects = lm.on_launch(req, now)
+    effects = lm.handle(req, now)
     first = effects[0]
-    assert isinstance(first, ToGm)
+    assert isinstance(first, Reply)
     assert isinstance(first.msg, LaunchResponse)
     return first.msg, [e.msg for e in effects[1:]]
 
 
 def preempt(
-    lm: LocalMaster, task: Task, victim: str, gm: GmId = GM0, now: float = 1.0
-) -> tuple[PreemptResponse, list[object]]:
+    lm: LocalMaster, task: TaskSpec, victim: str, gm: GmId = GM0, now: float = 1.0
+) -> tuple[PreemptResponse, list[Effect]]:
     req = PreemptRequest(
-        gm=gm, lm=lm.lm_id, request_id=7, task=task, victim=UserId(victim), known_version=-1
+        gm=gm,
+        lm=lm.lm_id,
+        request_id=7,
+        spec=task,
+        attempt=1,
+        victim=UserId(victim),
+        known_version=-1,
     )
-    effects = lm.on_preempt(req, now)
+    effects = lm.handle(req, now)
     first = effects[0]
-    assert isinstance(first, ToGm)
+    assert isinstance(first, Reply)
     assert isinstance(first.msg, PreemptResponse)
     return first.msg, list(effects[1:])
 
 
-def report(lm: LocalMaster, task: Task, node: int, kind: str, at: float) -> list[object]:
-    rep = WorkerReport(lm=lm.lm_id, node=NodeIndex(node), task_id=task.task_id, kind=kind, at=at)
-    return [e.msg for e in lm.on_worker_report(rep, at) if isinstance(e, ToGm)]
+def worker(
+    lm: LocalMaster, task: TaskSpec, node: int, kind: ReportKind, at: float, attempt: int = 1
+) -> list[object]:
+    effects = lm.handle(report(lm.lm_id, kind, task, node, at, attempt=attempt), at)
+    return [e.msg for e in effects if isinstance(e, ToGm)]
 
 
 def conserved(lm: LocalMaster) -> None:
@@ -77,8 +98,8 @@ def conserved(lm: LocalMaster) -> None:
             assert not lm.on_node[n]
             continue
         held = [0, 0]
-        for tid in lm.on_node[n]:
-            for r, d in enumerate(lm.active[tid].task.demand):
+        for k in lm.on_node[n]:
+            for r, d in enumerate(lm.active[k].spec.demand):
                 held[r] += d
         assert [f + h for f, h in zip(lm.free[n], held, strict=True)] == list(lm.capacity[n])
         assert all(0 <= f <= c for f, c in zip(lm.free[n], lm.capacity[n], strict=True))
@@ -91,10 +112,10 @@ def test_internal_launch_deducts_and_starts_the_task() -> None:
     resp, rest = launch(lm, (t, 1), known=lm.version)
     assert [r.reason for r in resp.results] == ["ok"]
     assert lm.free == [[4, 4], [1, 3]]
-    assert rest == [StartTask(lm=lm.lm_id, node=N1, task=t)]
-    assert lm.counters["launches"] == 1
-    assert lm.counters["repartitions"] == 0
-    assert t.gm == GM0
+    assert rest == [StartTask(node=N1, spec=t, attempt=1)]
+    assert lm.counters.launches == 1
+    assert lm.counters.repartitions == 0
+    assert lm.active[key(t)].gm == GM0
     assert resp.delta.nodes == (N1,)
     assert resp.delta.free == ((1, 3),)
     assert resp.delta.usage == {UserId("u0"): (3, 1)}
@@ -121,7 +142,25 @@ def test_refusals_name_their_reason_and_count_as_internal_inconsistencies() -> N
         "insufficient_resources",
         "unknown_node",
     ]
-    assert lm.counters["refused_internal"] == 3
+    assert lm.counters.refused_internal == 3
+
+
+def test_a_request_that_is_not_for_this_lm_is_refused_whole() -> None:
+    lm = make_lm()
+    for req, reason in [
+        (LaunchRequest(gm=GM0, lm=LmId("lm9"), request_id=1, placements=(
+            Placement(spec=make_task(), attempt=1, node=N0),), known_version=-1), "wrong_lm"),
+        (LaunchRequest(gm=GmId("evil"), lm=LM0, request_id=1, placements=(
+            Placement(spec=make_task(), attempt=1, node=N0),), known_version=-1), "unknown_gm"),
+        (LaunchRequest(gm=GM0, lm=LM0, request_id=1, placements=(
+            Placement(spec=TaskSpec(task_id=make_task().task_id, job_id=make_task().job_id,
+                                    user=UserId("u0"), demand=(1,), duration=1.0),
+                      attempt=1, node=N0),), known_version=-1), "wrong_resources"),
+    ]:  # fmt: skip
+        (reply,) = lm.handle(req, 1.0)
+        assert reply == Reply(Refused(reason=reason, detail=reply.msg.detail))  # type: ignore[union-attr]
+    assert lm.active == {}
+    assert lm.counters.refused_requests == 3
 
 
 def test_refusal_piggybacks_the_true_state_since_the_known_version() -> None:
@@ -143,11 +182,11 @@ def test_batch_is_judged_placement_by_placement() -> None:
     a, b, c = make_task(3, 1), make_task(3, 1), make_task(1, 1)
     resp, rest = launch(lm, (a, 0), (b, 0), (c, 0))
     assert [r.accepted for r in resp.results] == [True, False, True]
-    assert [m.task for m in rest if isinstance(m, StartTask)] == [a, c]
+    assert [m.spec for m in rest if isinstance(m, StartTask)] == [a, c]
     conserved(lm)
 
 
-def test_launches_are_idempotent_by_task_id() -> None:
+def test_launches_are_idempotent_by_attempt() -> None:
     lm = make_lm()
     t = make_task(2, 2)
     launch(lm, (t, 0))
@@ -156,12 +195,40 @@ def test_launches_are_idempotent_by_task_id() -> None:
     assert resp.results[0].reason == "duplicate"
     assert rest == []
     assert lm.free == [[2, 2], [4, 4]]
-    assert lm.counters["duplicates"] == 1
-    # still a duplicate after it finished: a redelivered job never runs twice
-    report(lm, t, 0, "finished", 2.0)
+    assert lm.counters.duplicates == 1
+    # still a duplicate after it finished: a redelivered request never runs it twice,
+    # and the answer says it ended (the GM may have restarted and missed the event)
+    worker(lm, t, 0, ReportKind.FINISHED, 2.0)
     resp, rest = launch(lm, (t, 1))
-    assert resp.results[0].reason == "duplicate"
+    assert (resp.results[0].reason, resp.results[0].attempt) == ("finished", 1)
     assert rest == []
+    # ... until the finished attempt is forgotten (retain_s): nothing outlives its task
+    lm.handle(Heartbeat(), 2.0 + lm.retain_s + 1)
+    assert lm.done == {}
+
+
+def test_a_newer_attempt_supersedes_the_one_held_here() -> None:
+    """A worker never runs two attempts of one task: the older one is stopped first."""
+    lm = make_lm()
+    t = make_task(2, 2)
+    launch(lm, (t, 0))
+    resp, rest = launch(lm, (t, 1), attempt=2)
+    assert resp.results[0].reason == "ok"
+    assert rest == [
+        StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1),
+        StartTask(node=N1, spec=t, attempt=2),
+    ]
+    assert lm.active[key(t)].attempt == 2
+    assert lm.free == [[4, 4], [2, 2]]
+    conserved(lm)
+
+
+def test_two_users_may_use_the_same_task_id() -> None:
+    lm = make_lm()
+    a, b = make_task(task_id="same", user="u0"), make_task(task_id="same", user="u1")
+    resp, _ = launch(lm, (a, 0), (b, 1))
+    assert [r.reason for r in resp.results] == ["ok", "ok"]
+    assert set(lm.active) == {key(a), key(b)}
 
 
 # --------------------------------------------------------------- repartition
@@ -170,16 +237,19 @@ def test_repartition_carves_a_logical_node_at_resource_granularity() -> None:
     t = make_task(3, 2)
     resp, rest = launch(lm, (t, 1), gm=GM0, repartition=True)
     assert resp.results[0].accepted
-    assert lm.counters["repartitions"] == 1
-    assert lm.counters["launches"] == 0
+    assert lm.counters.repartitions == 1
+    assert lm.counters.launches == 0
     assert lm.free[1] == [5, 6]  # deducted from the physical node, not the whole node
-    assert lm.logical_nodes() == [(t.task_id, N1, GM0, (3, 2))]
+    assert lm.logical_nodes() == [(key(t), N1, GM0, (3, 2))]
     assert lm.home == [GM0, GM1]  # the physical node stays in gm1's partition
     assert isinstance(rest[0], StartTask)
-    events = report(lm, t, 1, "started", 2.0)
-    events += report(lm, t, 1, "finished", 3.0)
-    assert [e.kind for e in events if isinstance(e, TaskEvent)] == ["started", "finished"]
-    assert all(isinstance(e, TaskEvent) and e.gm == GM0 for e in events)
+    evs = worker(lm, t, 1, ReportKind.STARTED, 2.0)
+    evs += worker(lm, t, 1, ReportKind.FINISHED, 3.0)
+    assert [e.kind for e in evs if isinstance(e, TaskEvent)] == [
+        EventKind.STARTED,
+        EventKind.FINISHED,
+    ]
+    assert all(isinstance(e, TaskEvent) and e.gm == GM0 for e in evs)
     assert lm.free[1] == [8, 8]  # returned when the task ends
     assert lm.logical_nodes() == []
     conserved(lm)
@@ -189,32 +259,34 @@ def test_external_refusal_counts_as_external_inconsistency() -> None:
     lm = make_lm(nodes=[(4, 4), (2, 2)], home=["gm0", "gm1"])
     resp, _ = launch(lm, (make_task(3, 3), 1), gm=GM0, repartition=True)
     assert resp.results[0].reason == "insufficient_resources"
-    assert lm.counters["refused_external"] == 1
-    assert lm.counters["refused_internal"] == 0
+    assert lm.counters.refused_external == 1
+    assert lm.counters.refused_internal == 0
 
 
 # ---------------------------------------------------------------- preemption
 def test_preemption_frees_exactly_enough_and_launches() -> None:
     lm = make_lm(nodes=[(4, 4)])
     old, new, alt = make_task(2, 2, user="a"), make_task(1, 1, user="a"), make_task(1, 1, user="a")
-    alt.altruistic = True
     for i, t in enumerate((old, new, alt)):
-        launch(lm, (t, 0), gm=GM1, now=1.0 + i)
-        report(lm, t, 0, "started", 1.0 + i)
+        launch(lm, (t, 0), gm=GM1, now=1.0 + i, altruistic=t is alt)
+        worker(lm, t, 0, ReportKind.STARTED, 1.0 + i)
     want = make_task(2, 2, user="b")
     resp, effects = preempt(lm, want, "a", now=5.0)
     # altruistic first, then the most recently accepted: the least work lost
     assert resp.accepted
     assert resp.reason == "ok"
     assert resp.node == N0
-    assert resp.preempted == (alt.task_id, new.task_id)
+    assert resp.preempted == tuple(
+        PlacedRef(user=t.user, task_id=t.task_id, attempt=1) for t in (alt, new)
+    )
     stops = [e.msg for e in effects if isinstance(e, ToWorker) and isinstance(e.msg, StopTask)]
     assert [s.task_id for s in stops] == [alt.task_id, new.task_id]
     evs = [(e.gm, e.msg) for e in effects if isinstance(e, ToGm)]
-    assert {(g, m.kind) for g, m in evs if isinstance(m, TaskEvent)} == {(GM1, "preempted")}
-    assert lm.active.keys() == {old.task_id, want.task_id}
+    assert {(g, m.kind) for g, m in evs} == {(GM1, EventKind.PREEMPTED)}
+    # the event says when the attempt started: its run is counted as thrown away
+    assert [m.started_at for _, m in evs] == [3.0, 2.0]
+    assert lm.active.keys() == {key(old), key(want)}
     assert lm.free == [[0, 0]]
-    assert new.started_at == -1.0
     conserved(lm)
 
 
@@ -225,7 +297,7 @@ def test_preemption_refused_without_a_victim_here() -> None:
     assert not resp.accepted
     assert resp.reason == "no_victim"
     assert effects == []
-    assert lm.counters["preemptions_refused"] == 1
+    assert lm.counters.preemptions_refused == 1
 
 
 def test_preemption_respects_constraints() -> None:
@@ -237,42 +309,40 @@ def test_preemption_respects_constraints() -> None:
 
 
 def test_preempted_task_can_be_launched_again_on_the_same_lm() -> None:
-    """A preempted task returns to its GM's queue; its next launch must run it, not be
+    """A preempted task returns to its GM's queue; its next attempt must run, not be
     answered ``duplicate`` (which would leave it placed at the GM and never run)."""
     lm = make_lm(nodes=[(4, 4), (4, 4)])
     victim = make_task(4, 4, user="a")
     launch(lm, (victim, 0), gm=GM1)
     preempt(lm, make_task(4, 4, user="b"), "a")
-    resp, rest = launch(lm, (victim, 1), gm=GM1)
+    resp, rest = launch(lm, (victim, 1), gm=GM1, attempt=2)
     assert resp.results[0].reason == "ok"
-    assert [m.task for m in rest if isinstance(m, StartTask)] == [victim]
+    assert [m.spec for m in rest if isinstance(m, StartTask)] == [victim]
     conserved(lm)
 
 
 # ------------------------------------------------------------------- workers
-def test_started_report_carries_the_workers_ledger() -> None:
+def test_started_report_carries_the_workers_times() -> None:
     lm = make_lm()
     t = make_task()
-    t.submit(0.0)
     launch(lm, (t, 0), now=1.0)
-    copy = replace(t, spent=list(t.spent))  # as decoded from the wire
-    copy.enter(Phase.WORKER_QUEUEING, 2.0)
-    copy.start(3.0)
-    rep = WorkerReport(lm=lm.lm_id, node=N0, task_id=t.task_id, kind="started", at=3.0)
-    (eff,) = lm.on_worker_report(rep, 3.0, task=copy)
+    rep = report(LM0, ReportKind.STARTED, t, 0, 3.0, worker_at=2.0, started_at=3.0)
+    (eff,) = lm.handle(rep, 3.0)
     assert isinstance(eff, ToGm)
-    assert isinstance(eff.msg, TaskEvent)
-    assert eff.msg.task.spent == copy.spent
-    assert eff.msg.task.started_at == 3.0
-    assert lm.active[t.task_id].started
+    assert (eff.msg.worker_at, eff.msg.started_at, eff.msg.attempt) == (2.0, 3.0, 1)
+    assert lm.active[key(t)].started_at == 3.0
 
 
-def test_late_report_of_a_moved_task_is_ignored() -> None:
+def test_late_report_of_a_moved_task_is_ignored_and_its_run_stopped() -> None:
     lm = make_lm()
     t = make_task(4, 4, user="a")
     launch(lm, (t, 0))
     preempt(lm, make_task(4, 4, user="b"), "a")
-    assert report(lm, t, 0, "finished", 2.0) == []
+    assert worker(lm, t, 0, ReportKind.FINISHED, 2.0) == []
+    # a worker that (re)starts an attempt this LM no longer holds is told to stop it
+    (stop,) = lm.handle(report(LM0, ReportKind.STARTED, t, 0, 2.5), 2.5)
+    assert stop == ToWorker(StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1))
+    assert lm.counters.stale_reports == 2
     conserved(lm)
 
 
@@ -280,14 +350,18 @@ def test_lost_worker_tasks_are_relaunched_in_their_gms_partition() -> None:
     lm = make_lm(nodes=[(4, 4), (4, 4), (4, 4)], home=["gm0", "gm0", "gm1"])
     t = make_task(2, 2)
     launch(lm, (t, 0))
-    for n in range(3):
-        lm.on_worker_heartbeat(NodeIndex(n), 5.0 if n else 1.0)
-    effects = lm.check_workers(6.0, timeout=2.0)
+    alive(lm, 1.0, 0)
+    alive(lm, 5.0, 1, 2)
+    effects = check_workers(lm, 6.0, timeout=2.0)
     assert not lm.alive[0]
     assert lm.free[0] == [0, 0]
-    assert [(e.node, type(e.msg)) for e in effects if isinstance(e, ToWorker)] == [(N1, StartTask)]
-    assert lm.active[t.task_id].node == N1
-    assert lm.counters == lm.counters | {"workers_lost": 1, "relaunched": 1}
+    assert [e.msg for e in effects if isinstance(e, ToWorker)] == [
+        StartTask(node=N1, spec=t, attempt=2)
+    ]
+    (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
+    assert (ev.kind, ev.attempt, ev.node) == (EventKind.RELAUNCHED, 2, N1)
+    assert lm.active[key(t)].node == N1
+    assert (lm.counters.workers_lost, lm.counters.relaunched) == (1, 1)
     conserved(lm)
 
 
@@ -295,16 +369,15 @@ def test_lost_worker_tasks_without_room_go_back_to_their_gm() -> None:
     lm = make_lm(nodes=[(4, 4), (4, 4)], home=["gm0", "gm1"])
     t = make_task(2, 2)
     launch(lm, (t, 0))
-    lm.on_worker_heartbeat(N1, 5.0)
-    effects = lm.check_workers(6.0, timeout=2.0)
+    alive(lm, 5.0, 1)
+    effects = check_workers(lm, 6.0, timeout=2.0)
     evs = [e.msg for e in effects if isinstance(e, ToGm)]
     assert len(evs) == 1
-    assert isinstance(evs[0], TaskEvent)
-    assert evs[0].kind == "requeued"
+    assert evs[0].kind == EventKind.REQUEUED
     assert evs[0].gm == GM0
-    assert t.task_id not in lm.active
-    # not remembered as accepted: the GM may launch it again
-    resp, _ = launch(lm, (t, 1), gm=GM0, repartition=True, now=7.0)
+    assert key(t) not in lm.active
+    # the GM launches it again, as its next attempt
+    resp, _ = launch(lm, (t, 1), gm=GM0, repartition=True, now=7.0, attempt=2)
     assert resp.results[0].reason == "ok"
     conserved(lm)
 
@@ -312,9 +385,9 @@ def test_lost_worker_tasks_without_room_go_back_to_their_gm() -> None:
 def test_a_dead_node_comes_back_empty() -> None:
     lm = make_lm(nodes=[(4, 4)])
     launch(lm, (make_task(2, 2), 0))
-    lm.check_workers(10.0, timeout=1.0)
+    check_workers(lm, 10.0, timeout=1.0)
     v = lm.version
-    lm.on_worker_heartbeat(N0, 11.0)
+    alive(lm, 11.0)
     assert lm.alive[0]
     assert lm.free == [[4, 4]]
     assert lm.version == v + 1
@@ -349,24 +422,30 @@ def test_a_delta_older_than_the_log_is_a_full_state() -> None:
 
 def test_heartbeat_sends_what_changed_since_the_previous_heartbeat() -> None:
     lm = make_lm()
-    (first,) = lm.heartbeat(0.0)
+    (first,) = lm.handle(Heartbeat(), 0.0)
     assert isinstance(first, ToAllGms)
     assert first.msg.delta.nodes == ()
     launch(lm, (make_task(), 1))
-    (second,) = lm.heartbeat(1.0)
+    (second,) = lm.handle(Heartbeat(), 1.0)
     assert isinstance(second, ToAllGms)
     assert second.msg.delta.base_version == 0
     assert second.msg.delta.nodes == (N1,)
 
 
-def test_snapshot_lists_the_gms_accepted_tasks() -> None:
+def test_snapshot_lists_what_the_lm_holds_for_that_gm() -> None:
     lm = make_lm(home=["gm0", "gm1"])
-    a, b = make_task(), make_task()
+    a, b, c = make_task(), make_task(), make_task(duration=0.5)
     launch(lm, (a, 0), gm=GM0)
-    launch(lm, (b, 1), gm=GM1)
-    (eff,) = lm.on_snapshot_request(SnapshotRequest(gm=GM1, lm=LmId("lm0")), 2.0)
-    assert isinstance(eff, ToGm)
+    launch(lm, (b, 1), gm=GM1, attempt=3)
+    launch(lm, (c, 1), gm=GM1)
+    worker(lm, c, 1, ReportKind.FINISHED, 1.5)
+    (eff,) = lm.handle(SnapshotRequest(gm=GM1, lm=LM0), 2.0)
+    assert isinstance(eff, Reply)
     assert isinstance(eff.msg, StateSnapshot)
-    assert eff.msg.placed_by_gm == (b.task_id,)
+    # what runs (for a restarted GM to adopt), and what ended lately (never run again)
+    assert [(h.spec, h.attempt, h.ended_at) for h in eff.msg.held] == [
+        (b, 3, -1.0),
+        (c, 1, 1.5),
+    ]
     assert eff.msg.layout.home == (GM0, GM1)
     assert eff.msg.state.base_version == -1

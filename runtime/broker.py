@@ -1,0 +1,260 @@
+"""The federation's RabbitMQ side, shared by every service and the request generator.
+
+Topology (every name under the federation's prefix ``<name>``):
+
+* ``<name>.submit`` (direct): jobs, routing key = user -> durable queue
+  ``<name>.user.<user>`` (classic or quorum; dead-letter exchange ``<name>.dlx``).
+* ``<name>.dlx`` (fanout) -> ``<name>.dead``: refused messages, the reason in the
+  ``x-megha-reason`` header.
+* ``<name>.state`` (fanout): LM state updates to every GM (transient per-GM queues).
+* ``<name>.events`` (topic): LM task events to the placing GM (``gm.<gm>`` -> durable
+  queue ``<name>.gm.<gm>.events``), and task outcomes to their users (``user.<user>``).
+
+``Broker`` publishes persistent messages with confirms (an unroutable one raises),
+consumes with a bounded prefetch, and wraps every consumer so that nothing loops
+forever: bad input is dead-lettered at once with its reason; any other exception
+requeues the message once and dead-letters it when it comes back and fails again.
+After the connection recovers, ``on_reconnect`` runs (a GM asks for fresh snapshots).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+
+from common.config import FederationConfig
+from common.errors import MeghaError
+from runtime.retry import Backoff, retry
+
+REASON_HEADER = "x-megha-reason"
+log = logging.getLogger("megha.broker")
+
+OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
+PUBLISH_ERRORS = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+def persistent(body: bytes, *, message_id: str | None = None, **headers: str) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        content_type="application/x-msgpack",
+        message_id=message_id,
+        headers=dict(headers) if headers else None,
+    )
+
+
+def transient(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
+    return aio_pika.Message(body, content_type="application/x-msgpack", message_id=message_id)
+
+
+async def connect(cfg: FederationConfig) -> AbstractRobustConnection:
+    conn: AbstractRobustConnection = await aio_pika.connect_robust(cfg.broker_url, timeout=5)
+    return conn
+
+
+class Exchanges:
+    """The four exchanges of a federation, declared on one channel."""
+
+    def __init__(
+        self,
+        submit: AbstractExchange,
+        state: AbstractExchange,
+        events: AbstractExchange,
+        dlx: AbstractExchange,
+    ) -> None:
+        self.submit = submit
+        self.state = state
+        self.events = events
+        self.dlx = dlx
+
+
+async def declare_exchanges(ch: AbstractChannel, cfg: FederationConfig) -> Exchanges:
+    submit = await ch.declare_exchange(
+        cfg.submit_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+    )
+    state = await ch.declare_exchange(cfg.state_exchange, aio_pika.ExchangeType.FANOUT)
+    events = await ch.declare_exchange(
+        cfg.events_exchange, aio_pika.ExchangeType.TOPIC, durable=True
+    )
+    dlx = await ch.declare_exchange(
+        cfg.dead_letter_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    dead = await ch.declare_queue(cfg.dead_letter_queue, durable=True)
+    await dead.bind(dlx, routing_key="")
+    return Exchanges(submit, state, events, dlx)
+
+
+async def declare_user_queue(
+    ch: AbstractChannel, cfg: FederationConfig, ex: Exchanges, user: str
+) -> AbstractQueue:
+    args: dict[str, Any] = {
+        "x-queue-type": cfg.queue_type,
+        "x-dead-letter-exchange": cfg.dead_letter_exchange,
+    }
+    if cfg.queue_type == "quorum":
+        args["x-delivery-limit"] = cfg.delivery_limit
+    q = await ch.declare_queue(cfg.user_queue(user), durable=True, arguments=args)
+    await q.bind(ex.submit, routing_key=user)
+    return q
+
+
+class Broker:
+    """One process's connection: a confirming publisher channel and a consumer channel."""
+
+    def __init__(self, cfg: FederationConfig, name: str) -> None:
+        self.cfg = cfg
+        self.name = name
+        self.conn: AbstractRobustConnection | None = None
+        self.pub: AbstractChannel | None = None
+        self.sub: AbstractChannel | None = None
+        self._ex: Exchanges | None = None
+        self.on_reconnect: Callable[[], None] | None = None
+        self.dead_lettered = 0
+        self.publish_errors = 0
+        self.handler_errors = 0
+
+    @property
+    def ex(self) -> Exchanges:
+        assert self._ex is not None, "the broker is not open"
+        return self._ex
+
+    async def open(self, *, prefetch: int | None = None) -> None:
+        self.conn = await retry(
+            lambda: connect(self.cfg),
+            Backoff(first_s=0.2, cap_s=2.0, deadline_s=60.0),
+            what=f"{self.name}: connect to the broker",
+            retry_on=(ConnectionError, OSError, aio_pika.exceptions.AMQPError, TimeoutError),
+        )
+        self.conn.reconnect_callbacks.add(self._reconnected)
+        self.pub = await self.conn.channel(publisher_confirms=True, on_return_raises=True)
+        self._ex = await declare_exchanges(self.pub, self.cfg)
+        self.sub = await self.conn.channel(publisher_confirms=False)
+        await self.sub.set_qos(prefetch_count=prefetch or self.cfg.prefetch)
+
+    def _reconnected(self, *_: object) -> None:
+        log.warning("%s: broker connection recovered", self.name)
+        if self.on_reconnect is not None:
+            self.on_reconnect()
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+
+    async def publish(
+        self,
+        exchange: AbstractExchange,
+        routing_key: str,
+        message: aio_pika.Message,
+        *,
+        mandatory: bool = True,
+        policy: Backoff | None = None,
+    ) -> None:
+        """Publish and wait for the broker's confirm, retrying transient failures."""
+
+        async def once() -> None:
+            await exchange.publish(message, routing_key=routing_key, mandatory=mandatory)
+
+        def count(_: BaseException) -> None:
+            self.publish_errors += 1
+
+        await retry(
+            once,
+            policy or Backoff(first_s=0.05, cap_s=2.0, deadline_s=None),
+            what=f"{self.name}: publish to {exchange.name}/{routing_key}",
+            retry_on=(aio_pika.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError),
+            on_retry=count,
+        )
+
+    async def dead_letter(
+        self, msg: AbstractIncomingMessage, queue: str, reason: str, detail: str
+    ) -> None:
+        """Refuse a message: to the dead-letter exchange with its reason, then ack."""
+        self.dead_lettered += 1
+        log.info("%s: dead-lettering a message from %s: %s (%s)", self.name, queue, detail, reason)
+        try:
+            headers = {
+                **(msg.headers or {}),
+                REASON_HEADER: reason,
+                "x-megha-detail": detail[:500],
+                "x-megha-queue": queue,
+            }
+            await self.ex.dlx.publish(
+                aio_pika.Message(
+                    msg.body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                ),
+                routing_key="",
+            )
+        except PUBLISH_ERRORS:  # the queue's own dead-lettering still keeps the message
+            log.exception("%s: dead-letter publish failed; rejecting instead", self.name)
+            await msg.reject(requeue=False)
+            return
+        await msg.ack()
+
+    async def consume(
+        self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False
+    ) -> None:
+        """Consume ``queue`` with ``handler``; nothing a handler raises loops forever."""
+
+        async def guarded(msg: AbstractIncomingMessage) -> None:
+            try:
+                await handler(msg)
+            except MeghaError as exc:
+                if not no_ack:
+                    await self.dead_letter(msg, queue.name, exc.reason, str(exc))
+            except Exception as exc:
+                self.handler_errors += 1
+                log.exception("%s: consumer of %s failed", self.name, queue.name)
+                if no_ack:
+                    return
+                if msg.redelivered:
+                    await self.dead_letter(
+                        msg, queue.name, "handler_error", f"{type(exc).__name__}: {exc}"
+                    )
+                else:
+                    await msg.nack(requeue=True)
+
+        await queue.consume(guarded, no_ack=no_ack)
+
+
+async def delete_topology(cfg: FederationConfig) -> None:
+    """Remove every queue and exchange of the federation named ``cfg.name`` (tests, ``megha down --purge``)."""
+    conn = await connect(cfg)
+    try:
+        names = [cfg.user_queue(u.user) for u in cfg.user_configs]
+        names += [cfg.gm_events_queue(g) for g in cfg.gm_ids]
+        names.append(cfg.dead_letter_queue)
+        for q in names:
+            ch = await conn.channel()
+            try:
+                await ch.queue_delete(q)
+            except Exception:  # absent already: nothing to remove
+                pass
+            finally:
+                if not ch.is_closed:
+                    await ch.close()
+        for ex in (
+            cfg.submit_exchange,
+            cfg.state_exchange,
+            cfg.events_exchange,
+            cfg.dead_letter_exchange,
+        ):
+            ch = await conn.channel()
+            try:
+                await ch.exchange_delete(ex)
+            except Exception:  # absent already
+                pass
+            finally:
+                if not ch.is_closed:
+                    await ch.close()
+    finally:
+        await conn.close()

@@ -1,0 +1,148 @@
+"""Drives a pure core on the event loop: messages in, effects carried out.
+
+A service builds one ``CoreDriver`` around its core and registers, per effect type,
+what carrying it out means (post to a peer, publish, acknowledge...).  ``feed`` is
+the only way a message reaches the core; the answer to a request (``Reply``) is
+returned to the caller.  ``After`` effects become timers that feed their message
+back.  ``Batcher`` collects what leaves during one loop turn and sends it as one
+message per destination (events per GM, starts per worker pool, reports per LM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from common.effects import After, Effect, Reply
+from runtime.supervisor import Supervisor
+
+
+class Core(Protocol):
+    def handle(self, msg: object, now: float) -> list[Effect]: ...
+
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+E = TypeVar("E")
+
+
+class CoreDriver:
+    """Feeds a core its messages and carries out the effects it returns."""
+
+    def __init__(
+        self, core: Core, supervisor: Supervisor, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.core = core
+        self.sup = supervisor
+        self.clock = clock
+        self._handlers: dict[type, Callable[[Any], None]] = {After: self._after}
+        self.tap: Callable[[object, float], None] | None = None
+        """Sees every message fed, with its time (the parity test records through it)."""
+
+    def on(self, kind: type[E], handler: Callable[[E], None]) -> None:
+        """Carry out effects of type ``kind`` with ``handler``."""
+        self._handlers[kind] = handler
+
+    def feed(self, msg: object) -> object | None:
+        """Hand ``msg`` to the core now; carry out its effects; return its reply, if any."""
+        now = self.clock()
+        if self.tap is not None:
+            self.tap(msg, now)
+        return self.carry_out(self.core.handle(msg, now))
+
+    def carry_out(self, effects: Sequence[Effect]) -> object | None:
+        reply: object | None = None
+        handlers = self._handlers
+        for eff in effects:
+            if type(eff) is Reply:
+                reply = eff.msg
+                continue
+            try:
+                handler = handlers[type(eff)]
+            except KeyError:
+                raise TypeError(f"no handler for {type(eff).__name__} effects") from None
+            handler(eff)
+        return reply
+
+    def _after(self, eff: After) -> None:
+        asyncio.get_running_loop().call_later(eff.delay, self.feed, eff.msg)
+
+    def every(self, period_s: float, make: Callable[[], object], what: str) -> None:
+        """Feed ``make()`` every ``period_s`` seconds (a periodic timer message)."""
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(period_s)
+                self.feed(make())
+
+        self.sup.run_forever(tick(), what)
+
+
+class Batcher(Generic[K, T]):
+    """Items collected during one loop turn, flushed once per key.
+
+    ``flush(key, items)`` runs as a supervised job; items added while it runs go into
+    the next flush of that key, so one destination gets one message at a time, in
+    order.
+    """
+
+    def __init__(
+        self,
+        sup: Supervisor,
+        flush: Callable[[K, list[T]], Awaitable[None]],
+        what: str,
+        *,
+        max_items: int = 5000,
+    ) -> None:
+        self.sup = sup
+        self._flush = flush
+        self.what = what
+        self.max_items = max_items
+        self._pending: dict[K, list[T]] = {}
+        self._busy: set[K] = set()
+        self._added: dict[K, int] = {}
+        self._sent: dict[K, int] = {}
+        self._progress = asyncio.Condition()
+
+    def add(self, key: K, item: T) -> int:
+        """Queue ``item`` for ``key``; returns its ticket (see ``sent``)."""
+        items = self._pending.get(key)
+        if items is None:
+            items = self._pending[key] = []
+            if key not in self._busy:
+                self._busy.add(key)
+                self.sup.spawn(self._drain(key), self.what)
+        items.append(item)
+        n = self._added[key] = self._added.get(key, 0) + 1
+        return n
+
+    async def sent(self, tickets: dict[K, int]) -> None:
+        """Wait until the items with these tickets (per key) have been flushed."""
+        async with self._progress:
+            await self._progress.wait_for(
+                lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
+            )
+
+    def pending(self) -> int:
+        return sum(len(v) for v in self._pending.values())
+
+    async def _drain(self, key: K) -> None:
+        try:
+            await asyncio.sleep(0)  # let the current turn add its items
+            while True:
+                items = self._pending.pop(key, None)
+                if not items:
+                    return
+                for i in range(0, len(items), self.max_items):
+                    chunk = items[i : i + self.max_items]
+                    await self._flush(key, chunk)
+                    self._sent[key] = self._sent.get(key, 0) + len(chunk)
+                    async with self._progress:
+                        self._progress.notify_all()
+        finally:
+            self._busy.discard(key)
+            if self._pending.get(key):  # added after the last pop: drain again
+                self._busy.add(key)
+                self.sup.spawn(self._drain(key), self.what)

@@ -1,0 +1,279 @@
+"""The HTTP side of every service: the server boundary and keep-alive peers.
+
+Server: protocol errors become HTTP statuses here and only here — ``DecodeError`` 400
+(413 when too large), ``ValidationError`` 422, ``Unauthorized`` 401, and a core's
+``Refused`` answer 409 (or 422 for bad input).  Error bodies are JSON
+``{"error": reason, "detail": ..., "field": ...}``; success bodies are msgpack.  A
+body is read whole, up to the configured limit.
+
+Client: a ``Peer`` posts one message to one service over a keep-alive connection and
+decodes one answer, retrying transient failures with the runtime's backoff; every
+request it retries is idempotent (an ``Idempotency-Key`` header names it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from common import codec
+from common.auth import HEADER, check_internal, internal_headers
+from common.config import ID_ENV, FederationConfig, load_config
+from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
+from common.messages import Refused
+from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
+from runtime.retry import Backoff, retry
+
+MSGPACK = "application/x-msgpack"
+log = logging.getLogger("megha.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+CONFIG_KEY = web.AppKey("config", FederationConfig)
+METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
+
+M = TypeVar("M")
+
+# Reasons a core refuses a request because the request itself is wrong (422); any
+# other refusal is a conflict with the service's state (409).
+BAD_REQUEST_REASONS = frozenset(
+    {"wrong_lm", "unknown_gm", "wrong_resources", "duplicate_task_id", "unknown_node"}
+)
+
+
+def status_of(exc: MeghaError) -> int:
+    if isinstance(exc, Unauthorized):
+        return 401
+    if isinstance(exc, DecodeError):
+        return 413 if exc.reason == "too_large" else 400
+    if isinstance(exc, ValidationError):
+        return 422
+    return 400
+
+
+def error_response(exc: MeghaError) -> web.Response:
+    return web.json_response(exc.to_dict(), status=status_of(exc))
+
+
+def _count_refusal(request: web.Request, reason: str) -> None:
+    metrics = request.app.get(METRICS_KEY)
+    if metrics is not None:
+        metrics.errors.labels(reason).inc()
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refused input: a precise status and reason, logged and counted."""
+    try:
+        return await handler(request)
+    except MeghaError as exc:
+        _count_refusal(request, exc.reason)
+        log.info("refused %s %s: %s (%s)", request.method, request.path, exc, exc.reason)
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        _count_refusal(request, "too_large")
+        return web.json_response(
+            {"error": "too_large", "detail": exc.text or "body too large"}, status=413
+        )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The authenticated body, read whole (up to the app's limit; 413 beyond it)."""
+    cfg = request.app[CONFIG_KEY]
+    check_internal(request.headers.get(HEADER), cfg.secret)
+    limit = cfg.max_body
+    if request.content_length is not None and request.content_length > limit:
+        raise DecodeError(
+            f"body of {request.content_length} bytes exceeds {limit}", reason="too_large"
+        )
+    body = await request.read()
+    metrics = request.app.get(METRICS_KEY)
+    if metrics is not None:
+        metrics.requests.labels(request.path).inc()
+    return body
+
+
+async def read_message(request: web.Request, expect: type[M] | tuple[type, ...]) -> M:
+    """The request's one message, decoded and checked against ``expect``."""
+    body = await read_body(request)
+    msg: M = codec.decode(body, expect=expect, max_size=request.app[CONFIG_KEY].max_body)
+    return msg
+
+
+def reply_response(msg: object | None) -> web.Response:
+    """A core's answer: msgpack, or the refusal as a JSON 4xx with its reason."""
+    if msg is None:
+        return web.Response(status=204)
+    if isinstance(msg, Refused):
+        status = 422 if msg.reason in BAD_REQUEST_REASONS else 409
+        return web.json_response({"error": msg.reason, "detail": msg.detail}, status=status)
+    return web.Response(body=codec.encode(msg), content_type=MSGPACK)
+
+
+def require_internal(request: web.Request) -> None:
+    check_internal(request.headers.get(HEADER), request.app[CONFIG_KEY].secret)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def ping_handler(request: web.Request) -> web.Response:
+    """The floor: an authenticated empty request, answered at once."""
+    await read_body(request)
+    return web.Response(body=b"", content_type=MSGPACK)
+
+
+def base_app(cfg: FederationConfig) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=cfg.max_body)
+    app[CONFIG_KEY] = cfg
+    app.router.add_post("/v1/ping", ping_handler)
+    return app
+
+
+class Component(Protocol):
+    """What a service runs beside its HTTP routes (brokers, sessions, loops)."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def serve(
+    app: web.Application, component: Component, *, health: Handler, state: Handler
+) -> web.Application:
+    """Open ``component`` with the app and close it after; add the routes every
+    service has: ``/health``, ``/v1/state`` and ``/metrics``."""
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await component.open()
+        yield
+        with contextlib.suppress(Exception):
+            await component.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/state", state)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+def service_identity(role: str) -> tuple[FederationConfig, str]:
+    """The config and this process's id, from the environment ``megha up`` sets."""
+    logging.basicConfig(
+        level=os.environ.get("MEGHA_LOG", "INFO"),
+        format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s",
+    )
+    cfg = load_config()
+    ident = os.environ.get(ID_ENV, "")
+    if not ident:
+        raise MeghaError(f"{ID_ENV} is not set: which {role} is this?")
+    return cfg, ident
+
+
+# ---------------------------------------------------------------------- peers
+class PeerRefused(MeghaError):
+    """The peer answered 4xx: it will not take this request, however often it is sent."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"{status} {reason}: {detail}", reason=reason)
+        self.status = status
+
+
+class _Transient(Exception):
+    """A 5xx or a broken connection: worth another try."""
+
+
+def session(limit: int = 64) -> aiohttp.ClientSession:
+    """A keep-alive client session for a service's peers."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=16),
+        timeout=aiohttp.ClientTimeout(total=10),
+    )
+
+
+class Peer:
+    """One service this process talks to: ``post`` a message, get its answer."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        secret: str,
+        http: aiohttp.ClientSession,
+        *,
+        policy: Backoff | None = None,
+        max_answer: int = codec.MAX_BODY,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.http = http
+        self.headers = {**internal_headers(secret), "Content-Type": MSGPACK}
+        self.policy = policy or Backoff()
+        self.max_answer = max_answer
+        self.errors = 0
+        self.rtts: deque[float] = deque(maxlen=4096)
+
+    async def post(
+        self,
+        path: str,
+        msg: object,
+        *,
+        expect: type[M] | tuple[type, ...],
+        key: str = "",
+        policy: Backoff | None = None,
+    ) -> M | None:
+        """Post ``msg`` (encoded once) and decode the answer (None for 204).
+
+        Retries transient failures; raises ``PeerRefused`` on a 4xx and
+        ``runtime.retry.GiveUp`` when the policy's deadline passes.
+        """
+        body = codec.encode(msg)
+        headers = {**self.headers, "Idempotency-Key": key} if key else self.headers
+
+        async def once() -> M | None:
+            t0 = time.perf_counter()
+            try:
+                async with self.http.post(self.url + path, data=body, headers=headers) as resp:
+                    data = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise _Transient(f"{self.name}{path}: {exc!r}") from exc
+            if status >= 500:
+                raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
+            if status >= 400:
+                raise PeerRefused(status, *_error_of(data))
+            self.rtts.append(time.perf_counter() - t0)
+            if status == 204 or not data:
+                return None
+            answer: M = codec.decode(data, expect=expect, max_size=self.max_answer)
+            return answer
+
+        def count(_: BaseException) -> None:
+            self.errors += 1
+
+        return await retry(
+            once,
+            policy or self.policy,
+            what=f"{self.name}{path}",
+            retry_on=(_Transient,),
+            on_retry=count,
+        )
+
+
+def _error_of(data: bytes) -> tuple[str, str]:
+    try:
+        doc: Any = json.loads(data)
+        return str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
+    except (ValueError, AttributeError):
+        return "refused", data[:300].decode("utf-8", "replace")
