@@ -53,16 +53,7 @@ from global_master.core import AdmissionLimits, GlobalMaster
 from runtime import broker as amqp
 from runtime.dedup import Dedup
 from runtime.driver import Batcher, CoreDriver
-from runtime.http import (
-    METRICS_KEY,
-    Peer,
-    PeerRefused,
-    base_app,
-    require_internal,
-    serve,
-    service_identity,
-    session,
-)
+from runtime.http import Peer, PeerRefused, service_app, service_identity, session
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -80,6 +71,8 @@ SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 
 class GmService:
     """Carries out a GM core's effects and feeds it its inputs."""
+
+    role = "gm"
 
     def __init__(self, cfg: FederationConfig, gm: GmId) -> None:
         self.cfg = cfg
@@ -266,6 +259,12 @@ class GmService:
                 await asyncio.sleep(0)
 
     # ----------------------------------------------------------------- pages
+    def ident(self) -> str:
+        return self.core.gm_id
+
+    def healthy(self) -> bool:
+        return self.consuming
+
     def state_page(self) -> dict[str, Any]:
         core = self.core
         rtts = [x for p in self.lms.values() for x in p.rtts]
@@ -311,29 +310,10 @@ async def _ack(msg: AbstractIncomingMessage) -> None:
         log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
 
 
-SERVICE_KEY = web.AppKey("service", GmService)
-
-
-async def health_handler(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE_KEY]
-    ok = svc.consuming
-    return web.json_response(
-        {"status": "ok" if ok else "starting", "role": "gm", "gm": svc.core.gm_id},
-        status=200 if ok else 503,
-    )
-
-
-async def state_handler(request: web.Request) -> web.Response:
-    require_internal(request)
-    return web.json_response(request.app[SERVICE_KEY].state_page())
-
-
 def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
     svc = GmService(cfg, gm)
-    app = base_app(cfg)
-    app[SERVICE_KEY] = svc
     core = svc.core
-    app[METRICS_KEY] = ServiceMetrics(
+    metrics = ServiceMetrics(
         "megha_gm",
         lambda: core.counters,
         lambda: {
@@ -343,7 +323,7 @@ def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
             "jobs_unacked": len(svc.deliveries),
         },
     )
-    return serve(app, svc, health=health_handler, state=state_handler)
+    return service_app(cfg, svc, metrics)
 
 
 async def create_app() -> web.Application:

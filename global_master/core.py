@@ -68,6 +68,7 @@ from common.messages import (
 from common.metrics import GmCounters
 from common.model import (
     Phase,
+    Resources,
     Task,
     TaskKey,
     TaskSpec,
@@ -162,8 +163,8 @@ class GlobalMaster:
         self.max_retries = max_retries
         self._retries: dict[TaskKey, int] = {}
         self._preempt_tried: dict[TaskKey, set[tuple[UserId, LmId]]] = {}
-        self._rr_internal = 0
-        self._rr_external = 0
+        self._rr: dict[bool, int] = {True: 0, False: 0}
+        """Where the next round-robin walk of internal (True) / external partitions starts."""
         self._next_request = 0
         self._snapshot_wanted: set[LmId] = set()
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
@@ -518,28 +519,12 @@ class GlobalMaster:
     ) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
         task.decisions += 1
-        lms = self.lms
-        n = len(lms)
-        views = self.views
-        mask, demand, me = task.constraints, task.demand, self.gm_id
-        fit = self.queues.choose_node or LmView.first_fit
-        # 1. internal partitions, round-robin over LMs
-        for k in range(n):
-            lm = lms[(self._rr_internal + k) % n]
-            view = views[lm]
-            node = fit(view, view.eligible(mask, me, True), demand)
-            if node >= 0:
-                self._rr_internal = (self._rr_internal + k + 1) % n
-                self._dispatch(task, view, node, False, batches, now)
-                return
-        # 2. external partitions, round-robin over LMs: repartition
-        for k in range(n):
-            lm = lms[(self._rr_external + k) % n]
-            view = views[lm]
-            node = fit(view, view.eligible(mask, me, False), demand)
-            if node >= 0:
-                self._rr_external = (self._rr_external + k + 1) % n
-                self._dispatch(task, view, node, True, batches, now)
+        mask, demand = task.constraints, task.demand
+        # 1. internal partitions; 2. external partitions: repartition
+        for internal in (True, False):
+            found = self._match(mask, demand, internal)
+            if found is not None:
+                self._dispatch(task, found[0], found[1], not internal, batches, now)
                 return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self._is_feasible(mask, demand):
@@ -553,6 +538,20 @@ class GlobalMaster:
             self._send_preemption(task, req, now, effects)
             return
         self._requeue(task, now)
+
+    def _match(self, mask: int, demand: Resources, internal: bool) -> tuple[LmView, int] | None:
+        """Alg. 1: walk the internal (or external) partitions round-robin over LMs; in
+        each, AND the constraint vectors and take the first node that fits."""
+        lms, n, views, me = self.lms, len(self.lms), self.views, self.gm_id
+        fit = self.queues.choose_node or LmView.first_fit
+        start = self._rr[internal]
+        for k in range(n):
+            view = views[lms[(start + k) % n]]
+            node = fit(view, view.eligible(mask, me, internal), demand)
+            if node >= 0:
+                self._rr[internal] = (start + k + 1) % n
+                return view, node
+        return None
 
     def _dispatch(
         self,

@@ -39,18 +39,7 @@ from common.messages import (
 from local_master.core import LocalMaster
 from runtime import broker as amqp
 from runtime.driver import Batcher, CoreDriver
-from runtime.http import (
-    METRICS_KEY,
-    Peer,
-    PeerRefused,
-    base_app,
-    read_message,
-    reply_response,
-    require_internal,
-    serve,
-    service_identity,
-    session,
-)
+from runtime.http import Peer, PeerRefused, service_app, service_identity, session
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -60,6 +49,8 @@ log = logging.getLogger("megha.lm")
 
 class LmService:
     """An LM core, its HTTP peers (the worker pool) and its broker side."""
+
+    role = "lm"
 
     def __init__(self, cfg: FederationConfig, lm: LmId, *, epoch: int | None = None) -> None:
         cluster = cfg.clusters[cfg.lm_ids.index(lm)]
@@ -154,6 +145,12 @@ class LmService:
             self.broker.publish_errors += 1
             log.warning("state update not published: %s", exc)
 
+    def ident(self) -> str:
+        return self.core.lm_id
+
+    def healthy(self) -> bool:
+        return self.ready
+
     def state_page(self) -> dict[str, Any]:
         core = self.core
         return {
@@ -180,38 +177,10 @@ def _ignore(_: object) -> None:
     """Drop a value (a batcher's ticket nobody waits for)."""
 
 
-SERVICE_KEY = web.AppKey("service", LmService)
-
-
-def _handler(kind: type | tuple[type, ...]) -> Any:
-    async def handle(request: web.Request) -> web.Response:
-        svc = request.app[SERVICE_KEY]
-        msg: object = await read_message(request, kind)
-        return reply_response(svc.driver.feed(msg))
-
-    return handle
-
-
-async def health_handler(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE_KEY]
-    ok = svc.ready
-    return web.json_response(
-        {"status": "ok" if ok else "starting", "role": "lm", "lm": svc.core.lm_id},
-        status=200 if ok else 503,
-    )
-
-
-async def state_handler(request: web.Request) -> web.Response:
-    require_internal(request)
-    return web.json_response(request.app[SERVICE_KEY].state_page())
-
-
 def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
     svc = LmService(cfg, lm)
-    app = base_app(cfg)
-    app[SERVICE_KEY] = svc
     core = svc.core
-    app[METRICS_KEY] = ServiceMetrics(
+    metrics = ServiceMetrics(
         "megha_lm",
         lambda: core.counters,
         lambda: {
@@ -220,12 +189,14 @@ def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
             "version": core.version,
         },
     )
-    app.router.add_post("/v1/launch", _handler(LaunchRequest))
-    app.router.add_post("/v1/preempt", _handler(PreemptRequest))
-    app.router.add_post("/v1/snapshot", _handler(SnapshotRequest))
-    app.router.add_post("/v1/worker-report", _handler(WorkerReports))
-    app.router.add_post("/v1/worker-heartbeat", _handler(WorkerHeartbeat))
-    return serve(app, svc, health=health_handler, state=state_handler)
+    routes: dict[str, type | tuple[type, ...]] = {
+        "/v1/launch": LaunchRequest,
+        "/v1/preempt": PreemptRequest,
+        "/v1/snapshot": SnapshotRequest,
+        "/v1/worker-report": WorkerReports,
+        "/v1/worker-heartbeat": WorkerHeartbeat,
+    }
+    return service_app(cfg, svc, metrics, routes)
 
 
 async def create_app() -> web.Application:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
@@ -608,7 +608,8 @@ class LocalMaster:
             lost = self._event(EventKind.RELAUNCHED, a, now, "worker lost")
             attempt = a.attempt + 1
             self._commit(spec, attempt, target, a.gm, a.altruistic, now, a.queued_at)
-            effects.append(ToGm(a.gm, _with_attempt(lost, attempt, target)))
+            # it names the new attempt and node, and keeps the lost one's start (work lost)
+            effects.append(ToGm(a.gm, replace(lost, attempt=attempt, node=NodeIndex(target))))
             effects.append(self._start(spec, attempt, target))
         return effects
 
@@ -625,23 +626,3 @@ class LocalMaster:
                 break
             done.popitem(last=False)
         return [ToAllGms(StateUpdated(delta=delta))]
-
-
-def _with_attempt(ev: TaskEvent, attempt: int, node: int) -> TaskEvent:
-    """A RELAUNCHED event names the new attempt and node; it keeps the lost attempt's
-    start (the work thrown away)."""
-    return TaskEvent(
-        kind=ev.kind,
-        lm=ev.lm,
-        gm=ev.gm,
-        user=ev.user,
-        task_id=ev.task_id,
-        attempt=attempt,
-        node=NodeIndex(node),
-        node_free=ev.node_free,
-        node_version=ev.node_version,
-        at=ev.at,
-        worker_at=ev.worker_at,
-        started_at=ev.started_at,
-        detail=ev.detail,
-    )

@@ -30,6 +30,7 @@ from common.auth import HEADER, check_internal, internal_headers
 from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
+from runtime.driver import CoreDriver
 from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
 from runtime.retry import Backoff, retry
 
@@ -141,29 +142,76 @@ def base_app(cfg: FederationConfig) -> web.Application:
     return app
 
 
-class Component(Protocol):
-    """What a service runs beside its HTTP routes (brokers, sessions, loops)."""
+class Service(Protocol):
+    """What a service process runs beside its HTTP routes: a core behind a driver,
+    opened with the app and closed after it."""
+
+    role: str
+    driver: CoreDriver
 
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
 
+    def ident(self) -> str: ...
 
-def serve(
-    app: web.Application, component: Component, *, health: Handler, state: Handler
+    def healthy(self) -> bool: ...
+
+    def state_page(self) -> dict[str, Any]: ...
+
+
+SERVICE_KEY = web.AppKey("service", Service)
+
+
+def message_route(kind: type | tuple[type, ...]) -> Handler:
+    """A POST route whose body is one message of ``kind`` for the service's core; the
+    answer is the core's reply."""
+
+    async def handle(request: web.Request) -> web.Response:
+        msg: object = await read_message(request, kind)
+        return reply_response(request.app[SERVICE_KEY].driver.feed(msg))
+
+    return handle
+
+
+async def health_handler(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE_KEY]
+    ok = svc.healthy()
+    return web.json_response(
+        {"status": "ok" if ok else "starting", "role": svc.role, "id": svc.ident()},
+        status=200 if ok else 503,
+    )
+
+
+async def state_handler(request: web.Request) -> web.Response:
+    require_internal(request)
+    return web.json_response(request.app[SERVICE_KEY].state_page())
+
+
+def service_app(
+    cfg: FederationConfig,
+    svc: Service,
+    metrics: ServiceMetrics,
+    routes: dict[str, type | tuple[type, ...]] | None = None,
 ) -> web.Application:
-    """Open ``component`` with the app and close it after; add the routes every
-    service has: ``/health``, ``/v1/state`` and ``/metrics``."""
+    """The app of a service: its message routes, and what every service has —
+    ``/health``, ``/v1/state``, ``/metrics``, ``/v1/ping`` — with the service opened
+    with the app and closed after it."""
+    app = base_app(cfg)
+    app[SERVICE_KEY] = svc
+    app[METRICS_KEY] = metrics
+    for path, kind in (routes or {}).items():
+        app.router.add_post(path, message_route(kind))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await component.open()
+        await svc.open()
         yield
         with contextlib.suppress(Exception):
-            await component.close()
+            await svc.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/state", state)
+    app.router.add_get("/health", health_handler)
+    app.router.add_get("/v1/state", state_handler)
     app.router.add_get("/metrics", metrics_handler)
     return app
 

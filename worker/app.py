@@ -21,18 +21,7 @@ from common.effects import KillCommand, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import StartTasks, StopTasks, WorkerHeartbeat, WorkerReport, WorkerReports
 from runtime.driver import Batcher, CoreDriver
-from runtime.http import (
-    METRICS_KEY,
-    Peer,
-    PeerRefused,
-    base_app,
-    read_message,
-    reply_response,
-    require_internal,
-    serve,
-    service_identity,
-    session,
-)
+from runtime.http import Peer, PeerRefused, service_app, service_identity, session
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -47,6 +36,8 @@ REPORTS = Backoff(first_s=0.05, cap_s=2.0, deadline_s=None)
 
 class WorkerService:
     """A worker-pool core, the runner of its commands, and its LM as a peer."""
+
+    role = "worker"
 
     def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
         self.cfg = cfg
@@ -106,6 +97,12 @@ class WorkerService:
                 log.debug("heartbeat not delivered: %s", exc)
             await asyncio.sleep(self.cfg.heartbeat_s)
 
+    def ident(self) -> str:
+        return f"{self.core.lm}-workers"
+
+    def healthy(self) -> bool:
+        return True
+
     def state_page(self) -> dict[str, Any]:
         return {
             "lm": self.core.lm,
@@ -118,39 +115,12 @@ class WorkerService:
         }
 
 
-SERVICE_KEY = web.AppKey("service", WorkerService)
-
-
-def _handler(kind: type) -> Any:
-    async def handle(request: web.Request) -> web.Response:
-        svc = request.app[SERVICE_KEY]
-        msg: object = await read_message(request, kind)
-        return reply_response(svc.driver.feed(msg))
-
-    return handle
-
-
-async def health_handler(request: web.Request) -> web.Response:
-    return web.json_response(
-        {"status": "ok", "role": "worker", "lm": request.app[SERVICE_KEY].core.lm}
-    )
-
-
-async def state_handler(request: web.Request) -> web.Response:
-    require_internal(request)
-    return web.json_response(request.app[SERVICE_KEY].state_page())
-
-
 def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
     svc = WorkerService(cfg, lm)
-    app = base_app(cfg)
-    app[SERVICE_KEY] = svc
-    app[METRICS_KEY] = ServiceMetrics(
+    metrics = ServiceMetrics(
         "megha_worker", lambda: svc.core.counters, lambda: {"running_tasks": len(svc.core.running)}
     )
-    app.router.add_post("/v1/start", _handler(StartTasks))
-    app.router.add_post("/v1/stop", _handler(StopTasks))
-    return serve(app, svc, health=health_handler, state=state_handler)
+    return service_app(cfg, svc, metrics, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
 
 
 async def create_app() -> web.Application:

@@ -7,15 +7,19 @@ deleted afterwards) and free ports.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from common.auth import internal_headers
 from common.config import FederationConfig
 from megha_cli.federation import broker_reachable, start_federation, stop_federation
 from runtime.broker import delete_topology
@@ -66,3 +70,17 @@ def make_federation(
     for cfg, home in started:
         stop_federation(home, quiet=True)
         asyncio.run(delete_topology(cfg))
+
+
+def service_state(url: str, cfg: FederationConfig) -> Any:
+    """A service's ``/v1/state`` page."""
+    req = urllib.request.Request(url + "/v1/state", headers=internal_headers(cfg.secret))
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def pid_of(home: Path, name: str) -> int:
+    """The pid ``megha up`` recorded for process ``name``."""
+    procs = json.loads((home / "pids.json").read_text())["processes"]
+    pid: int = next(p["pid"] for p in procs if p["name"] == name)
+    return pid

@@ -4,39 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.auth import internal_headers
 from common.config import FederationConfig
 from megha_cli.federation import restart
 from request_generator.submitter import Submitter
 from request_generator.workload import WorkloadSpec, synthetic_jobs
+from tests.e2e.conftest import pid_of, service_state
 
 pytestmark = pytest.mark.e2e
 
 Federation = tuple[FederationConfig, Path]
-
-
-def _state(url: str, cfg: FederationConfig) -> Any:
-    req = urllib.request.Request(url + "/v1/state", headers=internal_headers(cfg.secret))
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
-def _pid(home: Path, name: str) -> int:
-    procs = json.loads((home / "pids.json").read_text())["processes"]
-    pid: int = next(p["pid"] for p in procs if p["name"] == name)
-    return pid
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
@@ -60,9 +46,11 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
     assert killed_at > 0
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
     # no task ran twice: the workers started each exactly once
-    worker_starts = sum(_state(cfg.worker_url(lm), cfg)["counters"]["started"] for lm in cfg.lm_ids)
+    worker_starts = sum(
+        service_state(cfg.worker_url(lm), cfg)["counters"]["started"] for lm in cfg.lm_ids
+    )
     assert worker_starts == len(ids)
-    gm = _state(cfg.gm_url("gm0"), cfg)
+    gm = service_state(cfg.gm_url("gm0"), cfg)
     assert gm["jobs_unacked"] == 0
     assert gm["queued"] == 0
     # the restarted GM got back the jobs its predecessor had not finished placing
@@ -80,7 +68,7 @@ async def _drive(cfg: FederationConfig, home: Path, jobs: list[Any]) -> tuple[li
             await sub.submit(job)
             if i == len(jobs) // 2:
                 # mid-run: queued, in-flight and running tasks all exist now
-                os.killpg(_pid(home, "gm0"), signal.SIGKILL)
+                os.killpg(pid_of(home, "gm0"), signal.SIGKILL)
                 killed_at = time.time() - t0
         await asyncio.sleep(0.3)
         await asyncio.get_running_loop().run_in_executor(None, restart, home, cfg, "gm0")

@@ -5,33 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.auth import internal_headers
 from common.config import FederationConfig
 from megha_cli.federation import restart
 from request_generator.submitter import Submitter
 from request_generator.workload import WorkloadSpec, synthetic_jobs
+from tests.e2e.conftest import pid_of, service_state
 
 pytestmark = pytest.mark.e2e
 
 Federation = tuple[FederationConfig, Path]
-
-
-def _state(url: str, cfg: FederationConfig) -> Any:
-    req = urllib.request.Request(url + "/v1/state", headers=internal_headers(cfg.secret))
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 def test_dead_worker_pool_tasks_are_placed_again(
@@ -47,7 +39,7 @@ def test_dead_worker_pool_tasks_are_placed_again(
     done, failed = asyncio.run(_drive(cfg, home, jobs, ids))
     assert not failed
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    lm0 = _state(cfg.lm_url("lm0"), cfg)
+    lm0 = service_state(cfg.lm_url("lm0"), cfg)
     assert lm0["counters"]["workers_lost"] > 0
     assert lm0["nodes_alive"] == lm0["nodes"]  # the restarted pool's nodes came back
 
@@ -63,9 +55,7 @@ async def _drive(
             await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
             await sub.submit(job)
             if i == 8:
-                procs = json.loads((home / "pids.json").read_text())["processes"]
-                pid = next(p["pid"] for p in procs if p["name"] == "lm0-workers")
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pid_of(home, "lm0-workers"), signal.SIGKILL)
         await asyncio.sleep(max(0.0, t0 + 3.5 - time.time()))  # the LM noticed by now
         await asyncio.get_running_loop().run_in_executor(None, restart, home, cfg, "lm0-workers")
         out = sub.outcomes
