@@ -306,6 +306,9 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             "5",
             "--timeout",
             "60",
+            # peers post every few hundred ms at most: keep their connections open
+            "--keep-alive",
+            "300",
             "--no-control-socket",
         ]
         env = {

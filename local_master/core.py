@@ -118,7 +118,7 @@ class LocalMaster:
         epoch: int = 0,
         log_limit: int | None = None,
         retain_s: float = 120.0,
-        report_starts: bool = True,
+        report_starts: bool = False,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
