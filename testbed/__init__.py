@@ -1,0 +1,1 @@
+"""Test-bed: (docstring to come)."""
