@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from testbed._sys import (
     MARKER,
@@ -276,6 +277,17 @@ class RabbitNode:
         )
         return {q["name"]: int(q["messages_ready"]) for q in json.loads(out)}
 
+    def queue_info(self, queue: str, timeout: float = 30.0) -> dict[str, Any]:
+        """``name``, ``type``, ``messages_ready``, and for quorum queues ``leader``,
+        ``members`` and ``online``, as this node reports them."""
+        items = ["name", "type", "messages_ready", "leader", "members", "online"]
+        out = self.ctl("list_queues", *items, "--formatter", "json", timeout=timeout)
+        for info in json.loads(out):
+            if info["name"] == queue:
+                found: dict[str, Any] = info
+                return found
+        raise TestbedError(f"{self.nodename}: no queue {queue!r}")
+
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the node's log (and of its console output)."""
         text = []
@@ -317,6 +329,17 @@ class RabbitCluster:
             return []
         status = json.loads(asked.ctl("cluster_status", "--formatter", "json"))
         return sorted(status["running_nodes"])
+
+    def leader(self, queue: str) -> RabbitNode:
+        """The member holding the leader of quorum queue ``queue``."""
+        asked = next((n for n in self.nodes if n.running), None)
+        if asked is None:
+            raise TestbedError("no member of the cluster is running")
+        leader = asked.queue_info(queue).get("leader")
+        for node in self.nodes:
+            if node.nodename == leader:
+                return node
+        raise TestbedError(f"quorum queue {queue!r} has no leader among the members ({leader})")
 
     def wait_running(self, count: int, timeout: float = 60.0) -> None:
         """Wait until ``count`` members are seen running."""
