@@ -102,7 +102,7 @@ def test_jitter_spreads_and_loss_drops(tb: Testbed) -> None:
     try:
         samples = sorted(tb.tcp_rtt("a", "b", count=40))
         assert samples[0] >= 2.9
-        assert samples[-1] < 13.0
+        assert samples[-1] < 25.0  # 9 ms, and room for a busy machine
         assert samples[-4] - samples[3] > 1.0  # p90 - p10: the delays differ
         tb.set_latency("a", 1, loss_pct=50)
         delivered = tb.udp_delivered("a", "b", 400)
@@ -229,3 +229,28 @@ def test_bad_arguments_are_refused_with_a_reason() -> None:
         bed.set_latency("a", 1, jitter_ms=2)
     with pytest.raises(KeyError, match="no host"):
         bed.host("zz")
+
+
+def test_the_command_line_measures_and_sweeps() -> None:
+    root = Path(__file__).resolve().parents[2]
+    rtt = subprocess.run(
+        [sys.executable, "-m", "testbed", "rtt", "--delays", "0,3", "--count", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        check=True,
+    )
+    rows = [line.split() for line in rtt.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["0", "3"]
+    assert float(rows[0][2]) < 2.0
+    assert 3.0 <= float(rows[1][2]) < 7.0
+    swept = subprocess.run(
+        [sys.executable, "-m", "testbed", "sweep"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=root,
+        check=True,
+    )
+    assert "Traceback" not in swept.stderr
