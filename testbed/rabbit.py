@@ -16,7 +16,8 @@
   and ``rabbitmqctl await_startup`` says the broker is up, or raises ``TestbedError``
   with the tail of the node's log within ``timeout`` seconds.
 * **Faults.** ``stop`` is graceful (``rabbitmqctl stop``); ``kill`` sends SIGKILL to the
-  ``beam.smp`` process and waits for it to be gone; ``start`` again reuses the node's
+  ``beam.smp`` process and waits for it to be gone; ``pause``/``resume`` send it
+  SIGSTOP/SIGCONT; ``start`` again reuses the node's
   data directory, so durable queues and persistent messages survive. A
   ``RabbitCluster`` of three nodes is formed with ``join_cluster``; a stopped or killed
   member rejoins by itself when started again.
@@ -217,6 +218,20 @@ class RabbitNode:
             raise TestbedError(f"{self.nodename} has no running beam.smp to kill")
         os.kill(beam, signal.SIGKILL)
         self._wait_gone(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP the node's ``beam.smp``: it holds its connections and answers nothing."""
+        self._signal_beam(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused node."""
+        self._signal_beam(signal.SIGCONT)
+
+    def _signal_beam(self, signum: signal.Signals) -> None:
+        beam = self.beam_pid
+        if beam is None:
+            raise TestbedError(f"{self.nodename} has no running beam.smp")
+        os.kill(beam, signum)
 
     def _wait_gone(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -190,7 +190,7 @@ CRASH = textwrap.dedent(
     """
     import os, signal, sys
     from testbed.netns import Testbed
-    bed = Testbed(["p", "q"]).start()
+    bed = Testbed(["p", "q"], prefix="mtbcrash").start()
     bed.set_latency("p", 1)
     bed.popen("q", ["sleep", "300"])
     print(bed.run_name, flush=True)
@@ -212,10 +212,13 @@ def test_sweep_removes_a_crashed_run_and_spares_live_ones(tb: Testbed) -> None:
         run_name = crashed.stdout.readline().strip()
         assert crashed.wait(timeout=60) == -signal.SIGKILL
     assert len(leftovers(run_name)) >= 5
-    removed = sweep()
+    # Its own prefix: the default sweeps of runs starting in parallel leave it to us.
+    assert run_name.startswith("mtbcrash")
+    removed = sweep("mtbcrash")
     assert leftovers(run_name) == []
     assert f"{run_name}-br" in removed
-    assert not any(name.startswith(tb.run_name) for name in removed)  # a live run is spared
+    swept = sweep(tb.prefix)  # may remove other dead runs, never a live one
+    assert not any(name.startswith(tb.run_name + "-") for name in swept)
     assert tb.reachable("a", "b")
 
 

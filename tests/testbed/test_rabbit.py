@@ -132,6 +132,17 @@ def test_persistent_message_survives_kill9_and_restart(solo: RabbitNode, bed: Te
     assert asyncio.run(drain(solo.url, "keep")) == [b"persistent"]  # the transient one is gone
 
 
+def test_a_paused_node_answers_nothing_until_resumed(solo: RabbitNode) -> None:
+    solo.pause()
+    try:
+        with pytest.raises((asyncio.TimeoutError, aio_pika.exceptions.AMQPConnectionError)):
+            asyncio.run(asyncio.wait_for(aio_pika.connect(solo.url, timeout=1), 2))
+    finally:
+        solo.resume()
+    asyncio.run(publish(solo.url, "paused", [b"p"]))
+    assert asyncio.run(drain(solo.url, "paused")) == [b"p"]
+
+
 def test_graceful_stop_and_restart_keep_a_durable_queue(solo: RabbitNode) -> None:
     asyncio.run(publish(solo.url, "graceful", [b"1", b"2"]))
     solo.stop()
@@ -179,7 +190,7 @@ CRASH = textwrap.dedent(
     """
     import os, signal
     from testbed.rabbit import RabbitSandbox
-    box = RabbitSandbox().open()
+    box = RabbitSandbox(prefix="mtbrmqcrash").open()
     print(box.dir, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
@@ -199,7 +210,7 @@ def test_sweep_removes_a_dead_sandbox_and_its_processes(sandbox: RabbitSandbox) 
         assert crashed.wait(timeout=30) == -signal.SIGKILL
     assert leftover.is_dir()
     assert marked_pids(leftover.name)  # its epmd
-    removed = sweep()
+    removed = sweep("mtbrmqcrash")  # its own prefix: parallel runs' sweeps leave it to us
     assert str(leftover) in removed
     assert not leftover.exists()
     assert marked_pids(leftover.name) == []
