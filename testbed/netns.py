@@ -549,7 +549,9 @@ class Testbed:
 
     # -- probes ----------------------------------------------------------------------
 
-    def _echo(self, dst: str, seconds: float) -> subprocess.Popen[str]:
+    def echo_server(self, dst: str, seconds: float) -> subprocess.Popen[str]:
+        """A TCP echo server on ``dst``'s address, port ``PROBE_PORT``, for ``seconds``;
+        returned once it listens (kill it when done)."""
         server = self.popen(
             dst,
             [sys.executable, str(PROBE), "echo", self.address(dst), str(PROBE_PORT), str(seconds)],
@@ -572,7 +574,7 @@ class Testbed:
         ``src=None`` measures from the root namespace. Raises ``TestbedError`` when
         ``dst`` cannot be reached within ``timeout`` seconds.
         """
-        server = self._echo(dst, timeout + count * 2.0 + 5.0)
+        server = self.echo_server(dst, timeout + count * 2.0 + 5.0)
         try:
             done = self.run(
                 src,

@@ -134,7 +134,7 @@ BULK = textwrap.dedent(
 def test_bulk_data_passes_a_delayed_link_intact(tb: Testbed) -> None:
     tb.set_latency("c", 2)
     try:
-        server = tb._echo("b", 30)
+        server = tb.echo_server("b", 30)
         try:
             out = tb.run("c", [sys.executable, "-c", BULK, tb.address("b"), "40007"], timeout=30)
         finally:
