@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from common.errors import ConfigError
 
@@ -198,8 +198,11 @@ def resolve(name: str, policy: SandboxPolicy) -> tuple[Outcome, str]:
 
 def _traversable(path: Path) -> bool:
     """Can any user reach ``path`` by name (every directory on the way has o+x)?"""
-    p = path.resolve()
-    return all(os.stat(d).st_mode & stat.S_IXOTH for d in (p, *p.parents))
+    try:
+        p = path.resolve(strict=True)
+        return all(os.stat(d).st_mode & stat.S_IXOTH for d in (p, *p.parents))
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------ running
@@ -226,6 +229,10 @@ def _tail(path: Path, limit: int) -> tuple[bytes, bool]:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - limit))
         return f.read(limit), size > limit
+
+
+def _private_file(path: Path) -> BinaryIO:
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
 
 def _make_workdir(policy: SandboxPolicy) -> tuple[Path, Path]:
@@ -357,7 +364,7 @@ async def _run(
     # nothing to drain, no reader left hanging by a process that escaped the group, and
     # RLIMIT_FSIZE bounds what a task can write.
     out_path, err_path = holder / "stdout", holder / "stderr"
-    with out_path.open("wb") as out, err_path.open("wb") as err:
+    with _private_file(out_path) as out, _private_file(err_path) as err:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -196,6 +196,7 @@ def test_an_unreachable_work_root_is_refused(tmp_path: Path) -> None:
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
     assert run([TRUE], policy(closed)).reason is Outcome.SPAWN_FAILED
+    assert run([TRUE], policy(tmp_path / "absent")).reason is Outcome.SPAWN_FAILED
 
 
 # ----------------------------------------------------------------- running
