@@ -18,6 +18,7 @@ import shutil
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import aio_pika
 import aiormq
@@ -343,10 +344,17 @@ def _broker_available() -> str | None:
 
 
 _SKIP = _broker_available()
+F = TypeVar("F", bound=Callable[..., object])
+Fed = tuple[BrokerLayout, BrokerCredentials]
+
+
+def needs_broker(test: F) -> F:
+    marked = pytest.mark.broker_acl(test)
+    return pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")(marked)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
-def fed() -> Iterator[tuple[BrokerLayout, BrokerCredentials]]:
+def fed() -> Iterator[Fed]:
     """A provisioned federation, unique on the shared broker, removed afterwards."""
     lay = BrokerLayout(  # few parties: each broker user costs a rabbitmqctl call to remove
         federation=f"megha-sectest-{secrets.token_hex(4)}",
@@ -436,9 +444,8 @@ async def depth(conn: AbstractConnection, queue: str) -> int:
     return q.declaration_result.message_count or 0
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
-def test_legitimate_operations_work(fed: tuple[BrokerLayout, BrokerCredentials]) -> None:
+@needs_broker
+def test_legitimate_operations_work(fed: Fed) -> None:
     lay, creds = fed
     secret = Secret.from_text("0123456789abcdef0123456789abcdef-acl", "test")
 
@@ -488,10 +495,9 @@ def test_legitimate_operations_work(fed: tuple[BrokerLayout, BrokerCredentials])
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_a_user_cannot_publish_with_another_users_routing_key(
-    fed: tuple[BrokerLayout, BrokerCredentials],
+    fed: Fed,
 ) -> None:
     lay, creds = fed
 
@@ -507,10 +513,9 @@ def test_a_user_cannot_publish_with_another_users_routing_key(
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_a_user_cannot_bind_to_another_users_events(
-    fed: tuple[BrokerLayout, BrokerCredentials],
+    fed: Fed,
 ) -> None:
     lay, creds = fed
 
@@ -526,9 +531,8 @@ def test_a_user_cannot_bind_to_another_users_events(
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
-def test_no_queue_theft(fed: tuple[BrokerLayout, BrokerCredentials]) -> None:
+@needs_broker
+def test_no_queue_theft(fed: Fed) -> None:
     lay, creds = fed
 
     async def purge(ch: AbstractChannel) -> object:
@@ -565,10 +569,9 @@ def test_no_queue_theft(fed: tuple[BrokerLayout, BrokerCredentials]) -> None:
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_forged_state_updates_and_events_are_refused(
-    fed: tuple[BrokerLayout, BrokerCredentials],
+    fed: Fed,
 ) -> None:
     lay, creds = fed
     forged = b"StateUpdated(lm0, version=2**62)"
@@ -603,10 +606,9 @@ def test_forged_state_updates_and_events_are_refused(
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_nobody_but_the_operator_changes_the_topology(
-    fed: tuple[BrokerLayout, BrokerCredentials],
+    fed: Fed,
 ) -> None:
     lay, creds = fed
 
@@ -636,10 +638,9 @@ def test_nobody_but_the_operator_changes_the_topology(
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_guest_and_wrong_passwords_cannot_log_in(
-    fed: tuple[BrokerLayout, BrokerCredentials],
+    fed: Fed,
 ) -> None:
     lay, creds = fed
 
@@ -659,8 +660,7 @@ def test_guest_and_wrong_passwords_cannot_log_in(
     asyncio.run(run())
 
 
-@pytest.mark.broker_acl
-@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+@needs_broker
 def test_provision_refuses_a_taken_vhost_reprovisions_and_tears_down() -> None:
     lay = BrokerLayout(f"megha-sectest-{secrets.token_hex(4)}", ("gm0",), ("lm0",), (("u", "gm0"),))
     creds = make_credentials(lay, ADMIN_URL)
