@@ -1,0 +1,138 @@
+"""``megha user add | revoke | list``: the users of a federation and their tokens.
+
+Tokens live hashed in ``$MEGHA_HOME/users.json`` (``security.tokens``); ``add``
+prints a new token once and never again.  Running services read the file again
+when it changes, so a revocation takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from common.config import load_config
+from common.errors import MeghaError
+from megha_cli.federation import state_dir
+from security.tokens import TokenStore
+
+
+def _known_gms(home: Path) -> list[str] | None:
+    """The GMs of the federation recorded in ``home``, if one is."""
+    path = home / "federation.toml"
+    if not path.exists():
+        return None
+    return list(load_config(path).gm_ids)
+
+
+def _choose_gm(store: TokenStore, gms: list[str] | None, asked: str | None) -> str:
+    if gms is None:
+        return asked or "gm0"
+    if asked is not None:
+        if asked not in gms:
+            raise MeghaError(
+                f"no GM {asked!r} in this federation ({', '.join(gms)})", reason="unknown_gm"
+            )
+        return asked
+    load = dict.fromkeys(gms, 0)
+    for r in store.users():
+        if not r.revoked and r.gm in load:
+            load[r.gm] += 1
+    return min(gms, key=lambda g: (load[g], gms.index(g)))
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
+    try:
+        store = TokenStore.in_home(home)
+        gm = _choose_gm(store, _known_gms(home), args.gm)
+        share = store.free_share() if args.share is None else args.share
+        if share <= 0:
+            raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
+        token = store.add(args.name, gm=gm, share=share, now=time.time())
+    except MeghaError as exc:
+        print(f"megha user add: {exc}", file=sys.stderr)
+        return 1
+    print(f"user {args.name!r} added (GM {gm}, share {share:g}).")
+    print("Its token, shown this once (only a hash is kept; revoke and add again if lost):")
+    print(token)
+    return 0
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
+    try:
+        TokenStore.in_home(home).revoke(args.name, now=time.time())
+    except MeghaError as exc:
+        print(f"megha user revoke: {exc}", file=sys.stderr)
+        return 1
+    print(f"revoked the token of {args.name!r}; running services refuse it from now on")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
+    try:
+        users = TokenStore.in_home(home).users()
+    except MeghaError as exc:
+        print(f"megha user list: {exc}", file=sys.stderr)
+        return 1
+    if not users:
+        print(f"no users in {home} (add one with `megha user add NAME`)")
+        return 0
+    print(f"{'user':<20} {'gm':<10} {'share':>6}  {'created (UTC)':<20} status")
+    for r in users:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created_at))
+        print(
+            f"{r.user:<20} {r.gm:<10} {r.share:>6.3g}  {created:<20} {'revoked' if r.revoked else 'active'}"
+        )
+    return 0
+
+
+def _state_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="the federation's directory ($MEGHA_HOME or ./.megha)")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "user",
+        help="add, revoke and list the users of a federation (submission tokens)",
+        description="Users submit jobs with a token of their own. Tokens are stored hashed "
+        "in $MEGHA_HOME/users.json (mode 0600); services re-read it when it changes.",
+    )
+    users = p.add_subparsers(dest="user_command", metavar="ACTION", required=True)
+
+    a = users.add_parser(
+        "add",
+        help="add a user and print its new token once",
+        description="Add user NAME, served by one GM with a share of the federation, and "
+        "print its token. Only a hash is stored: the token cannot be shown again.",
+    )
+    a.add_argument("name", metavar="NAME", help="1-64 of [A-Za-z0-9_-]")
+    a.add_argument(
+        "--gm", help="the GM that serves this user (default: the GM with the fewest users)"
+    )
+    a.add_argument(
+        "--share", type=float, help="share of the federation in (0, 1] (default: what is left)"
+    )
+    _state_dir_arg(a)
+    a.set_defaults(run=cmd_add)
+
+    r = users.add_parser(
+        "revoke",
+        help="revoke a user's token",
+        description="Revoke NAME's token. Running services re-read the users file and "
+        "refuse it within a second; `megha user add NAME` issues a new one.",
+    )
+    r.add_argument("name", metavar="NAME")
+    _state_dir_arg(r)
+    r.set_defaults(run=cmd_revoke)
+
+    ls = users.add_parser(
+        "list",
+        help="list users, their GM, share and status",
+        description="List the users of the federation (never their tokens).",
+    )
+    _state_dir_arg(ls)
+    ls.set_defaults(run=cmd_list)

@@ -1,0 +1,696 @@
+"""Broker isolation: one RabbitMQ vhost per federation, one broker user per party.
+
+Guarantees, enforced by RabbitMQ itself once ``provision`` has run:
+
+* guest (and any user not provisioned here) has no access to the vhost;
+* nobody but the operator declares, deletes or re-binds the topology: it is
+  made once, from the table below, by ``provision`` (services must open it
+  passively: ``channel.get_exchange`` / ``get_queue``);
+* a user publishes only into its own queue (topic permission on the submit
+  exchange: routing key = its name), consumes no queue of the federation, and
+  binds its own private queues only to its own events (``user.<name>.*``);
+* only LMs publish state updates, each under its own routing key; only LMs
+  and GMs publish task events, an LM under keys ending ``.<lm>``, a GM only to
+  its own users, ending ``.<gm>``; only a user's GM consumes its queue;
+* a worker pool's broker user may connect and do nothing (reports go by HTTP).
+
+The topology (``F`` is the federation's name, also its vhost)::
+
+    exchange    type    published by (routing key)                 bound to (key)
+    F.submit    topic   user U (U)                                 F.user.U (U)
+    F.state     topic   LM L (L)                                   F.gm.G.state (#)
+    F.events    topic   LM L (gm.G.L, user.U.L); GM G (user.U.G    F.gm.G.events (gm.G.#),
+                        for U served by G)                         F.user.U.events (user.U.#),
+                                                                   U's private queues (user.U.#)
+    F.dlx       fanout  GMs (refused jobs); the broker (user       F.dead
+                        queues' dead letters)
+
+    queue            consumed by   arguments
+    F.user.U         U's GM        durable, x-queue-type, dead-letter F.dlx, max length (reject)
+    F.user.U.events  U             durable, max length (drop oldest)
+    F.gm.G.events    G             durable
+    F.gm.G.state     G             durable, message TTL, max length (drop oldest)
+    F.dead           operator      durable
+
+Provisioning imports one RabbitMQ definitions document (vhost, users with
+salted password hashes, permissions, topic permissions, topology, a queue
+limit) with ``rabbitmqctl import_definitions``: one call, no password on a
+command line.  The same document is what the management HTTP API accepts at
+``POST /api/definitions``.  Passwords are random, kept in a 0600 file
+(``BrokerCredentials``), and reused when provisioning again.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse
+
+from common.config import FederationConfig
+from common.errors import ConfigError
+from security.files import read_private, write_private
+from security.identity import OPERATOR, Identity, Role, is_valid_name
+
+CREDENTIALS_FILENAME = "broker.json"
+CREDENTIALS_ENV = "MEGHA_BROKER_CREDENTIALS"
+"""Names the credentials file for services; each takes the URL of its own identity."""
+NOTHING = "^$"
+"""A permission pattern that matches no resource (the default exchange is ``amq.default``)."""
+EVERYTHING = ".*"
+PRIVATE_QUEUES = r"^amq\.gen-.*$"
+"""Server-named queues: a user's private, exclusive listeners."""
+_ID_CLASS = "[A-Za-z0-9_-]+"
+
+
+def _only(*names: str) -> str:
+    """A pattern matching exactly ``names``."""
+    if not names:
+        return NOTHING
+    return "^(" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+# ----------------------------------------------------------------- layout
+@dataclass(frozen=True, slots=True)
+class BrokerLayout:
+    """The parties of one federation and the knobs of its queues."""
+
+    federation: str
+    gms: tuple[str, ...]
+    lms: tuple[str, ...]
+    users: tuple[tuple[str, str], ...]
+    """(user, the GM serving it)."""
+    queue_type: str = "classic"
+    delivery_limit: int = 5
+    max_user_queue: int = 100_000
+    """Jobs waiting in one user's queue; more are refused (nack) to the publisher."""
+    max_events_queue: int = 10_000
+    state_ttl_ms: int = 60_000
+    extra_queues: int = 1_024
+    """Private queues users may declare in the vhost, all together."""
+
+    def __post_init__(self) -> None:
+        for kind, names in (
+            ("GM", self.gms),
+            ("LM", self.lms),
+            ("user", [u for u, _ in self.users]),
+        ):
+            for n in names:
+                if not is_valid_name(n):
+                    raise ConfigError(f"bad {kind} name {n!r}", reason="bad_name")
+            if len(set(names)) != len(names):
+                raise ConfigError(f"a {kind} appears twice", reason="bad_name")
+        if not is_valid_name(self.federation):
+            raise ConfigError(f"bad federation name {self.federation!r}", reason="bad_name")
+        for u, g in self.users:
+            if g not in self.gms:
+                raise ConfigError(f"user {u!r} is served by unknown GM {g!r}", reason="bad_name")
+        if self.queue_type not in ("classic", "quorum"):
+            raise ConfigError(f"bad queue_type {self.queue_type!r}", reason="bad_config")
+
+    @classmethod
+    def from_config(cls, cfg: FederationConfig) -> BrokerLayout:
+        return cls(
+            federation=cfg.name,
+            gms=tuple(cfg.gm_ids),
+            lms=tuple(cfg.lm_ids),
+            users=tuple((u.user, u.gm) for u in cfg.user_configs),
+            queue_type=cfg.queue_type,
+            delivery_limit=cfg.delivery_limit,
+        )
+
+    @property
+    def vhost(self) -> str:
+        return self.federation
+
+    def users_of(self, gm: str) -> list[str]:
+        return [u for u, g in self.users if g == gm]
+
+    def identities(self) -> list[Identity]:
+        """Every party that gets a broker user."""
+        return [
+            OPERATOR,
+            *(Identity(Role.GM, g) for g in self.gms),
+            *(Identity(Role.LM, x) for x in self.lms),
+            *(Identity(Role.WORKERS, x) for x in self.lms),
+            *(Identity(Role.USER, u) for u, _ in self.users),
+        ]
+
+    def broker_user(self, identity: Identity) -> str:
+        """RabbitMQ user names are global to the broker: prefixed by the federation."""
+        return f"{self.federation}.{identity.role.value}.{identity.name}"
+
+    # names (every runtime must use these)
+    @property
+    def submit_exchange(self) -> str:
+        return f"{self.federation}.submit"
+
+    @property
+    def state_exchange(self) -> str:
+        return f"{self.federation}.state"
+
+    @property
+    def events_exchange(self) -> str:
+        return f"{self.federation}.events"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.federation}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.federation}.dead"
+
+    def user_queue(self, user: str) -> str:
+        return f"{self.federation}.user.{user}"
+
+    def user_events_queue(self, user: str) -> str:
+        return f"{self.federation}.user.{user}.events"
+
+    def gm_events_queue(self, gm: str) -> str:
+        return f"{self.federation}.gm.{gm}.events"
+
+    def gm_state_queue(self, gm: str) -> str:
+        return f"{self.federation}.gm.{gm}.state"
+
+
+# routing keys
+def submit_key(user: str) -> str:
+    return user
+
+
+def state_key(lm: str) -> str:
+    return lm
+
+
+def gm_event_key(gm: str, lm: str) -> str:
+    """A task event for the GM that placed the task, from LM ``lm``."""
+    return f"gm.{gm}.{lm}"
+
+
+def user_event_key(user: str, source: str) -> str:
+    """A task event for ``user``, from LM or GM ``source``."""
+    return f"user.{user}.{source}"
+
+
+def user_events_binding(user: str) -> str:
+    """The only binding key ``user`` may bind its private queues with."""
+    return f"user.{user}.#"
+
+
+# --------------------------------------------------------------- topology
+@dataclass(frozen=True, slots=True)
+class ExchangeSpec:
+    name: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    arguments: tuple[tuple[str, str | int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BindingSpec:
+    exchange: str
+    queue: str
+    routing_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Everything the operator declares; all durable, none auto-deleted."""
+
+    exchanges: tuple[ExchangeSpec, ...]
+    queues: tuple[QueueSpec, ...]
+    bindings: tuple[BindingSpec, ...]
+
+
+def topology(layout: BrokerLayout) -> Topology:
+    """The declarative table of the module docstring, for ``layout``."""
+    lay = layout
+    exchanges = (
+        ExchangeSpec(lay.submit_exchange, "topic"),
+        ExchangeSpec(lay.state_exchange, "topic"),
+        ExchangeSpec(lay.events_exchange, "topic"),
+        ExchangeSpec(lay.dead_letter_exchange, "fanout"),
+    )
+    user_q: list[tuple[str, str | int]] = [
+        ("x-queue-type", lay.queue_type),
+        ("x-dead-letter-exchange", lay.dead_letter_exchange),
+        ("x-max-length", lay.max_user_queue),
+        ("x-overflow", "reject-publish"),
+    ]
+    if lay.queue_type == "quorum":
+        user_q.append(("x-delivery-limit", lay.delivery_limit))
+    bounded: tuple[tuple[str, str | int], ...] = (
+        ("x-max-length", lay.max_events_queue),
+        ("x-overflow", "drop-head"),
+    )
+    queues: list[QueueSpec] = [QueueSpec(lay.dead_letter_queue)]
+    bindings: list[BindingSpec] = [BindingSpec(lay.dead_letter_exchange, lay.dead_letter_queue, "")]
+    for u, _ in lay.users:
+        queues += [
+            QueueSpec(lay.user_queue(u), tuple(user_q)),
+            QueueSpec(lay.user_events_queue(u), bounded),
+        ]
+        bindings += [
+            BindingSpec(lay.submit_exchange, lay.user_queue(u), submit_key(u)),
+            BindingSpec(lay.events_exchange, lay.user_events_queue(u), user_events_binding(u)),
+        ]
+    for g in lay.gms:
+        queues += [
+            QueueSpec(lay.gm_events_queue(g)),
+            QueueSpec(lay.gm_state_queue(g), (("x-message-ttl", lay.state_ttl_ms), *bounded)),
+        ]
+        bindings += [
+            BindingSpec(lay.events_exchange, lay.gm_events_queue(g), f"gm.{g}.#"),
+            BindingSpec(lay.state_exchange, lay.gm_state_queue(g), "#"),
+        ]
+    return Topology(exchanges, tuple(queues), tuple(bindings))
+
+
+# ----------------------------------------------------------- permissions
+@dataclass(frozen=True, slots=True)
+class TopicGrant:
+    """Routing keys a party may publish with (write) and bind with (read) on ``exchange``."""
+
+    exchange: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """RabbitMQ's configure / write / read patterns over resource names, and topic grants.
+
+    A topic exchange a party may touch always has a ``TopicGrant``: RabbitMQ lets
+    any routing key through where none is set."""
+
+    configure: str
+    write: str
+    read: str
+    topics: tuple[TopicGrant, ...] = ()
+
+
+def grants(layout: BrokerLayout) -> dict[Identity, Grant]:
+    """Who may do what, for every party of ``layout``: the permission table."""
+    lay = layout
+    out: dict[Identity, Grant] = {OPERATOR: Grant(EVERYTHING, EVERYTHING, EVERYTHING)}
+    for g in lay.gms:
+        served = lay.users_of(g)
+        user_keys = (
+            "^user\\.(" + "|".join(re.escape(u) for u in served) + ")\\." + re.escape(g) + "$"
+            if served
+            else NOTHING
+        )
+        out[Identity(Role.GM, g)] = Grant(
+            configure=NOTHING,
+            write=_only(lay.events_exchange, lay.dead_letter_exchange),
+            read=_only(
+                *(lay.user_queue(u) for u in served), lay.gm_events_queue(g), lay.gm_state_queue(g)
+            ),
+            topics=(TopicGrant(lay.events_exchange, user_keys, NOTHING),),
+        )
+    gm_alt = "|".join(re.escape(g) for g in lay.gms)
+    for x in lay.lms:
+        out[Identity(Role.LM, x)] = Grant(
+            configure=NOTHING,
+            write=_only(lay.state_exchange, lay.events_exchange),
+            read=NOTHING,
+            topics=(
+                TopicGrant(lay.state_exchange, _only(state_key(x)), NOTHING),
+                TopicGrant(
+                    lay.events_exchange,
+                    f"^(gm\\.({gm_alt})|user\\.{_ID_CLASS})\\.{re.escape(x)}$",
+                    NOTHING,
+                ),
+            ),
+        )
+        out[Identity(Role.WORKERS, x)] = Grant(NOTHING, NOTHING, NOTHING)
+    for u, _ in lay.users:
+        out[Identity(Role.USER, u)] = Grant(
+            configure=PRIVATE_QUEUES,
+            write=f"^({re.escape(lay.submit_exchange)}|amq\\.gen-.*)$",
+            read=f"^({re.escape(lay.events_exchange)}|{re.escape(lay.user_events_queue(u))}|amq\\.gen-.*)$",
+            topics=(
+                TopicGrant(lay.submit_exchange, _only(submit_key(u)), NOTHING),
+                TopicGrant(lay.events_exchange, NOTHING, "^user\\." + re.escape(u) + "\\."),
+            ),
+        )
+    return out
+
+
+# ------------------------------------------------------------ credentials
+@dataclass(frozen=True, slots=True)
+class BrokerCredentials:
+    """Where the broker is and each party's password; stored in a 0600 file."""
+
+    scheme: str
+    host: str
+    port: int
+    vhost: str
+    passwords: Mapping[str, str] = field(repr=False)
+    """``str(identity)`` -> password."""
+    users: Mapping[str, str] = field(default_factory=dict)
+    """``str(identity)`` -> broker user name."""
+
+    def url(self, identity: Identity) -> str:
+        """``amqp://user:pass@host:port/vhost`` for ``identity``."""
+        key = str(identity)
+        if key not in self.passwords:
+            raise ConfigError(f"no broker credentials for {identity}", reason="no_credentials")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (
+            f"{self.scheme}://{quote(self.users[key], safe='')}:"
+            f"{quote(self.passwords[key], safe='')}@{host}:{self.port}/{quote(self.vhost, safe='')}"
+        )
+
+    def to_json(self) -> bytes:
+        doc = {
+            "scheme": self.scheme,
+            "host": self.host,
+            "port": self.port,
+            "vhost": self.vhost,
+            "identities": {
+                k: {"user": self.users[k], "password": self.passwords[k]}
+                for k in sorted(self.passwords)
+            },
+        }
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def save(self, path: Path) -> None:
+        write_private(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> BrokerCredentials:
+        try:
+            doc = json.loads(read_private(path))
+            ids = doc["identities"]
+            return cls(
+                scheme=str(doc["scheme"]),
+                host=str(doc["host"]),
+                port=int(doc["port"]),
+                vhost=str(doc["vhost"]),
+                passwords={k: str(v["password"]) for k, v in ids.items()},
+                users={k: str(v["user"]) for k, v in ids.items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(
+                f"{path} is not a broker credentials file", reason="bad_credentials"
+            ) from None
+
+
+def make_credentials(
+    layout: BrokerLayout, broker_url: str, existing: BrokerCredentials | None = None
+) -> BrokerCredentials:
+    """Credentials for every party of ``layout`` on the broker of ``broker_url`` (its
+    user and vhost are ignored); parties in ``existing`` keep their passwords."""
+    u = urlparse(broker_url)
+    if u.scheme not in ("amqp", "amqps") or not u.hostname:
+        raise ConfigError(f"not an AMQP URL: {u.scheme}://{u.hostname}", reason="bad_config")
+    old = dict(existing.passwords) if existing is not None else {}
+    passwords = {str(i): old.get(str(i)) or secrets.token_urlsafe(24) for i in layout.identities()}
+    users = {str(i): layout.broker_user(i) for i in layout.identities()}
+    port = u.port or (5671 if u.scheme == "amqps" else 5672)
+    return BrokerCredentials(u.scheme, u.hostname, port, layout.vhost, passwords, users)
+
+
+def load_broker_url(
+    identity: Identity, path: Path | None = None, *, environ: Mapping[str, str] = os.environ
+) -> str:
+    """A service's broker URL, from ``path`` or ``$MEGHA_BROKER_CREDENTIALS``."""
+    if path is None:
+        name = environ.get(CREDENTIALS_ENV)
+        if not name:
+            raise ConfigError(
+                f"no broker credentials: set {CREDENTIALS_ENV}", reason="no_credentials"
+            )
+        path = Path(name)
+    return BrokerCredentials.load(path).url(identity)
+
+
+# ------------------------------------------------------------ definitions
+def rabbit_password_hash(password: str, salt: bytes | None = None) -> str:
+    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt4 + sha256(salt4 + password))."""
+    salt = secrets.token_bytes(4) if salt is None else salt
+    if len(salt) != 4:
+        raise ValueError("RabbitMQ salts are 4 bytes")
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def definitions(layout: BrokerLayout, creds: BrokerCredentials) -> dict[str, Any]:
+    """The RabbitMQ definitions document that provisions ``layout``."""
+    v = layout.vhost
+    topo = topology(layout)
+    table = grants(layout)
+    return {
+        "vhosts": [{"name": v}],
+        "users": [
+            {
+                "name": layout.broker_user(i),
+                "password_hash": rabbit_password_hash(creds.passwords[str(i)]),
+                "hashing_algorithm": "rabbit_password_hashing_sha256",
+                "tags": "",
+            }
+            for i in table
+        ],
+        "permissions": [
+            {
+                "user": layout.broker_user(i),
+                "vhost": v,
+                "configure": g.configure,
+                "write": g.write,
+                "read": g.read,
+            }
+            for i, g in table.items()
+        ],
+        "topic_permissions": [
+            {
+                "user": layout.broker_user(i),
+                "vhost": v,
+                "exchange": t.exchange,
+                "write": t.write,
+                "read": t.read,
+            }
+            for i, g in table.items()
+            for t in g.topics
+        ],
+        "exchanges": [
+            {
+                "name": e.name,
+                "vhost": v,
+                "type": e.type,
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+            for e in topo.exchanges
+        ],
+        "queues": [
+            {
+                "name": q.name,
+                "vhost": v,
+                "durable": True,
+                "auto_delete": False,
+                "arguments": dict(q.arguments),
+            }
+            for q in topo.queues
+        ],
+        "bindings": [
+            {
+                "source": b.exchange,
+                "vhost": v,
+                "destination": b.queue,
+                "destination_type": "queue",
+                "routing_key": b.routing_key,
+                "arguments": {},
+            }
+            for b in topo.bindings
+        ],
+        "parameters": [
+            {
+                "vhost": v,
+                "component": "vhost-limits",
+                "name": "limits",
+                "value": {"max-queues": len(topo.queues) + layout.extra_queues},
+            }
+        ],
+    }
+
+
+# ------------------------------------------------------------ rabbitmqctl
+class Rabbitmqctl:
+    """Runs ``rabbitmqctl`` (as root or the rabbitmq user, on the broker's host)."""
+
+    def __init__(
+        self, command: Sequence[str] = ("rabbitmqctl",), *, timeout_s: float = 60.0
+    ) -> None:
+        self.command = tuple(command)
+        self.timeout_s = timeout_s
+
+    def _argv(self, args: Sequence[str]) -> list[str]:
+        return [*self.command, "-q", *args]
+
+    def _check(self, args: Sequence[str], code: int, out: str, absent_ok: bool) -> str:
+        if code == 0:
+            return out
+        if absent_ok and "does not exist" in out:
+            return ""
+        raise ConfigError(
+            f"rabbitmqctl {args[0]} failed: {out.strip()[-500:]}", reason="rabbitmqctl_failed"
+        )
+
+    def run(self, *args: str, absent_ok: bool = False) -> str:
+        """Run one command; ``ConfigError`` if it fails (unless the object is absent
+        and ``absent_ok``)."""
+        try:
+            proc = subprocess.run(
+                self._argv(args),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(
+                f"rabbitmqctl {args[0]}: {exc}", reason="rabbitmqctl_failed"
+            ) from None
+        return self._check(args, proc.returncode, proc.stdout + proc.stderr, absent_ok)
+
+    def run_all(
+        self, commands: Sequence[Sequence[str]], *, absent_ok: bool = False, parallel: int = 4
+    ) -> None:
+        """Run independent commands a few at a time (each ``rabbitmqctl`` is a VM start-up,
+        mostly waiting); the first failure is raised once all have ended."""
+        failure: ConfigError | None = None
+        for i in range(0, len(commands), parallel):
+            batch = commands[i : i + parallel]
+            procs = []
+            for args in batch:
+                try:
+                    procs.append(
+                        subprocess.Popen(
+                            self._argv(args),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            text=True,
+                        )
+                    )
+                except OSError as exc:
+                    raise ConfigError(f"rabbitmqctl: {exc}", reason="rabbitmqctl_failed") from None
+            for args, proc in zip(batch, procs, strict=True):
+                try:
+                    out, _ = proc.communicate(timeout=self.timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, _ = proc.communicate()
+                    failure = failure or ConfigError(
+                        f"rabbitmqctl {args[0]} timed out", reason="rabbitmqctl_failed"
+                    )
+                    continue
+                try:
+                    self._check(args, proc.returncode, out, absent_ok)
+                except ConfigError as exc:
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def json(self, *args: str) -> list[dict[str, Any]]:
+        out = self.run(*args, "--formatter", "json").strip()
+        rows: list[dict[str, Any]] = json.loads(out) if out else []
+        return rows
+
+    def vhost_exists(self, vhost: str) -> bool:
+        return any(r.get("name") == vhost for r in self.json("list_vhosts", "name"))
+
+    def import_definitions(self, doc: Mapping[str, Any]) -> None:
+        with _readable_by_broker() as directory:
+            path = directory / "definitions.json"
+            write_private(path, json.dumps(doc).encode())
+            _give_to_broker(path)
+            self.run("import_definitions", str(path))
+
+    def users_with_access(self, vhost: str) -> list[str]:
+        return [str(r["user"]) for r in self.json("list_permissions", "-p", vhost)]
+
+
+@contextlib.contextmanager
+def _readable_by_broker() -> Iterator[Path]:
+    """A private temporary directory the broker's CLI can read (rabbitmqctl run as root
+    drops to the rabbitmq user before it opens the file)."""
+    directory = Path(tempfile.mkdtemp(prefix="megha-defs-"))
+    try:
+        _give_to_broker(directory)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _give_to_broker(path: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    try:
+        rabbit = pwd.getpwnam("rabbitmq")
+    except KeyError:
+        return
+    os.chown(path, rabbit.pw_uid, rabbit.pw_gid)
+
+
+def provision(
+    layout: BrokerLayout,
+    creds: BrokerCredentials,
+    ctl: Rabbitmqctl,
+    *,
+    allow_existing: bool = False,
+) -> None:
+    """Create the vhost, users, permissions and topology of ``layout``.
+
+    Refuses a vhost that exists already unless ``allow_existing`` (provisioning the
+    same federation again: idempotent, passwords from ``creds``).  Afterwards only
+    the parties of ``layout`` have access to the vhost."""
+    if ctl.vhost_exists(layout.vhost) and not allow_existing:
+        raise ConfigError(
+            f"RabbitMQ vhost {layout.vhost!r} exists: another federation of that name, or "
+            "one not purged (`megha down --purge`)",
+            reason="vhost_exists",
+        )
+    ctl.import_definitions(definitions(layout, creds))
+    ours = {layout.broker_user(i) for i in layout.identities()}
+    strangers = [u for u in ctl.users_with_access(layout.vhost) if u not in ours]
+    # guest, or a party removed since: no access to our vhost
+    ctl.run_all(
+        [["clear_permissions", "-p", layout.vhost, u] for u in strangers]
+        + [["clear_topic_permissions", "-p", layout.vhost, u] for u in strangers],
+        absent_ok=True,
+    )
+
+
+def remove_party(layout: BrokerLayout, identity: Identity, ctl: Rabbitmqctl) -> None:
+    """Delete one party's broker user (e.g. a revoked user); its connections close."""
+    ctl.run("delete_user", layout.broker_user(identity), absent_ok=True)
+
+
+def teardown(layout: BrokerLayout, ctl: Rabbitmqctl) -> None:
+    """``megha down --purge``: delete the vhost (queues, exchanges, permissions) and
+    every broker user of ``layout``; what is absent already is skipped."""
+    ctl.run("delete_vhost", layout.vhost, absent_ok=True)
+    ctl.run_all(
+        [["delete_user", layout.broker_user(i)] for i in layout.identities()], absent_ok=True
+    )

@@ -1,0 +1,215 @@
+"""Authenticated broker messages: LM state updates and task events.
+
+A sender seals each message: AMQP headers carry its identity, the stream, an
+epoch and a sequence number, and an HMAC-SHA256 over all of them and the body
+under the sender's own key (``Secret.identity_key(sender, "amqp")``).
+
+Guarantees of an ``Opener`` (one per receiver and stream):
+
+* it accepts a message only if the MAC verifies under the *claimed* sender's
+  key: nobody without that key -- a user, another LM, a worker pool -- can make
+  a message pass as that sender's, whatever its body says (a forged
+  ``StateUpdated`` with version 2**62 is dropped as ``bad_mac``);
+* per sender, accepted ``(epoch, seq)`` pairs strictly increase: a replay, a
+  duplicate or anything older than what it has accepted is dropped
+  (``stale_epoch``, ``stale_seq``), so a recorded message cannot roll a view back;
+* a message sealed for one stream cannot be replayed on another (``wrong_stream``);
+* every drop is counted by reason (``drops``); nothing raises on bad input.
+
+What the receiver must still do: check that the decoded body names the
+authenticated sender (an LM's update must be about that LM), and never requeue
+a message it has opened (a redelivery comes back older and is dropped).  A
+sender must start each run with a larger epoch than any earlier run (the LM's
+fencing epoch, or its start time in milliseconds) -- ``Sealer`` takes it as given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from common.errors import ValidationError
+from security.identity import Identity
+from security.secret import Secret
+
+PURPOSE = "amqp"
+HEADER_SENDER = "x-megha-sender"
+HEADER_STREAM = "x-megha-stream"
+HEADER_EPOCH = "x-megha-epoch"
+HEADER_SEQ = "x-megha-seq"
+HEADER_MAC = "x-megha-mac"
+MAX_COUNTER = 2**63 - 1
+"""Epochs and sequence numbers fit an AMQP signed 64-bit header value."""
+
+_STREAM = re.compile(r"[a-z][a-z0-9._-]{0,63}")
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+HeaderValue = str | int
+"""What ``seal`` puts in the headers (aio-pika sends ints as AMQP signed 64-bit)."""
+
+
+class DropReason(StrEnum):
+    MISSING = "missing_header"
+    MALFORMED = "malformed_header"
+    WRONG_STREAM = "wrong_stream"
+    UNKNOWN_SENDER = "unknown_sender"
+    BAD_MAC = "bad_mac"
+    STALE_EPOCH = "stale_epoch"
+    STALE_SEQ = "stale_seq"
+
+
+def sealing_key(secret: Secret, sender: Identity) -> bytes:
+    return secret.identity_key(sender, PURPOSE)
+
+
+def keyring_for(secret: Secret, senders: Iterable[Identity]) -> dict[Identity, bytes]:
+    """What a receiver opens messages of ``senders`` with (e.g. a GM: every LM)."""
+    return {s: sealing_key(secret, s) for s in senders}
+
+
+def _check_counter(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
+        raise ValueError(f"{name} must be an int in 0..2**63-1, not {value!r}")
+
+
+def _mac(key: bytes, sender: str, stream: str, epoch: int, seq: int, body: bytes) -> str:
+    head = f"megha-amqp-v1\n{sender}\n{stream}\n{epoch}\n{seq}\n".encode()
+    return hmac.new(key, head + body, hashlib.sha256).hexdigest()
+
+
+def seal(
+    body: bytes, sender: Identity, epoch: int, seq: int, key: bytes, *, stream: str
+) -> dict[str, HeaderValue]:
+    """The AMQP headers that authenticate ``body`` as ``sender``'s message ``(epoch, seq)``
+    on ``stream`` (e.g. ``"state"`` or ``"events.gm0"``)."""
+    if not _STREAM.fullmatch(stream):
+        raise ValueError(f"bad stream name {stream!r}")
+    _check_counter("epoch", epoch)
+    _check_counter("seq", seq)
+    who = str(sender)
+    return {
+        HEADER_SENDER: who,
+        HEADER_STREAM: stream,
+        HEADER_EPOCH: epoch,
+        HEADER_SEQ: seq,
+        HEADER_MAC: _mac(key, who, stream, epoch, seq, body),
+    }
+
+
+class Sealer:
+    """One sender's sealing state: its key, this run's epoch, the next sequence number."""
+
+    def __init__(self, sender: Identity, key: bytes, epoch: int) -> None:
+        _check_counter("epoch", epoch)
+        self.sender = sender
+        self.epoch = epoch
+        self._key = key
+        self.seq = 0
+
+    def seal(self, body: bytes, stream: str) -> dict[str, HeaderValue]:
+        """Headers for the next message; every stream sees increasing numbers."""
+        self.seq += 1
+        return seal(body, self.sender, self.epoch, self.seq, self._key, stream=stream)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A message that passed: who sent it, and its place in the sender's sequence."""
+
+    sender: Identity
+    epoch: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    reason: DropReason
+    detail: str
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def _counter(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= MAX_COUNTER else None
+    text = _text(value)
+    if text is None or not _DECIMAL.fullmatch(text):
+        return None
+    n = int(text)
+    return n if n <= MAX_COUNTER else None
+
+
+class Opener:
+    """Checks sealed messages of one stream for one receiver, and remembers, per
+    sender, the last ``(epoch, seq)`` it accepted."""
+
+    def __init__(self, keyring: Mapping[Identity, bytes], stream: str) -> None:
+        if not _STREAM.fullmatch(stream):
+            raise ValueError(f"bad stream name {stream!r}")
+        self.stream = stream
+        self._keys = dict(keyring)
+        self._last: dict[Identity, tuple[int, int]] = {}
+        self.opened = 0
+        self.drops: Counter[DropReason] = Counter()
+
+    def position(self, sender: Identity) -> tuple[int, int] | None:
+        """The last ``(epoch, seq)`` accepted from ``sender``."""
+        return self._last.get(sender)
+
+    def _drop(self, reason: DropReason, detail: str) -> Dropped:
+        self.drops[reason] += 1
+        return Dropped(reason, detail)
+
+    def open(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
+        """``Opened`` if the message is authentic, for this stream, and newer than any
+        accepted from its sender; else ``Dropped`` with the reason (and counted)."""
+        h = headers or {}
+        missing = [
+            n
+            for n in (HEADER_SENDER, HEADER_STREAM, HEADER_EPOCH, HEADER_SEQ, HEADER_MAC)
+            if n not in h
+        ]
+        if missing:
+            return self._drop(DropReason.MISSING, f"missing {', '.join(missing)}")
+        who, stream, mac = _text(h[HEADER_SENDER]), _text(h[HEADER_STREAM]), _text(h[HEADER_MAC])
+        epoch, seq = _counter(h[HEADER_EPOCH]), _counter(h[HEADER_SEQ])
+        if who is None or stream is None or mac is None or epoch is None or seq is None:
+            return self._drop(DropReason.MALFORMED, "a seal header has the wrong type or range")
+        if not _HEX64.fullmatch(mac):
+            return self._drop(DropReason.MALFORMED, f"{HEADER_MAC} is not 64 lower hex digits")
+        try:
+            sender = Identity.parse(who)
+        except ValidationError:
+            return self._drop(DropReason.MALFORMED, f"bad sender {who[:80]!r}")
+        if stream != self.stream:
+            return self._drop(
+                DropReason.WRONG_STREAM, f"sealed for {stream[:80]!r}, not {self.stream!r}"
+            )
+        key = self._keys.get(sender)
+        if key is None:
+            return self._drop(DropReason.UNKNOWN_SENDER, f"{sender} does not send on {self.stream}")
+        if not hmac.compare_digest(mac, _mac(key, who, stream, epoch, seq, body)):
+            return self._drop(DropReason.BAD_MAC, f"not sealed by {sender}")
+        last = self._last.get(sender)
+        if last is not None and (epoch, seq) <= last:
+            if epoch < last[0]:
+                return self._drop(DropReason.STALE_EPOCH, f"{sender} epoch {epoch} < {last[0]}")
+            return self._drop(DropReason.STALE_SEQ, f"{sender} ({epoch}, {seq}) <= {last}")
+        self._last[sender] = (epoch, seq)
+        self.opened += 1
+        return Opened(sender, epoch, seq)

@@ -1,0 +1,433 @@
+"""Signed internal HTTP calls, the replay cache, and who may call which endpoint.
+
+Guarantees of ``verify`` (it returns the caller's identity or raises
+``Unauthorized`` with one machine-readable reason per failure):
+
+* the caller is in the receiver's keyring (``unknown_identity``) and holds the
+  key of the channel caller -> receiver: an HMAC-SHA256 over the method, the raw
+  path with its query, the identity, the timestamp, the nonce and the body's
+  SHA-256 (``bad_signature``); the body is the one that was signed
+  (``body_digest_mismatch``);
+* the request is fresh: its timestamp is at most ``max_age_s`` old and at most
+  ``max_future_s`` ahead (``stale_timestamp``, ``future_timestamp``), and its
+  nonce was not seen before from that caller (``replayed_nonce``);
+* memory stays bounded: the replay cache keeps a nonce only while its timestamp
+  is acceptable, and at most ``max_per_sender`` per caller -- when full it
+  forgets the oldest and refuses anything not newer than it
+  (``replay_cache_full``), so it never lets a replay through to save space.
+
+Any reason other than ``missing_credentials``, ``malformed_credentials``,
+``unknown_identity`` and ``bad_signature`` implies the request was really made
+by that identity (the MAC is checked first), which is what a log wants to say.
+
+Keys are per channel (``Secret.channel_key(sender, receiver, "http")``): an LM's
+worker pool can check the LM's calls to it, yet cannot sign as that LM to anyone.
+Responses are signed too (``sign_response``), bound to the request's nonce.
+
+``ACCESS_POLICY`` is the table of who may call what; ``authorize`` applies it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import math
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from common.errors import Unauthorized, ValidationError
+from security.identity import Identity, Role
+from security.secret import Secret
+
+PURPOSE = "http"
+HEADER_IDENTITY = "X-Megha-Identity"
+HEADER_TIMESTAMP = "X-Megha-Timestamp"
+"""Milliseconds since the epoch, decimal."""
+HEADER_NONCE = "X-Megha-Nonce"
+HEADER_DIGEST = "X-Megha-Content-SHA256"
+HEADER_SIGNATURE = "X-Megha-Signature"
+SIGNED_HEADERS = (HEADER_IDENTITY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_DIGEST, HEADER_SIGNATURE)
+
+DEFAULT_MAX_AGE_S = 30.0
+DEFAULT_MAX_FUTURE_S = 5.0
+DEFAULT_MAX_PER_SENDER = 65_536
+
+_NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_MILLIS = re.compile(r"[0-9]{1,15}")
+_METHOD = re.compile(r"[A-Z]{1,16}")
+
+Keyring = Mapping[Identity, bytes]
+"""For one receiver: each caller it accepts -> the key of the channel caller -> receiver."""
+
+
+class Refusal(StrEnum):
+    """Why a signed call (or a call to an endpoint) was refused: ``Unauthorized.reason``."""
+
+    MISSING = "missing_credentials"
+    MALFORMED = "malformed_credentials"
+    UNKNOWN_IDENTITY = "unknown_identity"
+    BAD_SIGNATURE = "bad_signature"
+    BODY_DIGEST = "body_digest_mismatch"
+    STALE = "stale_timestamp"
+    FUTURE = "future_timestamp"
+    REPLAYED = "replayed_nonce"
+    REPLAY_CACHE_FULL = "replay_cache_full"
+    FORBIDDEN = "forbidden_endpoint"
+
+
+# ------------------------------------------------------------------ keys
+def signing_key(secret: Secret, sender: Identity, receiver: Identity) -> bytes:
+    """The key ``sender`` signs its calls to ``receiver`` with (and ``receiver`` its answers
+    to ``sender`` with ``signing_key(secret, receiver, sender)``)."""
+    return secret.channel_key(sender, receiver, PURPOSE)
+
+
+def keyring_for(
+    secret: Secret, receiver: Identity, senders: Iterable[Identity]
+) -> dict[Identity, bytes]:
+    """The keyring ``receiver`` verifies calls from ``senders`` with."""
+    return {s: signing_key(secret, s, receiver) for s in senders}
+
+
+# ------------------------------------------------------------- signing
+def _canonical(
+    kind: str, method: str, path: str, identity: str, millis: str, nonce: str, digest: str
+) -> bytes:
+    # Every field is newline-free (validated or hex), so the joined string is unambiguous.
+    return "\n".join(
+        ("megha-http-v1", kind, method, path, identity, millis, nonce, digest)
+    ).encode()
+
+
+def _mac(key: bytes, message: bytes) -> str:
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def _check_path(path: str) -> None:
+    if not path.startswith("/") or any(c in path for c in "\r\n"):
+        raise ValueError(f"not a raw request path: {path[:80]!r}")
+
+
+def new_nonce() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def _sign(
+    kind: str,
+    method: str,
+    path: str,
+    body: bytes,
+    identity: Identity,
+    key: bytes,
+    now: float,
+    nonce: str,
+) -> dict[str, str]:
+    if not _NONCE.fullmatch(nonce):
+        raise ValueError("a nonce is 16-64 characters of [A-Za-z0-9_-]")
+    millis = str(math.floor(now * 1000))
+    digest = hashlib.sha256(body).hexdigest()
+    who = str(identity)
+    return {
+        HEADER_IDENTITY: who,
+        HEADER_TIMESTAMP: millis,
+        HEADER_NONCE: nonce,
+        HEADER_DIGEST: digest,
+        HEADER_SIGNATURE: _mac(key, _canonical(kind, method, path, who, millis, nonce, digest)),
+    }
+
+
+def sign(
+    method: str,
+    path: str,
+    body: bytes,
+    identity: Identity,
+    key: bytes,
+    now: float,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """Headers that prove ``identity`` sends this request now.
+
+    ``path`` is the raw path with its query string, exactly as sent (aiohttp:
+    ``URL.raw_path_qs`` on the client, ``request.raw_path`` on the server)."""
+    method = method.upper()
+    if not _METHOD.fullmatch(method):
+        raise ValueError(f"bad HTTP method {method!r}")
+    _check_path(path)
+    return _sign("request", method, path, body, identity, key, now, nonce or new_nonce())
+
+
+def _refuse(reason: Refusal, message: str) -> Unauthorized:
+    return Unauthorized(message, reason=reason.value)
+
+
+def _signed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Our headers, by lower-case name; a duplicated one is refused (a proxy and this
+    code could otherwise read different copies)."""
+    wanted = {h.lower() for h in SIGNED_HEADERS}
+    found: dict[str, str] = {}
+    for name, value in headers.items():
+        low = name.lower()
+        if low in wanted:
+            if low in found:
+                raise _refuse(Refusal.MALFORMED, f"header {name} given twice")
+            found[low] = value
+    missing = [h for h in SIGNED_HEADERS if h.lower() not in found]
+    if missing:
+        raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    identity: Identity
+    millis: str
+    nonce: str
+    digest: str
+    signature: str
+
+
+def _parse(headers: Mapping[str, str]) -> _Claim:
+    h = _signed_headers(headers)
+    try:
+        identity = Identity.parse(h[HEADER_IDENTITY.lower()])
+    except ValidationError as exc:
+        raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
+    millis = h[HEADER_TIMESTAMP.lower()]
+    nonce = h[HEADER_NONCE.lower()]
+    digest = h[HEADER_DIGEST.lower()]
+    signature = h[HEADER_SIGNATURE.lower()]
+    if not _MILLIS.fullmatch(millis):
+        raise _refuse(Refusal.MALFORMED, f"{HEADER_TIMESTAMP} must be decimal milliseconds")
+    if not _NONCE.fullmatch(nonce):
+        raise _refuse(Refusal.MALFORMED, f"{HEADER_NONCE} must be 16-64 of [A-Za-z0-9_-]")
+    if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
+        raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
+    return _Claim(identity, millis, nonce, digest, signature)
+
+
+def _authenticate(
+    claim: _Claim, kind: str, method: str, path: str, body: bytes, key: bytes
+) -> None:
+    expected = _mac(
+        key,
+        _canonical(
+            kind, method.upper(), path, str(claim.identity), claim.millis, claim.nonce, claim.digest
+        ),
+    )
+    if not hmac.compare_digest(expected, claim.signature):
+        raise _refuse(Refusal.BAD_SIGNATURE, f"bad signature for {claim.identity}")
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), claim.digest):
+        raise _refuse(Refusal.BODY_DIGEST, f"the body is not the one {claim.identity} signed")
+
+
+def verify(
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    body: bytes,
+    keyring: Keyring,
+    now: float,
+    replay_cache: ReplayCache,
+) -> Identity:
+    """The identity that signed this request; ``Unauthorized`` (with a ``Refusal``
+    reason) if it is not signed, not by a known caller, not fresh, or replayed."""
+    claim = _parse(headers)
+    key = keyring.get(claim.identity)
+    if key is None:
+        raise _refuse(Refusal.UNKNOWN_IDENTITY, f"{claim.identity} may not call this service")
+    _authenticate(claim, "request", method, path, body, key)
+    refusal = replay_cache.admit(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    if refusal is not None:
+        raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
+    return claim.identity
+
+
+def sign_response(
+    status: int, body: bytes, request_nonce: str, identity: Identity, key: bytes, now: float
+) -> dict[str, str]:
+    """Headers proving ``identity`` answered, with ``status`` and ``body``, the request
+    whose nonce was ``request_nonce``; ``key`` is ``signing_key(secret, identity, caller)``.
+    A response can never pass as a request, nor the reverse (a distinct kind is MAC-ed)."""
+    return _sign("response", "RESPONSE", f"/{status}", body, identity, key, now, request_nonce)
+
+
+def verify_response(
+    headers: Mapping[str, str],
+    status: int,
+    body: bytes,
+    request_nonce: str,
+    expected: Identity,
+    key: bytes,
+    now: float,
+    *,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+) -> None:
+    """Check an answer is ``expected``'s, to our request, unchanged, and recent."""
+    claim = _parse(headers)
+    if claim.identity != expected:
+        raise _refuse(Refusal.UNKNOWN_IDENTITY, f"answer from {claim.identity}, not {expected}")
+    if claim.nonce != request_nonce:
+        raise _refuse(Refusal.REPLAYED, "the answer is to another request")
+    _authenticate(claim, "response", "RESPONSE", f"/{status}", body, key)
+    age = now - int(claim.millis) / 1000
+    if age > max_age_s:
+        raise _refuse(Refusal.STALE, f"answer {age:.1f} s old")
+
+
+# -------------------------------------------------------- replay cache
+@dataclass(slots=True)
+class _Seen:
+    nonces: dict[str, float] = field(default_factory=dict)
+    heap: list[tuple[float, str]] = field(default_factory=list)
+    floor: float = -math.inf
+    """Nothing at or before this timestamp is accepted: a nonce of it may be forgotten."""
+
+
+class ReplayCache:
+    """Nonces of accepted requests while their timestamps are acceptable, per sender.
+
+    Holds the freshness window too: a request is fresh if
+    ``now - max_age_s <= timestamp <= now + max_future_s``; its nonce is kept
+    until its timestamp leaves the window, after which the timestamp check
+    refuses a replay by itself.  Memory: at most ``max_per_sender`` nonces per
+    sender, and only senders that passed the MAC check reach the cache."""
+
+    def __init__(
+        self,
+        *,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        max_future_s: float = DEFAULT_MAX_FUTURE_S,
+        max_per_sender: int = DEFAULT_MAX_PER_SENDER,
+    ) -> None:
+        if max_age_s <= 0 or max_future_s < 0 or max_per_sender < 1:
+            raise ValueError("need max_age_s > 0, max_future_s >= 0, max_per_sender >= 1")
+        self.max_age_s = max_age_s
+        self.max_future_s = max_future_s
+        self.max_per_sender = max_per_sender
+        self._senders: dict[str, _Seen] = {}
+
+    @property
+    def entries(self) -> int:
+        """Nonces held now, over all senders."""
+        return sum(len(s.nonces) for s in self._senders.values())
+
+    def admit(self, sender: str, nonce: str, ts: float, now: float) -> Refusal | None:
+        """Record ``nonce``; ``None`` if the request is fresh and new, else why not."""
+        if ts < now - self.max_age_s:
+            return Refusal.STALE
+        if ts > now + self.max_future_s:
+            return Refusal.FUTURE
+        seen = self._senders.setdefault(sender, _Seen())
+        heap = seen.heap
+        while heap and heap[0][0] < now - self.max_age_s:
+            _, old = heapq.heappop(heap)
+            del seen.nonces[old]
+        if ts <= seen.floor:
+            return Refusal.REPLAY_CACHE_FULL
+        if nonce in seen.nonces:
+            return Refusal.REPLAYED
+        if len(seen.nonces) >= self.max_per_sender:
+            if ts <= heap[0][0]:
+                return Refusal.REPLAY_CACHE_FULL
+            oldest, old = heapq.heappop(heap)
+            del seen.nonces[old]
+            seen.floor = max(seen.floor, oldest)
+        seen.nonces[nonce] = ts
+        heapq.heappush(heap, (ts, nonce))
+        return None
+
+
+# -------------------------------------------------------- access policy
+ANY_SERVICE = frozenset({Role.GM, Role.LM, Role.WORKERS})
+ADMIN_PATHS = frozenset({"/v1/state", "/v1/ping", "/metrics"})
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Callers of role ``caller`` may call ``methods`` x ``paths`` on services of a role in
+    ``services``; with ``same_name``, only the service's own partner (``workers:lm0`` for
+    ``lm:lm0`` and back)."""
+
+    services: frozenset[Role]
+    methods: frozenset[str]
+    paths: frozenset[str]
+    caller: Role
+    same_name: bool = False
+
+
+def _rule(
+    services: Iterable[Role],
+    methods: str,
+    paths: Iterable[str],
+    caller: Role,
+    *,
+    same_name: bool = False,
+) -> Rule:
+    return Rule(
+        frozenset(services), frozenset(methods.split()), frozenset(paths), caller, same_name
+    )
+
+
+ACCESS_POLICY: tuple[Rule, ...] = (
+    # GMs ask any LM to launch, preempt, and for a fresh snapshot.
+    _rule([Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot"], Role.GM),
+    # An LM's worker pool reports to, heartbeats and registers with its own LM only.
+    _rule(
+        [Role.LM],
+        "POST",
+        ["/v1/worker-report", "/v1/worker-heartbeat", "/v1/register"],
+        Role.WORKERS,
+        same_name=True,
+    ),
+    # An LM starts and stops tasks on its own worker pool only.
+    _rule([Role.WORKERS], "POST", ["/v1/start", "/v1/stop"], Role.LM, same_name=True),
+    # The operator reads state and metrics and pings every service.
+    _rule(ANY_SERVICE, "GET POST", ADMIN_PATHS, Role.OPERATOR),
+)
+"""Who may call what: anything not allowed here is refused (``forbidden_endpoint``)."""
+
+PUBLIC_ENDPOINTS = frozenset({("GET", "/health")})
+"""Answered without credentials (liveness probes); they reveal nothing."""
+
+
+def is_public(method: str, path: str) -> bool:
+    return (method.upper(), path.split("?", 1)[0]) in PUBLIC_ENDPOINTS
+
+
+def may_call(caller: Identity, service: Identity, method: str, path: str) -> bool:
+    """Does ``ACCESS_POLICY`` let ``caller`` call ``method path`` on ``service``?"""
+    method, route = method.upper(), path.split("?", 1)[0]
+    return any(
+        caller.role == r.caller
+        and service.role in r.services
+        and method in r.methods
+        and route in r.paths
+        and (not r.same_name or caller.name == service.name)
+        for r in ACCESS_POLICY
+    )
+
+
+def authorize(caller: Identity, service: Identity, method: str, path: str) -> None:
+    """Raise ``Unauthorized`` (``forbidden_endpoint``) unless ``caller`` may call this."""
+    if not may_call(caller, service, method, path):
+        raise _refuse(Refusal.FORBIDDEN, f"{caller} may not {method.upper()} {path} on {service}")
+
+
+def callers_of(service: Identity, parties: Iterable[Identity]) -> list[Identity]:
+    """Those of ``parties`` that ``ACCESS_POLICY`` lets call ``service`` at all: the
+    senders of ``service``'s keyring."""
+    return sorted(
+        p
+        for p in parties
+        if any(
+            p.role == r.caller
+            and service.role in r.services
+            and (not r.same_name or p.name == service.name)
+            for r in ACCESS_POLICY
+        )
+    )
