@@ -26,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -64,13 +65,13 @@ talk only to their LM), so they get no broker credentials at all."""
 
 
 # ---------------------------------------------------------------- docker compose
-def _compose_broker_urls() -> dict[str, str]:
-    """Each broker role's URL, with the dev password of deploy/compose's definitions."""
+def _compose_broker_urls(cfg: FederationConfig) -> dict[str, str]:
+    """Each broker role's URL: the config's broker (``rabbitmq``, or another host's) with
+    that role's user and password from deploy/compose's definitions."""
     users = {u["name"]: u["password"] for u in json.loads(COMPOSE_DEFINITIONS.read_text())["users"]}
-    return {
-        role: f"amqp://{name}:{users[name]}@rabbitmq:{AMQP_PORT}/"
-        for role, name in BROKER_USERS.items()
-    }
+    broker = urlsplit(cfg.broker_url)
+    where = f"{broker.hostname}:{broker.port or AMQP_PORT}{broker.path or '/'}"
+    return {role: f"amqp://{name}:{users[name]}@{where}" for role, name in BROKER_USERS.items()}
 
 
 def _health_test(port: int) -> list[str]:
@@ -80,7 +81,7 @@ def _health_test(port: int) -> list[str]:
 
 def compose(cfg: FederationConfig) -> Manifest:
     """The compose project: the broker, every process of the plan, and a bench profile."""
-    urls = _compose_broker_urls()
+    urls = _compose_broker_urls(cfg)
     plan = process_plan(cfg, CONFIG_PATH)
     megha: Manifest = {
         "image": "${MEGHA_IMAGE:-megha:dev}",
