@@ -3,38 +3,65 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from common.config import load_config, process_plan
+from common.config import BROKER_ENV, load_config, process_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = "config/federation.example.toml"
+CONFIG = ROOT / "deploy" / "compose" / "federation.toml"
+IN_CONTAINER = "/etc/megha/config/federation.toml"
+
+
+def services() -> dict[str, dict[str, Any]]:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    result: dict[str, dict[str, Any]] = compose["services"]
+    return result
 
 
 def test_compose_services_match_the_process_plan() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    plan = process_plan(load_config(ROOT / CONFIG), CONFIG)
-    assert {p.name for p in plan} | {"rabbitmq", "bench"} == set(services)
+    svcs = services()
+    cfg = load_config(CONFIG)
+    plan = process_plan(cfg, IN_CONTAINER)
+    assert {p.name for p in plan} | {"rabbitmq", "bench"} == set(svcs)
     for p in plan:
-        svc = services[p.name]
+        svc = svcs[p.name]
         assert svc["command"] == p.argv, p.name
-        assert svc["environment"] == p.env, p.name
-        assert svc["network_mode"] == "host"  # so 127.0.0.1 means the same as for `megha up`
-        assert svc["working_dir"] == "/app"
-        assert svc["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
-        assert f"{p.url}/health" in " ".join(svc["healthcheck"]["test"])
+        env = svc["environment"]
+        for key, value in p.env.items():
+            if key != BROKER_ENV:  # each role logs into the broker as its own user
+                assert env[key] == value, (p.name, key)
+        assert env["MEGHA_SECRET_FILE"] == "/run/secrets/megha-federation"
+        # Others reach it by its address: the service name, on the port it binds.
+        host, port = cfg.address(p.name)
+        assert host == p.name
+        assert f"0.0.0.0:{port}" in p.argv
+        assert svc["configs"] == [{"source": "megha-config", "target": IN_CONTAINER}]
+        assert f"http://127.0.0.1:{port}/health" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_dependencies_follow_who_talks_to_whom() -> None:
+    svcs = services()
+    cfg = load_config(CONFIG)
+    for p in process_plan(cfg, IN_CONTAINER):
+        depends = svcs[p.name].get("depends_on", {})
+        if p.role == "worker":
+            assert depends == {}  # a worker pool needs no broker; it waits for its LM itself
+            assert BROKER_ENV not in svcs[p.name]["environment"]
+        else:
+            assert depends["rabbitmq"] == {"condition": "service_healthy"}
+        if p.role == "gm":
+            assert set(cfg.lm_ids) <= set(depends)
 
 
 def test_broker_has_a_healthcheck_and_bench_is_a_profile() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert "rabbitmq-diagnostics" in services["rabbitmq"]["healthcheck"]["test"]
-    bench = services["bench"]
+    svcs = services()
+    assert "rabbitmq-diagnostics" in svcs["rabbitmq"]["healthcheck"]["test"]
+    bench = svcs["bench"]
     assert bench["profiles"] == ["bench"]
     assert bench["command"][:2] == ["megha", "bench"]
-    assert CONFIG in bench["command"]
+    assert IN_CONTAINER in bench["command"]
 
 
 def test_dockerfile_installs_every_package() -> None:

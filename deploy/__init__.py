@@ -1,0 +1,1 @@
+"""Deployment files (docker compose, Kubernetes) generated from the process plan."""
