@@ -13,6 +13,7 @@ from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     LaunchRequest,
     PreemptRequest,
+    RegisterWorkers,
     SnapshotRequest,
     StartTask,
     StateUpdated,
@@ -37,7 +38,14 @@ class ToLm:
     """GM -> LM request (HTTP), or worker pool -> its LM (reports, heartbeats)."""
 
     lm: LmId
-    msg: LaunchRequest | PreemptRequest | SnapshotRequest | WorkerReport | WorkerHeartbeat
+    msg: (
+        LaunchRequest
+        | PreemptRequest
+        | SnapshotRequest
+        | WorkerReport
+        | WorkerHeartbeat
+        | RegisterWorkers
+    )
 
 
 @dataclass(frozen=True, slots=True)

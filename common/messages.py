@@ -12,7 +12,8 @@ Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itsel
     GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest
     LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
     LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
-    LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat
+    LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat,
+                                                              RegisterWorkers (-> Registered)
     ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed
     ↺ LM            Heartbeat, CheckWorkers       ↺ pool      TaskDue, CommandStarted/Exited
     any → caller    Refused (a request a core will not take, with the reason)
@@ -272,6 +273,8 @@ class TaskEvents:
     """The task events one LM has for one GM, batched per loop turn."""
 
     lm: LmId
+    epoch: int = 0
+    """The LM incarnation that sent them (node states of an older one are not taken)."""
     events: Annotated[tuple[TaskEvent, ...], Length(1, MAX_JOB_TASKS)]
 
 
@@ -332,11 +335,15 @@ class AdmitJob:
 # --------------------------------------------------------------- workers
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartTask:
-    """LM -> worker pool: run attempt ``attempt`` of ``spec`` on ``node``."""
+    """LM -> worker pool: run attempt ``attempt`` of ``spec`` on ``node``.  The pool keeps
+    what the LM knows of the placement, so a restarted LM can learn it back."""
 
     node: NodeIndex
     spec: TaskSpec
     attempt: int
+    gm: GmId
+    altruistic: bool = False
+    queued_at: Time = -1.0
 
 
 @message("start_tasks")
@@ -374,6 +381,8 @@ class WorkerReport:
     user: UserId
     task_id: TaskId
     attempt: int
+    gm: GmId
+    """The GM that placed it: an LM that lost the task (it restarted) still tells it."""
     at: Time
     worker_at: Time
     started_at: Time = -1.0
@@ -395,6 +404,37 @@ class WorkerHeartbeat:
     lm: LmId
     nodes: tuple[NodeIndex, ...]
     at: Time
+
+
+@message("register_workers")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterWorkers:
+    """Worker pool -> its LM (a new LM incarnation, or the pool just started): these
+    nodes are alive and run these attempts.  An LM takes no placement on a node
+    before its pool has registered it, so it never counts a running task as free."""
+
+    lm: LmId
+    nodes: tuple[NodeIndex, ...]
+    at: Time
+    """When the pool took stock (what its LM accepted later may still be on its way)."""
+    running: Annotated[tuple[StartTask, ...], Length(0, MAX_JOB_TASKS)] = ()
+    started: Annotated[tuple[WorkerReport, ...], Length(0, MAX_JOB_TASKS)] = ()
+    """The start reports of what runs (worker and start times)."""
+
+
+@message("registered")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registered:
+    """LM -> its pool: registration taken; ``epoch`` is the LM's incarnation."""
+
+    lm: LmId
+    epoch: int
+
+
+@message("register_pool")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterPool:
+    """Pool driver -> core: register with the LM (at start, or when the LM asks)."""
 
 
 # ------------------------------------------------------------------ timers
@@ -486,7 +526,10 @@ LmInput = (
     | SnapshotRequest
     | WorkerReports
     | WorkerHeartbeat
+    | RegisterWorkers
     | Heartbeat
     | CheckWorkers
 )
-WorkerInput = StartTasks | StopTasks | TaskDue | CommandStarted | CommandExited
+WorkerInput = (
+    StartTasks | StopTasks | TaskDue | CommandStarted | CommandExited | RegisterPool | Registered
+)

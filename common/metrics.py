@@ -83,6 +83,9 @@ class GmCounters(Counters):
     """Running tasks a restarted GM took over from the LMs' snapshots."""
     updates_applied: int = 0
     gaps: int = 0
+    stale_updates: int = 0
+    """State from an LM incarnation that has been replaced (dropped)."""
+    lm_restarts_seen: int = 0
     stale_events: int = 0
     jobs_admitted: int = 0
     jobs_refused: int = 0
@@ -106,6 +109,10 @@ class LmCounters(Counters):
     workers_lost: int = 0
     stale_reports: int = 0
     refused_requests: int = 0
+    recovered: int = 0
+    """Running attempts a new LM incarnation learnt from its pool's registration."""
+    pauses: int = 0
+    """Liveness checks skipped because the LM itself had not run for a timeout."""
 
 
 @dataclass(slots=True)

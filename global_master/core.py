@@ -710,6 +710,12 @@ class GlobalMaster:
         view = self.views.get(delta.lm)
         if view is None:
             return self._want_snapshot(delta.lm)
+        if delta.epoch != view.epoch:
+            if delta.epoch < view.epoch:  # from an incarnation that has been replaced
+                self.counters.stale_updates += 1
+                return []
+            self.counters.lm_restarts_seen += 1  # the LM restarted: its versions began anew
+            return self._want_snapshot(delta.lm)
         changed, gap = view.apply(delta)
         self.counters.updates_applied += 1
         if changed:
@@ -737,7 +743,11 @@ class GlobalMaster:
         if lm not in self.lms:
             return []
         old = self.views.get(lm)
+        if old is not None and snap.state.epoch < old.epoch:
+            self.counters.stale_updates += 1
+            return []
         view = LmView(snap.layout)
+        view.epoch = snap.state.epoch
         if old is not None:  # keep this GM's in-flight reservations
             for i, pend in enumerate(old.pending):
                 if pend is not None and i < view.n:
@@ -918,8 +928,10 @@ class GlobalMaster:
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:
         effects: list[Effect] = []
+        view = self.views.get(msg.lm)
+        fresh = view is not None and view.epoch == msg.epoch
         for ev in msg.events:
-            self._on_task_event(ev, now, effects)
+            self._on_task_event(ev, now, effects, fresh)
         return effects
 
     def _current(self, ev: TaskEvent) -> Task | None:
@@ -945,14 +957,17 @@ class GlobalMaster:
             return None
         return task
 
-    def _on_task_event(self, ev: TaskEvent, now: float, effects: list[Effect]) -> None:
+    def _on_task_event(
+        self, ev: TaskEvent, now: float, effects: list[Effect], fresh: bool = True
+    ) -> None:
         """Started / finished / failed / preempted / requeued / relaunched, from the LM
-        that holds the task."""
+        that holds the task (its node's state is taken if it is from the LM's current
+        incarnation, ``fresh``)."""
         view = self.views.get(ev.lm)
         if view is None or not 0 <= ev.node < view.n or len(ev.node_free) != len(self._capacity):
             self.counters.stale_events += 1  # not from an LM of this federation as it is
             return
-        if view.set_node(ev.node, ev.node_free, ev.node_version):
+        if fresh and view.set_node(ev.node, ev.node_free, ev.node_version):
             self.queues.new_epoch()
         kind = ev.kind
         if kind == EventKind.RELAUNCHED:

@@ -33,6 +33,7 @@ class LmView:
         "avail",
         "capacity",
         "constraint_vectors",
+        "epoch",
         "free",
         "home",
         "lm",
@@ -72,6 +73,8 @@ class LmView:
         self.avail = bitarray(n, endian="little")
         self.avail.setall(0)
         self.version = -1
+        self.epoch = -1
+        """The LM incarnation this view follows (a restarted LM counts versions anew)."""
         self.usage: dict[UserId, Resources] = {}
         self._eligible: dict[tuple[int, GmId, bool], bitarray] = {}
 

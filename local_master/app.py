@@ -20,12 +20,13 @@ from aiohttp import web
 from common import codec
 from common.config import FederationConfig
 from common.effects import ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, LmId
 from common.messages import (
     CheckWorkers,
     Heartbeat,
     LaunchRequest,
     PreemptRequest,
+    RegisterWorkers,
     SnapshotRequest,
     StartTask,
     StartTasks,
@@ -56,7 +57,10 @@ class LmService:
         cluster = cfg.clusters[cfg.lm_ids.index(lm)]
         self.cfg = cfg
         self.epoch = epoch if epoch is not None else int(time.time() * 1000)
-        self.core = LocalMaster(lm, cluster.nodes, cluster.home, gms=cfg.gm_ids, epoch=self.epoch)
+        self.core = LocalMaster(
+            lm, cluster.nodes, cluster.home, gms=cfg.gm_ids, epoch=self.epoch,
+            awaiting_workers=True,
+        )  # fmt: skip
         self.sup = Supervisor(lm)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm)
@@ -89,9 +93,7 @@ class LmService:
             max_answer=self.cfg.max_body,
         )
         await self.broker.open()
-        # a grace period before the first liveness check
-        nodes = tuple(NodeIndex(n) for n in range(self.core.n_nodes))
-        self.driver.feed(WorkerHeartbeat(lm=self.core.lm_id, nodes=nodes, at=time.time()))
+        # no node is alive before the worker pool registers what it runs
         self.driver.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
         timeout = self.cfg.worker_timeout_s
         self.driver.every(self.cfg.heartbeat_s, lambda: CheckWorkers(timeout=timeout), "liveness")
@@ -130,7 +132,7 @@ class LmService:
             log.error("worker pool did not take %d starts/stops: %s", len(items), exc)
 
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
-        body = codec.encode(TaskEvents(lm=self.core.lm_id, events=tuple(events)))
+        body = codec.encode(TaskEvents(lm=self.core.lm_id, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.core.lm_id}.{self.epoch}.{next(self._seq)}"
         await self.broker.publish(
             self.broker.ex.events, f"gm.{gm}", amqp.persistent(body, message_id=mid)
@@ -195,6 +197,7 @@ def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
         "/v1/snapshot": SnapshotRequest,
         "/v1/worker-report": WorkerReports,
         "/v1/worker-heartbeat": WorkerHeartbeat,
+        "/v1/register": RegisterWorkers,
     }
     return service_app(cfg, svc, metrics, routes)
 

@@ -59,6 +59,8 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     Refused,
+    Registered,
+    RegisterWorkers,
     ReportKind,
     SnapshotRequest,
     StartTask,
@@ -119,6 +121,7 @@ class LocalMaster:
         log_limit: int | None = None,
         retain_s: float = 120.0,
         report_starts: bool = False,
+        awaiting_workers: bool = False,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
@@ -132,8 +135,13 @@ class LocalMaster:
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
         self.n_resources = len(self.capacity[0])
-        self.free: list[list[int]] = [list(c) for c in self.capacity]
-        self.alive: list[bool] = [True] * len(nodes)
+        self.registered: bool = not awaiting_workers
+        """Whether the worker pool has told this incarnation what runs; until it has, no
+        node is alive (a restarted LM must not count a running task's resources as free)."""
+        self.free: list[list[int]] = [
+            list(c) if self.registered else [0] * len(c) for c in self.capacity
+        ]
+        self.alive: list[bool] = [self.registered] * len(nodes)
         self.last_seen: list[float] = [0.0] * len(nodes)
         self.node_version: list[int] = [0] * len(nodes)
         self.version = 0
@@ -149,6 +157,7 @@ class LocalMaster:
         self._log_base = 0
         self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
         self._heartbeat_version = 0
+        self._last_check = -1.0
         self.counters = LmCounters()
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             LaunchRequest: self._on_launch,
@@ -156,6 +165,7 @@ class LocalMaster:
             SnapshotRequest: self._on_snapshot_request,
             WorkerReports: self._on_worker_reports,
             WorkerHeartbeat: self._on_worker_heartbeat,
+            RegisterWorkers: self._on_register,
             Heartbeat: self._on_heartbeat,
             CheckWorkers: self._on_check_workers,
         }
@@ -292,8 +302,18 @@ class LocalMaster:
                 return "insufficient_resources"
         return "ok"
 
-    def _start(self, spec: TaskSpec, attempt: int, node: int) -> ToWorker:
-        return ToWorker(StartTask(node=NodeIndex(node), spec=spec, attempt=attempt))
+    def _start(self, key: TaskKey) -> ToWorker:
+        a = self.active[key]
+        return ToWorker(
+            StartTask(
+                node=a.node,
+                spec=a.spec,
+                attempt=a.attempt,
+                gm=a.gm,
+                altruistic=a.altruistic,
+                queued_at=a.queued_at,
+            )
+        )
 
     def _stop(self, a: ActiveTask) -> ToWorker:
         return ToWorker(
@@ -386,7 +406,7 @@ class LocalMaster:
             self.counters.repartitions += 1
         else:
             self.counters.launches += 1
-        effects.append(self._start(spec, p.attempt, p.node))
+        effects.append(self._start((spec.user, spec.task_id)))
         return self._OK
 
     def _on_preempt(self, req: PreemptRequest, now: float) -> list[Effect]:
@@ -437,7 +457,7 @@ class LocalMaster:
                 # Room appeared without preempting anyone: launch as a plain placement.
                 node = best[0]
                 self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at)
-                effects.append(self._start(spec, req.attempt, node))
+                effects.append(self._start((spec.user, spec.task_id)))
                 return [
                     self._preempt_response(req, now, True, reason, NodeIndex(node), ()),
                     *effects,
@@ -454,7 +474,7 @@ class LocalMaster:
             refs.append(PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt))
         if self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at):
             self.counters.repartitions += 1
-        effects.append(self._start(spec, req.attempt, node))
+        effects.append(self._start((spec.user, spec.task_id)))
         response = self._preempt_response(req, now, True, "ok", NodeIndex(node), refs)
         return [response, *effects]
 
@@ -515,6 +535,8 @@ class LocalMaster:
         """Worker reports: a task started, finished or failed on a node."""
         if msg.lm != self.lm_id:
             return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        if not self.registered:
+            return [Reply(Refused(reason="register_first", detail=f"{self.lm_id} restarted"))]
         effects: list[Effect] = []
         for rep in msg.reports:
             if not 0 <= rep.node < self.n_nodes:
@@ -528,8 +550,11 @@ class LocalMaster:
         key = (rep.user, rep.task_id)
         a = self.active.get(key)
         if a is None or a.node != rep.node or a.attempt != rep.attempt:
-            # an attempt this LM does not hold (preempted, superseded, relaunched)
+            # an attempt this LM does not hold (preempted, superseded, relaunched; or it
+            # ended while this LM was down): its GM judges the attempt, so an end goes on
             self.counters.stale_reports += 1
+            if rep.kind != ReportKind.STARTED and a is None and rep.gm in self.gms:
+                effects.append(ToGm(rep.gm, self._orphan_event(rep, now)))
             if rep.kind == ReportKind.STARTED:
                 effects.append(
                     ToWorker(
@@ -552,11 +577,77 @@ class LocalMaster:
         kind = EventKind.FINISHED if ok else EventKind.FAILED
         effects.append(ToGm(a.gm, self._event(kind, a, rep.at, rep.detail)))
 
+    def _orphan_event(self, rep: WorkerReport, now: float) -> TaskEvent:
+        kind = EventKind.FINISHED if rep.kind == ReportKind.FINISHED else EventKind.FAILED
+        return TaskEvent(
+            kind=kind, lm=self.lm_id, gm=rep.gm, user=rep.user, task_id=rep.task_id,
+            attempt=rep.attempt, node=rep.node, node_free=tuple(self.free[rep.node]),
+            node_version=self.node_version[rep.node], at=rep.at, worker_at=rep.worker_at,
+            started_at=rep.started_at, detail=rep.detail,
+        )  # fmt: skip
+
+    def _on_register(self, msg: RegisterWorkers, now: float) -> list[Effect]:
+        """The worker pool says which nodes live and what runs on them: this incarnation
+        takes it as the truth (§IV-D: the workers hold what runs)."""
+        if msg.lm != self.lm_id:
+            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        bad = next((n for n in msg.nodes if not 0 <= n < self.n_nodes), None)
+        if bad is None:
+            bad = next((s.node for s in msg.running if not 0 <= s.node < self.n_nodes), None)
+        if bad is not None:
+            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
+        for node in msg.nodes:
+            self.last_seen[node] = now
+            if not self.alive[node]:
+                self.alive[node] = True
+                self.free[node] = list(self.capacity[node])
+                self._touch(node)
+        started = {(r.user, r.task_id, r.attempt): r for r in msg.started}
+        effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
+        # what this LM holds on those nodes and the pool no longer runs (the pool
+        # restarted) is lost; what it accepted after the pool spoke may still be on its way
+        runs = {(s.spec.user, s.spec.task_id, s.attempt) for s in msg.running}
+        nodes = set(msg.nodes)
+        gone = [
+            a for k, a in self.active.items()
+            if a.node in nodes and (k[0], k[1], a.attempt) not in runs and a.accepted_at < msg.at
+        ]  # fmt: skip
+        for a in gone:
+            self._release((a.spec.user, a.spec.task_id))
+        effects.extend(self._relaunch(gone, now))
+        for s in msg.running:
+            key = (s.spec.user, s.spec.task_id)
+            held = self.active.get(key)
+            if held is not None and held.attempt >= s.attempt:
+                continue
+            if held is not None:  # an older attempt here: the pool's is the one that runs
+                self._release(key)
+            if s.gm not in self.gms or self._check(s.spec, s.node) != "ok":
+                self.counters.refused_internal += 1
+                effects.append(
+                    ToWorker(
+                        StopTask(
+                            node=s.node, user=s.spec.user, task_id=s.spec.task_id, attempt=s.attempt
+                        )
+                    )
+                )
+                continue  # fmt: skip
+            self._commit(s.spec, s.attempt, s.node, s.gm, s.altruistic, now, s.queued_at)
+            rep = started.get((s.spec.user, s.spec.task_id, s.attempt))
+            if rep is not None:
+                self.active[key].worker_at = rep.worker_at
+                self.active[key].started_at = rep.started_at
+            self.counters.recovered += 1
+        self.registered = True
+        return effects
+
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes
         back empty."""
         if msg.lm != self.lm_id:
             return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        if not self.registered:
+            return [Reply(Refused(reason="register_first", detail=f"{self.lm_id} restarted"))]
         bad = next((n for n in msg.nodes if not 0 <= n < self.n_nodes), None)
         if bad is not None:
             return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
@@ -576,6 +667,14 @@ class LocalMaster:
         re-queues it at the front of its queue.
         """
         effects: list[Effect] = []
+        paused = self._last_check >= 0 and now - self._last_check > msg.timeout
+        self._last_check = now
+        if paused:
+            # this LM did not run for a whole timeout (paused, starved): the silence it
+            # sees is its own; give every node a fresh timeout instead of declaring all dead
+            self.counters.pauses += 1
+            self.last_seen = [now] * self.n_nodes
+            return effects
         for node in range(self.n_nodes):
             if self.alive[node] and now - self.last_seen[node] > msg.timeout:
                 effects.extend(self._lose_node(node, now))
@@ -584,12 +683,18 @@ class LocalMaster:
     def _lose_node(self, node: int, now: float) -> list[Effect]:
         self.counters.workers_lost += 1
         self.alive[node] = False
-        effects: list[Effect] = []
         orphans = [self.active[k] for k in list(self.on_node[node])]
         for a in orphans:
             self._release((a.spec.user, a.spec.task_id))
         self.free[node] = [0] * self.n_resources
         self._touch(node)
+        return self._relaunch(orphans, now)
+
+    def _relaunch(self, orphans: list[ActiveTask], now: float) -> list[Effect]:
+        """Attempts that no worker runs any more (released already): each goes, as a new
+        attempt, to the first live node of its GM's partition that fits; failing that,
+        back to its GM, which re-queues it at the front of its queue."""
+        effects: list[Effect] = []
         for a in orphans:
             spec = a.spec
             target = next(
@@ -610,7 +715,7 @@ class LocalMaster:
             self._commit(spec, attempt, target, a.gm, a.altruistic, now, a.queued_at)
             # it names the new attempt and node, and keeps the lost one's start (work lost)
             effects.append(ToGm(a.gm, replace(lost, attempt=attempt, node=NodeIndex(target))))
-            effects.append(self._start(spec, attempt, target))
+            effects.append(self._start((spec.user, spec.task_id)))
         return effects
 
     # -------------------------------------------------------------- heartbeat

@@ -200,6 +200,7 @@ def report(
     attempt: int = 1,
     worker_at: float | None = None,
     started_at: float = -1.0,
+    gm: str = "gm0",
 ) -> WorkerReports:
     """A worker pool's report about one attempt of a task (a start at ``at`` unless
     ``started_at`` says otherwise)."""
@@ -214,6 +215,7 @@ def report(
                 user=spec.user,
                 task_id=spec.task_id,
                 attempt=attempt,
+                gm=GmId(gm),
                 at=at,
                 worker_at=at if worker_at is None else worker_at,
                 started_at=started_at,

@@ -19,7 +19,16 @@ from aiohttp import web
 from common.config import FederationConfig
 from common.effects import KillCommand, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
-from common.messages import StartTasks, StopTasks, WorkerHeartbeat, WorkerReport, WorkerReports
+from common.messages import (
+    Registered,
+    RegisterPool,
+    RegisterWorkers,
+    StartTasks,
+    StopTasks,
+    WorkerHeartbeat,
+    WorkerReport,
+    WorkerReports,
+)
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import Peer, PeerRefused, service_app, service_identity, session
 from runtime.prometheus import ServiceMetrics
@@ -48,6 +57,7 @@ class WorkerService:
         self.runner = Runner(self.driver)
         self.http: aiohttp.ClientSession | None = None
         self.lm: Peer | None = None
+        self.registered = asyncio.Event()
         self.reports: Batcher[str, WorkerReport] = Batcher(
             self.sup, self._send_reports, "reports to the LM", max_items=2000
         )
@@ -62,6 +72,7 @@ class WorkerService:
         self.lm = Peer(
             self.core.lm, self.cfg.lm_url(self.core.lm), self.cfg.secret, self.http, policy=REPORTS
         )
+        self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
 
     async def close(self) -> None:
@@ -71,17 +82,46 @@ class WorkerService:
             await self.http.close()
 
     def _report(self, eff: ToLm) -> None:
+        if isinstance(eff.msg, RegisterWorkers):
+            self.sup.spawn(self._register(eff.msg), "registration with the LM")
+            return
         assert isinstance(eff.msg, WorkerReport)
         self.reports.add("lm", eff.msg)
+
+    async def _register(self, msg: RegisterWorkers) -> None:
+        """Tell the LM what runs here (retried until it takes it)."""
+        assert self.lm is not None
+        while True:
+            try:
+                reply = await self.lm.post("/v1/register", msg, expect=Registered)
+            except PeerRefused as exc:
+                log.error("LM refused the registration (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if reply is not None:
+                self.driver.feed(reply)
+                self.registered.set()
+            return
+
+    def _reregister(self) -> None:
+        """The LM is a new incarnation (it asked): register again, once at a time."""
+        if self.registered.is_set():
+            self.registered.clear()
+            self.driver.feed(RegisterPool())
 
     async def _send_reports(self, _: str, reports: list[WorkerReport]) -> None:
         assert self.lm is not None
         msg = WorkerReports(lm=self.core.lm, reports=tuple(reports))
         while True:
+            await self.registered.wait()
             try:
                 await self.lm.post("/v1/worker-report", msg, expect=WorkerReports)
                 return
-            except PeerRefused as exc:  # an LM that refuses reports is misconfigured: keep them
+            except PeerRefused as exc:
+                if exc.reason == "register_first":
+                    self._reregister()
+                    continue
+                # an LM that refuses reports is misconfigured: keep them, never drop them
                 log.error("LM refused %d reports (%s); retrying", len(reports), exc)
                 await asyncio.sleep(2.0)
 
@@ -93,7 +133,12 @@ class WorkerService:
             hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=time.time())
             try:
                 await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
-            except (PeerRefused, GiveUp) as exc:
+            except PeerRefused as exc:
+                if exc.reason == "register_first":
+                    self._reregister()
+                else:
+                    log.warning("heartbeat refused: %s", exc)
+            except GiveUp as exc:
                 log.debug("heartbeat not delivered: %s", exc)
             await asyncio.sleep(self.cfg.heartbeat_s)
 

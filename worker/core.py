@@ -16,6 +16,9 @@ Theory of operation:
   and ignored, so nothing ever has to be cancelled.
 * A ``StartTasks`` from an older LM epoch than the newest one seen is refused: a
   superseded LM (an old incarnation, or a fenced standby) cannot start work.
+* The pool registers with its LM (``RegisterPool`` -> ``RegisterWorkers``): at start,
+  and whenever an LM incarnation asks, it tells which nodes live and what runs, so a
+  restarted LM rebuilds its state from the workers (which hold what runs).
 
 Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 """
@@ -32,6 +35,9 @@ from common.messages import (
     CommandExited,
     CommandStarted,
     Refused,
+    Registered,
+    RegisterPool,
+    RegisterWorkers,
     ReportKind,
     StartTask,
     StartTasks,
@@ -46,11 +52,21 @@ from common.model import TaskKey, TaskSpec
 
 @dataclass(slots=True)
 class Running:
-    spec: TaskSpec
-    attempt: int
-    node: NodeIndex
+    start: StartTask
     worker_at: float
     started_at: float = -1.0
+
+    @property
+    def spec(self) -> TaskSpec:
+        return self.start.spec
+
+    @property
+    def attempt(self) -> int:
+        return self.start.attempt
+
+    @property
+    def node(self) -> NodeIndex:
+        return self.start.node
 
 
 class WorkerPool:
@@ -68,6 +84,8 @@ class WorkerPool:
             StartTasks: self._on_start,
             StopTasks: self._on_stop,
             TaskDue: self._on_due,
+            RegisterPool: self._on_register,
+            Registered: self._on_registered,
             CommandStarted: self._on_command_started,
             CommandExited: self._on_exited,
         }
@@ -115,7 +133,7 @@ class WorkerPool:
                 self.counters.repeated += 1
                 return
             self._drop(key, effects)
-        r = self.running[key] = Running(spec, s.attempt, s.node, now)
+        r = self.running[key] = Running(s, now)
         if spec.command and self.commands:
             effects.append(RunCommand(spec, s.attempt))
             return
@@ -130,6 +148,23 @@ class WorkerPool:
         self.counters.stopped += 1
         if r.spec.command and self.commands:
             effects.append(KillCommand(r.spec.user, r.spec.task_id, r.attempt))
+
+    def _on_register(self, msg: RegisterPool, now: float) -> list[Effect]:
+        """Tell the LM which nodes live here and what they run."""
+        running = tuple(r.start for r in self.running.values())
+        started = tuple(
+            self._report(ReportKind.STARTED, r, r.started_at)
+            for r in self.running.values()
+            if r.started_at >= 0
+        )
+        nodes = tuple(NodeIndex(n) for n in range(self.n_nodes))
+        msg_ = RegisterWorkers(lm=self.lm, nodes=nodes, at=now, running=running, started=started)
+        return [ToLm(self.lm, msg_)]
+
+    def _on_registered(self, msg: Registered, now: float) -> list[Effect]:
+        if msg.lm == self.lm:
+            self.epoch = max(self.epoch, msg.epoch)
+        return []
 
     def _on_stop(self, msg: StopTasks, now: float) -> list[Effect]:
         """Preempted or superseded attempts: dropped without a report (the LM already
@@ -190,6 +225,7 @@ class WorkerPool:
             user=r.spec.user,
             task_id=r.spec.task_id,
             attempt=r.attempt,
+            gm=r.start.gm,
             at=now,
             worker_at=r.worker_at,
             started_at=r.started_at,

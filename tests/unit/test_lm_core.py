@@ -112,7 +112,7 @@ def test_internal_launch_deducts_and_starts_the_task() -> None:
     resp, rest = launch(lm, (t, 1), known=lm.version)
     assert [r.reason for r in resp.results] == ["ok"]
     assert lm.free == [[4, 4], [1, 3]]
-    assert rest == [StartTask(node=N1, spec=t, attempt=1)]
+    assert rest == [StartTask(node=N1, spec=t, attempt=1, gm=GM0)]
     assert lm.counters.launches == 1
     assert lm.counters.repartitions == 0
     assert lm.active[key(t)].gm == GM0
@@ -216,7 +216,7 @@ def test_a_newer_attempt_supersedes_the_one_held_here() -> None:
     assert resp.results[0].reason == "ok"
     assert rest == [
         StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1),
-        StartTask(node=N1, spec=t, attempt=2),
+        StartTask(node=N1, spec=t, attempt=2, gm=GM0),
     ]
     assert lm.active[key(t)].attempt == 2
     assert lm.free == [[4, 4], [2, 2]]
@@ -245,9 +245,9 @@ def test_repartition_carves_a_logical_node_at_resource_granularity() -> None:
     assert isinstance(rest[0], StartTask)
     evs = worker(lm, t, 1, ReportKind.STARTED, 2.0)
     evs += worker(lm, t, 1, ReportKind.FINISHED, 3.0)
-    assert [e.kind for e in evs if isinstance(e, TaskEvent)] == [
-        EventKind.STARTED,
-        EventKind.FINISHED,
+    # (started events are off by default: the end carries the worker's times)
+    assert [(e.kind, e.started_at) for e in evs if isinstance(e, TaskEvent)] == [
+        (EventKind.FINISHED, 2.0)
     ]
     assert all(isinstance(e, TaskEvent) and e.gm == GM0 for e in evs)
     assert lm.free[1] == [8, 8]  # returned when the task ends
@@ -327,10 +327,12 @@ def test_started_report_carries_the_workers_times() -> None:
     t = make_task()
     launch(lm, (t, 0), now=1.0)
     rep = report(LM0, ReportKind.STARTED, t, 0, 3.0, worker_at=2.0, started_at=3.0)
-    (eff,) = lm.handle(rep, 3.0)
+    assert lm.handle(rep, 3.0) == []  # kept, not relayed: started events are off by default
+    assert lm.active[key(t)].started_at == 3.0
+    done = report(LM0, ReportKind.FINISHED, t, 0, 4.0, worker_at=2.0, started_at=3.0)
+    (eff,) = lm.handle(done, 4.0)
     assert isinstance(eff, ToGm)
     assert (eff.msg.worker_at, eff.msg.started_at, eff.msg.attempt) == (2.0, 3.0, 1)
-    assert lm.active[key(t)].started_at == 3.0
 
 
 def test_late_report_of_a_moved_task_is_ignored_and_its_run_stopped() -> None:
@@ -338,7 +340,11 @@ def test_late_report_of_a_moved_task_is_ignored_and_its_run_stopped() -> None:
     t = make_task(4, 4, user="a")
     launch(lm, (t, 0))
     preempt(lm, make_task(4, 4, user="b"), "a")
-    assert worker(lm, t, 0, ReportKind.FINISHED, 2.0) == []
+    # the end of an attempt this LM does not hold goes to its GM, which judges the
+    # attempt (here: superseded, ignored); nothing changes at the LM
+    (ev,) = worker(lm, t, 0, ReportKind.FINISHED, 2.0)
+    assert isinstance(ev, TaskEvent)
+    assert (ev.kind, ev.attempt, ev.gm) == (EventKind.FINISHED, 1, GM0)
     # a worker that (re)starts an attempt this LM no longer holds is told to stop it
     (stop,) = lm.handle(report(LM0, ReportKind.STARTED, t, 0, 2.5), 2.5)
     assert stop == ToWorker(StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1))
@@ -356,7 +362,7 @@ def test_lost_worker_tasks_are_relaunched_in_their_gms_partition() -> None:
     assert not lm.alive[0]
     assert lm.free[0] == [0, 0]
     assert [e.msg for e in effects if isinstance(e, ToWorker)] == [
-        StartTask(node=N1, spec=t, attempt=2)
+        StartTask(node=N1, spec=t, attempt=2, gm=GM0)
     ]
     (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
     assert (ev.kind, ev.attempt, ev.node) == (EventKind.RELAUNCHED, 2, N1)

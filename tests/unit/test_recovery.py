@@ -1,0 +1,195 @@
+"""Recovery in the cores: an LM restarted (a new incarnation) rebuilds what runs from
+its worker pool; a paused LM does not declare its workers dead; a restarted pool's lost
+attempts are relaunched; GMs follow LM incarnations by epoch; pools fence old epochs.
+No event loop, no sleeps."""
+
+from __future__ import annotations
+
+from common.effects import Reply, ToGm, ToLm, ToWorker
+from common.ids import GmId, LmId, NodeIndex
+from common.messages import (
+    CheckWorkers,
+    EventKind,
+    Heartbeat,
+    LaunchRequest,
+    Placement,
+    Refused,
+    Registered,
+    RegisterPool,
+    RegisterWorkers,
+    ReportKind,
+    SnapshotRequest,
+    StartTask,
+    StartTasks,
+    WorkerHeartbeat,
+)
+from common.model import NodeSpec
+from local_master.core import LocalMaster
+from tests.conftest import (
+    alive,
+    as_events,
+    decide,
+    key,
+    launch_req,
+    make_gm,
+    make_task,
+    report,
+    state,
+    submit,
+    sync_views,
+)
+from worker.core import WorkerPool
+
+GM0 = GmId("gm0")
+LM0 = LmId("lm0")
+
+
+def fresh_lm(epoch: int, nodes: int = 2) -> LocalMaster:
+    """A new LM incarnation, as the live service starts it: no node alive yet."""
+    return LocalMaster(
+        LM0, [NodeSpec((4, 4))] * nodes, [GM0] * nodes, gms=[GM0], epoch=epoch,
+        awaiting_workers=True,
+    )  # fmt: skip
+
+
+def registration(pool: WorkerPool, now: float) -> RegisterWorkers:
+    (eff,) = pool.handle(RegisterPool(), now)
+    assert isinstance(eff, ToLm)
+    assert isinstance(eff.msg, RegisterWorkers)
+    return eff.msg
+
+
+def test_a_new_lm_takes_nothing_before_its_pool_registers() -> None:
+    lm = fresh_lm(epoch=2)
+    (reply,) = lm.handle(launch_req(make_task()), 1.0)[:1]
+    assert isinstance(reply, Reply)
+    assert reply.msg.results[0].reason == "node_down"  # type: ignore[union-attr]
+    for msg in (WorkerHeartbeat(lm=LM0, nodes=(NodeIndex(0),), at=1.0),
+                report(LM0, ReportKind.FINISHED, make_task(), 0, 1.0)):  # fmt: skip
+        (refused,) = lm.handle(msg, 1.0)
+        assert refused == Reply(Refused(reason="register_first", detail="lm0 restarted"))
+
+
+def test_a_restarted_lm_rebuilds_what_runs_from_its_pool() -> None:
+    old = fresh_lm(epoch=1)
+    pool = WorkerPool(LM0, 2)
+    old.handle(registration(pool, 0.0), 0.0)
+    t = make_task(3, 3)
+    _, start = old.handle(launch_req(t, node=1), 1.0)
+    assert isinstance(start, ToWorker)
+    (started,) = pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(start.msg,)), 1.5)[:1]  # type: ignore[arg-type]
+    old.handle(started.msg, 1.5)  # type: ignore[union-attr]
+    # the LM dies; a new incarnation asks its pool what runs
+    new = fresh_lm(epoch=2)
+    (ok,) = new.handle(registration(pool, 5.0), 5.0)
+    assert ok == Reply(Registered(lm=LM0, epoch=2))
+    a = new.active[key(t)]
+    assert (a.node, a.attempt, a.gm, a.started_at) == (1, 1, GM0, 1.5)
+    assert new.free == [[4, 4], [1, 1]]
+    assert new.counters.recovered == 1
+    # its events and state go on: the end reaches the GM with the attempt
+    (ev,) = new.handle(report(LM0, ReportKind.FINISHED, t, 1, 7.0, started_at=1.5), 7.0)
+    assert isinstance(ev, ToGm)
+    assert (ev.msg.kind, ev.msg.attempt, ev.msg.started_at) == (EventKind.FINISHED, 1, 1.5)
+    assert new.free == [[4, 4], [4, 4]]
+
+
+def test_an_end_reported_to_an_lm_that_never_held_the_task_still_reaches_its_gm() -> None:
+    """The task ended while its LM was down: the new incarnation passes the end on."""
+    lm = fresh_lm(epoch=2)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task()
+    (ev,) = lm.handle(report(LM0, ReportKind.FINISHED, t, 0, 1.0), 1.0)
+    assert isinstance(ev, ToGm)
+    assert (ev.gm, ev.msg.kind, ev.msg.task_id) == (GM0, EventKind.FINISHED, t.task_id)
+    assert lm.active == {}
+
+
+def test_a_restarted_pool_s_lost_attempts_are_relaunched() -> None:
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task(2, 2)
+    lm.handle(launch_req(t, node=0), 1.0)
+    # the pool crashed and came back empty: it registers again in the same LM epoch
+    effects = lm.handle(registration(WorkerPool(LM0, 2), 2.0), 2.0)
+    (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
+    assert (ev.kind, ev.attempt) == (EventKind.RELAUNCHED, 2)
+    starts = [e.msg for e in effects if isinstance(e, ToWorker)]
+    assert [(s.spec, s.attempt) for s in starts] == [(t, 2)]  # type: ignore[union-attr]
+    assert lm.active[key(t)].attempt == 2
+
+
+def test_an_lm_that_was_paused_does_not_declare_its_workers_dead() -> None:
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task()
+    lm.handle(launch_req(t, node=0), 0.5)
+    assert lm.handle(CheckWorkers(timeout=2.0), 1.0) == []
+    # SIGSTOP for 30 s: every node looks silent, but the silence is the LM's own
+    assert lm.handle(CheckWorkers(timeout=2.0), 31.0) == []
+    assert all(lm.alive)
+    assert key(t) in lm.active
+    assert lm.counters.pauses == 1
+    # a node that really stays silent is still found out afterwards (checks run every
+    # heartbeat period, well within the timeout)
+    alive(lm, 32.0, 1)
+    assert lm.handle(CheckWorkers(timeout=2.0), 32.0) == []
+    alive(lm, 33.0, 1)
+    lost = lm.handle(CheckWorkers(timeout=2.0), 33.5)
+    assert not lm.alive[0]
+    assert lost
+
+
+def test_a_gm_follows_an_lm_restart_by_epoch_and_drops_the_old_incarnation() -> None:
+    old, gm = fresh_lm(epoch=1), make_gm()
+    old.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    sync_views(gm, old)
+    (h_old,) = old.handle(Heartbeat(), 1.0)
+    new = fresh_lm(epoch=2)
+    new.handle(registration(WorkerPool(LM0, 2), 2.0), 2.0)
+    (h_new,) = new.handle(Heartbeat(), 2.0)
+    asked = gm.handle(h_new.msg, 2.5)  # type: ignore[union-attr]
+    assert [type(e.msg) for e in asked if isinstance(e, ToLm)] == [SnapshotRequest]
+    (snap,) = new.handle(asked[0].msg, 2.6)  # type: ignore[union-attr]
+    gm.handle(snap.msg, 2.7)  # type: ignore[union-attr]
+    assert gm.views[LM0].epoch == 2
+    assert gm.handle(h_old.msg, 3.0) == []  # late news of the old incarnation
+    assert gm.counters.stale_updates == 1
+    # a snapshot of the old incarnation cannot take the view back either
+    gm.handle(old.snapshot(GM0), 3.5)
+    assert gm.views[LM0].epoch == 2
+
+
+def test_a_pool_refuses_an_older_lm_epoch() -> None:
+    pool = WorkerPool(LM0, 2)
+    start = StartTask(node=NodeIndex(0), spec=make_task(), attempt=1, gm=GM0)
+    pool.handle(StartTasks(lm=LM0, epoch=5, tasks=(start,)), 1.0)
+    (refused,) = pool.handle(StartTasks(lm=LM0, epoch=4, tasks=(start,)), 2.0)
+    assert isinstance(refused, Reply)
+    assert refused.msg.reason == "stale_epoch"  # type: ignore[attr-defined]
+    assert pool.counters.refused == 1
+
+
+def test_a_gm_learns_the_attempt_an_lm_holds_from_a_duplicate() -> None:
+    """A restarted GM counts attempts from scratch; the LM's duplicate answer names the
+    attempt it holds, so the task's later events are not taken for stale ones."""
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0])
+    t = make_task()
+    lm.handle(
+        LaunchRequest(gm=GM0, lm=LM0, request_id=1, known_version=-1,
+                      placements=(Placement(spec=t, attempt=3, node=NodeIndex(0)),)),
+        0.0,
+    )  # fmt: skip
+    gm = make_gm()
+    gm.handle(
+        lm.snapshot(None), 0.0
+    )  # a view without the held tasks: the GM does not know the task runs
+    submit(gm, [t], 1.0)
+    (req,) = [e.msg for e in decide(gm, 1.0) if isinstance(e, ToLm)]
+    (answer, *_) = lm.handle(req, 1.5)
+    gm.handle(answer.msg, 1.6)  # type: ignore[union-attr]
+    assert gm.placed[key(t)].attempt == 3
+    (ev,) = lm.handle(report(LM0, ReportKind.FINISHED, t, 0, 2.0, attempt=3), 2.0)
+    out = gm.handle(as_events(LM0, [ev.msg]), 2.1)  # type: ignore[union-attr]
+    assert state(gm, t) is None  # finished and told
+    assert out
