@@ -18,6 +18,7 @@ from common.messages import (
     StartTask,
     StateUpdated,
     StopTask,
+    SubmitJob,
     TaskEvent,
     TaskOutcome,
     WorkerHeartbeat,
@@ -106,6 +107,14 @@ class JobRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class Persist:
+    """GM: publish ``job`` durably into its user's queue (tasks of an acknowledged job
+    that came back) before acknowledging the input that caused it."""
+
+    job: SubmitJob
+
+
+@dataclass(frozen=True, slots=True)
 class RunCommand:
     """Worker: start a real process for attempt ``attempt`` of ``spec``."""
 
@@ -132,6 +141,7 @@ Effect = (
     | After
     | JobSettled
     | JobRefused
+    | Persist
     | RunCommand
     | KillCommand
 )
@@ -142,6 +152,7 @@ __all__ = [
     "JobRefused",
     "JobSettled",
     "KillCommand",
+    "Persist",
     "Reply",
     "RunCommand",
     "ToAllGms",

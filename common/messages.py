@@ -320,6 +320,10 @@ class SubmitJob:
     submitted_at: Time
     tasks: Annotated[tuple[TaskSpec, ...], Length(1, MAX_JOB_TASKS, below="empty_job")]
     stages: Annotated[tuple[StageSpec, ...], Length(1, MAX_STAGES)] | None = None
+    resumes: JobId | None = None
+    """Set by a GM on tasks of an acknowledged job that came back to its queue
+    (preempted, requeued): kept on the broker until they are placed again, so a GM
+    killed meanwhile loses none of them."""
 
 
 @message("admit_job")

@@ -13,6 +13,7 @@ Allocation time (SPEC §3) is reported three ways, all from submission to the GM
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -262,3 +263,36 @@ def jain_windows(
     if not idx:
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
     return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
+
+
+def duplicate_launches(launches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Tasks that ran twice: two attempts of one task running at the same time (in one
+    pool or several), the same attempt started twice, or a task that ended twice.
+    ``launches`` are the worker pools' logs (``what``: start, end or stop)."""
+    runs: dict[tuple[str, str], list[list[float]]] = {}
+    open_: dict[tuple[str, str, int], list[float]] = {}
+    starts: dict[tuple[str, str, int], int] = {}
+    ends: dict[tuple[str, str], int] = {}
+    for row in sorted(launches, key=lambda r: float(r["at"])):
+        task = (str(row["user"]), str(row["task_id"]))
+        attempt = (*task, int(row["attempt"]))
+        if row["what"] == "start":
+            starts[attempt] = starts.get(attempt, 0) + 1
+            span = [float(row["at"]), math.inf]
+            runs.setdefault(task, []).append(span)
+            open_[attempt] = span
+        else:
+            span_ = open_.pop(attempt, None)
+            if span_ is not None:
+                span_[1] = float(row["at"])
+            if row["what"] == "end":
+                ends[task] = ends.get(task, 0) + 1
+    overlapping = set()
+    for task, spans in runs.items():
+        spans.sort()
+        for a, b in itertools.pairwise(spans):
+            if b[0] < a[1]:
+                overlapping.add(task)
+    twice = {a[:2] for a, n in starts.items() if n > 1} | {t for t, n in ends.items() if n > 1}
+    dup = sorted(overlapping | twice)
+    return {"count": len(dup), "tasks": [f"{u}/{t}" for u, t in dup[:50]]}

@@ -25,9 +25,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 
 from common import codec
-from common.auth import check_user
+from common.auth import check_user, user_token
 from common.config import FederationConfig
-from common.effects import JobRefused, JobSettled, ToLm, ToUser
+from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
@@ -97,9 +97,13 @@ class GmService:
         self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
             self.sup, self._publish_outcomes, "task outcomes"
         )
+        self.persists: Batcher[UserId, SubmitJob] = Batcher(
+            self.sup, self._publish_persists, "returned tasks made durable"
+        )
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
         self._tickets: dict[UserId, int] = {}
+        self._persisted: dict[UserId, int] = {}
         self.consuming = False
         self.refused_jobs = 0
         self.redelivered_jobs = 0
@@ -108,6 +112,7 @@ class GmService:
         d.on(ToUser, self._to_user)
         d.on(JobSettled, self._ack)
         d.on(JobRefused, self._dead_letter)
+        d.on(Persist, self._persist)
 
     # ------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -174,16 +179,23 @@ class GmService:
     def _to_user(self, eff: ToUser) -> None:
         self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
 
+    def _persist(self, eff: Persist) -> None:
+        self._persisted[eff.job.user] = self.persists.add(eff.job.user, eff.job)
+
     async def _on_events(self, msg: AbstractIncomingMessage) -> None:
-        """Task events; acknowledged once the outcomes they produced are published, so a
-        GM killed in between gets them again (outcomes are at least once)."""
+        """Task events; acknowledged once what they produced is on the broker (outcomes
+        to users, returned tasks made durable), so a GM killed in between gets them
+        again (outcomes are at least once; a returned task is never lost)."""
         events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
-        self._tickets = {}
+        self._tickets, self._persisted = {}, {}
         if self.events_seen.first_time(msg.message_id):
             self.feed(events)
-        tickets, self._tickets = self._tickets, {}
+        tickets, persisted = self._tickets, self._persisted
+        self._tickets, self._persisted = {}, {}
         if tickets:
             await self.outcomes.sent(tickets)
+        if persisted:
+            await self.persists.sent(persisted)
         await msg.ack()
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
@@ -239,6 +251,12 @@ class GmService:
             reply = await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
         if reply is not None:
             self.feed(reply)
+
+    async def _publish_persists(self, user: UserId, jobs: list[SubmitJob]) -> None:
+        token = user_token(self.cfg.secret, user)
+        for job in jobs:
+            body = codec.encode(replace(job, token=token))
+            await self.broker.publish(self.broker.ex.submit, user, amqp.persistent(body))
 
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))

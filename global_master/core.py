@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.dag import from_layout
-from common.effects import Effect, JobRefused, JobSettled, ToLm, ToUser
+from common.effects import Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
@@ -150,10 +150,16 @@ class GlobalMaster:
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskKey, InFlight] = {}
         self.placed: dict[TaskKey, Task] = {}
+        self.live: dict[TaskKey, Task] = {}
+        """Every task this GM holds: queued (or waiting for its DAG parents), in flight or
+        placed; a task leaves when it has ended."""
         self.finished: set[TaskKey] = set()
         self.failed: dict[TaskKey, str] = {}
         self.known_done: dict[TaskKey, Ended] = {}
         self._orphans: dict[TaskKey, TaskEvent] = {}
+        self._resumes: dict[JobKey, set[TaskKey]] = {}
+        """Persisted returns (see ``_persist``) still waiting to be placed again."""
+        self._resume_of: dict[TaskKey, JobKey] = {}
         """Tasks that ended lately on an LM, unknown to this GM (it restarted): a
         redelivered job reports them instead of running them twice."""
         self.jobs: dict[JobKey, JobRecord] = {}
@@ -206,7 +212,7 @@ class GlobalMaster:
             return TaskState.FINISHED
         if key in self.failed:
             return TaskState.FAILED
-        if any(t.key == key for t in self.queues):
+        if key in self.live:
             return TaskState.QUEUED
         return None
 
@@ -240,6 +246,8 @@ class GlobalMaster:
         """A submission: admitted into its user's queue, or refused with the reason
         before any of its tasks is queued."""
         job = msg.job
+        if job.resumes is not None:
+            return self._on_resume(job, msg.redelivered, now)
         jk: JobKey = (job.user, job.job_id)
         record = self.jobs.get(jk)
         if record is not None or jk in self._recent_jobs:
@@ -253,12 +261,16 @@ class GlobalMaster:
         # a task enters the GM queue now (its user's submission time is job.submitted_at)
         tasks = [new_task(spec, now, gm=self.gm_id) for spec in job.tasks]
         adopted: list[Task] = []
+        kept: set[TaskKey] = set()
         ended: list[tuple[Task, Ended]] = []
         if msg.redelivered:  # after a restart some of its tasks may run, or have run
             for i, t in enumerate(tasks):
-                running = self.placed.get(t.key)
-                if running is None:
-                    running = self._orphan_running(t)
+                held = self.live.get(t.key)
+                if held is not None and t.key not in self.placed:
+                    tasks[i] = held  # persisted and queued again already: keep that one
+                    kept.add(t.key)
+                    continue
+                running = held or self._orphan_running(t)
                 if running is not None:
                     tasks[i] = running
                     adopted.append(running)
@@ -282,11 +294,13 @@ class GlobalMaster:
         record = JobRecord(unsettled={t.key for t in tasks}, left=len(tasks))
         record.tasks = [t.key for t in tasks]
         self.jobs[jk] = record
+        for t in tasks:
+            self.live[t.key] = t
         self.counters.jobs_admitted += 1
         if dag is not None:
             self.queues.add_job(dag, now)
         else:
-            skip = {t.key for t in adopted} | {t.key for t, _ in ended}
+            skip = {t.key for t in adopted} | {t.key for t, _ in ended} | kept
             for t in tasks:
                 if t.key not in skip:
                     self.queues.push_back(t)
@@ -332,9 +346,7 @@ class GlobalMaster:
                     f"task {spec.task_id} belongs to {spec.user}/{spec.job_id}, "
                     f"not {job.user}/{job.job_id}"
                 )
-            if key in seen or key in self.inflight:
-                return "duplicate_task_id", f"task id {spec.task_id!r} is already in use"
-            if key in self.placed and not redelivered:
+            if key in seen or (key in self.live and not redelivered):
                 return "duplicate_task_id", f"task id {spec.task_id!r} is already in use"
             seen.add(key)
             if len(spec.demand) != width:
@@ -358,8 +370,61 @@ class GlobalMaster:
         self.counters.jobs_refused += 1
         return JobRefused(job.job_id, job.user, reason, detail)
 
+    def _on_resume(self, job: SubmitJob, redelivered: bool, now: float) -> list[Effect]:
+        """Tasks this GM (or a predecessor) persisted when they came back to its queue.
+        Those it still holds are bound to the message, acknowledged once they are
+        placed again; those it does not (it restarted) are queued again."""
+        if job.user not in self.queues:
+            return [self._refuse(job, "unknown_user", f"{job.user!r} has no queue here")]
+        jk: JobKey = (job.user, job.job_id)
+        if jk in self._resumes:  # the same message again: its delivery is rebound
+            return []
+        waiting: set[TaskKey] = set()
+        for spec in job.tasks:
+            key = (spec.user, spec.task_id)
+            if key in self.placed or spec.user != job.user:
+                continue
+            if key in self.live:  # still waiting here: acknowledged once placed
+                waiting.add(key)
+                self._resume_of[key] = jk
+                continue
+            if self.knows(key):
+                continue
+            task = new_task(spec, now, gm=self.gm_id)  # lost with a predecessor: queue it
+            self.live[key] = task
+            self.queues.push_front(task)
+            waiting.add(key)
+            self._resume_of[key] = jk
+        if not waiting:
+            return [JobSettled(job.job_id, job.user)]
+        self._resumes[jk] = waiting
+        return []
+
+    def _persist(self, task: Task, now: float, effects: list[Effect]) -> None:
+        """A task back in the queue whose job was acknowledged: keep it on the broker."""
+        rec = self.jobs.get((task.user, task.job_id))
+        if rec is not None and not rec.settled:
+            return  # its job's delivery is still held: that keeps it
+        job = SubmitJob(
+            job_id=JobId(f"{task.job_id}~{task.attempt}"),
+            user=task.user,
+            token="",
+            submitted_at=now,
+            tasks=(task.spec,),
+            resumes=task.job_id,
+        )
+        effects.append(Persist(job))
+
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
+        rk = self._resume_of.pop(task.key, None)
+        if rk is not None:
+            waiting = self._resumes.get(rk)
+            if waiting is not None:
+                waiting.discard(task.key)
+                if not waiting:
+                    del self._resumes[rk]
+                    effects.append(JobSettled(rk[1], rk[0]))
         rec = self.jobs.get((task.user, task.job_id))
         if rec is None or rec.settled:
             return
@@ -375,6 +440,7 @@ class GlobalMaster:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
         key = task.key
+        self.live.pop(key, None)
         if finished:
             self.finished.add(key)
             self.counters.tasks_finished += 1
@@ -770,21 +836,20 @@ class GlobalMaster:
         lately is remembered, so a redelivered job does not run it again."""
         if not held:
             return
-        queued = {t.key for t in self.queues}
         for h in held:
             spec = h.spec
             key = (spec.user, spec.task_id)
             if spec.user not in self.queues:
                 continue
             if h.ended_at >= 0:
-                if not self.knows(key) and key not in queued:
+                if not self.knows(key) and key not in self.live:
                     self.known_done[key] = Ended(h, spec_known=True, reported=False)
                 continue
             task = self.placed.get(key)
             if task is not None:
                 task.attempt = max(task.attempt, h.attempt)
-            elif key not in self.inflight and key not in queued:
-                self.placed[key] = recovered_task(h, self.gm_id)
+            elif key not in self.live:
+                task = self.placed[key] = self.live[key] = recovered_task(h, self.gm_id)
                 self.counters.tasks_adopted += 1
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
@@ -1012,15 +1077,12 @@ class GlobalMaster:
         task.mark(Phase.QUEUEING, now)
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
+        self._persist(task, now, effects)
 
     # ------------------------------------------------------------ read-only
     def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:
         """The tasks this GM holds for ``keys`` (queued, in flight or placed)."""
-        want = set(keys)
-        out = [t for t in self.queues if t.key in want]
-        out += [fl.task for k, fl in self.inflight.items() if k in want]
-        out += [t for k, t in self.placed.items() if k in want]
-        return out
+        return [t for k in keys if (t := self.live.get(k)) is not None]
 
 
 def recovered_task(h: HeldTask, gm: GmId) -> Task:

@@ -321,9 +321,11 @@ class LocalMaster:
         )
 
     def _refuse_request(self, gm: GmId, lm: LmId, specs: Iterable[TaskSpec]) -> Refused | None:
-        """Why a whole GM request is not for this LM, or None."""
+        """Why a whole GM request is not for this LM (now), or None."""
         if lm != self.lm_id:
             return Refused(reason="wrong_lm", detail=f"this is {self.lm_id}, not {lm}")
+        if not self.registered:  # it may hold the task without knowing yet: ask again later
+            return Refused(reason="not_ready", detail=f"{self.lm_id} awaits its workers")
         if gm not in self.gms:
             return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
         seen: set[TaskKey] = set()
@@ -507,6 +509,8 @@ class LocalMaster:
 
     def _on_snapshot_request(self, req: SnapshotRequest, now: float) -> list[Effect]:
         """A GM (new, restarted, or one that saw a gap) asks for the full state."""
+        if not self.registered:
+            return [Reply(Refused(reason="not_ready", detail=f"{self.lm_id} awaits its workers"))]
         if req.lm != self.lm_id:
             return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
         if req.gm not in self.gms:

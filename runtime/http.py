@@ -46,6 +46,7 @@ M = TypeVar("M")
 
 # Reasons a core refuses a request because the request itself is wrong (422); any
 # other refusal is a conflict with the service's state (409).
+UNAVAILABLE_REASONS = frozenset({"not_ready"})
 BAD_REQUEST_REASONS = frozenset(
     {"wrong_lm", "unknown_gm", "wrong_resources", "duplicate_task_id", "unknown_node"}
 )
@@ -115,7 +116,12 @@ def reply_response(msg: object | None) -> web.Response:
     if msg is None:
         return web.Response(status=204)
     if isinstance(msg, Refused):
-        status = 422 if msg.reason in BAD_REQUEST_REASONS else 409
+        if msg.reason in UNAVAILABLE_REASONS:
+            status = 503  # a peer retries: the service will take it shortly
+        elif msg.reason in BAD_REQUEST_REASONS:
+            status = 422
+        else:
+            status = 409
         return web.json_response({"error": msg.reason, "detail": msg.detail}, status=status)
     return web.Response(body=codec.encode(msg), content_type=MSGPACK)
 

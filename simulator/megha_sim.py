@@ -32,6 +32,7 @@ from common.effects import (
     Effect,
     JobRefused,
     JobSettled,
+    Persist,
     Reply,
     ToAllGms,
     ToGm,
@@ -351,8 +352,8 @@ class MeghaSimulation:
                 loop.at(t + eff.delay, self._timer, pool, eff.msg)
             elif isinstance(eff, JobRefused):
                 self._refused(eff, t)
-            elif isinstance(eff, JobSettled):
-                pass  # nothing to acknowledge in virtual time
+            elif isinstance(eff, JobSettled | Persist):
+                pass  # nothing to acknowledge or keep durable in virtual time (no GM dies)
             else:
                 raise TypeError(f"the simulator cannot carry out {type(eff).__name__}")
         if lm_id is not None and (starts or stops):

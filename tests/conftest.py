@@ -20,6 +20,7 @@ from common.effects import (
     Effect,
     JobRefused,
     JobSettled,
+    Persist,
     Reply,
     ToAllGms,
     ToGm,
@@ -287,6 +288,7 @@ class Network:
     outcomes: dict[TaskKey, TaskOutcome] = field(default_factory=dict)
     settled: list[JobSettled] = field(default_factory=list)
     refused: list[JobRefused] = field(default_factory=list)
+    persisted: list[Persist] = field(default_factory=list)
     copies: bool = False
 
     def pool(self, lm: LmId) -> WorkerPool:
@@ -332,6 +334,8 @@ class Network:
                 self.settled.append(e)
             elif isinstance(e, JobRefused):
                 self.refused.append(e)
+            elif isinstance(e, Persist):
+                self.persisted.append(e)
             else:
                 raise TypeError(f"unexpected effect {e!r:.80}")
         for g, items in evs.items():

@@ -30,7 +30,15 @@ from common.messages import (
     WorkerReports,
 )
 from runtime.driver import Batcher, CoreDriver
-from runtime.http import Peer, PeerRefused, service_app, service_identity, session
+from runtime.http import (
+    SERVICE_KEY,
+    Peer,
+    PeerRefused,
+    require_internal,
+    service_app,
+    service_identity,
+    session,
+)
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -160,12 +168,26 @@ class WorkerService:
         }
 
 
+LAUNCH_FIELDS = ("what", "user", "task_id", "attempt", "node", "at")
+
+
+async def launches_handler(request: web.Request) -> web.Response:
+    """The pool's latest starts, ends and stops (operators; the fault suite)."""
+    require_internal(request)
+    svc = request.app[SERVICE_KEY]
+    assert isinstance(svc, WorkerService)
+    rows = [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in svc.core.launches]
+    return web.json_response({"lm": svc.core.lm, "launches": rows})
+
+
 def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
     svc = WorkerService(cfg, lm)
     metrics = ServiceMetrics(
         "megha_worker", lambda: svc.core.counters, lambda: {"running_tasks": len(svc.core.running)}
     )
-    return service_app(cfg, svc, metrics, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
+    app = service_app(cfg, svc, metrics, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
+    app.router.add_get("/v1/launches", launches_handler)
+    return app
 
 
 async def create_app() -> web.Application:

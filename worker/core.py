@@ -25,6 +25,7 @@ Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,9 @@ class WorkerPool:
         """Whether tasks may carry a command (off: every task is synthetic)."""
         self.epoch = -1
         self.running: dict[TaskKey, Running] = {}
+        self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=100_000)
+        """The latest starts, ends and stops: (what, user, task, attempt, node, at), for
+        operators and the fault suite (two overlapping attempts would be a duplicate)."""
         self.counters = WorkerCounters()
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             StartTasks: self._on_start,
@@ -132,8 +136,9 @@ class WorkerPool:
             if r.attempt >= s.attempt:
                 self.counters.repeated += 1
                 return
-            self._drop(key, effects)
+            self._drop(key, effects, now)
         r = self.running[key] = Running(s, now)
+        self.launches.append(("start", spec.user, spec.task_id, s.attempt, s.node, now))
         if spec.command and self.commands:
             effects.append(RunCommand(spec, s.attempt))
             return
@@ -143,9 +148,10 @@ class WorkerPool:
         effects.append(After(spec.duration, TaskDue(user=spec.user, task_id=spec.task_id,
                                                      attempt=s.attempt)))  # fmt: skip
 
-    def _drop(self, key: TaskKey, effects: list[Effect]) -> None:
+    def _drop(self, key: TaskKey, effects: list[Effect], now: float) -> None:
         r = self.running.pop(key)
         self.counters.stopped += 1
+        self.launches.append(("stop", key[0], key[1], r.attempt, r.node, now))
         if r.spec.command and self.commands:
             effects.append(KillCommand(r.spec.user, r.spec.task_id, r.attempt))
 
@@ -178,7 +184,7 @@ class WorkerPool:
             key = (s.user, s.task_id)
             r = self.running.get(key)
             if r is not None and r.attempt <= s.attempt:
-                self._drop(key, effects)
+                self._drop(key, effects, now)
         effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=())))
         return effects
 
@@ -211,6 +217,7 @@ class WorkerPool:
 
     def _end(self, r: Running, now: float, ok: bool, detail: str) -> list[Effect]:
         del self.running[(r.spec.user, r.spec.task_id)]
+        self.launches.append(("end", r.spec.user, r.spec.task_id, r.attempt, r.node, now))
         if ok:
             self.counters.finished += 1
         else:

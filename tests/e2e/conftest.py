@@ -84,3 +84,15 @@ def pid_of(home: Path, name: str) -> int:
     procs = json.loads((home / "pids.json").read_text())["processes"]
     pid: int = next(p["pid"] for p in procs if p["name"] == name)
     return pid
+
+
+def launches(cfg: FederationConfig) -> list[dict[str, Any]]:
+    """Every worker pool's log of starts, ends and stops."""
+    rows: list[dict[str, Any]] = []
+    for lm in cfg.lm_ids:
+        req = urllib.request.Request(
+            cfg.worker_url(lm) + "/v1/launches", headers=internal_headers(cfg.secret)
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            rows.extend(json.loads(resp.read())["launches"])
+    return rows

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
+from common.metrics import duplicate_launches
 from megha_cli.federation import restart
 from request_generator.submitter import Submitter
 from request_generator.workload import WorkloadSpec, synthetic_jobs
-from tests.e2e.conftest import pid_of, service_state
+from tests.e2e.conftest import launches, pid_of, service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +47,9 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
     assert killed_at > 0
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
     # no task ran twice: the workers started each exactly once
-    worker_starts = sum(
-        service_state(cfg.worker_url(lm), cfg)["counters"]["started"] for lm in cfg.lm_ids
-    )
-    assert worker_starts == len(ids)
+    log = launches(cfg)
+    assert duplicate_launches(log) == {"count": 0, "tasks": []}
+    assert sum(1 for r in log if r["what"] == "start") == len(ids)
     gm = service_state(cfg.gm_url("gm0"), cfg)
     assert gm["jobs_unacked"] == 0
     assert gm["queued"] == 0

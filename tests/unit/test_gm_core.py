@@ -542,11 +542,11 @@ def test_allocation_time_components_add_up_to_start_minus_submit() -> None:
     # it received the request at 2: wire 1.5 -> 2, LM processing 2 -> 3
     gm.handle(replace(reply.msg, received_at=2.0), 3.2)
     assert isinstance(start.msg, StartTask)
-    # wire 3 -> 3.5; the worker starts it at 5: worker queueing 3.5 -> 5
-    started = report(LM0, ReportKind.STARTED, t, start.msg.node, 5.0, worker_at=3.5, started_at=5.0)
-    (ev,) = events(lm.handle(started, 5.0))
-    gm.handle(as_events(LM0, [ev]), 5.5)
-    task = task_of(gm, t)
+    # wire 3 -> 3.5; the worker starts it at 5: worker queueing 3.5 -> 5; it ends at 6
+    ended = report(LM0, ReportKind.FINISHED, t, start.msg.node, 6.0, worker_at=3.5, started_at=5.0)
+    (ev,) = events(lm.handle(ended, 6.0))
+    (out,) = outcomes(gm.handle(as_events(LM0, [ev]), 6.5))
+    task = out.task
     assert task.components()[:4] == pytest.approx([1.0, 1.5, 1.0, 1.5])
     assert task.allocation_time == pytest.approx(task.started_at - task.submitted_at) == 5.0
 
@@ -568,10 +568,10 @@ def test_the_ledger_adds_up_through_an_inconsistency_retry() -> None:
     gm.handle(replace(reply.msg, received_at=1.9), 2.1)  # type: ignore[type-var]
     assert isinstance(start.msg, StartTask)
     rep = report(
-        LM0, ReportKind.STARTED, t, start.msg.node, 2.5, attempt=2, worker_at=2.2, started_at=2.5
+        LM0, ReportKind.FINISHED, t, start.msg.node, 3.0, attempt=2, worker_at=2.2, started_at=2.5
     )
-    gm.handle(as_events(LM0, events(lm.handle(rep, 2.5))), 2.6)
-    task = task_of(gm, t)
+    (out,) = outcomes(gm.handle(as_events(LM0, events(lm.handle(rep, 3.0))), 3.1))
+    task = out.task
     spent = task.components()
     assert task.allocation_time == pytest.approx(2.5)
     assert spent[0] == pytest.approx(1.0)
@@ -606,7 +606,9 @@ def test_a_preempted_task_counts_its_lost_run_and_its_second_wait() -> None:
     net.run(6.0)
     net.work_all(7.0)
     net.run(7.0)
-    task = task_of(gm, t)
+    net.finish(t.task_id, 9.0)
+    net.run(9.0)
+    task = net.outcomes[key(t)].task
     assert task.first_allocation_time == pytest.approx(2.0)
     assert task.allocation_time == pytest.approx(7.0)
     assert task.components()[4] == pytest.approx(3.0)  # ran 2 -> 5, thrown away

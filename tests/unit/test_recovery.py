@@ -60,10 +60,10 @@ def registration(pool: WorkerPool, now: float) -> RegisterWorkers:
 
 
 def test_a_new_lm_takes_nothing_before_its_pool_registers() -> None:
+    """It may hold a task without knowing yet: GMs are told to ask again (503)."""
     lm = fresh_lm(epoch=2)
-    (reply,) = lm.handle(launch_req(make_task()), 1.0)[:1]
-    assert isinstance(reply, Reply)
-    assert reply.msg.results[0].reason == "node_down"  # type: ignore[union-attr]
+    (reply,) = lm.handle(launch_req(make_task()), 1.0)
+    assert reply == Reply(Refused(reason="not_ready", detail="lm0 awaits its workers"))
     for msg in (WorkerHeartbeat(lm=LM0, nodes=(NodeIndex(0),), at=1.0),
                 report(LM0, ReportKind.FINISHED, make_task(), 0, 1.0)):  # fmt: skip
         (refused,) = lm.handle(msg, 1.0)
@@ -193,3 +193,39 @@ def test_a_gm_learns_the_attempt_an_lm_holds_from_a_duplicate() -> None:
     out = gm.handle(as_events(LM0, [ev.msg]), 2.1)  # type: ignore[union-attr]
     assert state(gm, t) is None  # finished and told
     assert out
+
+
+def test_a_returned_task_of_an_acknowledged_job_is_kept_on_the_broker() -> None:
+    """Preempted after its job was acknowledged: the GM persists it (``Persist``) before
+    it acknowledges the event; a GM that restarts finds it in its user's queue."""
+    from common.effects import JobSettled, Persist
+    from common.messages import AdmitJob, TaskEvent
+
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0])
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(4, 4)
+    submit(gm, [t], 0.0)
+    (req,) = [e.msg for e in decide(gm, 1.0) if isinstance(e, ToLm)]
+    (answer, *_) = lm.handle(req, 1.0)
+    assert JobSettled(t.job_id, t.user) in gm.handle(answer.msg, 1.0)  # type: ignore[union-attr]
+    preempted = TaskEvent(
+        kind=EventKind.PREEMPTED, lm=LM0, gm=GM0, user=t.user, task_id=t.task_id, attempt=1,
+        node=NodeIndex(0), node_free=(4, 4), node_version=lm.version + 1, at=2.0,
+    )  # fmt: skip
+    (persist,) = gm.handle(as_events(LM0, [preempted]), 2.0)
+    assert isinstance(persist, Persist)
+    assert persist.job.tasks == (t,)
+    assert persist.job.resumes == t.job_id
+    # this GM still holds it: the message is acknowledged once the task is placed again
+    assert gm.handle(AdmitJob(job=persist.job), 2.1) == []
+    (again,) = [e.msg for e in decide(gm, 3.0) if isinstance(e, ToLm)]
+    (answer, *_) = lm.handle(again, 3.0)
+    effects = gm.handle(answer.msg, 3.0)  # type: ignore[union-attr]
+    assert JobSettled(persist.job.job_id, t.user) in effects
+    # a restarted GM (which never heard of the task) queues it from the message
+    fresh = make_gm()
+    sync_views(fresh, LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0]))
+    assert fresh.handle(AdmitJob(job=persist.job, redelivered=True), 5.0) == []
+    assert state(fresh, t) is not None
+    assert len(fresh.queues) == 1
