@@ -169,6 +169,11 @@ class FederationConfig:
     def gm_events_queue(self, gm: str) -> str:
         return f"{self.name}.gm.{gm}.events"
 
+    def user_outcomes_queue(self, user: str) -> str:
+        """Where a user's task outcomes wait for it (durable: none is lost while the
+        user's client is away)."""
+        return f"{self.name}.user.{user}.outcomes"
+
     def validate(self) -> FederationConfig:
         if self.gms < 1 or self.lms < 1 or self.nodes_per_lm < 1:
             raise ConfigError("gms, lms and nodes_per_lm must be at least 1")

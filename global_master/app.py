@@ -152,6 +152,7 @@ class GmService:
         for u in cfg.user_configs:
             if u.gm != gm:
                 continue
+            await amqp.declare_outcomes_queue(sub, cfg, ex, u.user)
             q = await amqp.declare_user_queue(sub, cfg, ex, u.user)
 
             async def job(msg: AbstractIncomingMessage, user: UserId = u.user) -> None:
@@ -260,9 +261,7 @@ class GmService:
 
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
-        await self.broker.publish(
-            self.broker.ex.events, f"user.{user}", amqp.persistent(body), mandatory=False
-        )
+        await self.broker.publish(self.broker.ex.events, f"user.{user}", amqp.persistent(body))
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM."""

@@ -31,7 +31,14 @@ from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import JobId, TaskId
-from common.metrics import jain_windows, jct_stats, percentiles, summarize_tasks, usage_from_tasks
+from common.metrics import (
+    duplicate_launches,
+    jain_windows,
+    jct_stats,
+    percentiles,
+    summarize_tasks,
+    usage_from_tasks,
+)
 from common.model import Task, TaskKey, new_task
 from request_generator.report import format_table, plot_cdfs, plot_components, write_records_csv
 from request_generator.submitter import Submitter
@@ -147,14 +154,33 @@ def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJo
 async def measure_floor(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int
 ) -> list[float]:
-    """Round trips of an empty authenticated request over one keep-alive connection."""
-    rtts = []
+    """Round trips of an empty authenticated request over one keep-alive connection
+    (none if the service does not answer: a bench survives a service that is down)."""
+    rtts: list[float] = []
     for _ in range(n):
         t = time.perf_counter()
-        async with session.post(url + "/v1/ping", data=b"", headers=headers) as resp:
-            await resp.read()
+        try:
+            async with session.post(url + "/v1/ping", data=b"", headers=headers) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return rtts
         rtts.append(time.perf_counter() - t)
     return rtts
+
+
+async def fetch_launches(
+    session: aiohttp.ClientSession, cfg: FederationConfig, headers: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The worker pools' logs of starts, ends and stops (what a pool that is down could
+    not say is missing)."""
+    rows: list[dict[str, Any]] = []
+    for lm in cfg.lm_ids:
+        try:
+            async with session.get(cfg.worker_url(lm) + "/v1/launches", headers=headers) as r:
+                rows.extend((await r.json())["launches"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            continue
+    return rows
 
 
 async def fetch_states(
@@ -204,6 +230,7 @@ class _Run:
     floor_worker: list[float]
     busy_floor: list[float]
     states: dict[str, Any]
+    launches: list[dict[str, Any]]
 
 
 def _progress(msg: str, enabled: bool) -> None:
@@ -270,6 +297,8 @@ async def _ping_during_run(
     while True:
         out.extend(await measure_floor(session, url, headers, 1))
         await asyncio.sleep(0.02)
+        if len(out) > 100_000:  # bounded: a soak keeps the latest
+            del out[:50_000]
 
 
 async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _Run:
@@ -300,7 +329,8 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
         states = await fetch_states(session, cfg, headers)
-    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states)
+        launches = await fetch_launches(session, cfg, headers)
+    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states, launches)
 
 
 async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]:
@@ -320,6 +350,8 @@ def summarize_run(
     cfg: FederationConfig, opts: BenchOptions, run: _Run, sub: Submitter
 ) -> tuple[dict[str, Any], list[Task]]:
     out = sub.outcomes
+    mine = set(run.published)
+    dup = duplicate_launches(r for r in run.launches if (str(r["user"]), str(r["task_id"])) in mine)
     tasks: list[Task] = []
     lost: list[TaskKey] = []
     for key, at in run.published.items():
@@ -346,10 +378,12 @@ def summarize_run(
             "jobs_refused": dict(sub.refused),
             "lost_tasks": len(lost),
             "lost_task_ids": [f"{u}/{t}" for u, t in lost[:50]],
+            "duplicate_launches": dup["count"],
+            "duplicate_launch_ids": dup["tasks"],
             "duplicate_outcomes": out.duplicates,
             "throughput_tasks_per_s": len(started) / (last - first) if last > first else 0.0,
             "offered_tasks_per_s": len(tasks) / run.submit_span if run.submit_span > 0 else 0.0,
-            "floor_rtt_s": percentiles(run.floor_lm)["p50"],
+            "floor_rtt_s": percentiles(run.floor_lm or run.floor_worker)["p50"],
             "floor": {
                 "lm_s": percentiles(run.floor_lm),
                 "worker_s": percentiles(run.floor_worker),
@@ -442,7 +476,8 @@ def report_text(summary: dict[str, Any]) -> str:
     lines = [
         format_table(rows),
         f"tasks {summary['tasks']}  finished {summary['tasks_finished']}  failed "
-        f"{summary['tasks_failed']}  lost {summary['lost_tasks']}",
+        f"{summary['tasks_failed']}  lost {summary['lost_tasks']}  duplicate launches "
+        f"{summary['duplicate_launches']}",
         f"throughput {summary['throughput_tasks_per_s']:.1f} tasks/s; floor (empty LM round "
         f"trip, p50) {summary['floor_rtt_s'] * 1e3:.3f} ms idle, "
         f"{summary['floor']['lm_during_run_s']['p50'] * 1e3:.3f} ms during the run",

@@ -74,10 +74,9 @@ class Submitter:
         for u in self.cfg.user_configs:
             await amqp.declare_user_queue(b.pub, self.cfg, b.ex, u.user)
         if listen:
-            q = await b.sub.declare_queue(exclusive=True, auto_delete=True)
             for user in self.users:
-                await q.bind(self.cfg.events_exchange, routing_key=f"user.{user}")
-            await q.consume(self._on_outcomes, no_ack=True)
+                q = await amqp.declare_outcomes_queue(b.sub, self.cfg, b.ex, user)
+                await q.consume(self._on_outcomes, no_ack=True)
             dq = await b.sub.declare_queue(exclusive=True, auto_delete=True)
             await dq.bind(self.cfg.dead_letter_exchange, routing_key="")
             await dq.consume(self._on_dead, no_ack=True)

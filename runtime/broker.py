@@ -8,7 +8,8 @@ Topology (every name under the federation's prefix ``<name>``):
   ``x-megha-reason`` header.
 * ``<name>.state`` (fanout): LM state updates to every GM (transient per-GM queues).
 * ``<name>.events`` (topic): LM task events to the placing GM (``gm.<gm>`` -> durable
-  queue ``<name>.gm.<gm>.events``), and task outcomes to their users (``user.<user>``).
+  queue ``<name>.gm.<gm>.events``), and task outcomes to their users (``user.<user>``
+  -> durable queue ``<name>.user.<user>.outcomes``).
 
 ``Broker`` publishes persistent messages with confirms (an unroutable one raises),
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
@@ -41,6 +42,16 @@ log = logging.getLogger("megha.broker")
 
 OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
 PUBLISH_ERRORS = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
+TRANSIENT = (
+    aio_pika.exceptions.AMQPConnectionError,
+    aio_pika.exceptions.ChannelInvalidStateError,
+    aio_pika.exceptions.ChannelClosed,
+    ConnectionError,
+    RuntimeError,
+    TimeoutError,
+)
+"""Publish failures worth another try once the connection recovers (a refusal -- an
+unroutable message, a nack -- is not one of them)."""
 
 
 def persistent(body: bytes, *, message_id: str | None = None, **headers: str) -> aio_pika.Message:
@@ -92,6 +103,16 @@ async def declare_exchanges(ch: AbstractChannel, cfg: FederationConfig) -> Excha
     dead = await ch.declare_queue(cfg.dead_letter_queue, durable=True)
     await dead.bind(dlx, routing_key="")
     return Exchanges(submit, state, events, dlx)
+
+
+async def declare_outcomes_queue(
+    ch: AbstractChannel, cfg: FederationConfig, ex: Exchanges, user: str
+) -> AbstractQueue:
+    """A user's durable queue of task outcomes (declared by GMs and by clients)."""
+    args: dict[str, Any] = {"x-queue-type": cfg.queue_type}
+    q = await ch.declare_queue(cfg.user_outcomes_queue(user), durable=True, arguments=args)
+    await q.bind(ex.events, routing_key=f"user.{user}")
+    return q
 
 
 async def declare_user_queue(
@@ -171,7 +192,7 @@ class Broker:
             once,
             policy or Backoff(first_s=0.05, cap_s=2.0, deadline_s=None),
             what=f"{self.name}: publish to {exchange.name}/{routing_key}",
-            retry_on=(aio_pika.exceptions.ChannelInvalidStateError, ConnectionError, RuntimeError),
+            retry_on=TRANSIENT,
             on_retry=count,
         )
 
@@ -231,6 +252,7 @@ async def delete_topology(cfg: FederationConfig) -> None:
     conn = await connect(cfg)
     try:
         names = [cfg.user_queue(u.user) for u in cfg.user_configs]
+        names += [cfg.user_outcomes_queue(u.user) for u in cfg.user_configs]
         names += [cfg.gm_events_queue(g) for g in cfg.gm_ids]
         names.append(cfg.dead_letter_queue)
         for q in names:
