@@ -58,6 +58,7 @@ class ReportKind(IntEnum):
     STARTED = 0
     FINISHED = 1
     FAILED = 2
+    LOST = 3  # the pool stopped it itself: it lost touch with its LM (its lease expired)
 
 
 # -------------------------------------------------------------------- state
@@ -471,6 +472,20 @@ class CheckWorkers:
     timeout: Seconds
 
 
+@message("lease_renewed")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRenewed:
+    """Pool driver -> core: the LM answered (a heartbeat): the pool may go on running."""
+
+
+@message("check_lease")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckLease:
+    """Pool timer: has the pool been out of touch with its LM for longer than ``lease``?"""
+
+    lease: Seconds
+
+
 @message("task_due")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskDue:
@@ -535,5 +550,13 @@ LmInput = (
     | CheckWorkers
 )
 WorkerInput = (
-    StartTasks | StopTasks | TaskDue | CommandStarted | CommandExited | RegisterPool | Registered
+    StartTasks
+    | StopTasks
+    | TaskDue
+    | CommandStarted
+    | CommandExited
+    | RegisterPool
+    | Registered
+    | LeaseRenewed
+    | CheckLease
 )

@@ -124,6 +124,8 @@ class WorkerCounters(Counters):
     stopped: int = 0
     repeated: int = 0
     refused: int = 0
+    fenced: int = 0
+    """Attempts the pool stopped itself when its lease on the LM expired."""
 
 
 # ---------------------------------------------------------------- summaries

@@ -575,6 +575,10 @@ class LocalMaster:
             if self.report_starts:
                 effects.append(ToGm(a.gm, self._event(EventKind.STARTED, a, rep.at)))
             return
+        if rep.kind == ReportKind.LOST:  # its pool stopped it: placed again (new attempt)
+            self._release(key)
+            effects.extend(self._relaunch([a], now))
+            return
         self._release(key)
         ok = rep.kind == ReportKind.FINISHED
         self._retire(key, a, rep.at, ok, now)
@@ -582,7 +586,10 @@ class LocalMaster:
         effects.append(ToGm(a.gm, self._event(kind, a, rep.at, rep.detail)))
 
     def _orphan_event(self, rep: WorkerReport, now: float) -> TaskEvent:
-        kind = EventKind.FINISHED if rep.kind == ReportKind.FINISHED else EventKind.FAILED
+        kind = {
+            ReportKind.FINISHED: EventKind.FINISHED,
+            ReportKind.FAILED: EventKind.FAILED,
+        }.get(rep.kind, EventKind.REQUEUED)
         return TaskEvent(
             kind=kind, lm=self.lm_id, gm=rep.gm, user=rep.user, task_id=rep.task_id,
             attempt=rep.attempt, node=rep.node, node_free=tuple(self.free[rep.node]),

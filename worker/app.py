@@ -20,6 +20,8 @@ from common.config import FederationConfig
 from common.effects import KillCommand, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
+    CheckLease,
+    LeaseRenewed,
     Registered,
     RegisterPool,
     RegisterWorkers,
@@ -48,6 +50,9 @@ from worker.runner import Runner
 log = logging.getLogger("megha.worker")
 
 REPORTS = Backoff(first_s=0.05, cap_s=2.0, deadline_s=None)
+LEASE_SHARE = 0.6
+"""A pool's lease is this share of the LM's worker timeout: it stops its tasks before
+its LM declares its nodes dead and places them elsewhere."""
 """Reports are retried until the LM takes them: they are never dropped."""
 
 
@@ -59,7 +64,9 @@ class WorkerService:
     def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
         self.cfg = cfg
         n_nodes = len(cfg.clusters[cfg.lm_ids.index(lm)].nodes)
-        self.core = WorkerPool(lm, n_nodes, commands=cfg.task_commands)
+        self.core = WorkerPool(
+            lm, n_nodes, commands=cfg.task_commands, lease_s=LEASE_SHARE * cfg.worker_timeout_s
+        )
         self.sup = Supervisor(f"{lm}-workers")
         self.driver = CoreDriver(self.core, self.sup)
         self.runner = Runner(self.driver)
@@ -82,6 +89,8 @@ class WorkerService:
         )
         self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
+        lease = CheckLease(lease=LEASE_SHARE * self.cfg.worker_timeout_s)
+        self.driver.every(self.cfg.heartbeat_s, lambda: lease, "lease")
 
     async def close(self) -> None:
         self.runner.close()
@@ -141,6 +150,7 @@ class WorkerService:
             hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=time.time())
             try:
                 await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
+                self.driver.feed(LeaseRenewed())
             except PeerRefused as exc:
                 if exc.reason == "register_first":
                     self._reregister()

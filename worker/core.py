@@ -19,6 +19,11 @@ Theory of operation:
 * The pool registers with its LM (``RegisterPool`` -> ``RegisterWorkers``): at start,
   and whenever an LM incarnation asks, it tells which nodes live and what runs, so a
   restarted LM rebuilds its state from the workers (which hold what runs).
+* **Lease**: each answer of the LM renews the pool's lease (``LeaseRenewed``).  A pool
+  out of touch for longer than its lease (shorter than the LM's worker timeout) stops
+  every attempt itself and reports them ``LOST``: by the time its LM declares its
+  nodes dead and places their tasks elsewhere, nothing runs here any more.  A pool that
+  was frozen stops them as of its lease's expiry (it did nothing since).
 
 Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 """
@@ -33,8 +38,10 @@ from typing import Any
 from common.effects import After, Effect, KillCommand, Reply, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
+    CheckLease,
     CommandExited,
     CommandStarted,
+    LeaseRenewed,
     Refused,
     Registered,
     RegisterPool,
@@ -73,12 +80,18 @@ class Running:
 class WorkerPool:
     """The tasks on the nodes of one LM's cluster hosted by this pool."""
 
-    def __init__(self, lm: LmId, n_nodes: int, *, commands: bool = True) -> None:
+    def __init__(
+        self, lm: LmId, n_nodes: int, *, commands: bool = True, lease_s: float | None = None
+    ) -> None:
         self.lm = lm
+        self.lease_s = lease_s
+        """The pool's lease on its LM (None: no fencing, as in the simulator)."""
         self.n_nodes = n_nodes
         self.commands = commands
         """Whether tasks may carry a command (off: every task is synthetic)."""
         self.epoch = -1
+        self.renewed = -1.0
+        """When the LM last answered (its lease); -1: not yet."""
         self.running: dict[TaskKey, Running] = {}
         self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=100_000)
         """The latest starts, ends and stops: (what, user, task, attempt, node, at), for
@@ -90,19 +103,27 @@ class WorkerPool:
             TaskDue: self._on_due,
             RegisterPool: self._on_register,
             Registered: self._on_registered,
+            LeaseRenewed: self._on_renewed,
+            CheckLease: self._on_check_lease,
             CommandStarted: self._on_command_started,
             CommandExited: self._on_exited,
         }
 
     def handle(self, msg: object, now: float) -> list[Effect]:
-        """Take one message at time ``now``; return what the driver must do."""
+        """Take one message at time ``now``; return what the driver must do.  A pool whose
+        lease expired fences itself before anything else."""
         try:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"a worker pool does not handle {type(msg).__name__}") from None
+        if self.lease_s is not None and type(msg) is not LeaseRenewed:
+            fenced = self._fence(now, self.lease_s)
+            if fenced:
+                return fenced + handler(msg, now)
         return handler(msg, now)
 
-    def _fence(self, lm: LmId, epoch: int) -> Refused | None:
+    def _accept_epoch(self, lm: LmId, epoch: int) -> Refused | None:
+        """A command from this pool's LM, of its newest incarnation (or a refusal)."""
         if lm != self.lm:
             return Refused(reason="wrong_lm", detail=f"this pool hosts {self.lm}'s nodes")
         if epoch < self.epoch:
@@ -111,7 +132,7 @@ class WorkerPool:
         return None
 
     def _on_start(self, msg: StartTasks, now: float) -> list[Effect]:
-        refused = self._fence(msg.lm, msg.epoch)
+        refused = self._accept_epoch(msg.lm, msg.epoch)
         if refused is not None:
             self.counters.refused += 1
             return [Reply(refused)]
@@ -170,12 +191,32 @@ class WorkerPool:
     def _on_registered(self, msg: Registered, now: float) -> list[Effect]:
         if msg.lm == self.lm:
             self.epoch = max(self.epoch, msg.epoch)
+            self.renewed = max(self.renewed, now)
         return []
+
+    def _on_renewed(self, msg: LeaseRenewed, now: float) -> list[Effect]:
+        self.renewed = max(self.renewed, now)
+        return []
+
+    def _on_check_lease(self, msg: CheckLease, now: float) -> list[Effect]:
+        return self._fence(now, msg.lease)
+
+    def _fence(self, now: float, lease: float) -> list[Effect]:
+        """Out of touch for longer than the lease: stop everything (reported ``LOST``)."""
+        if self.renewed < 0 or now - self.renewed <= lease or not self.running:
+            return []
+        at = min(now, self.renewed + lease)  # a frozen pool did nothing since
+        effects: list[Effect] = []
+        for key, r in list(self.running.items()):
+            self._drop(key, effects, at)
+            self.counters.fenced += 1
+            effects.append(ToLm(self.lm, self._report(ReportKind.LOST, r, at, "lease lost")))
+        return effects
 
     def _on_stop(self, msg: StopTasks, now: float) -> list[Effect]:
         """Preempted or superseded attempts: dropped without a report (the LM already
         released them)."""
-        refused = self._fence(msg.lm, msg.epoch)
+        refused = self._accept_epoch(msg.lm, msg.epoch)
         if refused is not None:
             self.counters.refused += 1
             return [Reply(refused)]

@@ -229,3 +229,32 @@ def test_a_returned_task_of_an_acknowledged_job_is_kept_on_the_broker() -> None:
     assert fresh.handle(AdmitJob(job=persist.job, redelivered=True), 5.0) == []
     assert state(fresh, t) is not None
     assert len(fresh.queues) == 1
+
+
+def test_a_pool_out_of_touch_with_its_lm_stops_its_tasks_before_they_run_elsewhere() -> None:
+    """Its lease (shorter than the LM's worker timeout) expired: it fences itself, as of
+    the expiry (a frozen pool did nothing since), and reports the attempts lost."""
+    from common.messages import CheckLease, LeaseRenewed, TaskDue
+
+    pool = WorkerPool(LM0, 2, lease_s=3.0)
+    start = StartTask(node=NodeIndex(0), spec=make_task(duration=60.0), attempt=1, gm=GM0)
+    pool.handle(LeaseRenewed(), 0.0)
+    pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(start,)), 1.0)
+    assert pool.handle(CheckLease(lease=3.0), 2.5) == []
+    # frozen from 2.5 to 20: the first thing it does on waking is to stop its task
+    effects = pool.handle(TaskDue(user=start.spec.user, task_id=start.spec.task_id, attempt=1),
+                          20.0)  # fmt: skip
+    (lost,) = [e.msg for e in effects if isinstance(e, ToLm)]
+    assert (lost.kind, lost.at, lost.attempt) == (ReportKind.LOST, 3.0, 1)  # type: ignore[union-attr]
+    assert pool.running == {}
+    assert pool.counters.fenced == 1
+    # the LM that still holds it places it again; one that moved on ignores the report
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    lm.handle(LaunchRequest(gm=GM0, lm=LM0, request_id=1, known_version=-1, placements=(
+        Placement(spec=start.spec, attempt=1, node=NodeIndex(0)),)), 1.0)  # fmt: skip
+    from common.messages import WorkerReports
+
+    out = lm.handle(WorkerReports(lm=LM0, reports=(lost,)), 20.5)  # type: ignore[arg-type]
+    assert [e.msg.kind for e in out if isinstance(e, ToGm)] == [EventKind.RELAUNCHED]
+    assert lm.active[key(start.spec)].attempt == 2
