@@ -205,6 +205,9 @@ def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False)
         child = _CHILDREN.pop(pid, None)
         if child is not None:
             child.wait(timeout=5)
+    for pid, child in list(_CHILDREN.items()):  # killed or replaced earlier: reap them
+        if child.poll() is not None:
+            del _CHILDREN[pid]
     path.unlink()
     if not quiet:
         print(f"stopped {len(pids)} processes")
