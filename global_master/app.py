@@ -52,8 +52,8 @@ from common.service import (
     service_identity,
 )
 from global_master.amqp import GmBroker
-from global_master.carbyne import make_policy
 from global_master.core import GlobalMaster
+from global_master.policy import make_policy
 
 log = logging.getLogger("megha.gm")
 

@@ -81,7 +81,6 @@ class GlobalMaster:
         self.users: dict[UserId, UserConfig] = {u.user: u for u in users}
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
-        self.queues.bind(self)
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskId, InFlight] = {}
         self.placed: dict[TaskId, Task] = {}
@@ -456,6 +455,9 @@ class GlobalMaster:
         self._feasible.clear()
         totals = [v.total_capacity() for v in self.views.values()]
         self._capacity = [sum(col) for col in zip(*totals, strict=True)]
+        self.queues.set_cluster(
+            self._capacity, {c for v in self.views.values() for c in v.capacity}
+        )
         self._snapshot_wanted.discard(lm)
         self.known_placed.update(t for t in snap.placed_by_gm if t not in self.placed)
         self.queues.new_epoch()

@@ -8,13 +8,14 @@ until the view changes again (a new epoch); a GM whose queues are all parked or
 empty has no work.  This is the only departure from the paper's busy loop, and it
 changes no placement: a parked queue's tasks could not have been placed either.
 
-``QueuePolicy`` is the seam Carbyne plugs into (global_master/carbyne.py).
+``UserQueues`` is the seam the job-aware policies plug into (``global_master.policy``):
+the GM calls these methods, never the other way round.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.dag import DagJob, DagProgress
@@ -94,8 +95,11 @@ class UserQueues:
         return None
 
     # Hooks for policies that track jobs (Carbyne); plain FIFO queues need none.
-    def bind(self, gm: object) -> None:
-        """Called once by the GM that owns these queues (read-only access to its views)."""
+    def set_cluster(
+        self, capacity: Sequence[int], node_capacities: Collection[tuple[int, ...]]
+    ) -> None:
+        """The federation's total capacity and its distinct node capacities; the GM
+        calls it whenever its view of the clusters is (re)built from a snapshot."""
 
     def on_dispatched(self, task: Task, now: float) -> None:
         """A task left its queue for an LM."""

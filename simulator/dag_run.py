@@ -1,7 +1,7 @@
 """DAG workloads under several queue policies, side by side (Carbyne, issue 4).
 
 Each policy runs the same jobs (fresh copies) through ``MeghaSimulation``: the same
-GM and LM cores, only the GM's ``UserQueues`` differ (``global_master.carbyne``).
+GM and LM cores, only the GM's ``UserQueues`` differ (``global_master.policy``).
 Per policy: job completion times, makespan, Jain's fairness index over 60-s windows,
 leftover yielded and reused, the allocation-time figures, and a PNG of each user's
 dominant share over time against its configured share.
@@ -23,7 +23,7 @@ from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
 from common.model import NodeSpec, UserConfig
-from global_master.carbyne import POLICIES, JobQueues, make_policy
+from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from request_generator.report import summarize_tasks
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult

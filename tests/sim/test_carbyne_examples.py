@@ -11,7 +11,7 @@ from common.cluster import ClusterSpec
 from common.dag import DagJob, make_job
 from common.ids import GmId, JobId, LmId, UserId
 from common.model import NodeSpec, UserConfig
-from global_master.carbyne import CarbyneQueues, make_policy
+from global_master.policy import CarbyneQueues, make_policy
 from request_generator.dag_workload import synthetic_dag_jobs
 from simulator.dag_run import run_policies
 from simulator.megha_sim import MeghaSimulation, SimConfig

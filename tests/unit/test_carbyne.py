@@ -11,17 +11,16 @@ from hypothesis import strategies as st
 from common.dag import DagJob, make_job
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.model import Task
-from global_master.carbyne import (
+from global_master.policy import (
     CarbyneQueues,
     DrfQueues,
     JobQueues,
     SjfQueues,
     TetrisQueues,
-    _Stage,
-    drf_allocation,
-    forward_pack,
-    must_start,
 )
+from global_master.policy.altruism import forward_pack, must_start
+from global_master.policy.drf import drf_allocation
+from global_master.policy.jobs import StageState
 
 A, B = UserId("A"), UserId("B")
 
@@ -100,7 +99,7 @@ def test_fig2_strict_drf_holds_j2_to_one_task() -> None:
 # ------------------------------------------------------------------- Carbyne
 def test_forward_and_reverse_packing_of_fig2_j1() -> None:
     j1, _ = _fig2()
-    stages = {s.stage_id: _Stage(s.parents, list(s.tasks), 0) for s in j1.stages}
+    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in j1.stages}
     t_k = forward_pack(0.0, (50,), (100,), stages, [])
     assert t_k == pytest.approx(2.1)
     latest = must_start(0.0, t_k, (50,), (100,), stages, [], {t.task_id for t in j1.tasks[:5]})
@@ -251,8 +250,8 @@ def test_policies_never_hand_out_more_than_capacity_and_finish_every_job(
 @pytest.mark.parametrize("policy", ["fifo", "drf", "carbyne"])
 def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -> None:
     from common.model import UserConfig
-    from global_master.carbyne import make_policy
     from global_master.core import GlobalMaster
+    from global_master.policy import make_policy
     from tests.conftest import failures, make_lm, sync_views
 
     users = [UserConfig(A, GmId("gm0"), 1.0)]
@@ -313,8 +312,8 @@ def test_a_task_failing_on_its_worker_fails_its_dependent_stages(policy: str) ->
     from common.ids import NodeIndex
     from common.messages import WorkerReport
     from common.model import UserConfig
-    from global_master.carbyne import make_policy
     from global_master.core import GlobalMaster
+    from global_master.policy import make_policy
     from tests.conftest import failures, make_lm, sync_views
 
     users = [UserConfig(A, GmId("gm0"), 1.0)]

@@ -1,0 +1,27 @@
+"""Shortest job first (Carbyne's JCT upper bound, seed §5.1).
+
+Jobs in the order of their remaining critical path (the critical path method,
+``common.dag.longest_path``), shortest first, ties by arrival; within a job its
+runnable tasks breadth-first.  Tasks are admitted while they fit in what is free:
+no fairness.
+"""
+
+from __future__ import annotations
+
+from common.ids import TaskId
+from common.model import Task
+from global_master.policy.jobs import JobQueues, admit
+
+
+class SjfQueues(JobQueues):
+    """Shortest job first by remaining critical path; breadth-first within a job."""
+
+    name = "sjf"
+
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
+        jobs = sorted(self.active(), key=lambda j: (j.critical_path(now), j.arrival, j.job_id))
+        free = self.free(cap, jobs)
+        out: list[Task] = []
+        for j in jobs:
+            out.extend(admit(j.breadth_first(), free))
+        return out, set()
