@@ -101,6 +101,11 @@ class UserQueues:
         """The federation's total capacity and its distinct node capacities; the GM
         calls it whenever its view of the clusters is (re)built from a snapshot."""
 
+    def may_preempt_for(self, task: Task) -> bool:
+        """May the GM preempt other users' tasks to place ``task`` (fairness, Alg. 2)?
+        FIFO queues: unless the task is ALTRUISTIC (it uses only what is free)."""
+        return not task.altruistic
+
     def on_dispatched(self, task: Task, now: float) -> None:
         """A task left its queue for an LM."""
 

@@ -22,11 +22,11 @@ import random
 from typing import Any
 
 from common.errors import ConfigError
-from common.ids import JobId, TaskId
+from common.ids import JobId
 from common.model import Task
 from global_master.policy.altruism import forward_pack, must_start
 from global_master.policy.drf import job_allocations, room_left
-from global_master.policy.jobs import JobQueues, JobState, admit, round_robin
+from global_master.policy.jobs import Ask, JobQueues, JobState, admit, job_asks, round_robin
 from global_master.policy.leftover import schedule_leftover
 from global_master.policy.packing import packing_node
 from global_master.policy.vectors import EPS, Vec, dominant, take
@@ -71,9 +71,10 @@ class CarbyneQueues(JobQueues):
         self, job: JobState, alloc: Vec, now: float, cap: list[float]
     ) -> list[Task]:
         """Intra-job: the runnable tasks whose latest start (reverse packing from T_k,
-        T_k by forward packing within ``alloc``) is now.  An unchanged job under an
-        unchanged allocation has the same absolute plan: it is reused."""
-        key = (job.version, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
+        T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
+        in time: it is reused until one of the job's tasks ends or comes back or its
+        allocation changes (a task starting as planned changes neither)."""
+        key = (job.events, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
         if job.packed is None or job.packed[0] != key:
             running = job.running_list()
             t_k = forward_pack(now, alloc, cap, job.stages, running)
@@ -81,7 +82,7 @@ class CarbyneQueues(JobQueues):
             job.packed = (key, latest)
         return [t for start, t in job.packed[1] if start <= now + EPS and t.task_id in job.queued]
 
-    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         # leftover yielded, in dominant share x seconds, since the previous plan
         self.counters["leftover_yielded"] += self._yield_rate * max(0.0, now - self._yield_since)
         self._yield_since = now
@@ -89,27 +90,30 @@ class CarbyneQueues(JobQueues):
         rate = 0.0
         jobs = self.active()
         allocs = job_allocations(jobs, cap, self.shares)
-        free = self.free(cap, jobs)
-        defaults: list[list[Task]] = []
+        pools: dict[JobId, Vec] = {}
+        leftover = self.free(cap, jobs)
+        defaults: list[list[Ask]] = []
         candidates: list[tuple[JobState, list[Task]]] = []
         for j, a in zip(jobs, allocs, strict=True):
             room = room_left(j, a)
-            if not self._is_altruistic():
-                defaults.append(admit(j.breadth_first(), room, force_first=not j.running))
+            pools[j.job_id] = list(room)
+            altruistic = self._is_altruistic()
+            tasks = self._must_start_now(j, a, now, cap) if altruistic else j.breadth_first()
+            defaults.append(job_asks(j, tasks))
+            chosen = admit(tasks, room, force_first=not j.running)
+            for t in chosen:
+                take(leftover, t.demand)
+            if not altruistic:
                 continue
-            chosen = admit(self._must_start_now(j, a, now, cap), room, force_first=not j.running)
-            defaults.append(chosen)
-            picked = {t.task_id for t in chosen}
             self.last_yield[j.job_id] = [max(0.0, x) for x in room]
             rate += dominant(self.last_yield[j.job_id], cap)
+            picked = {t.task_id for t in chosen}
             candidates.append((j, [t for t in j.queued.values() if t.task_id not in picked]))
         self._yield_rate = rate
         if self.yields is not None:
             self.yields.append((now, dict(self.last_yield)))
-        plan = round_robin(defaults)
-        for t in plan:
-            take(free, t.demand)
-        leftover = [max(0.0, f) for f in free]
-        self.last_leftover = list(leftover)
-        alt = schedule_leftover(candidates, leftover, cap, now, packing_first=self.packing_first)
-        return plan + alt, {t.task_id for t in alt}
+        self.last_leftover = [max(0.0, f) for f in leftover]
+        alt = schedule_leftover(
+            candidates, list(self.last_leftover), cap, now, packing_first=self.packing_first
+        )
+        return round_robin(defaults) + [Ask(t, altruistic=True) for t in alt], pools

@@ -9,7 +9,8 @@
 * ``DrfQueues`` admits each job's runnable tasks breadth-first while they fit in
   ``A_k`` minus what the job holds -- strict shares, as in the paper's Fig. 2b.
   ``drf-wc`` then hands what is left to the job with the lowest weighted dominant
-  share, one task at a time (work conserving, as Mesos's or YARN's DRF).
+  share, one task at a time (work conserving, as Mesos's or YARN's DRF); those
+  extra tasks are beyond the job's share: ALTRUISTIC in the GM's sense.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common.ids import JobId, TaskId, UserId
+from common.ids import JobId, UserId
 from common.model import Task
-from global_master.policy.jobs import JobQueues, JobState, admit, round_robin
+from global_master.policy.jobs import Ask, JobQueues, JobState, admit, job_asks, round_robin
 from global_master.policy.vectors import EPS, Vec, dominant, fits_in, give, take
 
 
@@ -28,32 +29,48 @@ def drf_allocation(
     capacity: Sequence[float], demands: Sequence[Sequence[float]], weights: Sequence[float]
 ) -> list[Vec]:
     """Weighted DRF by progressive filling, each job capped at its demand; one
-    allocation vector per job."""
+    allocation vector per job.
+
+    A sweep over the fill level ``lam`` (dominant share per unit of weight): job k's
+    dominant share is ``w_k * lam`` until it reaches its demand's (at ``lam_k``) or a
+    resource it uses fills up.  Events in order: O(n log n + n m) for n jobs, m
+    resources.
+    """
     n, m = len(demands), len(capacity)
     dirs: list[Vec] = []
-    caps: list[float] = []
     share = [0.0] * n
-    active: set[int] = set()
+    caps = [dominant(d, capacity) for d in demands]
     for k, d in enumerate(demands):
-        dom = dominant(d, capacity)
-        caps.append(dom)
-        dirs.append([x / dom for x in d] if dom > 0 else [0.0] * m)
-        if dom > 0 and weights[k] > 0:
-            active.add(k)
-    used = [0.0] * m
+        dirs.append([x / caps[k] for x in d] if caps[k] > 0 else [0.0] * m)
+    order = sorted((caps[k] / weights[k], k) for k in range(n) if caps[k] > 0 and weights[k] > 0)
+    active = {k for _, k in order}
+    rate = [sum(weights[k] * dirs[k][r] for k in active) for r in range(m)]
+    base = [0.0] * m  # what frozen jobs hold
+    full: set[int] = set()
+    nxt = 0
     while active:
-        step = min((caps[k] - share[k]) / weights[k] for k in active)
+        while order[nxt][1] not in active:
+            nxt += 1
+        lam_cap = order[nxt][0]
+        lam_full, r_full = lam_cap, -1
         for r in range(m):
-            rate = sum(weights[k] * dirs[k][r] for k in active)
-            if rate > 0:
-                step = min(step, max(0.0, (capacity[r] - used[r]) / rate))
-        for k in active:
-            share[k] += weights[k] * step
-        used = [sum(share[k] * dirs[k][r] for k in range(n)) for r in range(m)]
-        full = {r for r in range(m) if used[r] >= capacity[r] - EPS * max(1.0, capacity[r])}
-        for k in list(active):
-            if share[k] >= caps[k] - EPS or any(dirs[k][r] > 0 for r in full):
-                active.discard(k)
+            if r not in full and rate[r] > EPS:
+                lam = max(0.0, (capacity[r] - base[r]) / rate[r])
+                if lam < lam_full:
+                    lam_full, r_full = lam, r
+        if r_full < 0:  # the next job's demand is met before any resource fills
+            frozen = [order[nxt][1]]
+            lam = lam_cap
+        else:
+            full.add(r_full)
+            frozen = [k for k in active if dirs[k][r_full] > 0]
+            lam = lam_full
+        for k in frozen:
+            share[k] = min(caps[k], weights[k] * lam)
+            active.discard(k)
+            for r in range(m):
+                rate[r] -= weights[k] * dirs[k][r]
+                base[r] += share[k] * dirs[k][r]
     return [[share[k] * x for x in dirs[k]] for k in range(n)]
 
 
@@ -89,17 +106,19 @@ class DrfQueues(JobQueues):
         super().__init__(*args, **kwargs)
         self.work_conserving = work_conserving
 
-    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         jobs = self.active()
         allocs = job_allocations(jobs, cap, self.shares)
-        lists = [
-            admit(j.breadth_first(), room_left(j, a), force_first=not j.running)
-            for j, a in zip(jobs, allocs, strict=True)
-        ]
-        plan = round_robin(lists)
+        pools = {j.job_id: room_left(j, a) for j, a in zip(jobs, allocs, strict=True)}
+        asks = round_robin([job_asks(j, j.breadth_first()) for j in jobs])
         if self.work_conserving:
-            plan.extend(self._fill(jobs, cap, plan))
-        return plan, set()
+            within = [
+                t
+                for j in jobs
+                for t in admit(j.breadth_first(), list(pools[j.job_id]), force_first=not j.running)
+            ]
+            asks += [Ask(t, altruistic=True) for t in self._fill(jobs, cap, within)]
+        return asks, pools
 
     def _fill(self, jobs: list[JobState], cap: list[float], taken: list[Task]) -> list[Task]:
         """What is left, lowest dominant share first (one task at a time)."""

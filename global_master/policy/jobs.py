@@ -14,9 +14,19 @@ Theory of operation (seed ``carbyne-paper.txt`` §3; SPEC §2 "Carbyne"):
   waiting tasks and how many run), the runnable (queued) tasks, the running tasks
   and since when.  ``version`` is bumped on every change and keys cached results.
 * At each scheduling event -- job arrival, task completion, a task coming back --
-  the queues are *dirty* and the next ``pop`` builds a **plan**: the ordered tasks
-  admitted until the next event, never more than the entitled capacity left.  A task
-  the GM could not place is *blocked* until the GM's view changes (``new_epoch``).
+  the queues are *dirty* and the next ``pop`` builds a **plan**: every runnable task
+  as an ``Ask``, in the policy's order, with the budgets it spends -- what the entitled
+  capacity has free and, for a task within its job's fair share, the job's
+  allocation ``A_k`` left.  ``pop`` hands out the first ask its budgets afford, so the
+  plan is work conserving within what the policy allows.
+* A task the GM could not place (no node fits it in the GM's view) gets its budgets
+  back and is *blocked* until the view changes (``new_epoch``); until then so is every
+  task with the same constraints and a demand at least as large (it cannot fit
+  either).  The budgets it gave back go to the next asks: a large task stuck on
+  fragmented nodes never holds the room that smaller ones could use.
+* An ask with no fair share behind it (Carbyne's ALTRUISTIC tasks, the tasks of
+  policies without fairness, work-conserving extras) is handed out as ``altruistic``:
+  it uses only what is free, so the GM never preempts for it.
 * The capacity a GM's users are **entitled** to is the federation's capacity times
   the sum of their configured shares (at most all of it).
 
@@ -27,13 +37,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from common.dag import DagJob, DagProgress, longest_path, topological_order
 from common.ids import JobId, TaskId, UserId
 from common.model import Resources, Task
 from global_master.policy.vectors import Vec, dominant, fits_in, give, take
 from global_master.queues import UserQueues
+
+T = TypeVar("T")
 
 Running = tuple[float, Resources, int]
 """A started task as the packers see it: (end time, demand, stage id)."""
@@ -64,8 +76,11 @@ class JobState:
     running: dict[TaskId, tuple[Task, float]] = field(default_factory=dict)
     version: int = 0
     """Bumped on every change of the job's tasks: keys the cached results."""
+    events: int = 0
+    """Bumped when a task of the job ends, comes back or arrives -- the events at which
+    Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
     packed: tuple[tuple[int, tuple[int, ...]], list[tuple[float, Task]]] | None = None
-    """Carbyne's last reverse packing, keyed by (version, allocation)."""
+    """Carbyne's last reverse packing, keyed by (events, allocation)."""
     cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
     def memo(self, name: str) -> Any:
@@ -82,6 +97,22 @@ class JobState:
                 give(hit, t.demand)
             self.cached["usage"] = (self.version, hit)
         return list(hit)
+
+    def remaining_work(self, now: float, capacity: Sequence[float]) -> float:
+        """Work left, in dominant share x seconds: the measure of SRTF (Carbyne's
+        leftover order, Tetris's remaining-work term)."""
+        w = self.memo("waiting_work")
+        if w is None:
+            w = sum(
+                dominant(t.demand, capacity) * t.duration
+                for st in self.stages.values()
+                for t in st.waiting
+            )
+            self.cached["waiting_work"] = (self.version, w)
+        total = float(w)
+        for t, since in self.running.values():
+            total += dominant(t.demand, capacity) * max(0.0, since + t.duration - now)
+        return total
 
     def parents(self) -> dict[int, tuple[int, ...]]:
         return {s: st.parents for s, st in self.stages.items()}
@@ -111,6 +142,26 @@ class JobState:
         )
 
 
+@dataclass(slots=True)
+class Ask:
+    """A runnable task in a plan (YARN's ask, as Carbyne extends it, seed §4.2)."""
+
+    task: Task
+    job: JobId | None = None
+    """Charged to this job's allocation A_k as well (DEFAULT); None: only to what the
+    entitled capacity has free."""
+    altruistic: bool = False
+    """ALTRUISTIC: no fair share behind it, it only uses what is free."""
+    force: bool = False
+    """May exceed its job's allocation: the first task of a job that holds nothing."""
+
+
+def job_asks(job: JobState, tasks: Iterable[Task]) -> list[Ask]:
+    """DEFAULT asks charged to ``job``'s allocation; the first is forced if the job holds
+    nothing (whatever its share, a job must be able to start)."""
+    return [Ask(t, job.job_id, force=k == 0 and not job.running) for k, t in enumerate(tasks)]
+
+
 def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> list[Task]:
     """Tasks that fit in ``room`` (first fit, in order); ``room`` is consumed.
 
@@ -126,9 +177,9 @@ def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> lis
     return out
 
 
-def round_robin(lists: Sequence[list[Task]]) -> list[Task]:
-    """One task of each list in turn."""
-    out: list[Task] = []
+def round_robin(lists: Sequence[list[T]]) -> list[T]:
+    """One item of each list in turn."""
+    out: list[T] = []
     k = 0
     while True:
         added = False
@@ -159,12 +210,29 @@ class JobQueues(UserQueues):
         self.shares: dict[UserId, float] = dict(shares or {})
         self._capacity: list[float] = []
         self._node_caps: set[Resources] = set()
+        self._oversize_memo: dict[Resources, bool] = {}
         self.now = 0.0
         self._dirty = True
-        self._plan: list[Task] = []
-        self._alt: set[TaskId] = set()
+        self._plan: list[Ask] = []
+        self._oversize: list[Task] = []
+        self._room: Vec = []
+        """What the entitled capacity has free for this plan's asks."""
+        self._pools: dict[JobId, Vec] = {}
+        """Per job: its allocation A_k minus what it holds and what this plan handed out."""
+        self._scan = 0
+        """Asks before this index cannot be handed out until a refund or a new epoch."""
+        self._spent = False
+        self._idle = False
+        self._short: set[tuple[JobId | None, Resources]] = set()
+        """(job or None for the entitled capacity, demand) its budget cannot afford."""
+        self._misses = 0
+        """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
         self._blocked: set[TaskId] = set()
-        self._popped: set[TaskId] = set()
+        self._no_fit: dict[int, list[Resources]] = {}
+        """Per constraint mask, the smallest demands that found no node in this epoch."""
+        self._fit_memo: dict[tuple[int, Resources], bool] = {}
+        self._popped: dict[TaskId, Ask | None] = {}
+        """Tasks handed to the GM (or back from an LM) whose fate is not known yet."""
         self.counters: dict[str, float] = {
             "plans": 0,
             "default_started": 0,
@@ -183,6 +251,7 @@ class JobQueues(UserQueues):
         frac = min(1.0, sum(self.shares.get(u, 1.0) for u in self.queues))
         self._capacity = [x * frac for x in capacity]
         self._node_caps = set(node_capacities)
+        self._oversize_memo.clear()
         self._dirty = True
 
     @property
@@ -230,19 +299,27 @@ class JobQueues(UserQueues):
     def push_back(self, task: Task) -> None:
         job = self._job_for(task)
         job.queued[task.task_id] = task
-        job.version += 1
         if task.task_id in self._popped:  # could not be placed: wait for a new epoch
-            self._popped.discard(task.task_id)
+            # the job is as it was before the pop: its cached results still hold
+            ask = self._popped.pop(task.task_id)
+            if ask is None:
+                ask = Ask(task, altruistic=task.altruistic)
+            else:
+                self._refund(ask)
             self._blocked.add(task.task_id)
-            self._plan.append(task)
+            self._no_node_for(task)
+            self._plan.append(ask)
         else:
+            job.version += 1
+            job.events += 1
             self._dirty = True
 
     def push_front(self, task: Task) -> None:
-        self._popped.discard(task.task_id)
+        self._popped.pop(task.task_id, None)
         job = self._job_for(task)
         job.queued[task.task_id] = task
         job.version += 1
+        job.events += 1
         self._dirty = True
 
     def remove(self, task: Task) -> bool:
@@ -254,7 +331,7 @@ class JobQueues(UserQueues):
 
     def abandon(self, task: Task, now: float) -> list[Task]:
         lost = super().abandon(task, now)
-        self._popped.discard(task.task_id)
+        self._popped.pop(task.task_id, None)
         job = self._unrun(task)  # a task that failed on its worker was running
         if job is not None:
             job.version += 1
@@ -269,38 +346,142 @@ class JobQueues(UserQueues):
         self._dirty = True
         return lost
 
+    def may_preempt_for(self, task: Task) -> bool:
+        """Never: a job-aware policy keeps fair shares by what it admits (each job's
+        ``A_k``), as the paper's YARN schedulers do; killing running work to place a
+        task costs the work lost and buys nothing the next completion does not."""
+        del task
+        return False
+
     def new_epoch(self) -> None:
         self._blocked.clear()
+        self._no_fit.clear()
+        self._fit_memo.clear()
+        self._scan = 0
+        self._misses = 0
 
     def failed(self, user: UserId) -> None:
         del user
+        self._misses += 1
 
     def placed(self, user: UserId) -> None:
         del user
+        self._misses = 0
 
     def has_work(self) -> bool:
         if self._dirty:
             self._replan()
-        return any(t.task_id not in self._blocked for t in self._plan)
+        if self._oversize:
+            return True
+        return self._misses < self.patience and self._next_ask() is not None
 
     def pop(self) -> Task | None:
         if self._dirty:
             self._replan()
-        for i, task in enumerate(self._plan):
-            if task.task_id in self._blocked:
-                continue
-            del self._plan[i]
+        while self._oversize:
+            task = self._oversize.pop()
+            if self._take_from_queue(task):
+                task.altruistic = False
+                self._popped[task.task_id] = None
+                return task
+        i = self._next_ask() if self._misses < self.patience else None
+        if i is None:
+            return None
+        ask = self._plan.pop(i)
+        task = ask.task
+        self._take_from_queue(task)
+        self._spend(ask)
+        task.altruistic = ask.altruistic
+        self._popped[task.task_id] = ask
+        return task
+
+    def _take_from_queue(self, task: Task) -> bool:
+        job = self.jobs.get(task.job_id)
+        return job is not None and job.queued.pop(task.task_id, None) is not None
+
+    def _next_ask(self) -> int | None:
+        """Index of the first ask that may be handed out now (stale asks are dropped)."""
+        plan = self._plan
+        i = self._scan
+        while i < len(plan):
+            ask = plan[i]
+            task = ask.task
             job = self.jobs.get(task.job_id)
-            if job is None or job.queued.pop(task.task_id, None) is None:
-                return self.pop()  # stale entry (removed meanwhile)
-            task.altruistic = task.task_id in self._alt
-            self._popped.add(task.task_id)
-            return task
+            if job is None or task.task_id not in job.queued:
+                del plan[i]  # dispatched, removed or abandoned meanwhile
+                continue
+            if (
+                task.task_id not in self._blocked
+                and not self._cannot_fit(task)
+                and self._affordable(ask)
+            ):
+                self._scan = i
+                return i
+            i += 1
+        self._scan = i
         return None
+
+    def _cannot_fit(self, task: Task) -> bool:
+        """A demand at least as large as one that found no node this epoch."""
+        key = (task.constraints, task.demand)
+        hit = self._fit_memo.get(key)
+        if hit is None:
+            d = task.demand
+            hit = self._fit_memo[key] = any(
+                all(x >= y for x, y in zip(d, f, strict=True))
+                for f in self._no_fit.get(task.constraints, ())
+            )
+        return hit
+
+    def _no_node_for(self, task: Task) -> None:
+        """``task`` found no node: keep the smallest such demands per constraint mask."""
+        d = task.demand
+        failed = self._no_fit.setdefault(task.constraints, [])
+        if any(all(x >= y for x, y in zip(d, f, strict=True)) for f in failed):
+            return
+        failed[:] = [f for f in failed if not all(x >= y for x, y in zip(f, d, strict=True))]
+        failed.append(d)
+        memo = self._fit_memo
+        for key in [k for k, v in memo.items() if not v and k[0] == task.constraints]:
+            memo[key] = all(x >= y for x, y in zip(key[1], d, strict=True))
+
+    def _affordable(self, ask: Ask) -> bool:
+        """Its budgets hold its demand (budgets only shrink between refunds: a demand
+        found too large stays too large until then)."""
+        d = ask.task.demand
+        short = self._short
+        if (None, d) in short:
+            return False
+        if not fits_in(d, self._room) and (self._spent or not self._idle):
+            short.add((None, d))
+            return False
+        if ask.job is None or ask.force:
+            return True
+        key = (ask.job, d)
+        if key in short:
+            return False
+        if fits_in(d, self._pools[ask.job]):
+            return True
+        short.add(key)
+        return False
+
+    def _spend(self, ask: Ask) -> None:
+        self._spent = True
+        take(self._room, ask.task.demand)
+        if ask.job is not None:
+            take(self._pools[ask.job], ask.task.demand)
+
+    def _refund(self, ask: Ask) -> None:
+        give(self._room, ask.task.demand)
+        pool = self._pools.get(ask.job) if ask.job is not None else None
+        if pool is not None:
+            give(pool, ask.task.demand)
+        self._short.clear()
+        self._scan = 0
 
     def on_dispatched(self, task: Task, now: float) -> None:
         self.now = max(self.now, now)
-        self._popped.discard(task.task_id)
+        self._popped.pop(task.task_id, None)
         job = self._job_for(task)
         job.queued.pop(task.task_id, None)
         job.version += 1
@@ -318,6 +499,7 @@ class JobQueues(UserQueues):
         job = self.jobs.get(task.job_id)
         if job is not None:
             job.version += 1
+            job.events += 1
         if job is None or job.running.pop(task.task_id, None) is None:
             return job
         job.stages[job.stage_of[task.task_id]].running -= 1
@@ -330,7 +512,7 @@ class JobQueues(UserQueues):
             st = job.stages[job.stage_of[task.task_id]]
             if task not in st.waiting:
                 st.waiting.append(task)
-        self._popped.add(task.task_id)
+        self._popped[task.task_id] = None
         self._dirty = True
 
     def on_finished(self, task: Task, now: float) -> None:
@@ -357,33 +539,53 @@ class JobQueues(UserQueues):
 
     def _replan(self) -> None:
         self._dirty = False
+        self._scan = 0
+        self._short.clear()
+        self._spent = False
         cap = self.capacity
         if not cap:
-            self._plan, self._alt = [], set()
+            self._plan, self._oversize, self._pools = [], [], {}
             return
         self.counters["plans"] += 1
-        plan, alt = self.plan(self.now, cap)
-        # never hand out more than the entitled capacity, whatever the policy
-        free = self.free(cap, self.jobs.values())
-        idle = not any(j.running for j in self.jobs.values())
         # a task no share or node could ever hold goes to the GM anyway: it either
         # fails there explicitly (infeasible) or runs on what is free beyond the share
-        oversize = [
-            t for j in self.jobs.values() for t in j.queued.values() if self._never_fits(t, cap)
-        ]
+        oversize = [t for j in self.jobs.values() for t in j.queued.values() if self._never_fits(t)]
+        self._oversize = oversize[::-1]
         big = {t.task_id for t in oversize}
-        rest = [t for t in plan if t.task_id not in big]
-        self._plan = oversize + admit(rest, free, force_first=idle and not oversize)
-        self._alt = alt
+        asks, self._pools = self.plan(self.now, cap)
+        self._plan = self._within_pools([a for a in asks if a.task.task_id not in big])
+        # never hand out more than the entitled capacity, whatever the policy
+        self._room = self.free(cap, self.jobs.values())
+        self._idle = not oversize and not any(j.running for j in self.jobs.values())
 
-    def _never_fits(self, task: Task, cap: Sequence[float]) -> bool:
-        if not fits_in(task.demand, cap):
-            return True
-        caps = self._node_caps
-        return bool(caps) and not any(fits_in(task.demand, c) for c in caps)
+    def _within_pools(self, asks: list[Ask]) -> list[Ask]:
+        """The asks that do not exceed their job's allocation, first fit in plan order
+        (a job's allocation only grows back when one of its own tasks finds no node)."""
+        left = {j: list(v) for j, v in self._pools.items()}
+        out: list[Ask] = []
+        for a in asks:
+            if a.job is not None:
+                room = left[a.job]
+                if not a.force and not fits_in(a.task.demand, room):
+                    continue
+                take(room, a.task.demand)
+            out.append(a)
+        return out
 
-    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
-        """The admitted tasks in order, and which of them are ALTRUISTIC."""
+    def _never_fits(self, task: Task) -> bool:
+        """No share (the entitled capacity) or node could ever hold ``task``."""
+        hit = self._oversize_memo.get(task.demand)
+        if hit is None:
+            d = task.demand
+            hit = not fits_in(d, self.capacity) or (
+                bool(self._node_caps) and not any(fits_in(d, c) for c in self._node_caps)
+            )
+            self._oversize_memo[d] = hit
+        return hit
+
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
+        """Every runnable task as an ask, in the order to hand them out, and each job's
+        budget (its allocation left) for the asks charged to it."""
         raise NotImplementedError
 
     def active(self) -> list[JobState]:

@@ -8,7 +8,8 @@ DEFAULT tasks of this plan.  It goes to ALTRUISTIC tasks (runnable, not needed n
   aligned with the leftover first (packing);
 * **packing first** (``carbyne-pack``): all candidates in packing order (Tetris).
 
-Either way a task is admitted only if it fits in what is left of the leftover.
+Either way the result is an order: a task runs on the leftover only if it fits in what
+is left of it when its turn comes.
 """
 
 from __future__ import annotations
@@ -18,23 +19,7 @@ from collections.abc import Sequence
 from common.model import Task
 from global_master.policy.jobs import JobState, admit
 from global_master.policy.packing import alignment, pack
-from global_master.policy.vectors import Vec, dominant
-
-
-def remaining_work(job: JobState, now: float, capacity: Sequence[float]) -> float:
-    """Work left (dominant share x seconds): SRTF's measure of a job."""
-    w = job.memo("waiting_work")
-    if w is None:
-        w = sum(
-            dominant(t.demand, capacity) * t.duration
-            for st in job.stages.values()
-            for t in st.waiting
-        )
-        job.cached["waiting_work"] = (job.version, w)
-    total = float(w)
-    for t, since in job.running.values():
-        total += dominant(t.demand, capacity) * max(0.0, since + t.duration - now)
-    return total
+from global_master.policy.vectors import Vec
 
 
 def schedule_leftover(
@@ -45,12 +30,14 @@ def schedule_leftover(
     *,
     packing_first: bool = False,
 ) -> list[Task]:
-    """The ALTRUISTIC tasks the leftover runs, in order; ``leftover`` is consumed."""
+    """Every candidate in the order the leftover goes to them (first fit in that order
+    is what the leftover runs); ``leftover`` is consumed by those that fit."""
     if packing_first:
         return pack([t for _, ts in candidates for t in ts], leftover, cap)
     out: list[Task] = []
-    ranked = sorted(candidates, key=lambda c: (remaining_work(c[0], now, cap), c[0].arrival))
+    ranked = sorted(candidates, key=lambda c: (c[0].remaining_work(now, cap), c[0].arrival))
     for _, ts in ranked:
         ordered = sorted(ts, key=lambda t: -alignment(t.demand, leftover, cap))
-        out.extend(admit(ordered, leftover))
+        admit(ordered, leftover)
+        out.extend(ordered)
     return out

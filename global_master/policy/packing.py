@@ -5,7 +5,9 @@
 * ``pack``: greedy packing of tasks into a room, repeatedly the fitting task best
   aligned with what is still free.
 * ``packing_node``: the node choice of the packing policies (Tetris, Carbyne).
-* ``TetrisQueues``: every runnable task, in packing order; no fairness.
+* ``TetrisQueues``: Tetris with its fairness knob ``f`` at zero: every runnable task of
+  every job competes, in packing order; no fairness, so no task is ever a reason to
+  preempt.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from common.ids import TaskId
+from common.ids import JobId
 from common.model import Resources, Task
-from global_master.policy.jobs import JobQueues
+from global_master.policy.jobs import Ask, JobQueues
 from global_master.policy.vectors import Vec, fits_in, take
 
 if TYPE_CHECKING:
@@ -28,9 +30,9 @@ def alignment(demand: Sequence[float], free: Sequence[float], capacity: Sequence
 
 
 def pack(tasks: list[Task], free: Vec, cap: Sequence[float]) -> list[Task]:
-    """Greedy packing: repeatedly a fitting task best aligned with what is free
-    (tasks with equal demands score alike: one candidate per distinct demand);
-    ``free`` is consumed."""
+    """Packing order: repeatedly the fitting task best aligned with what is still free
+    (tasks with equal demands score alike: one candidate per distinct demand), then
+    the tasks that did not fit, in their original order; ``free`` is consumed."""
     groups: dict[Resources, list[Task]] = {}
     for t in tasks:
         groups.setdefault(t.demand, []).append(t)
@@ -47,7 +49,8 @@ def pack(tasks: list[Task], free: Vec, cap: Sequence[float]) -> list[Task]:
         if not g:
             del groups[best]
         take(free, best)
-    return out
+    packed = {t.task_id for t in out}
+    return out + [t for t in tasks if t.task_id not in packed]
 
 
 def packing_node(view: LmView, eligible: Any, demand: Resources) -> int:
@@ -64,7 +67,8 @@ def packing_node(view: LmView, eligible: Any, demand: Resources) -> int:
 
 
 class TetrisQueues(JobQueues):
-    """Packing: runnable tasks by alignment with the free resources; no fairness."""
+    """Tetris with its fairness knob at zero: every runnable task competes, in packing
+    order; no fairness."""
 
     name = "tetris"
 
@@ -72,8 +76,8 @@ class TetrisQueues(JobQueues):
         super().__init__(*args, **kwargs)
         self.choose_node = packing_node
 
-    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         jobs = self.active()
-        free = self.free(cap, jobs)
         tasks = [t for j in jobs for t in j.queued.values()]
-        return pack(tasks, free, cap), set()
+        # no fairness (knob f = 0): no task has a share behind it
+        return [Ask(t, altruistic=True) for t in pack(tasks, self.free(cap, jobs), cap)], {}

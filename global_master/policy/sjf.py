@@ -8,9 +8,9 @@ no fairness.
 
 from __future__ import annotations
 
-from common.ids import TaskId
-from common.model import Task
-from global_master.policy.jobs import JobQueues, admit
+from common.ids import JobId
+from global_master.policy.jobs import Ask, JobQueues
+from global_master.policy.vectors import Vec
 
 
 class SjfQueues(JobQueues):
@@ -18,10 +18,7 @@ class SjfQueues(JobQueues):
 
     name = "sjf"
 
-    def plan(self, now: float, cap: list[float]) -> tuple[list[Task], set[TaskId]]:
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         jobs = sorted(self.active(), key=lambda j: (j.critical_path(now), j.arrival, j.job_id))
-        free = self.free(cap, jobs)
-        out: list[Task] = []
-        for j in jobs:
-            out.extend(admit(j.breadth_first(), free))
-        return out, set()
+        # no fairness: no task has a share behind it
+        return [Ask(t, altruistic=True) for j in jobs for t in j.breadth_first()], {}

@@ -21,6 +21,7 @@ from global_master.policy import (
 from global_master.policy.altruism import forward_pack, must_start
 from global_master.policy.drf import drf_allocation
 from global_master.policy.jobs import StageState
+from request_generator.dag_workload import carbyne_fig2_jobs
 
 A, B = UserId("A"), UserId("B")
 
@@ -37,18 +38,7 @@ def _drain(q: JobQueues) -> list[Task]:
 
 
 def _fig2() -> tuple[DagJob, DagJob]:
-    """Carbyne Fig. 2 (issue 4): one resource of 100 units, both jobs at t = 0."""
-    j1 = make_job(
-        "J1",
-        "u1",
-        0.0,
-        [
-            (0, [((4,), 1.0)] * 2, []),
-            (1, [((21,), 1.0)] * 3, []),
-            (2, [((10,), 0.1)], [0, 1]),
-        ],
-    )
-    j2 = make_job("J2", "u2", 0.0, [(0, [((29,), 1.0)] * 2, [])])
+    j1, j2 = carbyne_fig2_jobs()
     return j1, j2
 
 
@@ -166,6 +156,73 @@ def test_a_task_that_could_not_be_placed_waits_for_a_new_epoch() -> None:
     assert not q.has_work()
     q.new_epoch()
     assert q.pop() is t
+
+
+def test_a_task_that_found_no_node_gives_its_room_to_the_next_ones() -> None:
+    """Fragmented nodes: the plan's room is 10; a task of 8 is handed out first, finds
+    no node and comes back.  Its room goes to the task of 4 that did not fit beside it,
+    and a task at least as large as 8 is not tried again until the view changes."""
+    q = SjfQueues([A], capacity=(10,))
+    big = Task(TaskId("big"), JobId("j1"), A, (8,), 1.0)
+    bigger = Task(TaskId("bigger"), JobId("j2"), A, (9,), 1.0)
+    small = Task(TaskId("small"), JobId("j3"), A, (4,), 1.0)
+    for t in (big, bigger, small):
+        q.push_back(t)
+    assert q.pop() is big
+    q.push_back(big)  # the GM found no node for it
+    assert q.pop() is small
+    assert q.pop() is None
+    q.on_dispatched(small, 0.0)
+    q.on_finished(small, 1.0)
+    q.new_epoch()
+    assert q.pop() is big
+
+
+def test_policies_without_fairness_hand_out_altruistic_tasks() -> None:
+    """Tetris (knob f = 0), SJF and DRF's work-conserving extras claim no share: the GM
+    never preempts for them.  Strict DRF's tasks are within their job's share."""
+    handed: dict[str, list[Task]] = {}
+    for name, q in (
+        ("tetris", TetrisQueues([A, B], capacity=(10,))),
+        ("sjf", SjfQueues([A, B], capacity=(10,))),
+        ("drf", DrfQueues([A, B], capacity=(10,))),
+        ("drf-wc", DrfQueues([A, B], capacity=(10,), work_conserving=True)),
+    ):
+        for t in _tasks("A", (3,), 4, "ja") + _tasks("B", (3,), 2, "jb"):
+            q.push_back(t)
+        handed[name] = _drain(q)
+        assert all(not q.may_preempt_for(t) for t in handed[name])
+    assert all(t.altruistic for t in handed["tetris"] + handed["sjf"])
+    assert not any(t.altruistic for t in handed["drf"])
+    # each job's share is 5: one task of 3 each within it, one more beyond a share
+    assert len(handed["drf"]) == 2
+    assert sum(t.altruistic for t in handed["drf-wc"]) == 1
+
+
+def test_the_gm_tells_the_policy_its_cluster_and_the_policy_never_reads_the_gm() -> None:
+    from common.model import UserConfig
+    from global_master.core import GlobalMaster
+    from global_master.policy import make_policy
+    from tests.conftest import make_lm, sync_views
+
+    users = [UserConfig(A, GmId("gm0"), 0.25), UserConfig(B, GmId("gm1"), 0.75)]
+    queues = make_policy("carbyne", users)(GmId("gm0"), [A])
+    gm = GlobalMaster(GmId("gm0"), [LmId("lm0")], users, queues=queues)
+    assert isinstance(queues, JobQueues)
+    assert queues.capacity == []  # nothing known before the first snapshot
+    lm = make_lm()
+    sync_views(gm, lm)
+    total = [sum(c[r] for c in lm.capacity) for r in range(2)]
+    assert queues.capacity == pytest.approx([0.25 * x for x in total])
+    assert not any(v is gm for v in vars(queues).values())
+
+
+def test_a_task_larger_than_the_allocation_time_shares_it() -> None:
+    """Forward packing within a share smaller than the task: it runs alone, for as long
+    as the share takes to hold it (half the task: twice its duration)."""
+    job = make_job("j", "A", 0.0, [(0, [((10,), 1.0)], []), (1, [((5,), 1.0)], [0])])
+    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in job.stages}
+    assert forward_pack(0.0, (5,), (100,), stages, []) == pytest.approx(3.0)
 
 
 def test_sjf_prefers_the_job_with_the_shortest_critical_path() -> None:

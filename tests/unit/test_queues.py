@@ -82,3 +82,11 @@ def test_membership_is_by_user() -> None:
     q = UserQueues([A])
     assert A in q
     assert B not in q
+
+
+def test_fifo_queues_let_the_gm_preempt_for_default_tasks_only() -> None:
+    q = UserQueues([A])
+    t = make_task(user="a")
+    assert q.may_preempt_for(t)
+    t.altruistic = True
+    assert not q.may_preempt_for(t)
