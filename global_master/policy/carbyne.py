@@ -4,8 +4,10 @@ At every plan (job arrival, task completion, a task coming back):
 
 1. **inter-job**: weighted DRF gives each job its allocation ``A_k`` (``drf``);
 2. **intra-job**: forward packing within ``A_k`` gives ``T_k``, reverse packing from
-   ``T_k`` the runnable tasks that must start now -- DEFAULT, admitted within ``A_k``;
-   every other runnable task is ALTRUISTIC (``altruism``);
+   ``T_k`` the runnable tasks that must start now -- DEFAULT, admitted within ``A_k``
+   and served least remaining work first (where the DEFAULT asks of all jobs exceed
+   what is free, those of the jobs closest to completion run: the RM's JCT heuristic,
+   seed §4.2); every other runnable task is ALTRUISTIC (``altruism``);
 3. **leftover**: the entitled capacity minus what runs minus the DEFAULT tasks goes
    to ALTRUISTIC tasks, SRTF or packing first (``leftover``).
 
@@ -92,19 +94,21 @@ class CarbyneQueues(JobQueues):
         allocs = job_allocations(jobs, cap, self.shares)
         pools: dict[JobId, Vec] = {}
         leftover = self.free(cap, jobs)
-        defaults: list[list[Ask]] = []
+        urgent: list[tuple[float, float, list[Ask]]] = []  # altruistic jobs' DEFAULT asks
+        fair: list[list[Ask]] = []  # the asks of jobs not altruistic this time: DRF's
         candidates: list[tuple[JobState, list[Task]]] = []
         for j, a in zip(jobs, allocs, strict=True):
             room = room_left(j, a)
             pools[j.job_id] = list(room)
             altruistic = self._is_altruistic()
             tasks = self._must_start_now(j, a, now, cap) if altruistic else j.breadth_first()
-            defaults.append(job_asks(j, tasks))
             chosen = admit(tasks, room, force_first=not j.running)
             for t in chosen:
                 take(leftover, t.demand)
             if not altruistic:
+                fair.append(job_asks(j, tasks))
                 continue
+            urgent.append((j.remaining_work(now, cap), j.arrival, job_asks(j, tasks)))
             self.last_yield[j.job_id] = [max(0.0, x) for x in room]
             rate += dominant(self.last_yield[j.job_id], cap)
             picked = {t.task_id for t in chosen}
@@ -116,4 +120,8 @@ class CarbyneQueues(JobQueues):
         alt = schedule_leftover(
             candidates, list(self.last_leftover), cap, now, packing_first=self.packing_first
         )
-        return round_robin(defaults) + [Ask(t, altruistic=True) for t in alt], pools
+        # DEFAULT asks first, least remaining work first: where they cannot all run,
+        # those of the jobs closest to completion do (the RM's JCT heuristic, seed §4.2)
+        urgent.sort(key=lambda u: (u[0], u[1]))
+        defaults = [a for _, _, asks in urgent for a in asks] + round_robin(fair)
+        return defaults + [Ask(t, altruistic=True) for t in alt], pools
