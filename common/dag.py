@@ -131,6 +131,24 @@ def children_of(parents: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
     return children
 
 
+def finish_times(
+    parents: Mapping[int, Iterable[int]],
+    length: Mapping[int, float],
+    *,
+    start: float = 0.0,
+    not_before: Mapping[int, float] | None = None,
+) -> dict[int, float]:
+    """The critical path method: when each stage ends if it starts as soon as its
+    parents end (never before ``start``, nor ends before ``not_before[stage]``) and
+    takes ``length[stage]``."""
+    finish: dict[int, float] = {}
+    floor = not_before or {}
+    for s in topological_order(parents):
+        begin = max((finish[p] for p in parents[s] if p in finish), default=start)
+        finish[s] = max(begin + length[s], floor.get(s, start))
+    return finish
+
+
 def longest_path(
     parents: Mapping[int, Iterable[int]],
     length: Mapping[int, float],
@@ -138,15 +156,16 @@ def longest_path(
     start: float = 0.0,
     not_before: Mapping[int, float] | None = None,
 ) -> float:
-    """The critical path method: when the last stage ends if every stage starts as soon
-    as its parents end (never before ``start``, nor ends before ``not_before[stage]``)
-    and takes ``length[stage]``.  Returns the absolute end time (``start`` if empty)."""
-    finish: dict[int, float] = {}
-    floor = not_before or {}
-    for s in topological_order(parents):
-        begin = max((finish[p] for p in parents[s] if p in finish), default=start)
-        finish[s] = max(begin + length[s], floor.get(s, start))
+    """When the last stage ends (``finish_times``); ``start`` if there is none."""
+    finish = finish_times(parents, length, start=start, not_before=not_before)
     return max(finish.values(), default=start)
+
+
+def levels(parents: Mapping[int, Iterable[int]]) -> dict[int, int]:
+    """Each stage's depth: 0 for a root, else one more than its deepest parent (the
+    order of a breadth-first walk, as Tez's default scheduler takes stages)."""
+    one = dict.fromkeys(parents, 1.0)
+    return {s: round(f) - 1 for s, f in finish_times(parents, one).items()}
 
 
 def task_id(job_id: str, stage_id: int, i: int) -> TaskId:

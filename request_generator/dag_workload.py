@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.dag import DagJob, make_job
+from common.dag import DagJob, levels, make_job
 from common.errors import ConfigError
 from common.model import Resources, UserConfig
 
@@ -144,12 +144,9 @@ def dag_stats(jobs: Sequence[DagJob]) -> dict[str, float]:
 
     stages, barriers, depths, tasks = [], [], [], []
     for j in jobs:
-        depth: dict[int, int] = {}
-        for s in j.stages:
-            depth[s.stage_id] = 1 + max((depth[p] for p in s.parents), default=0)
         stages.append(len(j.stages))
         barriers.append(sum(1 for s in j.stages if len(s.parents) > 1))
-        depths.append(max(depth.values()))
+        depths.append(1 + max(levels({s.stage_id: s.parents for s in j.stages}).values()))
         tasks.append(len(j.tasks))
     return {
         "stages_p50": pct(stages, 0.5),

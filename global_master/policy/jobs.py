@@ -12,18 +12,21 @@ Theory of operation (seed ``carbyne-paper.txt`` §3; SPEC §2 "Carbyne"):
   (``on_dispatched``, ``on_finished``, ``on_returned``, ``abandon``).
 * Per job (``JobState``) the queues own: the DAG's stages not yet finished (their
   waiting tasks and how many run), the runnable (queued) tasks, the running tasks
-  and since when.  ``version`` is bumped on every change and keys cached results.
+  and since when.
 * At each scheduling event -- job arrival, task completion, a task coming back --
   the queues are *dirty* and the next ``pop`` builds a **plan**: every runnable task
   as an ``Ask``, in the policy's order, with the budgets it spends -- what the entitled
   capacity has free and, for a task within its job's fair share, the job's
   allocation ``A_k`` left.  ``pop`` hands out the first ask its budgets afford, so the
-  plan is work conserving within what the policy allows.
+  plan is work conserving within what the policy allows.  ``version`` and ``events``
+  (``JobState``) say which cached results still hold.
 * A task the GM could not place (no node fits it in the GM's view) gets its budgets
   back and is *blocked* until the view changes (``new_epoch``); until then so is every
   task with the same constraints and a demand at least as large (it cannot fit
   either).  The budgets it gave back go to the next asks: a large task stuck on
-  fragmented nodes never holds the room that smaller ones could use.
+  fragmented nodes never holds the room that smaller ones could use.  As plain FIFO
+  queues park, ``patience`` such misses in a row end the plan's turn until the view
+  changes (each miss costs the GM a decision; the next completion changes the view).
 * An ask with no fair share behind it (Carbyne's ALTRUISTIC tasks, the tasks of
   policies without fairness, work-conserving extras) is handed out as ``altruistic``:
   it uses only what is free, so the GM never preempts for it.
@@ -39,7 +42,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.dag import DagJob, DagProgress, longest_path, topological_order
+from common.dag import DagJob, DagProgress, levels, longest_path
 from common.ids import JobId, TaskId, UserId
 from common.model import Resources, Task
 from global_master.policy.vectors import Vec, dominant, fits_in, give, take
@@ -82,6 +85,8 @@ class JobState:
     packed: tuple[tuple[int, tuple[int, ...]], list[tuple[float, Task]]] | None = None
     """Carbyne's last reverse packing, keyed by (events, allocation)."""
     cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    level: dict[int, int] = field(default_factory=dict)
+    """Each stage's depth in the whole DAG (0: a root)."""
 
     def memo(self, name: str) -> Any:
         """A value cached under ``name`` at the current version, or None."""
@@ -135,11 +140,14 @@ class JobState:
         ]
 
     def breadth_first(self) -> list[Task]:
-        """Runnable tasks in the DAG's topological order of their stages."""
-        order = {s: k for k, s in enumerate(topological_order(self.parents()))}
-        return sorted(
-            self.queued.values(), key=lambda t: (order.get(self.stage_of[t.task_id], 0), t.task_id)
-        )
+        """Runnable tasks, shallowest stage of the DAG first (Tez's default order)."""
+        level, stage_of = self.level, self.stage_of
+
+        def key(t: Task) -> tuple[int, int, TaskId]:
+            s = stage_of[t.task_id]
+            return (level.get(s, 0), s, t.task_id)
+
+        return sorted(self.queued.values(), key=key)
 
 
 @dataclass(slots=True)
@@ -286,6 +294,7 @@ class JobQueues(UserQueues):
         self.now = max(self.now, now)
         progress = DagProgress(job)
         state = JobState(job.job_id, job.user, now, progress)
+        state.level = levels({s.stage_id: s.parents for s in job.stages})
         for s in job.stages:
             state.stages[s.stage_id] = StageState(s.parents, list(s.tasks), 0)
             for t in s.tasks:
