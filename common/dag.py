@@ -76,10 +76,11 @@ class DagJob:
 
     def critical_path(self) -> float:
         """Length of the longest chain of stage durations (each stage: its longest task)."""
-        return longest_path(
+        finish = finish_times(
             {s.stage_id: s.parents for s in self.stages},
             {s.stage_id: max((t.duration for t in s.tasks), default=0.0) for s in self.stages},
         )
+        return max(finish.values(), default=0.0)
 
 
 # ------------------------------------------------------------- graph helpers
@@ -147,18 +148,6 @@ def finish_times(
         begin = max((finish[p] for p in parents[s] if p in finish), default=start)
         finish[s] = max(begin + length[s], floor.get(s, start))
     return finish
-
-
-def longest_path(
-    parents: Mapping[int, Iterable[int]],
-    length: Mapping[int, float],
-    *,
-    start: float = 0.0,
-    not_before: Mapping[int, float] | None = None,
-) -> float:
-    """When the last stage ends (``finish_times``); ``start`` if there is none."""
-    finish = finish_times(parents, length, start=start, not_before=not_before)
-    return max(finish.values(), default=start)
 
 
 def levels(parents: Mapping[int, Iterable[int]]) -> dict[int, int]:

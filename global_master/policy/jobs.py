@@ -42,7 +42,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.dag import DagJob, DagProgress, levels, longest_path
+from common.dag import DagJob, DagProgress, finish_times, levels
 from common.ids import JobId, TaskId, UserId
 from common.model import Resources, Task
 from global_master.policy.vectors import Vec, dominant, fits_in, give, take
@@ -131,7 +131,8 @@ class JobState:
         length = {
             s: max((t.duration for t in st.waiting), default=0.0) for s, st in self.stages.items()
         }
-        return longest_path(self.parents(), length, start=now, not_before=ends) - now
+        finish = finish_times(self.parents(), length, start=now, not_before=ends)
+        return max(finish.values(), default=now) - now
 
     def running_list(self) -> list[Running]:
         return [

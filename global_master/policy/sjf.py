@@ -1,7 +1,7 @@
 """Shortest job first (Carbyne's JCT upper bound, seed §5.1).
 
 Jobs in the order of their remaining critical path (the critical path method,
-``common.dag.longest_path``), shortest first, ties by arrival; within a job its
+``common.dag.finish_times``), shortest first, ties by arrival; within a job its
 runnable tasks breadth-first.  Tasks are admitted while they fit in what is free:
 no fairness.
 """

@@ -210,13 +210,14 @@ def test_topological_order_is_stable_and_names_a_stage_on_a_cycle() -> None:
     assert err.value.stage in (0, 1, 2)
 
 
-def test_longest_path_is_the_critical_path_method() -> None:
-    from common.dag import longest_path
+def test_finish_times_are_the_critical_path_method() -> None:
+    from common.dag import finish_times, levels
 
     parents = {0: (), 1: (), 2: (0, 1)}
-    assert longest_path(parents, {0: 1.0, 1: 3.0, 2: 0.5}) == pytest.approx(3.5)
+    assert finish_times(parents, {0: 1.0, 1: 3.0, 2: 0.5}) == pytest.approx(
+        {0: 1.0, 1: 3.0, 2: 3.5}
+    )
     # from now on, with stage 1 still running until 12
-    assert longest_path(
-        parents, {0: 1.0, 1: 0.0, 2: 0.5}, start=10.0, not_before={1: 12.0}
-    ) == pytest.approx(12.5)
-    assert longest_path({}, {}, start=7.0) == 7.0
+    later = finish_times(parents, {0: 1.0, 1: 0.0, 2: 0.5}, start=10.0, not_before={1: 12.0})
+    assert later[2] == pytest.approx(12.5)
+    assert levels({0: (), 1: (0,), 2: (0, 1), 3: ()}) == {0: 0, 1: 1, 2: 2, 3: 0}
