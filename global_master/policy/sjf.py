@@ -2,8 +2,8 @@
 
 Jobs in the order of their remaining critical path (the critical path method,
 ``common.dag.finish_times``), shortest first, ties by arrival; within a job its
-runnable tasks breadth-first.  Tasks are admitted while they fit in what is free:
-no fairness.
+runnable tasks breadth-first.  Every runnable task is an ask against what is free
+(work conserving); no fairness, so every task is ALTRUISTIC: never a reason to preempt.
 """
 
 from __future__ import annotations
