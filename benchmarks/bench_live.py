@@ -60,7 +60,7 @@ def _step(cfg: FederationConfig, out: Path, label: str, **kw: Any) -> dict[str, 
 
 def sustained(row: dict[str, Any]) -> bool:
     """Kept up: every task placed, throughput within 10% of the offered rate, p99 < 1 s."""
-    return (
+    return bool(
         row["lost_tasks"] == 0
         and row["throughput_tasks_per_s"] >= 0.9 * row["offered_tasks_per_s"]
         and row["allocation_s"]["p99"] < 1.0

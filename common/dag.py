@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,11 +76,85 @@ class DagJob:
 
     def critical_path(self) -> float:
         """Length of the longest chain of stage durations (each stage: its longest task)."""
-        finish: dict[int, float] = {}
-        for s in self.stages:
-            start = max((finish[p] for p in s.parents), default=0.0)
-            finish[s.stage_id] = start + max((t.duration for t in s.tasks), default=0.0)
+        finish = finish_times(
+            {s.stage_id: s.parents for s in self.stages},
+            {s.stage_id: max((t.duration for t in s.tasks), default=0.0) for s in self.stages},
+        )
         return max(finish.values(), default=0.0)
+
+
+# ------------------------------------------------------------- graph helpers
+class CycleError(ValueError):
+    """The stages' dependencies form a cycle through ``stage``."""
+
+    def __init__(self, stage: int) -> None:
+        super().__init__(f"stages form a cycle through stage {stage}")
+        self.stage = stage
+
+
+def topological_order(parents: Mapping[int, Iterable[int]]) -> list[int]:
+    """Stage ids with every stage after its parents; ``CycleError`` on a cycle.
+
+    Parents that are not keys of ``parents`` are ignored (a job's finished stages).
+    Stable: stages already in a topological order come back in that order, parents
+    are visited in the order they are listed.
+    """
+    order: list[int] = []
+    state: dict[int, int] = {}  # 1 = visiting, 2 = done
+    for root in parents:
+        if state.get(root) == 2:
+            continue
+        # iterative DFS: job files may hold long chains
+        state[root] = 1
+        stack: list[tuple[int, Iterator[int]]] = [(root, iter(parents[root]))]
+        while stack:
+            cur, todo = stack[-1]
+            nxt = next((p for p in todo if p in parents and state.get(p) != 2), None)
+            if nxt is None:
+                stack.pop()
+                state[cur] = 2
+                order.append(cur)
+            elif state.get(nxt) == 1:
+                raise CycleError(nxt)
+            else:
+                state[nxt] = 1
+                stack.append((nxt, iter(parents[nxt])))
+    return order
+
+
+def children_of(parents: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
+    """The inverse of ``parents`` (restricted to its keys): stage -> stages waiting on it."""
+    children: dict[int, list[int]] = {}
+    for s, ps in parents.items():
+        for p in ps:
+            if p in parents:
+                children.setdefault(p, []).append(s)
+    return children
+
+
+def finish_times(
+    parents: Mapping[int, Iterable[int]],
+    length: Mapping[int, float],
+    *,
+    start: float = 0.0,
+    not_before: Mapping[int, float] | None = None,
+) -> dict[int, float]:
+    """The critical path method: when each stage ends if it starts as soon as its
+    parents end (never before ``start``, nor ends before ``not_before[stage]``) and
+    takes ``length[stage]``."""
+    finish: dict[int, float] = {}
+    floor = not_before or {}
+    for s in topological_order(parents):
+        begin = max((finish[p] for p in parents[s] if p in finish), default=start)
+        finish[s] = max(begin + length[s], floor.get(s, start))
+    return finish
+
+
+def levels(parents: Mapping[int, Iterable[int]]) -> dict[int, int]:
+    """Each stage's depth: 0 for a root, else one more than its deepest parent (the
+    order of a breadth-first walk, as Tez's default scheduler takes stages)."""
+    one = dict.fromkeys(parents, 1.0)
+    return {s: round(f) - 1 for s, f in finish_times(parents, one).items()}
 
 
 def task_id(job_id: str, stage_id: int, i: int) -> TaskId:
@@ -144,36 +218,11 @@ def _topological(job_id: str, stages: list[Stage]) -> list[Stage]:
                 raise ConfigError(
                     f"job {job_id}: stage {s.stage_id} depends on itself", reason="bad_dag"
                 )
-    order: list[Stage] = []
-    state: dict[int, int] = {}  # 1 = visiting, 2 = done
-
-    def visit(s: Stage) -> None:
-        # iterative DFS: job files may hold long chains
-        stack: list[tuple[Stage, int]] = [(s, 0)]
-        while stack:
-            cur, k = stack.pop()
-            if k == 0:
-                if state.get(cur.stage_id) == 2:
-                    continue
-                state[cur.stage_id] = 1
-            if k < len(cur.parents):
-                stack.append((cur, k + 1))
-                p = by_id[cur.parents[k]]
-                st = state.get(p.stage_id)
-                if st == 1:
-                    raise ConfigError(
-                        f"job {job_id}: stages form a cycle through stage {p.stage_id}",
-                        reason="bad_dag",
-                    )
-                if st is None:
-                    stack.append((p, 0))
-                continue
-            state[cur.stage_id] = 2
-            order.append(cur)
-
-    for s in stages:
-        visit(s)
-    return order
+    try:
+        order = topological_order({s.stage_id: s.parents for s in stages})
+    except CycleError as exc:
+        raise ConfigError(f"job {job_id}: {exc}", reason="bad_dag") from None
+    return [by_id[s] for s in order]
 
 
 class DagProgress:

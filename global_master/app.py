@@ -48,8 +48,8 @@ from common.messages import (
 )
 from common.metrics import percentiles
 from common.model import WaitReason
-from global_master.carbyne import make_policy
 from global_master.core import AdmissionLimits, GlobalMaster
+from global_master.policy import make_policy
 from runtime import broker as amqp
 from runtime.dedup import Dedup
 from runtime.driver import Batcher, CoreDriver

@@ -145,7 +145,6 @@ class GlobalMaster:
         self.users: dict[UserId, UserConfig] = {u.user: u for u in users}
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
-        self.queues.bind(self)
         self.limits = limits or AdmissionLimits()
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskKey, InFlight] = {}
@@ -599,7 +598,7 @@ class GlobalMaster:
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
-        req = None if task.altruistic else self._preemption(task)
+        req = self._preemption(task) if self.queues.may_preempt_for(task) else None
         if req is not None:
             self._send_preemption(task, req, now, effects)
             return

@@ -8,7 +8,8 @@ until the view changes again (a new epoch); a GM whose queues are all parked or
 empty has no work.  This is the only departure from the paper's busy loop, and it
 changes no placement: a parked queue's tasks could not have been placed either.
 
-``QueuePolicy`` is the seam Carbyne plugs into (global_master/carbyne.py).
+``UserQueues`` is the seam the job-aware policies plug into (``global_master.policy``):
+the GM calls these methods, never the other way round.
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ class UserQueues:
         return None
 
     # Hooks for policies that track jobs (Carbyne); plain FIFO queues need none.
-    def bind(self, gm: object) -> None:
-        """Called once by the GM that owns these queues (read-only access to its views)."""
+    def may_preempt_for(self, task: Task) -> bool:
+        """May the GM preempt other users' tasks to place ``task`` (fairness, Alg. 2)?
+        FIFO queues: unless the task is ALTRUISTIC (it uses only what is free)."""
+        return not task.altruistic
 
     def set_cluster(self, capacity: Sequence[int], node_capacities: Collection[Resources]) -> None:
         """The federation's total capacity and its distinct node capacities (the GM calls

@@ -119,6 +119,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(fifo, drf, drf-wc, tetris, sjf, carbyne, carbyne-pack)",
     )
     dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
+    dag.add_argument(
+        "--arrivals",
+        choices=("online", "offline"),
+        default="online",
+        help="DAG workloads: online = each job at its arrival time; "
+        "offline = every job at time 0 (the Carbyne paper's offline case)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="results/simulate", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.dag import DagJob, make_job
+from common.dag import DagJob, levels, make_job
 from common.errors import ConfigError
 from common.model import Resources, UserConfig
 
@@ -115,6 +115,24 @@ def synthetic_dag_jobs(
     return jobs
 
 
+def carbyne_fig2_jobs() -> list[DagJob]:
+    """The Carbyne paper's Fig. 2: two jobs on one resource (1.0 = 100 units), both at
+    time 0.  J1: S0 (2 tasks of 0.04), S1 (3 of 0.21), S2 (1 of 0.10, 0.1 s) after both;
+    J2: S0 (2 tasks of 0.29).  Average JCT 2.05 under DRF, 1.55 with altruism."""
+    j1 = make_job(
+        "J1",
+        "u1",
+        0.0,
+        [
+            (0, [((4,), 1.0)] * 2, []),
+            (1, [((21,), 1.0)] * 3, []),
+            (2, [((10,), 0.1)], [0, 1]),
+        ],
+    )
+    j2 = make_job("J2", "u2", 0.0, [(0, [((29,), 1.0)] * 2, [])])
+    return [j1, j2]
+
+
 def dag_stats(jobs: Sequence[DagJob]) -> dict[str, float]:
     """Median / p95 of stages, barriers and critical path (in stages) of ``jobs``."""
 
@@ -126,12 +144,9 @@ def dag_stats(jobs: Sequence[DagJob]) -> dict[str, float]:
 
     stages, barriers, depths, tasks = [], [], [], []
     for j in jobs:
-        depth: dict[int, int] = {}
-        for s in j.stages:
-            depth[s.stage_id] = 1 + max((depth[p] for p in s.parents), default=0)
         stages.append(len(j.stages))
         barriers.append(sum(1 for s in j.stages if len(s.parents) > 1))
-        depths.append(max(depth.values()))
+        depths.append(1 + max(levels({s.stage_id: s.parents for s in j.stages}).values()))
         tasks.append(len(j.tasks))
     return {
         "stages_p50": pct(stages, 0.5),

@@ -1,10 +1,15 @@
 """DAG workloads under several queue policies, side by side (Carbyne, issue 4).
 
 Each policy runs the same jobs (fresh copies) through ``MeghaSimulation``: the same
-GM and LM cores, only the GM's ``UserQueues`` differ (``global_master.carbyne``).
+GM and LM cores, only the GM's ``UserQueues`` differ (``global_master.policy``).
 Per policy: job completion times, makespan, Jain's fairness index over 60-s windows,
 leftover yielded and reused, the allocation-time figures, and a PNG of each user's
 dominant share over time against its configured share.
+
+Arrivals are **online** (each job at its arrival time) or **offline** (every job at
+time 0, the paper's Fig. 4 setting).  ``versus_best`` puts each policy against the
+best policy in each metric -- the paper's framing of Figures 4 and 5: DRF is the
+fairness reference, SJF the JCT one, Tetris the makespan one.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
 from common.metrics import summarize_tasks
 from common.model import NodeSpec, UserConfig
-from global_master.carbyne import POLICIES, JobQueues, make_policy
+from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
 
 JAIN_WINDOW_S = 60.0
+ARRIVALS = ("offline", "online")
 DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
 """Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's)."""
 
@@ -118,6 +124,59 @@ def plot_shares(path: Path, result: SimResult, users: Sequence[UserConfig], titl
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def with_arrivals(jobs: Sequence[DagJob], arrivals: str) -> list[DagJob]:
+    """Fresh copies of ``jobs``; offline: every job arrives at time 0."""
+    if arrivals not in ARRIVALS:
+        raise ConfigError(
+            f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}",
+            reason="bad_workload",
+        )
+    out = copy.deepcopy(list(jobs))
+    if arrivals == "offline":
+        for j in out:
+            j.arrival = 0.0
+    return out
+
+
+def versus_best(schedulers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each policy against the best policy in each metric: average JCT and makespan as
+    a factor of the lowest (1.0 = the best), Jain's index as the gap to the highest."""
+    if not schedulers:
+        return {}
+    jct = {p: s["jct_s"]["mean"] for p, s in schedulers.items()}
+    span = {p: s["makespan_s"] for p, s in schedulers.items()}
+    fair = {p: s["jain"]["mean"] for p, s in schedulers.items()}
+    best_jct, best_span, best_fair = min(jct.values()), min(span.values()), max(fair.values())
+    return {
+        p: {
+            "jct_vs_best": jct[p] / best_jct if best_jct > 0 else 1.0,
+            "makespan_vs_best": span[p] / best_span if best_span > 0 else 1.0,
+            "jain_below_best": best_fair - fair[p],
+        }
+        for p in schedulers
+    }
+
+
+def format_versus_best(modes: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """The paper's Figure 4/5 table in markdown: per arrival mode and policy, average
+    JCT, makespan and Jain's index, each beside the factor to the best policy."""
+    rows = [
+        "| arrivals | policy | avg JCT (s) | vs best | makespan (s) | vs best "
+        "| Jain (mean) | below best |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, schedulers in modes.items():
+        rel = versus_best(schedulers)
+        for p, s in schedulers.items():
+            r = rel[p]
+            rows.append(
+                f"| {mode} | {p} | {s['jct_s']['mean']:,.1f} | {r['jct_vs_best']:.2f}x "
+                f"| {s['makespan_s']:,.1f} | {r['makespan_vs_best']:.2f}x "
+                f"| {s['jain']['mean']:.3f} | {r['jain_below_best']:.3f} |"
+            )
+    return "\n".join(rows)
 
 
 def run_policies(
@@ -219,6 +278,8 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
             j.arrival *= args.time_scale
             for t in j.tasks:
                 t.spec = replace(t.spec, duration=t.spec.duration * args.duration_scale)
+    arrivals: str = args.arrivals
+    jobs = with_arrivals(jobs, arrivals)
     clusters = _clusters_for(args, width, gm_ids, rng)
     cfg = SimConfig(
         network_delay_s=args.network_delay,
@@ -236,6 +297,7 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
     summary.update(
         {
             "workload": "dag",
+            "arrivals": arrivals,
             "jobs": len(jobs),
             "tasks": sum(len(j.tasks) for j in jobs),
             "dag": dag_stats(jobs),
@@ -245,20 +307,10 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
             "seed": args.seed,
         }
     )
+    summary["versus_best"] = versus_best(summary["schedulers"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     if not getattr(args, "quiet", False):
-        print(format_dag_table(summary["schedulers"]))
+        print(format_versus_best({arrivals: summary["schedulers"]}))
         print(f"\nwrote {out}/ (summary.json, shares-*.png)", file=sys.stderr)
     return 0
-
-
-def format_dag_table(schedulers: Mapping[str, Mapping[str, Any]]) -> str:
-    """JCT, makespan and fairness side by side."""
-    rows = [f"{'policy':<14}{'JCT mean':>10}{'JCT p95':>10}{'makespan':>10}{'Jain mean':>10}"]
-    for name, s in schedulers.items():
-        rows.append(
-            f"{name:<14}{s['jct_s']['mean']:>10.1f}{s['jct_s']['p95']:>10.1f}"
-            f"{s['makespan_s']:>10.1f}{s['jain']['mean']:>10.3f}"
-        )
-    return "\n".join(rows)

@@ -11,9 +11,9 @@ from common.cluster import ClusterSpec
 from common.dag import DagJob, make_job
 from common.ids import GmId, JobId, LmId, UserId
 from common.model import NodeSpec, UserConfig
-from global_master.carbyne import CarbyneQueues, make_policy
-from request_generator.dag_workload import synthetic_dag_jobs
-from simulator.dag_run import run_policies
+from global_master.policy import CarbyneQueues, make_policy
+from request_generator.dag_workload import carbyne_fig2_jobs, synthetic_dag_jobs
+from simulator.dag_run import run_policies, with_arrivals
 from simulator.megha_sim import MeghaSimulation, SimConfig
 
 GM = GmId("gm0")
@@ -29,25 +29,9 @@ ZERO = SimConfig(
 )
 
 
-def fig2_jobs() -> list[DagJob]:
-    """Issue 4's parameters for Carbyne Fig. 2 (capacity 1.0 = 100 units)."""
-    j1 = make_job(
-        "J1",
-        "u1",
-        0.0,
-        [
-            (0, [((4,), 1.0)] * 2, []),
-            (1, [((21,), 1.0)] * 3, []),
-            (2, [((10,), 0.1)], [0, 1]),
-        ],
-    )
-    j2 = make_job("J2", "u2", 0.0, [(0, [((29,), 1.0)] * 2, [])])
-    return [j1, j2]
-
-
 def _run(policy: str) -> dict[JobId, float]:
     sim = MeghaSimulation(ONE_NODE, [GM], USERS, ZERO, queues_factory=make_policy(policy, USERS))
-    sim.add_jobs(fig2_jobs())
+    sim.add_jobs(carbyne_fig2_jobs())
     res = sim.run()
     assert res.stuck == 0
     assert not res.failed
@@ -70,7 +54,7 @@ def test_fig2_with_carbyne_average_jct_is_1_55_and_j1_is_not_slowed() -> None:
         return q
 
     sim = MeghaSimulation(ONE_NODE, [GM], USERS, ZERO, queues_factory=factory)
-    jobs = fig2_jobs()
+    jobs = carbyne_fig2_jobs()
     sim.add_jobs(jobs)
     res = sim.run()
     jct = res.job_completion
@@ -85,7 +69,7 @@ def test_fig2_with_carbyne_average_jct_is_1_55_and_j1_is_not_slowed() -> None:
     assert t0 == 0.0
     assert first[JobId("J1")] == pytest.approx([29])
     # ... and the leftover runs J2's second task and one more S1 task of J1, altruistically
-    at0 = {t.task_id for t in jobs[0].tasks + jobs[1].tasks if t.started_at == 0.0}
+    at0 = {t.task_id for t in res.tasks if t.started_at == 0.0}
     assert {"J2.s0.t0", "J2.s0.t1"} <= at0
     assert sum(1 for t in at0 if t.startswith("J1.s1")) == 2
     assert not any(t.startswith("J1.s0") for t in at0)
@@ -130,7 +114,7 @@ def test_cli_replays_a_job_file_with_carbyne_on_and_off(tmp_path: Path) -> None:
     from megha_cli.main import main
 
     jobs_file = tmp_path / "fig2.json"
-    write_jobs(jobs_file, fig2_jobs(), ["units"])
+    write_jobs(jobs_file, carbyne_fig2_jobs(), ["units"])
     out = tmp_path / "out"
     rc = main(
         [
@@ -162,3 +146,89 @@ def test_cli_replays_a_job_file_with_carbyne_on_and_off(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())["schedulers"]
     assert summary["drf"]["jct_s"]["mean"] == pytest.approx(2.05, abs=0.01)
     assert summary["carbyne"]["jct_s"]["mean"] == pytest.approx(1.55, abs=0.01)
+
+
+# ------------------------------------------------------- the baselines' mechanisms
+def _offline(policy: str, jobs: list[DagJob], nodes: list[NodeSpec]) -> dict[JobId, float]:
+    """``jobs`` all at time 0 on one LM of ``nodes``, no delays; JCT per job."""
+    names = sorted({j.user for j in jobs})
+    users = [UserConfig(u, GM, 1.0 / len(names)) for u in names]
+    clusters = [ClusterSpec(LmId("lm0"), nodes, [GM] * len(nodes))]
+    sim = MeghaSimulation(clusters, [GM], users, ZERO, queues_factory=make_policy(policy, users))
+    sim.add_jobs(with_arrivals(jobs, "offline"))
+    res = sim.run()
+    assert res.stuck == 0
+    assert len(res.job_completion) == len(jobs)
+    return res.job_completion
+
+
+def test_sjf_runs_the_job_with_the_shorter_critical_path_first() -> None:
+    """One node, two jobs of the same width: DRF shares the node, SJF runs the short
+    job first and lowers the average JCT."""
+    short = make_job("short", "u1", 0.0, [(0, [((50,), 1.0)] * 4, [])])
+    long = make_job("long", "u2", 0.0, [(0, [((50,), 5.0)] * 4, [])])
+    node = [NodeSpec((100,))]
+    sjf = _offline("sjf", [short, long], node)
+    drf = _offline("drf", [short, long], node)
+    assert sjf[JobId("short")] == pytest.approx(2.0)
+    assert sjf[JobId("long")] == pytest.approx(12.0)
+    assert sum(sjf.values()) < sum(drf.values())
+
+
+def test_sjf_is_never_worse_than_drf_on_jct_offline() -> None:
+    """Twelve synthetic DAG jobs at once on two nodes: SJF's average JCT is at most DRF's."""
+    jobs = synthetic_dag_jobs(12, rate=1.0, users=USERS, node_capacity=(100,), rng=random.Random(3))
+    nodes = [NodeSpec((100,)) for _ in range(2)]
+    sjf = _offline("sjf", jobs, nodes)
+    drf = _offline("drf", jobs, nodes)
+    assert sum(sjf.values()) <= sum(drf.values())
+
+
+def test_tetris_packs_complementary_tasks_together() -> None:
+    """One node (10, 10); tasks (4,4), (4,4), (6,6), (6,6) of 1 s.  Taken in job order
+    (SJF's tie-break) the two small ones share the node and each large one then runs
+    alone: 3 s.  Tetris pairs each large task with a small one: 2 s."""
+    jobs = [
+        make_job(name, "u1", 0.0, [(0, [(demand, 1.0)], [])])
+        for name, demand in (("a", (4, 4)), ("b", (4, 4)), ("c", (6, 6)), ("d", (6, 6)))
+    ]
+    node = [NodeSpec((10, 10))]
+    assert max(_offline("sjf", jobs, node).values()) == pytest.approx(3.0)
+    assert max(_offline("tetris", jobs, node).values()) == pytest.approx(2.0)
+
+
+def test_cli_offline_arrivals_start_every_job_at_zero(tmp_path: Path) -> None:
+    """``--arrivals offline``: Fig. 2 with J2 arriving late in the file runs as Fig. 2."""
+    import json
+
+    from common.dag import write_jobs
+    from megha_cli.main import main
+
+    j1, j2 = carbyne_fig2_jobs()
+    j2.arrival = 50.0
+    jobs_file = tmp_path / "late.json"
+    write_jobs(jobs_file, [j1, j2], ["units"])
+    args = ["simulate", "--jobs", str(jobs_file), "--workers", "1", "--gms", "1", "--lms", "1"]
+    args += ["--users", "u1:0.5@gm0,u2:0.5@gm0", "--policies", "drf,carbyne", "--quiet"]
+    args += ["--network-delay", "0", "--gm-decision-cost", "0", "--lm-validation-cost", "0"]
+    args += ["--arrivals", "offline", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["arrivals"] == "offline"
+    assert summary["schedulers"]["carbyne"]["jct_s"]["mean"] == pytest.approx(1.55, abs=0.01)
+    assert summary["versus_best"]["carbyne"]["jct_vs_best"] == pytest.approx(1.0)
+    assert summary["versus_best"]["drf"]["jct_vs_best"] == pytest.approx(2.05 / 1.55, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_carbyne_offline_beats_drf_on_jct_and_makespan(seed: int) -> None:
+    """Twelve synthetic DAG jobs at once on two nodes: the leftover Carbyne collects
+    lowers the average JCT below DRF's, and the makespan is no longer."""
+    jobs = synthetic_dag_jobs(
+        12, rate=1.0, users=USERS, node_capacity=(100,), rng=random.Random(seed)
+    )
+    nodes = [NodeSpec((100,)) for _ in range(2)]
+    drf = _offline("drf", jobs, nodes)
+    carbyne = _offline("carbyne", jobs, nodes)
+    assert sum(carbyne.values()) < sum(drf.values())
+    assert max(carbyne.values()) <= max(drf.values())

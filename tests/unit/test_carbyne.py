@@ -9,25 +9,54 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.dag import DagJob, make_job
+from common.effects import Effect, Reply, ToGm, ToLm
 from common.ids import GmId, JobId, LmId, TaskId, UserId
-from common.model import Task
-from global_master.carbyne import (
+from common.messages import AdmitJob, ReportKind, TaskEvents
+from common.model import Task, TaskSpec, UserConfig
+from global_master.core import GlobalMaster
+from global_master.policy import (
     CarbyneQueues,
     DrfQueues,
     JobQueues,
     SjfQueues,
     TetrisQueues,
-    _Stage,
-    drf_allocation,
-    forward_pack,
-    must_start,
+    make_policy,
+)
+from global_master.policy.altruism import forward_pack, must_start
+from global_master.policy.drf import drf_allocation
+from global_master.policy.jobs import StageState
+from request_generator.dag_workload import carbyne_fig2_jobs
+from request_generator.workload import to_submission
+from tests.conftest import (
+    decide,
+    failures,
+    launch_req,
+    make_gm,
+    make_lm,
+    make_task,
+    preempts,
+    report,
+    submit,
+    sync_views,
+    task_of,
 )
 
 A, B = UserId("A"), UserId("B")
 
 
+def _task(task_id: str, job: str, user: str, demand: tuple[int, ...], duration: float) -> Task:
+    spec = TaskSpec(
+        task_id=TaskId(task_id),
+        job_id=JobId(job),
+        user=UserId(user),
+        demand=demand,
+        duration=duration,
+    )
+    return Task(spec=spec)
+
+
 def _tasks(user: str, demand: tuple[int, ...], n: int, job: str) -> list[Task]:
-    return [Task(TaskId(f"{job}.t{i}"), JobId(job), UserId(user), demand, 1.0) for i in range(n)]
+    return [_task(f"{job}.t{i}", job, user, demand, 1.0) for i in range(n)]
 
 
 def _drain(q: JobQueues) -> list[Task]:
@@ -38,18 +67,7 @@ def _drain(q: JobQueues) -> list[Task]:
 
 
 def _fig2() -> tuple[DagJob, DagJob]:
-    """Carbyne Fig. 2 (issue 4): one resource of 100 units, both jobs at t = 0."""
-    j1 = make_job(
-        "J1",
-        "u1",
-        0.0,
-        [
-            (0, [((4,), 1.0)] * 2, []),
-            (1, [((21,), 1.0)] * 3, []),
-            (2, [((10,), 0.1)], [0, 1]),
-        ],
-    )
-    j2 = make_job("J2", "u2", 0.0, [(0, [((29,), 1.0)] * 2, [])])
+    j1, j2 = carbyne_fig2_jobs()
     return j1, j2
 
 
@@ -100,7 +118,7 @@ def test_fig2_strict_drf_holds_j2_to_one_task() -> None:
 # ------------------------------------------------------------------- Carbyne
 def test_forward_and_reverse_packing_of_fig2_j1() -> None:
     j1, _ = _fig2()
-    stages = {s.stage_id: _Stage(s.parents, list(s.tasks), 0) for s in j1.stages}
+    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in j1.stages}
     t_k = forward_pack(0.0, (50,), (100,), stages, [])
     assert t_k == pytest.approx(2.1)
     latest = must_start(0.0, t_k, (50,), (100,), stages, [], {t.task_id for t in j1.tasks[:5]})
@@ -169,6 +187,73 @@ def test_a_task_that_could_not_be_placed_waits_for_a_new_epoch() -> None:
     assert q.pop() is t
 
 
+def test_a_task_that_found_no_node_gives_its_room_to_the_next_ones() -> None:
+    """Fragmented nodes: the plan's room is 10; a task of 8 is handed out first, finds
+    no node and comes back.  Its room goes to the task of 4 that did not fit beside it,
+    and a task at least as large as 8 is not tried again until the view changes."""
+    q = SjfQueues([A], capacity=(10,))
+    big = _task("big", "j1", "A", (8,), 1.0)
+    bigger = _task("bigger", "j2", "A", (9,), 1.0)
+    small = _task("small", "j3", "A", (4,), 1.0)
+    for t in (big, bigger, small):
+        q.push_back(t)
+    assert q.pop() is big
+    q.push_back(big)  # the GM found no node for it
+    assert q.pop() is small
+    assert q.pop() is None
+    q.on_dispatched(small, 0.0)
+    q.on_finished(small, 1.0)
+    q.new_epoch()
+    assert q.pop() is big
+
+
+def test_policies_without_fairness_hand_out_altruistic_tasks() -> None:
+    """Tetris (knob f = 0), SJF and DRF's work-conserving extras claim no share: the GM
+    never preempts for them.  Strict DRF's tasks are within their job's share."""
+    handed: dict[str, list[Task]] = {}
+    for name, q in (
+        ("tetris", TetrisQueues([A, B], capacity=(10,))),
+        ("sjf", SjfQueues([A, B], capacity=(10,))),
+        ("drf", DrfQueues([A, B], capacity=(10,))),
+        ("drf-wc", DrfQueues([A, B], capacity=(10,), work_conserving=True)),
+    ):
+        for t in _tasks("A", (3,), 4, "ja") + _tasks("B", (3,), 2, "jb"):
+            q.push_back(t)
+        handed[name] = _drain(q)
+        assert all(not q.may_preempt_for(t) for t in handed[name])
+    assert all(t.altruistic for t in handed["tetris"] + handed["sjf"])
+    assert not any(t.altruistic for t in handed["drf"])
+    # each job's share is 5: one task of 3 each within it, one more beyond a share
+    assert len(handed["drf"]) == 2
+    assert sum(t.altruistic for t in handed["drf-wc"]) == 1
+
+
+def test_the_gm_tells_the_policy_its_cluster_and_the_policy_never_reads_the_gm() -> None:
+    from common.model import UserConfig
+    from global_master.core import GlobalMaster
+    from global_master.policy import make_policy
+    from tests.conftest import make_lm, sync_views
+
+    users = [UserConfig(A, GmId("gm0"), 0.25), UserConfig(B, GmId("gm1"), 0.75)]
+    queues = make_policy("carbyne", users)(GmId("gm0"), [A])
+    gm = GlobalMaster(GmId("gm0"), [LmId("lm0")], users, queues=queues)
+    assert isinstance(queues, JobQueues)
+    assert queues.capacity == []  # nothing known before the first snapshot
+    lm = make_lm()
+    sync_views(gm, lm)
+    total = [sum(c[r] for c in lm.capacity) for r in range(2)]
+    assert queues.capacity == pytest.approx([0.25 * x for x in total])
+    assert not any(v is gm for v in vars(queues).values())
+
+
+def test_a_task_larger_than_the_allocation_time_shares_it() -> None:
+    """Forward packing within a share smaller than the task: it runs alone, for as long
+    as the share takes to hold it (half the task: twice its duration)."""
+    job = make_job("j", "A", 0.0, [(0, [((10,), 1.0)], []), (1, [((5,), 1.0)], [0])])
+    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in job.stages}
+    assert forward_pack(0.0, (5,), (100,), stages, []) == pytest.approx(3.0)
+
+
 def test_sjf_prefers_the_job_with_the_shortest_critical_path() -> None:
     q = SjfQueues([A], capacity=(10,))
     long = make_job("long", "A", 0.0, [(0, [((10,), 5.0)], []), (1, [((10,), 5.0)], [0])])
@@ -182,8 +267,8 @@ def test_sjf_prefers_the_job_with_the_shortest_critical_path() -> None:
 
 def test_tetris_packs_the_best_aligned_task_first() -> None:
     q = TetrisQueues([A], capacity=(10, 10))
-    small = Task(TaskId("s"), JobId("j"), A, (1, 1), 1.0)
-    big = Task(TaskId("b"), JobId("j"), A, (6, 6), 1.0)
+    small = _task("s", "j", "A", (1, 1), 1.0)
+    big = _task("b", "j", "A", (6, 6), 1.0)
     q.push_back(small)
     q.push_back(big)
     first = q.pop()
@@ -248,29 +333,32 @@ def test_policies_never_hand_out_more_than_capacity_and_finish_every_job(
 
 
 # ------------------------------------------------------- failure of a DAG task
-@pytest.mark.parametrize("policy", ["fifo", "drf", "carbyne"])
-def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -> None:
-    from common.model import UserConfig
-    from global_master.carbyne import make_policy
-    from global_master.core import GlobalMaster
-    from tests.conftest import failures, make_lm, sync_views
-
+def _gm_with(policy: str) -> GlobalMaster:
     users = [UserConfig(A, GmId("gm0"), 1.0)]
     queues = make_policy(policy, users)(GmId("gm0"), [A])
-    gm = GlobalMaster(GmId("gm0"), [LmId("lm0")], users, queues=queues)
-    sync_views(gm, make_lm())
+    return GlobalMaster(GmId("gm0"), [LmId("lm0")], users, queues=queues)
+
+
+def _submit_dag(gm: GlobalMaster, job: DagJob, now: float) -> list[Effect]:
+    return gm.handle(AdmitJob(job=to_submission(job, "", now)), now)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "drf", "carbyne"])
+def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -> None:
+    gm = _gm_with(policy)
+    sync_views(gm, make_lm(nodes=[(4, 4, 0b001), (4, 4, 0b001)]))
     job = make_job(
         "j",
         "A",
         0.0,
         [
-            (0, [((8, 8), 1.0)], []),  # no node has 8 CPUs: infeasible
+            (0, [((1, 1), 1.0)], []),  # no node has constraint 0b010: infeasible
             (1, [((1, 1), 1.0)], []),
             (2, [((1, 1), 1.0)] * 2, [0, 1]),
         ],
+        constraints=[[0b010], [0b001], [0b001, 0b001]],
     )
-    gm.submit_job(job, 0.0)
-    effects = gm.decide(0.0, max_tasks=10)
+    effects = _submit_dag(gm, job, 0.0) + decide(gm, 0.0, max_tasks=10)
     failed = {f.task.task_id: f.reason for f in failures(effects)}
     assert set(failed) == {"j.s0.t0", "j.s2.t0", "j.s2.t1"}
     assert failed["j.s2.t0"] == "parent task j.s0.t0 failed"
@@ -282,63 +370,40 @@ def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -
 def test_an_altruistic_task_never_triggers_a_fairness_preemption() -> None:
     """Same situation as the GM core's preemption test, but the waiting task is
     ALTRUISTIC: it uses only what is free, so it is re-queued, nobody is preempted."""
-    from common.ids import NodeIndex
-    from common.messages import LaunchRequest, Placement
-    from tests.conftest import make_gm, make_lm, make_task, preempts, sync_views
-
     lm = make_lm(nodes=[(10, 10)])
     gm = make_gm(users=[("a", "gm0", 0.2), ("c", "gm0", 0.2), ("b", "gm0", 0.6)])
     for user, cpu in (("a", 4), ("c", 6)):
-        placement = Placement(
-            task=make_task(cpu, cpu, user=user), node=NodeIndex(0), repartition=False
-        )
-        req = LaunchRequest(
-            gm=GmId("gm0"), lm=LmId("lm0"), request_id=0, placements=(placement,), known_version=-1
-        )
-        lm.on_launch(req, 0.0)
+        (reply, *_) = lm.handle(launch_req(make_task(cpu, cpu, user=user)), 0.0)
+        assert isinstance(reply, Reply)
     sync_views(gm, lm)
     t = make_task(2, 2, user="b")
-    t.altruistic = True
-    gm.submit([t], 0.0)
-    assert preempts(gm.decide(1.0)) == []
-    assert gm.counters["requeues"] == 1
-    t.altruistic = False  # the same task as DEFAULT does preempt (the core's own test)
+    submit(gm, [t], 0.0)
+    task_of(gm, t).altruistic = True
+    assert preempts(decide(gm, 1.0)) == []
+    assert gm.counters.requeues == 1
+    task_of(gm, t).altruistic = False  # as DEFAULT it does preempt (the core's own test)
     gm.queues.new_epoch()
-    assert len(preempts(gm.decide(2.0))) == 1
+    assert len(preempts(decide(gm, 2.0))) == 1
 
 
 @pytest.mark.parametrize("policy", ["fifo", "carbyne"])
 def test_a_task_failing_on_its_worker_fails_its_dependent_stages(policy: str) -> None:
-    from common.effects import ToGm, ToLm
-    from common.ids import NodeIndex
-    from common.messages import WorkerReport
-    from common.model import UserConfig
-    from global_master.carbyne import make_policy
-    from global_master.core import GlobalMaster
-    from tests.conftest import failures, make_lm, sync_views
-
-    users = [UserConfig(A, GmId("gm0"), 1.0)]
-    gm = GlobalMaster(
-        GmId("gm0"), [LmId("lm0")], users, queues=make_policy(policy, users)(GmId("gm0"), [A])
-    )
+    gm = _gm_with(policy)
     lm = make_lm()
     sync_views(gm, lm)
     job = make_job("j", "A", 0.0, [(0, [((1, 1), 1.0)], []), (1, [((1, 1), 1.0)] * 2, [0])])
-    gm.submit_job(job, 0.0)
-    for e in gm.decide(0.0):
+    _submit_dag(gm, job, 0.0)
+    for e in decide(gm, 0.0):
         assert isinstance(e, ToLm)
         for ans in lm.handle(e.msg, 0.0):
-            if isinstance(ans, ToGm):
+            if isinstance(ans, Reply):
                 gm.handle(ans.msg, 0.0)
-    root = job.stages[0].tasks[0]
-    report = WorkerReport(
-        lm=LmId("lm0"), node=NodeIndex(0), task_id=root.task_id, kind="failed", at=1.0
-    )
-    lost: list[object] = []
-    for ans in lm.on_worker_report(report, 1.0):
+    root = job.stages[0].tasks[0].spec
+    lost: list[Effect] = []
+    for ans in lm.handle(report(LmId("lm0"), ReportKind.FAILED, root, 0, 1.0), 1.0):
         if isinstance(ans, ToGm):
-            lost.extend(gm.handle(ans.msg, 1.0))
-    assert sorted(f.task.task_id for f in failures(lost)) == ["j.s1.t0", "j.s1.t1"]
+            lost.extend(gm.handle(TaskEvents(lm=LmId("lm0"), events=(ans.msg,)), 1.0))
+    assert sorted(f.task.task_id for f in failures(lost)) == ["j.s0.t0", "j.s1.t0", "j.s1.t1"]
     assert not gm.queues.has_work()
     if isinstance(gm.queues, JobQueues):
         assert not gm.queues.jobs

@@ -197,3 +197,27 @@ def test_a_dag_travels_as_flat_tasks_plus_a_stage_layout() -> None:
         from_layout(job.job_id, job.user, 0.0, job.tasks[:3], layout)
     with pytest.raises(ConfigError, match="cycle"):
         from_layout(job.job_id, job.user, 0.0, job.tasks[:2], ((0, (1,), 1), (1, (0,), 1)))
+
+
+def test_topological_order_is_stable_and_names_a_stage_on_a_cycle() -> None:
+    from common.dag import CycleError, topological_order
+
+    assert topological_order({0: (), 1: (0,), 2: (0, 1)}) == [0, 1, 2]
+    assert topological_order({2: (1,), 1: (), 3: (2, 1)}) == [1, 2, 3]
+    assert topological_order({5: (4,)}) == [5]  # a finished parent is ignored
+    with pytest.raises(CycleError) as err:
+        topological_order({0: (2,), 1: (0,), 2: (1,)})
+    assert err.value.stage in (0, 1, 2)
+
+
+def test_finish_times_are_the_critical_path_method() -> None:
+    from common.dag import finish_times, levels
+
+    parents = {0: (), 1: (), 2: (0, 1)}
+    assert finish_times(parents, {0: 1.0, 1: 3.0, 2: 0.5}) == pytest.approx(
+        {0: 1.0, 1: 3.0, 2: 3.5}
+    )
+    # from now on, with stage 1 still running until 12
+    later = finish_times(parents, {0: 1.0, 1: 0.0, 2: 0.5}, start=10.0, not_before={1: 12.0})
+    assert later[2] == pytest.approx(12.5)
+    assert levels({0: (), 1: (0,), 2: (0, 1), 3: ()}) == {0: 0, 1: 1, 2: 2, 3: 0}

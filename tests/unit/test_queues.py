@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from common.ids import UserId
+from common.model import Task
 from global_master.queues import UserQueues
 from tests.conftest import make_task
 
 A, B, C = UserId("a"), UserId("b"), UserId("c")
 
 
+def queued(user: str) -> Task:
+    """A task as a GM queues it."""
+    return Task(spec=make_task(user=user))
+
+
 def test_pop_is_round_robin_over_non_empty_queues() -> None:
     q = UserQueues([A, B, C])
-    tasks = {u: [make_task(user=u) for _ in range(2)] for u in ("a", "c")}
+    tasks = {u: [queued(user=u) for _ in range(2)] for u in ("a", "c")}
     for ts in tasks.values():
         for t in ts:
             q.push_back(t)
@@ -22,7 +28,7 @@ def test_pop_is_round_robin_over_non_empty_queues() -> None:
 
 def test_front_and_back() -> None:
     q = UserQueues([A])
-    first, second, preempted = make_task(user="a"), make_task(user="a"), make_task(user="a")
+    first, second, preempted = queued(user="a"), queued(user="a"), queued(user="a")
     q.push_back(first)
     q.push_back(second)
     q.push_front(preempted)
@@ -34,7 +40,7 @@ def test_front_and_back() -> None:
 
 def test_a_queue_parks_after_patience_failures_until_a_new_epoch() -> None:
     q = UserQueues([A, B], patience=2)
-    a_tasks = [make_task(user="a") for _ in range(3)]
+    a_tasks = [queued(user="a") for _ in range(3)]
     for a in a_tasks:
         q.push_back(a)
     for _ in range(2):
@@ -43,7 +49,7 @@ def test_a_queue_parks_after_patience_failures_until_a_new_epoch() -> None:
         assert t.user == A
         q.push_back(t)
         q.failed(A)
-    b_task = make_task(user="b")
+    b_task = queued(user="b")
     q.push_back(b_task)
     # a failed twice: parked; b still served
     assert q.parked(A)
@@ -58,7 +64,7 @@ def test_a_queue_parks_after_patience_failures_until_a_new_epoch() -> None:
 
 def test_a_short_queue_parks_after_each_of_its_tasks_failed() -> None:
     q = UserQueues([A], patience=8)
-    t = make_task(user="a")
+    t = queued(user="a")
     q.push_back(t)
     q.failed(A)
     assert q.parked(A)
@@ -67,13 +73,13 @@ def test_a_short_queue_parks_after_each_of_its_tasks_failed() -> None:
 
 def test_placing_or_a_preempted_task_unparks() -> None:
     q = UserQueues([A], patience=1)
-    q.push_back(make_task(user="a"))
+    q.push_back(queued(user="a"))
     q.failed(A)
     assert q.parked(A)
     q.placed(A)
     assert not q.parked(A)
     q.failed(A)
-    q.push_front(make_task(user="a"))
+    q.push_front(queued(user="a"))
     assert not q.parked(A)
     assert q.has_work()
 
@@ -82,3 +88,11 @@ def test_membership_is_by_user() -> None:
     q = UserQueues([A])
     assert A in q
     assert B not in q
+
+
+def test_fifo_queues_let_the_gm_preempt_for_default_tasks_only() -> None:
+    q = UserQueues([A])
+    t = queued(user="a")
+    assert q.may_preempt_for(t)
+    t.altruistic = True
+    assert not q.may_preempt_for(t)

@@ -1,0 +1,1 @@
+"""Benchmark scripts: each writes its figures to a file (see README)."""

@@ -1,0 +1,169 @@
+"""What the real cores cost per operation: the simulator's server model, measured.
+
+``measure`` builds one LM with a ``partition``-node partition per GM and a GM viewing
+it, then times, on this machine, each operation the simulator charges for:
+
+* ``gm_decision_s``   -- one ``Decide`` that places one task (pop, match, reserve,
+  build the request);
+* ``lm_validation_s`` -- one placement validated and committed by the LM;
+* ``gm_message_s`` / ``lm_message_s`` -- the fixed part of handling any message
+  (a task event at the GM, a worker report at the LM);
+* ``update_node_s``   -- applying a state update, per node it carries.
+
+With ``wire=True`` each operation also pays what the live services pay around the
+core: decoding the message and encoding the answer with ``common.codec``.  The
+figures are medians over ``repeats`` rounds of ``batch`` operations.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from common import codec
+from common.cluster import PROFILES, make_federation
+from common.effects import Effect, Reply, ToGm, ToLm
+from common.ids import GmId, JobId, TaskId, UserId
+from common.messages import (
+    AdmitJob,
+    Decide,
+    LaunchRequest,
+    ReportKind,
+    StateUpdated,
+    SubmitJob,
+    TaskEvents,
+    WorkerReport,
+    WorkerReports,
+)
+from common.model import TaskSpec, UserConfig
+from global_master.core import GlobalMaster
+from local_master.core import LocalMaster
+from request_generator.workload import task_constraints
+
+
+@dataclass(frozen=True, slots=True)
+class CoreCosts:
+    """Seconds of CPU per operation, as ``SimConfig`` charges them."""
+
+    gm_decision_s: float
+    lm_validation_s: float
+    gm_message_s: float
+    lm_message_s: float
+    update_node_s: float
+    partition_nodes: int
+    wire: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Core:
+    """A core behind a stopwatch: ``call`` charges what its service would pay."""
+
+    def __init__(self, core: GlobalMaster | LocalMaster, wire: bool) -> None:
+        self.core = core
+        self.wire = wire
+
+    def call(self, msg: object, now: float, samples: list[float], per: int = 1) -> list[Effect]:
+        """Handle ``msg``; add its cost (divided by ``per``) to ``samples``.  On the
+        wire: the message arrives as bytes and every answer leaves as bytes."""
+        body = codec.encode(msg) if self.wire else b""
+        t0 = time.perf_counter()
+        if self.wire:
+            msg = codec.decode(body)
+        effects = self.core.handle(msg, now)
+        if self.wire:
+            events = [e.msg for e in effects if isinstance(e, ToGm)]
+            for e in effects:
+                if isinstance(e, Reply | ToLm):
+                    codec.encode(e.msg)
+            if events and isinstance(self.core, LocalMaster):  # one batch per call
+                codec.encode(TaskEvents(lm=self.core.lm_id, events=tuple(events)))
+        samples.append((time.perf_counter() - t0) / per)
+        return effects
+
+
+def measure(
+    partition: int = 1000, repeats: int = 3, batch: int = 500, *, wire: bool = False
+) -> CoreCosts:
+    """Median per-operation costs of the real cores on ``partition``-node partitions."""
+    rng = random.Random(1)
+    gms = [GmId("gm0"), GmId("gm1")]
+    (cluster,) = make_federation(partition * len(gms), gms, 1, PROFILES["paper"], True, rng)
+    users = [UserConfig(UserId("u0"), gms[0], 0.5), UserConfig(UserId("u1"), gms[1], 0.5)]
+    decision: list[float] = []
+    validation: list[float] = []
+    gm_msg: list[float] = []
+    lm_msg: list[float] = []
+    per_node: list[float] = []
+    for r in range(repeats):
+        lm = LocalMaster(cluster.lm, cluster.nodes, cluster.home, gms=gms, report_starts=False)
+        gm = GlobalMaster(gms[0], [cluster.lm], users)
+        gm.handle(lm.snapshot(gms[0]), 0.0)
+        specs = tuple(
+            TaskSpec(
+                task_id=TaskId(f"r{r}.t{i}"),
+                job_id=JobId(f"r{r}"),
+                user=UserId("u0"),
+                demand=(1000, 512),
+                duration=1.0,
+                constraints=task_constraints(rng, 0.5),
+            )
+            for i in range(batch)
+        )
+        job = SubmitJob(
+            job_id=JobId(f"r{r}"), user=UserId("u0"), token="", submitted_at=0.0, tasks=specs
+        )
+        gm.handle(AdmitJob(job=job), 0.0)
+        g, m = _Core(gm, wire), _Core(lm, wire)
+        requests: list[LaunchRequest] = []
+        for _ in range(batch):
+            out = g.call(Decide(max_tasks=1), 0.0, decision)
+            requests += [
+                e.msg for e in out if isinstance(e, ToLm) and isinstance(e.msg, LaunchRequest)
+            ]
+        for req in requests:
+            for e in m.call(req, 0.0, validation, per=len(req.placements)):
+                if isinstance(e, Reply):
+                    gm.handle(e.msg, 0.0)
+        # every task finishes: one worker report each at the LM, one event each at the GM
+        for req in requests:
+            for p in req.placements:
+                report = WorkerReport(
+                    kind=ReportKind.FINISHED,
+                    node=p.node,
+                    user=p.spec.user,
+                    task_id=p.spec.task_id,
+                    attempt=p.attempt,
+                    gm=gms[0],
+                    at=1.0,
+                    worker_at=1.0,
+                    started_at=0.0,
+                )
+                for e in m.call(WorkerReports(lm=cluster.lm, reports=(report,)), 1.0, lm_msg):
+                    if isinstance(e, ToGm):
+                        g.call(TaskEvents(lm=cluster.lm, events=(e.msg,)), 1.0, gm_msg)
+        # state updates that touch every node of the cluster
+        delta = lm.delta_since(-1)
+        view = gm.views[cluster.lm]
+        for _ in range(5):
+            version = view.version + 1
+            fresh = replace(
+                delta,
+                version=version,
+                base_version=view.version,
+                node_versions=(version,) * len(delta.nodes),
+            )
+            g.call(StateUpdated(delta=fresh), 2.0, per_node, per=len(delta.nodes))
+    return CoreCosts(
+        gm_decision_s=statistics.median(decision),
+        lm_validation_s=statistics.median(validation),
+        gm_message_s=statistics.median(gm_msg),
+        lm_message_s=statistics.median(lm_msg),
+        update_node_s=statistics.median(per_node),
+        partition_nodes=partition,
+        wire=wire,
+    )
