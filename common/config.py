@@ -45,7 +45,8 @@ class FederationConfig:
     """``NAME:SHARE@GM,...``; empty: one user per GM with equal shares."""
     host: str = "127.0.0.1"
     base_port: int = 18100
-    """GM i listens on base_port+i, LM j on base_port+100+j, LM j's workers on +200+j."""
+    """GM i listens on base_port+i, LM j on base_port+100+j, LM j's workers on +200+j,
+    LM j's standby on +300+j."""
     addresses: dict[str, str] = field(default_factory=dict)
     """``[federation.addresses]``: process name (``gm0``, ``lm1``, ``lm1-workers``) ->
     ``"host:port"``, for federations spread over hosts; unlisted processes use
@@ -54,6 +55,11 @@ class FederationConfig:
     """Interface every process binds; empty: the host of its own address
     (``0.0.0.0`` in containers, where the address is a service name)."""
     broker_url: str = DEFAULT_BROKER_URL
+    """The broker's AMQP URL; for a RabbitMQ cluster, every node's URL, comma-separated
+    (a process fails over to the next node that answers)."""
+    lm_standby: bool = False
+    """Run a standby process beside every LM (``lmJ-standby``): it takes over, under a
+    newer epoch, when the active one dies or loses the broker."""
     heartbeat_s: float = 1.0
     """LM state updates to all GMs, and worker heartbeats to their LM."""
     worker_timeout_s: float = 5.0
@@ -104,6 +110,11 @@ class FederationConfig:
             random.Random(self.seed),
         )
 
+    @property
+    def broker_urls(self) -> list[str]:
+        """Every broker node's URL, in the order a process tries them."""
+        return [u.strip() for u in self.broker_url.split(",") if u.strip()]
+
     def address(self, name: str) -> tuple[str, int]:
         """Where process ``name`` (``gm0``, ``lm1``, ``lm1-workers``) listens."""
         given = self.addresses.get(name)
@@ -112,6 +123,8 @@ class FederationConfig:
             return host, int(port)
         if name.endswith("-workers"):
             return self.host, self.base_port + 200 + self.lm_ids.index(LmId(name[:-8]))
+        if name.endswith("-standby"):
+            return self.host, self.base_port + 300 + self.lm_ids.index(LmId(name[:-8]))
         if name in self.gm_ids:
             return self.host, self.base_port + self.gm_ids.index(GmId(name))
         return self.host, self.base_port + 100 + self.lm_ids.index(LmId(name))
@@ -135,12 +148,17 @@ class FederationConfig:
     def lm_url(self, lm: str) -> str:
         return self.url(lm)
 
+    def lm_urls(self, lm: str) -> list[str]:
+        """Where LM ``lm`` may answer: its process, then its standby's (if any)."""
+        return [self.url(lm), self.url(f"{lm}-standby")] if self.lm_standby else [self.url(lm)]
+
     def worker_url(self, lm: str) -> str:
         return self.url(f"{lm}-workers")
 
     @property
     def process_names(self) -> list[str]:
-        return [*(f"{lm}-workers" for lm in self.lm_ids), *self.lm_ids, *self.gm_ids]
+        standbys = [f"{lm}-standby" for lm in self.lm_ids] if self.lm_standby else []
+        return [*(f"{lm}-workers" for lm in self.lm_ids), *self.lm_ids, *standbys, *self.gm_ids]
 
     # AMQP names (all under the federation's prefix)
     @property
@@ -162,6 +180,14 @@ class FederationConfig:
     @property
     def dead_letter_queue(self) -> str:
         return f"{self.name}.dead"
+
+    def lm_leader_queue(self, lm: str) -> str:
+        """Held (exclusively) by the active process of an LM that has a standby."""
+        return f"{self.name}.lm.{lm}.leader"
+
+    def lm_epoch_queue(self, lm: str) -> str:
+        """Holds the latest epoch any incarnation of ``lm`` took."""
+        return f"{self.name}.lm.{lm}.epoch"
 
     def user_queue(self, user: str) -> str:
         return f"{self.name}.user.{user}"
@@ -185,7 +211,7 @@ class FederationConfig:
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
         if not self.secret:
             raise ConfigError("secret must not be empty")
-        if not 1 <= self.base_port <= 65535 - 300:
+        if not 1 <= self.base_port <= 65535 - 400:
             raise ConfigError("base_port out of range")
         names = set(self.process_names)
         for name, addr in self.addresses.items():
@@ -328,6 +354,8 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
         plan.append(spec("worker", lm, f"{lm}-workers"))
     for lm in cfg.lm_ids:
         plan.append(spec("lm", lm, lm))
+        if cfg.lm_standby:
+            plan.append(spec("lm", lm, f"{lm}-standby"))
     for gm in cfg.gm_ids:
         plan.append(spec("gm", gm, gm))
     return plan

@@ -411,6 +411,14 @@ class WorkerHeartbeat:
     at: Time
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndedAttempt:
+    """An attempt that finished or failed on a pool whose report no LM has taken yet."""
+
+    start: StartTask
+    report: WorkerReport
+
+
 @message("register_workers")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegisterWorkers:
@@ -425,6 +433,9 @@ class RegisterWorkers:
     running: Annotated[tuple[StartTask, ...], Length(0, MAX_JOB_TASKS)] = ()
     started: Annotated[tuple[WorkerReport, ...], Length(0, MAX_JOB_TASKS)] = ()
     """The start reports of what runs (worker and start times)."""
+    ended: Annotated[tuple[EndedAttempt, ...], Length(0, MAX_JOB_TASKS)] = ()
+    """What ended while no LM took the reports: a new incarnation holds it as ended, so
+    no GM places it again."""
 
 
 @message("registered")
@@ -470,6 +481,14 @@ class CheckWorkers:
     """LM timer: declare nodes silent for ``timeout`` seconds dead."""
 
     timeout: Seconds
+
+
+@message("reports_taken")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportsTaken:
+    """Pool driver -> core: the LM took these reports (they need not be kept)."""
+
+    reports: tuple[WorkerReport, ...]
 
 
 @message("lease_renewed")
@@ -559,4 +578,5 @@ WorkerInput = (
     | Registered
     | LeaseRenewed
     | CheckLease
+    | ReportsTaken
 )

@@ -87,6 +87,8 @@ class GmCounters(Counters):
     stale_updates: int = 0
     """State from an LM incarnation that has been replaced (dropped)."""
     lm_restarts_seen: int = 0
+    lost_with_lm: int = 0
+    """Tasks an LM accepted but its next incarnation did not hold (placed again)."""
     stale_events: int = 0
     jobs_admitted: int = 0
     jobs_refused: int = 0
@@ -111,6 +113,8 @@ class LmCounters(Counters):
     stale_reports: int = 0
     refused_requests: int = 0
     recovered: int = 0
+    recovered_ends: int = 0
+    """Attempts that ended while no LM took their reports, learnt at registration."""
     """Running attempts a new LM incarnation learnt from its pool's registration."""
     pauses: int = 0
     """Liveness checks skipped because the LM itself had not run for a timeout."""

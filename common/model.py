@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Annotated
 
-from common.ids import GmId, JobId, TaskId, UserId
+from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.schema import Length, Range
 
 N_CONSTRAINTS = 21
@@ -137,6 +137,8 @@ class Task:
     spec: TaskSpec
     altruistic: bool = False
     gm: GmId | None = None
+    lm: LmId | None = None
+    """The LM that holds its current attempt (set once an LM accepted it)."""
     attempt: Annotated[int, Range(0, None)] = 0
     submitted_at: Time = 0.0
     first_started_at: Time = -1.0

@@ -36,6 +36,7 @@ from common.messages import (
     LaunchResponse,
     PreemptRequest,
     PreemptResponse,
+    Refused,
     RequestFailed,
     RequestSnapshots,
     SnapshotRequest,
@@ -120,7 +121,7 @@ class GmService:
         self.http = session(64)
         for lm in self.cfg.lm_ids:
             self.lms[lm] = Peer(
-                lm, self.cfg.lm_url(lm), self.cfg.secret, self.http, max_answer=self.cfg.max_body
+                lm, self.cfg.lm_urls(lm), self.cfg.secret, self.http, max_answer=self.cfg.max_body
             )
         await self.broker.open()
         self.broker.on_reconnect = lambda: self.feed(RequestSnapshots())
@@ -128,27 +129,25 @@ class GmService:
 
     async def _start(self) -> None:
         """Views of every LM first (so redelivered jobs are recognised), then consume."""
-        state_q = await self._declare_state_queue()
-        await self.broker.consume(state_q, self._on_state, no_ack=True)
+        await self.broker.add_setup(self._consume_state)
         self.feed(RequestSnapshots())
         await self._ready.wait()
-        await self._consume_jobs_and_events()
+        await self.broker.add_setup(self._consume_jobs_and_events)
         self.consuming = True
         self.sup.run_forever(self._decide_loop(), "decide loop")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
 
-    async def _declare_state_queue(self) -> Any:
+    async def _consume_state(self) -> None:
+        """LM state updates, on a queue of this GM's own (gone with its connection)."""
         assert self.broker.sub is not None
         q = await self.broker.sub.declare_queue(exclusive=True, auto_delete=True)
         await q.bind(self.cfg.state_exchange, routing_key="")
-        return q
+        await self.broker.consume(q, self._on_state, no_ack=True)
 
     async def _consume_jobs_and_events(self) -> None:
         sub, ex, cfg, gm = self.broker.sub, self.broker.ex, self.cfg, self.core.gm_id
         assert sub is not None
-        events_q = await sub.declare_queue(cfg.gm_events_queue(gm), durable=True)
-        await events_q.bind(cfg.events_exchange, routing_key=f"gm.{gm}")
-        await self.broker.consume(events_q, self._on_events)
+        await self.broker.consume(await amqp.declare_events_queue(sub, cfg, gm), self._on_events)
         for u in cfg.user_configs:
             if u.gm != gm:
                 continue
@@ -257,11 +256,11 @@ class GmService:
         token = user_token(self.cfg.secret, user)
         for job in jobs:
             body = codec.encode(replace(job, token=token))
-            await self.broker.publish(self.broker.ex.submit, user, amqp.persistent(body))
+            await self.broker.publish("submit", user, amqp.persistent(body))
 
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
-        await self.broker.publish(self.broker.ex.events, f"user.{user}", amqp.persistent(body))
+        await self.broker.publish("events", f"user.{user}", amqp.persistent(body))
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM."""
@@ -279,8 +278,11 @@ class GmService:
     def ident(self) -> str:
         return self.core.gm_id
 
-    def healthy(self) -> bool:
-        return self.consuming
+    def status(self) -> str:
+        return "ok" if self.consuming else "starting"
+
+    def refusal(self) -> Refused | None:
+        return None
 
     def state_page(self) -> dict[str, Any]:
         core = self.core

@@ -515,6 +515,7 @@ class GlobalMaster:
                 task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
             if ev.started_at >= 0:
                 task.start(ev.started_at)
+            task.lm = ev.lm
             self.placed[task.key] = task
             self.counters.tasks_adopted += 1
             return task
@@ -825,11 +826,45 @@ class GlobalMaster:
         self._node_caps = frozenset(c for v in self.views.values() for c in v.capacity)
         self.queues.set_cluster(self._capacity, self._node_caps)
         self._snapshot_wanted.discard(lm)
-        self._adopt(snap.held)
+        effects: list[Effect] = []
+        self._adopt(lm, snap.held)
+        if old is not None and snap.state.epoch > old.epoch:
+            self._reconcile(lm, snap.held, now, effects)
         self.queues.new_epoch()
-        return []
+        return effects
 
-    def _adopt(self, held: Sequence[HeldTask]) -> None:
+    def _reconcile(
+        self, lm: LmId, held: Sequence[HeldTask], now: float, effects: list[Effect]
+    ) -> None:
+        """A new incarnation of ``lm`` (restarted, or its standby took over) holds what
+        its workers told it.  A task this GM placed there that it does not hold was
+        lost with the old incarnation (accepted, never started): back to the front of
+        its queue, as a new attempt.  One that ended meanwhile has its outcome now."""
+        by_key = {(h.spec.user, h.spec.task_id): h for h in held}
+        for key, task in list(self.placed.items()):
+            if task.lm != lm:
+                continue
+            h = by_key.get(key)
+            if h is not None and h.attempt >= task.attempt:
+                if h.ended_at < 0:
+                    continue  # it runs there
+                del self.placed[key]
+                task.finished_at = h.ended_at
+                if h.ok:
+                    self.queues.on_finished(task, now)
+                    self._ended(task, effects, finished=True, reason="")
+                else:
+                    self._fail(task, "failed on worker", effects)
+                continue
+            del self.placed[key]
+            self.counters.lost_with_lm += 1
+            task.lm = None
+            task.mark(Phase.QUEUEING, now)
+            self.queues.on_returned(task, now)
+            self.queues.push_front(task)
+            self._persist(task, now, effects)
+
+    def _adopt(self, lm: LmId, held: Sequence[HeldTask]) -> None:
         """What an LM holds for this GM: a task running there that this GM does not know
         (it restarted) is adopted, so its events and outcome come here; a task that ended
         lately is remembered, so a redelivered job does not run it again."""
@@ -849,6 +884,7 @@ class GlobalMaster:
                 task.attempt = max(task.attempt, h.attempt)
             elif key not in self.live:
                 task = self.placed[key] = self.live[key] = recovered_task(h, self.gm_id)
+                task.lm = lm
                 self.counters.tasks_adopted += 1
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
@@ -863,6 +899,11 @@ class GlobalMaster:
         retry: list[Task] = []
         if sent is not None and sent[0] == resp.lm:
             view = self.views.get(resp.lm)
+            # an answer from an incarnation of the LM that has since been replaced: what
+            # it accepted, the new one does not hold -- placed again, like a refusal
+            stale = view is not None and resp.delta.epoch < view.epoch
+            if stale:
+                self.counters.stale_updates += 1
             results = resp.results
             for i, key in enumerate(sent[1]):
                 res = results[i] if i < len(results) else _MISSING
@@ -874,8 +915,9 @@ class GlobalMaster:
                     view.release(fl.node, fl.task.demand)
                 task = fl.task
                 self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
-                if res.accepted:
+                if res.accepted and not stale:
                     self._forget(key)
+                    task.lm = resp.lm
                     self._accepted(task, res.reason, res.attempt, now, effects)
                 else:
                     task.mark(Phase.PROCESSING, now)
@@ -1015,6 +1057,7 @@ class GlobalMaster:
             if view is not None and fl.node >= 0:
                 view.release(fl.node, fl.task.demand)
             self.placed[key] = fl.task
+            fl.task.lm = fl.lm
             return fl.task
         task = self.placed.get(key)
         if task is None or task.attempt != ev.attempt:
@@ -1043,6 +1086,7 @@ class GlobalMaster:
                 task.start(ev.started_at)
             task.mark(Phase.COMMUNICATION, ev.at)
             task.attempt = ev.attempt
+            task.lm = ev.lm
             return
         task = self._current(ev)
         if task is None:

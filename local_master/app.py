@@ -9,12 +9,18 @@ events go to each GM batched per loop turn, each batch with a unique message id.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
+import os
+import signal
 import time
 from typing import Any
 
 import aiohttp
+import aiormq.exceptions
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiohttp import web
 
 from common import codec
@@ -26,6 +32,7 @@ from common.messages import (
     Heartbeat,
     LaunchRequest,
     PreemptRequest,
+    Refused,
     RegisterWorkers,
     SnapshotRequest,
     StartTask,
@@ -49,19 +56,27 @@ log = logging.getLogger("megha.lm")
 
 
 class LmService:
-    """An LM core, its HTTP peers (the worker pool) and its broker side."""
+    """An LM core, its HTTP peers (the worker pool) and its broker side.
+
+    Each incarnation takes a new epoch from the broker (``<name>.lm.<lm>.epoch``: the
+    highest epoch any incarnation took, plus one, or the time in ms if later), so its
+    state updates, placements and worker commands outrank every older incarnation's
+    whatever the hosts' clocks say.  With a standby (``lm_standby``), the two
+    processes of an LM contend for an exclusive queue ``<name>.lm.<lm>.leader``: the
+    holder is the active LM; the other answers 503 ``not_ready`` (peers try the next
+    address) and takes over when the holder's broker connection goes -- within a
+    heartbeat when the holder dies.  An active LM that loses its broker connection, or
+    hears from its pool that a newer epoch exists, steps down: it stops answering and
+    exits, and gunicorn starts it again as a standby.
+    """
 
     role = "lm"
 
-    def __init__(self, cfg: FederationConfig, lm: LmId, *, epoch: int | None = None) -> None:
-        cluster = cfg.clusters[cfg.lm_ids.index(lm)]
+    def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
         self.cfg = cfg
-        self.epoch = epoch if epoch is not None else int(time.time() * 1000)
-        self.core = LocalMaster(
-            lm, cluster.nodes, cluster.home, gms=cfg.gm_ids, epoch=self.epoch,
-            awaiting_workers=True,
-        )  # fmt: skip
+        self.lm = lm
         self.sup = Supervisor(lm)
+        self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm)
         self.http: aiohttp.ClientSession | None = None
@@ -73,31 +88,117 @@ class LmService:
         self.events: Batcher[GmId, TaskEvent] = Batcher(
             self.sup, self._publish_events, "task events"
         )
-        self.ready = False
+        self.active = False
+        self.stepped_down = ""
         self.worker_errors = 0
-        d = self.driver
-        d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
-        d.on(ToGm, lambda e: _ignore(self.events.add(e.gm, e.msg)))
-        d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
+        self._lock: AbstractChannel | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    def _new_core(self, epoch: int) -> LocalMaster:
+        cluster = self.cfg.clusters[self.cfg.lm_ids.index(self.lm)]
+        return LocalMaster(
+            self.lm, cluster.nodes, cluster.home, gms=self.cfg.gm_ids, epoch=epoch,
+            awaiting_workers=True,
+        )  # fmt: skip
 
     async def open(self) -> None:
         await self.sup.__aenter__()
         self.http = session(32)
         policy = Backoff(deadline_s=self.cfg.worker_timeout_s)
         self.pool = Peer(
-            f"{self.core.lm_id}-workers",
-            self.cfg.worker_url(self.core.lm_id),
+            f"{self.lm}-workers",
+            self.cfg.worker_url(self.lm),
             self.cfg.secret,
             self.http,
             policy=policy,
             max_answer=self.cfg.max_body,
         )
         await self.broker.open()
+        self.broker.on_disconnect = self._broker_lost
+        if self.cfg.lm_standby:
+            self.sup.run_forever(self._contend(), "leadership")
+        else:
+            await self._activate()
+
+    async def _contend(self) -> None:
+        """Try for the leader queue until this process holds it, then lead."""
+        while True:
+            if await self._acquire():
+                break
+            await asyncio.sleep(self.cfg.heartbeat_s / 2)
+        await self._activate()
+        await asyncio.Event().wait()  # lead until the process ends (or steps down)
+
+    async def _acquire(self) -> bool:
+        conn = self.broker.conn
+        if conn is None or not self.broker.connected:
+            return False
+        ch = await conn.channel()
+        try:
+            await ch.declare_queue(self.cfg.lm_leader_queue(self.lm), exclusive=True)
+        except aiormq.exceptions.ChannelLockedResource:
+            return False  # the other process of this LM leads
+        except amqp.TRANSIENT:
+            return False
+        self._lock = ch
+        return True
+
+    async def _activate(self) -> None:
+        """Become this LM's active incarnation, under a new epoch."""
+        epoch = await self._next_epoch()
+        self.core = self._new_core(epoch)
+        self.driver = CoreDriver(self.core, self.sup)
+        d = self.driver
+        d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
+        d.on(ToGm, lambda e: _ignore(self.events.add(e.gm, e.msg)))
+        d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
         # no node is alive before the worker pool registers what it runs
-        self.driver.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
+        d.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
         timeout = self.cfg.worker_timeout_s
-        self.driver.every(self.cfg.heartbeat_s, lambda: CheckWorkers(timeout=timeout), "liveness")
-        self.ready = True
+        d.every(self.cfg.heartbeat_s, lambda: CheckWorkers(timeout=timeout), "liveness")
+        self.active = True
+        log.info("%s active, epoch %d", self.lm, epoch)
+
+    async def _next_epoch(self) -> int:
+        """One more than any incarnation of this LM took (or the time in ms, if later),
+        recorded on the broker before it is used."""
+        ch = self.broker.pub
+        assert ch is not None
+        q = await ch.declare_queue(
+            self.cfg.lm_epoch_queue(self.lm),
+            durable=True,
+            arguments={"x-queue-type": self.cfg.queue_type},
+        )
+        seen: list[AbstractIncomingMessage] = []
+        last = 0
+        while (m := await q.get(no_ack=False, fail=False)) is not None:
+            seen.append(m)
+            with contextlib.suppress(ValueError):
+                last = max(last, int(m.body))
+        epoch = max(last + 1, int(time.time() * 1000))
+        await ch.default_exchange.publish(
+            amqp.persistent(str(epoch).encode()), routing_key=q.name, mandatory=True
+        )
+        for m in seen:
+            await m.ack()
+        return epoch
+
+    def _broker_lost(self) -> None:
+        if self.cfg.lm_standby and self.active:
+            self._step_down("lost its broker connection (and with it the leader queue)")
+
+    def _step_down(self, why: str) -> None:
+        """Stop acting as the LM at once, and exit: gunicorn restarts the process, which
+        contends again as a standby."""
+        if self.stepped_down:
+            return
+        self.stepped_down = why
+        self.active = False
+        log.error("%s (epoch %d) steps down: %s", self.lm, self.epoch, why)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def close(self) -> None:
         await self.sup.__aexit__(None, None, None)
@@ -127,36 +228,47 @@ class LmService:
                 if reply is not None and reply.reports:
                     self.driver.feed(reply)
         except (PeerRefused, GiveUp) as exc:
+            if isinstance(exc, PeerRefused) and exc.reason == "stale_epoch":
+                self._step_down(f"its worker pool follows a newer incarnation ({exc})")
+                return
             # its nodes will time out and their tasks go back (relaunched or re-queued)
             self.worker_errors += 1
             log.error("worker pool did not take %d starts/stops: %s", len(items), exc)
 
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
-        body = codec.encode(TaskEvents(lm=self.core.lm_id, epoch=self.epoch, events=tuple(events)))
-        mid = f"{self.core.lm_id}.{self.epoch}.{next(self._seq)}"
-        await self.broker.publish(
-            self.broker.ex.events, f"gm.{gm}", amqp.persistent(body, message_id=mid)
-        )
+        body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
+        mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
+        await self.broker.publish("events", f"gm.{gm}", amqp.persistent(body, message_id=mid))
 
     async def _publish_state(self, eff: ToAllGms) -> None:
+        once = Backoff(deadline_s=0.0)  # the next heartbeat carries the same nodes
         try:
-            await self.broker.ex.state.publish(
-                amqp.transient(codec.encode(eff.msg)), routing_key="", mandatory=False
+            await self.broker.publish(
+                "state", "", amqp.transient(codec.encode(eff.msg)), mandatory=False, policy=once
             )
-        except amqp.PUBLISH_ERRORS as exc:  # the next heartbeat carries the same nodes
-            self.broker.publish_errors += 1
+        except GiveUp as exc:
             log.warning("state update not published: %s", exc)
 
     def ident(self) -> str:
-        return self.core.lm_id
+        return self.lm
 
-    def healthy(self) -> bool:
-        return self.ready
+    def status(self) -> str:
+        if self.active:
+            return "ok"
+        return "standby" if self.cfg.lm_standby and self.broker.connected else "starting"
+
+    def refusal(self) -> Refused | None:
+        if self.active:
+            return None
+        what = "a standby" if self.cfg.lm_standby else "starting"
+        return Refused(reason="not_ready", detail=f"this process of {self.lm} is {what}")
 
     def state_page(self) -> dict[str, Any]:
         core = self.core
         return {
             "lm": core.lm_id,
+            "active": self.active,
+            "standby": self.cfg.lm_standby and not self.active,
             "epoch": core.epoch,
             "version": core.version,
             "nodes": core.n_nodes,
@@ -170,6 +282,7 @@ class LmService:
             "counters": core.counters.as_dict(),
             "retained_done": len(core.done),
             "publish_errors": self.broker.publish_errors,
+            "broker": {"url": _no_password(self.broker.url), "reconnects": self.broker.reconnects},
             "worker_errors": self.worker_errors,
             "background_failures": self.sup.failures,
         }
@@ -179,16 +292,23 @@ def _ignore(_: object) -> None:
     """Drop a value (a batcher's ticket nobody waits for)."""
 
 
+def _no_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{creds.split(':')[0]}@{host}" if at else url
+
+
 def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
     svc = LmService(cfg, lm)
-    core = svc.core
     metrics = ServiceMetrics(
         "megha_lm",
-        lambda: core.counters,
+        lambda: svc.core.counters,
         lambda: {
-            "running_tasks": len(core.active),
-            "nodes_alive": sum(core.alive),
-            "version": core.version,
+            "running_tasks": len(svc.core.active),
+            "nodes_alive": sum(svc.core.alive),
+            "version": svc.core.version,
+            "epoch": svc.core.epoch,
+            "active": int(svc.active),
         },
     )
     routes: dict[str, type | tuple[type, ...]] = {

@@ -48,6 +48,7 @@ from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     CheckWorkers,
     ClusterLayout,
+    EndedAttempt,
     EventKind,
     Heartbeat,
     HeldTask,
@@ -75,6 +76,8 @@ from common.messages import (
 )
 from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
+
+ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 
 
 @dataclass(slots=True)
@@ -649,8 +652,37 @@ class LocalMaster:
                 self.active[key].worker_at = rep.worker_at
                 self.active[key].started_at = rep.started_at
             self.counters.recovered += 1
+        for e in msg.ended:
+            self._learn_ended(e, now, effects)
         self.registered = True
         return effects
+
+    def _learn_ended(self, e: EndedAttempt, now: float, effects: list[Effect]) -> None:
+        """An attempt that ended while no LM took its report: held as ended (a GM that
+        asks sees it ended, and does not place it again), its end sent on to its GM."""
+        rep = e.report
+        key = (rep.user, rep.task_id)
+        if not 0 <= rep.node < self.n_nodes or rep.kind not in ENDS:
+            return
+        a = self.active.get(key)
+        if a is not None:
+            if a.attempt == rep.attempt and a.node == rep.node:
+                self._report(rep, now, effects)
+            return
+        if key in self.done or e.start.gm not in self.gms:
+            return
+        held = HeldTask(
+            spec=e.start.spec,
+            attempt=rep.attempt,
+            queued_at=e.start.queued_at,
+            worker_at=rep.worker_at,
+            started_at=rep.started_at,
+            ended_at=rep.at,
+            ok=rep.kind == ReportKind.FINISHED,
+        )
+        self.done[key] = (e.start.gm, held, now)
+        self.counters.recovered_ends += 1
+        effects.append(ToGm(e.start.gm, self._orphan_event(rep, now)))
 
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes

@@ -45,12 +45,16 @@ def state_dir(arg: str | None) -> Path:
 
 
 def broker_reachable(url: str, timeout: float = 2.0) -> bool:
-    u = urlparse(url)
-    try:
-        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 5672), timeout):
-            return True
-    except OSError:
-        return False
+    """Whether any node of the broker (``url``: one URL or several, comma-separated)
+    accepts a TCP connection."""
+    for one in (x.strip() for x in url.split(",") if x.strip()):
+        u = urlparse(one)
+        try:
+            with socket.create_connection((u.hostname or "127.0.0.1", u.port or 5672), timeout):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def port_free(host: str, port: int) -> bool:
@@ -223,7 +227,7 @@ def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
     overrides: dict[str, Any] = {}
     for key in (
         "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
-        "p_altruism",
+        "p_altruism", "lm_standby", "queue_type", "broker_url",
     ):  # fmt: skip
         v = getattr(args, key, None)
         if v is not None:
@@ -307,22 +311,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         if "error" in st:
             print(f"  {g}: unreachable ({st['error']})")
             continue
+        c = st["counters"]
         print(
             f"  {g}: queued {st['queued']} {st['queues']}  in flight {st['inflight']}  running "
-            f"{st['running_tasks']}  finished {st['finished']}  failed {st['failed']}  "
+            f"{st['running_tasks']}  finished {c['tasks_finished']}  failed {c['failed']}  "
             f"unacked jobs {st['jobs_unacked']}"
         )
     print("LMs:")
     for lm in cfg.lm_ids:
-        st = _get_json(cfg.lm_url(lm) + "/v1/state", headers)
-        if "error" in st:
-            print(f"  {lm}: unreachable ({st['error']})")
-            continue
-        print(
-            f"  {lm}: nodes {st['nodes_alive']}/{st['nodes']} alive  running "
-            f"{st['running_tasks']}  logical nodes {st['logical_nodes']}  free "
-            f"{st['free_total']}/{st['capacity_total']}  version {st['version']}"
-        )
+        names = [lm, f"{lm}-standby"] if cfg.lm_standby else [lm]
+        for name in names:
+            st = _get_json(cfg.url(name) + "/v1/state", headers)
+            if "error" in st:
+                print(f"  {name}: unreachable ({st['error']})")
+                continue
+            if not st.get("active", True):
+                print(f"  {name}: standby")
+                continue
+            print(
+                f"  {name}: epoch {st['epoch']}  nodes {st['nodes_alive']}/{st['nodes']} alive  "
+                f"running {st['running_tasks']}  logical nodes {st['logical_nodes']}  free "
+                f"{st['free_total']}/{st['capacity_total']}  version {st['version']}"
+            )
     if broker_reachable(cfg.broker_url):
         print("queues (messages ready):")
         for name, n in asyncio.run(_queue_depths(cfg)).items():
@@ -406,7 +416,11 @@ def _shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gms", type=int, help="number of Global Masters")
     p.add_argument("--lms", type=int, help="number of Local Masters (clusters)")
     p.add_argument("--nodes-per-lm", type=int, help="worker nodes per LM")
-    p.add_argument("--base-port", type=int, help="first port (GMs base+i, LMs +100, workers +200)")
+    p.add_argument(
+        "--base-port",
+        type=int,
+        help="first port (GMs base+i, LMs +100, workers +200, standbys +300)",
+    )
     p.add_argument("--name", help="prefix of the federation's RabbitMQ queues and exchanges")
     p.add_argument("--profile", choices=["slots", "paper"], help="resource profile")
     p.add_argument("--users", help="NAME:SHARE@GM,... (default: one user per GM, equal shares)")
@@ -417,6 +431,22 @@ def _shape(p: argparse.ArgumentParser) -> None:
         "carbyne-pack",
     )
     p.add_argument("--p-altruism", type=float, help="Carbyne's P(altruism), 0..1")
+    p.add_argument(
+        "--lm-standby",
+        action="store_const",
+        const=True,
+        help="run a standby beside every LM (lmJ-standby), fenced by epochs",
+    )
+    p.add_argument(
+        "--queue-type",
+        choices=["classic", "quorum"],
+        help="durable queues: classic, or quorum (replicated over a RabbitMQ cluster)",
+    )
+    p.add_argument(
+        "--broker-url",
+        help="AMQP URL of the broker; a cluster's nodes comma-separated (default: "
+        "$MEGHA_BROKER_URL or amqp://guest:guest@127.0.0.1:5672/)",
+    )
 
 
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:

@@ -65,15 +65,22 @@ class Submitter:
         self.submitted: dict[TaskKey, TaskSpec] = {}
         self._tokens: dict[str, str] = {}
         self.refused: dict[str, str] = {}
+        self._listen = True
 
     async def open(self, *, listen: bool = True) -> None:
+        self._listen = listen
         await self.broker.open(prefetch=1000)
+        await self.broker.add_setup(self._declare)
+
+    async def _declare(self) -> None:
+        """The users' queues, and (listening) their outcomes and the dead letters; again
+        after a failover to another broker node."""
         b = self.broker
         assert b.pub is not None
         assert b.sub is not None
         for u in self.cfg.user_configs:
             await amqp.declare_user_queue(b.pub, self.cfg, b.ex, u.user)
-        if listen:
+        if self._listen:
             for user in self.users:
                 q = await amqp.declare_outcomes_queue(b.sub, self.cfg, b.ex, user)
                 await q.consume(self._on_outcomes, no_ack=True)
@@ -101,9 +108,7 @@ class Submitter:
 
     async def publish_raw(self, routing_key: str, body: bytes) -> None:
         try:
-            await self.broker.publish(
-                self.broker.ex.submit, routing_key, amqp.persistent(body), mandatory=True
-            )
+            await self.broker.publish("submit", routing_key, amqp.persistent(body), mandatory=True)
         except aio_pika.exceptions.DeliveryError as exc:
             raise SubmissionRefused(f"broker refused the job for {routing_key!r}: {exc}") from None
         except aio_pika.exceptions.PublishError as exc:

@@ -15,11 +15,17 @@ Topology (every name under the federation's prefix ``<name>``):
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
 forever: bad input is dead-lettered at once with its reason; any other exception
 requeues the message once and dead-letters it when it comes back and fails again.
-After the connection recovers, ``on_reconnect`` runs (a GM asks for fresh snapshots).
+The broker may be a cluster (``broker_url`` lists its nodes, comma-separated): a lost
+connection fails over to the next node that answers, the process's setups (queues,
+consumers) run again there, then ``on_reconnect`` (a GM asks for fresh snapshots).
+With ``queue_type = "quorum"`` every durable queue is a quorum queue, replicated
+over the cluster, so losing one node loses no job, event or outcome.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,10 +33,10 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractConnection,
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
-    AbstractRobustConnection,
 )
 
 from common.config import FederationConfig
@@ -52,6 +58,8 @@ TRANSIENT = (
 )
 """Publish failures worth another try once the connection recovers (a refusal -- an
 unroutable message, a nack -- is not one of them)."""
+CONNECT_ERRORS = (ConnectionError, OSError, aio_pika.exceptions.AMQPError, TimeoutError)
+CONNECT_TIMEOUT_S = 5.0
 
 
 def persistent(body: bytes, *, message_id: str | None = None, **headers: str) -> aio_pika.Message:
@@ -68,9 +76,26 @@ def transient(body: bytes, *, message_id: str | None = None) -> aio_pika.Message
     return aio_pika.Message(body, content_type="application/x-msgpack", message_id=message_id)
 
 
-async def connect(cfg: FederationConfig) -> AbstractRobustConnection:
-    conn: AbstractRobustConnection = await aio_pika.connect_robust(cfg.broker_url, timeout=5)
+async def connect(cfg: FederationConfig, url: str | None = None) -> AbstractConnection:
+    """One plain connection to ``url`` (default: the first of the federation's brokers)."""
+    target = url or cfg.broker_urls[0]
+    conn: AbstractConnection = await aio_pika.connect(target, timeout=CONNECT_TIMEOUT_S)
     return conn
+
+
+async def connect_any(cfg: FederationConfig, *, start: int = 0) -> tuple[AbstractConnection, int]:
+    """A connection to the first broker node that answers, trying them in turn from
+    ``start``; raises the last error when none does."""
+    urls = cfg.broker_urls
+    last: BaseException | None = None
+    for k in range(len(urls)):
+        i = (start + k) % len(urls)
+        try:
+            return await connect(cfg, urls[i]), i
+        except CONNECT_ERRORS as exc:
+            last = exc
+    assert last is not None
+    raise last
 
 
 class Exchanges:
@@ -100,7 +125,9 @@ async def declare_exchanges(ch: AbstractChannel, cfg: FederationConfig) -> Excha
     dlx = await ch.declare_exchange(
         cfg.dead_letter_exchange, aio_pika.ExchangeType.FANOUT, durable=True
     )
-    dead = await ch.declare_queue(cfg.dead_letter_queue, durable=True)
+    dead = await ch.declare_queue(
+        cfg.dead_letter_queue, durable=True, arguments={"x-queue-type": cfg.queue_type}
+    )
     await dead.bind(dlx, routing_key="")
     return Exchanges(submit, state, events, dlx)
 
@@ -112,6 +139,16 @@ async def declare_outcomes_queue(
     args: dict[str, Any] = {"x-queue-type": cfg.queue_type}
     q = await ch.declare_queue(cfg.user_outcomes_queue(user), durable=True, arguments=args)
     await q.bind(ex.events, routing_key=f"user.{user}")
+    return q
+
+
+async def declare_events_queue(
+    ch: AbstractChannel, cfg: FederationConfig, gm: str
+) -> AbstractQueue:
+    """A GM's durable queue of task events from every LM."""
+    args: dict[str, Any] = {"x-queue-type": cfg.queue_type}
+    q = await ch.declare_queue(cfg.gm_events_queue(gm), durable=True, arguments=args)
+    await q.bind(cfg.events_exchange, routing_key=f"gm.{gm}")
     return q
 
 
@@ -129,61 +166,139 @@ async def declare_user_queue(
     return q
 
 
+Setup = Callable[[], Awaitable[None]]
+
+
 class Broker:
-    """One process's connection: a confirming publisher channel and a consumer channel."""
+    """One process's connection: a confirming publisher channel and a consumer channel.
+
+    The connection fails over: when it closes, the broker nodes are tried in turn
+    (``cfg.broker_urls``, a cluster) until one answers; the channels and exchanges
+    are made again, then every registered setup (queue declarations, consumers) runs
+    again, then ``on_reconnect``.  Publishes wait for the connection meanwhile.
+    """
 
     def __init__(self, cfg: FederationConfig, name: str) -> None:
         self.cfg = cfg
         self.name = name
-        self.conn: AbstractRobustConnection | None = None
+        self.conn: AbstractConnection | None = None
         self.pub: AbstractChannel | None = None
         self.sub: AbstractChannel | None = None
         self._ex: Exchanges | None = None
+        self._prefetch = cfg.prefetch
+        self._setups: list[Setup] = []
+        self._url_index = 0
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._recovery: asyncio.Task[None] | None = None
         self.on_reconnect: Callable[[], None] | None = None
+        self.on_disconnect: Callable[[], None] | None = None
         self.dead_lettered = 0
         self.publish_errors = 0
         self.handler_errors = 0
+        self.reconnects = 0
 
     @property
     def ex(self) -> Exchanges:
         assert self._ex is not None, "the broker is not open"
         return self._ex
 
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def url(self) -> str:
+        """The broker node this process is connected to (or will try next)."""
+        return self.cfg.broker_urls[self._url_index]
+
     async def open(self, *, prefetch: int | None = None) -> None:
-        self.conn = await retry(
-            lambda: connect(self.cfg),
+        """Connect (retrying for up to a minute) and make the channels and exchanges."""
+        if prefetch is not None:
+            self._prefetch = prefetch
+        await retry(
+            self._connect_once,
             Backoff(first_s=0.2, cap_s=2.0, deadline_s=60.0),
             what=f"{self.name}: connect to the broker",
-            retry_on=(ConnectionError, OSError, aio_pika.exceptions.AMQPError, TimeoutError),
+            retry_on=CONNECT_ERRORS,
         )
-        self.conn.reconnect_callbacks.add(self._reconnected)
-        self.pub = await self.conn.channel(publisher_confirms=True, on_return_raises=True)
-        self._ex = await declare_exchanges(self.pub, self.cfg)
-        self.sub = await self.conn.channel(publisher_confirms=False)
-        await self.sub.set_qos(prefetch_count=prefetch or self.cfg.prefetch)
 
-    def _reconnected(self, *_: object) -> None:
-        log.warning("%s: broker connection recovered", self.name)
+    async def _connect_once(self) -> None:
+        conn, i = await connect_any(self.cfg, start=self._url_index)
+        self._url_index = i
+        try:
+            pub = await conn.channel(publisher_confirms=True, on_return_raises=True)
+            ex = await declare_exchanges(pub, self.cfg)
+            sub = await conn.channel(publisher_confirms=False)
+            await sub.set_qos(prefetch_count=self._prefetch)
+            self.conn, self.pub, self.sub, self._ex = conn, pub, sub, ex
+            for setup in self._setups:
+                await setup()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        conn.close_callbacks.add(self._lost)
+        self._connected.set()
+
+    def _lost(self, *_: object) -> None:
+        """The connection closed: fail over unless this process is shutting down."""
+        self._connected.clear()
+        if self._closing:
+            return
+        log.warning("%s: broker connection to %s lost; failing over", self.name, self.url)
+        if self.on_disconnect is not None:
+            self.on_disconnect()
+        self._url_index = (self._url_index + 1) % len(self.cfg.broker_urls)
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        await retry(
+            self._connect_once,
+            Backoff(first_s=0.1, cap_s=2.0, deadline_s=None),
+            what=f"{self.name}: reconnect to the broker",
+            retry_on=CONNECT_ERRORS,
+        )
+        self.reconnects += 1
+        log.warning("%s: broker connection recovered on %s", self.name, self.url)
         if self.on_reconnect is not None:
             self.on_reconnect()
 
+    async def add_setup(self, setup: Setup) -> None:
+        """Run ``setup`` now and after every reconnection (declare queues, consume)."""
+        self._setups.append(setup)
+        if self.connected:
+            await setup()
+
     async def close(self) -> None:
+        self._closing = True
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._recovery
         if self.conn is not None:
-            await self.conn.close()
+            with contextlib.suppress(Exception):
+                await self.conn.close()
 
     async def publish(
         self,
-        exchange: AbstractExchange,
+        exchange: str,
         routing_key: str,
         message: aio_pika.Message,
         *,
         mandatory: bool = True,
         policy: Backoff | None = None,
     ) -> None:
-        """Publish and wait for the broker's confirm, retrying transient failures."""
+        """Publish to the exchange named by its role (``submit``, ``events``, ``state``,
+        ``dlx``) and wait for the broker's confirm, retrying transient failures (across
+        a failover: the exchange is looked up again on each attempt)."""
 
         async def once() -> None:
-            await exchange.publish(message, routing_key=routing_key, mandatory=mandatory)
+            if not self._connected.is_set():
+                raise ConnectionError("not connected to the broker")
+            ex: AbstractExchange = getattr(self.ex, exchange)
+            await ex.publish(message, routing_key=routing_key, mandatory=mandatory)
 
         def count(_: BaseException) -> None:
             self.publish_errors += 1
@@ -191,7 +306,7 @@ class Broker:
         await retry(
             once,
             policy or Backoff(first_s=0.05, cap_s=2.0, deadline_s=None),
-            what=f"{self.name}: publish to {exchange.name}/{routing_key}",
+            what=f"{self.name}: publish to {exchange}/{routing_key}",
             retry_on=TRANSIENT,
             on_retry=count,
         )
@@ -217,9 +332,11 @@ class Broker:
             )
         except PUBLISH_ERRORS:  # the queue's own dead-lettering still keeps the message
             log.exception("%s: dead-letter publish failed; rejecting instead", self.name)
-            await msg.reject(requeue=False)
+            with contextlib.suppress(*PUBLISH_ERRORS):
+                await msg.reject(requeue=False)
             return
-        await msg.ack()
+        with contextlib.suppress(*PUBLISH_ERRORS):
+            await msg.ack()
 
     async def consume(
         self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False
@@ -237,23 +354,25 @@ class Broker:
                 log.exception("%s: consumer of %s failed", self.name, queue.name)
                 if no_ack:
                     return
-                if msg.redelivered:
-                    await self.dead_letter(
-                        msg, queue.name, "handler_error", f"{type(exc).__name__}: {exc}"
-                    )
-                else:
-                    await msg.nack(requeue=True)
+                with contextlib.suppress(*PUBLISH_ERRORS):
+                    if msg.redelivered:
+                        await self.dead_letter(
+                            msg, queue.name, "handler_error", f"{type(exc).__name__}: {exc}"
+                        )
+                    else:
+                        await msg.nack(requeue=True)
 
         await queue.consume(guarded, no_ack=no_ack)
 
 
 async def delete_topology(cfg: FederationConfig) -> None:
     """Remove every queue and exchange of the federation named ``cfg.name`` (tests, ``megha down --purge``)."""
-    conn = await connect(cfg)
+    conn, _ = await connect_any(cfg)
     try:
         names = [cfg.user_queue(u.user) for u in cfg.user_configs]
         names += [cfg.user_outcomes_queue(u.user) for u in cfg.user_configs]
         names += [cfg.gm_events_queue(g) for g in cfg.gm_ids]
+        names += [cfg.lm_epoch_queue(lm) for lm in cfg.lm_ids]
         names.append(cfg.dead_letter_queue)
         for q in names:
             ch = await conn.channel()

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
@@ -161,7 +161,14 @@ class Service(Protocol):
 
     def ident(self) -> str: ...
 
-    def healthy(self) -> bool: ...
+    def status(self) -> str:
+        """``ok``; ``starting`` (not serving yet: /health answers 503); or another
+        serving state such as ``standby``."""
+        ...
+
+    def refusal(self) -> Refused | None:
+        """Why the service takes no message now (None: it does)."""
+        ...
 
     def state_page(self) -> dict[str, Any]: ...
 
@@ -175,17 +182,21 @@ def message_route(kind: type | tuple[type, ...]) -> Handler:
 
     async def handle(request: web.Request) -> web.Response:
         msg: object = await read_message(request, kind)
-        return reply_response(request.app[SERVICE_KEY].driver.feed(msg))
+        svc = request.app[SERVICE_KEY]
+        refused = svc.refusal()
+        if refused is not None:
+            return reply_response(refused)
+        return reply_response(svc.driver.feed(msg))
 
     return handle
 
 
 async def health_handler(request: web.Request) -> web.Response:
     svc = request.app[SERVICE_KEY]
-    ok = svc.healthy()
+    status = svc.status()
     return web.json_response(
-        {"status": "ok" if ok else "starting", "role": svc.role, "id": svc.ident()},
-        status=200 if ok else 503,
+        {"status": status, "role": svc.role, "id": svc.ident()},
+        status=503 if status == "starting" else 200,
     )
 
 
@@ -257,12 +268,16 @@ def session(limit: int = 64) -> aiohttp.ClientSession:
 
 
 class Peer:
-    """One service this process talks to: ``post`` a message, get its answer."""
+    """One service this process talks to: ``post`` a message, get its answer.
+
+    A service may answer at several addresses (an LM and its standby): a broken
+    connection or a 5xx (a standby answers 503) moves the peer on to the next address,
+    where the same request is retried."""
 
     def __init__(
         self,
         name: str,
-        url: str,
+        url: str | Sequence[str],
         secret: str,
         http: aiohttp.ClientSession,
         *,
@@ -270,7 +285,8 @@ class Peer:
         max_answer: int = codec.MAX_BODY,
     ) -> None:
         self.name = name
-        self.url = url
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self._at = 0
         self.http = http
         self.headers = {**internal_headers(secret), "Content-Type": MSGPACK}
         self.policy = policy or Backoff()
@@ -297,13 +313,16 @@ class Peer:
 
         async def once() -> M | None:
             t0 = time.perf_counter()
+            at = self._at
             try:
-                async with self.http.post(self.url + path, data=body, headers=headers) as resp:
+                async with self.http.post(self.urls[at] + path, data=body, headers=headers) as resp:
                     data = await resp.read()
                     status = resp.status
             except (aiohttp.ClientError, TimeoutError) as exc:
+                self._next(at)
                 raise _Transient(f"{self.name}{path}: {exc!r}") from exc
             if status >= 500:
+                self._next(at)
                 raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
             if status >= 400:
                 raise PeerRefused(status, *_error_of(data))
@@ -323,6 +342,17 @@ class Peer:
             retry_on=(_Transient,),
             on_retry=count,
         )
+
+    @property
+    def url(self) -> str:
+        """The address the next request goes to."""
+        return self.urls[self._at]
+
+    def _next(self, failed: int) -> None:
+        """The address ``failed`` did not serve: the next one gets the next try (unless
+        a concurrent request moved on already)."""
+        if self._at == failed:
+            self._at = (failed + 1) % len(self.urls)
 
 
 def _error_of(data: bytes) -> tuple[str, str]:

@@ -49,6 +49,7 @@ from common.messages import (
     LaunchResponse,
     PreemptRequest,
     PreemptResponse,
+    ReportsTaken,
     StartTask,
     StartTasks,
     StateSnapshot,
@@ -366,7 +367,10 @@ class MeghaSimulation:
             loop.at(at, self._deliver_gm, g, TaskEvents(lm=lm_id, events=tuple(evs)))
         if reports:
             assert pool is not None
-            loop.at(at, self._deliver_lm, pool, WorkerReports(lm=pool, reports=tuple(reports)))
+            batch = tuple(reports)
+            loop.at(at, self._deliver_lm, pool, WorkerReports(lm=pool, reports=batch))
+            # the network here loses nothing: the pool need not keep them for a new LM
+            self.pools[pool].handle(ReportsTaken(reports=batch), at)
 
     def _reply(
         self, msg: Any, at: float, *, lm_id: LmId | None, pool: LmId | None, request: Any,

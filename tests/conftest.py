@@ -38,6 +38,7 @@ from common.messages import (
     LaunchRequest,
     Placement,
     PreemptRequest,
+    ReportsTaken,
     RequestSnapshots,
     StartTask,
     StartTasks,
@@ -402,6 +403,7 @@ class Network:
                 reports.append(e.msg)
         if reports:
             self.lm_input(lm, WorkerReports(lm=lm, reports=tuple(reports)), now)
+            self.pool(lm).handle(ReportsTaken(reports=tuple(reports)), now)
 
     def work(self, lm: LmId, now: float) -> None:
         """The pool of ``lm`` takes its next command batch (start or stop)."""

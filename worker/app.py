@@ -22,9 +22,11 @@ from common.ids import LmId, NodeIndex
 from common.messages import (
     CheckLease,
     LeaseRenewed,
+    Refused,
     Registered,
     RegisterPool,
     RegisterWorkers,
+    ReportsTaken,
     StartTasks,
     StopTasks,
     WorkerHeartbeat,
@@ -85,7 +87,7 @@ class WorkerService:
         await self.sup.__aenter__()
         self.http = session(16)
         self.lm = Peer(
-            self.core.lm, self.cfg.lm_url(self.core.lm), self.cfg.secret, self.http, policy=REPORTS
+            self.core.lm, self.cfg.lm_urls(self.core.lm), self.cfg.secret, self.http, policy=REPORTS
         )
         self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
@@ -133,6 +135,7 @@ class WorkerService:
             await self.registered.wait()
             try:
                 await self.lm.post("/v1/worker-report", msg, expect=WorkerReports)
+                self.driver.feed(ReportsTaken(reports=msg.reports))
                 return
             except PeerRefused as exc:
                 if exc.reason == "register_first":
@@ -163,8 +166,11 @@ class WorkerService:
     def ident(self) -> str:
         return f"{self.core.lm}-workers"
 
-    def healthy(self) -> bool:
-        return True
+    def status(self) -> str:
+        return "ok"
+
+    def refusal(self) -> Refused | None:
+        return None
 
     def state_page(self) -> dict[str, Any]:
         return {

@@ -17,8 +17,10 @@ Theory of operation:
 * A ``StartTasks`` from an older LM epoch than the newest one seen is refused: a
   superseded LM (an old incarnation, or a fenced standby) cannot start work.
 * The pool registers with its LM (``RegisterPool`` -> ``RegisterWorkers``): at start,
-  and whenever an LM incarnation asks, it tells which nodes live and what runs, so a
-  restarted LM rebuilds its state from the workers (which hold what runs).
+  and whenever an LM incarnation asks, it tells which nodes live, what runs, and what
+  ended since its LM last took its reports (``unreported``, until ``ReportsTaken``),
+  so a restarted LM (or its standby) rebuilds its state from the workers, which hold
+  what runs, and no GM places again a task that ended while no LM listened.
 * **Lease**: each answer of the LM renews the pool's lease (``LeaseRenewed``).  A pool
   out of touch for longer than its lease (shorter than the LM's worker timeout) stops
   every attempt itself and reports them ``LOST``: by the time its LM declares its
@@ -41,12 +43,14 @@ from common.messages import (
     CheckLease,
     CommandExited,
     CommandStarted,
+    EndedAttempt,
     LeaseRenewed,
     Refused,
     Registered,
     RegisterPool,
     RegisterWorkers,
     ReportKind,
+    ReportsTaken,
     StartTask,
     StartTasks,
     StopTasks,
@@ -93,6 +97,8 @@ class WorkerPool:
         self.renewed = -1.0
         """When the LM last answered (its lease); -1: not yet."""
         self.running: dict[TaskKey, Running] = {}
+        self.unreported: dict[tuple[TaskKey, int], EndedAttempt] = {}
+        """Finished or failed attempts whose report no LM has taken yet."""
         self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=100_000)
         """The latest starts, ends and stops: (what, user, task, attempt, node, at), for
         operators and the fault suite (two overlapping attempts would be a duplicate)."""
@@ -107,6 +113,7 @@ class WorkerPool:
             CheckLease: self._on_check_lease,
             CommandStarted: self._on_command_started,
             CommandExited: self._on_exited,
+            ReportsTaken: self._on_reports_taken,
         }
 
     def handle(self, msg: object, now: float) -> list[Effect]:
@@ -185,8 +192,20 @@ class WorkerPool:
             if r.started_at >= 0
         )
         nodes = tuple(NodeIndex(n) for n in range(self.n_nodes))
-        msg_ = RegisterWorkers(lm=self.lm, nodes=nodes, at=now, running=running, started=started)
+        msg_ = RegisterWorkers(
+            lm=self.lm,
+            nodes=nodes,
+            at=now,
+            running=running,
+            started=started,
+            ended=tuple(self.unreported.values()),
+        )
         return [ToLm(self.lm, msg_)]
+
+    def _on_reports_taken(self, msg: ReportsTaken, now: float) -> list[Effect]:
+        for rep in msg.reports:
+            self.unreported.pop(((rep.user, rep.task_id), rep.attempt), None)
+        return []
 
     def _on_registered(self, msg: Registered, now: float) -> list[Effect]:
         if msg.lm == self.lm:
@@ -264,7 +283,11 @@ class WorkerPool:
         else:
             self.counters.failed += 1
         kind = ReportKind.FINISHED if ok else ReportKind.FAILED
-        return [ToLm(self.lm, self._report(kind, r, now, detail))]
+        report = self._report(kind, r, now, detail)
+        self.unreported[((r.spec.user, r.spec.task_id), r.attempt)] = EndedAttempt(
+            start=r.start, report=report
+        )
+        return [ToLm(self.lm, report)]
 
     def _report(self, kind: ReportKind, r: Running, now: float, detail: str = "") -> WorkerReport:
         return WorkerReport(

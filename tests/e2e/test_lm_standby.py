@@ -1,0 +1,102 @@
+"""An LM with a standby (``lm_standby``): the active process is killed with SIGKILL
+mid-run and not restarted; its standby takes over under a newer epoch, learns what
+runs from the worker pool, and GMs and the pool follow it.  Nothing is lost, nothing
+runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.config import FederationConfig
+from common.metrics import duplicate_launches
+from request_generator.submitter import Submitter
+from request_generator.workload import WorkloadSpec, synthetic_jobs
+from tests.e2e.conftest import launches, pid_of, service_state
+
+pytestmark = pytest.mark.e2e
+
+Federation = tuple[FederationConfig, Path]
+
+
+def _lm_processes(cfg: FederationConfig, lm: str) -> dict[str, Any]:
+    """The state pages of both processes of ``lm``, by process name."""
+    return {name: service_state(cfg.url(name), cfg) for name in (lm, f"{lm}-standby")}
+
+
+def test_the_standby_takes_over_from_a_killed_lm(
+    make_federation: Callable[..., Federation],
+) -> None:
+    cfg, home = make_federation(gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5, lm_standby=True)
+    procs = _lm_processes(cfg, "lm0")
+    (active,) = [n for n, st in procs.items() if st["active"]]
+    (standby,) = [n for n, st in procs.items() if st["standby"]]
+    before = procs[active]["epoch"]
+    shown = _status(home)
+    assert f"{standby}: standby" in shown
+    assert f"{active}: epoch {before}" in shown
+    jobs = synthetic_jobs(
+        40, rate=25.0, tasks_per_job=3, mean_duration=4.0,
+        spec=WorkloadSpec(profile=cfg.profile, constraints=False), users=cfg.user_configs,
+        rng=random.Random(12),
+    )  # fmt: skip
+    ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
+    done, failed = asyncio.run(_drive(cfg, jobs, ids, kill=pid_of(home, active)))
+    assert not failed, dict(list(failed.items())[:5])
+    assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
+    now = service_state(cfg.url(standby), cfg)
+    assert now["active"]
+    assert now["epoch"] > before
+    assert now["counters"]["recovered"] > 0  # it learnt the running tasks from the pool
+    assert now["running_tasks"] == 0
+    log = launches(cfg)
+    assert duplicate_launches(log) == {"count": 0, "tasks": []}
+    assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)
+    gms = [service_state(cfg.gm_url(g), cfg) for g in cfg.gm_ids]
+    assert sum(g["counters"]["lm_restarts_seen"] for g in gms) >= 1
+    shown = _status(home)
+    assert f"{active}: unreachable" in shown
+    assert f"{standby}: epoch {now['epoch']}" in shown
+
+
+def _status(home: Path) -> str:
+    """What ``megha status`` prints about the federation in ``home``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "megha_cli.main", "status", "--state-dir", str(home)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return out.stdout
+
+
+async def _drive(
+    cfg: FederationConfig, jobs: list[Any], ids: list[Any], *, kill: int
+) -> tuple[list[Any], dict[Any, str]]:
+    sub = Submitter(cfg)
+    await sub.open()
+    t0 = time.time()
+    try:
+        for i, job in enumerate(jobs):
+            await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
+            await sub.submit(job)
+            if i == 20:  # tasks of seconds run on lm0 now, and go on meanwhile
+                os.killpg(kill, signal.SIGKILL)
+        out = sub.outcomes
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(out.done(i) for i in ids):
+            out.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(out.changed.wait(), timeout=0.5)
+        return [i for i in ids if out.done(i)], dict(out.failed)
+    finally:
+        await sub.close()
