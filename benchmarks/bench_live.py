@@ -23,16 +23,16 @@ from typing import Any
 
 from common.config import FederationConfig
 from megha_cli.federation import start_federation, stop_federation
+from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, run_bench
-from runtime.broker import delete_topology
 
 NODES = 120
 
 
-def _step(cfg: FederationConfig, out: Path, label: str, **kw: Any) -> dict[str, Any]:
+def _step(cfg: FederationConfig, home: Path, out: Path, label: str, **kw: Any) -> dict[str, Any]:
     opts = BenchOptions(out=str(out / label), progress=False, floor_samples=300, **kw)
     t = time.time()
-    s = asyncio.run(run_bench(cfg, opts))
+    s = asyncio.run(run_bench(cfg, opts, home))
     offered = s["offered_tasks_per_s"]
     row = {
         "label": label,
@@ -100,7 +100,7 @@ def main() -> int:
         rate = 0.5 * NODES / mean
         rows.append(
             _step(
-                cfg, out.parent / "bench_live", "load50",
+                cfg, home, out.parent / "bench_live", "load50",
                 jobs=int(rate * args.seconds / per_job), tasks_per_job=per_job,
                 mean_duration=mean, job_rate=rate / per_job,
             )
@@ -109,7 +109,7 @@ def main() -> int:
         per_job = 10
         for r in (float(x) for x in args.rates.split(",")):
             row = _step(
-                cfg, out.parent / "bench_live", f"rate{int(r)}",
+                cfg, home, out.parent / "bench_live", f"rate{int(r)}",
                 jobs=int(r * args.seconds / per_job), tasks_per_job=per_job,
                 mean_duration=0.02, rate=r / per_job, timeout_s=120.0,
             )  # fmt: skip
@@ -118,7 +118,7 @@ def main() -> int:
                 break
     finally:
         stop_federation(home)
-        asyncio.run(delete_topology(cfg))
+        purge(cfg, home)
     ok = [r for r in rows[1:] if sustained(r)]
     result = {
         "federation": {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -131,6 +132,10 @@ def default_users(gm_ids: Sequence[GmId]) -> list[UserConfig]:
     return [UserConfig(UserId(f"u{i}"), g, share) for i, g in enumerate(gm_ids)]
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A user's name (as ``security.identity.NAME_PATTERN``)."""
+
+
 def parse_users(text: str, gm_ids: Sequence[GmId]) -> list[UserConfig]:
     """``"alice:0.1@gm0,bob:0.25@gm1"``; empty means :func:`default_users`."""
     if not text.strip():
@@ -145,6 +150,12 @@ def parse_users(text: str, gm_ids: Sequence[GmId]) -> list[UserConfig]:
             raise ConfigError(
                 f"bad user spec {item!r}: expected NAME:SHARE@GM", reason="bad_users"
             ) from None
+        if not _NAME.fullmatch(name):
+            raise ConfigError(
+                f"bad user name {name!r}: 1-64 of [A-Za-z0-9_-], starting with a letter or "
+                "digit (it names a queue, a routing key and a broker user)",
+                reason="bad_users",
+            )
         if gm not in gm_ids:
             raise ConfigError(f"user {name!r} maps to unknown GM {gm!r}", reason="bad_users")
         if not 0 < share <= 1:

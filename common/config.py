@@ -7,24 +7,31 @@ function, so the three cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common import broker_names as names
 from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_SECRET = "megha-dev-secret-change-me"
+"""Not a secret: it means "none given" (``megha up`` makes a random one)."""
 CONFIG_ENV = "MEGHA_CONFIG"
 ROLE_ENV = "MEGHA_ROLE"
 ID_ENV = "MEGHA_ID"
 BROKER_ENV = "MEGHA_BROKER_URL"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
 """How a GM may order its user queues (``global_master.policy`` implements each)."""
@@ -63,8 +70,10 @@ class FederationConfig:
     heartbeat_s: float = 1.0
     """LM state updates to all GMs, and worker heartbeats to their LM."""
     worker_timeout_s: float = 5.0
-    secret: str = "megha-dev-secret-change-me"
-    """Signs internal calls and users' submission tokens."""
+    secret: str = DEFAULT_SECRET
+    """The federation secret, if the operator names one (it must be strong); by default
+    ``megha up`` makes a random one in ``$MEGHA_HOME/secret``.  Every key derives from
+    it; it is never written to the recorded config."""
     queue_type: str = "classic"
     """User queues: "classic" (durable, persistent messages; the lower latency: p50 6.1 vs
     12.5 ms at 50% load in benchmarks/bench_live.py) or "quorum" (adds a broker-side
@@ -78,7 +87,10 @@ class FederationConfig:
     """Longest task a GM admits (a longer one is refused with ``duration_too_long``)."""
     task_commands: bool = False
     """Whether workers run a task's ``command`` (off: every task holds its resources for
-    its duration, as in the paper's prototype)."""
+    its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    """``[sandbox]``: how commands run (``security.sandbox.SandboxPolicy``: the
+    allow-list of executables, the unprivileged uid/gid, rlimits, timeout)."""
     seed: int = 1
     queue_policy: str = "fifo"
     """How each GM orders its user queues: fifo (Megha), drf, tetris, sjf, carbyne, ..."""
@@ -160,47 +172,54 @@ class FederationConfig:
         standbys = [f"{lm}-standby" for lm in self.lm_ids] if self.lm_standby else []
         return [*(f"{lm}-workers" for lm in self.lm_ids), *self.lm_ids, *standbys, *self.gm_ids]
 
-    # AMQP names (all under the federation's prefix)
+    # AMQP names (all under the federation's prefix: ``common.broker_names``)
     @property
     def submit_exchange(self) -> str:
-        return f"{self.name}.submit"
+        return names.submit_exchange(self.name)
 
     @property
     def state_exchange(self) -> str:
-        return f"{self.name}.state"
+        return names.state_exchange(self.name)
 
     @property
     def events_exchange(self) -> str:
-        return f"{self.name}.events"
+        return names.events_exchange(self.name)
 
     @property
     def dead_letter_exchange(self) -> str:
-        return f"{self.name}.dlx"
+        return names.dead_letter_exchange(self.name)
 
     @property
     def dead_letter_queue(self) -> str:
-        return f"{self.name}.dead"
-
-    def lm_leader_queue(self, lm: str) -> str:
-        """Held (exclusively) by the active process of an LM that has a standby."""
-        return f"{self.name}.lm.{lm}.leader"
-
-    def lm_epoch_queue(self, lm: str) -> str:
-        """Holds the latest epoch any incarnation of ``lm`` took."""
-        return f"{self.name}.lm.{lm}.epoch"
+        return names.dead_letter_queue(self.name)
 
     def user_queue(self, user: str) -> str:
-        return f"{self.name}.user.{user}"
+        return names.user_queue(self.name, user)
 
-    def gm_events_queue(self, gm: str) -> str:
-        return f"{self.name}.gm.{gm}.events"
-
-    def user_outcomes_queue(self, user: str) -> str:
+    def user_events_queue(self, user: str) -> str:
         """Where a user's task outcomes wait for it (durable: none is lost while the
         user's client is away)."""
-        return f"{self.name}.user.{user}.outcomes"
+        return names.user_events_queue(self.name, user)
+
+    def gm_events_queue(self, gm: str) -> str:
+        return names.gm_events_queue(self.name, gm)
+
+    def gm_state_queue(self, gm: str) -> str:
+        return names.gm_state_queue(self.name, gm)
+
+    def lm_leader_queue(self, lm: str) -> str:
+        return names.lm_leader_queue(self.name, lm)
+
+    def lm_epoch_queue(self, lm: str) -> str:
+        return names.lm_epoch_queue(self.name, lm)
 
     def validate(self) -> FederationConfig:
+        if not _NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"federation name {self.name!r}: 1-64 of [A-Za-z0-9_-] (it prefixes broker "
+                "queues and names the broker vhost and users)",
+                reason="bad_config",
+            )
         if self.gms < 1 or self.lms < 1 or self.nodes_per_lm < 1:
             raise ConfigError("gms, lms and nodes_per_lm must be at least 1")
         if self.nodes_per_lm < self.gms:
@@ -235,20 +254,30 @@ class FederationConfig:
         return self
 
     def to_toml(self) -> str:
+        """The config as a TOML file, without the secret (which lives in its own file)."""
         lines = ["[federation]"]
         for k, v in asdict(self).items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) or k == "secret":
                 continue
-            if isinstance(v, bool):
-                lines.append(f"{k} = {'true' if v else 'false'}")
-            elif isinstance(v, int | float):
-                lines.append(f"{k} = {v!r}")
-            else:
-                lines.append(f'{k} = "{v}"')
-        if self.addresses:
-            lines.append("\n[federation.addresses]")
-            lines.extend(f'"{k}" = "{v}"' for k, v in sorted(self.addresses.items()))
+            lines.append(f"{k} = {_toml_value(v)}")
+        for table in ("addresses", "sandbox"):
+            values: dict[str, Any] = getattr(self, table)
+            if values:
+                lines.append(f"\n[federation.{table}]")
+                lines.extend(
+                    f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sorted(values.items())
+                )
         return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))  # a TOML basic string: JSON's escapes are TOML's
 
 
 _FIELDS = {f.name: f for f in fields(FederationConfig)}
@@ -268,7 +297,7 @@ def parse_config(data: dict[str, Any], *, env: dict[str, str] | None = None) -> 
             value = float(value)
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ConfigError(f"{key}: expected {want.__name__}, got {value!r}")
-        if isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):
+        if key == "addresses" and not all(isinstance(v, str) for v in value.values()):
             raise ConfigError(f"{key}: every value must be a string")
         kwargs[key] = value
     cfg = FederationConfig(**kwargs)

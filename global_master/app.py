@@ -24,10 +24,11 @@ import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 
+from common import broker_names as names
 from common import codec
-from common.auth import check_user, user_token
 from common.config import FederationConfig
 from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
+from common.errors import ConfigError, Unauthorized
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
@@ -58,6 +59,10 @@ from runtime.http import Peer, PeerRefused, service_app, service_identity, sessi
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
+from security import sealing
+from security.access import Access
+from security.identity import lm as lm_identity
+from security.tokens import TokenStore
 
 log = logging.getLogger("megha.gm")
 
@@ -75,8 +80,21 @@ class GmService:
 
     role = "gm"
 
-    def __init__(self, cfg: FederationConfig, gm: GmId) -> None:
+    def __init__(self, cfg: FederationConfig, gm: GmId, access: Access) -> None:
         self.cfg = cfg
+        self.access = access
+        if access.users_file is None:
+            raise ConfigError(
+                "a GM needs the users file (MEGHA_USERS_FILE; `megha up` sets it)",
+                reason="no_users_file",
+            )
+        self.tokens = TokenStore(access.users_file)
+        lms = access.lm_identities()
+        self.state_seals = access.opener("state", lms)
+        self.event_seals = access.opener(f"events.{gm}", lms)
+        self.resume_keys = sealing.keyring_for(access.secret, [access.me])
+        self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
+        self.forged = 0
         mine = [u.user for u in cfg.user_configs if u.gm == gm]
         queues = make_policy(
             cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
@@ -90,7 +108,7 @@ class GmService:
         )
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
-        self.broker = amqp.Broker(cfg, gm)
+        self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
         self.http: aiohttp.ClientSession | None = None
         self.lms: dict[LmId, Peer] = {}
         self.deliveries: dict[tuple[UserId, JobId], AbstractIncomingMessage] = {}
@@ -121,8 +139,9 @@ class GmService:
         self.http = session(64)
         for lm in self.cfg.lm_ids:
             self.lms[lm] = Peer(
-                lm, self.cfg.lm_urls(lm), self.cfg.secret, self.http, max_answer=self.cfg.max_body
-            )
+                lm_identity(lm), self.cfg.lm_urls(lm), self.access, self.http,
+                max_answer=self.cfg.max_body,
+            )  # fmt: skip
         await self.broker.open()
         self.broker.on_reconnect = lambda: self.feed(RequestSnapshots())
         self.sup.spawn(self._start(), "start-up")
@@ -138,21 +157,21 @@ class GmService:
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
 
     async def _consume_state(self) -> None:
-        """LM state updates, on a queue of this GM's own (gone with its connection)."""
+        """LM state updates (this GM's queue of them)."""
         assert self.broker.sub is not None
-        q = await self.broker.sub.declare_queue(exclusive=True, auto_delete=True)
-        await q.bind(self.cfg.state_exchange, routing_key="")
+        q = await amqp.open_queue(self.broker.sub, self.cfg.gm_state_queue(self.core.gm_id))
         await self.broker.consume(q, self._on_state, no_ack=True)
 
     async def _consume_jobs_and_events(self) -> None:
-        sub, ex, cfg, gm = self.broker.sub, self.broker.ex, self.cfg, self.core.gm_id
+        sub, cfg, gm = self.broker.sub, self.cfg, self.core.gm_id
         assert sub is not None
-        await self.broker.consume(await amqp.declare_events_queue(sub, cfg, gm), self._on_events)
+        await self.broker.consume(
+            await amqp.open_queue(sub, cfg.gm_events_queue(gm)), self._on_events
+        )
         for u in cfg.user_configs:
             if u.gm != gm:
                 continue
-            await amqp.declare_outcomes_queue(sub, cfg, ex, u.user)
-            q = await amqp.declare_user_queue(sub, cfg, ex, u.user)
+            q = await amqp.open_queue(sub, cfg.user_queue(u.user))
 
             async def job(msg: AbstractIncomingMessage, user: UserId = u.user) -> None:
                 await self._on_job(user, msg)
@@ -174,7 +193,18 @@ class GmService:
             self._ready.set()
 
     async def _on_state(self, msg: AbstractIncomingMessage) -> None:
-        self.feed(codec.decode(msg.body, expect=StateUpdated, max_size=self.cfg.max_body))
+        """A state update, if an LM sealed it and it is newer than what that LM sent
+        before (anything else is dropped and counted: see ``state_seals.drops``)."""
+        seal = self.state_seals.open(msg.headers, msg.body)
+        if isinstance(seal, sealing.Dropped):
+            log.debug("state update dropped: %s", seal.detail)
+            return
+        update = codec.decode(msg.body, expect=StateUpdated, max_size=self.cfg.max_body)
+        if update.delta.lm != seal.sender.name:
+            self.forged += 1
+            log.warning("%s sent a state update about %s: dropped", seal.sender, update.delta.lm)
+            return
+        self.feed(update)
 
     def _to_user(self, eff: ToUser) -> None:
         self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
@@ -186,7 +216,17 @@ class GmService:
         """Task events; acknowledged once what they produced is on the broker (outcomes
         to users, returned tasks made durable), so a GM killed in between gets them
         again (outcomes are at least once; a returned task is never lost)."""
+        seal = self.event_seals.open(msg.headers, msg.body)
+        if isinstance(seal, sealing.Dropped):
+            if seal.reason in (sealing.DropReason.STALE_SEQ, sealing.DropReason.STALE_EPOCH):
+                await msg.ack()  # seen already (redelivered), or from a replaced incarnation
+                return
+            raise Unauthorized(f"task events: {seal.detail}", reason=seal.reason.value)
         events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
+        if events.lm != seal.sender.name:
+            raise Unauthorized(
+                f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
+            )
         self._tickets, self._persisted = {}, {}
         if self.events_seen.first_time(msg.message_id):
             self.feed(events)
@@ -200,7 +240,7 @@ class GmService:
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
         job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
-        check_user(job.user, job.token, user, self.cfg.secret)
+        self._check_submitter(user, job, msg)
         key = (job.user, job.job_id)
         held = self.deliveries.get(key)
         if held is not None:
@@ -216,6 +256,23 @@ class GmService:
         if msg.redelivered:
             self.redelivered_jobs += 1
         self.feed(AdmitJob(job=job, redelivered=bool(msg.redelivered)))
+
+    def _check_submitter(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
+        """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this
+        GM returned to the queue itself (sealed by it)."""
+        if job.user != user:
+            raise Unauthorized(
+                f"job of user {job.user!r} found in the queue of {user!r}", reason="wrong_queue"
+            )
+        if job.resumes is not None:
+            stream = f"resume.{user}"
+            seal = sealing.authenticate(msg.headers, msg.body, self.resume_keys, stream)
+            if isinstance(seal, sealing.Dropped):
+                raise Unauthorized(f"returned tasks not sealed by this GM: {seal.detail}",
+                                   reason=seal.reason.value)  # fmt: skip
+            return
+        self.tokens.refresh(time.time())
+        self.tokens.verify(job.user, job.token)
 
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
@@ -253,14 +310,17 @@ class GmService:
             self.feed(reply)
 
     async def _publish_persists(self, user: UserId, jobs: list[SubmitJob]) -> None:
-        token = user_token(self.cfg.secret, user)
         for job in jobs:
-            body = codec.encode(replace(job, token=token))
-            await self.broker.publish("submit", user, amqp.persistent(body))
+            body = codec.encode(job)
+            seal = self.resume_seal.seal(body, f"resume.{user}")
+            await self.broker.publish(
+                "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
+            )
 
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
-        await self.broker.publish("events", f"user.{user}", amqp.persistent(body))
+        key = names.user_event_key(user, self.core.gm_id)
+        await self.broker.publish("events", key, amqp.persistent(body))
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM."""
@@ -317,6 +377,11 @@ class GmService:
                 "background_failures": self.sup.failures,
             },
             "dead_lettered": self.broker.dead_lettered,
+            "dropped": {
+                "state": dict(self.state_seals.drops),
+                "events": dict(self.event_seals.drops),
+                "forged": self.forged,
+            },
             "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
@@ -329,8 +394,8 @@ async def _ack(msg: AbstractIncomingMessage) -> None:
         log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
 
 
-def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
-    svc = GmService(cfg, gm)
+def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Application:
+    svc = GmService(cfg, gm, access)
     core = svc.core
     metrics = ServiceMetrics(
         "megha_gm",
@@ -342,12 +407,12 @@ def build_app(cfg: FederationConfig, gm: GmId) -> web.Application:
             "jobs_unacked": len(svc.deliveries),
         },
     )
-    return service_app(cfg, svc, metrics)
+    return service_app(cfg, svc, metrics, access)
 
 
 async def create_app() -> web.Application:
     """gunicorn entry point (``global_master.app:create_app``)."""
-    cfg, ident = service_identity("gm")
+    cfg, ident, access = service_identity("gm")
     if ident not in cfg.gm_ids:
         raise ValueError(f"{ident} is not a GM of this federation ({cfg.gm_ids})")
-    return build_app(cfg, GmId(ident))
+    return build_app(cfg, GmId(ident), access)

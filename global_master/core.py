@@ -34,6 +34,7 @@ No clocks, sockets or global randomness: ``now`` is an argument, effects are ret
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -78,6 +79,7 @@ from common.model import (
     fits,
     new_task,
 )
+from common.schema import MAX_ID_LEN
 from global_master.queues import UserQueues
 from global_master.view import LmView
 
@@ -405,7 +407,7 @@ class GlobalMaster:
         if rec is not None and not rec.settled:
             return  # its job's delivery is still held: that keeps it
         job = SubmitJob(
-            job_id=JobId(f"{task.job_id}~{task.attempt}"),
+            job_id=resume_id(task.job_id, task.attempt),
             user=task.user,
             token="",
             submitted_at=now,
@@ -1126,6 +1128,16 @@ class GlobalMaster:
     def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:
         """The tasks this GM holds for ``keys`` (queued, in flight or placed)."""
         return [t for k in keys if (t := self.live.get(k)) is not None]
+
+
+def resume_id(job_id: JobId, attempt: int) -> JobId:
+    """The id of the one-task job that keeps a returned task on the broker: a valid id
+    (as the codec checks), whatever the original's length."""
+    suffix = f"+r{attempt}"
+    if len(job_id) + len(suffix) > MAX_ID_LEN:
+        digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
+        job_id = JobId(f"{job_id[: MAX_ID_LEN - len(suffix) - 17]}.{digest}")
+    return JobId(f"{job_id}{suffix}")
 
 
 def recovered_task(h: HeldTask, gm: GmId) -> Task:

@@ -23,6 +23,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiohttp import web
 
+from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
 from common.effects import ToAllGms, ToGm, ToWorker
@@ -51,6 +52,9 @@ from runtime.http import Peer, PeerRefused, service_app, service_identity, sessi
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
+from security.access import Access
+from security.identity import workers as workers_identity
+from security.sealing import Sealer
 
 log = logging.getLogger("megha.lm")
 
@@ -72,13 +76,15 @@ class LmService:
 
     role = "lm"
 
-    def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
+    def __init__(self, cfg: FederationConfig, lm: LmId, access: Access) -> None:
         self.cfg = cfg
         self.lm = lm
+        self.access = access
+        self.sealer: Sealer | None = None
         self.sup = Supervisor(lm)
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
-        self.broker = amqp.Broker(cfg, lm)
+        self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
         self.http: aiohttp.ClientSession | None = None
         self.pool: Peer | None = None
         self._seq = itertools.count(1)
@@ -109,9 +115,9 @@ class LmService:
         self.http = session(32)
         policy = Backoff(deadline_s=self.cfg.worker_timeout_s)
         self.pool = Peer(
-            f"{self.lm}-workers",
+            workers_identity(self.lm),
             self.cfg.worker_url(self.lm),
-            self.cfg.secret,
+            self.access,
             self.http,
             policy=policy,
             max_answer=self.cfg.max_body,
@@ -149,6 +155,7 @@ class LmService:
     async def _activate(self) -> None:
         """Become this LM's active incarnation, under a new epoch."""
         epoch = await self._next_epoch()
+        self.sealer = self.access.sealer(epoch)
         self.core = self._new_core(epoch)
         self.driver = CoreDriver(self.core, self.sup)
         d = self.driver
@@ -167,11 +174,7 @@ class LmService:
         recorded on the broker before it is used."""
         ch = self.broker.pub
         assert ch is not None
-        q = await ch.declare_queue(
-            self.cfg.lm_epoch_queue(self.lm),
-            durable=True,
-            arguments={"x-queue-type": self.cfg.queue_type},
-        )
+        q = await amqp.open_queue(ch, self.cfg.lm_epoch_queue(self.lm))
         seen: list[AbstractIncomingMessage] = []
         last = 0
         while (m := await q.get(no_ack=False, fail=False)) is not None:
@@ -179,8 +182,8 @@ class LmService:
             with contextlib.suppress(ValueError):
                 last = max(last, int(m.body))
         epoch = max(last + 1, int(time.time() * 1000))
-        await ch.default_exchange.publish(
-            amqp.persistent(str(epoch).encode()), routing_key=q.name, mandatory=True
+        await self.broker.publish(
+            "state", names.epoch_key(self.lm), amqp.persistent(str(epoch).encode())
         )
         for m in seen:
             await m.ack()
@@ -238,13 +241,19 @@ class LmService:
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
-        await self.broker.publish("events", f"gm.{gm}", amqp.persistent(body, message_id=mid))
+        assert self.sealer is not None
+        seal = self.sealer.seal(body, f"events.{gm}")
+        msg = amqp.persistent(body, message_id=mid, headers=seal)
+        await self.broker.publish("events", names.gm_event_key(gm, self.lm), msg)
 
     async def _publish_state(self, eff: ToAllGms) -> None:
         once = Backoff(deadline_s=0.0)  # the next heartbeat carries the same nodes
+        body = codec.encode(eff.msg)
+        assert self.sealer is not None
+        msg = amqp.transient(body, headers=self.sealer.seal(body, "state"))
         try:
             await self.broker.publish(
-                "state", "", amqp.transient(codec.encode(eff.msg)), mandatory=False, policy=once
+                "state", names.state_key(self.lm), msg, mandatory=False, policy=once
             )
         except GiveUp as exc:
             log.warning("state update not published: %s", exc)
@@ -298,8 +307,8 @@ def _no_password(url: str) -> str:
     return f"{scheme}{sep}{creds.split(':')[0]}@{host}" if at else url
 
 
-def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
-    svc = LmService(cfg, lm)
+def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Application:
+    svc = LmService(cfg, lm, access)
     metrics = ServiceMetrics(
         "megha_lm",
         lambda: svc.core.counters,
@@ -319,10 +328,10 @@ def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,
     }
-    return service_app(cfg, svc, metrics, routes)
+    return service_app(cfg, svc, metrics, access, routes)
 
 
 async def create_app() -> web.Application:
     """gunicorn entry point (``local_master.app:create_app``)."""
-    cfg, ident = service_identity("lm")
-    return build_app(cfg, LmId(ident))
+    cfg, ident, access = service_identity("lm")
+    return build_app(cfg, LmId(ident), access)

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from common.auth import internal_headers
 from common.config import FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
+from megha_cli import secure
+from security.access import Access, identity_of_process, tokens_dir
+from security.files import ensure_private_dir
 
 RABBIT_HINT = (
     "RabbitMQ is not reachable at {url}.\n"
@@ -78,14 +80,20 @@ def _is_ours(pid: int) -> bool:
 
 
 def start_federation(
-    cfg: FederationConfig, home: Path, *, timeout_s: float = 90.0, quiet: bool = False
+    cfg: FederationConfig,
+    home: Path,
+    *,
+    timeout_s: float = 90.0,
+    quiet: bool = False,
+    insecure_dev: bool = False,
 ) -> list[tuple[ProcessSpec, int]]:
-    """Start every process of the plan; return (spec, pid) once all are healthy."""
+    """Make the federation's secret, broker users and tokens (``megha_cli.secure``),
+    start every process of the plan; return (spec, pid) once all are healthy."""
     if (home / "pids.json").exists():
         raise ConfigError(f"a federation is already recorded in {home}: run `megha down` first")
     if not broker_reachable(cfg.broker_url):
         raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url), reason="broker_unreachable")
-    home.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(home)
     (home / "logs").mkdir(exist_ok=True)
     config_path = home / "federation.toml"
     config_path.write_text(cfg.to_toml())
@@ -96,6 +104,7 @@ def start_federation(
             "ports already in use: " + ", ".join(f"{p.name}:{p.port}" for p in busy),
             reason="port_in_use",
         )
+    secure.prepare(cfg, home, insecure_dev=insecure_dev)
     started: list[tuple[ProcessSpec, int]] = []
     try:
         for spec in plan:
@@ -119,7 +128,7 @@ def launch(spec: ProcessSpec, home: Path) -> int:
     with (home / "logs" / f"{spec.name}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
-            env={**os.environ, **spec.env},
+            env={**os.environ, **spec.env, **secure.environment(home)},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -247,11 +256,11 @@ def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-async def _queue_depths(cfg: FederationConfig) -> dict[str, int]:
+async def _queue_depths(cfg: FederationConfig, access: Access) -> dict[str, int]:
     from runtime import broker
 
     depths: dict[str, int] = {}
-    conn = await broker.connect(cfg)
+    conn, _ = await broker.connect_any(access.broker_urls())
     try:
         for name in [cfg.user_queue(u.user) for u in cfg.user_configs] + [cfg.dead_letter_queue]:
             ch = await conn.channel()
@@ -272,7 +281,9 @@ async def _queue_depths(cfg: FederationConfig) -> dict[str, int]:
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         cfg = _config_for(args, fresh=True)
-        start_federation(cfg, state_dir(args.state_dir))
+        home = state_dir(args.state_dir)
+        start_federation(cfg, home, insecure_dev=args.insecure_dev)
+        print(f"users' tokens (give each user its own): {tokens_dir(home)}/<user>")
     except MeghaError as exc:
         print(f"megha up: {exc}", file=sys.stderr)
         return 1
@@ -286,10 +297,11 @@ def cmd_down(args: argparse.Namespace) -> int:
         cfg = load_config(home / "federation.toml")
     stop_federation(home)
     if cfg is not None:
-        from runtime.broker import delete_topology
-
-        asyncio.run(delete_topology(cfg))
-        print(f"deleted the queues and exchanges of {cfg.name!r}")
+        try:
+            print(secure.purge(cfg, home))
+        except MeghaError as exc:
+            print(f"megha down --purge: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -299,7 +311,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no federation recorded in {home} (start one with `megha up`)")
         return 1
     cfg = load_config(home / "federation.toml")
-    headers = internal_headers(cfg.secret)
+    access = Access.in_home(home, cfg)
+
+    def page(name: str) -> dict[str, Any]:
+        who = identity_of_process(cfg, name)
+        headers = access.sign(who, "GET", "/v1/state", b"", time.time())
+        return _get_json(cfg.url(name) + "/v1/state", headers)
+
     procs = json.loads((home / "pids.json").read_text())["processes"]
     print(f"federation {cfg.name!r}: {cfg.gms} GMs, {cfg.lms} LMs, {cfg.nodes_per_lm} nodes each")
     for p in procs:
@@ -307,7 +325,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {p['name']:<14} pid {p['pid']:<8} {up:<6} {p['url']}")
     print("GMs:")
     for g in cfg.gm_ids:
-        st = _get_json(cfg.gm_url(g) + "/v1/state", headers)
+        st = page(g)
         if "error" in st:
             print(f"  {g}: unreachable ({st['error']})")
             continue
@@ -321,7 +339,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for lm in cfg.lm_ids:
         names = [lm, f"{lm}-standby"] if cfg.lm_standby else [lm]
         for name in names:
-            st = _get_json(cfg.url(name) + "/v1/state", headers)
+            st = page(name)
             if "error" in st:
                 print(f"  {name}: unreachable ({st['error']})")
                 continue
@@ -335,7 +353,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
     if broker_reachable(cfg.broker_url):
         print("queues (messages ready):")
-        for name, n in asyncio.run(_queue_depths(cfg)).items():
+        for name, n in asyncio.run(_queue_depths(cfg, access)).items():
             print(f"  {name}: {'absent' if n < 0 else n}")
     else:
         print(RABBIT_HINT.format(url=cfg.broker_url))
@@ -370,7 +388,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cfg = _config_for(args, fresh=False)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
-        summary = asyncio.run(run_bench(cfg, _bench_options(args)))
+        summary = asyncio.run(run_bench(cfg, _bench_options(args), state_dir(args.state_dir)))
     except MeghaError as exc:
         print(f"megha bench: {exc}", file=sys.stderr)
         return 1
@@ -381,7 +399,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from request_generator.bench import report_text, run_bench
-    from runtime.broker import delete_topology
 
     home = state_dir(args.state_dir) / "demo"
     if args.name is None:
@@ -392,16 +409,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = _config_for(args, fresh=True)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
-        start_federation(cfg, home)
+        try:
+            start_federation(cfg, home, insecure_dev=args.insecure_dev)
+        except ConfigError as exc:
+            if exc.reason != "no_broker_admin":
+                raise
+            # a demo on this machine only, for a minute: without broker users if need be
+            print(f"megha demo: {exc}\nmegha demo: going on with --insecure-dev", file=sys.stderr)
+            start_federation(cfg, home, insecure_dev=True)
     except MeghaError as exc:
         print(f"megha demo: {exc}", file=sys.stderr)
         return 1
     try:
-        summary = asyncio.run(run_bench(cfg, _bench_options(args)))
+        summary = asyncio.run(run_bench(cfg, _bench_options(args), home))
     finally:
         stop_federation(home)
         with contextlib.suppress(Exception):
-            asyncio.run(delete_topology(cfg))
+            secure.purge(cfg, home)
     print(report_text(summary))
     print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
     return 0 if summary["lost_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
@@ -529,10 +553,15 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 COMMANDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("up", "start a live federation here (GMs, LMs, worker pools under gunicorn)",
-     "Start N GMs, M LMs and their worker pools as gunicorn processes, wait until all "
-     "are healthy, print where they listen. Needs RabbitMQ.", ("shape",)),
+     "Make the federation's secret ($MEGHA_HOME/secret), a broker vhost with a user per "
+     "service and per user (rabbitmqctl: run as root on the broker's host), a token per "
+     "user ($MEGHA_HOME/tokens/); start N GMs, M LMs and their worker pools as gunicorn "
+     "processes, wait until all are healthy, print where they listen. Needs RabbitMQ.",
+     ("shape",)),
     ("down", "stop the federation started by `megha up`",
-     "SIGTERM every recorded process (SIGKILL after a grace period).", ("purge",)),
+     "SIGTERM every recorded process (SIGKILL after a grace period); with --purge, "
+     "also delete the federation's broker vhost, users, queues and exchanges.",
+     ("purge",)),
     ("status", "show GMs, LMs, nodes, queues and running tasks",
      "Query every GM's and LM's /v1/state and the broker's queue depths.", ()),
     ("bench", "replay a workload against the running federation; report allocation tails",
@@ -560,8 +589,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         _common(p)
         if "shape" in extras:
             _shape(p)
+            p.add_argument(
+                "--insecure-dev",
+                action="store_true",
+                help="accept a weak or example secret and use the broker URL's own user "
+                "(no broker users per party): only on a machine you alone use",
+            )
         if "purge" in extras:
-            p.add_argument("--purge", action="store_true", help="also delete its RabbitMQ queues")
+            p.add_argument(
+                "--purge",
+                action="store_true",
+                help="also delete its broker vhost, users, queues and exchanges",
+            )
         if "bench" in extras:
             _workload(p, jobs=200, out="results/bench")
         if "demo" in extras:

@@ -1,13 +1,16 @@
 """``megha user add | revoke | list``: the users of a federation and their tokens.
 
-Tokens live hashed in ``$MEGHA_HOME/users.json`` (``security.tokens``); ``add``
-prints a new token once and never again.  Running services read the file again
-when it changes, so a revocation takes effect without a restart.
+A federation's users, their GMs and shares are in its configuration (``users``);
+``megha up`` issues each a token.  Tokens live hashed in ``$MEGHA_HOME/users.json``
+(``security.tokens``); the operator's copy of each is in ``$MEGHA_HOME/tokens/<user>``
+(0600) to hand over.  ``revoke`` makes a token useless at once (running services
+re-read the file within a second); ``add`` issues a new one and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ from pathlib import Path
 from common.config import load_config
 from common.errors import MeghaError
 from megha_cli.federation import state_dir
+from security.access import save_token, tokens_dir
 from security.tokens import TokenStore
 
 
@@ -42,20 +46,50 @@ def _choose_gm(store: TokenStore, gms: list[str] | None, asked: str | None) -> s
     return min(gms, key=lambda g: (load[g], gms.index(g)))
 
 
+def issue_token(home: Path, name: str, gm: str | None = None, share: float | None = None) -> str:
+    """A new token for ``name`` (revoked before, or new): recorded hashed, kept for the
+    operator in ``tokens/<name>``; its GM and share from the federation's config."""
+    store = TokenStore.in_home(home)
+    path = home / "federation.toml"
+    if path.exists():
+        cfg = load_config(path)
+        conf = next((u for u in cfg.user_configs if u.user == name), None)
+        if conf is None:
+            raise MeghaError(
+                f"{name!r} is not a user of this federation: add it to `users` in the config "
+                "and start the federation again",
+                reason="unknown_user",
+            )
+        gm, share = conf.gm, conf.share
+    else:
+        gm = _choose_gm(store, None, gm)
+        share = store.free_share() if share is None else share
+    if share <= 0:
+        raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
+    token = store.add(name, gm=gm, share=share, now=time.time())
+    save_token(home, name, token)
+    return token
+
+
+def revoke_user(home: Path, name: str) -> None:
+    """Revoke ``name``'s token and forget the operator's copy of it."""
+    TokenStore.in_home(home).revoke(name, now=time.time())
+    with contextlib.suppress(FileNotFoundError):
+        (tokens_dir(home) / name).unlink()
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
-        store = TokenStore.in_home(home)
-        gm = _choose_gm(store, _known_gms(home), args.gm)
-        share = store.free_share() if args.share is None else args.share
-        if share <= 0:
-            raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
-        token = store.add(args.name, gm=gm, share=share, now=time.time())
+        token = issue_token(home, args.name, args.gm, args.share)
     except MeghaError as exc:
         print(f"megha user add: {exc}", file=sys.stderr)
         return 1
-    print(f"user {args.name!r} added (GM {gm}, share {share:g}).")
-    print("Its token, shown this once (only a hash is kept; revoke and add again if lost):")
+    rec = TokenStore.in_home(home).get(args.name)
+    assert rec is not None
+    print(f"user {args.name!r}: a new token (GM {rec.gm}, share {rec.share:g}).")
+    print("Its token, shown this once (only a hash is kept; the operator's copy is in "
+          f"{tokens_dir(home) / args.name}):")  # fmt: skip
     print(token)
     return 0
 
@@ -63,7 +97,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 def cmd_revoke(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
-        TokenStore.in_home(home).revoke(args.name, now=time.time())
+        revoke_user(home, args.name)
     except MeghaError as exc:
         print(f"megha user revoke: {exc}", file=sys.stderr)
         return 1
@@ -106,8 +140,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a = users.add_parser(
         "add",
         help="add a user and print its new token once",
-        description="Add user NAME, served by one GM with a share of the federation, and "
-        "print its token. Only a hash is stored: the token cannot be shown again.",
+        description="Issue a new token for user NAME (a user of the federation's config; "
+        "revoke the old token first) and print it. Only a hash is stored; the operator's "
+        "copy is kept in $MEGHA_HOME/tokens/NAME (0600).",
     )
     a.add_argument("name", metavar="NAME", help="1-64 of [A-Za-z0-9_-]")
     a.add_argument(

@@ -25,7 +25,6 @@ from typing import Any
 
 import aiohttp
 
-from common.auth import internal_headers
 from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
@@ -50,6 +49,11 @@ from request_generator.workload import (
     specs_of,
     synthetic_jobs,
 )
+from security.access import Access
+from security.identity import Identity
+from security.identity import gm as gm_identity
+from security.identity import lm as lm_identity
+from security.identity import workers as workers_identity
 
 
 @dataclass(frozen=True)
@@ -151,15 +155,21 @@ def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJo
 
 
 # --------------------------------------------------------------- measurement
+def signed(access: Access, to: Identity, method: str, path: str) -> dict[str, str]:
+    """Headers of an empty request from the operator to ``to``."""
+    return access.sign(to, method, path, b"", time.time())
+
+
 async def measure_floor(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int
+    session: aiohttp.ClientSession, url: str, access: Access, to: Identity, n: int
 ) -> list[float]:
-    """Round trips of an empty authenticated request over one keep-alive connection
-    (none if the service does not answer: a bench survives a service that is down)."""
+    """Round trips of an empty signed request over one keep-alive connection (none if
+    the service does not answer: a bench survives a service that is down)."""
     rtts: list[float] = []
     for _ in range(n):
         t = time.perf_counter()
         try:
+            headers = signed(access, to, "POST", "/v1/ping")
             async with session.post(url + "/v1/ping", data=b"", headers=headers) as resp:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError):
@@ -169,12 +179,13 @@ async def measure_floor(
 
 
 async def fetch_launches(
-    session: aiohttp.ClientSession, cfg: FederationConfig, headers: dict[str, str]
+    session: aiohttp.ClientSession, cfg: FederationConfig, access: Access
 ) -> list[dict[str, Any]]:
     """The worker pools' logs of starts, ends and stops (what a pool that is down could
     not say is missing)."""
     rows: list[dict[str, Any]] = []
     for lm in cfg.lm_ids:
+        headers = signed(access, workers_identity(lm), "GET", "/v1/launches")
         try:
             async with session.get(cfg.worker_url(lm) + "/v1/launches", headers=headers) as r:
                 rows.extend((await r.json())["launches"])
@@ -184,15 +195,26 @@ async def fetch_launches(
 
 
 async def fetch_states(
-    session: aiohttp.ClientSession, cfg: FederationConfig, headers: dict[str, str]
+    session: aiohttp.ClientSession, cfg: FederationConfig, access: Access
 ) -> dict[str, Any]:
+    """Every GM's and (active) LM's state page."""
     states: dict[str, Any] = {}
-    for name in [*cfg.gm_ids, *cfg.lm_ids]:
-        try:
-            async with session.get(cfg.url(name) + "/v1/state", headers=headers) as resp:
-                states[name] = await resp.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            states[name] = {"error": str(exc)}
+    targets: list[tuple[str, list[str], Identity]] = [
+        (g, [cfg.gm_url(g)], gm_identity(g)) for g in cfg.gm_ids
+    ]
+    targets += [(x, cfg.lm_urls(x), lm_identity(x)) for x in cfg.lm_ids]
+    for name, urls, who in targets:
+        for url in urls:
+            try:
+                headers = signed(access, who, "GET", "/v1/state")
+                async with session.get(url + "/v1/state", headers=headers) as resp:
+                    page = await resp.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                states.setdefault(name, {"error": str(exc)})
+                continue
+            if page.get("active", True):  # an LM's standby says so: ask the other
+                states[name] = page
+                break
     return states
 
 
@@ -291,11 +313,11 @@ async def _wait_done(sub: Submitter, keys: list[TaskKey], opts: BenchOptions) ->
 
 
 async def _ping_during_run(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str], out: list[float]
+    session: aiohttp.ClientSession, url: str, access: Access, to: Identity, out: list[float]
 ) -> None:
     """The same empty round trip, every 20 ms while the workload runs."""
     while True:
-        out.extend(await measure_floor(session, url, headers, 1))
+        out.extend(await measure_floor(session, url, access, to, 1))
         await asyncio.sleep(0.02)
         if len(out) > 100_000:  # bounded: a soak keeps the latest
             del out[:50_000]
@@ -304,14 +326,16 @@ async def _ping_during_run(
 async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _Run:
     jobs = build_workload(cfg, opts)
     n_tasks = sum(len(j.tasks) for j in jobs)
-    headers = internal_headers(cfg.secret)
+    access = sub.access
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
     ) as session:
         lm0 = cfg.lm_ids[0]
-        floor_lm = await measure_floor(session, cfg.lm_url(lm0), headers, opts.floor_samples)
+        floor_lm = await measure_floor(
+            session, cfg.lm_url(lm0), access, lm_identity(lm0), opts.floor_samples
+        )
         floor_worker = await measure_floor(
-            session, cfg.worker_url(lm0), headers, opts.floor_samples
+            session, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
         )
         _progress(
             f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
@@ -320,7 +344,9 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
             opts.progress,
         )
         busy: list[float] = []
-        pinger = asyncio.ensure_future(_ping_during_run(session, cfg.lm_url(lm0), headers, busy))
+        pinger = asyncio.ensure_future(
+            _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
+        )
         try:
             published, span = await _submit_all(sub, jobs, opts, n_tasks)
             await _wait_done(sub, list(published), opts)
@@ -328,14 +354,15 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
             pinger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
-        states = await fetch_states(session, cfg, headers)
-        launches = await fetch_launches(session, cfg, headers)
+        states = await fetch_states(session, cfg, access)
+        launches = await fetch_launches(session, cfg, access)
     return _Run(jobs, published, span, floor_lm, floor_worker, busy, states, launches)
 
 
-async def run_bench(cfg: FederationConfig, opts: BenchOptions) -> dict[str, Any]:
-    """Replay, wait, measure; returns the summary (also written to ``opts.out``)."""
-    sub = Submitter(cfg)
+async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
+    """Replay, wait, measure, as the operator of the federation in ``home``; returns the
+    summary (also written to ``opts.out``)."""
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     try:
         run = await _drive(cfg, opts, sub)

@@ -1,23 +1,26 @@
 """Submits jobs into users' queues and listens to what becomes of their tasks.
 
 Publishes are persistent, mandatory (an unroutable job, e.g. an unknown user,
-raises instead of vanishing) and confirmed.  A listener bound to the task outcomes
-of the submitting users (``user.<name>`` on the events exchange) records each
-task's final ledger; a listener on the dead-letter queue records refused jobs.
+raises instead of vanishing) and confirmed; each job carries its user's token.  A
+listener on the users' outcome queues records each task's final ledger; the
+operator's submitter also listens to the dead letters (refused jobs, with the
+reason).  It logs into the broker as its party: the operator (``megha bench``), or a
+user, whom the broker lets publish only its own jobs and read only its own outcomes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+from common import broker_names as names
 from common import codec
-from common.auth import user_token
 from common.config import FederationConfig
 from common.dag import DagJob
 from common.errors import MeghaError
@@ -25,6 +28,13 @@ from common.messages import SubmitJob, TaskOutcomes
 from common.model import Task, TaskKey, TaskSpec
 from request_generator.workload import Job, to_submission
 from runtime import broker as amqp
+from runtime.retry import Backoff, GiveUp
+from security.access import Access, load_tokens
+from security.identity import OPERATOR
+
+PUBLISH_PATIENCE = Backoff(first_s=0.05, cap_s=2.0, deadline_s=30.0)
+"""How long a submission is retried while the broker cannot take it (a failover, a
+quorum queue electing its leader) before it counts as refused."""
 
 
 class SubmissionRefused(MeghaError):
@@ -57,15 +67,27 @@ class Outcomes:
 class Submitter:
     """A request generator's connection to the federation's broker."""
 
-    def __init__(self, cfg: FederationConfig, users: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        access: Access,
+        tokens: Mapping[str, str],
+        users: Iterable[str] | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.broker = amqp.Broker(cfg, "submitter")
+        self.access = access
+        self.broker = amqp.Broker(cfg, "submitter", urls=access.broker_urls())
         self.users = list(users) if users is not None else [u.user for u in cfg.user_configs]
         self.outcomes = Outcomes()
         self.submitted: dict[TaskKey, TaskSpec] = {}
-        self._tokens: dict[str, str] = {}
+        self._tokens = dict(tokens)
         self.refused: dict[str, str] = {}
         self._listen = True
+
+    @classmethod
+    def operator(cls, cfg: FederationConfig, home: Path) -> Submitter:
+        """The operator's submitter for the federation in ``home``: every user's token."""
+        return cls(cfg, Access.in_home(home, cfg), load_tokens(home))
 
     async def open(self, *, listen: bool = True) -> None:
         self._listen = listen
@@ -76,14 +98,13 @@ class Submitter:
         """The users' queues, and (listening) their outcomes and the dead letters; again
         after a failover to another broker node."""
         b = self.broker
-        assert b.pub is not None
         assert b.sub is not None
-        for u in self.cfg.user_configs:
-            await amqp.declare_user_queue(b.pub, self.cfg, b.ex, u.user)
-        if self._listen:
-            for user in self.users:
-                q = await amqp.declare_outcomes_queue(b.sub, self.cfg, b.ex, user)
-                await q.consume(self._on_outcomes, no_ack=True)
+        if not self._listen:
+            return
+        for user in self.users:
+            q = await amqp.open_queue(b.sub, self.cfg.user_events_queue(user))
+            await q.consume(self._on_outcomes, no_ack=True)
+        if self.access.me == OPERATOR:
             dq = await b.sub.declare_queue(exclusive=True, auto_delete=True)
             await dq.bind(self.cfg.dead_letter_exchange, routing_key="")
             await dq.consume(self._on_dead, no_ack=True)
@@ -94,7 +115,7 @@ class Submitter:
     def token(self, user: str) -> str:
         tok = self._tokens.get(user)
         if tok is None:
-            tok = self._tokens[user] = user_token(self.cfg.secret, user)
+            raise SubmissionRefused(f"no token for user {user!r} (`megha user add {user}`)")
         return tok
 
     async def submit(self, job: Job | DagJob, *, token: str | None = None) -> float:
@@ -107,10 +128,20 @@ class Submitter:
         return now
 
     async def publish_raw(self, routing_key: str, body: bytes) -> None:
+        """Publish one submission; ``SubmissionRefused`` if the broker returns it (no such
+        user) or keeps refusing it (a full queue) for ``PUBLISH_PATIENCE``."""
         try:
-            await self.broker.publish("submit", routing_key, amqp.persistent(body), mandatory=True)
+            await self.broker.publish(
+                "submit",
+                names.submit_key(routing_key),
+                amqp.persistent(body),
+                mandatory=True,
+                policy=PUBLISH_PATIENCE,
+            )
         except aio_pika.exceptions.DeliveryError as exc:
             raise SubmissionRefused(f"broker refused the job for {routing_key!r}: {exc}") from None
+        except GiveUp as exc:
+            raise SubmissionRefused(f"job for {routing_key!r} not taken: {exc}") from None
         except aio_pika.exceptions.PublishError as exc:
             raise SubmissionRefused(f"job for {routing_key!r} not published: {exc}") from None
 

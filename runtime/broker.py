@@ -1,15 +1,11 @@
 """The federation's RabbitMQ side, shared by every service and the request generator.
 
-Topology (every name under the federation's prefix ``<name>``):
-
-* ``<name>.submit`` (direct): jobs, routing key = user -> durable queue
-  ``<name>.user.<user>`` (classic or quorum; dead-letter exchange ``<name>.dlx``).
-* ``<name>.dlx`` (fanout) -> ``<name>.dead``: refused messages, the reason in the
-  ``x-megha-reason`` header.
-* ``<name>.state`` (fanout): LM state updates to every GM (transient per-GM queues).
-* ``<name>.events`` (topic): LM task events to the placing GM (``gm.<gm>`` -> durable
-  queue ``<name>.gm.<gm>.events``), and task outcomes to their users (``user.<user>``
-  -> durable queue ``<name>.user.<user>.outcomes``).
+The topology -- exchanges, queues, bindings, routing keys -- is one table
+(``common.broker_names``, ``security.broker_acl.topology``), declared by the
+operator only (``megha up``: with the broker users it provisions, or
+``declare_topology``); services open it passively, each logged in as its own
+broker user where the federation has them, so the broker enforces who publishes,
+binds and consumes what.
 
 ``Broker`` publishes persistent messages with confirms (an unroutable one raises),
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
@@ -27,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from urllib.parse import urlparse
 
 import aio_pika
+import aiormq.exceptions
 from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
@@ -38,10 +35,12 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
+from pamqp.commands import Basic
 
 from common.config import FederationConfig
 from common.errors import MeghaError
 from runtime.retry import Backoff, retry
+from security.broker_acl import BrokerLayout, topology
 
 REASON_HEADER = "x-megha-reason"
 log = logging.getLogger("megha.broker")
@@ -62,7 +61,12 @@ CONNECT_ERRORS = (ConnectionError, OSError, aio_pika.exceptions.AMQPError, Timeo
 CONNECT_TIMEOUT_S = 5.0
 
 
-def persistent(body: bytes, *, message_id: str | None = None, **headers: str) -> aio_pika.Message:
+Headers = Mapping[str, str | int]
+
+
+def persistent(
+    body: bytes, *, message_id: str | None = None, headers: Headers | None = None
+) -> aio_pika.Message:
     return aio_pika.Message(
         body,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -72,26 +76,31 @@ def persistent(body: bytes, *, message_id: str | None = None, **headers: str) ->
     )
 
 
-def transient(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
-    return aio_pika.Message(body, content_type="application/x-msgpack", message_id=message_id)
+def transient(
+    body: bytes, *, message_id: str | None = None, headers: Headers | None = None
+) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        content_type="application/x-msgpack",
+        message_id=message_id,
+        headers=dict(headers) if headers else None,
+    )
 
 
-async def connect(cfg: FederationConfig, url: str | None = None) -> AbstractConnection:
-    """One plain connection to ``url`` (default: the first of the federation's brokers)."""
-    target = url or cfg.broker_urls[0]
-    conn: AbstractConnection = await aio_pika.connect(target, timeout=CONNECT_TIMEOUT_S)
+async def connect(url: str) -> AbstractConnection:
+    """One plain connection to the broker node at ``url``."""
+    conn: AbstractConnection = await aio_pika.connect(url, timeout=CONNECT_TIMEOUT_S)
     return conn
 
 
-async def connect_any(cfg: FederationConfig, *, start: int = 0) -> tuple[AbstractConnection, int]:
-    """A connection to the first broker node that answers, trying them in turn from
+async def connect_any(urls: Sequence[str], *, start: int = 0) -> tuple[AbstractConnection, int]:
+    """A connection to the first broker node that answers, trying ``urls`` in turn from
     ``start``; raises the last error when none does."""
-    urls = cfg.broker_urls
     last: BaseException | None = None
     for k in range(len(urls)):
         i = (start + k) % len(urls)
         try:
-            return await connect(cfg, urls[i]), i
+            return await connect(urls[i]), i
         except CONNECT_ERRORS as exc:
             last = exc
     assert last is not None
@@ -99,7 +108,7 @@ async def connect_any(cfg: FederationConfig, *, start: int = 0) -> tuple[Abstrac
 
 
 class Exchanges:
-    """The four exchanges of a federation, declared on one channel."""
+    """The four exchanges of a federation, opened (not declared) on one channel."""
 
     def __init__(
         self,
@@ -114,56 +123,68 @@ class Exchanges:
         self.dlx = dlx
 
 
-async def declare_exchanges(ch: AbstractChannel, cfg: FederationConfig) -> Exchanges:
-    submit = await ch.declare_exchange(
-        cfg.submit_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+async def open_exchanges(ch: AbstractChannel, cfg: FederationConfig) -> Exchanges:
+    """The federation's exchanges, as the operator declared them (``declare_topology``)."""
+
+    async def get(name: str) -> AbstractExchange:
+        try:
+            ex: AbstractExchange = await ch.get_exchange(name, ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise TopologyMissing(
+                f"exchange {name!r} does not exist: start the federation with `megha up` "
+                "(it declares the topology)"
+            ) from None
+        return ex
+
+    return Exchanges(
+        await get(cfg.submit_exchange),
+        await get(cfg.state_exchange),
+        await get(cfg.events_exchange),
+        await get(cfg.dead_letter_exchange),
     )
-    state = await ch.declare_exchange(cfg.state_exchange, aio_pika.ExchangeType.FANOUT)
-    events = await ch.declare_exchange(
-        cfg.events_exchange, aio_pika.ExchangeType.TOPIC, durable=True
-    )
-    dlx = await ch.declare_exchange(
-        cfg.dead_letter_exchange, aio_pika.ExchangeType.FANOUT, durable=True
-    )
-    dead = await ch.declare_queue(
-        cfg.dead_letter_queue, durable=True, arguments={"x-queue-type": cfg.queue_type}
-    )
-    await dead.bind(dlx, routing_key="")
-    return Exchanges(submit, state, events, dlx)
 
 
-async def declare_outcomes_queue(
-    ch: AbstractChannel, cfg: FederationConfig, ex: Exchanges, user: str
-) -> AbstractQueue:
-    """A user's durable queue of task outcomes (declared by GMs and by clients)."""
-    args: dict[str, Any] = {"x-queue-type": cfg.queue_type}
-    q = await ch.declare_queue(cfg.user_outcomes_queue(user), durable=True, arguments=args)
-    await q.bind(ex.events, routing_key=f"user.{user}")
+async def open_queue(ch: AbstractChannel, name: str) -> AbstractQueue:
+    """A queue of the federation's topology, opened passively."""
+    try:
+        q: AbstractQueue = await ch.get_queue(name, ensure=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        raise TopologyMissing(f"queue {name!r} does not exist (`megha up` declares it)") from None
     return q
 
 
-async def declare_events_queue(
-    ch: AbstractChannel, cfg: FederationConfig, gm: str
-) -> AbstractQueue:
-    """A GM's durable queue of task events from every LM."""
-    args: dict[str, Any] = {"x-queue-type": cfg.queue_type}
-    q = await ch.declare_queue(cfg.gm_events_queue(gm), durable=True, arguments=args)
-    await q.bind(cfg.events_exchange, routing_key=f"gm.{gm}")
-    return q
+class Nacked(Exception):
+    """The broker did not take a message (a nack): it may take it later (a quorum queue
+    whose leader is being elected), or never (a full queue that rejects publishes):
+    retried as the caller's policy says."""
 
 
-async def declare_user_queue(
-    ch: AbstractChannel, cfg: FederationConfig, ex: Exchanges, user: str
-) -> AbstractQueue:
-    args: dict[str, Any] = {
-        "x-queue-type": cfg.queue_type,
-        "x-dead-letter-exchange": cfg.dead_letter_exchange,
-    }
-    if cfg.queue_type == "quorum":
-        args["x-delivery-limit"] = cfg.delivery_limit
-    q = await ch.declare_queue(cfg.user_queue(user), durable=True, arguments=args)
-    await q.bind(ex.submit, routing_key=user)
-    return q
+class TopologyMissing(ConnectionError):
+    """An exchange or queue the operator should have declared is not there (it may yet
+    come: a process retries as it retries a connection)."""
+
+
+def layout_of(cfg: FederationConfig) -> BrokerLayout:
+    return BrokerLayout.from_config(cfg)
+
+
+async def declare_topology(cfg: FederationConfig, url: str) -> None:
+    """Declare every exchange, queue and binding of the federation (``security.broker_acl``'s
+    table) as the operator at ``url``; idempotent."""
+    topo = topology(layout_of(cfg))
+    conn = await connect(url)
+    try:
+        ch = await conn.channel()
+        kinds = {"topic": aio_pika.ExchangeType.TOPIC, "fanout": aio_pika.ExchangeType.FANOUT}
+        for e in topo.exchanges:
+            await ch.declare_exchange(e.name, kinds[e.type], durable=True)
+        for q in topo.queues:
+            await ch.declare_queue(q.name, durable=True, arguments=dict(q.arguments))
+        for b in topo.bindings:
+            queue = await ch.get_queue(b.queue)
+            await queue.bind(b.exchange, routing_key=b.routing_key)
+    finally:
+        await conn.close()
 
 
 Setup = Callable[[], Awaitable[None]]
@@ -178,9 +199,11 @@ class Broker:
     again, then ``on_reconnect``.  Publishes wait for the connection meanwhile.
     """
 
-    def __init__(self, cfg: FederationConfig, name: str) -> None:
+    def __init__(self, cfg: FederationConfig, name: str, urls: Sequence[str] | None = None) -> None:
         self.cfg = cfg
         self.name = name
+        self.urls = list(urls) if urls is not None else cfg.broker_urls
+        """Every broker node, logged in as this process's party."""
         self.conn: AbstractConnection | None = None
         self.pub: AbstractChannel | None = None
         self.sub: AbstractChannel | None = None
@@ -190,6 +213,8 @@ class Broker:
         self._url_index = 0
         self._connected = asyncio.Event()
         self._closing = False
+        self._pub_nacked = False
+        self._pub_lock = asyncio.Lock()
         self._recovery: asyncio.Task[None] | None = None
         self.on_reconnect: Callable[[], None] | None = None
         self.on_disconnect: Callable[[], None] | None = None
@@ -209,8 +234,10 @@ class Broker:
 
     @property
     def url(self) -> str:
-        """The broker node this process is connected to (or will try next)."""
-        return self.cfg.broker_urls[self._url_index]
+        """The broker node this process is connected to (or will try next), without
+        its password."""
+        u = urlparse(self.urls[self._url_index])
+        return f"{u.scheme}://{u.username or ''}@{u.hostname}:{u.port or 5672}{u.path}"
 
     async def open(self, *, prefetch: int | None = None) -> None:
         """Connect (retrying for up to a minute) and make the channels and exchanges."""
@@ -224,11 +251,11 @@ class Broker:
         )
 
     async def _connect_once(self) -> None:
-        conn, i = await connect_any(self.cfg, start=self._url_index)
+        conn, i = await connect_any(self.urls, start=self._url_index)
         self._url_index = i
         try:
             pub = await conn.channel(publisher_confirms=True, on_return_raises=True)
-            ex = await declare_exchanges(pub, self.cfg)
+            ex = await open_exchanges(pub, self.cfg)
             sub = await conn.channel(publisher_confirms=False)
             await sub.set_qos(prefetch_count=self._prefetch)
             self.conn, self.pub, self.sub, self._ex = conn, pub, sub, ex
@@ -249,7 +276,7 @@ class Broker:
         log.warning("%s: broker connection to %s lost; failing over", self.name, self.url)
         if self.on_disconnect is not None:
             self.on_disconnect()
-        self._url_index = (self._url_index + 1) % len(self.cfg.broker_urls)
+        self._url_index = (self._url_index + 1) % len(self.urls)
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
@@ -264,6 +291,20 @@ class Broker:
         log.warning("%s: broker connection recovered on %s", self.name, self.url)
         if self.on_reconnect is not None:
             self.on_reconnect()
+
+    async def _reopen_pub(self) -> None:
+        """A fresh publisher channel (and its exchanges), once for concurrent callers."""
+        async with self._pub_lock:
+            if not self._pub_nacked or self.conn is None:
+                return
+            old = self.pub
+            pub = await self.conn.channel(publisher_confirms=True, on_return_raises=True)
+            self._ex = await open_exchanges(pub, self.cfg)
+            self.pub = pub
+            self._pub_nacked = False
+            if old is not None and not old.is_closed:
+                with contextlib.suppress(*PUBLISH_ERRORS):
+                    await old.close()
 
     async def add_setup(self, setup: Setup) -> None:
         """Run ``setup`` now and after every reconnection (declare queues, consume)."""
@@ -291,14 +332,26 @@ class Broker:
         policy: Backoff | None = None,
     ) -> None:
         """Publish to the exchange named by its role (``submit``, ``events``, ``state``,
-        ``dlx``) and wait for the broker's confirm, retrying transient failures (across
-        a failover: the exchange is looked up again on each attempt)."""
+        ``dlx``) and wait for the broker's confirm, retrying transient failures and nacks
+        as ``policy`` says (default: until it is taken; across a failover the exchange is
+        looked up again on each attempt).  Raises ``GiveUp`` when the policy's deadline
+        passes, ``DeliveryError`` when the message is returned unroutable."""
 
         async def once() -> None:
             if not self._connected.is_set():
                 raise ConnectionError("not connected to the broker")
+            if self._pub_nacked:
+                await self._reopen_pub()
             ex: AbstractExchange = getattr(self.ex, exchange)
-            await ex.publish(message, routing_key=routing_key, mandatory=mandatory)
+            try:
+                await ex.publish(message, routing_key=routing_key, mandatory=mandatory)
+            except aiormq.exceptions.DeliveryError as exc:
+                if isinstance(exc.frame, Basic.Nack):  # e.g. a quorum queue electing a leader
+                    # a channel that saw a queue's leader go keeps nacking it: a new one
+                    # finds the new leader
+                    self._pub_nacked = True
+                    raise Nacked(str(exc)) from exc
+                raise  # returned (unroutable): another try would not route it either
 
         def count(_: BaseException) -> None:
             self.publish_errors += 1
@@ -307,7 +360,7 @@ class Broker:
             once,
             policy or Backoff(first_s=0.05, cap_s=2.0, deadline_s=None),
             what=f"{self.name}: publish to {exchange}/{routing_key}",
-            retry_on=TRANSIENT,
+            retry_on=(*TRANSIENT, Nacked),
             on_retry=count,
         )
 
@@ -365,16 +418,14 @@ class Broker:
         await queue.consume(guarded, no_ack=no_ack)
 
 
-async def delete_topology(cfg: FederationConfig) -> None:
-    """Remove every queue and exchange of the federation named ``cfg.name`` (tests, ``megha down --purge``)."""
-    conn, _ = await connect_any(cfg)
+async def delete_topology(cfg: FederationConfig, url: str | None = None) -> None:
+    """Remove every queue and exchange of the federation's topology, as the operator at
+    ``url`` (default: the config's broker); what is absent already is skipped."""
+    topo = topology(layout_of(cfg))
+    conn, _ = await connect_any([url] if url else cfg.broker_urls)
     try:
-        names = [cfg.user_queue(u.user) for u in cfg.user_configs]
-        names += [cfg.user_outcomes_queue(u.user) for u in cfg.user_configs]
-        names += [cfg.gm_events_queue(g) for g in cfg.gm_ids]
-        names += [cfg.lm_epoch_queue(lm) for lm in cfg.lm_ids]
-        names.append(cfg.dead_letter_queue)
-        for q in names:
+        leaders = [cfg.lm_leader_queue(lm) for lm in cfg.lm_ids]
+        for q in [*(q.name for q in topo.queues), *leaders]:
             ch = await conn.channel()
             try:
                 await ch.queue_delete(q)
@@ -383,15 +434,10 @@ async def delete_topology(cfg: FederationConfig) -> None:
             finally:
                 if not ch.is_closed:
                     await ch.close()
-        for ex in (
-            cfg.submit_exchange,
-            cfg.state_exchange,
-            cfg.events_exchange,
-            cfg.dead_letter_exchange,
-        ):
+        for e in topo.exchanges:
             ch = await conn.channel()
             try:
-                await ch.exchange_delete(ex)
+                await ch.exchange_delete(e.name)
             except Exception:  # absent already
                 pass
             finally:

@@ -1,14 +1,22 @@
 """The HTTP side of every service: the server boundary and keep-alive peers.
 
 Server: protocol errors become HTTP statuses here and only here — ``DecodeError`` 400
-(413 when too large), ``ValidationError`` 422, ``Unauthorized`` 401, and a core's
-``Refused`` answer 409 (or 422 for bad input).  Error bodies are JSON
+(413 when too large), ``ValidationError`` 422, ``Unauthorized`` 401 (403 for an
+endpoint the caller may not use), and a core's ``Refused`` answer 409 (or 422 for
+bad input, 503 when not ready).  Error bodies are JSON
 ``{"error": reason, "detail": ..., "field": ...}``; success bodies are msgpack.  A
 body is read whole, up to the configured limit.
 
+Every call but ``GET /health`` is signed (``security.signing``): the caller's
+identity, a timestamp, a nonce and the body's digest under the key of the channel
+caller -> service.  The server checks it (freshness, replays, who may call which
+endpoint) before any handler runs, and signs its answer, bound to the request's
+nonce; a ``Peer`` checks that signature.
+
 Client: a ``Peer`` posts one message to one service over a keep-alive connection and
 decodes one answer, retrying transient failures with the runtime's backoff; every
-request it retries is idempotent (an ``Idempotency-Key`` header names it).
+request it retries is idempotent (an ``Idempotency-Key`` header names it) and signed
+afresh.
 """
 
 from __future__ import annotations
@@ -26,13 +34,16 @@ import aiohttp
 from aiohttp import web
 
 from common import codec
-from common.auth import HEADER, check_internal, internal_headers
 from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
 from runtime.driver import CoreDriver
 from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
 from runtime.retry import Backoff, retry
+from security import signing
+from security.access import Access
+from security.access import service_identity as access_identity
+from security.identity import Identity, Role
 
 MSGPACK = "application/x-msgpack"
 log = logging.getLogger("megha.http")
@@ -52,9 +63,13 @@ BAD_REQUEST_REASONS = frozenset(
 )
 
 
+FORBIDDEN_REASONS = frozenset({signing.Refusal.FORBIDDEN.value, "sender_mismatch"})
+"""Refusals of a caller whose identity was proven (403, not 401)."""
+
+
 def status_of(exc: MeghaError) -> int:
     if isinstance(exc, Unauthorized):
-        return 401
+        return 403 if exc.reason in FORBIDDEN_REASONS else 401
     if isinstance(exc, DecodeError):
         return 413 if exc.reason == "too_large" else 400
     if isinstance(exc, ValidationError):
@@ -88,10 +103,49 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         )
 
 
+CALLER_KEY = web.RequestKey("caller", Identity)
+ACCESS_KEY = web.AppKey("access", Access)
+REPLAYS_KEY = web.AppKey("replays", signing.ReplayCache)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who calls, checked before any handler runs; the answer signed for the caller."""
+    if signing.is_public(request.method, request.path):
+        return await handler(request)
+    access = request.app[ACCESS_KEY]
+    body = await _read_limited(request)
+    now = time.time()
+    caller = signing.verify(
+        request.headers, request.method, request.raw_path, body, access.keyring, now,
+        request.app[REPLAYS_KEY],
+    )  # fmt: skip
+    signing.authorize(caller, access.me, request.method, request.path)
+    request[CALLER_KEY] = caller
+    resp = await handler(request)
+    if isinstance(resp, web.Response):
+        out = resp.body if isinstance(resp.body, bytes) else b""
+        nonce = request.headers[signing.HEADER_NONCE]
+        resp.headers.update(
+            signing.sign_response(
+                resp.status, out, nonce, access.me, access.http_key(access.me, caller), now
+            )
+        )
+    return resp
+
+
+async def _read_limited(request: web.Request) -> bytes:
+    limit = request.app[CONFIG_KEY].max_body
+    if request.content_length is not None and request.content_length > limit:
+        raise DecodeError(
+            f"body of {request.content_length} bytes exceeds {limit}", reason="too_large"
+        )
+    return await request.read()
+
+
 async def read_body(request: web.Request) -> bytes:
-    """The authenticated body, read whole (up to the app's limit; 413 beyond it)."""
+    """The (authenticated) body, read whole (up to the app's limit; 413 beyond it)."""
     cfg = request.app[CONFIG_KEY]
-    check_internal(request.headers.get(HEADER), cfg.secret)
     limit = cfg.max_body
     if request.content_length is not None and request.content_length > limit:
         raise DecodeError(
@@ -126,10 +180,6 @@ def reply_response(msg: object | None) -> web.Response:
     return web.Response(body=codec.encode(msg), content_type=MSGPACK)
 
 
-def require_internal(request: web.Request) -> None:
-    check_internal(request.headers.get(HEADER), request.app[CONFIG_KEY].secret)
-
-
 async def metrics_handler(request: web.Request) -> web.Response:
     body = request.app[METRICS_KEY].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -141,9 +191,13 @@ async def ping_handler(request: web.Request) -> web.Response:
     return web.Response(body=b"", content_type=MSGPACK)
 
 
-def base_app(cfg: FederationConfig) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=cfg.max_body)
+def base_app(cfg: FederationConfig, access: Access) -> web.Application:
+    app = web.Application(
+        middlewares=[errors_middleware, auth_middleware], client_max_size=cfg.max_body
+    )
     app[CONFIG_KEY] = cfg
+    app[ACCESS_KEY] = access
+    app[REPLAYS_KEY] = signing.ReplayCache()
     app.router.add_post("/v1/ping", ping_handler)
     return app
 
@@ -176,12 +230,31 @@ class Service(Protocol):
 SERVICE_KEY = web.AppKey("service", Service)
 
 
+CLAIMS = {Role.GM: "gm", Role.LM: "lm", Role.WORKERS: "lm"}
+"""The field of a message that names who sends it, by the signed caller's role (a
+worker pool speaks for its LM's nodes, as ``lm``)."""
+
+
+def check_claim(caller: Identity, msg: object) -> None:
+    """A signed caller speaks only for itself: a launch from ``gm:gm0`` names ``gm0``,
+    a report from ``workers:lm0`` names ``lm0`` (403 ``sender_mismatch`` otherwise)."""
+    field = CLAIMS.get(caller.role)
+    if field is None:
+        return
+    claimed = getattr(msg, field, None)
+    if claimed is not None and claimed != caller.name:
+        raise Unauthorized(
+            f"{caller} sent a message in the name of {field} {claimed!r}", reason="sender_mismatch"
+        )
+
+
 def message_route(kind: type | tuple[type, ...]) -> Handler:
     """A POST route whose body is one message of ``kind`` for the service's core; the
     answer is the core's reply."""
 
     async def handle(request: web.Request) -> web.Response:
         msg: object = await read_message(request, kind)
+        check_claim(request[CALLER_KEY], msg)
         svc = request.app[SERVICE_KEY]
         refused = svc.refusal()
         if refused is not None:
@@ -201,7 +274,6 @@ async def health_handler(request: web.Request) -> web.Response:
 
 
 async def state_handler(request: web.Request) -> web.Response:
-    require_internal(request)
     return web.json_response(request.app[SERVICE_KEY].state_page())
 
 
@@ -209,12 +281,13 @@ def service_app(
     cfg: FederationConfig,
     svc: Service,
     metrics: ServiceMetrics,
+    access: Access,
     routes: dict[str, type | tuple[type, ...]] | None = None,
 ) -> web.Application:
     """The app of a service: its message routes, and what every service has —
     ``/health``, ``/v1/state``, ``/metrics``, ``/v1/ping`` — with the service opened
     with the app and closed after it."""
-    app = base_app(cfg)
+    app = base_app(cfg, access)
     app[SERVICE_KEY] = svc
     app[METRICS_KEY] = metrics
     for path, kind in (routes or {}).items():
@@ -233,8 +306,9 @@ def service_app(
     return app
 
 
-def service_identity(role: str) -> tuple[FederationConfig, str]:
-    """The config and this process's id, from the environment ``megha up`` sets."""
+def service_identity(role: str) -> tuple[FederationConfig, str, Access]:
+    """The config, this process's id and its keys, from the environment ``megha up``
+    sets."""
     logging.basicConfig(
         level=os.environ.get("MEGHA_LOG", "INFO"),
         format=f"%(asctime)s {role} %(name)s %(levelname)s %(message)s",
@@ -243,7 +317,7 @@ def service_identity(role: str) -> tuple[FederationConfig, str]:
     ident = os.environ.get(ID_ENV, "")
     if not ident:
         raise MeghaError(f"{ID_ENV} is not set: which {role} is this?")
-    return cfg, ident
+    return cfg, ident, Access.from_env(cfg, access_identity(role, ident))
 
 
 # ---------------------------------------------------------------------- peers
@@ -276,19 +350,20 @@ class Peer:
 
     def __init__(
         self,
-        name: str,
+        to: Identity,
         url: str | Sequence[str],
-        secret: str,
+        access: Access,
         http: aiohttp.ClientSession,
         *,
         policy: Backoff | None = None,
         max_answer: int = codec.MAX_BODY,
     ) -> None:
-        self.name = name
+        self.to = to
+        self.name = str(to)
         self.urls = [url] if isinstance(url, str) else list(url)
         self._at = 0
         self.http = http
-        self.headers = {**internal_headers(secret), "Content-Type": MSGPACK}
+        self.access = access
         self.policy = policy or Backoff()
         self.max_answer = max_answer
         self.errors = 0
@@ -309,15 +384,20 @@ class Peer:
         ``runtime.retry.GiveUp`` when the policy's deadline passes.
         """
         body = codec.encode(msg)
-        headers = {**self.headers, "Idempotency-Key": key} if key else self.headers
+        extra = (
+            {"Content-Type": MSGPACK, "Idempotency-Key": key} if key else {"Content-Type": MSGPACK}
+        )
+        access, to = self.access, self.to
 
         async def once() -> M | None:
             t0 = time.perf_counter()
             at = self._at
+            headers = {**access.sign(to, "POST", path, body, time.time()), **extra}
             try:
                 async with self.http.post(self.urls[at] + path, data=body, headers=headers) as resp:
                     data = await resp.read()
                     status = resp.status
+                    answer_headers = resp.headers
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self._next(at)
                 raise _Transient(f"{self.name}{path}: {exc!r}") from exc
@@ -326,6 +406,14 @@ class Peer:
                 raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
             if status >= 400:
                 raise PeerRefused(status, *_error_of(data))
+            try:
+                signing.verify_response(
+                    answer_headers, status, data, headers[signing.HEADER_NONCE], to,
+                    access.http_key(to, access.me), time.time(),
+                )  # fmt: skip
+            except Unauthorized as exc:  # altered on the way, or not from the peer
+                self._next(at)
+                raise _Transient(f"{self.name}{path}: answer refused ({exc.reason})") from exc
             self.rtts.append(time.perf_counter() - t0)
             if status == 204 or not data:
                 return None

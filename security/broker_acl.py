@@ -59,6 +59,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
+from common import broker_names as names
+from common.broker_names import (
+    epoch_key,
+    state_key,
+    submit_key,
+    user_events_binding,
+)
 from common.config import FederationConfig
 from common.errors import ConfigError
 from security.files import read_private, write_private
@@ -96,21 +103,23 @@ class BrokerLayout:
     delivery_limit: int = 5
     max_user_queue: int = 100_000
     """Jobs waiting in one user's queue; more are refused (nack) to the publisher."""
-    max_events_queue: int = 10_000
+    max_state_queue: int = 10_000
+    """State updates kept for a GM that is away (the oldest are dropped: each update is
+    superseded by the next, and a GM takes snapshots when it starts)."""
     state_ttl_ms: int = 60_000
     extra_queues: int = 1_024
     """Private queues users may declare in the vhost, all together."""
 
     def __post_init__(self) -> None:
-        for kind, names in (
+        for kind, parts in (
             ("GM", self.gms),
             ("LM", self.lms),
             ("user", [u for u, _ in self.users]),
         ):
-            for n in names:
+            for n in parts:
                 if not is_valid_name(n):
                     raise ConfigError(f"bad {kind} name {n!r}", reason="bad_name")
-            if len(set(names)) != len(names):
+            if len(set(parts)) != len(parts):
                 raise ConfigError(f"a {kind} appears twice", reason="bad_name")
         if not is_valid_name(self.federation):
             raise ConfigError(f"bad federation name {self.federation!r}", reason="bad_name")
@@ -152,62 +161,44 @@ class BrokerLayout:
         """RabbitMQ user names are global to the broker: prefixed by the federation."""
         return f"{self.federation}.{identity.role.value}.{identity.name}"
 
-    # names (every runtime must use these)
+    # names: ``common.broker_names``, under the federation's prefix
     @property
     def submit_exchange(self) -> str:
-        return f"{self.federation}.submit"
+        return names.submit_exchange(self.federation)
 
     @property
     def state_exchange(self) -> str:
-        return f"{self.federation}.state"
+        return names.state_exchange(self.federation)
 
     @property
     def events_exchange(self) -> str:
-        return f"{self.federation}.events"
+        return names.events_exchange(self.federation)
 
     @property
     def dead_letter_exchange(self) -> str:
-        return f"{self.federation}.dlx"
+        return names.dead_letter_exchange(self.federation)
 
     @property
     def dead_letter_queue(self) -> str:
-        return f"{self.federation}.dead"
+        return names.dead_letter_queue(self.federation)
 
     def user_queue(self, user: str) -> str:
-        return f"{self.federation}.user.{user}"
+        return names.user_queue(self.federation, user)
 
     def user_events_queue(self, user: str) -> str:
-        return f"{self.federation}.user.{user}.events"
+        return names.user_events_queue(self.federation, user)
 
     def gm_events_queue(self, gm: str) -> str:
-        return f"{self.federation}.gm.{gm}.events"
+        return names.gm_events_queue(self.federation, gm)
 
     def gm_state_queue(self, gm: str) -> str:
-        return f"{self.federation}.gm.{gm}.state"
+        return names.gm_state_queue(self.federation, gm)
 
+    def lm_epoch_queue(self, lm: str) -> str:
+        return names.lm_epoch_queue(self.federation, lm)
 
-# routing keys
-def submit_key(user: str) -> str:
-    return user
-
-
-def state_key(lm: str) -> str:
-    return lm
-
-
-def gm_event_key(gm: str, lm: str) -> str:
-    """A task event for the GM that placed the task, from LM ``lm``."""
-    return f"gm.{gm}.{lm}"
-
-
-def user_event_key(user: str, source: str) -> str:
-    """A task event for ``user``, from LM or GM ``source``."""
-    return f"user.{user}.{source}"
-
-
-def user_events_binding(user: str) -> str:
-    """The only binding key ``user`` may bind its private queues with."""
-    return f"user.{user}.#"
+    def lm_leader_queue(self, lm: str) -> str:
+        return names.lm_leader_queue(self.federation, lm)
 
 
 # --------------------------------------------------------------- topology
@@ -256,16 +247,21 @@ def topology(layout: BrokerLayout) -> Topology:
     ]
     if lay.queue_type == "quorum":
         user_q.append(("x-delivery-limit", lay.delivery_limit))
-    bounded: tuple[tuple[str, str | int], ...] = (
-        ("x-max-length", lay.max_events_queue),
+    typed: tuple[tuple[str, str | int], ...] = (("x-queue-type", lay.queue_type),)
+    # state updates are transient and superseded by the next: the newest few are kept
+    state_q: tuple[tuple[str, str | int], ...] = (
+        *typed,  # replicated too: a GM must find it on any node of a cluster
+        ("x-message-ttl", lay.state_ttl_ms),
+        ("x-max-length", lay.max_state_queue),
         ("x-overflow", "drop-head"),
     )
-    queues: list[QueueSpec] = [QueueSpec(lay.dead_letter_queue)]
+    queues: list[QueueSpec] = [QueueSpec(lay.dead_letter_queue, typed)]
     bindings: list[BindingSpec] = [BindingSpec(lay.dead_letter_exchange, lay.dead_letter_queue, "")]
     for u, _ in lay.users:
+        # outcomes are never dropped: they wait, durable, until the user reads them
         queues += [
             QueueSpec(lay.user_queue(u), tuple(user_q)),
-            QueueSpec(lay.user_events_queue(u), bounded),
+            QueueSpec(lay.user_events_queue(u), typed),
         ]
         bindings += [
             BindingSpec(lay.submit_exchange, lay.user_queue(u), submit_key(u)),
@@ -273,13 +269,16 @@ def topology(layout: BrokerLayout) -> Topology:
         ]
     for g in lay.gms:
         queues += [
-            QueueSpec(lay.gm_events_queue(g)),
-            QueueSpec(lay.gm_state_queue(g), (("x-message-ttl", lay.state_ttl_ms), *bounded)),
+            QueueSpec(lay.gm_events_queue(g), typed),
+            QueueSpec(lay.gm_state_queue(g), state_q),
         ]
         bindings += [
-            BindingSpec(lay.events_exchange, lay.gm_events_queue(g), f"gm.{g}.#"),
-            BindingSpec(lay.state_exchange, lay.gm_state_queue(g), "#"),
+            BindingSpec(lay.events_exchange, lay.gm_events_queue(g), names.gm_events_binding(g)),
+            BindingSpec(lay.state_exchange, lay.gm_state_queue(g), names.STATE_BINDING),
         ]
+    for x in lay.lms:
+        queues.append(QueueSpec(lay.lm_epoch_queue(x), typed))
+        bindings.append(BindingSpec(lay.state_exchange, lay.lm_epoch_queue(x), epoch_key(x)))
     return Topology(exchanges, tuple(queues), tuple(bindings))
 
 
@@ -312,27 +311,29 @@ def grants(layout: BrokerLayout) -> dict[Identity, Grant]:
     out: dict[Identity, Grant] = {OPERATOR: Grant(EVERYTHING, EVERYTHING, EVERYTHING)}
     for g in lay.gms:
         served = lay.users_of(g)
-        user_keys = (
-            "^user\\.(" + "|".join(re.escape(u) for u in served) + ")\\." + re.escape(g) + "$"
-            if served
-            else NOTHING
-        )
+        alt = "|".join(re.escape(u) for u in served)
+        outcome_keys = f"^user\\.({alt})\\.{re.escape(g)}$" if served else NOTHING
         out[Identity(Role.GM, g)] = Grant(
             configure=NOTHING,
-            write=_only(lay.events_exchange, lay.dead_letter_exchange),
+            # it returns tasks of acknowledged jobs to its users' queues (durable)
+            write=_only(lay.submit_exchange, lay.events_exchange, lay.dead_letter_exchange),
             read=_only(
                 *(lay.user_queue(u) for u in served), lay.gm_events_queue(g), lay.gm_state_queue(g)
             ),
-            topics=(TopicGrant(lay.events_exchange, user_keys, NOTHING),),
+            topics=(
+                TopicGrant(lay.events_exchange, outcome_keys, NOTHING),
+                TopicGrant(lay.submit_exchange, _only(*(submit_key(u) for u in served)), NOTHING),
+            ),
         )
     gm_alt = "|".join(re.escape(g) for g in lay.gms)
     for x in lay.lms:
         out[Identity(Role.LM, x)] = Grant(
-            configure=NOTHING,
+            # an LM with a standby holds its leader queue (exclusive, its own connection)
+            configure=_only(lay.lm_leader_queue(x)),
             write=_only(lay.state_exchange, lay.events_exchange),
-            read=NOTHING,
+            read=_only(lay.lm_epoch_queue(x), lay.lm_leader_queue(x)),
             topics=(
-                TopicGrant(lay.state_exchange, _only(state_key(x)), NOTHING),
+                TopicGrant(lay.state_exchange, _only(state_key(x), epoch_key(x)), NOTHING),
                 TopicGrant(
                     lay.events_exchange,
                     f"^(gm\\.({gm_alt})|user\\.{_ID_CLASS})\\.{re.escape(x)}$",

@@ -31,6 +31,7 @@ on, bounded by its rlimits: give each worker slot a uid of its own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import resource
 import shutil
@@ -38,7 +39,7 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
@@ -323,8 +324,11 @@ def _classify(returncode: int, timed_out: bool) -> tuple[bool, Outcome, int | No
     return False, reason, None, sig
 
 
-async def run_command(argv: Sequence[str], policy: SandboxPolicy) -> CommandResult:
-    """Run ``argv`` under ``policy``; the result says how it ended, or why it never ran."""
+async def run_command(
+    argv: Sequence[str], policy: SandboxPolicy, *, on_start: Callable[[], None] | None = None
+) -> CommandResult:
+    """Run ``argv`` under ``policy``; the result says how it ended, or why it never ran.
+    ``on_start`` is called once the process exists (not for a command refused)."""
     if not policy.enabled:
         return _refused(Outcome.DISABLED, "task commands are off (sandbox.enabled = false)")
     problem = _check_argv(argv)
@@ -345,13 +349,18 @@ async def run_command(argv: Sequence[str], policy: SandboxPolicy) -> CommandResu
     except OSError as exc:
         return _refused(Outcome.SPAWN_FAILED, f"work directory: {exc}")
     try:
-        return await _run(list(argv), real, holder, work, policy)
+        return await _run(list(argv), real, holder, work, policy, on_start)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
 
 
 async def _run(
-    argv: list[str], real: str, holder: Path, work: Path, policy: SandboxPolicy
+    argv: list[str],
+    real: str,
+    holder: Path,
+    work: Path,
+    policy: SandboxPolicy,
+    on_start: Callable[[], None] | None,
 ) -> CommandResult:
     limits = _limits(policy)
 
@@ -364,36 +373,44 @@ async def _run(
     # nothing to drain, no reader left hanging by a process that escaped the group, and
     # RLIMIT_FSIZE bounds what a task can write.
     out_path, err_path = holder / "stdout", holder / "stderr"
+    # Spawned with the standard library, not the event loop's subprocess support: some
+    # loops (uvloop, which the services run on) cannot set uid, gid, groups and umask.
+    loop = asyncio.get_running_loop()
     with _private_file(out_path) as out, _private_file(err_path) as err:
+        spawn = functools.partial(
+            subprocess.Popen,
+            argv,
+            executable=real,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            user=policy.uid,
+            group=policy.gid,
+            extra_groups=[],
+            umask=0o077,
+            preexec_fn=apply_limits,
+        )
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                executable=real,
-                cwd=work,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                user=policy.uid,
-                group=policy.gid,
-                extra_groups=[],
-                umask=0o077,
-                preexec_fn=apply_limits,
-            )
+            proc = await loop.run_in_executor(None, spawn)
         except (OSError, subprocess.SubprocessError) as exc:
             return _refused(Outcome.SPAWN_FAILED, f"{argv[0]}: {exc}")
+    if on_start is not None:
+        on_start()
+    waiter = loop.run_in_executor(None, proc.wait)
     timed_out = False
     try:
         try:
-            await asyncio.wait_for(proc.wait(), policy.timeout_s)
+            await asyncio.wait_for(asyncio.shield(waiter), policy.timeout_s)
         except TimeoutError:
             timed_out = True
     finally:  # also when the task is cancelled (stopped): nothing of it survives
         await _kill_group(proc.pid)
         if policy.dedicated_uid:
             await _kill_uid(policy)
-        returncode = await proc.wait()
+        returncode = await waiter
     stdout, stdout_cut = _head(out_path, policy.max_output_bytes)
     stderr, stderr_cut = _tail(err_path, policy.max_output_bytes)
     ok, reason, code, sig = _classify(returncode, timed_out)

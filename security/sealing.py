@@ -154,6 +154,43 @@ def _counter(value: object) -> int | None:
     return n if n <= MAX_COUNTER else None
 
 
+def authenticate(
+    headers: Mapping[str, object] | None,
+    body: bytes,
+    keyring: Mapping[Identity, bytes],
+    stream: str,
+) -> Opened | Dropped:
+    """Is ``body`` sealed, for ``stream``, by a sender of ``keyring``?  No ordering: a
+    message that may come again or out of order (a returned task) is judged on its
+    own; ``Opener`` adds the ordering of a stream."""
+    h = headers or {}
+    missing = [
+        n
+        for n in (HEADER_SENDER, HEADER_STREAM, HEADER_EPOCH, HEADER_SEQ, HEADER_MAC)
+        if n not in h
+    ]
+    if missing:
+        return Dropped(DropReason.MISSING, f"missing {', '.join(missing)}")
+    who, stream_, mac = _text(h[HEADER_SENDER]), _text(h[HEADER_STREAM]), _text(h[HEADER_MAC])
+    epoch, seq = _counter(h[HEADER_EPOCH]), _counter(h[HEADER_SEQ])
+    if who is None or stream_ is None or mac is None or epoch is None or seq is None:
+        return Dropped(DropReason.MALFORMED, "a seal header has the wrong type or range")
+    if not _HEX64.fullmatch(mac):
+        return Dropped(DropReason.MALFORMED, f"{HEADER_MAC} is not 64 lower hex digits")
+    try:
+        sender = Identity.parse(who)
+    except ValidationError:
+        return Dropped(DropReason.MALFORMED, f"bad sender {who[:80]!r}")
+    if stream_ != stream:
+        return Dropped(DropReason.WRONG_STREAM, f"sealed for {stream_[:80]!r}, not {stream!r}")
+    key = keyring.get(sender)
+    if key is None:
+        return Dropped(DropReason.UNKNOWN_SENDER, f"{sender} does not send on {stream}")
+    if not hmac.compare_digest(mac, _mac(key, who, stream_, epoch, seq, body)):
+        return Dropped(DropReason.BAD_MAC, f"not sealed by {sender}")
+    return Opened(sender, epoch, seq)
+
+
 class Opener:
     """Checks sealed messages of one stream for one receiver, and remembers, per
     sender, the last ``(epoch, seq)`` it accepted."""
@@ -178,33 +215,11 @@ class Opener:
     def open(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
         """``Opened`` if the message is authentic, for this stream, and newer than any
         accepted from its sender; else ``Dropped`` with the reason (and counted)."""
-        h = headers or {}
-        missing = [
-            n
-            for n in (HEADER_SENDER, HEADER_STREAM, HEADER_EPOCH, HEADER_SEQ, HEADER_MAC)
-            if n not in h
-        ]
-        if missing:
-            return self._drop(DropReason.MISSING, f"missing {', '.join(missing)}")
-        who, stream, mac = _text(h[HEADER_SENDER]), _text(h[HEADER_STREAM]), _text(h[HEADER_MAC])
-        epoch, seq = _counter(h[HEADER_EPOCH]), _counter(h[HEADER_SEQ])
-        if who is None or stream is None or mac is None or epoch is None or seq is None:
-            return self._drop(DropReason.MALFORMED, "a seal header has the wrong type or range")
-        if not _HEX64.fullmatch(mac):
-            return self._drop(DropReason.MALFORMED, f"{HEADER_MAC} is not 64 lower hex digits")
-        try:
-            sender = Identity.parse(who)
-        except ValidationError:
-            return self._drop(DropReason.MALFORMED, f"bad sender {who[:80]!r}")
-        if stream != self.stream:
-            return self._drop(
-                DropReason.WRONG_STREAM, f"sealed for {stream[:80]!r}, not {self.stream!r}"
-            )
-        key = self._keys.get(sender)
-        if key is None:
-            return self._drop(DropReason.UNKNOWN_SENDER, f"{sender} does not send on {self.stream}")
-        if not hmac.compare_digest(mac, _mac(key, who, stream, epoch, seq, body)):
-            return self._drop(DropReason.BAD_MAC, f"not sealed by {sender}")
+        got = authenticate(headers, body, self._keys, self.stream)
+        if isinstance(got, Dropped):
+            self.drops[got.reason] += 1
+            return got
+        sender, epoch, seq = got.sender, got.epoch, got.seq
         last = self._last.get(sender)
         if last is not None and (epoch, seq) <= last:
             if epoch < last[0]:

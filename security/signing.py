@@ -344,7 +344,7 @@ class ReplayCache:
 
 # -------------------------------------------------------- access policy
 ANY_SERVICE = frozenset({Role.GM, Role.LM, Role.WORKERS})
-ADMIN_PATHS = frozenset({"/v1/state", "/v1/ping", "/metrics"})
+ADMIN_PATHS = frozenset({"/v1/state", "/v1/ping", "/metrics", "/v1/launches"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,8 +391,9 @@ ACCESS_POLICY: tuple[Rule, ...] = (
 )
 """Who may call what: anything not allowed here is refused (``forbidden_endpoint``)."""
 
-PUBLIC_ENDPOINTS = frozenset({("GET", "/health")})
-"""Answered without credentials (liveness probes); they reveal nothing."""
+PUBLIC_ENDPOINTS = frozenset({("GET", "/health"), ("GET", "/metrics")})
+"""Answered without credentials: liveness probes and Prometheus scrapes (counters and
+gauges; no task, user or key)."""
 
 
 def is_public(method: str, path: str) -> bool:

@@ -38,7 +38,6 @@ from runtime.http import (
     SERVICE_KEY,
     Peer,
     PeerRefused,
-    require_internal,
     service_app,
     service_identity,
     session,
@@ -46,6 +45,9 @@ from runtime.http import (
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
+from security.access import Access
+from security.identity import lm as lm_identity
+from security.sandbox import SandboxPolicy
 from worker.core import WorkerPool
 from worker.runner import Runner
 
@@ -63,15 +65,17 @@ class WorkerService:
 
     role = "worker"
 
-    def __init__(self, cfg: FederationConfig, lm: LmId) -> None:
+    def __init__(self, cfg: FederationConfig, lm: LmId, access: Access) -> None:
         self.cfg = cfg
+        self.access = access
         n_nodes = len(cfg.clusters[cfg.lm_ids.index(lm)].nodes)
         self.core = WorkerPool(
             lm, n_nodes, commands=cfg.task_commands, lease_s=LEASE_SHARE * cfg.worker_timeout_s
         )
         self.sup = Supervisor(f"{lm}-workers")
         self.driver = CoreDriver(self.core, self.sup)
-        self.runner = Runner(self.driver)
+        policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
+        self.runner = Runner(self.driver, policy)
         self.http: aiohttp.ClientSession | None = None
         self.lm: Peer | None = None
         self.registered = asyncio.Event()
@@ -87,8 +91,9 @@ class WorkerService:
         await self.sup.__aenter__()
         self.http = session(16)
         self.lm = Peer(
-            self.core.lm, self.cfg.lm_urls(self.core.lm), self.cfg.secret, self.http, policy=REPORTS
-        )
+            lm_identity(self.core.lm), self.cfg.lm_urls(self.core.lm), self.access, self.http,
+            policy=REPORTS,
+        )  # fmt: skip
         self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
         lease = CheckLease(lease=LEASE_SHARE * self.cfg.worker_timeout_s)
@@ -189,24 +194,23 @@ LAUNCH_FIELDS = ("what", "user", "task_id", "attempt", "node", "at")
 
 async def launches_handler(request: web.Request) -> web.Response:
     """The pool's latest starts, ends and stops (operators; the fault suite)."""
-    require_internal(request)
     svc = request.app[SERVICE_KEY]
     assert isinstance(svc, WorkerService)
     rows = [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in svc.core.launches]
     return web.json_response({"lm": svc.core.lm, "launches": rows})
 
 
-def build_app(cfg: FederationConfig, lm: LmId) -> web.Application:
-    svc = WorkerService(cfg, lm)
+def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Application:
+    svc = WorkerService(cfg, lm, access)
     metrics = ServiceMetrics(
         "megha_worker", lambda: svc.core.counters, lambda: {"running_tasks": len(svc.core.running)}
     )
-    app = service_app(cfg, svc, metrics, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
+    app = service_app(cfg, svc, metrics, access, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
     app.router.add_get("/v1/launches", launches_handler)
     return app
 
 
 async def create_app() -> web.Application:
     """gunicorn entry point (``worker.app:create_app``)."""
-    cfg, ident = service_identity("worker")
-    return build_app(cfg, LmId(ident))
+    cfg, ident, access = service_identity("worker")
+    return build_app(cfg, LmId(ident), access)

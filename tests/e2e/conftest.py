@@ -6,10 +6,11 @@ deleted afterwards) and free ports.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import random
 import socket
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from common.auth import internal_headers
 from common.config import FederationConfig
 from megha_cli.federation import broker_reachable, start_federation, stop_federation
-from runtime.broker import delete_topology
+from megha_cli.secure import purge
+from security.access import Access, identity_of_process
 
 
 def _free_base(host: str = "127.0.0.1") -> int:
@@ -50,7 +51,7 @@ def make_federation(
     """Start federations on demand; stop them and delete their topology at module end."""
     started: list[Federation] = []
 
-    def make(**overrides: object) -> Federation:
+    def make(*, insecure_dev: bool = False, **overrides: object) -> Federation:
         base = FederationConfig()
         if not broker_reachable(base.broker_url):
             pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
@@ -58,25 +59,37 @@ def make_federation(
             base,
             name=f"e2e-{uuid.uuid4().hex[:8]}",
             base_port=_free_base(),
-            secret=uuid.uuid4().hex,
             **overrides,  # type: ignore[arg-type]
         ).validate()
         home = tmp_path_factory.mktemp(cfg.name)
-        start_federation(cfg, home, quiet=True)
+        start_federation(cfg, home, quiet=True, insecure_dev=insecure_dev)
         started.append((cfg, home))
         return cfg, home
 
     yield make
     for cfg, home in started:
         stop_federation(home, quiet=True)
-        asyncio.run(delete_topology(cfg))
+        with contextlib.suppress(Exception):  # a private broker may be gone already
+            purge(cfg, home)
 
 
-def service_state(url: str, cfg: FederationConfig) -> Any:
-    """A service's ``/v1/state`` page."""
-    req = urllib.request.Request(url + "/v1/state", headers=internal_headers(cfg.secret))
+def operator(cfg: FederationConfig, home: Path) -> Access:
+    """The operator's keys and broker login for the federation in ``home``."""
+    return Access.in_home(home, cfg)
+
+
+def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
+    """``GET path`` on process ``name``, signed by the operator; the JSON answer."""
+    who = identity_of_process(cfg, name)
+    headers = operator(cfg, home).sign(who, "GET", path, b"", time.time())
+    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
+
+
+def service_state(cfg: FederationConfig, home: Path, name: str) -> Any:
+    """A service's ``/v1/state`` page."""
+    return signed_get(cfg, home, name, "/v1/state")
 
 
 def pid_of(home: Path, name: str) -> int:
@@ -86,13 +99,9 @@ def pid_of(home: Path, name: str) -> int:
     return pid
 
 
-def launches(cfg: FederationConfig) -> list[dict[str, Any]]:
+def launches(cfg: FederationConfig, home: Path) -> list[dict[str, Any]]:
     """Every worker pool's log of starts, ends and stops."""
     rows: list[dict[str, Any]] = []
     for lm in cfg.lm_ids:
-        req = urllib.request.Request(
-            cfg.worker_url(lm) + "/v1/launches", headers=internal_headers(cfg.secret)
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            rows.extend(json.loads(resp.read())["launches"])
+        rows.extend(signed_get(cfg, home, f"{lm}-workers", "/v1/launches")["launches"])
     return rows

@@ -40,7 +40,7 @@ def cluster() -> Iterator[RabbitCluster]:
 def test_the_federation_survives_the_loss_of_a_broker_node(
     cluster: RabbitCluster, make_federation: Callable[..., Federation]
 ) -> None:
-    cfg, _ = make_federation(
+    cfg, home = make_federation(insecure_dev=True,
         gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5,
         broker_url=",".join(cluster.urls), queue_type="quorum",
     )  # fmt: skip
@@ -50,22 +50,22 @@ def test_the_federation_survives_the_loss_of_a_broker_node(
         rng=random.Random(13),
     )  # fmt: skip
     ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
-    done, failed = asyncio.run(_drive(cfg, cluster, jobs, ids))
+    done, failed = asyncio.run(_drive(cfg, home, cluster, jobs, ids))
     assert not failed, dict(list(failed.items())[:5])
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    log = launches(cfg)
+    log = launches(cfg, home)
     assert duplicate_launches(log) == {"count": 0, "tasks": []}
     assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)
     for lm in cfg.lm_ids:  # every LM went on, on another node
-        st = service_state(cfg.lm_url(lm), cfg)
+        st = service_state(cfg, home, lm)
         assert st["broker"]["reconnects"] >= 1
         assert st["broker"]["url"] != cluster.urls[0].replace("guest:guest", "guest")
 
 
 async def _drive(
-    cfg: FederationConfig, cluster: RabbitCluster, jobs: list[Any], ids: list[Any]
+    cfg: FederationConfig, home: Path, cluster: RabbitCluster, jobs: list[Any], ids: list[Any]
 ) -> tuple[list[Any], dict[Any, str]]:
-    sub = Submitter(cfg)
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     t0 = time.time()
     loop = asyncio.get_running_loop()

@@ -36,7 +36,7 @@ def _job(job_id: str, user: str, arrival: float) -> dict[str, object]:
 def test_dag_jobs_run_stage_by_stage_under_carbyne(
     make_federation: Callable[..., Federation], tmp_path: Path
 ) -> None:
-    cfg, _ = make_federation(
+    cfg, home = make_federation(
         gms=2, lms=2, nodes_per_lm=4, heartbeat_s=0.5, worker_timeout_s=3.0,
         queue_policy="carbyne",
     )  # fmt: skip
@@ -52,7 +52,7 @@ def test_dag_jobs_run_stage_by_stage_under_carbyne(
         jobs_file=str(path), out=str(tmp_path / "out"), floor_samples=20, timeout_s=60.0,
         progress=False,
     )  # fmt: skip
-    summary = asyncio.run(run_bench(cfg, opts))
+    summary = asyncio.run(run_bench(cfg, opts, home))
     assert summary["tasks"] == 42
     assert summary["lost_tasks"] == 0
     assert summary["tasks_finished"] == 42
@@ -78,7 +78,7 @@ def test_dag_jobs_run_stage_by_stage_under_carbyne(
 def test_a_job_file_that_does_not_fit_the_federation_is_refused_up_front(
     make_federation: Callable[..., Federation], tmp_path: Path
 ) -> None:
-    cfg, _ = make_federation(gms=1, lms=1, nodes_per_lm=2)
+    cfg, home = make_federation(gms=1, lms=1, nodes_per_lm=2)
     doc = {
         "format": "megha-dag/1",
         "resources": ["cpu", "mem"],
@@ -87,4 +87,4 @@ def test_a_job_file_that_does_not_fit_the_federation_is_refused_up_front(
     path = tmp_path / "two.json"
     path.write_text(json.dumps(doc).replace('"demand": [1]', '"demand": [1, 1]'))
     with pytest.raises(ConfigError, match="resource types"):
-        asyncio.run(run_bench(cfg, BenchOptions(jobs_file=str(path), progress=False)))
+        asyncio.run(run_bench(cfg, BenchOptions(jobs_file=str(path), progress=False), home))

@@ -47,10 +47,10 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
     assert killed_at > 0
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
     # no task ran twice: the workers started each exactly once
-    log = launches(cfg)
+    log = launches(cfg, home)
     assert duplicate_launches(log) == {"count": 0, "tasks": []}
     assert sum(1 for r in log if r["what"] == "start") == len(ids)
-    gm = service_state(cfg.gm_url("gm0"), cfg)
+    gm = service_state(cfg, home, "gm0")
     assert gm["jobs_unacked"] == 0
     assert gm["queued"] == 0
     # the restarted GM got back the jobs its predecessor had not finished placing
@@ -58,7 +58,7 @@ def test_gm_killed_mid_run_loses_no_job_and_runs_no_task_twice(
 
 
 async def _drive(cfg: FederationConfig, home: Path, jobs: list[Any]) -> tuple[list[Any], float]:
-    sub = Submitter(cfg)
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     t0 = time.time()
     killed_at = 0.0

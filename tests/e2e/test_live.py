@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -15,7 +16,6 @@ import msgpack
 import pytest
 
 from common import codec
-from common.auth import internal_headers, user_token
 from common.config import FederationConfig
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import LaunchRequest, Placement, SubmitJob, WorkerHeartbeat
@@ -23,6 +23,9 @@ from common.model import N_CONSTRAINTS, TaskSpec
 from request_generator.bench import BenchOptions, run_bench
 from request_generator.submitter import SubmissionRefused, Submitter
 from runtime import broker
+from security.access import Access, load_tokens
+from security.identity import OPERATOR, Identity, gm, lm
+from tests.e2e.conftest import service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -54,12 +57,12 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
 def test_workload_runs_to_completion_with_a_correct_summary(
     fed: Federation, tmp_path: Path
 ) -> None:
-    cfg, _ = fed
+    cfg, home = fed
     opts = BenchOptions(
         jobs=40, tasks_per_job=3, mean_duration=0.05, job_rate=40.0, out=str(tmp_path),
         floor_samples=50, timeout_s=60.0, progress=False,
     )  # fmt: skip
-    summary = asyncio.run(run_bench(cfg, opts))
+    summary = asyncio.run(run_bench(cfg, opts, home))
     assert summary["tasks"] == 120
     assert summary["lost_tasks"] == 0
     assert summary["tasks_finished"] + summary["tasks_failed"] == 120
@@ -114,10 +117,25 @@ def _pack(fields: object, tag: str = "launch") -> bytes:
     return out
 
 
+def _as(cfg: FederationConfig, home: Path, me: Identity, to: Identity) -> Any:
+    """Headers for a request from ``me`` to ``to``, signed with the federation's keys."""
+    access = Access.in_home(home, cfg, me)
+
+    def headers(path: str, body: bytes) -> dict[str, str]:
+        signed = access.sign(to, "POST", path, body, time.time())
+        return {**signed, "Content-Type": "application/x-msgpack"}
+
+    return headers
+
+
 def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
-    cfg, _ = fed
-    url = cfg.lm_url("lm0") + "/v1/launch"
-    auth = {**internal_headers(cfg.secret), "Content-Type": "application/x-msgpack"}
+    """Bad bodies from an authenticated GM get 4xx with the field's reason; calls not
+    signed by a party allowed to make them are refused before any handler runs."""
+    cfg, home = fed
+    path = "/v1/launch"
+    url = cfg.lm_url("lm0") + path
+    as_gm = _as(cfg, home, gm("gm0"), lm("lm0"))
+    auth = "as gm0"
     missing = _launch_fields(cfg)
     del missing["placements"][0]["spec"]["demand"]
     unknown_gm = _launch_fields(cfg)
@@ -137,25 +155,50 @@ def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
         (_pack(unknown_gm), auth, 422, "unknown_gm"),
         (_pack(_launch_fields(cfg, evil=1)), auth, 422, "unknown_field"),
         (_pack(_launch_fields(cfg, duration=1e400)), auth, 422, "out_of_range"),
-        (b"\x00" * (cfg.max_body + 10), auth, 413, "too_large"),
-        (_pack(_launch_fields(cfg)), {}, 401, "missing_credentials"),
-        (_pack(_launch_fields(cfg)), {"Authorization": "Bearer nope"}, 401, "bad_credentials"),
+        (b"\x00" * (cfg.max_body + 10), "no credentials", 413, "too_large"),
+        (_pack(_launch_fields(cfg)), "no credentials", 401, "missing_credentials"),
     ]  # fmt: skip
-    for body, headers, status, reason in cases:
+    for body, who, status, reason in cases:
+        headers = as_gm(path, body) if who == auth else {}
+        got, answer = post(url, body, headers)
+        assert (got, answer["error"]) == (status, reason), answer  # type: ignore[index]
+    # forged, replayed, or from a party that may not launch
+    body = _pack(_launch_fields(cfg))
+    forged = {**as_gm(path, body), "X-Megha-Signature": "0" * 64}
+    once = as_gm(path, body)
+    assert post(url, body, once)[0] == 200
+    evil = Access(gm("evil"), cfg, Access.in_home(home, cfg).secret).sign(
+        lm("lm0"), "POST", path, body, time.time()
+    )
+    pool = _as(cfg, home, Identity.parse("workers:lm0"), lm("lm0"))(path, body)
+    for headers, status, reason in [
+        (forged, 401, "bad_signature"),
+        (once, 401, "replayed_nonce"),
+        (evil, 401, "unknown_identity"),
+        (pool, 403, "forbidden_endpoint"),
+        (_as(cfg, home, OPERATOR, lm("lm0"))(path, body), 403, "forbidden_endpoint"),
+        ({**as_gm(path, body), "X-Megha-Content-SHA256": "1" * 64}, 401, "bad_signature"),
+        (as_gm(path, b"another body"), 401, "body_digest_mismatch"),
+    ]:
         got, answer = post(url, body, headers)
         assert (got, answer["error"]) == (status, reason), answer  # type: ignore[index]
     # the worker-facing endpoints too
     bad_node = codec.encode(WorkerHeartbeat(lm=LmId("lm0"), nodes=(NodeIndex(999),), at=0.0))
-    got, answer = post(cfg.lm_url("lm0") + "/v1/worker-heartbeat", bad_node, auth)
+    as_pool = _as(cfg, home, Identity.parse("workers:lm0"), lm("lm0"))
+    got, answer = post(
+        cfg.lm_url("lm0") + "/v1/worker-heartbeat",
+        bad_node,
+        as_pool("/v1/worker-heartbeat", bad_node),
+    )
     assert (got, answer["error"]) == (422, "unknown_node")  # type: ignore[index]
-    got, answer = post(cfg.worker_url("lm0") + "/v1/start", b"\x93", auth)
+    as_lm = _as(cfg, home, lm("lm0"), Identity.parse("workers:lm0"))
+    got, answer = post(cfg.worker_url("lm0") + "/v1/start", b"\x93", as_lm("/v1/start", b"\x93"))
     assert (got, answer["error"]) == (400, "malformed_body")  # type: ignore[index]
     # still serving, and it counted what it refused
     assert get(cfg.lm_url("lm0") + "/health")[0] == 200
-    status, state = get(cfg.lm_url("lm0") + "/v1/state", internal_headers(cfg.secret))
-    assert status == 200
-    assert state["running_tasks"] == 0
-    metrics = get(cfg.lm_url("lm0") + "/metrics")[1]
+    state = service_state(cfg, home, "lm0")
+    assert state["running_tasks"] == 1  # the one good launch above
+    metrics = get(cfg.lm_url("lm0") + "/metrics")[1]  # public, as for a Prometheus scrape
     assert b'megha_lm_refused_total{reason="malformed_body"}' in metrics
     assert b"megha_lm_launches_total" in metrics
     with pytest.raises(urllib.error.HTTPError) as err:
@@ -165,10 +208,10 @@ def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
 
 
 def test_bad_submissions_are_dead_lettered_with_their_reason(fed: Federation) -> None:
-    cfg, _ = fed
-    refused, ok_result = asyncio.run(_submit_bad(cfg))
+    cfg, home = fed
+    refused, ok_result = asyncio.run(_submit_bad(cfg, home))
     assert refused == {
-        "bad-token": "bad_credentials",
+        "bad-token": "bad_token",
         "wrong-queue": "wrong_queue",
         "impossible": "impossible_resources",
         "dup-ids": "duplicate_task_id",
@@ -184,13 +227,13 @@ def test_bad_submissions_are_dead_lettered_with_their_reason(fed: Federation) ->
         "oversized": "too_large",
     }
     assert ok_result == "finished"
-    _, state = get(cfg.gm_url("gm0") + "/v1/state", internal_headers(cfg.secret))
+    state = service_state(cfg, home, "gm0")
     assert state["dead_lettered"] >= 14
     assert get(cfg.gm_url("gm0") + "/health")[0] == 200
 
 
-async def _submit_bad(cfg: FederationConfig) -> tuple[dict[str, str], str]:
-    sub = Submitter(cfg)
+async def _submit_bad(cfg: FederationConfig, home: Path) -> tuple[dict[str, str], str]:
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     dead: dict[str, str] = {}
     got_all = asyncio.Event()
@@ -207,12 +250,14 @@ async def _submit_bad(cfg: FederationConfig) -> tuple[dict[str, str], str]:
     await q.bind(cfg.dead_letter_exchange, routing_key="")
     await q.consume(on_dead, no_ack=True)
 
+    tokens = load_tokens(home)
+
     def task(tid: str, job: str, user: str = "u0", demand: tuple[int, ...] = (1,)) -> TaskSpec:
         return TaskSpec(task_id=TaskId(tid), job_id=JobId(job), user=UserId(user), demand=demand,
                         duration=0.05)  # fmt: skip
 
     def job(jid: str, tasks: list[TaskSpec], user: str = "u0", token: str | None = None) -> bytes:
-        tok = user_token(cfg.secret, user) if token is None else token
+        tok = tokens.get(user, "") if token is None else token
         return codec.encode(
             SubmitJob(job_id=JobId(jid), user=UserId(user), token=tok, submitted_at=1.0,
                       tasks=tuple(tasks))
@@ -249,7 +294,7 @@ async def _submit_bad(cfg: FederationConfig) -> tuple[dict[str, str], str]:
     )
     bodies["reused-job"] = job("reused", [replace(slow, task_id=TaskId("r.t1"))])
     for tag, body in bodies.items():
-        msg = broker.persistent(body, **{"x-megha-tag": tag})
+        msg = broker.persistent(body, headers={"x-megha-tag": tag})
         await sub.broker.ex.submit.publish(msg, routing_key="u0", mandatory=True)
     # an unknown user has no queue: the publish itself is refused, nothing is lost silently
     with pytest.raises(SubmissionRefused):

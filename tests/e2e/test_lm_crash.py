@@ -37,27 +37,27 @@ def test_lm_killed_mid_run_is_rebuilt_from_its_workers(
         rng=random.Random(11),
     )  # fmt: skip
     ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
-    before = service_state(cfg.lm_url("lm0"), cfg)["epoch"]
+    before = service_state(cfg, home, "lm0")["epoch"]
     done, failed = asyncio.run(_drive(cfg, home, jobs, ids))
     assert not failed, dict(list(failed.items())[:5])
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    lm0 = service_state(cfg.lm_url("lm0"), cfg)
+    lm0 = service_state(cfg, home, "lm0")
     assert lm0["epoch"] > before
     assert lm0["counters"]["recovered"] > 0  # it learnt the running tasks from its pool
     assert lm0["running_tasks"] == 0
     # no task ran twice (two attempts at once, or to its end twice); an attempt stopped
     # for a newer one (a request that got no answer while the LM was down) may restart it
-    log = launches(cfg)
+    log = launches(cfg, home)
     assert duplicate_launches(log) == {"count": 0, "tasks": []}
     assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)
-    gms = [service_state(cfg.gm_url(g), cfg) for g in cfg.gm_ids]
+    gms = [service_state(cfg, home, g) for g in cfg.gm_ids]
     assert sum(g["counters"]["lm_restarts_seen"] for g in gms) >= 1
 
 
 async def _drive(
     cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[Any]
 ) -> tuple[list[Any], dict[Any, str]]:
-    sub = Submitter(cfg)
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     t0 = time.time()
     try:

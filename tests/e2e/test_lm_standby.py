@@ -30,16 +30,16 @@ pytestmark = pytest.mark.e2e
 Federation = tuple[FederationConfig, Path]
 
 
-def _lm_processes(cfg: FederationConfig, lm: str) -> dict[str, Any]:
+def _lm_processes(cfg: FederationConfig, home: Path, lm: str) -> dict[str, Any]:
     """The state pages of both processes of ``lm``, by process name."""
-    return {name: service_state(cfg.url(name), cfg) for name in (lm, f"{lm}-standby")}
+    return {name: service_state(cfg, home, name) for name in (lm, f"{lm}-standby")}
 
 
 def test_the_standby_takes_over_from_a_killed_lm(
     make_federation: Callable[..., Federation],
 ) -> None:
     cfg, home = make_federation(gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5, lm_standby=True)
-    procs = _lm_processes(cfg, "lm0")
+    procs = _lm_processes(cfg, home, "lm0")
     (active,) = [n for n, st in procs.items() if st["active"]]
     (standby,) = [n for n, st in procs.items() if st["standby"]]
     before = procs[active]["epoch"]
@@ -52,18 +52,18 @@ def test_the_standby_takes_over_from_a_killed_lm(
         rng=random.Random(12),
     )  # fmt: skip
     ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
-    done, failed = asyncio.run(_drive(cfg, jobs, ids, kill=pid_of(home, active)))
+    done, failed = asyncio.run(_drive(cfg, home, jobs, ids, kill=pid_of(home, active)))
     assert not failed, dict(list(failed.items())[:5])
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    now = service_state(cfg.url(standby), cfg)
+    now = service_state(cfg, home, standby)
     assert now["active"]
     assert now["epoch"] > before
     assert now["counters"]["recovered"] > 0  # it learnt the running tasks from the pool
     assert now["running_tasks"] == 0
-    log = launches(cfg)
+    log = launches(cfg, home)
     assert duplicate_launches(log) == {"count": 0, "tasks": []}
     assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)
-    gms = [service_state(cfg.gm_url(g), cfg) for g in cfg.gm_ids]
+    gms = [service_state(cfg, home, g) for g in cfg.gm_ids]
     assert sum(g["counters"]["lm_restarts_seen"] for g in gms) >= 1
     shown = _status(home)
     assert f"{active}: unreachable" in shown
@@ -80,9 +80,9 @@ def _status(home: Path) -> str:
 
 
 async def _drive(
-    cfg: FederationConfig, jobs: list[Any], ids: list[Any], *, kill: int
+    cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[Any], *, kill: int
 ) -> tuple[list[Any], dict[Any, str]]:
-    sub = Submitter(cfg)
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     t0 = time.time()
     try:

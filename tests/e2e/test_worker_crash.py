@@ -39,7 +39,7 @@ def test_dead_worker_pool_tasks_are_placed_again(
     done, failed = asyncio.run(_drive(cfg, home, jobs, ids))
     assert not failed
     assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
-    lm0 = service_state(cfg.lm_url("lm0"), cfg)
+    lm0 = service_state(cfg, home, "lm0")
     assert lm0["counters"]["workers_lost"] > 0
     assert lm0["nodes_alive"] == lm0["nodes"]  # the restarted pool's nodes came back
 
@@ -47,7 +47,7 @@ def test_dead_worker_pool_tasks_are_placed_again(
 async def _drive(
     cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[Any]
 ) -> tuple[list[Any], dict[Any, str]]:
-    sub = Submitter(cfg)
+    sub = Submitter.operator(cfg, home)
     await sub.open()
     t0 = time.time()
     try:

@@ -25,6 +25,13 @@ import aiormq
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
+from common.broker_names import (
+    gm_event_key,
+    state_key,
+    submit_key,
+    user_event_key,
+    user_events_binding,
+)
 from common.config import FederationConfig
 from common.errors import ConfigError
 from security.broker_acl import (
@@ -34,18 +41,13 @@ from security.broker_acl import (
     BrokerLayout,
     Rabbitmqctl,
     definitions,
-    gm_event_key,
     grants,
     load_broker_url,
     make_credentials,
     provision,
     rabbit_password_hash,
-    state_key,
-    submit_key,
     teardown,
     topology,
-    user_event_key,
-    user_events_binding,
 )
 from security.identity import OPERATOR, Identity, gm, lm, user, workers
 from security.sealing import Opened, Opener, keyring_for, seal, sealing_key
@@ -89,6 +91,8 @@ def test_topology_makes_topic_permissions_applicable() -> None:
         "fed.gm.gm1.events",
         "fed.gm.gm0.state",
         "fed.gm.gm1.state",
+        "fed.lm.lm0.epoch",
+        "fed.lm.lm1.epoch",
     }
     assert queues["fed.user.alice"]["x-dead-letter-exchange"] == "fed.dlx"
     assert queues["fed.user.alice"]["x-overflow"] == "reject-publish"
@@ -97,7 +101,9 @@ def test_topology_makes_topic_permissions_applicable() -> None:
     assert ("fed.submit", "fed.user.alice", "alice") in bindings
     assert ("fed.events", "fed.user.bob.events", "user.bob.#") in bindings
     assert ("fed.events", "fed.gm.gm1.events", "gm.gm1.#") in bindings
-    assert ("fed.state", "fed.gm.gm0.state", "#") in bindings
+    assert ("fed.state", "fed.gm.gm0.state", "lm.*") in bindings
+    assert ("fed.state", "fed.lm.lm1.epoch", "epoch.lm1") in bindings
+    assert "x-max-length" not in queues["fed.user.bob.events"]  # outcomes are never dropped
     quorum = BrokerLayout("fed", ("gm0",), ("lm0",), (("u", "gm0"),), queue_type="quorum")
     user_q = next(q for q in topology(quorum).queues if q.name == "fed.user.u")
     assert dict(user_q.arguments)["x-delivery-limit"] == 5
@@ -105,7 +111,7 @@ def test_topology_makes_topic_permissions_applicable() -> None:
 
 def test_routing_keys_fall_under_the_bindings() -> None:
     assert submit_key("alice") == "alice"
-    assert state_key("lm1") == "lm1"
+    assert state_key("lm1") == "lm.lm1"
     assert gm_event_key("gm0", "lm1") == "gm.gm0.lm1"
     assert user_event_key("alice", "lm1") == "user.alice.lm1"
     assert user_events_binding("alice") == "user.alice.#"
@@ -137,6 +143,9 @@ def test_permission_table() -> None:
         "fed.gm.gm0.events",
         "fed.gm.gm0.state",
         "fed.gm.gm1.events",
+        "fed.lm.lm1.epoch",
+        "fed.lm.lm1.leader",
+        "fed.lm.lm0.leader",
         "amq.default",
         "amq.topic",
         "amq.gen-Xyz",
@@ -150,10 +159,14 @@ def test_permission_table() -> None:
         ),
         gm("gm0"): (
             set(),
-            {"fed.events", "fed.dlx"},
+            {"fed.submit", "fed.events", "fed.dlx"},  # it returns tasks to its users' queues
             {"fed.user.alice", "fed.gm.gm0.events", "fed.gm.gm0.state"},
         ),
-        lm("lm1"): (set(), {"fed.state", "fed.events"}, set()),
+        lm("lm1"): (
+            {"fed.lm.lm1.leader"},
+            {"fed.state", "fed.events"},
+            {"fed.lm.lm1.epoch", "fed.lm.lm1.leader"},
+        ),
         workers("lm0"): (set(), set(), set()),
         OPERATOR: (set(resources), set(resources), set(resources)),
     }
@@ -189,7 +202,8 @@ def test_topic_grants() -> None:
     ]
     assert [k for k in binds if matches(r, k)] == ["user.alice.#", "user.alice.lm0"]
     w, _ = topic(lm("lm0"), "fed.state")
-    assert [k for k in ("lm0", "lm1", "lm0.x", "#") if matches(w, k)] == ["lm0"]
+    keys = ["lm.lm0", "lm.lm1", "lm.lm0.x", "epoch.lm0", "epoch.lm1", "lm0", "#"]
+    assert [k for k in keys if matches(w, k)] == ["lm.lm0", "epoch.lm0"]
     w, _ = topic(lm("lm0"), "fed.events")
     keys = [
         "gm.gm0.lm0",
@@ -204,6 +218,8 @@ def test_topic_grants() -> None:
     w, _ = topic(gm("gm0"), "fed.events")
     keys = ["user.alice.gm0", "user.bob.gm0", "user.alice.gm1", "gm.gm0.lm0"]
     assert [k for k in keys if matches(w, k)] == ["user.alice.gm0"]
+    w, _ = topic(gm("gm0"), "fed.submit")  # returned tasks, to its own users' queues only
+    assert [k for k in ("alice", "bob", "alice.x") if matches(w, k)] == ["alice"]
     # every topic exchange a party may publish to or read from has a topic grant
     topo_topics = {e.name for e in topology(layout()).exchanges if e.type == "topic"}
     for who, g in table.items():
@@ -215,8 +231,8 @@ def test_topic_grants() -> None:
 
 def test_a_gm_without_users_may_publish_no_user_events() -> None:
     lay = BrokerLayout("fed", ("gm0", "gm1"), ("lm0",), (("alice", "gm0"),))
-    (t,) = grants(lay)[gm("gm1")].topics
-    assert t.write == NOTHING
+    topics = grants(lay)[gm("gm1")].topics
+    assert [t.write for t in topics] == [NOTHING, NOTHING]  # no outcome, no returned task
 
 
 def test_layout_refuses_bad_names_and_unknown_gms() -> None:

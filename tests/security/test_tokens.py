@@ -199,18 +199,30 @@ def test_cli_add_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no user" in capsys.readouterr().err
 
 
-def test_cli_checks_the_gm_against_the_recorded_federation(
+def test_cli_issues_tokens_to_the_users_of_the_recorded_federation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "federation.toml").write_text("[federation]\ngms = 2\n")
+    """A federation's users are in its config: a token goes to one of them, with its GM
+    and share from there; a stranger gets none; a live token is revoked before a new one."""
+    (tmp_path / "federation.toml").write_text(
+        '[federation]\ngms = 2\nusers = "alice:0.5@gm1,bob:0.25@gm0"\n'
+    )
     home = ["--state-dir", str(tmp_path)]
-    assert main(["user", "add", "alice", "--gm", "gm7", "--share", "0.2", *home]) == 1
-    assert "no GM 'gm7'" in capsys.readouterr().err
-    assert main(["user", "add", "alice", "--share", "0.2", *home]) == 0
-    assert main(["user", "add", "bob", "--share", "0.2", *home]) == 0
-    assert main(["user", "add", "carol", "--share", "0.2", *home]) == 0
-    gms = {r.user: r.gm for r in TokenStore.in_home(tmp_path).users()}
-    assert gms == {"alice": "gm0", "bob": "gm1", "carol": "gm0"}  # the least loaded GM
+    assert main(["user", "add", "carol", *home]) == 1
+    assert "not a user of this federation" in capsys.readouterr().err
+    assert main(["user", "add", "alice", *home]) == 0
+    token = capsys.readouterr().out.strip().splitlines()[-1]
+    rec = TokenStore.in_home(tmp_path).verify("alice", token)
+    assert (rec.gm, rec.share) == ("gm1", 0.5)
+    kept = tmp_path / "tokens" / "alice"
+    assert kept.read_text().strip() == token
+    assert kept.stat().st_mode & 0o077 == 0
+    assert main(["user", "add", "alice", *home]) == 1  # revoke first
+    assert "revoke it first" in capsys.readouterr().err
+    assert main(["user", "revoke", "alice", *home]) == 0
+    assert not kept.exists()
+    assert main(["user", "add", "alice", *home]) == 0
+    assert TokenStore.in_home(tmp_path).get("alice") is not None
 
 
 def test_cli_uses_megha_home(

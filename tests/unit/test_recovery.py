@@ -5,8 +5,9 @@ No event loop, no sleeps."""
 
 from __future__ import annotations
 
+from common import codec
 from common.effects import Reply, ToGm, ToLm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
     CheckWorkers,
     EventKind,
@@ -21,6 +22,7 @@ from common.messages import (
     SnapshotRequest,
     StartTask,
     StartTasks,
+    SubmitJob,
     WorkerHeartbeat,
 )
 from common.model import NodeSpec
@@ -217,6 +219,7 @@ def test_a_returned_task_of_an_acknowledged_job_is_kept_on_the_broker() -> None:
     assert isinstance(persist, Persist)
     assert persist.job.tasks == (t,)
     assert persist.job.resumes == t.job_id
+    assert codec.decode(codec.encode(persist.job)) == persist.job  # it crosses the broker
     # this GM still holds it: the message is acknowledged once the task is placed again
     assert gm.handle(AdmitJob(job=persist.job), 2.1) == []
     (again,) = [e.msg for e in decide(gm, 3.0) if isinstance(e, ToLm)]
@@ -258,3 +261,15 @@ def test_a_pool_out_of_touch_with_its_lm_stops_its_tasks_before_they_run_elsewhe
     out = lm.handle(WorkerReports(lm=LM0, reports=(lost,)), 20.5)  # type: ignore[arg-type]
     assert [e.msg.kind for e in out if isinstance(e, ToGm)] == [EventKind.RELAUNCHED]
     assert lm.active[key(start.spec)].attempt == 2
+
+
+def test_the_id_of_a_returned_task_s_job_is_always_a_valid_id() -> None:
+    from common.ids import JobId
+    from global_master.core import resume_id
+
+    for jid in ("j0", "a" * 200, "x.y:z@w+1-" * 18):
+        rid = resume_id(JobId(jid), 12)
+        job = SubmitJob(job_id=rid, user=UserId("u"), token="", submitted_at=0.0,
+                        tasks=(make_task(),))  # fmt: skip
+        assert codec.decode(codec.encode(job)) == job
+    assert resume_id(JobId("a" * 200), 1) != resume_id(JobId("a" * 199 + "b"), 1)

@@ -1,0 +1,144 @@
+"""What ``megha up`` makes before any process starts, and ``megha down --purge`` removes:
+the federation's secret, its broker vhost and users, and its users' tokens.
+
+* **Secret**: ``$MEGHA_HOME/secret`` (0600), random, made once per federation.  A
+  config that names its own secret must name a strong one: the shipped default and
+  example secrets, short or low-variety ones are refused unless ``--insecure-dev``.
+* **Broker**: a vhost named after the federation, a RabbitMQ user per service and per
+  user with the permissions of ``security.broker_acl`` (guest has none there), and
+  the topology, declared by the operator only (``rabbitmqctl import_definitions``);
+  the passwords in ``$MEGHA_HOME/broker.json`` (0600).  ``--insecure-dev`` instead
+  declares the topology on the config's broker URL as given (guest on the default
+  vhost: anyone who can reach the broker can read and forge), with a warning.
+* **Tokens**: one per configured user, stored hashed in ``$MEGHA_HOME/users.json``;
+  the token itself in ``$MEGHA_HOME/tokens/<user>`` (0600) for the operator to hand
+  over (``megha user revoke`` / ``add`` replace one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from common.config import DEFAULT_SECRET, FederationConfig
+from common.errors import ConfigError
+from runtime.broker import declare_topology, delete_topology
+from security.access import INSECURE_ENV, USERS_FILE_ENV, save_token, tokens_dir
+from security.broker_acl import (
+    CREDENTIALS_ENV,
+    CREDENTIALS_FILENAME,
+    BrokerCredentials,
+    BrokerLayout,
+    Rabbitmqctl,
+    make_credentials,
+    provision,
+    teardown,
+)
+from security.files import write_private
+from security.secret import SECRET_FILE_ENV, check_secret, ensure_secret_file, secret_path
+from security.tokens import TokenStore
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+NO_RABBITMQCTL = (
+    "megha up provisions a broker user per service and per user with rabbitmqctl, which "
+    "is not usable here ({why}). Run megha up as root on the broker's host, or pass "
+    "--insecure-dev to use the broker URL's own user (no isolation between users)."
+)
+
+
+def prepare(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) -> dict[str, str]:
+    """Make the secret, the broker's users and topology, and the users' tokens; return
+    the environment every process of the federation gets."""
+    env = {SECRET_FILE_ENV: str(_secret(cfg, home, insecure_dev))}
+    if insecure_dev:
+        env[INSECURE_ENV] = "1"
+        print(
+            "WARNING: --insecure-dev: the broker is used with its URL's own user; any "
+            "client of the broker can read, consume and forge the federation's messages",
+            file=sys.stderr,
+        )
+        asyncio.run(declare_topology(cfg, cfg.broker_urls[0]))
+    else:
+        env[CREDENTIALS_ENV] = str(_provision_broker(cfg, home))
+    env[USERS_FILE_ENV] = str(_issue_tokens(cfg, home))
+    return env
+
+
+def environment(home: Path) -> dict[str, str]:
+    """The environment of the federation recorded in ``home`` (``megha restart``)."""
+    env = {SECRET_FILE_ENV: str(secret_path(home)), USERS_FILE_ENV: str(home / "users.json")}
+    creds = home / CREDENTIALS_FILENAME
+    if creds.exists():
+        env[CREDENTIALS_ENV] = str(creds)
+    else:
+        env[INSECURE_ENV] = "1"
+    return env
+
+
+def _secret(cfg: FederationConfig, home: Path, insecure_dev: bool) -> Path:
+    path = secret_path(home)
+    if cfg.secret != DEFAULT_SECRET:  # the config names one: it must be strong
+        warning = check_secret(cfg.secret, insecure_dev=insecure_dev)
+        if warning:
+            print(warning, file=sys.stderr)
+        write_private(path, (cfg.secret + "\n").encode())
+        return path
+    secret = ensure_secret_file(home, insecure_dev=insecure_dev)
+    if secret.warning:
+        print(secret.warning, file=sys.stderr)
+    return path
+
+
+def _rabbitmqctl(cfg: FederationConfig) -> Rabbitmqctl:
+    hosts = {urlparse(u).hostname for u in cfg.broker_urls}
+    if not hosts <= set(LOCAL_HOSTS):
+        why = f"the broker is on {', '.join(sorted(h or '?' for h in hosts))}, not this host"
+        raise ConfigError(NO_RABBITMQCTL.format(why=why), reason="no_broker_admin")
+    if shutil.which("rabbitmqctl") is None:
+        raise ConfigError(NO_RABBITMQCTL.format(why="not installed"), reason="no_broker_admin")
+    return Rabbitmqctl()
+
+
+def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
+    layout = BrokerLayout.from_config(cfg)
+    path = home / CREDENTIALS_FILENAME
+    existing = BrokerCredentials.load(path) if path.exists() else None
+    creds = make_credentials(layout, cfg.broker_urls[0], existing)
+    ctl = _rabbitmqctl(cfg)
+    creds.save(path)
+    provision(layout, creds, ctl, allow_existing=existing is not None)
+    return path
+
+
+def _issue_tokens(cfg: FederationConfig, home: Path) -> Path:
+    """A token for every configured user that has none the operator can hand over."""
+    store = TokenStore.in_home(home)
+    have = set(tokens_dir(home).iterdir()) if tokens_dir(home).is_dir() else set()
+    now = time.time()
+    configured = {u.user for u in cfg.user_configs}
+    for rec in store.users():  # users no longer in the config lose their tokens
+        if rec.user not in configured and not rec.revoked:
+            store.revoke(rec.user, now=now)
+    for u in cfg.user_configs:
+        held = store.get(u.user)
+        if held is not None and not held.revoked and tokens_dir(home) / u.user in have:
+            continue
+        if held is not None and not held.revoked:
+            store.revoke(u.user, now=now)  # its token is lost: a new one replaces it
+        token = store.add(u.user, gm=u.gm, share=u.share, now=now)
+        save_token(home, u.user, token)
+    return store.path
+
+
+def purge(cfg: FederationConfig, home: Path) -> str:
+    """Remove what ``prepare`` made on the broker: the vhost and every broker user (or,
+    without broker users, the topology on the config's broker)."""
+    if (home / CREDENTIALS_FILENAME).exists():
+        teardown(BrokerLayout.from_config(cfg), _rabbitmqctl(cfg))
+        return f"deleted the broker vhost {cfg.name!r} and its users"
+    asyncio.run(delete_topology(cfg))
+    return f"deleted the queues and exchanges of {cfg.name!r}"

@@ -1,0 +1,520 @@
+"""Hostile users and a hostile network against a federation made by ``megha up`` with
+its default settings (its own secret, a broker vhost with a user per party, tokens).
+
+Each attack is refused with its reason -- by the broker's permissions, the GMs'
+checks of seals and tokens, the services' signature checks, or the workers'
+sandbox -- and afterwards the services are alive and a good job still runs: nothing
+an attacker did lost or stopped anyone's work.  (The modules' own refusals are
+tested case by case in tests/security; this is the federation as users meet it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiormq.exceptions
+import pytest
+from aio_pika.abc import AbstractChannel
+
+from common import broker_names as names
+from common import codec
+from common.config import FederationConfig
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.messages import (
+    EventKind,
+    LaunchRequest,
+    SnapshotRequest,
+    StateDelta,
+    StateUpdated,
+    SubmitJob,
+    TaskEvent,
+    TaskEvents,
+    WorkerHeartbeat,
+)
+from common.model import TaskSpec
+from megha_cli import secure
+from megha_cli.users import revoke_user
+from request_generator.submitter import Submitter
+from request_generator.workload import Job
+from security import sealing
+from security.access import Access, load_tokens
+from security.identity import Identity, gm, lm, user, workers
+from security.secret import secret_path
+from tests.e2e.conftest import service_state
+
+pytestmark = pytest.mark.e2e
+
+Federation = tuple[FederationConfig, Path]
+MARK = f"megha-attack-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def fed(make_federation: Callable[..., Federation]) -> Federation:
+    """Two GMs (u0 on gm0, u1 on gm1), two LMs; commands on, sandboxed."""
+    return make_federation(
+        gms=2, lms=2, nodes_per_lm=4, heartbeat_s=0.5, task_commands=True,
+        sandbox={"allow": ["/usr/bin/touch", "/usr/bin/sleep"], "timeout_s": 2.0},
+    )  # fmt: skip
+
+
+def as_party(cfg: FederationConfig, home: Path, who: Identity) -> Access:
+    return Access.in_home(home, cfg, who)
+
+
+async def refused_by_broker(url: str, act: Callable[[AbstractChannel], Awaitable[object]]) -> str:
+    """Run ``act`` on a channel of a connection to ``url``: the broker's refusal."""
+    try:
+        conn = await aio_pika.connect(url, timeout=10)
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        return f"login refused: {exc!r}"
+    try:
+        ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        try:
+            await act(ch)
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            return f"ACCESS_REFUSED: {exc}"
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            return f"NOT_FOUND: {exc}"
+        except aio_pika.exceptions.DeliveryError as exc:
+            return f"not delivered: {exc}"
+        return "accepted"
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+def job_body(cfg: FederationConfig, jid: str, who: str, token: str, **spec: Any) -> bytes:
+    t = TaskSpec(
+        task_id=TaskId(f"{jid}.t0"), job_id=JobId(jid), user=UserId(who), demand=(1,),
+        duration=spec.pop("duration", 0.05), **spec,
+    )  # fmt: skip
+    return codec.encode(
+        SubmitJob(
+            job_id=JobId(jid), user=UserId(who), token=token, submitted_at=time.time(), tasks=(t,)
+        )
+    )
+
+
+# ------------------------------------------------------------------ the broker
+def _publish(exchange: str, key: str, body: bytes = b"x") -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        ex = await ch.get_exchange(exchange, ensure=False)
+        await ex.publish(aio_pika.Message(body), routing_key=key, mandatory=True)
+
+    return act
+
+
+async def _ignore(_: Any) -> None:
+    """A consumer that would take whatever it got."""
+
+
+def _consume(queue: str) -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        q = await ch.get_queue(queue, ensure=False)
+        await q.consume(_ignore, no_ack=True)
+
+    return act
+
+
+def _bind_private(exchange: str, key: str) -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        q = await ch.declare_queue(exclusive=True, auto_delete=True)
+        await q.bind(exchange, routing_key=key)
+
+    return act
+
+
+def _purge(queue: str) -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        q = await ch.get_queue(queue, ensure=False)
+        await q.purge()
+
+    return act
+
+
+def _delete(queue: str) -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        await ch.queue_delete(queue)
+
+    return act
+
+
+def _declare_exchange(name: str) -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        await ch.declare_exchange(name, aio_pika.ExchangeType.FANOUT)
+
+    return act
+
+
+def broker_attacks(f: str) -> list[tuple[str, Identity, Callable[[AbstractChannel], Any]]]:
+    """(what, as whom, the act) -- every one must be refused by the broker."""
+    u0, u1 = user("u0"), user("u1")
+    return [
+        ("submit as another user", u0, _publish(f"{f}.submit", "u1")),
+        ("forge a state update", u0, _publish(f"{f}.state", names.state_key("lm0"))),
+        ("forge a task event", u0, _publish(f"{f}.events", names.gm_event_key("gm0", "lm0"))),
+        ("forge another user's outcome", u0, _publish(f"{f}.events", "user.u1.gm1")),
+        ("forge its own outcome", u0, _publish(f"{f}.events", "user.u0.gm0")),
+        ("publish through the default exchange", u0, _publish("", f"{f}.user.u1")),
+        ("forge an LM epoch", u0, _publish(f"{f}.state", names.epoch_key("lm0"))),
+        ("dead-letter things", u0, _publish(f"{f}.dlx", "")),
+        ("take jobs from its own queue", u0, _consume(f"{f}.user.u0")),
+        ("take another user's jobs", u0, _consume(f"{f}.user.u1")),
+        ("read another user's outcomes", u0, _consume(f"{f}.user.u1.events")),
+        ("read a GM's events", u0, _consume(f"{f}.gm.gm0.events")),
+        ("read a GM's state updates", u0, _consume(f"{f}.gm.gm0.state")),
+        ("read the dead letters", u0, _consume(f"{f}.dead")),
+        ("bind to another user's events", u0, _bind_private(f"{f}.events", "user.u1.#")),
+        ("bind to every event", u0, _bind_private(f"{f}.events", "#")),
+        ("bind to the GMs' events", u0, _bind_private(f"{f}.events", "gm.gm0.#")),
+        ("bind to state updates", u0, _bind_private(f"{f}.state", "#")),
+        ("bind to submissions", u0, _bind_private(f"{f}.submit", "u1")),
+        ("purge another user's queue", u0, _purge(f"{f}.user.u1")),
+        ("delete another user's queue", u0, _delete(f"{f}.user.u1")),
+        ("delete a GM's queue", u0, _delete(f"{f}.gm.gm0.events")),
+        ("declare an exchange", u0, _declare_exchange(f"{f}.evil")),
+        ("u1 submitting as u0", u1, _publish(f"{f}.submit", "u0")),
+        ("a worker pool publishing state", workers("lm0"), _publish(f"{f}.state", "lm.lm0")),
+        ("a worker pool publishing events", workers("lm0"), _publish(f"{f}.events", "gm.gm0.lm0")),
+        ("a worker pool reading jobs", workers("lm0"), _consume(f"{f}.user.u0")),
+        ("an LM publishing state as another", lm("lm0"), _publish(f"{f}.state", "lm.lm1")),
+        ("an LM publishing events as another", lm("lm0"), _publish(f"{f}.events", "gm.gm0.lm1")),
+        ("an LM reading jobs", lm("lm0"), _consume(f"{f}.user.u0")),
+        ("an LM taking another's epoch", lm("lm0"), _consume(f"{f}.lm.lm1.epoch")),
+        ("a GM reading a user it does not serve", gm("gm0"), _consume(f"{f}.user.u1")),
+        ("a GM reading another GM's events", gm("gm0"), _consume(f"{f}.gm.gm1.events")),
+        ("a GM forging state", gm("gm0"), _publish(f"{f}.state", "lm.lm0")),
+        ("a GM answering for another GM", gm("gm0"), _publish(f"{f}.events", "user.u1.gm1")),
+        ("a GM returning tasks to another's user", gm("gm0"), _publish(f"{f}.submit", "u1")),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(broker_attacks("f"))))
+def test_the_broker_refuses(fed: Federation, case: int) -> None:
+    cfg, home = fed
+    what, who, act = broker_attacks(cfg.name)[case]
+    url = as_party(cfg, home, who).broker_urls()[0]
+    got = asyncio.run(refused_by_broker(url, act))
+    assert got.startswith(("ACCESS_REFUSED", "NOT_FOUND")), f"{what} as {who}: {got}"
+
+
+def test_guest_has_no_access_to_the_federation(fed: Federation) -> None:
+    cfg, home = fed
+    guest = f"amqp://guest:guest@127.0.0.1:5672/{cfg.name}"
+    got = asyncio.run(refused_by_broker(guest, _consume(f"{cfg.name}.user.u0")))
+    assert got.startswith(("login refused", "ACCESS_REFUSED")), got
+    # and a made-up password for a real broker user is refused at login
+    url = as_party(cfg, home, user("u0")).broker_urls()[0]
+    u = url.split("@")[0].rsplit(":", 1)[0]
+    forged = f"{u}:not-the-password@{url.split('@')[1]}"
+    assert asyncio.run(refused_by_broker(forged, _consume("x"))).startswith("login refused")
+
+
+# ------------------------------------------------------------ forged messages
+def _operator_publish(cfg: FederationConfig, home: Path, exchange: str, key: str,
+                      body: bytes, headers: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """What a network attacker who got into the broker could inject (the operator's
+    login stands for that: its permissions are not what stops these)."""
+
+    async def go() -> None:
+        conn = await aio_pika.connect(Access.in_home(home, cfg).broker_urls()[0])
+        async with conn:
+            ch = await conn.channel(publisher_confirms=True)
+            ex = await ch.get_exchange(exchange)
+            await ex.publish(aio_pika.Message(body, headers=headers or {}), routing_key=key)
+
+    asyncio.run(go())
+
+
+def _forged_update(lm_name: str) -> bytes:
+    delta = StateDelta(
+        lm=LmId(lm_name), epoch=2**62, version=2**62, base_version=0, nodes=(), free=(),
+        node_versions=(),
+    )  # fmt: skip
+    return codec.encode(StateUpdated(delta=delta))
+
+
+def _wait(pred: Callable[[], bool], timeout: float = 15.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return pred()
+
+
+def test_a_forged_state_update_moves_no_gm_view(fed: Federation) -> None:
+    """Version 2**62 once froze every GM's view of an LM; unsealed, badly sealed, or
+    sealed by another LM, it is dropped, counted, and the views go on."""
+    cfg, home = fed
+    secret = Access.in_home(home, cfg).secret
+    body = _forged_update("lm0")
+    wrong_key = sealing.seal(body, lm("lm0"), 2**62, 1, b"k" * 32, stream="state")
+    other_lm = sealing.seal(_forged_update("lm0"), lm("lm1"), 2**62, 1,
+                            sealing.sealing_key(secret, lm("lm1")), stream="state")  # fmt: skip
+    wrong_stream = sealing.seal(body, lm("lm0"), 2**62, 1,
+                                sealing.sealing_key(secret, lm("lm0")), stream="events.gm0")  # fmt: skip
+    for headers in (None, wrong_key, other_lm, wrong_stream):
+        _operator_publish(cfg, home, f"{cfg.name}.state", "lm.lm0", body, headers)
+    drops = lambda: service_state(cfg, home, "gm0")["dropped"]  # noqa: E731
+    assert _wait(lambda: sum(drops()["state"].values()) + drops()["forged"] >= 4), drops()
+    d = drops()
+    assert d["state"].get("missing_header", 0) >= 1
+    assert d["state"].get("bad_mac", 0) >= 1
+    assert d["state"].get("wrong_stream", 0) >= 1
+    assert d["forged"] >= 1  # sealed by lm1, about lm0
+    views = service_state(cfg, home, "gm0")["views"]
+    assert all(v < 2**40 for v in views.values()), views
+
+
+def _event(kind: EventKind, task: str, u: str, lm_name: str = "lm0") -> bytes:
+    ev = TaskEvent(
+        kind=kind, lm=LmId(lm_name), gm=GmId("gm0"), user=UserId(u), task_id=TaskId(task),
+        attempt=1, node=NodeIndex(0), node_free=(1,), node_version=1, at=time.time(),
+    )  # fmt: skip
+    return codec.encode(TaskEvents(lm=LmId(lm_name), epoch=1, events=(ev,)))
+
+
+def test_forged_task_events_are_dead_lettered_with_their_reason(fed: Federation) -> None:
+    cfg, home = fed
+    before = service_state(cfg, home, "gm0")["dead_lettered"]
+    body = _event(EventKind.FINISHED, "victim.t0", "u0")
+    secret = Access.in_home(home, cfg).secret
+    lm1_as_lm0 = sealing.seal(body, lm("lm1"), 1, 1, sealing.sealing_key(secret, lm("lm1")),
+                              stream="events.gm0")  # fmt: skip
+    for headers in (None, sealing.seal(body, lm("lm0"), 1, 1, b"x" * 32, stream="events.gm0"),
+                    lm1_as_lm0):  # fmt: skip
+        _operator_publish(cfg, home, f"{cfg.name}.events", "gm.gm0.lm0", body, headers)
+    assert _wait(lambda: service_state(cfg, home, "gm0")["dead_lettered"] >= before + 3)
+
+
+# ------------------------------------------------------------------- tokens
+def test_tokens_are_per_user_and_revocable(fed: Federation) -> None:
+    cfg, home = fed
+    tokens = load_tokens(home)
+    assert tokens["u0"] != tokens["u1"]
+    refused = asyncio.run(_submissions(cfg, home, tokens))
+    assert refused == {
+        "made-up": "bad_token",
+        "other-users-token": "bad_token",
+        "no-token": "bad_token",
+        "in-another-queue": "wrong_queue",
+        "unsealed-resume": "missing_header",
+        "revoked": "revoked_token",
+    }
+
+
+async def _submissions(cfg: FederationConfig, home: Path, tokens: dict[str, str]) -> dict[str, str]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    dead: dict[str, str] = {}
+
+    async def on_dead(msg: Any) -> None:
+        tag = (msg.headers or {}).get("x-attack")
+        if tag:
+            dead[str(tag)] = str(msg.headers["x-megha-reason"])
+
+    assert sub.broker.conn is not None
+    ch = await sub.broker.conn.channel()
+    q = await ch.declare_queue(exclusive=True, auto_delete=True)
+    await q.bind(cfg.dead_letter_exchange, routing_key="")
+    await q.consume(on_dead, no_ack=True)
+
+    async def send(tag: str, key: str, body: bytes) -> None:
+        msg = aio_pika.Message(body, delivery_mode=2, headers={"x-attack": tag})
+        await sub.broker.publish("submit", key, msg)
+
+    resume = SubmitJob(
+        job_id=JobId("resumed+r1"), user=UserId("u0"), token="", submitted_at=time.time(),
+        tasks=(TaskSpec(task_id=TaskId("resumed.t0"), job_id=JobId("resumed"), user=UserId("u0"),
+                        demand=(1,), duration=0.05),),
+        resumes=JobId("resumed"),
+    )  # fmt: skip
+    await send("made-up", "u0", job_body(cfg, "a1", "u0", "mgu_" + "A" * 43))
+    await send("other-users-token", "u0", job_body(cfg, "a2", "u0", tokens["u1"]))
+    await send("no-token", "u0", job_body(cfg, "a3", "u0", ""))
+    await send("in-another-queue", "u0", job_body(cfg, "a4", "u1", tokens["u1"]))
+    await send("unsealed-resume", "u0", codec.encode(resume))
+    revoke_user(home, "u1")
+    await asyncio.sleep(1.5)  # services re-read the users file within a second
+    await send("revoked", "u1", job_body(cfg, "a5", "u1", tokens["u1"]))
+    for _ in range(150):
+        if len(dead) >= 6:
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return dead
+
+
+# --------------------------------------------------------------------- HTTP
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, str(json.loads(err.read()).get("error"))
+
+
+def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> None:
+    cfg, home = fed
+    path, body = "/v1/snapshot", b"\x93"
+    url = cfg.lm_url("lm0") + path
+    me = as_party(cfg, home, gm("gm0"))
+    now = time.time()
+    cases = [
+        ({}, 401, "missing_credentials"),
+        (me.sign(lm("lm0"), "POST", path, body, now - 120), 401, "stale_timestamp"),
+        (me.sign(lm("lm0"), "POST", path, body, now + 60), 401, "future_timestamp"),
+        (me.sign(lm("lm1"), "POST", path, body, now), 401, "bad_signature"),  # key of another LM
+        (me.sign(lm("lm0"), "POST", "/v1/preempt", body, now), 401, "bad_signature"),
+        (Access(user("u0"), cfg, me.secret).sign(lm("lm0"), "POST", path, body, now), 401,
+         "unknown_identity"),
+        (as_party(cfg, home, lm("lm1")).sign(lm("lm0"), "POST", path, body, now), 401,
+         "unknown_identity"),
+        (as_party(cfg, home, workers("lm1")).sign(lm("lm0"), "POST", "/v1/register", body, now),
+         401, "unknown_identity"),
+    ]  # fmt: skip
+    for headers, status, reason in cases:
+        assert _post(url, body, headers) == (status, reason), reason
+    # another LM's pool may not report to lm0; a GM may not start tasks on a pool
+    pool = as_party(cfg, home, workers("lm0")).sign(lm("lm0"), "POST", "/v1/launch", body, now)
+    assert _post(url.replace(path, "/v1/launch"), body, pool) == (403, "forbidden_endpoint")
+    start = me.sign(workers("lm0"), "POST", "/v1/start", body, now)
+    assert _post(cfg.worker_url("lm0") + "/v1/start", body, start) == (401, "unknown_identity")
+    # a GM that speaks in another GM's name (its launches, its snapshots)
+    for msg, where in (
+        (SnapshotRequest(gm=GmId("gm1"), lm=LmId("lm0")), "/v1/snapshot"),
+        (LaunchRequest(gm=GmId("gm1"), lm=LmId("lm0"), request_id=1, known_version=-1,
+                       placements=()), "/v1/launch"),
+    ):  # fmt: skip
+        raw = codec.encode(msg)
+        signed = me.sign(lm("lm0"), "POST", where, raw, time.time())
+        assert _post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
+    # a pool that reports in another LM's name
+    rep = codec.encode(WorkerHeartbeat(lm=LmId("lm1"), nodes=(NodeIndex(0),), at=time.time()))
+    signed = as_party(cfg, home, workers("lm0")).sign(
+        lm("lm0"), "POST", "/v1/worker-heartbeat", rep, time.time()
+    )
+    got = _post(cfg.lm_url("lm0") + "/v1/worker-heartbeat", rep, signed)
+    assert got == (403, "sender_mismatch")
+    for name in ("gm0", "lm0", "lm0-workers"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(cfg.url(name) + "/v1/state", timeout=10)
+        err.value.close()
+        assert err.value.code == 401
+
+
+# ----------------------------------------------------------------- commands
+def test_task_commands_run_sandboxed_or_not_at_all(fed: Federation) -> None:
+    cfg, home = fed
+    mark = Path("/tmp") / f"{MARK}-{uuid.uuid4().hex[:6]}"
+    outcomes = asyncio.run(_commands(cfg, home, mark))
+    assert outcomes["allowed"] == (True, "")
+    assert mark.exists()
+    assert mark.stat().st_uid == 65534  # as nobody, never as the service's (root's) uid
+    ok, why = outcomes["shell"]
+    assert not ok
+    assert "not_allowed" in why
+    ok, why = outcomes["escape"]
+    assert not ok
+    assert "not_allowed" in why
+    ok, why = outcomes["too-long"]
+    assert not ok
+    assert "timeout" in why
+    mark.unlink()
+
+
+async def _commands(cfg: FederationConfig, home: Path, mark: Path) -> dict[str, tuple[bool, str]]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    cmds = {
+        "allowed": ("/usr/bin/touch", str(mark)),
+        "shell": ("/bin/sh", "-c", f"id > {mark}.sh"),
+        "escape": ("../../usr/bin/touch", f"{mark}.rel"),
+        "too-long": ("/usr/bin/sleep", "60"),
+    }
+    keys = {}
+    for tag, cmd in cmds.items():
+        t = TaskSpec(task_id=TaskId(f"cmd-{tag}.t0"), job_id=JobId(f"cmd-{tag}"),
+                     user=UserId("u0"), demand=(1,), duration=0.05, command=cmd)  # fmt: skip
+        await sub.submit(Job(JobId(f"cmd-{tag}"), UserId("u0"), 0.0, [t]))
+        keys[tag] = (UserId("u0"), t.task_id)
+    out = sub.outcomes
+    for _ in range(300):
+        if all(out.done(k) for k in keys.values()):
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return {tag: (k in out.finished, out.failed.get(k, "")) for tag, k in keys.items()}
+
+
+# ---------------------------------------------------------- secrets on disk
+def test_the_federation_secret_is_private_and_never_in_the_config(fed: Federation) -> None:
+    _cfg, home = fed
+    st = secret_path(home).stat()
+    assert st.st_mode & 0o077 == 0
+    secret = secret_path(home).read_text().strip()
+    assert len(secret) >= 64
+    assert secret not in (home / "federation.toml").read_text()
+    for name in ("broker.json", "users.json"):
+        assert (home / name).stat().st_mode & 0o077 == 0
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (home / "tokens").iterdir())
+
+
+def test_megha_up_refuses_a_published_secret(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from common.errors import ConfigError
+
+    cfg = replace(FederationConfig(), secret="change-me-before-sharing-this-machine")
+    with pytest.raises(ConfigError) as err:
+        secure._secret(cfg, tmp_path, insecure_dev=False)
+    assert err.value.reason == "weak_secret"
+    assert not secret_path(tmp_path).exists()
+    path = secure._secret(cfg, tmp_path, insecure_dev=True)  # warned, allowed
+    assert path.stat().st_mode & 0o077 == 0
+
+
+# ------------------------------------------------------------ still serving
+def test_after_all_that_the_federation_still_serves(fed: Federation) -> None:
+    cfg, home = fed
+    for name in ("gm0", "gm1", "lm0", "lm1", "lm0-workers", "lm1-workers"):
+        with urllib.request.urlopen(cfg.url(name) + "/health", timeout=10) as resp:
+            assert resp.status == 200
+    done = asyncio.run(_good_job(cfg, home))
+    assert done
+
+
+async def _good_job(cfg: FederationConfig, home: Path) -> bool:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    tasks = [TaskSpec(task_id=TaskId(f"good.t{i}"), job_id=JobId("good"), user=UserId("u0"),
+                      demand=(1,), duration=0.05) for i in range(6)]  # fmt: skip
+    await sub.submit(Job(JobId("good"), UserId("u0"), 0.0, tasks))
+    for _ in range(300):
+        if all((UserId("u0"), t.task_id) in sub.outcomes.finished for t in tasks):
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return all((UserId("u0"), t.task_id) in sub.outcomes.finished for t in tasks)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _clean_marks() -> Iterator[None]:
+    yield
+    for p in Path("/tmp").glob(f"{MARK}*"):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
