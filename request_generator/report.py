@@ -93,10 +93,15 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}s"
 
 
+def percentile_cells(rows: Mapping[str, Mapping[str, float]]) -> list[list[str]]:
+    """One row of cells per label: the label, then each percentile with its unit."""
+    return [[label, *(_fmt(p[k]) for k in PERCENTILE_KEYS)] for label, p in rows.items()]
+
+
 def format_table(rows: Mapping[str, Mapping[str, float]]) -> str:
     """A printable table: one row per scheduler, one column per percentile."""
     header = f"{'':<14}" + "".join(f"{k:>11}" for k in PERCENTILE_KEYS)
     lines = [header]
-    for label, p in rows.items():
-        lines.append(f"{label:<14}" + "".join(f"{_fmt(p[k]):>11}" for k in PERCENTILE_KEYS))
+    for label, *cells in percentile_cells(rows):
+        lines.append(f"{label:<14}" + "".join(f"{c:>11}" for c in cells))
     return "\n".join(lines)
