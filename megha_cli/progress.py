@@ -96,15 +96,27 @@ class Progress:
         elif not self.quiet:
             self._line(final=True)
 
-    def update(self, done: int, *, virtual_s: float | None = None) -> None:
-        """``done`` of ``total`` tasks are done (at virtual time ``virtual_s``)."""
+    def update(
+        self,
+        done: int,
+        *,
+        total: int | None = None,
+        virtual_s: float | None = None,
+        detail: str = "",
+    ) -> None:
+        """``done`` of ``total`` tasks are done (at virtual time ``virtual_s``; ``detail``:
+        more to say, e.g. how many were submitted)."""
         self.done = done
-        extra = "" if virtual_s is None else f"virtual {virtual_s:,.0f} s"
-        self._extra = extra
+        if total is not None:
+            self.total = total
+        parts = [detail] if detail else []
+        if virtual_s is not None:
+            parts.append(f"virtual {virtual_s:,.0f} s")
+        extra = self._extra = "  ".join(parts)
         if self.quiet:
             return
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, extra=extra)
+            self._bar.update(self._task, completed=done, total=self.total, extra=extra)
             return
         now = time.perf_counter()
         if done < self.total and (self._last < 0 or now - self._last >= self.every_s):
