@@ -682,7 +682,7 @@ class GlobalMaster:
         self.wait_reasons[reason] += 1
         if self.journal is not None:
             detail = f"{reason.name.lower()}: {why}" if why else reason.name.lower()
-            self.journal.note(task.key, now, "waits", lm=lm, detail=detail)
+            self.journal.wait(task.key, now, detail, lm)
 
     def _is_feasible(self, mask: int, demand: tuple[int, ...]) -> bool:
         key = (mask, demand)

@@ -63,11 +63,12 @@ def _why(core: GlobalMaster, key: TaskKey, task: Task, state: str) -> list[str]:
             )
         if not core.ready:
             lines.append(f"{core.gm_id} has no view of every LM yet: it does not decide")
-    for r in WaitReason:
-        n = task.waits[r]
-        if n:
-            lines.append(f"{r.name.lower()} x{n}: {WAIT_TEXT[r]}")
-    return lines
+    return lines + reasons(task)
+
+
+def reasons(task: Task) -> list[str]:
+    """The reasons decisions did not place ``task``, with how often, in words."""
+    return [f"{r.name.lower()} x{n}: {WAIT_TEXT[r]}" for r in WaitReason if (n := task.waits[r])]
 
 
 def _queued_of(core: GlobalMaster, user: str) -> int:
@@ -111,15 +112,14 @@ def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
         state = "finished" if ended.finished else "failed"
         out = _answer(core, ended.task, state, ended.trail)
         out["reason"] = ended.reason
-        out["why"] = [f"{r}: waited before it ran" for r in out["waits"]] if ended.finished else [
-            f"failed: {ended.reason}"
-        ]  # fmt: skip
+        ran = ["it ran; before that:"] if ended.finished and any(ended.task.waits) else []
+        failed = [] if ended.finished else [f"failed: {ended.reason}"]
+        out["why"] = failed + ran + reasons(ended.task)
         return out
     if key in core.failed or key in core.finished:  # no journal: what the ledger says
-        failed = key in core.failed
         return {
             "gm": core.gm_id, "user": key[0], "task_id": key[1],
-            "state": "failed" if failed else "finished",
+            "state": "failed" if key in core.failed else "finished",
             "reason": core.failed.get(key, ""), "why": [], "timeline": [], "timeline_dropped": 0,
         }  # fmt: skip
     return None

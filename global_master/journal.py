@@ -115,6 +115,31 @@ class Journal:
             del steps[0]
             trail.dropped += 1
 
+    def wait(self, key: TaskKey, at: float, reason: str, lm: str = "") -> None:
+        """A decision at ``at`` did not place the task, for ``reason``.  The reasons of
+        one decision make one step (``no_free_resources, user_at_share``), and the same
+        reasons decision after decision count as one step."""
+        trail = self.trails.get(key)
+        steps = trail.steps if trail is not None else []
+        last = steps[-1] if steps else None
+        if (
+            last is None
+            or last.what != "waits"
+            or last.at != at
+            or last.count != 1
+            or last.lm != lm
+            or reason in last.detail.split(", ")
+        ):
+            self.note(key, at, "waits", lm=lm, detail=reason)
+            return
+        last.detail = f"{last.detail}, {reason}"
+        if len(steps) > 1:
+            before = steps[-2]
+            if (before.what, before.lm, before.detail) == ("waits", lm, last.detail):
+                before.count += 1
+                before.last_at = at
+                steps.pop()
+
     def started(self, key: TaskKey, at: float, lm: str, node: int) -> None:
         """The task started at ``at`` (said by several events: noted once)."""
         trail = self.trails.get(key)

@@ -77,6 +77,22 @@ def test_a_repeated_step_is_counted_and_a_long_timeline_drops_its_oldest() -> No
     assert trail.dropped == 2
 
 
+def test_the_reasons_of_one_decision_are_one_step_and_repeats_count() -> None:
+    j = Journal()
+    k = (UserId("u"), TaskId("t"))
+    for at in (1.0, 2.0, 3.0):
+        j.wait(k, at, "no_free_resources")
+        j.wait(k, at, "user_at_share")
+    j.wait(k, 4.0, "no_free_resources")
+    j.wait(k, 5.0, "refused_by_lm: node_down", lm="lm0")
+    got = [(s.detail, s.count, s.at, s.last_at, s.lm) for s in j.trail(k).steps]
+    assert got == [
+        ("no_free_resources, user_at_share", 3, 1.0, 3.0, ""),
+        ("no_free_resources", 1, 4.0, 4.0, ""),
+        ("refused_by_lm: node_down", 1, 5.0, 5.0, "lm0"),
+    ]
+
+
 def test_only_the_latest_ended_tasks_are_kept() -> None:
     j = Journal(ended=2)
     tasks = [make_task() for _ in range(3)]
