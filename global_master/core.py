@@ -447,7 +447,9 @@ class GlobalMaster:
         key = task.key
         self.live.pop(key, None)
         if self.journal is not None:
-            at = task.finished_at if task.finished_at >= 0 else task.marks[-1][0]
+            at = task.finished_at
+            if at < 0:  # failed before it ran (infeasible, a parent failed): its last mark
+                at = task.marks[-1][0] if task.marks else task.submitted_at
             self.journal.close(task, at, finished=finished, reason=reason)
         if finished:
             self.finished.add(key)
