@@ -272,3 +272,20 @@ def test_operators_may_inspect_gms_and_lms_and_nothing_else(
     assert may_call(OPERATOR, service, "GET", path) is allowed  # type: ignore[arg-type]
     assert not may_call(OPERATOR, service, "POST", path)  # type: ignore[arg-type]
     assert not may_call(gm("gm1"), service, "GET", path)  # type: ignore[arg-type]
+
+
+def test_an_infeasible_task_is_answered_as_failed_with_its_reason() -> None:
+    lmc = make_lm(nodes=[(4, 4, 0b01)])
+    core = journaled()
+    sync_views(core, lmc)
+    t = make_task(1, 1, constraints=0b10)
+    submit(core, [t], 0.0)
+    decide(core, 2.0)
+    answer = gm_inspect.task_answer(core, key(t))
+    assert answer is not None
+    assert answer["state"] == "failed"
+    assert "infeasible" in answer["reason"]
+    assert [s[0] for s in steps(answer)] == ["submitted", "waits", "failed"]
+    assert answer["timeline"][-1]["at"] == 2.0
+    assert answer["why"][0].startswith("failed: infeasible")
+    assert gm_inspect.overview(core)["recently_ended"] == {"finished": 0, "failed": 1, "kept": 4096}
