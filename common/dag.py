@@ -251,6 +251,11 @@ class DagProgress:
     def roots(self) -> list[Task]:
         return [t for s in self.job.stages if not s.parents for t in s.tasks]
 
+    def waiting(self, tid: TaskId) -> bool:
+        """Task ``tid``'s stage is not released yet (a parent stage has not finished)."""
+        sid = self._stage_of.get(tid)
+        return sid is not None and self._waiting[sid] > 0
+
     def finish(self, tid: TaskId) -> list[Task]:
         """Task ``tid`` finished; the tasks of stages that become runnable now."""
         sid = self._stage_of.pop(tid, None)

@@ -8,7 +8,9 @@ to their users.  A job's delivery is acknowledged when the core says it is settl
 the broker redelivers the job and LM snapshots say which of its tasks already run.
 Stateless: on start (and after the broker connection recovers) the GM asks every LM
 for a snapshot; it consumes jobs once it has a view of every LM.
-GET /health, /v1/state, /metrics.
+GET /health, /v1/state, /metrics; for operators GET /v1/inspect (users' queues,
+shares, wait reasons) and /v1/tasks/{user}/{task_id} (one task's timeline and why it
+waits), answered by ``global_master.inspect``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from common import codec
 from common.config import FederationConfig
 from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError, Unauthorized
-from common.ids import GmId, JobId, LmId, UserId
+from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
     Decide,
@@ -50,7 +52,9 @@ from common.messages import (
 )
 from common.metrics import percentiles
 from common.model import WaitReason
+from global_master import inspect
 from global_master.core import AdmissionLimits, GlobalMaster
+from global_master.journal import Journal
 from global_master.policy import make_policy
 from runtime import broker as amqp
 from runtime.dedup import Dedup
@@ -105,6 +109,7 @@ class GmService:
             cfg.user_configs,
             queues=queues,
             limits=AdmissionLimits(max_task_duration_s=cfg.max_task_duration_s),
+            journal=Journal(),
         )
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
@@ -407,7 +412,22 @@ def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Applicatio
             "jobs_unacked": len(svc.deliveries),
         },
     )
-    return service_app(cfg, svc, metrics, access)
+    app = service_app(cfg, svc, metrics, access)
+
+    async def overview(request: web.Request) -> web.Response:
+        return web.json_response(inspect.overview(svc.core))
+
+    async def task(request: web.Request) -> web.Response:
+        user, task_id = request.match_info["user"], request.match_info["task_id"]
+        answer = inspect.task_answer(svc.core, (UserId(user), TaskId(task_id)))
+        if answer is None:
+            detail = f"{svc.core.gm_id} knows no task {task_id!r} of user {user!r} (now or lately)"
+            return web.json_response({"error": "unknown_task", "detail": detail}, status=404)
+        return web.json_response(answer)
+
+    app.router.add_get("/v1/inspect", overview)
+    app.router.add_get("/v1/tasks/{user}/{task_id}", task)
+    return app
 
 
 async def create_app() -> web.Application:

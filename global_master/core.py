@@ -80,6 +80,7 @@ from common.model import (
     new_task,
 )
 from common.schema import MAX_ID_LEN
+from global_master.journal import Journal
 from global_master.queues import UserQueues
 from global_master.view import LmView
 
@@ -141,8 +142,11 @@ class GlobalMaster:
         patience: int = 8,
         queues: UserQueues | None = None,
         limits: AdmissionLimits | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.gm_id = gm_id
+        self.journal = journal
+        """Per-task timelines for operators (``global_master.inspect``); None: none kept."""
         self.lms: list[LmId] = list(lms)
         self.users: dict[UserId, UserConfig] = {u.user: u for u in users}
         mine = [u.user for u in users if u.gm == gm_id]
@@ -442,6 +446,11 @@ class GlobalMaster:
         this GM did); retire its job when done."""
         key = task.key
         self.live.pop(key, None)
+        if self.journal is not None:
+            at = task.finished_at
+            if at < 0:  # failed before it ran (infeasible, a parent failed): its last mark
+                at = task.marks[-1][0] if task.marks else task.submitted_at
+            self.journal.close(task, at, finished=finished, reason=reason)
         if finished:
             self.finished.add(key)
             self.counters.tasks_finished += 1
@@ -596,12 +605,12 @@ class GlobalMaster:
                 return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self._is_feasible(mask, demand):
-            self._note(task, WaitReason.NO_CONSTRAINT_MATCH)
+            self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
             return
-        self._note(task, WaitReason.NO_FREE_RESOURCES)
+        self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
-        req = self._preemption(task) if self.queues.may_preempt_for(task) else None
+        req = self._preemption(task, now) if self.queues.may_preempt_for(task) else None
         if req is not None:
             self._send_preemption(task, req, now, effects)
             return
@@ -639,6 +648,11 @@ class GlobalMaster:
         else:
             self.counters.placed_internal += 1
         self.queues.placed(task.user)
+        if self.journal is not None:
+            self.journal.note(
+                task.key, now, "repartition" if repartition else "launch", lm=view.lm,
+                node=node, partition=view.home[node], detail=f"attempt {task.attempt}",
+            )  # fmt: skip
         batches.setdefault(view.lm, []).append(
             Placement(
                 spec=task.spec,
@@ -657,11 +671,20 @@ class GlobalMaster:
         self.inflight[task.key] = InFlight(task, req.lm, -1, False, req.request_id)
         self._preempts[req.request_id] = task.key
         self.queues.on_dispatched(task, now)
+        if self.journal is not None:
+            self.journal.note(task.key, now, "preempt_request", lm=req.lm,
+                              detail=f"attempt {req.attempt}, victim {req.victim}")  # fmt: skip
         effects.append(ToLm(req.lm, req))
 
-    def _note(self, task: Task, reason: WaitReason) -> None:
+    def _note(
+        self, task: Task, reason: WaitReason, now: float, lm: str = "", why: str = ""
+    ) -> None:
+        """A decision did not place ``task``, for ``reason`` (an LM's refusal: ``why``)."""
         task.waits[reason] += 1
         self.wait_reasons[reason] += 1
+        if self.journal is not None:
+            detail = f"{reason.name.lower()}: {why}" if why else reason.name.lower()
+            self.journal.wait(task.key, now, detail, lm)
 
     def _is_feasible(self, mask: int, demand: tuple[int, ...]) -> bool:
         key = (mask, demand)
@@ -716,7 +739,7 @@ class GlobalMaster:
                 best = x / t
         return best
 
-    def _preemption(self, task: Task) -> PreemptRequest | None:
+    def _preemption(self, task: Task, now: float) -> PreemptRequest | None:
         """Alg. 2: a preemption request on behalf of an under-share user, or None.
 
         The requester must be below its share (the paper's test).  A victim must
@@ -735,7 +758,7 @@ class GlobalMaster:
         mine = self.users[task.user].share
         have = shares.get(task.user, 0.0) + own
         if have >= mine:
-            self._note(task, WaitReason.USER_AT_SHARE)
+            self._note(task, WaitReason.USER_AT_SHARE, now)
             return None
         after = (have + need) / mine
         violators = []
@@ -770,7 +793,7 @@ class GlobalMaster:
                     known_version=self._known_version(lm),
                     queued_at=task.submitted_at,
                 )
-        self._note(task, WaitReason.PREEMPTION_FAILED)
+        self._note(task, WaitReason.PREEMPTION_FAILED, now)
         return None
 
     # ------------------------------------------------------- state from LMs
@@ -860,6 +883,8 @@ class GlobalMaster:
                 continue
             del self.placed[key]
             self.counters.lost_with_lm += 1
+            if self.journal is not None:
+                self.journal.note(key, now, "lost_with_lm", lm=lm)
             task.lm = None
             task.mark(Phase.QUEUEING, now)
             self.queues.on_returned(task, now)
@@ -920,6 +945,8 @@ class GlobalMaster:
                 if res.accepted and not stale:
                     self._forget(key)
                     task.lm = resp.lm
+                    if self.journal is not None:
+                        self.journal.note(key, now, "accepted", lm=resp.lm, detail=res.reason)
                     self._accepted(task, res.reason, res.attempt, now, effects)
                 else:
                     task.mark(Phase.PROCESSING, now)
@@ -928,7 +955,8 @@ class GlobalMaster:
                         self.counters.external_inconsistencies += 1
                     else:
                         self.counters.internal_inconsistencies += 1
-                    self._note(task, WaitReason.REFUSED_BY_LM)
+                    why = "stale incarnation" if res.accepted else res.reason
+                    self._note(task, WaitReason.REFUSED_BY_LM, now, resp.lm, why)
                     retry.append(task)
         effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
         effects.extend(self._retry(retry, now))
@@ -979,7 +1007,7 @@ class GlobalMaster:
             self._release_victim(key)
             fl.task.mark(Phase.PROCESSING, now)
             self.queues.on_returned(fl.task, now)
-            self._note(fl.task, WaitReason.REFUSED_BY_LM)
+            self._note(fl.task, WaitReason.REFUSED_BY_LM, now, msg.lm, msg.reason)
             retry.append(fl.task)
         for task in retry:
             self._requeue(task, now)
@@ -1019,6 +1047,11 @@ class GlobalMaster:
         self._release_victim(key)
         task = fl.task
         self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
+        if self.journal is not None:
+            what = "accepted" if resp.accepted else "preempt_refused"
+            node = -1 if resp.node is None else resp.node
+            self.journal.note(key, now, what, lm=resp.lm, node=node,
+                              detail=f"{resp.reason}, {len(resp.preempted)} preempted")  # fmt: skip
         if resp.accepted:
             self.counters.preemptions_granted += len(resp.preempted)
             self._forget(key)
@@ -1026,7 +1059,7 @@ class GlobalMaster:
             return effects
         task.mark(Phase.PROCESSING, now)
         self.queues.on_returned(task, now)
-        req = self._preemption(task)
+        req = self._preemption(task, now)
         if req is None:
             self._requeue(task, now)
             return effects
@@ -1089,6 +1122,7 @@ class GlobalMaster:
             task.mark(Phase.COMMUNICATION, ev.at)
             task.attempt = ev.attempt
             task.lm = ev.lm
+            self._journal_event(task, ev)
             return
         task = self._current(ev)
         if task is None:
@@ -1101,6 +1135,7 @@ class GlobalMaster:
             task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
         if ev.started_at >= 0:
             task.start(ev.started_at)
+        self._journal_event(task, ev)
         if kind == EventKind.STARTED:
             return
         del self.placed[key]
@@ -1123,6 +1158,16 @@ class GlobalMaster:
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
+
+    def _journal_event(self, task: Task, ev: TaskEvent) -> None:
+        """An LM's event, in the task's timeline (an end is noted when the task ends)."""
+        j = self.journal
+        if j is None:
+            return
+        if ev.started_at >= 0:
+            j.started(task.key, ev.started_at, ev.lm, ev.node)
+        if ev.kind not in (EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED):
+            j.note(task.key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
 
     # ------------------------------------------------------------ read-only
     def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:

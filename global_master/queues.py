@@ -119,6 +119,11 @@ class UserQueues:
             t.submit(now)
             self.push_back(t)
 
+    def held_back(self, task: Task) -> bool:
+        """``task`` waits for its DAG's parent stages (it is in no queue yet)."""
+        progress = self._dags.get(task.job_id)
+        return progress is not None and progress.waiting(task.task_id)
+
     def abandon(self, task: Task, now: float) -> list[Task]:
         """``task`` failed for good: the not yet released tasks of its DAG that
         depended on it, which the GM must fail explicitly."""

@@ -2,7 +2,8 @@
 
 POST /v1/launch, /v1/preempt, /v1/snapshot (from GMs; the answer is the core's
 reply), /v1/worker-report, /v1/worker-heartbeat (from its worker pool), /v1/ping;
-GET /health, /v1/state, /metrics.  One gunicorn worker process: the core's state
+GET /health, /v1/state, /metrics, and for operators /v1/inspect (partitions as
+bit-vectors, repartitions: ``local_master.inspect``).  One gunicorn worker process: the core's state
 lives here.  Starts and stops go to the worker pool batched per loop turn; task
 events go to each GM batched per loop turn, each batch with a unique message id.
 """
@@ -45,10 +46,18 @@ from common.messages import (
     WorkerHeartbeat,
     WorkerReports,
 )
+from local_master import inspect
 from local_master.core import LocalMaster
 from runtime import broker as amqp
 from runtime.driver import Batcher, CoreDriver
-from runtime.http import Peer, PeerRefused, service_app, service_identity, session
+from runtime.http import (
+    Peer,
+    PeerRefused,
+    reply_response,
+    service_app,
+    service_identity,
+    session,
+)
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -330,7 +339,16 @@ def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Applicatio
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,
     }
-    return service_app(cfg, svc, metrics, access, routes)
+    app = service_app(cfg, svc, metrics, access, routes)
+
+    async def overview(request: web.Request) -> web.Response:
+        refused = svc.refusal()
+        if refused is not None:  # a standby holds no state: ask the active process
+            return reply_response(refused)
+        return web.json_response(inspect.overview(svc.core))
+
+    app.router.add_get("/v1/inspect", overview)
+    return app
 
 
 async def create_app() -> web.Application:

@@ -38,7 +38,7 @@ No clocks, sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -78,6 +78,20 @@ from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
+RECENT_REPARTITIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Repartition:
+    """A logical node carved for ``gm`` out of node ``node`` of ``home``'s partition."""
+
+    at: float
+    task: TaskKey
+    attempt: int
+    node: NodeIndex
+    home: GmId
+    gm: GmId
+    demand: Resources
 
 
 @dataclass(slots=True)
@@ -164,6 +178,8 @@ class LocalMaster:
         self._heartbeat_version = 0
         self._last_check = -1.0
         self.counters = LmCounters()
+        self.recent_repartitions: deque[Repartition] = deque(maxlen=RECENT_REPARTITIONS)
+        """The latest repartitions (for operators: ``local_master.inspect``)."""
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             LaunchRequest: self._on_launch,
             PreemptRequest: self._on_preempt,
@@ -269,6 +285,10 @@ class LocalMaster:
         )  # fmt: skip
         self.on_node[node].add(key)
         self._touch(node)
+        if logical:
+            self.recent_repartitions.append(
+                Repartition(now, key, attempt, NodeIndex(node), self.home[node], gm, spec.demand)
+            )
         return logical
 
     def _release(self, key: TaskKey) -> ActiveTask | None:

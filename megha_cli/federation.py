@@ -28,6 +28,8 @@ from urllib.parse import urlparse
 from common.config import FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
+from megha_cli.progress import Progress
+from megha_cli.terminal import Section, show
 from security.access import Access, identity_of_process, tokens_dir
 from security.files import ensure_private_dir
 
@@ -246,35 +248,62 @@ def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
     return replace(cfg, **overrides).validate() if overrides else cfg
 
 
-def _get_json(url: str, headers: dict[str, str]) -> dict[str, Any]:
-    req = urllib.request.Request(url, headers=headers)
+def operator_get(
+    cfg: FederationConfig, access: Access, name: str, path: str, timeout_s: float = 3.0
+) -> dict[str, Any]:
+    """``GET path`` on process ``name``, signed as the operator: the JSON answer.  A
+    refusal is its JSON body with ``status`` added; an unreachable service
+    ``{"error": ...}``."""
+    who = identity_of_process(cfg, name)
+    headers = access.sign(who, "GET", path, b"", time.time())
+    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=3.0) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             out: dict[str, Any] = json.loads(resp.read())
             return out
+    except urllib.error.HTTPError as err:
+        with err:
+            try:
+                body = json.loads(err.read())
+            except ValueError:
+                body = {}
+        refused: dict[str, Any] = body if isinstance(body, dict) else {}
+        refused.setdefault("error", f"HTTP {err.code}")
+        refused["status"] = err.code
+        return refused
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return {"error": str(exc)}
+
+
+def depth_queues(cfg: FederationConfig) -> list[str]:
+    """The broker queues whose depth an operator watches: users' submissions, dead letters."""
+    return [cfg.user_queue(u.user) for u in cfg.user_configs] + [cfg.dead_letter_queue]
+
+
+async def queue_depths(conn: Any, names: list[str]) -> dict[str, int]:
+    """Messages ready in each queue (-1: not declared yet), on an open connection."""
+    depths: dict[str, int] = {}
+    for name in names:
+        ch = await conn.channel()
+        try:
+            q = await ch.declare_queue(name, passive=True)
+            depths[name] = q.declaration_result.message_count or 0
+        except Exception:  # not declared yet
+            depths[name] = -1
+        finally:
+            if not ch.is_closed:
+                await ch.close()
+    return depths
 
 
 async def _queue_depths(cfg: FederationConfig, access: Access) -> dict[str, int]:
     from runtime import broker
 
-    depths: dict[str, int] = {}
     conn, _ = await broker.connect_any(access.broker_urls())
     try:
-        for name in [cfg.user_queue(u.user) for u in cfg.user_configs] + [cfg.dead_letter_queue]:
-            ch = await conn.channel()
-            try:
-                q = await ch.declare_queue(name, passive=True)
-                depths[name] = q.declaration_result.message_count or 0
-            except Exception:  # not declared yet
-                depths[name] = -1
-            finally:
-                if not ch.is_closed:
-                    await ch.close()
+        return await queue_depths(conn, depth_queues(cfg))
     finally:
         await conn.close()
-    return depths
 
 
 # ------------------------------------------------------------------ commands
@@ -314,9 +343,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     access = Access.in_home(home, cfg)
 
     def page(name: str) -> dict[str, Any]:
-        who = identity_of_process(cfg, name)
-        headers = access.sign(who, "GET", "/v1/state", b"", time.time())
-        return _get_json(cfg.url(name) + "/v1/state", headers)
+        return operator_get(cfg, access, name, "/v1/state")
 
     procs = json.loads((home / "pids.json").read_text())["processes"]
     print(f"federation {cfg.name!r}: {cfg.gms} GMs, {cfg.lms} LMs, {cfg.nodes_per_lm} nodes each")
@@ -381,25 +408,69 @@ def _bench_options(args: argparse.Namespace) -> Any:
     )
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from request_generator.bench import report_text, run_bench
+def run_bench_shown(cfg: FederationConfig, args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    """``megha bench`` / ``demo``: the run with a progress bar (tasks done of the total,
+    submitted, wall time, time left), plain lines when not on a terminal."""
+    from request_generator.bench import BenchStatus, run_bench
 
+    with Progress("bench", 0, quiet=args.quiet) as bar:
+
+        def report(st: BenchStatus) -> None:
+            if st.note:
+                bar.note(st.note)
+            else:
+                bar.update(st.done, total=st.total, detail=f"submitted {st.submitted}")
+
+        opts = replace(_bench_options(args), reporter=report, progress=False)
+        return asyncio.run(run_bench(cfg, opts, home))
+
+
+def bench_sections(summary: dict[str, Any]) -> list[Section]:
+    """A bench's summary: allocation-time percentiles and components, the tasks' fate,
+    the floor, and the counters that are not zero."""
+    from common.metrics import PERCENTILE_KEYS
+    from request_generator.report import percentile_cells
+
+    rows = {
+        "allocation": summary["allocation_time_s"],
+        **summary["components_s"],
+        "submission": summary["submission_s"],
+    }
+    alloc = Section("allocation time", ["", *PERCENTILE_KEYS], percentile_cells(rows))
+    fate = Section(
+        "",
+        ["tasks", "finished", "failed", "lost", "duplicate launches", "tasks/s",
+         "floor p50 idle", "floor p50 in run"],
+        [[
+            str(summary["tasks"]), str(summary["tasks_finished"]), str(summary["tasks_failed"]),
+            str(summary["lost_tasks"]), str(summary["duplicate_launches"]),
+            f"{summary['throughput_tasks_per_s']:.1f}", f"{summary['floor_rtt_s'] * 1e3:.3f}ms",
+            f"{summary['floor']['lm_during_run_s']['p50'] * 1e3:.3f}ms",
+        ]],
+    )  # fmt: skip
+    nonzero = [[k, str(v)] for k, v in summary["counters"].items() if v]
+    if nonzero:
+        counters = Section("counters (not zero)", ["counter", "value"], nonzero)
+    else:
+        counters = Section("counters: none", [], [])
+    return [alloc, fate, counters]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
     try:
         cfg = _config_for(args, fresh=False)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
-        summary = asyncio.run(run_bench(cfg, _bench_options(args), state_dir(args.state_dir)))
+        summary = run_bench_shown(cfg, args, state_dir(args.state_dir))
     except MeghaError as exc:
         print(f"megha bench: {exc}", file=sys.stderr)
         return 1
-    print(report_text(summary))
+    show(bench_sections(summary), quiet=args.quiet)
     print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
     return 0 if summary["lost_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from request_generator.bench import report_text, run_bench
-
     home = state_dir(args.state_dir) / "demo"
     if args.name is None:
         args.name = "megha-demo"
@@ -421,12 +492,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"megha demo: {exc}", file=sys.stderr)
         return 1
     try:
-        summary = asyncio.run(run_bench(cfg, _bench_options(args), home))
+        summary = run_bench_shown(cfg, args, home)
     finally:
         stop_federation(home)
         with contextlib.suppress(Exception):
             secure.purge(cfg, home)
-    print(report_text(summary))
+    show(bench_sections(summary), quiet=args.quiet)
     print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
     return 0 if summary["lost_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
 
@@ -491,7 +562,7 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the end")
     p.add_argument("--out", default=out, help="directory for summary.json, tasks.csv, PNGs")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr; plain-text summary")
 
 
 def _recorded(home: Path) -> dict[str, int]:

@@ -9,7 +9,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 # (module, function) pairs; each function adds its sub-commands to the parser.
-COMMAND_MODULES: tuple[str, ...] = ("megha_cli.simulate", "megha_cli.federation", "megha_cli.users")
+COMMAND_MODULES: tuple[str, ...] = (
+    "megha_cli.simulate",
+    "megha_cli.federation",
+    "megha_cli.users",
+    "megha_cli.ops",
+)
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -19,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="megha",
         description=(
             "Megha: a decentralized federated cluster scheduler. Run a federation "
-            "(up/down/status/demo/bench) or simulate one at scale (simulate)."
+            "(up/down/status/demo/bench), watch and question it (top/why), or simulate one at "
+            "scale (simulate)."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

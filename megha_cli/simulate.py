@@ -19,9 +19,16 @@ from typing import Any
 from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
-from common.metrics import jct_stats, summarize_tasks
+from common.metrics import PERCENTILE_KEYS, jct_stats, summarize_tasks
 from common.model import UserConfig
-from request_generator.report import format_table, plot_cdfs, plot_components, write_records_csv
+from megha_cli.progress import Progress
+from megha_cli.terminal import Section, show
+from request_generator.report import (
+    percentile_cells,
+    plot_cdfs,
+    plot_components,
+    write_records_csv,
+)
 from request_generator.workload import (
     Job,
     WorkloadSpec,
@@ -133,28 +140,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 # ---------------------------------------------------------------------------- run
-def _progress(
-    label: str, total: int, done: Callable[[], int], quiet: bool
-) -> Callable[[float], None]:
-    start = time.perf_counter()
-
-    def show(t: float) -> None:
-        if quiet:
-            return
-        n = done()
-        pct = 100.0 * n / total if total else 100.0
-        sys.stderr.write(
-            f"\r  {label:<12} {pct:5.1f}% of {total} tasks  virtual {t:,.0f} s  "
-            f"wall {time.perf_counter() - start:,.0f} s"
-        )
-        sys.stderr.flush()
-
-    return show
-
-
-def _end_progress(quiet: bool) -> None:
-    if not quiet:
-        sys.stderr.write("\n")
+def _with_progress(
+    label: str,
+    total: int,
+    outstanding: Callable[[], int],
+    run: Callable[[Callable[[float], None]], SimResult],
+    quiet: bool,
+) -> SimResult:
+    """Run one simulation with a progress bar (tasks done, virtual and wall time)."""
+    with Progress(label, total, quiet=quiet) as bar:
+        result = run(lambda t: bar.update(total - outstanding(), virtual_s=t))
+        bar.update(total - outstanding(), virtual_s=result.virtual_s)
+    return result
 
 
 def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
@@ -238,27 +235,23 @@ def run_point(
     total = sum(len(j.tasks) for j in jobs)
     sim = MeghaSimulation(clusters, gm_ids, users, cfg)
     sim.add_jobs(jobs)
-    show = _progress("megha", total, lambda: total - sim.outstanding, args.quiet)
-    record("megha", sim.run(progress=show))
-    _end_progress(args.quiet)
+    record("megha", _with_progress("megha", total, lambda: sim.outstanding, sim.run, args.quiet))
     if "sparrow" in baselines:
         jobs = build_jobs(args, users)
         sp = SparrowSimulation(
             clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
         )
         sp.add_jobs(jobs)
-        if not args.quiet:
-            sys.stderr.write(f"  {'sparrow':<12} running {total} tasks\n")
-        record("sparrow", sp.run())
+        left = lambda: sp.book.outstanding  # noqa: E731
+        record("sparrow", _with_progress("sparrow", total, left, sp.run, args.quiet))
     if "centralized" in baselines:
         gm0 = GmId("gm0")
         c_users = [UserConfig(u.user, gm0, u.share) for u in users]
         jobs = build_jobs(args, c_users)
         csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
         csim.add_jobs(jobs)
-        show = _progress("centralized", total, lambda: total - csim.outstanding, args.quiet)
-        record("centralized", csim.run(progress=show))
-        _end_progress(args.quiet)
+        c_left = lambda: csim.outstanding  # noqa: E731
+        record("centralized", _with_progress("centralized", total, c_left, csim.run, args.quiet))
 
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {
@@ -292,21 +285,31 @@ def run_point(
     return summary
 
 
-def _print_point(summary: dict[str, Any]) -> None:
-    print(
-        f"\n{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs, "
-        f"{summary['tasks']} tasks — allocation time:"
+def point_sections(summary: dict[str, Any]) -> list[Section]:
+    """One federation size's summary: allocation-time percentiles, then per scheduler
+    jobs, JCT, failures and what the run cost."""
+    schedulers = summary["schedulers"]
+    alloc = Section(
+        f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs, "
+        f"{summary['tasks']} tasks: allocation time",
+        ["scheduler", *PERCENTILE_KEYS],
+        percentile_cells({n: s["allocation_time_s"] for n, s in schedulers.items()}),
     )
-    print(format_table({n: s["allocation_time_s"] for n, s in summary["schedulers"].items()}))
-    for n, s in summary["schedulers"].items():
+    rows = []
+    for n, s in schedulers.items():
         t = summary["timing"][n]
-        extra = ""
-        if s["failed_tasks"] or s["stuck_tasks"]:
-            extra = f", failed {s['failed_tasks']}, stuck {s['stuck_tasks']}"
-        print(
-            f"  {n:<12} jobs {s['jobs_completed']}, JCT p50 {s['jct_s']['p50']:.2f} s"
-            f", wall {t['wall_s']:.1f} s, CPU {t['cpu_ms_per_task']:.3f} ms/task{extra}"
-        )
+        rows.append(
+            [
+                n, str(s["jobs_completed"]), f"{s['jct_s']['p50']:.2f}", str(s["failed_tasks"]),
+                str(s["stuck_tasks"]), f"{t['wall_s']:.1f}", f"{t['cpu_ms_per_task']:.3f}",
+            ]
+        )  # fmt: skip
+    runs = Section(
+        "",
+        ["scheduler", "jobs", "JCT p50 s", "failed", "stuck", "wall s", "CPU ms/task"],
+        rows,
+    )
+    return [alloc, runs]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -331,11 +334,12 @@ def _run(args: argparse.Namespace) -> int:
     for workers, g, lm in points:
         target = out if len(points) == 1 else out / f"w{workers}_g{g}_l{lm}"
         s = run_point(args, workers, g, lm, target)
-        _print_point(s)
+        print()
+        show(point_sections(s), quiet=args.quiet)
         summaries.append(s)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     if len(points) > 1:
-        _write_sweep(out, summaries)
+        _write_sweep(out, summaries, args.quiet)
     else:
         data = json.loads((out / "summary.json").read_text())
         data["wall_s"], data["cpu_s"] = round(wall, 3), round(cpu, 3)
@@ -345,7 +349,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_sweep(out: Path, summaries: list[dict[str, Any]]) -> None:
+def _write_sweep(out: Path, summaries: list[dict[str, Any]], quiet: bool) -> None:
     rows = {}
     table: list[dict[str, Any]] = []
     for s in summaries:
@@ -362,8 +366,9 @@ def _write_sweep(out: Path, summaries: list[dict[str, Any]]) -> None:
                     **s["timing"][name],
                 }
             )
-    print("\nSweep:")
-    print(format_table(rows))
+    print()
+    show([Section("Sweep: allocation time", ["run", *PERCENTILE_KEYS], percentile_cells(rows))],
+         quiet=quiet)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(table, indent=2, sort_keys=True))
     _plot_sweep(out / "sweep.png", table)

@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from common.metrics import (
     usage_from_tasks,
 )
 from common.model import Task, TaskKey, new_task
-from request_generator.report import format_table, plot_cdfs, plot_components, write_records_csv
+from request_generator.report import plot_cdfs, plot_components, write_records_csv
 from request_generator.submitter import Submitter
 from request_generator.workload import (
     Job,
@@ -76,6 +77,18 @@ class BenchOptions:
     progress: bool = True
     jobs_file: str | None = None
     """A DAG job file (common/dag.py format) to submit instead of a trace or synthetic jobs."""
+    reporter: Callable[[BenchStatus], None] | None = None
+    """Where progress goes instead of lines on stderr (a progress bar: ``megha bench``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchStatus:
+    """Where a run is: tasks submitted, done (finished or failed) of ``total``; or a note."""
+
+    submitted: int
+    done: int
+    total: int
+    note: str = ""
 
 
 # -------------------------------------------------------------------- workload
@@ -241,6 +254,9 @@ def counters_from(states: dict[str, Any]) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------- the run
+REPORT_EVERY_S = 0.5
+
+
 @dataclass
 class _Run:
     """What a run gathered, before it becomes a summary."""
@@ -255,17 +271,17 @@ class _Run:
     launches: list[dict[str, Any]]
 
 
-def _progress(msg: str, enabled: bool) -> None:
-    if enabled:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def _line(sub: Submitter, n: int, t0: float) -> str:
+def _report(opts: BenchOptions, sub: Submitter, n: int, t0: float, note: str = "") -> None:
+    """Progress: to ``opts.reporter``, else (``opts.progress``) a line on stderr."""
     o = sub.outcomes
-    return (
-        f"bench: t={time.time() - t0:6.1f}s submitted {len(sub.submitted)}/{n} "
-        f"finished {len(o.finished)} failed {len(o.failed)}"
-    )
+    if opts.reporter is not None:
+        opts.reporter(BenchStatus(len(sub.submitted), o.n_done, n, note))
+    elif opts.progress:
+        line = note or (
+            f"bench: t={time.time() - t0:6.1f}s submitted {len(sub.submitted)}/{n} "
+            f"finished {len(o.finished)} failed {len(o.failed)}"
+        )
+        print(line, file=sys.stderr, flush=True)
 
 
 async def _submit_all(
@@ -275,7 +291,7 @@ async def _submit_all(
     t0 = time.time()
     published: dict[TaskKey, float] = {}
     sem = asyncio.Semaphore(256)
-    next_report = t0 + 1.0
+    next_report = t0 + REPORT_EVERY_S
 
     async def submit(job: Job | DagJob) -> None:
         async with sem:
@@ -291,8 +307,8 @@ async def _submit_all(
                 await asyncio.sleep(delay)
             tg.create_task(submit(job))
             if time.time() >= next_report:
-                next_report += 1.0
-                _progress(_line(sub, n_tasks, t0), opts.progress)
+                next_report += REPORT_EVERY_S
+                _report(opts, sub, n_tasks, t0)
     return published, time.time() - t0
 
 
@@ -300,16 +316,17 @@ async def _wait_done(sub: Submitter, keys: list[TaskKey], opts: BenchOptions) ->
     out = sub.outcomes
     t0 = time.time()
     deadline = t0 + opts.timeout_s
-    next_report = t0 + 1.0
+    next_report = t0 + REPORT_EVERY_S
     while time.time() < deadline:
         if out.n_done >= len(keys) and all(out.done(k) for k in keys):
             break
         out.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(out.changed.wait(), timeout=1.0)
+            await asyncio.wait_for(out.changed.wait(), timeout=REPORT_EVERY_S)
         if time.time() >= next_report:
-            next_report = time.time() + 1.0
-            _progress(_line(sub, len(keys), t0), opts.progress)
+            next_report = time.time() + REPORT_EVERY_S
+            _report(opts, sub, len(keys), t0)
+    _report(opts, sub, len(keys), t0)
 
 
 async def _ping_during_run(
@@ -337,12 +354,12 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
         floor_worker = await measure_floor(
             session, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
         )
-        _progress(
+        _report(
+            opts, sub, n_tasks, time.time(),
             f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
             f"{percentiles(floor_lm)['p50'] * 1e3:.3f} ms, worker "
             f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
-            opts.progress,
-        )
+        )  # fmt: skip
         busy: list[float] = []
         pinger = asyncio.ensure_future(
             _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
@@ -491,23 +508,3 @@ def write_outputs(out: Path, summary: dict[str, Any], tasks: list[Task]) -> None
     plot_components(
         out / "components.png", {"live": summary["components_s"]}, "Allocation-time components"
     )
-
-
-def report_text(summary: dict[str, Any]) -> str:
-    rows = {
-        "allocation": summary["allocation_time_s"],
-        **summary["components_s"],
-        "submission": summary["submission_s"],
-    }
-    counters = ", ".join(f"{k}={v}" for k, v in summary["counters"].items() if v)
-    lines = [
-        format_table(rows),
-        f"tasks {summary['tasks']}  finished {summary['tasks_finished']}  failed "
-        f"{summary['tasks_failed']}  lost {summary['lost_tasks']}  duplicate launches "
-        f"{summary['duplicate_launches']}",
-        f"throughput {summary['throughput_tasks_per_s']:.1f} tasks/s; floor (empty LM round "
-        f"trip, p50) {summary['floor_rtt_s'] * 1e3:.3f} ms idle, "
-        f"{summary['floor']['lm_during_run_s']['p50'] * 1e3:.3f} ms during the run",
-        f"counters: {counters or 'all zero (no inconsistency, repartition or preemption)'}",
-    ]
-    return "\n".join(lines)

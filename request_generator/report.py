@@ -1,4 +1,4 @@
-"""Allocation-time reports as files: CSV rows, PNG plots and printable tables.
+"""Allocation-time reports as files: CSV rows, PNG plots, and table cells to print.
 
 Shared by ``megha simulate`` and ``megha bench``; the figures themselves
 (percentiles, summaries, one definition each) are ``common.metrics``.
@@ -93,10 +93,6 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}s"
 
 
-def format_table(rows: Mapping[str, Mapping[str, float]]) -> str:
-    """A printable table: one row per scheduler, one column per percentile."""
-    header = f"{'':<14}" + "".join(f"{k:>11}" for k in PERCENTILE_KEYS)
-    lines = [header]
-    for label, p in rows.items():
-        lines.append(f"{label:<14}" + "".join(f"{_fmt(p[k]):>11}" for k in PERCENTILE_KEYS))
-    return "\n".join(lines)
+def percentile_cells(rows: Mapping[str, Mapping[str, float]]) -> list[list[str]]:
+    """One row of cells per label: the label, then each percentile with its unit."""
+    return [[label, *(_fmt(p[k]) for k in PERCENTILE_KEYS)] for label, p in rows.items()]

@@ -345,6 +345,10 @@ class ReplayCache:
 # -------------------------------------------------------- access policy
 ANY_SERVICE = frozenset({Role.GM, Role.LM, Role.WORKERS})
 ADMIN_PATHS = frozenset({"/v1/state", "/v1/ping", "/metrics", "/v1/launches"})
+GM_INSPECT_PATHS = frozenset({"/v1/inspect", "/v1/tasks/{user}/{task_id}"})
+"""What an operator asks a GM: its users' queues, and why one task waits."""
+LM_INSPECT_PATHS = frozenset({"/v1/inspect"})
+"""What an operator asks an LM: its partitions, free bits and repartitions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,8 +360,20 @@ class Rule:
     services: frozenset[Role]
     methods: frozenset[str]
     paths: frozenset[str]
+    """Exact paths, or templates whose ``{name}`` segments match any one segment."""
     caller: Role
     same_name: bool = False
+
+    def allows(self, route: str) -> bool:
+        return route in self.paths or any("{" in p and _fits_template(p, route) for p in self.paths)
+
+
+def _fits_template(template: str, route: str) -> bool:
+    want, have = template.split("/"), route.split("/")
+    return len(want) == len(have) and all(
+        h != "" if w.startswith("{") and w.endswith("}") else w == h
+        for w, h in zip(want, have, strict=True)
+    )
 
 
 def _rule(
@@ -388,6 +404,9 @@ ACCESS_POLICY: tuple[Rule, ...] = (
     _rule([Role.WORKERS], "POST", ["/v1/start", "/v1/stop"], Role.LM, same_name=True),
     # The operator reads state and metrics and pings every service.
     _rule(ANY_SERVICE, "GET POST", ADMIN_PATHS, Role.OPERATOR),
+    # ... and inspects GMs (queues, one task's timeline) and LMs (partitions).
+    _rule([Role.GM], "GET", GM_INSPECT_PATHS, Role.OPERATOR),
+    _rule([Role.LM], "GET", LM_INSPECT_PATHS, Role.OPERATOR),
 )
 """Who may call what: anything not allowed here is refused (``forbidden_endpoint``)."""
 
@@ -407,7 +426,7 @@ def may_call(caller: Identity, service: Identity, method: str, path: str) -> boo
         caller.role == r.caller
         and service.role in r.services
         and method in r.methods
-        and route in r.paths
+        and r.allows(route)
         and (not r.same_name or caller.name == service.name)
         for r in ACCESS_POLICY
     )

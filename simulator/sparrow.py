@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from bitarray import bitarray
@@ -208,9 +208,10 @@ class SparrowSimulation:
         self.book.done(task, self.loop.now)
         self._pull(w)
 
-    def run(self) -> SimResult:
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        """Run to the end; ``progress(virtual time)`` is called every so many events."""
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        self.loop.run()
+        self.loop.run(progress=progress)
         book = self.book
         return SimResult(
             tasks=book.tasks,

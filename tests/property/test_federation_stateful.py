@@ -51,6 +51,7 @@ from common.messages import (
 )
 from common.model import TaskKey, TaskSpec, TaskState
 from global_master.core import GlobalMaster
+from global_master.journal import Journal
 from local_master.core import LocalMaster
 from tests.conftest import Envelope, Network, alive, make_gm, make_lm, make_task
 
@@ -116,6 +117,7 @@ class Federation(RuleBasedStateMachine):
             self.lms[lm.lm_id] = lm
         for g in gm_names:
             gm = make_gm(g, lm_names, users, max_retries=2, patience=3)
+            gm.journal = Journal(per_task=6, ended=8)
             self.gms[gm.gm_id] = gm
         self.net = Network(self.gms, self.lms, copies=copies)
         self.net.start(self.now)
@@ -324,6 +326,18 @@ class Federation(RuleBasedStateMachine):
                     assert view.version >= before[0]
                     assert all(a >= b for a, b in zip(view.node_version, before[1], strict=True))
                 self.view_versions[(g, name)] = (view.version, list(view.node_version))
+
+    @invariant()
+    def journals_stay_bounded(self) -> None:
+        """Operators' timelines exist only for tasks a GM holds, each bounded, and only
+        the latest ended tasks are kept."""
+        for gm in self.gms.values():
+            j = gm.journal
+            assert j is not None
+            assert set(j.trails) <= set(gm.live)
+            assert all(len(t.steps) <= j.per_task for t in j.trails.values())
+            assert len(j.ended) <= j.limit
+            assert not set(j.ended) & set(gm.live)
 
     @invariant()
     def ledgers_add_up(self) -> None:

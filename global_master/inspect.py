@@ -1,0 +1,170 @@
+"""Answers to an operator's questions about one GM: where a task is and why it waits
+(``GET /v1/tasks/{user}/{task_id}``), and each user's queue (``GET /v1/inspect``).
+
+Pure functions of a ``GlobalMaster`` (read only): the reasons are the ones the core
+records as it decides (``WaitReason`` counts per task and per GM, see
+``GlobalMaster._note``), the timeline is its ``Journal`` (``global_master.journal``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.model import COMPONENTS, Task, TaskKey, WaitReason
+from global_master.core import GlobalMaster
+from global_master.journal import Trail
+
+STATES = ("queued", "waiting", "in_flight", "running", "finished", "failed")
+"""queued: in its user's queue; waiting: its DAG's parent stages have not finished;
+in_flight: a request to an LM is unanswered; running: an LM accepted it (started or
+about to); finished, failed: ended."""
+
+WAIT_TEXT: dict[WaitReason, str] = {
+    WaitReason.NO_CONSTRAINT_MATCH: "no node anywhere satisfies its constraints and demand",
+    WaitReason.NO_FREE_RESOURCES: "nodes match, none had the resources free (in the GM's view)",
+    WaitReason.USER_AT_SHARE: "no room, and its user is at or above its share: no preemption",
+    WaitReason.REFUSED_BY_LM: "an LM refused the placement (its true state differed)",
+    WaitReason.PREEMPTION_FAILED: "no victim over its share could be preempted on any LM",
+}
+
+
+def waits_of(counts: list[int]) -> dict[str, int]:
+    """The non-zero wait reasons of ``counts`` (indexed by ``WaitReason``), by name."""
+    return {r.name.lower(): counts[r] for r in WaitReason if counts[r]}
+
+
+def _timeline(task: Task, trail: Trail) -> list[dict[str, object]]:
+    return [{"at": task.submitted_at, "what": "submitted"}, *(s.as_dict() for s in trail.steps)]
+
+
+def _state(core: GlobalMaster, key: TaskKey, task: Task) -> str:
+    if key in core.inflight:
+        return "in_flight"
+    if key in core.placed:
+        return "running"
+    return "waiting" if core.queues.held_back(task) else "queued"
+
+
+def _why(core: GlobalMaster, key: TaskKey, task: Task, state: str) -> list[str]:
+    """Why a task has not started (yet): its position, then the reasons counted."""
+    lines: list[str] = []
+    if state == "waiting":
+        lines.append("its DAG job's parent stages have not all finished")
+    elif state == "in_flight":
+        fl = core.inflight[key]
+        kind = "preemption" if fl.node < 0 else ("repartition" if fl.repartition else "launch")
+        lines.append(f"a {kind} request to {fl.lm} is unanswered (attempt {fl.task.attempt})")
+    elif state == "queued":
+        lines.append(f"in {task.user}'s queue ({_queued_of(core, task.user)} tasks queued there)")
+        if task.user in core.queues and core.queues.parked(task.user):
+            lines.append(
+                "its user's queue is parked: tasks in a row could not be placed since the "
+                "GM's view last changed; it is tried again when an LM reports a change"
+            )
+        if not core.ready:
+            lines.append(f"{core.gm_id} has no view of every LM yet: it does not decide")
+    return lines + reasons(task)
+
+
+def reasons(task: Task) -> list[str]:
+    """The reasons decisions did not place ``task``, with how often, in words."""
+    return [f"{r.name.lower()} x{n}: {WAIT_TEXT[r]}" for r in WaitReason if (n := task.waits[r])]
+
+
+def _queued_of(core: GlobalMaster, user: str) -> int:
+    return sum(1 for k, t in core.live.items() if k[0] == user and _state(core, k, t) == "queued")
+
+
+def _answer(core: GlobalMaster, task: Task, state: str, trail: Trail) -> dict[str, Any]:
+    return {
+        "gm": core.gm_id,
+        "user": task.user,
+        "task_id": task.task_id,
+        "job_id": task.job_id,
+        "state": state,
+        "attempt": task.attempt,
+        "lm": task.lm or "",
+        "submitted_at": task.submitted_at,
+        "started_at": task.started_at,
+        "finished_at": task.finished_at,
+        "decisions": task.decisions,
+        "waits": waits_of(task.waits),
+        "components_s": dict(zip(COMPONENTS, task.components(), strict=False)),
+        "timeline": _timeline(task, trail),
+        "timeline_dropped": trail.dropped,
+    }
+
+
+def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
+    """Where task ``key`` of this GM's users is, its timeline and why it waits (None:
+    this GM does not know it -- never submitted here, or ended too long ago)."""
+    journal = core.journal
+    task = core.live.get(key)
+    if task is not None:
+        state = _state(core, key, task)
+        trail = journal.trail(key) if journal is not None else Trail()
+        out = _answer(core, task, state, trail)
+        out["reason"] = ""
+        out["why"] = _why(core, key, task, state)
+        return out
+    ended = journal.ended.get(key) if journal is not None else None
+    if ended is not None:
+        state = "finished" if ended.finished else "failed"
+        out = _answer(core, ended.task, state, ended.trail)
+        out["reason"] = ended.reason
+        ran = ["it ran; before that:"] if ended.finished and any(ended.task.waits) else []
+        failed = [] if ended.finished else [f"failed: {ended.reason}"]
+        out["why"] = failed + ran + reasons(ended.task)
+        return out
+    if key in core.failed or key in core.finished:  # no journal: what the ledger says
+        return {
+            "gm": core.gm_id, "user": key[0], "task_id": key[1],
+            "state": "failed" if key in core.failed else "finished",
+            "reason": core.failed.get(key, ""), "why": [], "timeline": [], "timeline_dropped": 0,
+        }  # fmt: skip
+    return None
+
+
+def overview(core: GlobalMaster) -> dict[str, Any]:
+    """Per user of this GM: tasks queued, waiting, in flight and running, the reasons
+    its waiting tasks did not get placed, its dominant share against its share."""
+    shares = core.dominant_shares()
+    users: dict[str, dict[str, Any]] = {}
+    sums: dict[str, list[int]] = {}
+    for u, cfg in core.users.items():
+        if cfg.gm != core.gm_id:
+            continue
+        users[u] = {
+            "queued": 0, "waiting": 0, "in_flight": 0, "running": 0,
+            "share": cfg.share, "dominant_share": shares.get(u, 0.0),
+            "parked": u in core.queues and core.queues.parked(u),
+        }  # fmt: skip
+        sums[u] = [0] * len(WaitReason)
+    for key, task in core.live.items():
+        row = users.get(key[0])
+        if row is None:
+            continue
+        state = _state(core, key, task)
+        row[state] += 1
+        if state in ("queued", "waiting"):
+            acc = sums[key[0]]
+            for r, n in enumerate(task.waits):
+                acc[r] += n
+    for name, row in users.items():
+        row["wait_reasons"] = waits_of(sums[name])
+    journal = core.journal
+    recent = list(journal.ended.values()) if journal is not None else []
+    return {
+        "gm": core.gm_id,
+        "ready": core.ready,
+        "lms_in_view": len(core.views),
+        "users": users,
+        "totals": {s: sum(r[s] for r in users.values()) for s in STATES[:4]},
+        "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
+        "dominant_shares": shares,
+        "recently_ended": {
+            "finished": sum(1 for e in recent if e.finished),
+            "failed": sum(1 for e in recent if not e.finished),
+            "kept": journal.limit if journal is not None else 0,
+        },
+    }

@@ -1,0 +1,162 @@
+"""What happened to each task at a GM, for operators asking why a task waits.
+
+A GM core given a ``Journal`` notes, per task, the steps of its decision path as they
+happen: each placement attempt (the LM, the node, the partition it was carved from),
+each refusal with the LM's reason, each wait reason (the ``WaitReason`` the core noted),
+preemptions, start and end.  Memory is bounded twice over: a task keeps at most
+``per_task`` steps (a repeated step is counted, not appended; beyond the bound the
+oldest go and are counted as dropped), and only the ``ended`` most recently ended
+tasks are kept once they finished or failed.  A task that was never tried has no
+entry at all (its submission time is the task's own).
+
+Pure: times are the core's ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from common.model import Task, TaskKey
+
+PER_TASK = 32
+ENDED = 4096
+
+
+@dataclass(slots=True)
+class Step:
+    """One step of a task's timeline (``count`` times in a row, the last at ``last_at``)."""
+
+    at: float
+    what: str
+    lm: str = ""
+    node: int = -1
+    partition: str = ""
+    """The GM whose partition the node is in (another GM's: a repartition)."""
+    detail: str = ""
+    count: int = 1
+    last_at: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"at": self.at, "what": self.what}
+        if self.lm:
+            out["lm"] = self.lm
+        if self.node >= 0:
+            out["node"] = self.node
+        if self.partition:
+            out["partition"] = self.partition
+        if self.detail:
+            out["detail"] = self.detail
+        if self.count > 1:
+            out["count"] = self.count
+            out["last_at"] = self.last_at
+        return out
+
+
+@dataclass(slots=True)
+class Trail:
+    """The steps of one task (the latest ``PER_TASK``) and how many older ones went."""
+
+    steps: list[Step] = field(default_factory=list)
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndedTask:
+    """What is kept of a task once it finished or failed."""
+
+    task: Task
+    finished: bool
+    reason: str
+    trail: Trail
+
+
+class Journal:
+    """Bounded per-task timelines of one GM, and a ring of recently ended tasks."""
+
+    def __init__(self, per_task: int = PER_TASK, ended: int = ENDED) -> None:
+        if per_task < 1 or ended < 1:
+            raise ValueError("a journal keeps at least one step and one ended task")
+        self.per_task = per_task
+        self.limit = ended
+        self.trails: dict[TaskKey, Trail] = {}
+        self.ended: OrderedDict[TaskKey, EndedTask] = OrderedDict()
+
+    def note(
+        self,
+        key: TaskKey,
+        at: float,
+        what: str,
+        *,
+        lm: str = "",
+        node: int = -1,
+        partition: str = "",
+        detail: str = "",
+    ) -> None:
+        """Append a step to ``key``'s timeline (the same step again only counts)."""
+        trail = self.trails.get(key)
+        if trail is None:
+            trail = self.trails[key] = Trail()
+        steps = trail.steps
+        if steps:
+            last = steps[-1]
+            if (
+                last.what == what
+                and last.lm == lm
+                and last.node == node
+                and last.partition == partition
+                and last.detail == detail
+            ):
+                last.count += 1
+                last.last_at = at
+                return
+        steps.append(Step(at, what, lm, node, partition, detail, last_at=at))
+        if len(steps) > self.per_task:
+            del steps[0]
+            trail.dropped += 1
+
+    def wait(self, key: TaskKey, at: float, reason: str, lm: str = "") -> None:
+        """A decision at ``at`` did not place the task, for ``reason``.  The reasons of
+        one decision make one step (``no_free_resources, user_at_share``), and the same
+        reasons decision after decision count as one step."""
+        trail = self.trails.get(key)
+        steps = trail.steps if trail is not None else []
+        last = steps[-1] if steps else None
+        if (
+            last is None
+            or last.what != "waits"
+            or last.at != at
+            or last.count != 1
+            or last.lm != lm
+            or reason in last.detail.split(", ")
+        ):
+            self.note(key, at, "waits", lm=lm, detail=reason)
+            return
+        last.detail = f"{last.detail}, {reason}"
+        if len(steps) > 1:
+            before = steps[-2]
+            if (before.what, before.lm, before.detail) == ("waits", lm, last.detail):
+                before.count += 1
+                before.last_at = at
+                steps.pop()
+
+    def started(self, key: TaskKey, at: float, lm: str, node: int) -> None:
+        """The task started at ``at`` (said by several events: noted once)."""
+        trail = self.trails.get(key)
+        if trail is not None and any(s.what == "started" and s.at == at for s in trail.steps):
+            return
+        self.note(key, at, "started", lm=lm, node=node)
+
+    def close(self, task: Task, at: float, *, finished: bool, reason: str) -> None:
+        """``task`` ended: its timeline moves to the ring of ended tasks."""
+        key = task.key
+        self.note(key, at, "finished" if finished else "failed", lm=task.lm or "", detail=reason)
+        trail = self.trails.pop(key)
+        self.ended.pop(key, None)
+        self.ended[key] = EndedTask(task, finished, reason, trail)
+        while len(self.ended) > self.limit:
+            self.ended.popitem(last=False)
+
+    def trail(self, key: TaskKey) -> Trail:
+        """The timeline of a task this GM holds (empty if it was never tried)."""
+        return self.trails.get(key) or Trail()

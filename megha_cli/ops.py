@@ -1,0 +1,292 @@
+"""``megha why | top``: an operator asks the running federation's services.
+
+``why USER TASK_ID`` asks the GM of the task's user (``GET /v1/tasks/{user}/{task_id}``,
+signed as the operator) where the task is, what happened to it and why it waits.
+``top`` watches every GM's and LM's ``/v1/inspect`` and the broker's queue depths,
+refreshed every second: a live ``rich`` table on a terminal, plain tables otherwise.
+The answers are computed by the services (``global_master.inspect``,
+``local_master.inspect``); this module only asks and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from common.config import FederationConfig, load_config
+from common.errors import ConfigError, MeghaError
+from megha_cli.federation import depth_queues, operator_get, queue_depths, state_dir
+from megha_cli.terminal import Section, plain, render_plain, render_rich, show
+from security.access import Access
+
+
+def _federation(args: argparse.Namespace) -> tuple[FederationConfig, Access]:
+    home: Path = state_dir(args.state_dir)
+    if not (home / "federation.toml").exists():
+        raise ConfigError(f"no federation recorded in {home} (start one with `megha up`)")
+    cfg = load_config(home / "federation.toml")
+    return cfg, Access.in_home(home, cfg)
+
+
+# ------------------------------------------------------------------- why
+def task_ids(args: argparse.Namespace) -> tuple[str, str]:
+    """(user, task id) from ``USER TASK_ID`` or ``TASK_ID --user USER``."""
+    ids: list[str] = args.ids
+    if len(ids) == 2 and args.user is None:
+        return ids[0], ids[1]
+    if len(ids) == 1 and args.user is not None:
+        return args.user, ids[0]
+    raise ConfigError("give USER TASK_ID, or TASK_ID --user USER", reason="bad_arguments")
+
+
+def _clock(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _rel(at: float, t0: float) -> str:
+    return f"{at - t0:+.3f}s"
+
+
+def why_sections(answer: dict[str, Any]) -> list[Section]:
+    """A GM's answer about one task, as tables: what it is, its timeline, why it waits."""
+    t0 = float(answer.get("submitted_at", 0.0))
+    head = [
+        f"attempt {answer.get('attempt', 0)}" + (f" on {answer['lm']}" if answer.get("lm") else "")
+    ]
+    if t0 > 0:
+        head.append(f"submitted {_clock(t0)}")
+    for key, what in (("started_at", "started"), ("finished_at", "ended")):
+        at = float(answer.get(key, -1.0))
+        if at >= 0:
+            head.append(f"{what} {_clock(at)} ({_rel(at, t0)} after submission)")
+    if answer.get("reason"):
+        head.append(f"reason: {answer['reason']}")
+    title = (
+        f"{answer['user']}/{answer['task_id']}"
+        + (f" (job {answer['job_id']})" if answer.get("job_id") else "")
+        + f" at {answer['gm']}: {answer['state'].replace('_', ' ')}"
+    )
+    rows = []
+    for step in answer.get("timeline", []):
+        count = int(step.get("count", 1))
+        times = f"x{count} until {_rel(step['last_at'], t0)}" if count > 1 else ""
+        node = step.get("node")
+        rows.append(
+            [
+                _rel(step["at"], t0), step["what"], step.get("lm", ""),
+                "" if node is None else str(node), step.get("partition", ""),
+                step.get("detail", ""), times,
+            ]
+        )  # fmt: skip
+    dropped = int(answer.get("timeline_dropped", 0))
+    notes = [f"({dropped} earlier steps dropped: a timeline keeps its latest)"] if dropped else []
+    timeline = Section(
+        "timeline", ["at", "step", "LM", "node", "partition", "detail", "repeats"], rows, notes
+    )
+    reasons = answer.get("why") or ["nothing holds it back"]
+    return [
+        Section(title, [], [], head),
+        timeline,
+        Section("why", [], [], [f"- {line}" for line in reasons]),
+    ]
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    try:
+        cfg, access = _federation(args)
+        user, task_id = task_ids(args)
+        gm = next((u.gm for u in cfg.user_configs if u.user == user), None)
+        if gm is None:
+            known = ", ".join(u.user for u in cfg.user_configs)
+            raise ConfigError(f"no user {user!r} in this federation (users: {known})")
+        path = f"/v1/tasks/{quote(user, safe='')}/{quote(task_id, safe='')}"
+        answer = operator_get(cfg, access, gm, path)
+    except MeghaError as exc:
+        print(f"megha why: {exc}", file=sys.stderr)
+        return 1
+    if "error" in answer:
+        print(f"megha why: {gm}: {answer.get('detail') or answer['error']}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+        return 0
+    show(why_sections(answer), quiet=args.quiet)
+    return 0
+
+
+# ------------------------------------------------------------------- top
+def _page(cfg: FederationConfig, access: Access, names: list[str]) -> dict[str, Any]:
+    """The first of ``names`` (an LM, then its standby) that answers ``/v1/inspect``."""
+    page: dict[str, Any] = {"error": "no process"}
+    for name in names:
+        page = operator_get(cfg, access, name, "/v1/inspect", timeout_s=2.0)
+        if "error" not in page:
+            return page
+    return page
+
+
+def gather(cfg: FederationConfig, access: Access) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every GM's and LM's ``/v1/inspect`` page (``{"error": ...}`` if it did not answer)."""
+    gms: dict[str, dict[str, Any]] = {g: _page(cfg, access, [g]) for g in cfg.gm_ids}
+    lms: dict[str, dict[str, Any]] = {
+        lm: _page(cfg, access, [lm, f"{lm}-standby"] if cfg.lm_standby else [lm])
+        for lm in cfg.lm_ids
+    }
+    return {"gms": gms, "lms": lms}
+
+
+def _shares(users: dict[str, Any]) -> str:
+    return "  ".join(
+        f"{u} {row['dominant_share']:.2f}/{row['share']:.2f}" for u, row in sorted(users.items())
+    )
+
+
+def _error(page: dict[str, Any]) -> str:
+    return f"unreachable: {page.get('detail') or page['error']}"[:60]
+
+
+GM_COLUMNS = ("GM", "state", "queued", "waiting", "in flight", "running", "ended ok/failed",
+              "dominant share/share")  # fmt: skip
+LM_COLUMNS = ("LM", "epoch", "alive/nodes", "free nodes", "running", "free/capacity",
+              "partitions: free/nodes", "repartitions")  # fmt: skip
+
+
+def top_sections(
+    pages: dict[str, dict[str, dict[str, Any]]], depths: dict[str, int] | None, header: str
+) -> list[Section]:
+    """GMs (queues, in flight, running, dominant shares), LMs (nodes, free, partitions)
+    and the broker's queue depths, as tables."""
+    gm_rows = []
+    for g, p in pages["gms"].items():
+        if "error" in p:
+            gm_rows.append([g, _error(p), "", "", "", "", "", ""])
+            continue
+        tot, ended = p["totals"], p["recently_ended"]
+        gm_rows.append(
+            [
+                g, "ready" if p["ready"] else "starting", str(tot["queued"]), str(tot["waiting"]),
+                str(tot["in_flight"]), str(tot["running"]), f"{ended['finished']}/{ended['failed']}",
+                _shares(p["users"]),
+            ]
+        )  # fmt: skip
+    lm_rows = []
+    for lm, p in pages["lms"].items():
+        if "error" in p:
+            lm_rows.append([lm, _error(p), "", "", "", "", "", ""])
+            continue
+        parts = "  ".join(
+            f"{gm} {q['free_nodes']}/{q['nodes']}" for gm, q in sorted(p["partitions"].items())
+        )
+        lm_rows.append(
+            [
+                lm, str(p["epoch"]), f"{p['nodes_alive']}/{p['nodes']}", str(p["nodes_free"]),
+                str(p["running_tasks"]), f"{p['free_total']}/{p['capacity_total']}", parts,
+                str(p["repartitions_total"]),
+            ]
+        )  # fmt: skip
+    sections = [
+        Section(header, [], []),
+        Section("GMs", GM_COLUMNS, gm_rows),
+        Section("LMs", LM_COLUMNS, lm_rows),
+    ]
+    if depths is None:
+        sections.append(Section("broker: unreachable", [], []))
+    else:
+        rows = [[q, "absent" if n < 0 else str(n)] for q, n in depths.items()]
+        sections.append(Section("broker queues", ["queue", "ready"], rows))
+    return sections
+
+
+async def _top(args: argparse.Namespace, cfg: FederationConfig, access: Access) -> None:
+    from runtime import broker
+
+    conn: Any = None
+    with contextlib.suppress(Exception):  # the table says the broker is unreachable
+        conn, _ = await broker.connect_any(access.broker_urls())
+    live: Any = None
+    as_text = plain(args.quiet)
+    if not as_text:
+        from rich.live import Live
+
+        live = Live(refresh_per_second=4)
+        live.start()
+    try:
+        n = 0
+        while True:
+            t = time.monotonic()
+            pages = await asyncio.to_thread(gather, cfg, access)
+            depths: dict[str, int] | None = None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    depths = await queue_depths(conn, depth_queues(cfg))
+            stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S UTC")
+            header = f"megha top: federation {cfg.name!r} at {stamp}"
+            sections = top_sections(pages, depths, header)
+            if live is not None:
+                live.update(render_rich(sections))
+            else:
+                print(render_plain(sections) + "\n", flush=True)
+            n += 1
+            if args.iterations and n >= args.iterations:
+                break
+            await asyncio.sleep(max(0.0, args.interval - (time.monotonic() - t)))
+    finally:
+        if live is not None:
+            live.stop()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    try:
+        cfg, access = _federation(args)
+        if args.interval <= 0 or args.iterations < 0:
+            raise ConfigError("--interval must be > 0 and --iterations >= 0")
+        asyncio.run(_top(args, cfg, access))
+    except MeghaError as exc:
+        print(f"megha top: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    why = sub.add_parser(
+        "why",
+        help="why a task waits: its state, timeline and reasons, from its GM",
+        description="Ask the GM of USER (signed as the operator) about one task: its state "
+        "(queued, waiting, in flight, running, finished, failed), its timeline (placement "
+        "attempts with LM, node and partition, refusals with the LM's reason, preemptions, "
+        "start, end) and the reasons it waited, with counts. Finished tasks are remembered "
+        "(the GM keeps the latest 4096 that ended).",
+    )
+    why.add_argument("ids", nargs="+", metavar="ID", help="USER TASK_ID, or TASK_ID with --user")
+    why.add_argument("--user", help="the task's user (with a lone TASK_ID)")
+    why.add_argument("--state-dir", help="the federation's state ($MEGHA_HOME or ./.megha)")
+    why.add_argument("--json", action="store_true", help="print the GM's answer as JSON")
+    why.add_argument("--quiet", action="store_true", help="plain text (also when not a TTY)")
+    why.set_defaults(run=cmd_why)
+    top = sub.add_parser(
+        "top",
+        help="watch the federation live: queues, shares, nodes, partitions, broker",
+        description="A table refreshed every --interval seconds from every GM's and LM's "
+        "/v1/inspect and the broker: GMs (queued, waiting, in flight, running, dominant share "
+        "against share per user), LMs (nodes alive, free nodes, running tasks, free resources, "
+        "each partition's free nodes, repartitions), queue depths. Live on a terminal; plain "
+        "tables, one per refresh, when not a TTY or with --quiet. Ctrl-C stops it.",
+    )
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: never)")
+    top.add_argument("--state-dir", help="the federation's state ($MEGHA_HOME or ./.megha)")
+    top.add_argument("--quiet", action="store_true", help="plain tables (also when not a TTY)")
+    top.set_defaults(run=cmd_top)
