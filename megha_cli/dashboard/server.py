@@ -77,8 +77,12 @@ class Poller:
     async def _page(self, name: str) -> tuple[str, dict[str, Any] | None, str]:
         try:
             status, body = await self.get(name, "/v1/state")
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return name, None, type(exc).__name__ if not str(exc) else str(exc)[:200]
+        except aiohttp.ClientConnectorError as exc:
+            return name, None, f"no connection ({exc.os_error.strerror or exc.os_error})"
+        except TimeoutError:
+            return name, None, f"no answer in {REQUEST_TIMEOUT_S:.0f} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return name, None, str(exc)[:200] or type(exc).__name__
         if status != 200 or not isinstance(body, dict):
             return name, None, f"HTTP {status}"
         return name, body, ""

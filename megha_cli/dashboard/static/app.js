@@ -227,7 +227,10 @@ function connect() {
   const link = document.getElementById("link");
   const source = new EventSource("/events");
   source.onopen = () => { link.textContent = "live"; link.className = "stat"; };
-  source.onmessage = (ev) => { render(JSON.parse(ev.data)); };
+  source.onmessage = (ev) => {
+    window.meghaSnapshots = (window.meghaSnapshots || 0) + 1;  // counted by the tests
+    render(JSON.parse(ev.data));
+  };
   source.onerror = () => { link.textContent = "dashboard unreachable, retrying…";
     link.className = "stat lost"; };
 }
