@@ -117,9 +117,11 @@ function renderUsers(snap) {
 }
 
 function renderHistogram(a) {
-  document.getElementById("mean").textContent = a.evaluated ? seconds(a.mean_s) : "–";
-  document.getElementById("p50").textContent = a.evaluated ? seconds(a.p50_s) : "–";
-  document.getElementById("p99").textContent = a.evaluated ? seconds(a.p99_s) : "–";
+  // 0: no task was waiting at any poll, so the waits were shorter than the polls resolve
+  const est = (x) => (!a.evaluated ? "–" : x === 0 ? "< poll" : seconds(x));
+  document.getElementById("mean").textContent = est(a.mean_s);
+  document.getElementById("p50").textContent = est(a.p50_s);
+  document.getElementById("p99").textContent = est(a.p99_s);
   document.getElementById("alloc-tasks").textContent = a.tasks;
   const el = document.getElementById("histogram");
   const W = 420, H = 170, top = 10, bottom = 30, left = 8;
