@@ -78,7 +78,8 @@ class Poller:
         try:
             status, body = await self.get(name, "/v1/state")
         except aiohttp.ClientConnectorError as exc:
-            return name, None, f"no connection ({exc.os_error.strerror or exc.os_error})"
+            refused = isinstance(exc.os_error, ConnectionRefusedError)
+            return name, None, "connection refused" if refused else f"no connection ({exc})"
         except TimeoutError:
             return name, None, f"no answer in {REQUEST_TIMEOUT_S:.0f} s"
         except (aiohttp.ClientError, OSError) as exc:
