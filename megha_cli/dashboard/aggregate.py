@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from common.config import FederationConfig
 from common.metrics import percentiles
 
@@ -174,13 +176,29 @@ def gm_departures(page: Mapping[str, Any]) -> float:
     )
 
 
+def metric_totals(text: str) -> dict[str, float]:
+    """From a service's ``/metrics``: the messages it took over HTTP and the inputs it
+    refused (bad signature, stale epoch, malformed body, ...), summed over labels."""
+    out = {"http_requests": 0.0, "http_refused": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_requests_total"):
+                out["http_requests"] += sample.value
+            elif sample.name.endswith("_refused_total"):
+                out["http_refused"] += sample.value
+    return out
+
+
 RATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "preemptions": ("lm", ("preemptions",)),
     "inconsistencies": ("gm", ("internal_inconsistencies", "external_inconsistencies")),
     "repartitions": ("lm", ("repartitions",)),
     "tasks_finished": ("gm", ("tasks_finished",)),
+    "http_requests": ("process", ("http_requests",)),
+    "http_refused": ("process", ("http_refused",)),
 }
-"""Per-minute rates: which services' counters (summed) each is made of."""
+"""Per-minute rates: which services' counters (summed) each is made of (``process``:
+every GM and LM process, from its ``/metrics``)."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +312,15 @@ class Board:
                 f"{page['logical_nodes']})",
             )
 
+    def observe_metrics(self, now: float, process: str, text: str) -> None:
+        """A scrape of ``process``'s ``/metrics`` (a malformed one is ignored)."""
+        try:
+            totals = metric_totals(text)
+        except ValueError:
+            return
+        for counter, value in totals.items():
+            self._curve(process, counter).add(now, value)
+
     def observe_broker(self, now: float, up: bool) -> None:
         if self.broker_up is not None and up != self.broker_up:
             self._event(now, "broker", "up again" if up else "down (no TCP connection)")
@@ -304,7 +331,7 @@ class Board:
     # --------------------------------------------------------------- outputs
     def rate(self, name: str, now: float) -> float:
         role, counters = RATES[name]
-        services = self.layout.gms if role == "gm" else self.layout.lms
+        services = {"gm": self.layout.gms, "lm": self.layout.lms}.get(role, self.layout.polled)
         return sum(
             self.curves[(s, c)].per_minute(now)
             for s in services

@@ -1,8 +1,8 @@
 """The dashboard's web server: polls the federation, pushes snapshots to the page.
 
 Every ``interval`` seconds it asks each GM and LM process for ``/v1/state`` (signed as
-the operator, with the keys in the federation's ``$MEGHA_HOME``) and opens a TCP
-connection to the broker; a process that does not answer is shown down.  Pages:
+the operator, with the keys in the federation's ``$MEGHA_HOME``; ``/metrics`` every
+fifth time) and opens a TCP connection to the broker; a process that does not answer is shown down.  Pages:
 ``/`` (the page), ``/static/*``, ``/events`` (server-sent events: a snapshot at most
 once a second per view), ``/api/snapshot``, ``/api/task/{user}/{task_id}`` (the GM's
 ``/v1/tasks/{user}/{task_id}``, or "not available"), ``/health``.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ log = logging.getLogger("megha.dashboard")
 MIN_PUSH_S = 1.0
 """A view gets at most one snapshot per second."""
 REQUEST_TIMEOUT_S = 2.0
+METRICS_EVERY = 5
+"""``/metrics`` is scraped every fifth poll (its rates are over a minute)."""
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 """User and task ids the task search passes on (nothing that needs quoting in a path)."""
 STATIC = {
@@ -104,13 +107,26 @@ class Poller:
             return True
         return False
 
-    async def poll_once(self) -> None:
+    async def _metrics(self, name: str) -> tuple[str, str | None]:
+        try:
+            status, body = await self.get(name, "/metrics")
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return name, None
+        return name, body if status == 200 and isinstance(body, str) else None
+
+    async def poll_once(self, *, metrics: bool = True) -> None:
+        """Every process's ``/v1/state`` (and ``/metrics`` if ``metrics``), and the
+        broker; then a new snapshot for the views."""
         names = self.board.layout.polled
-        pages = await asyncio.gather(*(self._page(n) for n in names))
+        pages = asyncio.gather(*(self._page(n) for n in names))
+        scrapes = asyncio.gather(*(self._metrics(n) for n in names if metrics))
         broker = await self._broker_up()
         now = time.time()
-        for name, page, error in pages:
+        for name, page, error in await pages:
             self.board.observe(now, name, page, error)
+        for name, text in await scrapes:
+            if text is not None:
+                self.board.observe_metrics(now, name, text)
         self.board.observe_broker(now, broker)
         self.snapshot = json.dumps(self.board.snapshot(now))
         async with self.changed:
@@ -119,10 +135,10 @@ class Poller:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        for turn in itertools.count():
             started = loop.time()
             try:
-                await self.poll_once()
+                await self.poll_once(metrics=turn % METRICS_EVERY == 0)
             except Exception:  # a malformed page must not stop the dashboard
                 log.exception("poll failed")
             await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))

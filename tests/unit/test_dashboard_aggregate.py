@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from common.metrics import LmCounters
 from megha_cli.dashboard.aggregate import (
     EDGES_S,
     MAX_POINTS,
@@ -16,7 +17,9 @@ from megha_cli.dashboard.aggregate import (
     allocation_summary,
     fifo_waits,
     histogram,
+    metric_totals,
 )
+from runtime.prometheus import ServiceMetrics
 
 GM_COUNTERS = (
     "tasks_finished", "failed", "preempted_requeued", "lost_with_lm",
@@ -235,3 +238,25 @@ def test_board_allocation_from_gm_pages() -> None:
     assert a["p50_s"] == pytest.approx(0.5)
     assert a["p99_s"] == pytest.approx(0.5)
     assert b.snapshot(30.0)["rates_per_min"]["allocations"] == pytest.approx(600.0)
+
+
+def _metrics_text(requests: int, refused: int) -> str:
+    """A ``/metrics`` page exactly as a service renders it."""
+    m = ServiceMetrics("megha_lm", lambda: LmCounters(launches=7), lambda: {"epoch": 3})
+    m.requests.labels("/v1/launch").inc(requests)
+    if refused:
+        m.errors.labels("bad_signature").inc(refused)
+    return m.render().decode()
+
+
+def test_metrics_pages_give_requests_and_refusals() -> None:
+    assert metric_totals(_metrics_text(5, 2)) == {"http_requests": 5.0, "http_refused": 2.0}
+    assert metric_totals(_metrics_text(0, 0)) == {"http_requests": 0.0, "http_refused": 0.0}
+    b = Board(LAYOUT)
+    for t in range(0, 61, 5):
+        b.observe_metrics(float(t), "lm0", _metrics_text(10 * t, t))
+        b.observe_metrics(float(t), "lm1-standby", _metrics_text(t, 0))
+    b.observe_metrics(61.0, "lm0", "not { a metrics page")  # ignored
+    rates = b.snapshot(60.0)["rates_per_min"]
+    assert rates["http_requests"] == pytest.approx(660.0)
+    assert rates["http_refused"] == pytest.approx(60.0)

@@ -147,6 +147,7 @@ function renderHistogram(a) {
 const RATE_LABELS = {
   allocations: "tasks placed", tasks_finished: "tasks finished", preemptions: "preemptions",
   inconsistencies: "inconsistencies (internal + external)", repartitions: "repartitions",
+  http_requests: "messages taken over HTTP", http_refused: "inputs refused (signature, epoch, body)",
 };
 
 function renderRates(snap) {
