@@ -6,6 +6,11 @@ federation no longer keeps up; reports the highest sustained tasks/s.
 
     python benchmarks/bench_live.py --out results/bench_live.json
 
+With ``--profile-rate R`` the step at R tasks/s is sampled with py-spy in every
+service process (GMs, LMs, worker pools); the collapsed stacks go to
+``bench_live/profile/<service>.txt`` and each role's top functions (share of samples,
+self and inclusive) into the JSON under ``"profile"``.
+
 Needs RabbitMQ on 127.0.0.1:5672.  Not part of the test suite.
 """
 
@@ -15,8 +20,11 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import subprocess
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,12 +35,79 @@ from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, run_bench
 
 NODES = 120
+TOP = 12
 
 
-def _step(cfg: FederationConfig, home: Path, out: Path, label: str, **kw: Any) -> dict[str, Any]:
+def _service_pids(home: Path) -> dict[str, int]:
+    """Each service's gunicorn worker process (the child of its recorded master)."""
+    out: dict[str, int] = {}
+    for p in json.loads((home / "pids.json").read_text())["processes"]:
+        kids = Path(f"/proc/{p['pid']}/task/{p['pid']}/children")
+        children = kids.read_text().split() if kids.exists() else []
+        out[p["name"]] = int(children[0]) if children else int(p["pid"])
+    return out
+
+
+def _start_profilers(home: Path, where: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
+    if shutil.which("py-spy") is None:
+        raise SystemExit("--profile-rate needs py-spy (pip install py-spy)")
+    where.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for name, pid in _service_pids(home).items():
+        argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds) + 1),
+                "--rate", "250", "--format", "raw", "--nonblocking",
+                "--output", str(where / f"{name}.txt")]  # fmt: skip
+        spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
+PROJECT = ("common/", "global_master/", "local_master/", "worker/", "runtime/", "security/")
+LOOP = "GunicornWebWorker.run (aiohttp/worker.py"
+"""The leaf of samples spent in the event loop itself (uvloop in C: idle or I/O)."""
+
+
+def _top_functions(where: Path) -> dict[str, Any]:
+    """Per role (gm, lm, workers): the share of samples in the event loop itself, the
+    functions with most samples of their own, and the project's functions by inclusive
+    share (what a change in our code could save)."""
+    roles: dict[str, tuple[Counter[str], Counter[str]]] = {}
+    for f in sorted(where.glob("*.txt")):
+        role = "workers" if f.stem.endswith("-workers") else f.stem.rstrip("0123456789")
+        own, incl = roles.setdefault(role, (Counter(), Counter()))
+        for line in f.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            frames = stack.split(";")
+            own[frames[-1]] += int(n)
+            for fr in set(frames):
+                if fr.split(" (")[-1].startswith(PROJECT):
+                    incl[fr] += int(n)
+    out: dict[str, Any] = {}
+    for role, (own, incl) in roles.items():
+        total = sum(own.values()) or 1
+        loop = sum(n for fr, n in own.items() if fr.startswith(LOOP))
+        out[role] = {
+            "samples": total,
+            "event_loop_share": round(loop / total, 3),
+            "self": [
+                [fr, round(n / total, 3)]
+                for fr, n in own.most_common(TOP + 1)
+                if not fr.startswith(LOOP)
+            ][:TOP],
+            "project_inclusive": [[fr, round(n / total, 3)] for fr, n in incl.most_common(TOP)],
+        }
+    return out
+
+
+def _step(
+    cfg: FederationConfig, home: Path, out: Path, label: str, profile: bool = False, **kw: Any
+) -> dict[str, Any]:
     opts = BenchOptions(out=str(out / label), progress=False, floor_samples=300, **kw)
     t = time.time()
+    seconds = kw.get("jobs", 0) / max(kw.get("rate") or kw.get("job_rate") or 1.0, 1e-9)
+    spies = _start_profilers(home, out / "profile", seconds) if profile else []
     s = asyncio.run(run_bench(cfg, opts, home))
+    for spy in spies:
+        spy.wait(timeout=60)
     offered = s["offered_tasks_per_s"]
     row = {
         "label": label,
@@ -48,6 +123,8 @@ def _step(cfg: FederationConfig, home: Path, out: Path, label: str, **kw: Any) -
         "counters": s["counters"],
         "wall_s": round(time.time() - t, 1),
     }
+    if profile:
+        row["profile"] = _top_functions(out / "profile")
     print(
         f"{label:>14}: offered {offered:7.1f}/s  got {row['throughput_tasks_per_s']:7.1f}/s  "
         f"p50 {s['allocation_time_s']['p50'] * 1e3:8.2f} ms  p99 "
@@ -58,12 +135,16 @@ def _step(cfg: FederationConfig, home: Path, out: Path, label: str, **kw: Any) -
     return row
 
 
+P99_AT_RATE_S = 0.050
+"""A rate counts as sustained only with allocation p99 within this (issue 8's bound)."""
+
+
 def sustained(row: dict[str, Any]) -> bool:
-    """Kept up: every task placed, throughput within 10% of the offered rate, p99 < 1 s."""
+    """Kept up: nothing lost, throughput within 10% of the offered rate, p99 <= 50 ms."""
     return bool(
         row["lost_tasks"] == 0
         and row["throughput_tasks_per_s"] >= 0.9 * row["offered_tasks_per_s"]
-        and row["allocation_s"]["p99"] < 1.0
+        and row["allocation_s"]["p99"] <= P99_AT_RATE_S
     )
 
 
@@ -76,8 +157,12 @@ def main() -> int:
     )
     ap.add_argument("--seconds", type=float, default=8.0, help="submission time per step")
     ap.add_argument(
-        "--rates", default="250,500,750,1000,1500,2000", help="tasks/s steps for the ramp"
+        "--rates", default="250,500,1000,1500,2000,2500", help="tasks/s steps for the ramp"
     )
+    ap.add_argument(
+        "--profile-rate", type=float, help="sample every service with py-spy at this ramp step"
+    )
+    ap.add_argument("--no-ramp-stop", action="store_true", help="run every ramp step")
     args = ap.parse_args()
     out = Path(args.out)
     cfg = replace(
@@ -112,9 +197,10 @@ def main() -> int:
                 cfg, home, out.parent / "bench_live", f"rate{int(r)}",
                 jobs=int(r * args.seconds / per_job), tasks_per_job=per_job,
                 mean_duration=0.02, rate=r / per_job, timeout_s=120.0,
+                profile=r == args.profile_rate,
             )  # fmt: skip
             rows.append(row)
-            if not sustained(row):
+            if not sustained(row) and not args.no_ramp_stop:
                 break
     finally:
         stop_federation(home)
@@ -137,7 +223,15 @@ def main() -> int:
         "ramp": rows[1:],
         "sustained_tasks_per_s": max((r["throughput_tasks_per_s"] for r in ok), default=0.0),
         "at_highest_sustained": ok[-1] if ok else None,
-        "targets": {"p50_s_at_50pct": 0.005, "p99_s_at_50pct": 0.05, "tasks_per_s": 1000},
+        "load50_p50_in_floors": round(
+            rows[0]["allocation_s"]["p50"] / max(rows[0]["floor_rtt_s"], 1e-9), 2
+        ),
+        "targets": {
+            "load50_p50_in_floors": 3.0,
+            "load50_p99_s": 0.010,
+            "tasks_per_s": 2000,
+            "p99_s_at_rate": P99_AT_RATE_S,
+        },
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

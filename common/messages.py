@@ -59,6 +59,7 @@ class ReportKind(IntEnum):
     FINISHED = 1
     FAILED = 2
     LOST = 3  # the pool stopped it itself: it lost touch with its LM (its lease expired)
+    STOPPED = 4  # the pool stopped it on its LM's order (preempted), or no longer ran it
 
 
 # -------------------------------------------------------------------- state
@@ -361,12 +362,15 @@ class StartTasks:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StopTask:
-    """LM -> worker pool: stop a preempted (or superseded) attempt."""
+    """LM -> worker pool: stop a preempted (or superseded) attempt.  The pool answers
+    with a ``STOPPED`` report for each: only then does a preempted task go back to its
+    GM ``gm``, so its next attempt never overlaps this one."""
 
     node: NodeIndex
     user: UserId
     task_id: TaskId
     attempt: int
+    gm: GmId
 
 
 @message("stop_tasks")

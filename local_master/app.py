@@ -216,12 +216,14 @@ class LmService:
         stops = tuple(m for m in items if isinstance(m, StopTask))
         starts = tuple(m for m in items if isinstance(m, StartTask))
         try:
-            if stops:
-                await self.pool.post(
+            if stops:  # confirmed stops send preempted tasks back to their GMs
+                stopped = await self.pool.post(
                     "/v1/stop",
                     StopTasks(lm=lm, epoch=self.epoch, tasks=stops),
                     expect=WorkerReports,
                 )
+                if stopped is not None and stopped.reports:
+                    self.driver.feed(stopped)
             if starts:
                 reply = await self.pool.post(
                     "/v1/start",

@@ -149,6 +149,8 @@ class LocalMaster:
         self.node_version: list[int] = [0] * len(nodes)
         self.version = 0
         self.active: dict[TaskKey, ActiveTask] = {}
+        self.stopping: dict[tuple[TaskKey, int], ActiveTask] = {}
+        """Preempted attempts (released) whose stop the pool has not confirmed yet."""
         self.on_node: list[set[TaskKey]] = [set() for _ in nodes]
         self.done: OrderedDict[TaskKey, tuple[GmId, HeldTask, float]] = OrderedDict()
         """Attempts that ended here in the last ``retain_s`` seconds: a late duplicate
@@ -320,7 +322,9 @@ class LocalMaster:
 
     def _stop(self, a: ActiveTask) -> ToWorker:
         return ToWorker(
-            StopTask(node=a.node, user=a.spec.user, task_id=a.spec.task_id, attempt=a.attempt)
+            StopTask(
+                node=a.node, user=a.spec.user, task_id=a.spec.task_id, attempt=a.attempt, gm=a.gm
+            )
         )
 
     def _refuse_request(self, gm: GmId, lm: LmId, specs: Iterable[TaskSpec]) -> Refused | None:
@@ -475,7 +479,9 @@ class LocalMaster:
             self._release(key)
             self.counters.preemptions += 1
             effects.append(self._stop(victim))
-            effects.append(ToGm(victim.gm, self._event(EventKind.PREEMPTED, victim, now)))
+            # back to its GM once its pool confirms the stop (a STOPPED report), so the
+            # next attempt cannot start while this one still runs
+            self.stopping[(key, victim.attempt)] = victim
             refs.append(PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt))
         if self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at):
             self.counters.repartitions += 1
@@ -555,6 +561,9 @@ class LocalMaster:
     def _report(self, rep: WorkerReport, now: float, effects: list[Effect]) -> None:
         self.last_seen[rep.node] = now
         key = (rep.user, rep.task_id)
+        if rep.kind == ReportKind.STOPPED:
+            self._preempted(self.stopping.pop((key, rep.attempt), None), now, effects)
+            return
         a = self.active.get(key)
         if a is None or a.node != rep.node or a.attempt != rep.attempt:
             # an attempt this LM does not hold (preempted, superseded, relaunched; or it
@@ -566,7 +575,11 @@ class LocalMaster:
                 effects.append(
                     ToWorker(
                         StopTask(
-                            node=rep.node, user=rep.user, task_id=rep.task_id, attempt=rep.attempt
+                            node=rep.node,
+                            user=rep.user,
+                            task_id=rep.task_id,
+                            attempt=rep.attempt,
+                            gm=rep.gm,
                         )
                     )
                 )
@@ -629,6 +642,9 @@ class LocalMaster:
         for a in gone:
             self._release((a.spec.user, a.spec.task_id))
         effects.extend(self._relaunch(gone, now))
+        self._confirm_stops(
+            lambda k, a: a.node in nodes and (*k[0], k[1]) not in runs, now, effects
+        )
         for s in msg.running:
             key = (s.spec.user, s.spec.task_id)
             held = self.active.get(key)
@@ -641,7 +657,11 @@ class LocalMaster:
                 effects.append(
                     ToWorker(
                         StopTask(
-                            node=s.node, user=s.spec.user, task_id=s.spec.task_id, attempt=s.attempt
+                            node=s.node,
+                            user=s.spec.user,
+                            task_id=s.spec.task_id,
+                            attempt=s.attempt,
+                            gm=s.gm,
                         )
                     )
                 )
@@ -731,7 +751,26 @@ class LocalMaster:
             self._release((a.spec.user, a.spec.task_id))
         self.free[node] = [0] * self.n_resources
         self._touch(node)
-        return self._relaunch(orphans, now)
+        effects = self._relaunch(orphans, now)
+        # its pool fenced itself (its lease is shorter than the timeout): stopped too
+        self._confirm_stops(lambda k, a: a.node == node, now, effects)
+        return effects
+
+    def _preempted(self, victim: ActiveTask | None, now: float, effects: list[Effect]) -> None:
+        """A preempted attempt runs no more: its GM re-queues the task."""
+        if victim is None:
+            self.counters.stale_reports += 1
+            return
+        effects.append(ToGm(victim.gm, self._event(EventKind.PREEMPTED, victim, now)))
+
+    def _confirm_stops(
+        self, gone: Callable[[tuple[TaskKey, int], ActiveTask], bool], now: float,
+        effects: list[Effect],
+    ) -> None:  # fmt: skip
+        """Preempted attempts known to run no more without their pool's report."""
+        for k, a in list(self.stopping.items()):
+            if gone(k, a):
+                self._preempted(self.stopping.pop(k), now, effects)
 
     def _relaunch(self, orphans: list[ActiveTask], now: float) -> list[Effect]:
         """Attempts that no worker runs any more (released already): each goes, as a new

@@ -38,6 +38,7 @@ from common.messages import (
     LaunchRequest,
     Placement,
     PreemptRequest,
+    ReportKind,
     ReportsTaken,
     RequestSnapshots,
     StartTask,
@@ -182,6 +183,18 @@ def events(effects: Iterable[Effect]) -> list[TaskEvent]:
 
 def as_events(lm: LmId, evs: Sequence[TaskEvent]) -> TaskEvents:
     return TaskEvents(lm=lm, events=tuple(evs))
+
+
+def confirm_stops(lm: LocalMaster, effects: Iterable[Effect], now: float) -> list[Effect]:
+    """The LM's effects once its pool confirms every stop among ``effects`` (as a pool
+    answers a ``StopTasks``): preempted tasks go back to their GMs only then."""
+    stops = [e.msg for e in effects if isinstance(e, ToWorker) and isinstance(e.msg, StopTask)]
+    reports = tuple(
+        WorkerReport(kind=ReportKind.STOPPED, node=s.node, user=s.user, task_id=s.task_id,
+                     attempt=s.attempt, gm=s.gm, at=now, worker_at=now)
+        for s in stops
+    )  # fmt: skip
+    return lm.handle(WorkerReports(lm=lm.lm_id, reports=reports), now) if reports else []
 
 
 def failures(effects: Iterable[Effect]) -> list[TaskOutcome]:

@@ -233,19 +233,26 @@ class WorkerPool:
         return effects
 
     def _on_stop(self, msg: StopTasks, now: float) -> list[Effect]:
-        """Preempted or superseded attempts: dropped without a report (the LM already
-        released them)."""
+        """Preempted or superseded attempts: dropped, and each confirmed ``STOPPED`` in
+        the answer once it runs here no more (the LM already released its resources)."""
         refused = self._accept_epoch(msg.lm, msg.epoch)
         if refused is not None:
             self.counters.refused += 1
             return [Reply(refused)]
         effects: list[Effect] = []
+        stopped: list[WorkerReport] = []
         for s in msg.tasks:
             key = (s.user, s.task_id)
             r = self.running.get(key)
             if r is not None and r.attempt <= s.attempt:
                 self._drop(key, effects, now)
-        effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=())))
+                r = None
+            if r is None:
+                stopped.append(WorkerReport(
+                    kind=ReportKind.STOPPED, node=s.node, user=s.user, task_id=s.task_id,
+                    attempt=s.attempt, gm=s.gm, at=now, worker_at=now,
+                ))  # fmt: skip
+        effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=tuple(stopped))))
         return effects
 
     def _current(self, user: Any, task_id: Any, attempt: int) -> Running | None:

@@ -34,6 +34,7 @@ from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     EventKind,
     LaunchRequest,
+    Placement,
     SnapshotRequest,
     StateDelta,
     StateUpdated,
@@ -104,6 +105,12 @@ def job_body(cfg: FederationConfig, jid: str, who: str, token: str, **spec: Any)
             job_id=JobId(jid), user=UserId(who), token=token, submitted_at=time.time(), tasks=(t,)
         )
     )
+
+
+def _placement() -> Placement:
+    t = TaskSpec(task_id=TaskId("claim.t0"), job_id=JobId("claim"), user=UserId("u0"),
+                 demand=(1,), duration=0.05)  # fmt: skip
+    return Placement(spec=t, attempt=1, node=NodeIndex(0))
 
 
 # ------------------------------------------------------------------ the broker
@@ -398,7 +405,7 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
     for msg, where in (
         (SnapshotRequest(gm=GmId("gm1"), lm=LmId("lm0")), "/v1/snapshot"),
         (LaunchRequest(gm=GmId("gm1"), lm=LmId("lm0"), request_id=1, known_version=-1,
-                       placements=()), "/v1/launch"),
+                       placements=(_placement(),)), "/v1/launch"),
     ):  # fmt: skip
         raw = codec.encode(msg)
         signed = me.sign(lm("lm0"), "POST", where, raw, time.time())

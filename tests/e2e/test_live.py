@@ -152,7 +152,8 @@ def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
         (_pack(_launch_fields(cfg, constraints=1 << (N_CONSTRAINTS + 2))), auth, 422,
          "unknown_constraint"),
         (_pack(dup), auth, 422, "duplicate_task_id"),
-        (_pack(unknown_gm), auth, 422, "unknown_gm"),
+        # a GM naming another GM (known or not) is refused before validation
+        (_pack(unknown_gm), auth, 403, "sender_mismatch"),
         (_pack(_launch_fields(cfg, evil=1)), auth, 422, "unknown_field"),
         (_pack(_launch_fields(cfg, duration=1e400)), auth, 422, "out_of_range"),
         (b"\x00" * (cfg.max_body + 10), "no credentials", 413, "too_large"),

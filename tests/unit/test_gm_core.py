@@ -33,6 +33,7 @@ from tests.conftest import (
     alive,
     as_events,
     check_workers,
+    confirm_stops,
     decide,
     events,
     failures,
@@ -351,6 +352,8 @@ def test_preempted_tasks_go_back_to_the_front_of_their_own_queue() -> None:
         for r in replies(answers):
             gm.handle(r, 5.0)
         gm.handle(as_events(LM0, events(answers)), 5.0)
+        assert state(gm, victim) is not TaskState.QUEUED  # its stop is not confirmed yet
+        gm.handle(as_events(LM0, events(confirm_stops(lm, answers, 4.5))), 5.0)
     # accepted together and neither started: the LM takes the first of a's it finds
     assert state(gm, victim) is TaskState.QUEUED
     assert queued(gm) == [victim, waiting]

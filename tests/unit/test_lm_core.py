@@ -7,6 +7,7 @@ from __future__ import annotations
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
+    CheckWorkers,
     EventKind,
     Heartbeat,
     LaunchRequest,
@@ -16,6 +17,7 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     Refused,
+    RegisterWorkers,
     ReportKind,
     SnapshotRequest,
     StartTask,
@@ -25,7 +27,7 @@ from common.messages import (
 )
 from common.model import TaskSpec
 from local_master.core import LocalMaster
-from tests.conftest import alive, check_workers, key, make_lm, make_task, report
+from tests.conftest import alive, check_workers, confirm_stops, key, make_lm, make_task, report
 
 GM0, GM1 = GmId("gm0"), GmId("gm1")
 LM0 = LmId("lm0")
@@ -215,7 +217,7 @@ def test_a_newer_attempt_supersedes_the_one_held_here() -> None:
     resp, rest = launch(lm, (t, 1), attempt=2)
     assert resp.results[0].reason == "ok"
     assert rest == [
-        StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1),
+        StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1, gm=GM0),
         StartTask(node=N1, spec=t, attempt=2, gm=GM0),
     ]
     assert lm.active[key(t)].attempt == 2
@@ -281,13 +283,38 @@ def test_preemption_frees_exactly_enough_and_launches() -> None:
     )
     stops = [e.msg for e in effects if isinstance(e, ToWorker) and isinstance(e.msg, StopTask)]
     assert [s.task_id for s in stops] == [alt.task_id, new.task_id]
-    evs = [(e.gm, e.msg) for e in effects if isinstance(e, ToGm)]
+    # the victims go back to their GM only once the pool confirms their stops
+    assert [e for e in effects if isinstance(e, ToGm)] == []
+    confirmed = confirm_stops(lm, effects, 5.5)
+    evs = [(e.gm, e.msg) for e in confirmed if isinstance(e, ToGm)]
     assert {(g, m.kind) for g, m in evs} == {(GM1, EventKind.PREEMPTED)}
     # the event says when the attempt started: its run is counted as thrown away
     assert [m.started_at for _, m in evs] == [3.0, 2.0]
+    assert lm.stopping == {}
+    assert confirm_stops(lm, effects, 6.0) == []  # a repeated confirmation: nothing more
     assert lm.active.keys() == {key(old), key(want)}
     assert lm.free == [[0, 0]]
     conserved(lm)
+
+
+def test_an_unconfirmed_stop_is_settled_when_its_node_is_lost_or_its_pool_restarts() -> None:
+    """A pool that never answers the stop fenced itself before its node timed out; a
+    pool that restarted runs nothing it does not list: either way the victim's GM gets
+    it back, exactly once."""
+    for how in ("lost", "restarted"):
+        lm = make_lm(nodes=[(4, 4)])
+        victim = make_task(4, 4, user="a")
+        launch(lm, (victim, 0), gm=GM1)
+        _, effects = preempt(lm, make_task(4, 4, user="b"), "a", now=2.0)
+        assert [e for e in effects if isinstance(e, ToGm)] == []
+        if how == "lost":
+            later = lm.handle(CheckWorkers(timeout=1.0), 3.0)
+        else:
+            later = lm.handle(RegisterWorkers(lm=LM0, nodes=(N0,), at=3.0), 3.0)
+        evs = [e.msg for e in later if isinstance(e, ToGm) and e.msg.task_id == victim.task_id]
+        assert [(m.kind, m.attempt) for m in evs] == [(EventKind.PREEMPTED, 1)], how
+        assert lm.stopping == {}
+        assert confirm_stops(lm, effects, 4.0) == [], how  # the late answer changes nothing
 
 
 def test_preemption_refused_without_a_victim_here() -> None:
@@ -347,7 +374,7 @@ def test_late_report_of_a_moved_task_is_ignored_and_its_run_stopped() -> None:
     assert (ev.kind, ev.attempt, ev.gm) == (EventKind.FINISHED, 1, GM0)
     # a worker that (re)starts an attempt this LM no longer holds is told to stop it
     (stop,) = lm.handle(report(LM0, ReportKind.STARTED, t, 0, 2.5), 2.5)
-    assert stop == ToWorker(StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1))
+    assert stop == ToWorker(StopTask(node=N0, user=t.user, task_id=t.task_id, attempt=1, gm=GM0))
     assert lm.counters.stale_reports == 2
     conserved(lm)
 
