@@ -76,9 +76,10 @@ def _health(url: str) -> bool:
 
 def _is_ours(pid: int) -> bool:
     try:
-        return b"gunicorn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return b"gunicorn" in cmdline or b"megha_cli.dashboard" in cmdline
 
 
 def start_federation(
@@ -170,6 +171,22 @@ def wait_healthy(procs: list[tuple[ProcessSpec, int]], home: Path, timeout_s: fl
             names = ", ".join(s.name for s, _ in waiting)
             raise MeghaError(f"not healthy after {timeout_s:.0f} s: {names} (logs in {home})")
         time.sleep(0.2)
+
+
+def start_dashboard(cfg: FederationConfig, home: Path, port: int) -> int:
+    """Serve the dashboard (``megha_cli.dashboard``) on ``port`` from a process recorded
+    with the federation's, so ``megha down`` stops it."""
+    if not port_free(cfg.host, port):
+        raise ConfigError(f"ports already in use: dashboard:{port}", reason="port_in_use")
+    url = f"http://{cfg.host}:{port}"
+    argv = ["python3", "-m", "megha_cli.dashboard", "--state-dir", str(home), "--port", str(port)]
+    spec = ProcessSpec("dashboard", "dashboard", "dashboard", argv, {}, port, url)
+    pid = launch(spec, home)
+    data = json.loads((home / "pids.json").read_text())
+    data["processes"].append({"name": spec.name, "pid": pid, "url": url})
+    (home / "pids.json").write_text(json.dumps(data, indent=2))
+    wait_healthy([(spec, pid)], home, 30.0)
+    return pid
 
 
 def _record(home: Path, cfg: FederationConfig, started: list[tuple[ProcessSpec, int]]) -> None:
@@ -312,6 +329,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         cfg = _config_for(args, fresh=True)
         home = state_dir(args.state_dir)
         start_federation(cfg, home, insecure_dev=args.insecure_dev)
+        if args.dashboard_port is not None:
+            start_dashboard(cfg, home, args.dashboard_port)
+            print(f"  dashboard      http://{cfg.host}:{args.dashboard_port}/")
         print(f"users' tokens (give each user its own): {tokens_dir(home)}/<user>")
     except MeghaError as exc:
         print(f"megha up: {exc}", file=sys.stderr)
@@ -665,6 +685,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 action="store_true",
                 help="accept a weak or example secret and use the broker URL's own user "
                 "(no broker users per party): only on a machine you alone use",
+            )
+        if name == "up":
+            p.add_argument(
+                "--dashboard-port",
+                type=int,
+                help="also serve `megha dashboard` on this port (stopped by `megha down`)",
             )
         if "purge" in extras:
             p.add_argument(

@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "megha_cli.federation",
     "megha_cli.users",
     "megha_cli.ops",
+    "megha_cli.dashboard.server",
 )
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
