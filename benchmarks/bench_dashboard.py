@@ -2,9 +2,9 @@
 
 Starts a small federation (2 GMs, 2 LMs of 8 one-slot nodes) and its dashboard, runs
 ``megha bench`` at a few loads, and after each reads the dashboard's snapshot: its
-estimate (from the GMs' waiting and placed counts, docs/dashboard.md) beside the
+allocation figures (from the times the GMs list, docs/dashboard.md) beside the
 bench's measured allocation times of the same tasks.  Loads are a minute apart, so
-each estimate covers one load only.
+each reading covers one load only.
 
     python benchmarks/bench_dashboard.py --out results/bench_dashboard.json
 

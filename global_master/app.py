@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -67,6 +68,11 @@ from security import sealing
 from security.access import Access
 from security.identity import lm as lm_identity
 from security.tokens import TokenStore
+
+RECENT_ALLOCATIONS = 4096
+"""How many of the latest finished tasks' allocation times the state page keeps."""
+ALLOCATION_WINDOW_S = 60.0
+"""The state page lists the allocation times of the tasks finished this long ago at most."""
 
 log = logging.getLogger("megha.gm")
 
@@ -118,6 +124,9 @@ class GmService:
         self.lms: dict[LmId, Peer] = {}
         self.deliveries: dict[tuple[UserId, JobId], AbstractIncomingMessage] = {}
         self.events_seen = Dedup()
+        self.recent_allocations: deque[tuple[float, float]] = deque(maxlen=RECENT_ALLOCATIONS)
+        """(when it finished, allocation time) of the latest finished tasks: the
+        operators' last-minute tails (``/v1/state`` ``allocations``)."""
         self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
             self.sup, self._publish_outcomes, "task outcomes"
         )
@@ -213,6 +222,8 @@ class GmService:
 
     def _to_user(self, eff: ToUser) -> None:
         self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
+        if eff.msg.finished:
+            self.recent_allocations.append((time.time(), eff.msg.task.allocation_time))
 
     def _persist(self, eff: Persist) -> None:
         self._persisted[eff.job.user] = self.persists.add(eff.job.user, eff.job)
@@ -371,6 +382,14 @@ class GmService:
                 "known_done": len(core.known_done),
             },
             "jobs_unacked": len(self.deliveries),
+            "allocations": {
+                "window_s": ALLOCATION_WINDOW_S,
+                "recent": [
+                    [round(at, 3), round(a, 6)]
+                    for at, a in self.recent_allocations
+                    if at >= time.time() - ALLOCATION_WINDOW_S
+                ],
+            },
             "views": {lm: v.version for lm, v in core.views.items()},
             "shares": core.dominant_shares(),
             "counters": {

@@ -5,20 +5,14 @@ Pure: the caller gives every sample its time; nothing here reads a clock or wait
 Rates are differences of counters over the last minute (a counter that falls belongs
 to a new incarnation of its process and counts on from where the old one stopped).
 
-Allocation times.  No page lists per-task allocation times, but every GM's page says
-how many of its tasks wait (queued + in flight) and how many have left the wait
-(running + finished + failed + put back by a preemption or a lost LM: its
-*departures*).  Arrivals are departures + waiting.  Sampled once a second these are
-the two cumulative curves of a queueing diagram; the horizontal distance between them
-at departure n is the n-th task's wait if the GM served its tasks in arrival order
-(the curves are linear between samples).  Under another queue policy the mean is still
-exact (Little's law) but the spread is the FIFO one.
+Allocation times are exact: every GM's page lists the allocation time (submission to
+the start that ran to completion) of each task it saw finish in the last minute (its
+latest 4,096); the histogram, p50 and p99 are over the union of those lists.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,8 +29,6 @@ KEEP_S = 600.0
 """How far back a curve is kept (a task that waited longer shows as waiting this long)."""
 EDGES_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Upper edges of the allocation-time histogram's bins (one more bin above the last)."""
-MAX_POINTS = 4000
-"""At most this many departures are evaluated per snapshot (evenly spaced)."""
 
 
 class Curve:
@@ -109,23 +101,6 @@ class Curve:
         return (self.at(now) - self.at(now - span)) * 60.0 / span
 
 
-def fifo_waits(
-    arrivals: Curve, departures: Curve, now: float, *, step: int = 1, window_s: float = WINDOW_S
-) -> list[float]:
-    """The waits of the departures of the last ``window_s`` (every ``step``-th one):
-    the horizontal distance between the two curves at each departure."""
-    lo = departures.at(now - window_s)
-    hi = departures.at(now)
-    waits: list[float] = []
-    for n in range(math.floor(lo) + 1, math.floor(hi) + 1, step):
-        left = departures.when(n)
-        came = arrivals.when(n)
-        if left is None or came is None:
-            continue
-        waits.append(max(0.0, left - came))
-    return waits
-
-
 def histogram(values: Iterable[float], edges: Sequence[float] = EDGES_S) -> list[int]:
     """Counts per bin: bin i holds values in [edges[i-1], edges[i]); the last bin holds
     those from ``edges[-1]`` up."""
@@ -136,33 +111,30 @@ def histogram(values: Iterable[float], edges: Sequence[float] = EDGES_S) -> list
 
 
 def allocation_summary(
-    flows: Iterable[tuple[Curve, Curve]], now: float, window_s: float = WINDOW_S
+    pages: Iterable[Mapping[str, Any]], now: float, window_s: float = WINDOW_S
 ) -> dict[str, Any]:
-    """Histogram, p50 and p99 of the allocation times of the last ``window_s``, over
-    every GM's (arrivals, departures)."""
-    flows = list(flows)
-    total = sum(d.at(now) - d.at(now - window_s) for _, d in flows)
-    step = max(1, math.ceil(total / MAX_POINTS))
-    waits = [w for a, d in flows for w in fifo_waits(a, d, now, step=step, window_s=window_s)]
-    p = percentiles(waits)
+    """Histogram, p50 and p99 of the allocation times of the tasks that finished in the
+    last ``window_s``, from the GMs' pages (``allocations.recent``: [finished at,
+    allocation s]).  A page lists what its GM kept; ``tasks`` counts them."""
+    times = [
+        float(a)
+        for page in pages
+        for at, a in page.get("allocations", {}).get("recent", ())
+        if now - window_s < float(at) and float(a) >= 0
+    ]
+    p = percentiles(times)
     return {
         "window_s": window_s,
-        "tasks": round(total),
-        "evaluated": len(waits),
+        "tasks": len(times),
         "p50_s": p["p50"],
         "p99_s": p["p99"],
         "mean_s": p["mean"],
         "edges_s": list(EDGES_S),
-        "counts": histogram(waits),
+        "counts": histogram(times),
     }
 
 
 # ------------------------------------------------------------------ the board
-def gm_waiting(page: Mapping[str, Any]) -> float:
-    """A GM's tasks waiting for a placement: queued and in flight to an LM."""
-    return float(page["queued"] + page["inflight"])
-
-
 def gm_departures(page: Mapping[str, Any]) -> float:
     """A GM's tasks that have left the wait (running, ended, or put back in a queue by
     a preemption or a lost LM, where they wait again as new arrivals)."""
@@ -249,9 +221,8 @@ class Board:
         self.seen_at: dict[str, float] = {}
         self.broker_up: bool | None = None
         self.curves: dict[tuple[str, str], Curve] = {}
-        self.flows: dict[str, tuple[Curve, Curve]] = {
-            g: (Curve(restarts=False), Curve()) for g in layout.gms
-        }
+        self.departures: dict[str, Curve] = {g: Curve() for g in layout.gms}
+        """Per GM: tasks that left the wait (placed), for the placements per minute."""
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
         self._lm_seen: dict[str, tuple[int, float]] = {}
 
@@ -287,9 +258,7 @@ class Board:
             self._observe_lm(now, str(page["lm"]), page)
 
     def _observe_gm(self, now: float, gm: str, page: Mapping[str, Any]) -> None:
-        arrivals, departures = self.flows[gm]
-        left = departures.add(now, gm_departures(page))
-        arrivals.add(now, left + gm_waiting(page))
+        self.departures[gm].add(now, gm_departures(page))
         for counter, value in page["counters"].items():
             self._curve(gm, counter).add(now, float(value))
 
@@ -409,7 +378,7 @@ class Board:
         gms = [self._gm_row(g, now) for g in lay.gms]
         lms = [self._lm_row(lm, now) for lm in lay.lms]
         rates = {name: self.rate(name, now) for name in RATES}
-        rates["allocations"] = sum(d.per_minute(now) for _, d in self.flows.values())
+        rates["allocations"] = sum(d.per_minute(now) for d in self.departures.values())
         return {
             "federation": lay.name,
             "at": now,
@@ -424,6 +393,8 @@ class Board:
             "lms": lms,
             "users": [self._user_row(u, g, s) for u, g, s in lay.users],
             "rates_per_min": rates,
-            "allocation": allocation_summary(self.flows.values(), now),
+            "allocation": allocation_summary(
+                (self.pages[g] for g in lay.gms if self.up.get(g) and g in self.pages), now
+            ),
             "events": list(self.events),
         }

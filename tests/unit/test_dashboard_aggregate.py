@@ -1,5 +1,5 @@
 """The dashboard's aggregation (``megha_cli.dashboard.aggregate``): counters over the
-last minute, allocation times from the queueing diagram, and the board's snapshot."""
+last minute, allocation times from the GMs' pages, and the board's snapshot."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import pytest
 from common.metrics import LmCounters
 from megha_cli.dashboard.aggregate import (
     EDGES_S,
-    MAX_POINTS,
     Board,
     Curve,
     Layout,
     allocation_summary,
-    fifo_waits,
     histogram,
     metric_totals,
 )
@@ -29,10 +27,15 @@ LM_COUNTERS = ("preemptions", "repartitions", "launches")
 
 
 def gm_page(
-    queued: int = 0, inflight: int = 0, running: int = 0, **counters: int
+    queued: int = 0,
+    inflight: int = 0,
+    running: int = 0,
+    recent: list[list[float]] | None = None,
+    **counters: int,
 ) -> dict[str, Any]:
     return {
         "ready": True,
+        "allocations": {"window_s": 60.0, "recent": recent or []},
         "queued": queued,
         "inflight": inflight,
         "running_tasks": running,
@@ -115,36 +118,17 @@ def test_old_samples_are_forgotten_but_one_is_kept_before_the_horizon() -> None:
 
 
 # ------------------------------------------------------------ allocation
-def test_every_task_waiting_two_seconds_is_measured_exactly() -> None:
-    arrivals, departures = Curve(restarts=False), Curve()
-    for t in range(31):
-        arrivals.add(float(t), 10.0 * t)
-        departures.add(float(t), 10.0 * max(0, t - 2))
-    waits = fifo_waits(arrivals, departures, 30.0)
-    assert len(waits) == 280
-    assert waits == pytest.approx([2.0] * 280)
-
-
-def test_a_steady_queue_waits_queue_length_over_throughput() -> None:
-    """Little's law: 30 tasks always waiting, 100 placed a second: 0.3 s each."""
-    arrivals, departures = Curve(restarts=False), Curve()
-    for t in range(121):
-        left = departures.add(float(t), 100.0 * t)
-        arrivals.add(float(t), left + 30.0)
-    waits = fifo_waits(arrivals, departures, 120.0)
-    assert len(waits) == 6000
-    assert min(waits) == pytest.approx(0.3)
-    assert max(waits) == pytest.approx(0.3)
-
-
-def test_only_the_last_minute_counts() -> None:
-    arrivals, departures = Curve(restarts=False), Curve()
-    for t in range(121):
-        arrivals.add(float(t), float(t))
-        departures.add(float(t), float(max(0, t - 5)) if t < 60 else float(t))
-    waits = fifo_waits(arrivals, departures, 120.0)
-    assert len(waits) == 60
-    assert max(waits) == 0.0
+def test_allocation_summary_is_over_the_last_minute_of_every_gm() -> None:
+    pages = [
+        {"allocations": {"recent": [[10.0, 5.0], [50.0, 0.002], [69.0, 0.004]]}},
+        {"allocations": {"recent": [[70.0, 0.003], [70.0, -1.0]]}},  # -1: never started
+        {},  # a GM of an older version: no list
+    ]
+    s = allocation_summary(pages, 70.0)
+    assert s["tasks"] == 3  # 10.0 is older than a minute
+    assert s["p50_s"] == pytest.approx(0.003)
+    assert s["mean_s"] == pytest.approx(0.003)
+    assert sum(s["counts"]) == 3
 
 
 def test_histogram_bins() -> None:
@@ -156,20 +140,6 @@ def test_histogram_bins() -> None:
     assert sum(counts) == 6
 
 
-def test_summary_evaluates_at_most_max_points() -> None:
-    arrivals, departures = Curve(restarts=False), Curve()
-    for t in range(61):
-        arrivals.add(float(t), 1000.0 * t)
-        departures.add(float(t), 1000.0 * max(0, t - 1))
-    s = allocation_summary([(arrivals, departures)], 60.0)
-    assert s["tasks"] == 59_000
-    assert s["evaluated"] <= MAX_POINTS
-    assert s["p50_s"] == pytest.approx(1.0)
-    assert s["p99_s"] == pytest.approx(1.0)
-    assert sum(s["counts"]) == s["evaluated"]
-
-
-# ------------------------------------------------------------------ board
 def test_board_counts_services_and_draws_partitions() -> None:
     b = Board(LAYOUT)
     b.observe(0.0, "gm0", gm_page(queued=3))
@@ -229,15 +199,18 @@ def test_board_rates_survive_restarts_and_sum_services() -> None:
 
 
 def test_board_allocation_from_gm_pages() -> None:
-    """A GM with 5 tasks always waiting that places 10 a second: 0.5 s each."""
+    """The allocation figures are those the GMs list; a GM that is down counts out."""
     b = Board(LAYOUT)
     for t in range(31):
-        b.observe(float(t), "gm0", gm_page(queued=5, running=10, tasks_finished=10 * t))
+        recent = [[float(x), 0.5] for x in range(t + 1)]
+        b.observe(float(t), "gm0", gm_page(running=10, tasks_finished=10 * t, recent=recent))
     a = b.snapshot(30.0)["allocation"]
-    assert a["tasks"] == 300
+    assert a["tasks"] == 31
     assert a["p50_s"] == pytest.approx(0.5)
     assert a["p99_s"] == pytest.approx(0.5)
     assert b.snapshot(30.0)["rates_per_min"]["allocations"] == pytest.approx(600.0)
+    b.observe(31.0, "gm0", None, "connection refused")
+    assert b.snapshot(31.0)["allocation"]["tasks"] == 0
 
 
 def _metrics_text(requests: int, refused: int) -> str:

@@ -117,8 +117,7 @@ function renderUsers(snap) {
 }
 
 function renderHistogram(a) {
-  // 0: no task was waiting at any poll, so the waits were shorter than the polls resolve
-  const est = (x) => (!a.evaluated ? "–" : x === 0 ? "< poll" : seconds(x));
+  const est = (x) => (!a.tasks ? "–" : seconds(x));
   document.getElementById("mean").textContent = est(a.mean_s);
   document.getElementById("p50").textContent = est(a.p50_s);
   document.getElementById("p99").textContent = est(a.p99_s);
