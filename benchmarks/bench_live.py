@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig
-from megha_cli.federation import start_federation, stop_federation
+from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, run_bench
 
@@ -38,22 +38,12 @@ NODES = 120
 TOP = 12
 
 
-def _service_pids(home: Path) -> dict[str, int]:
-    """Each service's gunicorn worker process (the child of its recorded master)."""
-    out: dict[str, int] = {}
-    for p in json.loads((home / "pids.json").read_text())["processes"]:
-        kids = Path(f"/proc/{p['pid']}/task/{p['pid']}/children")
-        children = kids.read_text().split() if kids.exists() else []
-        out[p["name"]] = int(children[0]) if children else int(p["pid"])
-    return out
-
-
 def _start_profilers(home: Path, where: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
     if shutil.which("py-spy") is None:
         raise SystemExit("--profile-rate needs py-spy (pip install py-spy)")
     where.mkdir(parents=True, exist_ok=True)
     spies = []
-    for name, pid in _service_pids(home).items():
+    for name, pid in service_pids(home).items():
         argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds) + 1),
                 "--rate", "250", "--format", "raw", "--nonblocking",
                 "--output", str(where / f"{name}.txt")]  # fmt: skip

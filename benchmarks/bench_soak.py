@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig
-from megha_cli.federation import start_federation, stop_federation
+from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, run_bench
 
@@ -61,16 +61,6 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mt) * (m - mm) for t, m in points) / var
 
 
-def _services(home: Path) -> dict[str, int]:
-    """Each service's gunicorn worker process (it holds the core), by service name."""
-    out: dict[str, int] = {}
-    for p in json.loads((home / "pids.json").read_text())["processes"]:
-        kids = Path(f"/proc/{p['pid']}/task/{p['pid']}/children")
-        children = kids.read_text().split() if kids.exists() else []
-        out[p["name"]] = int(children[0]) if children else int(p["pid"])
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="how long the load runs")
@@ -102,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     samples: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     try:
-        procs = {**_services(home), "bench-client": os.getpid()}
+        procs = {**service_pids(home), "bench-client": os.getpid()}
 
         def drive() -> None:
             summary.update(asyncio.run(run_bench(cfg, opts, home)))

@@ -197,6 +197,18 @@ def _record(home: Path, cfg: FederationConfig, started: list[tuple[ProcessSpec, 
     (home / "pids.json").write_text(json.dumps(data, indent=2))
 
 
+def service_pids(home: Path) -> dict[str, int]:
+    """Each running service's gunicorn worker process (the one that runs its core), by
+    name; the recorded master's pid where it has no child (yet).  For profilers and
+    memory probes."""
+    out: dict[str, int] = {}
+    for p in json.loads((home / "pids.json").read_text())["processes"]:
+        kids = Path(f"/proc/{p['pid']}/task/{p['pid']}/children")
+        children = kids.read_text().split() if kids.exists() else []
+        out[p["name"]] = int(children[0]) if children else int(p["pid"])
+    return out
+
+
 def _alive(pid: int) -> bool:
     child = _CHILDREN.get(pid)
     if child is not None:
