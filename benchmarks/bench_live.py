@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,39 @@ def _top_functions(where: Path) -> dict[str, Any]:
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; 0 once it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _broker_pids() -> list[int]:
+    """The RabbitMQ node's Erlang VM (beam.smp) on this machine."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == "beam.smp":
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def _cpu_by_role(home: Path) -> dict[str, float]:
+    """CPU seconds used so far by the GMs, LMs, worker pools, broker and this client."""
+    roles: defaultdict[str, float] = defaultdict(float)
+    for name, pid in service_pids(home).items():
+        role = "workers" if name.endswith("-workers") else name.rstrip("0123456789")
+        roles[role] += _cpu_s(pid)
+    roles["broker"] = sum(_cpu_s(pid) for pid in _broker_pids())
+    roles["bench_client"] = _cpu_s(os.getpid())
+    return dict(roles)
+
+
 def _step(
     cfg: FederationConfig, home: Path, out: Path, label: str, profile: bool = False, **kw: Any
 ) -> dict[str, Any]:
@@ -95,7 +128,9 @@ def _step(
     t = time.time()
     seconds = kw.get("jobs", 0) / max(kw.get("rate") or kw.get("job_rate") or 1.0, 1e-9)
     spies = _start_profilers(home, out / "profile", seconds) if profile else []
+    cpu0 = _cpu_by_role(home)
     s = asyncio.run(run_bench(cfg, opts, home))
+    cpu1 = _cpu_by_role(home)
     for spy in spies:
         spy.wait(timeout=60)
     offered = s["offered_tasks_per_s"]
@@ -112,7 +147,13 @@ def _step(
         "floor": s["floor"],
         "counters": s["counters"],
         "wall_s": round(time.time() - t, 1),
+        # CPU per task, whatever else the machine does: 2 cores give 2,000 CPU-ms a second
+        "cpu_ms_per_task": {
+            role: round(1e3 * (cpu1[role] - cpu0.get(role, 0.0)) / max(s["tasks"], 1), 3)
+            for role in cpu1
+        },
     }
+    row["cpu_ms_per_task"]["total"] = round(sum(row["cpu_ms_per_task"].values()), 3)
     if profile:
         row["profile"] = _top_functions(out / "profile")
     print(
