@@ -9,7 +9,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 # (module, function) pairs; each function adds its sub-commands to the parser.
-COMMAND_MODULES: tuple[str, ...] = ("megha_cli.simulate", "megha_cli.federation", "megha_cli.users")
+COMMAND_MODULES: tuple[str, ...] = (
+    "megha_cli.simulate",
+    "megha_cli.federation",
+    "megha_cli.users",
+    "megha_cli.chaos",
+)
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
