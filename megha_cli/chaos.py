@@ -58,7 +58,7 @@ from megha_cli.federation import (
     stop_federation,
 )
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, fetch_launches, run_bench
+from request_generator.bench import BenchOptions, fetch_launches, fetch_states, run_bench
 from request_generator.dag_workload import DagShape, synthetic_dag
 from request_generator.submitter import Submitter
 from request_generator.workload import Job, WorkloadSpec, specs_of, synthetic_jobs, to_submission
@@ -182,8 +182,8 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
             node.start()
             cfg = replace(cfg, broker_url=node.url)
         home.mkdir(mode=0o700, parents=True)
+        cfg = replace(cfg, addresses=compact_addresses(cfg, bed))
         if bed is not None:
-            cfg = replace(cfg, addresses=netns_addresses(cfg, bed))
             spaces = {n: bed.host(n).netns for n in cfg.process_names}
             (home / NETNS_FILE).write_text(json.dumps(spaces))
         cfg = cfg.validate()
@@ -198,9 +198,13 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
                     purge(cfg, home)
 
 
-def netns_addresses(cfg: FederationConfig, bed: Testbed) -> dict[str, str]:
-    """Every process at its own host's address, on its usual port."""
-    return {n: f"{bed.address(n)}:{cfg.address(n)[1]}" for n in cfg.process_names}
+def compact_addresses(cfg: FederationConfig, bed: Testbed | None) -> dict[str, str]:
+    """Every process on a port within ``base_port .. base_port+99`` (the usual layout
+    spreads over 400 ports), at its own host's address in a test-bed."""
+    return {
+        n: f"{bed.address(n) if bed else cfg.host}:{cfg.base_port + i}"
+        for i, n in enumerate(cfg.process_names)
+    }
 
 
 # ------------------------------------------------------------------ the load
@@ -397,10 +401,38 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
         await asyncio.sleep(0.5)  # late duplicate outcomes or launches
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             launches = await fetch_launches(session, st.cfg, st.access)
+            states = await fetch_states(session, st.cfg, st.access)
     finally:
         await conn.close()
         await sub.close()
-    return measure(sc, run, sub, launches, time.time() - t0)
+    row = measure(sc, run, sub, launches, time.time() - t0)
+    row["evidence"] = evidence(states)
+    return row
+
+
+EVIDENCE = (
+    "jobs_redelivered", "redelivered_skipped", "tasks_adopted", "lm_restarts_seen",
+    "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
+    "recovered", "recovered_ends", "workers_lost", "pauses", "relaunched", "duplicates",
+    "jobs_refused",
+)  # fmt: skip
+
+
+def evidence(states: dict[str, Any]) -> dict[str, int]:
+    """The services' counters that show the fault struck and how it was absorbed
+    (summed over GMs and LMs; zeros left out), and the sealed messages they dropped."""
+    total: dict[str, int] = {}
+    for st in states.values():
+        for k in EVIDENCE:
+            total[k] = total.get(k, 0) + int(st.get("counters", {}).get(k, 0))
+        for kind, drops in st.get("dropped", {}).items():
+            if isinstance(drops, dict):
+                total[f"dropped_{kind}"] = total.get(f"dropped_{kind}", 0) + sum(drops.values())
+        if "broker" in st:
+            total["broker_reconnects"] = total.get("broker_reconnects", 0) + int(
+                st["broker"].get("reconnects", 0)
+            )
+    return {k: v for k, v in total.items() if v}
 
 
 def measure(
@@ -433,6 +465,9 @@ def measure(
         "refused_duplicates": sum(1 for r in sub.refused.values() if r == "duplicate_job_id"),
         "lost_ids": [f"{u}/{i}" for u, i in lost[:20]],
         "duplicate_ids": dup["tasks"][:20],
+        "duplicate_log": [  # what the pools logged about those tasks, for a diagnosis
+            r for r in launches if f"{r['user']}/{r['task_id']}" in dup["tasks"][:5]
+        ],
         "steps": run.steps,
     }
 
@@ -446,6 +481,10 @@ def run_scenario(
     try:
         with stage(sc, base, root, insecure=insecure) as st:
             row = asyncio.run(drive(st, sc, progress))
+        if verdict(row) == "ok":
+            shutil.rmtree(st.home, ignore_errors=True)
+        else:
+            row["logs"] = str(st.home / "logs")  # kept for a diagnosis
     except (MeghaError, OSError, RuntimeError, ValueError, KeyError) as exc:
         row = {"scenario": sc.name, "fault": sc.fault, "error": f"{type(exc).__name__}: {exc}"}
     row["total_s"] = round(time.time() - t, 1)
@@ -468,10 +507,11 @@ COLUMNS = ("scenario", "fault", "submitted", "completed", "lost", "duplicate_lau
 def table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of the rows (the results' and the README's)."""
     head = ["scenario", "fault", "submitted", "completed", "lost", "dup. launches",
-            "recovery (s)", "verdict"]  # fmt: skip
+            "recovery (s)", "verdict", "evidence (service counters)"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r.get(c, "-")) for c in COLUMNS] + [verdict(r)]
+        shown = ", ".join(f"{k} {v}" for k, v in r.get("evidence", {}).items())
+        cells = [str(r.get(c, "-")) for c in COLUMNS] + [verdict(r), shown or "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -592,7 +632,6 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             run_scenario(sc, base, root, insecure=args.insecure_dev, progress=not args.quiet)
         )
         write_results(out, rows, {"started": t0, "insecure_dev": args.insecure_dev})
-    shutil.rmtree(root, ignore_errors=True)
     print(table(rows))
     print(f"wrote {out}/chaos.json, chaos.csv, chaos.md ({time.time() - t0:.0f} s)")
     return 0 if all(verdict(r) == "ok" for r in rows) else 2
