@@ -125,9 +125,19 @@ def start_federation(
     return started
 
 
+NETNS_FILE = "netns.json"
+"""In a state directory: process name -> the network namespace it runs in (written by
+``megha chaos`` for federations spread over ``testbed.netns`` hosts)."""
+
+
 def launch(spec: ProcessSpec, home: Path) -> int:
-    """Start one process of the plan in its own session; its output goes to logs/."""
+    """Start one process of the plan in its own session (inside its network namespace,
+    if ``netns.json`` names one); its output goes to logs/."""
     argv = [sys.executable if spec.argv[0] == "python3" else spec.argv[0], *spec.argv[1:]]
+    spaces = home / NETNS_FILE
+    netns = json.loads(spaces.read_text()).get(spec.name) if spaces.exists() else None
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
     with (home / "logs" / f"{spec.name}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
@@ -275,6 +285,15 @@ def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
     if args.config is None and fresh:
         overrides["secret"] = secrets.token_hex(16)
     return replace(cfg, **overrides).validate() if overrides else cfg
+
+
+def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
+    """``GET path`` on process ``name``, signed by the operator; the JSON answer."""
+    who = identity_of_process(cfg, name)
+    headers = Access.in_home(home, cfg).sign(who, "GET", path, b"", time.time())
+    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 def operator_get(
@@ -628,6 +647,23 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return 0
 
 
+def restart_service(home: Path, cfg: FederationConfig, name: str) -> int:
+    """Stop service ``name`` cleanly if it runs (SIGCONT first, for a stopped one; SIGKILL
+    after 15 s), start it again and wait until it is healthy; returns its new pid."""
+    pid = _recorded(home)[name]
+    if _is_ours(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    return restart(home, cfg, name)
+
+
 def cmd_restart(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
@@ -635,18 +671,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         procs = _recorded(home)
         if args.service not in procs:
             raise ConfigError(f"no service {args.service!r} here (services: {', '.join(procs)})")
-        pid = procs[args.service]
-        if _is_ours(pid):  # a clean stop first (a stopped process gets SIGCONT to see it)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGCONT)
-                os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-        new = restart(home, cfg, args.service)
+        new = restart_service(home, cfg, args.service)
     except MeghaError as exc:
         print(f"megha restart: {exc}", file=sys.stderr)
         return 1

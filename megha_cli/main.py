@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "megha_cli.users",
     "megha_cli.ops",
     "megha_cli.dashboard.server",
+    "megha_cli.chaos",
 )
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]

@@ -10,8 +10,6 @@ import contextlib
 import json
 import random
 import socket
-import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -21,9 +19,14 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
-from megha_cli.federation import broker_reachable, start_federation, stop_federation
+from megha_cli.federation import (
+    broker_reachable,
+    signed_get,
+    start_federation,
+    stop_federation,
+)
 from megha_cli.secure import purge
-from security.access import Access, identity_of_process
+from security.access import Access
 
 
 def _free_base(host: str = "127.0.0.1") -> int:
@@ -76,15 +79,6 @@ def make_federation(
 def operator(cfg: FederationConfig, home: Path) -> Access:
     """The operator's keys and broker login for the federation in ``home``."""
     return Access.in_home(home, cfg)
-
-
-def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
-    """``GET path`` on process ``name``, signed by the operator; the JSON answer."""
-    who = identity_of_process(cfg, name)
-    headers = operator(cfg, home).sign(who, "GET", path, b"", time.time())
-    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
 def service_state(cfg: FederationConfig, home: Path, name: str) -> Any:
