@@ -1076,13 +1076,15 @@ class GlobalMaster:
         return effects
 
     def _current(self, ev: TaskEvent) -> Task | None:
-        """The task an event is about, if the event is about its current attempt (an
-        event that overtook the LM's answer to its request settles that request)."""
+        """The task an event is about, if the event is about its current attempt or a
+        newer one its LM made (a relaunch whose event is still on its way); an event
+        that overtook the LM's answer to its request settles that request."""
         key = (ev.user, ev.task_id)
         fl = self.inflight.get(key)
         if fl is not None:
-            if fl.task.attempt != ev.attempt or fl.lm != ev.lm:
+            if ev.attempt < fl.task.attempt or fl.lm != ev.lm:
                 return None
+            fl.task.attempt = ev.attempt  # newer: the LM relaunched it meanwhile
             del self.inflight[key]
             self._forget(key)
             self._release_victim(key)
@@ -1095,8 +1097,14 @@ class GlobalMaster:
             fl.task.lm = fl.lm
             return fl.task
         task = self.placed.get(key)
-        if task is None or task.attempt != ev.attempt:
+        if task is None or ev.attempt < task.attempt:
             return None
+        if ev.attempt > task.attempt:
+            # only its LM makes newer attempts (a relaunch): this event overtook the
+            # RELAUNCHED one, which will come as stale
+            if ev.lm != task.lm:
+                return None
+            task.attempt = ev.attempt
         return task
 
     def _on_task_event(

@@ -25,7 +25,9 @@ Theory of operation:
   out of touch for longer than its lease (shorter than the LM's worker timeout) stops
   every attempt itself and reports them ``LOST``: by the time its LM declares its
   nodes dead and places their tasks elsewhere, nothing runs here any more.  A pool that
-  was frozen stops them as of its lease's expiry (it did nothing since).
+  was frozen stops them as of its lease's expiry (it did nothing since), and a start
+  that reaches it while its lease is expired (sent before it froze or was cut off) is
+  answered ``LOST`` instead of run: its LM may have placed that task elsewhere since.
 
 Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 """
@@ -149,6 +151,17 @@ class WorkerPool:
             return [Reply(Refused(reason="unknown_node", detail=f"node {bad.node} not hosted"))]
         effects: list[Effect] = []
         started: list[WorkerReport] = []
+        if self._lease_expired(now):
+            # sent before this pool lost touch (it was frozen, or cut off): its LM may
+            # have placed these elsewhere since; they go back to it as LOST, not run
+            self.counters.fenced += len(msg.tasks)
+            lost = tuple(
+                WorkerReport(kind=ReportKind.LOST, node=s.node, user=s.spec.user,
+                             task_id=s.spec.task_id, attempt=s.attempt, gm=s.gm, at=now,
+                             worker_at=now, detail="lease lost")
+                for s in msg.tasks
+            )  # fmt: skip
+            return [Reply(WorkerReports(lm=self.lm, reports=lost))]
         for s in msg.tasks:
             self._start_one(s, now, started, effects)
         effects.insert(0, Reply(WorkerReports(lm=self.lm, reports=tuple(started))))
@@ -219,6 +232,10 @@ class WorkerPool:
 
     def _on_check_lease(self, msg: CheckLease, now: float) -> list[Effect]:
         return self._fence(now, msg.lease)
+
+    def _lease_expired(self, now: float) -> bool:
+        """Out of touch with its LM for longer than the lease (until the LM answers)."""
+        return self.lease_s is not None and self.renewed >= 0 and now - self.renewed > self.lease_s
 
     def _fence(self, now: float, lease: float) -> list[Effect]:
         """Out of touch for longer than the lease: stop everything (reported ``LOST``)."""

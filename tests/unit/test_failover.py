@@ -192,3 +192,26 @@ def test_a_pool_keeps_ended_attempts_until_its_lm_takes_the_reports() -> None:
     (lost,) = pool.handle(CheckLease(lease=1.0), 9.0)
     assert lost.msg.kind == ReportKind.LOST  # type: ignore[attr-defined]
     assert pool.unreported == {}
+
+
+def test_a_start_that_reaches_a_pool_out_of_touch_is_answered_lost_not_run() -> None:
+    """A pool frozen (or cut off) past its lease may find, when it resumes, a start its
+    LM sent before: the LM has placed that task elsewhere since, so it is not run."""
+    from common.messages import LeaseRenewed, WorkerReports
+
+    pool = WorkerPool(LM0, 2, lease_s=2.0)
+    pool.handle(LeaseRenewed(), 1.0)
+    t = make_task(duration=1.0)
+    start = StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=0, spec=t, attempt=1, gm=GM0),))  # type: ignore[arg-type]
+    (answer,) = pool.handle(start, 9.0)  # nothing ran, so nothing was fenced before
+    reports = answer.msg
+    assert isinstance(reports, WorkerReports)
+    assert [(r.kind, r.attempt, r.detail) for r in reports.reports] == [
+        (ReportKind.LOST, 1, "lease lost")
+    ]
+    assert pool.running == {}
+    assert [row for row in pool.launches if row[0] == "start"] == []
+    # once its LM answers again, starts run
+    pool.handle(LeaseRenewed(), 9.5)
+    (answer, *_) = pool.handle(start, 9.6)
+    assert [r.kind for r in answer.msg.reports] == [ReportKind.STARTED]  # type: ignore[attr-defined]

@@ -704,3 +704,25 @@ def test_a_redelivered_preempted_event_does_not_queue_the_task_twice() -> None:
     gm.handle(as_events(LM0, [ev]), 2.5)
     assert len(gm.queues) == 1
     assert gm.counters.stale_events == 1
+
+
+def test_the_end_of_a_relaunched_attempt_that_overtakes_its_relaunch_still_ends_the_task() -> None:
+    """An LM relaunches a task of a lost node (attempt 2) and the new attempt finishes;
+    its FINISHED reaches the GM before the RELAUNCHED: the task still ends, once."""
+    lm = make_lm(nodes=[(4, 4), (4, 4)])
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(2, 2)
+    submit(gm, [t], 0.0)
+    deliver(lm, gm, decide(gm, 1.0), 1.0)
+    assert state(gm, t) is TaskState.PLACED
+    node = lm.active[key(t)].node
+    alive(lm, 1.0)
+    alive(lm, 5.0, 1 - node)
+    relaunch = events(check_workers(lm, 6.0, timeout=2.0))
+    assert [(e.kind, e.attempt) for e in relaunch] == [(EventKind.RELAUNCHED, 2)]
+    ended = events(lm.handle(report(LM0, ReportKind.FINISHED, t, 1 - node, 7.0, attempt=2), 7.0))
+    done = gm.handle(as_events(LM0, ended), 7.5)
+    assert [o.task.attempt for o in outcomes(done)] == [2]
+    assert gm.handle(as_events(LM0, relaunch), 8.0) == []  # late: stale
+    assert state(gm, t) is not TaskState.PLACED
