@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -323,3 +327,56 @@ def test_a_mounted_secret_may_not_lead_out_of_its_directory(
     assert exc.value.reason == "file_not_regular"
     # A private file of ours is accepted as before, mounted or not.
     assert load_secret(elsewhere, environ={files.MOUNTED_ENV: "1"}).value
+
+
+def load_as_pod(volume: Path, env: dict[str, str], *, read_only: bool) -> str:
+    """``load_secret`` in a process of uid/gid 10001 (the pods'), in a mount namespace of
+    its own where ``volume`` is bind-mounted read-only (or not): the reason it refuses,
+    or "accepted"."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(REPO)!r})
+from common.errors import ConfigError
+from security.secret import load_secret
+os.setgroups([]); os.setgid({POD_GID}); os.setuid({POD_UID})  # imports done: the pod's ids
+try:
+    load_secret(environ={env!r})
+    print("accepted")
+except ConfigError as exc:
+    print(exc.reason)
+"""
+    mount = f"mount --bind -o ro '{volume}' '{volume}' && " if read_only else ""
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount + 'exec "$0" -c "$1"', sys.executable, script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    if out.returncode != 0 and "mount" in out.stderr + out.stdout:
+        pytest.skip(f"no private read-only mount here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_pod_process_reads_a_kubelet_like_volume_only_as_mounted(tmp_path: Path) -> None:
+    """For real: a non-root process, a root-owned 0440 file of the pod's group behind
+    ``..data`` symlinks, on a read-only bind mount (what the kubelet gives with
+    ``defaultMode: 0400`` and ``fsGroup``)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare: a mount namespace and another uid")
+    top = Path(tempfile.mkdtemp(prefix="megha-pod-"))  # tmp_path is 0700: not for uid 10001
+    try:
+        top.chmod(0o755)
+        path = secret_volume(top / "secret", STRONG)
+        os.chown(path.resolve(), 0, POD_GID)
+        env = {SECRET_FILE_ENV: str(path), files.MOUNTED_ENV: "1"}
+        assert load_as_pod(top / "secret", env, read_only=True) == "accepted"
+        assert load_as_pod(top / "secret", env, read_only=False) == "file_not_mounted"
+        plain = {SECRET_FILE_ENV: str(path)}  # megha up's rule: a symlink, root's
+        assert load_as_pod(top / "secret", plain, read_only=True) == "file_not_regular"
+        os.chown(path.resolve(), 0, 0)  # no fsGroup: the pod cannot even open it
+        assert load_as_pod(top / "secret", env, read_only=True) != "accepted"
+    finally:
+        shutil.rmtree(top)
