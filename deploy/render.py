@@ -31,6 +31,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import secrets
@@ -57,8 +58,9 @@ from security.broker_acl import (
     BrokerCredentials,
     BrokerLayout,
     definitions,
+    rabbit_password_hash,
 )
-from security.files import MOUNTED_ENV, ensure_private_dir, write_private
+from security.files import MOUNTED_ENV, ensure_private_dir, read_private, write_private
 from security.secret import SECRET_FILENAME
 from security.tokens import TOKENS_FILENAME
 
@@ -167,8 +169,8 @@ def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
             party_credentials(creds, role, ident).save(path)
             made.append(path)
     made.append(issue_tokens(cfg, directory))
-    doc = definitions(BrokerLayout.from_config(cfg), creds)
     path = directory / DEFINITIONS_FILENAME
+    doc = _keep_hashes(definitions(BrokerLayout.from_config(cfg), creds), path, creds)
     write_private(path, (json.dumps(doc, indent=2) + "\n").encode())
     made.append(path)
     cookie = directory / COOKIE_FILENAME
@@ -181,6 +183,20 @@ def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
     write_private(directory / KUSTOMIZATION_FILENAME, (KUSTOMIZATION_HEADER + text).encode())
     made += [directory / COMPOSE_ENV_FILENAME, directory / KUSTOMIZATION_FILENAME]
     return made
+
+
+def _keep_hashes(doc: Manifest, old: Path, creds: BrokerCredentials) -> Manifest:
+    """``doc`` with the password hashes of ``old`` that still match: each hash has a fresh
+    salt, and a definitions file that changes on every run would roll the broker."""
+    if not old.exists():
+        return doc
+    previous = {u["name"]: u["password_hash"] for u in json.loads(read_private(old))["users"]}
+    password = {creds.users[k]: creds.passwords[k] for k in creds.passwords}
+    for user in doc["users"]:
+        h = previous.get(user["name"])
+        if h and rabbit_password_hash(password[user["name"]], base64.b64decode(h)[:4]) == h:
+            user["password_hash"] = h
+    return doc
 
 
 KUSTOMIZATION_HEADER = """\

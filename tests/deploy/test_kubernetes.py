@@ -391,7 +391,9 @@ def test_rendering_secrets_again_keeps_them(tmp_path: Path) -> None:
     before = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()}
     made = render.write_secrets(cfg, tmp_path / "s")
     after = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir() if p.is_file()}
-    for name in ("secret", "broker.json", "users.json", "erlang.cookie", "broker.gm.gm0.json"):
+    kept = ("secret", "broker.json", "users.json", "erlang.cookie", "broker.gm.gm0.json")
+    # the definitions too: a new salt for an unchanged password would roll the broker
+    for name in (*kept, "definitions.json"):
         assert after[name] == before[name], name
     for path in made:
         assert path.stat().st_mode & 0o077 == 0, path
