@@ -14,6 +14,8 @@ COPY common ./common
 COPY global_master ./global_master
 COPY local_master ./local_master
 COPY worker ./worker
+COPY runtime ./runtime
+COPY security ./security
 COPY simulator ./simulator
 COPY request_generator ./request_generator
 COPY megha_cli ./megha_cli

@@ -12,21 +12,33 @@ processes elsewhere, so ``megha up``, compose and Kubernetes cannot drift apart:
   (RabbitMQ, default deny, DNS, the broker's policy, the bench CronJob) is in
   ``deploy/kubernetes/base``.
 
+Nothing secret is in these files.  ``secrets CONFIG DIR`` makes a deployment's
+secrets, once, in a directory of the operator's outside git (0700, files 0600), with
+the same code as ``megha up`` (``megha_cli.secure``, ``security.broker_acl``): the
+federation secret, a broker user and password per party, the RabbitMQ definitions that
+provision the vhost, users, permissions and topology, the users file and each user's
+token.  The compose file reads them through ``DIR/compose.env``; a Kubernetes overlay
+through ``DIR/kustomization.yaml`` (its ``secrets`` directory).
+
 Run from the repository root::
 
     python -m deploy.render                  # rewrite every checked-in file
     python -m deploy.render --check          # exit 1 if one is stale (the tests do this)
+    python -m deploy.render secrets deploy/compose/federation.toml ~/megha-secrets
     python -m deploy.render kubernetes my.toml > megha.yaml   # a federation of your own
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
+import secrets
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
@@ -38,18 +50,31 @@ from common.config import (
     process_plan,
 )
 from common.errors import ConfigError
+from megha_cli.secure import broker_credentials, issue_tokens, make_secret
+from security.access import USERS_FILE_ENV, load_tokens, service_identity
+from security.broker_acl import (
+    CREDENTIALS_ENV,
+    CREDENTIALS_FILENAME,
+    BrokerCredentials,
+    BrokerLayout,
+    definitions,
+    rabbit_password_hash,
+)
+from security.files import MOUNTED_ENV, ensure_private_dir, read_private, write_private
+from security.secret import SECRET_FILENAME
+from security.tokens import TOKENS_FILENAME
 
 Manifest = dict[str, Any]
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_CONFIG = ROOT / "deploy" / "compose" / "federation.toml"
-COMPOSE_DEFINITIONS = ROOT / "deploy" / "compose" / "rabbitmq" / "definitions.json"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 OVERLAYS = ROOT / "deploy" / "kubernetes" / "overlays"
 
 CONFIG_PATH = "/etc/megha/config/federation.toml"
 """Where every container finds the federation TOML (compose config, k8s ConfigMap)."""
 SECRET_ENV = "MEGHA_SECRET_FILE"
+HOME_ENV = "MEGHA_HOME"
 INSTANCE_ENV = "MEGHA_INSTANCE"
 RABBITMQ_IMAGE = "rabbitmq:4.1-management"
 """4.1 or later: its Kubernetes peer discovery needs no access to the Kubernetes API."""
@@ -59,19 +84,140 @@ MEGHA_UID = 10001
 
 COMPONENT = {"gm": "gm", "lm": "lm", "worker": "workers"}
 """``app.kubernetes.io/component`` of each role of the process plan."""
-BROKER_USERS = {"gm": "megha-gm", "lm": "megha-lm", "bench": "megha-bench"}
-"""Who logs into RabbitMQ, each role as its own user.  Worker pools never do (they
-talk only to their LM), so they get no broker credentials at all."""
+BROKER_ROLES = ("gm", "lm")
+"""The services that log into RabbitMQ, each party as its own user.  Worker pools never
+do (they talk only to their LM), so they get no broker credentials at all."""
+
+
+# ---------------------------------------------------------------- secrets
+DEFINITIONS_FILENAME = "definitions.json"
+COOKIE_FILENAME = "erlang.cookie"
+COMPOSE_ENV_FILENAME = "compose.env"
+KUSTOMIZATION_FILENAME = "kustomization.yaml"
+FEDERATION_SECRET = "megha-federation"
+"""The Kubernetes Secret every process mounts (each only the keys it needs)."""
+OPERATOR_SECRET = "megha-operator"
+"""The operator's files (every broker password, every token): the bench only."""
+
+
+def party_credentials_filename(role: str, ident: str) -> str:
+    """The file (and Kubernetes Secret key) holding one service's broker login only."""
+    return f"broker.{role}.{ident}.json"
+
+
+def token_key(user: str) -> str:
+    return f"token.{user}"
+
+
+def party_credentials(creds: BrokerCredentials, role: str, ident: str) -> BrokerCredentials:
+    """``creds`` cut down to one service's own user and password."""
+    key = str(service_identity(role, ident))
+    return BrokerCredentials(
+        creds.scheme,
+        creds.host,
+        creds.port,
+        creds.vhost,
+        {key: creds.passwords[key]},
+        {key: creds.users[key]},
+    )
+
+
+def secrets_kustomization(cfg: FederationConfig, directory: Path) -> Manifest:
+    """The Secrets an overlay generates from ``directory`` (its ``secrets``)."""
+    parties = [
+        party_credentials_filename(role, ident)
+        for role, ids in (("gm", cfg.gm_ids), ("lm", cfg.lm_ids))
+        for ident in ids
+    ]
+    tokens = [f"{token_key(u)}=tokens/{u}" for u in sorted(load_tokens(directory))]
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "generatorOptions": {"labels": {"app.kubernetes.io/part-of": "megha"}},
+        "secretGenerator": [
+            {
+                "name": FEDERATION_SECRET,
+                "files": [SECRET_FILENAME, TOKENS_FILENAME, *parties],
+            },
+            {
+                "name": OPERATOR_SECRET,
+                "files": [SECRET_FILENAME, TOKENS_FILENAME, CREDENTIALS_FILENAME, *tokens],
+            },
+            {"name": "rabbitmq-definitions", "files": [DEFINITIONS_FILENAME]},
+            {"name": "rabbitmq-erlang-cookie", "files": [f"cookie={COOKIE_FILENAME}"]},
+        ],
+    }
+
+
+def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
+    """Make (or complete) the secrets of a deployment of ``cfg`` in ``directory``.
+
+    ``directory`` is laid out as a ``$MEGHA_HOME`` (``secret``, ``broker.json``,
+    ``users.json``, ``tokens/``), so ``megha user ... --state-dir DIR`` and ``megha
+    bench`` work on it; besides, each GM's and LM's own broker login, the RabbitMQ
+    definitions, the broker cluster's Erlang cookie, ``compose.env`` and
+    ``kustomization.yaml``.  What exists is kept (secret, passwords, tokens, cookie)."""
+    ensure_private_dir(directory)
+    os.chmod(directory, 0o700)
+    directory = directory.resolve()
+    made = [make_secret(cfg, directory)]
+    creds = broker_credentials(cfg, directory)
+    made.append(directory / CREDENTIALS_FILENAME)
+    for role, ids in (("gm", cfg.gm_ids), ("lm", cfg.lm_ids)):
+        for ident in ids:
+            path = directory / party_credentials_filename(role, ident)
+            party_credentials(creds, role, ident).save(path)
+            made.append(path)
+    made.append(issue_tokens(cfg, directory))
+    path = directory / DEFINITIONS_FILENAME
+    doc = _keep_hashes(definitions(BrokerLayout.from_config(cfg), creds), path, creds)
+    write_private(path, (json.dumps(doc, indent=2) + "\n").encode())
+    made.append(path)
+    cookie = directory / COOKIE_FILENAME
+    if not cookie.exists():
+        write_private(cookie, (secrets.token_hex(32) + "\n").encode())
+    made.append(cookie)
+    env = f"MEGHA_SECRETS={directory}\nMEGHA_UID={os.getuid()}\nMEGHA_GID={os.getgid()}\n"
+    write_private(directory / COMPOSE_ENV_FILENAME, env.encode())
+    text = yaml.safe_dump(secrets_kustomization(cfg, directory), sort_keys=False)
+    write_private(directory / KUSTOMIZATION_FILENAME, (KUSTOMIZATION_HEADER + text).encode())
+    made += [directory / COMPOSE_ENV_FILENAME, directory / KUSTOMIZATION_FILENAME]
+    return made
+
+
+def _keep_hashes(doc: Manifest, old: Path, creds: BrokerCredentials) -> Manifest:
+    """``doc`` with the password hashes of ``old`` that still match: each hash has a fresh
+    salt, and a definitions file that changes on every run would roll the broker."""
+    if not old.exists():
+        return doc
+    previous = {u["name"]: u["password_hash"] for u in json.loads(read_private(old))["users"]}
+    password = {creds.users[k]: creds.passwords[k] for k in creds.passwords}
+    for user in doc["users"]:
+        h = previous.get(user["name"])
+        if h and rabbit_password_hash(password[user["name"]], base64.b64decode(h)[:4]) == h:
+            user["password_hash"] = h
+    return doc
+
+
+KUSTOMIZATION_HEADER = """\
+# Generated by `python -m deploy.render secrets`: the Secrets of a Kubernetes overlay,
+# from the files beside this one.  Keep this directory out of git.
+"""
 
 
 # ---------------------------------------------------------------- docker compose
-def _compose_broker_urls(cfg: FederationConfig) -> dict[str, str]:
-    """Each broker role's URL: the config's broker (``rabbitmq``, or another host's) with
-    that role's user and password from deploy/compose's definitions."""
-    users = {u["name"]: u["password"] for u in json.loads(COMPOSE_DEFINITIONS.read_text())["users"]}
-    broker = urlsplit(cfg.broker_url)
-    where = f"{broker.hostname}:{broker.port or AMQP_PORT}{broker.path or '/'}"
-    return {role: f"amqp://{name}:{users[name]}@{where}" for role, name in BROKER_USERS.items()}
+SECRETS_VAR = (
+    "${MEGHA_SECRETS:?make the secrets first: python -m deploy.render secrets "
+    "deploy/compose/federation.toml DIR; then docker compose --env-file DIR/compose.env}"
+)
+"""The secrets directory, from ``DIR/compose.env``; compose refuses to start without it."""
+COMPOSE_USER = (
+    "${MEGHA_UID:?use --env-file DIR/compose.env}:${MEGHA_GID:?use --env-file DIR/compose.env}"
+)
+"""Containers run as the owner of the secrets: a bind mount keeps the host file's uid
+and mode (0600), so the process can read it, and ``load_secret``'s single-host rule
+(private, ours) holds inside the container as it does for ``megha up``."""
+RUN_SECRETS = "/run/secrets"
 
 
 def _health_test(port: int) -> list[str]:
@@ -79,25 +225,41 @@ def _health_test(port: int) -> list[str]:
     return ["CMD", "python3", "-c", probe]
 
 
+def _compose_secrets(cfg: FederationConfig) -> dict[str, Manifest]:
+    """The compose secrets: files of the secrets directory."""
+    out = {
+        "megha-secret": {"file": f"{SECRETS_VAR}/{SECRET_FILENAME}"},
+        "megha-users": {"file": f"{SECRETS_VAR}/{TOKENS_FILENAME}"},
+        "rabbitmq-definitions": {"file": f"{SECRETS_VAR}/{DEFINITIONS_FILENAME}"},
+    }
+    for role, ids in (("gm", cfg.gm_ids), ("lm", cfg.lm_ids)):
+        for ident in ids:
+            name = party_credentials_filename(role, ident)
+            out[f"broker-{role}-{ident}"] = {"file": f"{SECRETS_VAR}/{name}"}
+    return out
+
+
 def compose(cfg: FederationConfig) -> Manifest:
     """The compose project: the broker, every process of the plan, and a bench profile."""
-    urls = _compose_broker_urls(cfg)
     plan = process_plan(cfg, CONFIG_PATH)
     megha: Manifest = {
         "image": "${MEGHA_IMAGE:-megha:dev}",
+        "user": COMPOSE_USER,
         "read_only": True,
         "tmpfs": ["/tmp"],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         "configs": [{"source": "megha-config", "target": CONFIG_PATH}],
-        "secrets": ["megha-federation"],
         "restart": "unless-stopped",
     }
     services: dict[str, Manifest] = {
         "rabbitmq": {
             "image": RABBITMQ_IMAGE,
             "hostname": "rabbitmq",
-            "ports": [f"{AMQP_PORT}:{AMQP_PORT}", "127.0.0.1:15672:15672"],
+            # as the owner of the definitions (0600); the image's data directory is
+            # writable by any uid (mode 1777), so a fresh volume is too
+            "user": COMPOSE_USER,
+            "ports": [f"{AMQP_PORT}:{AMQP_PORT}"],
             "configs": [
                 {"source": "rabbitmq-conf", "target": "/etc/rabbitmq/conf.d/20-megha.conf"}
             ],
@@ -116,19 +278,23 @@ def compose(cfg: FederationConfig) -> Manifest:
         }
     }
     for p in plan:
-        env = {k: v for k, v in p.env.items() if k != BROKER_ENV}
-        if p.role in BROKER_USERS:
-            env[BROKER_ENV] = urls[p.role]
-        env[SECRET_ENV] = "/run/secrets/megha-federation"
+        env = {k: v for k, v in p.env.items() if p.role in BROKER_ROLES or k != BROKER_ENV}
+        env[SECRET_ENV] = f"{RUN_SECRETS}/megha-secret"
+        mounts: list[Manifest | str] = ["megha-secret"]
         depends: dict[str, Manifest] = {}
-        if p.role in BROKER_USERS:
+        if p.role in BROKER_ROLES:
+            env[CREDENTIALS_ENV] = f"{RUN_SECRETS}/megha-broker"
+            mounts.append({"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"})
             depends["rabbitmq"] = {"condition": "service_healthy"}
         if p.role == "gm":
+            env[USERS_FILE_ENV] = f"{RUN_SECRETS}/megha-users"
+            mounts.append("megha-users")
             depends.update({lm: {"condition": "service_healthy"} for lm in cfg.lm_ids})
         svc: Manifest = {
             **megha,
             "command": p.argv,
             "environment": env,
+            "secrets": mounts,
             "ports": [f"{p.port}:{p.port}"],
             "healthcheck": {
                 "test": _health_test(p.port),
@@ -147,11 +313,11 @@ def compose(cfg: FederationConfig) -> Manifest:
         "restart": "no",
         "command": ["megha", "bench", "--config", CONFIG_PATH, "--out", "results/bench"],
         "environment": {
-            BROKER_ENV: urls["bench"],
-            SECRET_ENV: "/run/secrets/megha-federation",
+            # the operator's files: its broker user, the users' tokens (read-only)
+            HOME_ENV: "/run/megha-home",
             "MPLCONFIGDIR": "/tmp/matplotlib",  # the plots' font cache; the root is read-only
         },
-        "volumes": ["./results:/app/results"],
+        "volumes": [f"{SECRETS_VAR}:/run/megha-home:ro", "./results:/app/results"],
         "depends_on": {g: {"condition": "service_healthy"} for g in cfg.gm_ids},
     }
     return {
@@ -161,10 +327,7 @@ def compose(cfg: FederationConfig) -> Manifest:
             "megha-config": {"file": "./deploy/compose/federation.toml"},
             "rabbitmq-conf": {"file": "./deploy/compose/rabbitmq/rabbitmq.conf"},
         },
-        "secrets": {
-            "megha-federation": {"file": "./deploy/compose/federation.secret"},
-            "rabbitmq-definitions": {"file": "./deploy/compose/rabbitmq/definitions.json"},
-        },
+        "secrets": _compose_secrets(cfg),
         "volumes": {"rabbitmq-data": {}},
     }
 
@@ -173,10 +336,12 @@ COMPOSE_HEADER = """\
 # Generated by `python -m deploy.render` from deploy/compose/federation.toml and
 # common.config.process_plan: the same commands as `megha up`.  Edit those, not this file
 # (tests/deploy checks that it is up to date and valid against the compose spec).
+# No secret is in it or in the repository: make them first, outside git.
+#   python -m deploy.render secrets deploy/compose/federation.toml ~/megha-secrets
 #   docker build -t megha:dev .
-#   docker compose up -d                                  # broker, 3 GMs, 3 LMs, 3 worker pools
-#   docker compose --profile bench run --rm bench         # replay a workload into results/bench
-# deploy/README.md explains the rest (several hosts, credentials, the image).
+#   docker compose --env-file ~/megha-secrets/compose.env up -d     # broker, 3 GMs, 3 LMs, 3 pools
+#   docker compose --env-file ~/megha-secrets/compose.env --profile bench run --rm bench
+# deploy/README.md explains the rest (several hosts, users' tokens, the image).
 """
 
 
@@ -216,18 +381,56 @@ RESOURCES: dict[str, Manifest] = {
 }
 
 
+SECRET_DIR = "/etc/megha/secret"
+"""Where each pod mounts its keys of the megha-federation Secret."""
+HOME_DIR = "/etc/megha/home"
+"""Where the bench mounts the megha-operator Secret, laid out as a ``$MEGHA_HOME``."""
+READ_ONLY = 0o400
+"""``defaultMode`` of every Secret volume; with ``fsGroup`` the kubelet adds group read
+(0440, group = the pod's own), which ``MEGHA_SECRET_MOUNTED`` accepts."""
+
+
 def _env(p: ProcessSpec) -> list[Manifest]:
-    env: list[Manifest] = [{"name": k, "value": v} for k, v in p.env.items() if k != BROKER_ENV]
-    if p.role in BROKER_USERS:
-        ref = {"name": f"megha-broker-{p.role}", "key": "url"}
-        env.append({"name": BROKER_ENV, "valueFrom": {"secretKeyRef": ref}})
-    env.append({"name": SECRET_ENV, "value": "/etc/megha/secret/secret"})
+    env: list[Manifest] = [
+        {"name": k, "value": v}
+        for k, v in p.env.items()
+        if p.role in BROKER_ROLES or k != BROKER_ENV
+    ]
+    env.append({"name": SECRET_ENV, "value": f"{SECRET_DIR}/{SECRET_FILENAME}"})
+    env.append({"name": MOUNTED_ENV, "value": "1"})
+    if p.role in BROKER_ROLES:
+        env.append({"name": CREDENTIALS_ENV, "value": f"{SECRET_DIR}/{CREDENTIALS_FILENAME}"})
+    if p.role == "gm":
+        env.append({"name": USERS_FILE_ENV, "value": f"{SECRET_DIR}/{TOKENS_FILENAME}"})
     if p.role == "lm":
         # Active and standby run the same command; they tell themselves apart by pod name.
         env.append(
             {"name": INSTANCE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         )
     return env
+
+
+def _secret_items(p: ProcessSpec) -> list[Manifest]:
+    """The keys of the megha-federation Secret process ``p`` sees: the secret, its own
+    broker login (GMs, LMs), the users file (GMs)."""
+    items = [{"key": SECRET_FILENAME, "path": SECRET_FILENAME}]
+    if p.role in BROKER_ROLES:
+        key = party_credentials_filename(p.role, p.ident)
+        items.append({"key": key, "path": CREDENTIALS_FILENAME})
+    if p.role == "gm":
+        items.append({"key": TOKENS_FILENAME, "path": TOKENS_FILENAME})
+    return items
+
+
+def _pod_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": MEGHA_UID,
+        "runAsGroup": MEGHA_UID,
+        # Secret volumes are root's: fsGroup makes them readable by the pod's group.
+        "fsGroup": MEGHA_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _pod(p: ProcessSpec) -> Manifest:
@@ -269,7 +472,7 @@ def _pod(p: ProcessSpec) -> Manifest:
         },
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/megha/config", "readOnly": True},
-            {"name": "secret", "mountPath": "/etc/megha/secret", "readOnly": True},
+            {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -277,16 +480,18 @@ def _pod(p: ProcessSpec) -> Manifest:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 15,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": MEGHA_UID,
-            "runAsGroup": MEGHA_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(),
         "containers": [container],
         "volumes": [
             {"name": "config", "configMap": {"name": "megha-config"}},
-            {"name": "secret", "secret": {"secretName": "megha-federation"}},
+            {
+                "name": "secret",
+                "secret": {
+                    "secretName": FEDERATION_SECRET,
+                    "defaultMode": READ_ONLY,
+                    "items": _secret_items(p),
+                },
+            },
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         ],
     }
@@ -376,6 +581,84 @@ def _services(p: ProcessSpec) -> list[Manifest]:
             }
         )
     return out
+
+
+def bench_job(cfg: FederationConfig) -> Manifest:
+    """``megha bench`` as a suspended CronJob, run on demand::
+
+        kubectl -n NAMESPACE create job --from=cronjob/megha-bench bench-1
+
+    It acts as the operator: the megha-operator Secret mounted as its ``$MEGHA_HOME``
+    (the secret, every broker login, the users' tokens under ``tokens/``)."""
+    labels = {
+        "app.kubernetes.io/name": "megha",
+        "app.kubernetes.io/part-of": "megha",
+        "app.kubernetes.io/component": "bench",
+    }
+    items = [
+        {"key": name, "path": name}
+        for name in (SECRET_FILENAME, CREDENTIALS_FILENAME, TOKENS_FILENAME)
+    ] + [{"key": token_key(u.user), "path": f"tokens/{u.user}"} for u in cfg.user_configs]
+    container: Manifest = {
+        "name": "bench",
+        "image": "megha",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["megha", "bench", "--config", CONFIG_PATH, "--out", "/tmp/results/bench"],
+        "env": [
+            {"name": HOME_ENV, "value": HOME_DIR},
+            {"name": MOUNTED_ENV, "value": "1"},
+            {"name": "MPLCONFIGDIR", "value": "/tmp/matplotlib"},
+        ],
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"cpu": "1", "memory": "1Gi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/megha/config", "readOnly": True},
+            {"name": "home", "mountPath": HOME_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod: Manifest = {
+        "metadata": {"labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "megha-config"}},
+                {
+                    "name": "home",
+                    "secret": {
+                        "secretName": OPERATOR_SECRET,
+                        "defaultMode": READ_ONLY,
+                        "items": items,
+                    },
+                },
+                {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            ],
+        },
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": _meta("megha-bench", labels),
+        "spec": {
+            "suspend": True,
+            "schedule": "0 0 1 1 *",
+            "concurrencyPolicy": "Forbid",
+            "jobTemplate": {
+                "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 86400, "template": pod}
+            },
+        },
+    }
 
 
 def _peer(labels: dict[str, str]) -> Manifest:
@@ -495,13 +778,15 @@ def kubernetes(cfg: FederationConfig) -> list[Manifest]:
     for p in plan:
         docs.append(_workload(p))
         docs.extend(_services(p))
+    docs.append(bench_job(cfg))
     docs.extend(network_policies(cfg, plan))
     return docs
 
 
 KUBERNETES_HEADER = """\
 # Generated by `python -m deploy.render` from federation.toml beside this file and
-# common.config.process_plan: one workload, Service and NetworkPolicy per process.
+# common.config.process_plan: one workload, Service and NetworkPolicy per process, and
+# the bench.  The Secrets come from secrets/ (`python -m deploy.render secrets`).
 # Edit federation.toml (or deploy/render.py), not this file; tests/deploy checks it.
 """
 
@@ -534,6 +819,27 @@ def stale() -> list[Path]:
     ]
 
 
+def _outside_git(directory: Path) -> None:
+    """Refuse a secrets directory git would track (inside this checkout, not ignored)."""
+    where = directory.resolve()
+    if not where.is_relative_to(ROOT) or not (ROOT / ".git").exists():
+        return
+    try:
+        ignored = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "-q", str(where / SECRET_FILENAME)],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        ).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return  # no git here: nothing to commit them to
+    if ignored != 0:
+        raise ConfigError(
+            f"{directory} is inside the repository and not ignored by git: put the secrets "
+            "elsewhere, or in an overlay's secrets/ directory (.gitignore)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.render", description=__doc__.split("\n\n")[0]
@@ -542,10 +848,28 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="target")
     k8s = sub.add_parser("kubernetes", help="print the manifests of a federation TOML")
     k8s.add_argument("config")
+    sec = sub.add_parser(
+        "secrets",
+        help="make a deployment's secrets (kept if present) in DIR, outside git",
+    )
+    sec.add_argument("config", help="the federation TOML the deployment runs")
+    sec.add_argument("dir", help="where to write them (created 0700)")
     args = parser.parse_args(argv)
     try:
         if args.target == "kubernetes":
             sys.stdout.write(dump(kubernetes(load_config(args.config)), KUBERNETES_HEADER))
+            return 0
+        if args.target == "secrets":
+            directory = Path(args.dir)
+            _outside_git(directory)
+            for path in write_secrets(load_config(args.config), directory):
+                print(f"wrote {path}")
+            if os.getuid() == 0:
+                print(
+                    "note: made as root: compose runs the containers as root; make them as "
+                    "the user who runs docker compose",
+                    file=sys.stderr,
+                )
             return 0
         if args.check:
             old = stale()

@@ -53,7 +53,7 @@ NO_RABBITMQCTL = (
 def prepare(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) -> dict[str, str]:
     """Make the secret, the broker's users and topology, and the users' tokens; return
     the environment every process of the federation gets."""
-    env = {SECRET_FILE_ENV: str(_secret(cfg, home, insecure_dev))}
+    env = {SECRET_FILE_ENV: str(make_secret(cfg, home, insecure_dev=insecure_dev))}
     if insecure_dev:
         env[INSECURE_ENV] = "1"
         print(
@@ -64,7 +64,7 @@ def prepare(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) ->
         asyncio.run(declare_topology(cfg, cfg.broker_urls[0]))
     else:
         env[CREDENTIALS_ENV] = str(_provision_broker(cfg, home))
-    env[USERS_FILE_ENV] = str(_issue_tokens(cfg, home))
+    env[USERS_FILE_ENV] = str(issue_tokens(cfg, home))
     return env
 
 
@@ -79,7 +79,9 @@ def environment(home: Path) -> dict[str, str]:
     return env
 
 
-def _secret(cfg: FederationConfig, home: Path, insecure_dev: bool) -> Path:
+def make_secret(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) -> Path:
+    """``home/secret``: the config's own if it names a strong one, else random (kept
+    once made)."""
     path = secret_path(home)
     if cfg.secret != DEFAULT_SECRET:  # the config names one: it must be strong
         warning = check_secret(cfg.secret, insecure_dev=insecure_dev)
@@ -103,18 +105,25 @@ def _rabbitmqctl(cfg: FederationConfig) -> Rabbitmqctl:
     return Rabbitmqctl()
 
 
-def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
-    layout = BrokerLayout.from_config(cfg)
+def broker_credentials(cfg: FederationConfig, home: Path) -> BrokerCredentials:
+    """A broker user and password for every party, saved in ``home/broker.json``; the
+    parties already there keep theirs."""
     path = home / CREDENTIALS_FILENAME
     existing = BrokerCredentials.load(path) if path.exists() else None
-    creds = make_credentials(layout, cfg.broker_urls[0], existing)
-    ctl = _rabbitmqctl(cfg)
+    creds = make_credentials(BrokerLayout.from_config(cfg), cfg.broker_urls[0], existing)
     creds.save(path)
-    provision(layout, creds, ctl, allow_existing=existing is not None)
-    return path
+    return creds
 
 
-def _issue_tokens(cfg: FederationConfig, home: Path) -> Path:
+def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
+    ctl = _rabbitmqctl(cfg)
+    again = (home / CREDENTIALS_FILENAME).exists()
+    creds = broker_credentials(cfg, home)
+    provision(BrokerLayout.from_config(cfg), creds, ctl, allow_existing=again)
+    return home / CREDENTIALS_FILENAME
+
+
+def issue_tokens(cfg: FederationConfig, home: Path) -> Path:
     """A token for every configured user that has none the operator can hand over."""
     store = TokenStore.in_home(home)
     have = set(tokens_dir(home).iterdir()) if tokens_dir(home).is_dir() else set()

@@ -27,7 +27,7 @@ from common.config import FederationConfig
 from common.errors import ConfigError
 from security import sealing, signing
 from security.broker_acl import CREDENTIALS_ENV, CREDENTIALS_FILENAME, BrokerCredentials
-from security.files import ensure_private_dir, read_private, write_private
+from security.files import ensure_private_dir, mounted, read_private, write_private
 from security.identity import OPERATOR, Identity, Role
 from security.secret import SECRET_FILE_ENV, Secret, load_secret, secret_path
 from security.tokens import TOKENS_FILENAME
@@ -138,7 +138,11 @@ class Access:
         if secret.warning:
             log.warning("%s: %s", me, secret.warning)
         creds_path = environ.get(CREDENTIALS_ENV)
-        creds = BrokerCredentials.load(Path(creds_path)) if creds_path else None
+        creds = (
+            BrokerCredentials.load(Path(creds_path), mounted_ok=mounted(environ))
+            if creds_path
+            else None
+        )
         users = environ.get(USERS_FILE_ENV)
         return cls(me, cfg, secret, creds, Path(users) if users else None)
 

@@ -397,9 +397,9 @@ class BrokerCredentials:
         write_private(path, self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> BrokerCredentials:
+    def load(cls, path: Path, *, mounted_ok: bool | None = None) -> BrokerCredentials:
         try:
-            doc = json.loads(read_private(path))
+            doc = json.loads(read_private(path, mounted_ok=mounted_ok))
             ids = doc["identities"]
             return cls(
                 scheme=str(doc["scheme"]),

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common.config import FederationConfig
 from common.errors import ConfigError
-from security.files import create_private, ensure_private_dir, read_private
+from security.files import create_private, ensure_private_dir, mounted, read_private
 from security.identity import Identity
 
 SECRET_FILE_ENV = "MEGHA_SECRET_FILE"
@@ -177,7 +177,9 @@ def load_secret(
     environ: Mapping[str, str] = os.environ,
     insecure_dev: bool = False,
 ) -> Secret:
-    """Load the secret from ``path`` or ``$MEGHA_SECRET_FILE``; refuse an exposed or weak one."""
+    """Load the secret from ``path`` or ``$MEGHA_SECRET_FILE``; refuse an exposed or weak one
+    (``$MEGHA_SECRET_MOUNTED``: an orchestrator's read-only mount is not exposed, see
+    ``security.files``)."""
     if path is None:
         name = environ.get(SECRET_FILE_ENV)
         if not name:
@@ -185,7 +187,7 @@ def load_secret(
                 f"no secret file: set {SECRET_FILE_ENV} (`megha up` does)", reason="no_secret"
             )
         path = Path(name)
-    raw = read_private(path)
+    raw = read_private(path, mounted_ok=mounted(environ))
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:

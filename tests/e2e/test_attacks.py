@@ -488,10 +488,10 @@ def test_megha_up_refuses_a_published_secret(tmp_path: Path) -> None:
 
     cfg = replace(FederationConfig(), secret="change-me-before-sharing-this-machine")
     with pytest.raises(ConfigError) as err:
-        secure._secret(cfg, tmp_path, insecure_dev=False)
+        secure.make_secret(cfg, tmp_path, insecure_dev=False)
     assert err.value.reason == "weak_secret"
     assert not secret_path(tmp_path).exists()
-    path = secure._secret(cfg, tmp_path, insecure_dev=True)  # warned, allowed
+    path = secure.make_secret(cfg, tmp_path, insecure_dev=True)  # warned, allowed
     assert path.stat().st_mode & 0o077 == 0
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -207,3 +211,172 @@ def test_write_private_replaces_atomically_and_keeps_mode(tmp_path: Path) -> Non
     assert os.stat(path).st_ino != inode  # a new file renamed over the old one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
     assert files.read_private(path) == b"two"
+
+
+# ------------------------------------------------- orchestrator mounts
+POD_UID, POD_GID = 10001, 10001
+
+
+def stat_of(mode: int, uid: int, gid: int) -> os.stat_result:
+    """What ``fstat`` says of a file of ``mode`` owned by ``uid:gid``."""
+    return os.stat_result((mode, 1, 1, 1, uid, gid, 64, 0, 0, 0))
+
+
+REG = stat.S_IFREG
+
+
+@pytest.mark.parametrize(
+    ("mode", "uid", "gid"),
+    [
+        (REG | 0o400, 0, 0),  # a Kubernetes secret volume, defaultMode 0400, no fsGroup
+        (REG | 0o440, 0, POD_GID),  # defaultMode 0400 with fsGroup: group read is added
+        (REG | 0o400, POD_UID, POD_GID),  # mounted as the process's own
+        (REG | 0o440, POD_UID, POD_GID),
+    ],
+)
+def test_a_read_only_mounted_secret_is_accepted(mode: int, uid: int, gid: int) -> None:
+    files.check_mounted(
+        stat_of(mode, uid, gid),
+        Path("/etc/megha/secret/secret"),
+        read_only_mount=True,
+        euid=POD_UID,
+        groups={POD_GID},
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "uid", "gid", "read_only", "reason"),
+    [
+        (REG | 0o400, 0, 0, False, "file_not_mounted"),  # e.g. a file in $HOME, chowned root
+        (REG | 0o400, 65534, 0, True, "file_wrong_owner"),  # another user's file
+        (REG | 0o600, 0, 0, True, "file_writable"),  # writable by its owner
+        (REG | 0o460, 0, POD_GID, True, "file_writable"),  # group-writable
+        (REG | 0o402, 0, 0, True, "file_writable"),  # world-writable
+        (REG | 0o444, 0, 0, True, "file_not_private"),  # defaultMode 0444: anyone reads it
+        (REG | 0o404, POD_UID, POD_GID, True, "file_not_private"),
+        (REG | 0o440, 0, 65534, True, "file_not_private"),  # a group the process is not in
+        (REG | 0o500, 0, 0, True, "file_not_private"),  # executable: not a secret volume's
+        (stat.S_IFDIR | 0o500, 0, 0, True, "file_not_regular"),
+    ],
+)
+def test_a_mounted_secret_others_could_read_or_change_is_refused(
+    mode: int, uid: int, gid: int, read_only: bool, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        files.check_mounted(
+            stat_of(mode, uid, gid),
+            Path("/etc/megha/secret/secret"),
+            read_only_mount=read_only,
+            euid=POD_UID,
+            groups={POD_GID},
+        )
+    assert exc.value.reason == reason
+
+
+def secret_volume(root: Path, text: str, mode: int = 0o440) -> Path:
+    """A directory laid out as the kubelet lays out a secret volume: the file behind
+    ``..data`` symlinks, root-owned (this test runs as root), ``mode``."""
+    version = root / "..2026_11_23_14_00_00.000000001"
+    version.mkdir(parents=True)
+    (version / "secret").write_text(text + "\n")
+    os.chmod(version / "secret", mode)
+    (root / "..data").symlink_to(version.name)
+    (root / "secret").symlink_to("..data/secret")
+    return root / "secret"
+
+
+def test_load_secret_accepts_a_secret_volume_only_when_told_it_is_mounted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the kubelet's files belong to root")
+    path = secret_volume(tmp_path / "vol", STRONG)
+    env = {SECRET_FILE_ENV: str(path), files.MOUNTED_ENV: "1"}
+    # Not on a read-only mount (tmp_path is not): refused even when told.
+    with pytest.raises(ConfigError) as exc:
+        load_secret(environ=env)
+    assert exc.value.reason == "file_not_mounted"
+    monkeypatch.setattr(files, "_on_read_only_mount", lambda fd: True)
+    assert load_secret(environ=env).value == STRONG.encode()
+    # megha up's rule is unchanged: without MEGHA_SECRET_MOUNTED the symlink is refused.
+    with pytest.raises(ConfigError) as exc:
+        load_secret(environ={SECRET_FILE_ENV: str(path)})
+    assert exc.value.reason == "file_not_regular"
+    # A weak secret is still weak when mounted.
+    weak = secret_volume(tmp_path / "weak", "megha-dev-secret-change-me")
+    with pytest.raises(ConfigError) as exc:
+        load_secret(environ={**env, SECRET_FILE_ENV: str(weak)})
+    assert exc.value.reason == "weak_secret"
+    # World-readable (defaultMode 0444) is refused.
+    loose = secret_volume(tmp_path / "loose", STRONG, mode=0o444)
+    with pytest.raises(ConfigError) as exc:
+        load_secret(environ={**env, SECRET_FILE_ENV: str(loose)})
+    assert exc.value.reason == "file_not_private"
+
+
+def test_a_mounted_secret_may_not_lead_out_of_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "_on_read_only_mount", lambda fd: True)
+    elsewhere = create_secret_file(tmp_path / "home")
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / "secret").symlink_to(elsewhere)
+    with pytest.raises(ConfigError) as exc:
+        load_secret(vol / "secret", environ={files.MOUNTED_ENV: "1"})
+    assert exc.value.reason == "file_not_regular"
+    # A private file of ours is accepted as before, mounted or not.
+    assert load_secret(elsewhere, environ={files.MOUNTED_ENV: "1"}).value
+
+
+def load_as_pod(volume: Path, env: dict[str, str], *, read_only: bool) -> str:
+    """``load_secret`` in a process of uid/gid 10001 (the pods'), in a mount namespace of
+    its own where ``volume`` is bind-mounted read-only (or not): the reason it refuses,
+    or "accepted"."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(REPO)!r})
+from common.errors import ConfigError
+from security.secret import load_secret
+os.setgroups([]); os.setgid({POD_GID}); os.setuid({POD_UID})  # imports done: the pod's ids
+try:
+    load_secret(environ={env!r})
+    print("accepted")
+except ConfigError as exc:
+    print(exc.reason)
+"""
+    mount = f"mount --bind -o ro '{volume}' '{volume}' && " if read_only else ""
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount + 'exec "$0" -c "$1"', sys.executable, script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    if out.returncode != 0 and "mount" in out.stderr + out.stdout:
+        pytest.skip(f"no private read-only mount here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_pod_process_reads_a_kubelet_like_volume_only_as_mounted(tmp_path: Path) -> None:
+    """For real: a non-root process, a root-owned 0440 file of the pod's group behind
+    ``..data`` symlinks, on a read-only bind mount (what the kubelet gives with
+    ``defaultMode: 0400`` and ``fsGroup``)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare: a mount namespace and another uid")
+    top = Path(tempfile.mkdtemp(prefix="megha-pod-"))  # tmp_path is 0700: not for uid 10001
+    try:
+        top.chmod(0o755)
+        path = secret_volume(top / "secret", STRONG)
+        os.chown(path.resolve(), 0, POD_GID)
+        env = {SECRET_FILE_ENV: str(path), files.MOUNTED_ENV: "1"}
+        assert load_as_pod(top / "secret", env, read_only=True) == "accepted"
+        assert load_as_pod(top / "secret", env, read_only=False) == "file_not_mounted"
+        plain = {SECRET_FILE_ENV: str(path)}  # megha up's rule: a symlink, root's
+        assert load_as_pod(top / "secret", plain, read_only=True) == "file_not_regular"
+        os.chown(path.resolve(), 0, 0)  # no fsGroup: the pod cannot even open it
+        assert load_as_pod(top / "secret", env, read_only=True) != "accepted"
+    finally:
+        shutil.rmtree(top)

@@ -30,9 +30,19 @@ def test_compose_services_match_the_process_plan() -> None:
         assert svc["command"] == p.argv, p.name
         env = svc["environment"]
         for key, value in p.env.items():
-            if key != BROKER_ENV:  # each role logs into the broker as its own user
+            if key != BROKER_ENV or p.role != "worker":  # a worker pool never uses it
                 assert env[key] == value, (p.name, key)
-        assert env["MEGHA_SECRET_FILE"] == "/run/secrets/megha-federation"
+        # Every process gets the secret; GMs and LMs their own broker login; GMs the
+        # users file (security.access.Access.from_env reads these).
+        assert env["MEGHA_SECRET_FILE"] == "/run/secrets/megha-secret"
+        assert ("MEGHA_BROKER_CREDENTIALS" in env) == (p.role in ("gm", "lm")), p.name
+        assert ("MEGHA_USERS_FILE" in env) == (p.role == "gm"), p.name
+        assert "MEGHA_INSECURE_DEV" not in env
+        if p.role != "worker":
+            assert env["MEGHA_BROKER_CREDENTIALS"] == "/run/secrets/megha-broker"
+            assert {"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"} in svc[
+                "secrets"
+            ]
         # Others reach it by its address: the service name, on the port it binds.
         host, port = cfg.address(p.name)
         assert host == p.name
@@ -66,6 +76,6 @@ def test_broker_has_a_healthcheck_and_bench_is_a_profile() -> None:
 
 def test_dockerfile_installs_every_package() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    for pkg in ("common", "global_master", "local_master", "worker", "request_generator",
-                "megha_cli", "config"):  # fmt: skip
+    for pkg in ("common", "global_master", "local_master", "worker", "runtime", "security",
+                "request_generator", "megha_cli", "config"):  # fmt: skip
         assert f"COPY {pkg} ./{pkg}" in text
