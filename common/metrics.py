@@ -130,6 +130,8 @@ class WorkerCounters(Counters):
     refused: int = 0
     fenced: int = 0
     """Attempts the pool stopped itself when its lease on the LM expired."""
+    stopped_before_start: int = 0
+    """Starts refused because their stop had come first (reordered or batched)."""
 
 
 # ---------------------------------------------------------------- summaries

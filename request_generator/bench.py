@@ -30,7 +30,7 @@ from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
-from common.ids import JobId, TaskId
+from common.ids import JobId, LmId, TaskId
 from common.metrics import (
     duplicate_launches,
     jain_windows,
@@ -191,20 +191,52 @@ async def measure_floor(
     return rtts
 
 
+class LaunchLog:
+    """The worker pools' logs of starts, ends and stops, followed as they grow (each
+    pool keeps only its latest rows): ``poll`` fetches what is new since the last
+    call; ``missed`` counts rows a pool dropped before they were read."""
+
+    def __init__(self, cfg: FederationConfig, access: Access) -> None:
+        self.cfg, self.access = cfg, access
+        self.rows: list[dict[str, Any]] = []
+        self.missed = 0
+        self._after: dict[LmId, int] = {}
+
+    async def poll(self, session: aiohttp.ClientSession) -> None:
+        """What each pool logged since the last poll (a pool that is down says nothing)."""
+        for lm in self.cfg.lm_ids:
+            after = self._after.get(lm, 0)
+            try:
+                page = await self._page(session, lm, after)
+                if int(page["next"]) < after:  # the pool restarted: its log began anew
+                    page = await self._page(session, lm, 0)
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                continue
+            self.rows.extend(page["launches"])
+            self.missed += int(page["missed"])
+            self._after[lm] = int(page["next"])
+
+    async def _page(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> Any:
+        path = f"/v1/launches?after={after}"
+        headers = signed(self.access, workers_identity(lm), "GET", path)
+        async with session.get(self.cfg.worker_url(lm) + path, headers=headers) as r:
+            return await r.json()
+
+    async def follow(self, session: aiohttp.ClientSession, every_s: float = 2.0) -> None:
+        """Poll until cancelled."""
+        while True:
+            await asyncio.sleep(every_s)
+            await self.poll(session)
+
+
 async def fetch_launches(
     session: aiohttp.ClientSession, cfg: FederationConfig, access: Access
 ) -> list[dict[str, Any]]:
-    """The worker pools' logs of starts, ends and stops (what a pool that is down could
+    """The worker pools' latest starts, ends and stops (what a pool that is down could
     not say is missing)."""
-    rows: list[dict[str, Any]] = []
-    for lm in cfg.lm_ids:
-        headers = signed(access, workers_identity(lm), "GET", "/v1/launches")
-        try:
-            async with session.get(cfg.worker_url(lm) + "/v1/launches", headers=headers) as r:
-                rows.extend((await r.json())["launches"])
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-            continue
-    return rows
+    log = LaunchLog(cfg, access)
+    await log.poll(session)
+    return log.rows
 
 
 async def fetch_states(
@@ -268,7 +300,7 @@ class _Run:
     floor_worker: list[float]
     busy_floor: list[float]
     states: dict[str, Any]
-    launches: list[dict[str, Any]]
+    launches: LaunchLog
 
 
 def _report(opts: BenchOptions, sub: Submitter, n: int, t0: float, note: str = "") -> None:
@@ -361,19 +393,26 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
             f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
         )  # fmt: skip
         busy: list[float] = []
-        pinger = asyncio.ensure_future(
-            _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
-        )
+        log = LaunchLog(cfg, access)
+        await log.poll(session)  # from here on: what this run launches
+        log.rows.clear()
+        followers = [
+            asyncio.ensure_future(
+                _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
+            ),
+            asyncio.ensure_future(log.follow(session)),
+        ]
         try:
             published, span = await _submit_all(sub, jobs, opts, n_tasks)
             await _wait_done(sub, list(published), opts)
         finally:
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
+            for f in followers:
+                f.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await f
         states = await fetch_states(session, cfg, access)
-        launches = await fetch_launches(session, cfg, access)
-    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states, launches)
+        await log.poll(session)
+    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states, log)
 
 
 async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
@@ -395,7 +434,9 @@ def summarize_run(
 ) -> tuple[dict[str, Any], list[Task]]:
     out = sub.outcomes
     mine = set(run.published)
-    dup = duplicate_launches(r for r in run.launches if (str(r["user"]), str(r["task_id"])) in mine)
+    dup = duplicate_launches(
+        r for r in run.launches.rows if (str(r["user"]), str(r["task_id"])) in mine
+    )
     tasks: list[Task] = []
     lost: list[TaskKey] = []
     for key, at in run.published.items():
@@ -424,6 +465,7 @@ def summarize_run(
             "lost_task_ids": [f"{u}/{t}" for u, t in lost[:50]],
             "duplicate_launches": dup["count"],
             "duplicate_launch_ids": dup["tasks"],
+            "launch_log_rows_missed": run.launches.missed,
             "duplicate_outcomes": out.duplicates,
             "throughput_tasks_per_s": len(started) / (last - first) if last > first else 0.0,
             "offered_tasks_per_s": len(tasks) / run.submit_span if run.submit_span > 0 else 0.0,

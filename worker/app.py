@@ -193,11 +193,22 @@ LAUNCH_FIELDS = ("what", "user", "task_id", "attempt", "node", "at")
 
 
 async def launches_handler(request: web.Request) -> web.Response:
-    """The pool's latest starts, ends and stops (operators; the fault suite)."""
+    """The pool's latest starts, ends and stops (operators; the fault suite):
+    ``?after=N`` for the rows numbered above N; ``next`` is the cursor for the next
+    call, ``missed`` the rows above N the bounded log no longer holds."""
     svc = request.app[SERVICE_KEY]
     assert isinstance(svc, WorkerService)
-    rows = [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in svc.core.launches]
-    return web.json_response({"lm": svc.core.lm, "launches": rows})
+    try:
+        after = int(request.query.get("after", "0"))
+    except ValueError:
+        return web.json_response({"error": "bad_query", "detail": "after: an integer"}, status=400)
+    rows, missed = svc.core.launches_after(after)
+    return web.json_response({
+        "lm": svc.core.lm,
+        "launches": [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in rows],
+        "next": svc.core.launch_seq,
+        "missed": missed,
+    })  # fmt: skip
 
 
 def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Application:

@@ -34,7 +34,8 @@ Pure: no clocks, no processes; ``worker.runner`` carries the effects out.
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,11 @@ from common.messages import (
 )
 from common.metrics import WorkerCounters
 from common.model import TaskKey, TaskSpec
+
+STOP_MEMORY = 10_000
+"""Attempts stopped before their start arrived that a pool remembers (tombstones)."""
+LAUNCH_LOG = 20_000
+"""Rows a pool's launch log keeps (a reader polling every few seconds misses none)."""
 
 
 @dataclass(slots=True)
@@ -99,11 +105,18 @@ class WorkerPool:
         self.renewed = -1.0
         """When the LM last answered (its lease); -1: not yet."""
         self.running: dict[TaskKey, Running] = {}
+        self.tombstones: OrderedDict[TaskKey, int] = OrderedDict()
+        """The newest attempt of a task stopped here before it started (bounded): a
+        start of that attempt arriving later (its LM had batched or the network had
+        reordered them) is not run, so a preempted attempt never comes back to life."""
         self.unreported: dict[tuple[TaskKey, int], EndedAttempt] = {}
         """Finished or failed attempts whose report no LM has taken yet."""
-        self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=100_000)
+        self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=LAUNCH_LOG)
         """The latest starts, ends and stops: (what, user, task, attempt, node, at), for
-        operators and the fault suite (two overlapping attempts would be a duplicate)."""
+        operators and the fault suite (two overlapping attempts would be a duplicate);
+        bounded: readers follow it with ``launches_after`` as it goes."""
+        self.launch_seq = 0
+        """How many rows were ever logged: the number of the newest row."""
         self.counters = WorkerCounters()
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             StartTasks: self._on_start,
@@ -172,6 +185,9 @@ class WorkerPool:
     ) -> None:
         spec = s.spec
         key = (spec.user, spec.task_id)
+        if self.tombstones.get(key, 0) >= s.attempt:
+            self.counters.stopped_before_start += 1
+            return
         r = self.running.get(key)
         if r is not None:
             if r.attempt >= s.attempt:
@@ -179,7 +195,7 @@ class WorkerPool:
                 return
             self._drop(key, effects, now)
         r = self.running[key] = Running(s, now)
-        self.launches.append(("start", spec.user, spec.task_id, s.attempt, s.node, now))
+        self._log(("start", spec.user, spec.task_id, s.attempt, s.node, now))
         if spec.command and self.commands:
             effects.append(RunCommand(spec, s.attempt))
             return
@@ -192,7 +208,7 @@ class WorkerPool:
     def _drop(self, key: TaskKey, effects: list[Effect], now: float) -> None:
         r = self.running.pop(key)
         self.counters.stopped += 1
-        self.launches.append(("stop", key[0], key[1], r.attempt, r.node, now))
+        self._log(("stop", key[0], key[1], r.attempt, r.node, now))
         if r.spec.command and self.commands:
             effects.append(KillCommand(r.spec.user, r.spec.task_id, r.attempt))
 
@@ -233,6 +249,23 @@ class WorkerPool:
     def _on_check_lease(self, msg: CheckLease, now: float) -> list[Effect]:
         return self._fence(now, msg.lease)
 
+    def _tombstone(self, key: TaskKey, attempt: int) -> None:
+        self.tombstones[key] = max(attempt, self.tombstones.pop(key, 0))
+        while len(self.tombstones) > STOP_MEMORY:
+            self.tombstones.popitem(last=False)
+
+    def _log(self, row: tuple[str, str, str, int, int, float]) -> None:
+        self.launches.append(row)
+        self.launch_seq += 1
+
+    def launches_after(self, after: int) -> tuple[list[tuple[str, str, str, int, int, float]], int]:
+        """The logged rows numbered above ``after``, and how many of those the bounded
+        log no longer holds."""
+        first = self.launch_seq - len(self.launches) + 1
+        skip = max(0, after + 1 - first)
+        rows = list(itertools.islice(self.launches, skip, None))
+        return rows, max(0, first - after - 1)
+
     def _lease_expired(self, now: float) -> bool:
         """Out of touch with its LM for longer than the lease (until the LM answers)."""
         return self.lease_s is not None and self.renewed >= 0 and now - self.renewed > self.lease_s
@@ -264,7 +297,8 @@ class WorkerPool:
             if r is not None and r.attempt <= s.attempt:
                 self._drop(key, effects, now)
                 r = None
-            if r is None:
+            if r is None:  # stopped, or not started yet: it never starts now
+                self._tombstone(key, s.attempt)
                 stopped.append(WorkerReport(
                     kind=ReportKind.STOPPED, node=s.node, user=s.user, task_id=s.task_id,
                     attempt=s.attempt, gm=s.gm, at=now, worker_at=now,
@@ -301,7 +335,7 @@ class WorkerPool:
 
     def _end(self, r: Running, now: float, ok: bool, detail: str) -> list[Effect]:
         del self.running[(r.spec.user, r.spec.task_id)]
-        self.launches.append(("end", r.spec.user, r.spec.task_id, r.attempt, r.node, now))
+        self._log(("end", r.spec.user, r.spec.task_id, r.attempt, r.node, now))
         if ok:
             self.counters.finished += 1
         else:

@@ -7,6 +7,8 @@ epoch takes a snapshot and reconciles what it had placed there against it."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from common.effects import Effect, Reply, ToGm, ToLm, ToUser, ToWorker
 from common.ids import GmId, LmId
 from common.messages import (
@@ -18,6 +20,8 @@ from common.messages import (
     ReportsTaken,
     StartTask,
     StartTasks,
+    StopTask,
+    StopTasks,
     TaskDue,
     TaskEvents,
 )
@@ -215,3 +219,49 @@ def test_a_start_that_reaches_a_pool_out_of_touch_is_answered_lost_not_run() -> 
     pool.handle(LeaseRenewed(), 9.5)
     (answer, *_) = pool.handle(start, 9.6)
     assert [r.kind for r in answer.msg.reports] == [ReportKind.STARTED]  # type: ignore[attr-defined]
+
+
+def test_the_launch_log_is_bounded_and_read_by_cursor() -> None:
+    """A reader follows the pool's bounded log with ``launches_after``; what the log
+    dropped before it was read is counted, never silently skipped."""
+    from worker import core as worker_core
+
+    pool = WorkerPool(LM0, 2)
+    specs = [make_task(duration=1.0) for _ in range(5)]
+    for i, s in enumerate(specs):
+        start = StartTask(node=0, spec=s, attempt=1, gm=GM0)  # type: ignore[arg-type]
+        pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(start,)), float(i))
+    rows, missed = pool.launches_after(0)
+    assert [r[2] for r in rows] == [s.task_id for s in specs]
+    assert missed == 0
+    rows, missed = pool.launches_after(3)
+    assert [r[2] for r in rows] == [s.task_id for s in specs[3:]]
+    assert missed == 0
+    assert pool.launches_after(pool.launch_seq) == ([], 0)
+    small = WorkerPool(LM0, 2)
+    small.launches = deque(maxlen=2)
+    for i, s in enumerate(specs):
+        start = StartTask(node=0, spec=s, attempt=1, gm=GM0)  # type: ignore[arg-type]
+        small.handle(StartTasks(lm=LM0, epoch=1, tasks=(start,)), float(i))
+    rows, missed = small.launches_after(1)  # rows 2 and 3 are gone
+    assert [r[2] for r in rows] == [s.task_id for s in specs[3:]]
+    assert missed == 2
+    assert worker_core.LAUNCH_LOG >= 10_000
+
+
+def test_a_stop_that_overtakes_its_start_keeps_the_attempt_from_ever_running() -> None:
+    """An LM preempts an attempt whose start is still in its batch (stops go first):
+    the pool confirms the stop and refuses the late start; a newer attempt runs."""
+    pool = WorkerPool(LM0, 2)
+    t = make_task(duration=1.0)
+    stop = StopTasks(lm=LM0, epoch=1, tasks=(StopTask(node=0, user=t.user, task_id=t.task_id,  # type: ignore[arg-type]
+                                                      attempt=1, gm=GM0),))  # fmt: skip
+    (answer,) = pool.handle(stop, 1.0)
+    assert [r.kind for r in answer.msg.reports] == [ReportKind.STOPPED]  # type: ignore[attr-defined]
+    late = StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=0, spec=t, attempt=1, gm=GM0),))  # type: ignore[arg-type]
+    pool.handle(late, 1.0)
+    assert pool.running == {}
+    assert pool.counters.stopped_before_start == 1
+    newer = StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=1, spec=t, attempt=2, gm=GM0),))  # type: ignore[arg-type]
+    pool.handle(newer, 2.0)
+    assert [r.attempt for r in pool.running.values()] == [2]
