@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
@@ -273,34 +273,49 @@ def jain_windows(
     return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
 
 
-def duplicate_launches(launches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Tasks that ran twice: two attempts of one task running at the same time (in one
-    pool or several), the same attempt started twice, or a task that ended twice.
-    ``launches`` are the worker pools' logs (``what``: start, end or stop)."""
-    runs: dict[tuple[str, str], list[list[float]]] = {}
-    open_: dict[tuple[str, str, int], list[float]] = {}
-    starts: dict[tuple[str, str, int], int] = {}
-    ends: dict[tuple[str, str], int] = {}
-    for row in sorted(launches, key=lambda r: float(r["at"])):
+class DuplicateLaunches:
+    """Tasks that ran twice, from the worker pools' logs read as they come (``add`` one
+    row: ``what`` start, end or stop; an attempt's rows come from one pool, in order):
+    two attempts of one task running at the same time (in one pool or several), the
+    same attempt started twice, or a task that ended twice.  Keeps per task only its
+    attempts' spans and its count of ends, not the rows."""
+
+    def __init__(self) -> None:
+        self.spans: dict[tuple[str, str], dict[int, list[float]]] = {}
+        self.ends: dict[tuple[str, str], int] = {}
+        self.twice: set[tuple[str, str]] = set()
+
+    def add(self, row: Mapping[str, Any]) -> None:
         task = (str(row["user"]), str(row["task_id"]))
-        attempt = (*task, int(row["attempt"]))
+        attempt, at = int(row["attempt"]), float(row["at"])
+        spans = self.spans.setdefault(task, {})
         if row["what"] == "start":
-            starts[attempt] = starts.get(attempt, 0) + 1
-            span = [float(row["at"]), math.inf]
-            runs.setdefault(task, []).append(span)
-            open_[attempt] = span
-        else:
-            span_ = open_.pop(attempt, None)
-            if span_ is not None:
-                span_[1] = float(row["at"])
-            if row["what"] == "end":
-                ends[task] = ends.get(task, 0) + 1
-    overlapping = set()
-    for task, spans in runs.items():
-        spans.sort()
-        for a, b in itertools.pairwise(spans):
-            if b[0] < a[1]:
-                overlapping.add(task)
-    twice = {a[:2] for a, n in starts.items() if n > 1} | {t for t, n in ends.items() if n > 1}
-    dup = sorted(overlapping | twice)
-    return {"count": len(dup), "tasks": [f"{u}/{t}" for u, t in dup[:50]]}
+            if attempt in spans:
+                self.twice.add(task)
+            spans[attempt] = [at, math.inf]
+            return
+        span = spans.get(attempt)
+        if span is not None and span[1] == math.inf:
+            span[1] = at
+        if row["what"] == "end":
+            n = self.ends[task] = self.ends.get(task, 0) + 1
+            if n > 1:
+                self.twice.add(task)
+
+    def result(self, only: Container[tuple[str, str]] | None = None) -> dict[str, Any]:
+        """``count`` and (the first 50) ``tasks``, among ``only`` if given."""
+        dup = set(self.twice)
+        for task, by_attempt in self.spans.items():
+            runs = sorted(by_attempt.values())
+            if any(b[0] < a[1] for a, b in itertools.pairwise(runs)):
+                dup.add(task)
+        found = sorted(t for t in dup if only is None or t in only)
+        return {"count": len(found), "tasks": [f"{u}/{t}" for u, t in found[:50]]}
+
+
+def duplicate_launches(launches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``DuplicateLaunches`` over a whole log at once."""
+    check = DuplicateLaunches()
+    for row in sorted(launches, key=lambda r: float(r["at"])):
+        check.add(row)
+    return check.result()

@@ -32,7 +32,7 @@ from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import JobId, LmId, TaskId
 from common.metrics import (
-    duplicate_launches,
+    DuplicateLaunches,
     jain_windows,
     jct_stats,
     percentiles,
@@ -194,16 +194,20 @@ async def measure_floor(
 class LaunchLog:
     """The worker pools' logs of starts, ends and stops, followed as they grow (each
     pool keeps only its latest rows): ``poll`` fetches what is new since the last
-    call; ``missed`` counts rows a pool dropped before they were read."""
+    call into ``check`` (or ``rows`` with ``keep``); ``missed`` counts rows a pool
+    dropped before they were read."""
 
-    def __init__(self, cfg: FederationConfig, access: Access) -> None:
+    def __init__(self, cfg: FederationConfig, access: Access, *, keep: bool = False) -> None:
         self.cfg, self.access = cfg, access
+        self.keep = keep
         self.rows: list[dict[str, Any]] = []
+        self.check = DuplicateLaunches()
         self.missed = 0
         self._after: dict[LmId, int] = {}
 
-    async def poll(self, session: aiohttp.ClientSession) -> None:
-        """What each pool logged since the last poll (a pool that is down says nothing)."""
+    async def poll(self, session: aiohttp.ClientSession, *, record: bool = True) -> None:
+        """What each pool logged since the last poll (a pool that is down says nothing);
+        ``record=False`` only moves the cursors (what ran before a run began)."""
         for lm in self.cfg.lm_ids:
             after = self._after.get(lm, 0)
             try:
@@ -212,9 +216,14 @@ class LaunchLog:
                     page = await self._page(session, lm, 0)
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
                 continue
-            self.rows.extend(page["launches"])
-            self.missed += int(page["missed"])
             self._after[lm] = int(page["next"])
+            if not record:
+                continue
+            self.missed += int(page["missed"])
+            for row in page["launches"]:
+                self.check.add(row)
+            if self.keep:
+                self.rows.extend(page["launches"])
 
     async def _page(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> Any:
         path = f"/v1/launches?after={after}"
@@ -234,7 +243,7 @@ async def fetch_launches(
 ) -> list[dict[str, Any]]:
     """The worker pools' latest starts, ends and stops (what a pool that is down could
     not say is missing)."""
-    log = LaunchLog(cfg, access)
+    log = LaunchLog(cfg, access, keep=True)
     await log.poll(session)
     return log.rows
 
@@ -394,8 +403,7 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
         )  # fmt: skip
         busy: list[float] = []
         log = LaunchLog(cfg, access)
-        await log.poll(session)  # from here on: what this run launches
-        log.rows.clear()
+        await log.poll(session, record=False)  # from here on: what this run launches
         followers = [
             asyncio.ensure_future(
                 _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
@@ -434,9 +442,7 @@ def summarize_run(
 ) -> tuple[dict[str, Any], list[Task]]:
     out = sub.outcomes
     mine = set(run.published)
-    dup = duplicate_launches(
-        r for r in run.launches.rows if (str(r["user"]), str(r["task_id"])) in mine
-    )
+    dup = run.launches.check.result(mine)
     tasks: list[Task] = []
     lost: list[TaskKey] = []
     for key, at in run.published.items():
