@@ -218,6 +218,21 @@ COMPOSE_USER = (
 and mode (0600), so the process can read it, and ``load_secret``'s single-host rule
 (private, ours) holds inside the container as it does for ``megha up``."""
 RUN_SECRETS = "/run/secrets"
+CONTAINER_SECURITY: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Every Megha container: no privilege escalation, read-only root, no capabilities."""
+
+
+def _mounts(private: Manifest) -> list[Manifest]:
+    """A Megha container's mounts: the config, ``private`` (its secrets), a tmpfs."""
+    return [
+        {"name": "config", "mountPath": "/etc/megha/config", "readOnly": True},
+        private,
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
 
 
 def _health_test(port: int) -> list[str]:
@@ -465,15 +480,9 @@ def _pod(p: ProcessSpec) -> Manifest:
             "failureThreshold": 6,
         },
         "resources": RESOURCES[p.role],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
-            {"name": "config", "mountPath": "/etc/megha/config", "readOnly": True},
-            {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
+            *_mounts({"name": "secret", "mountPath": SECRET_DIR, "readOnly": True}),
         ],
     }
     spec: Manifest = {
@@ -613,15 +622,9 @@ def bench_job(cfg: FederationConfig) -> Manifest:
             "requests": {"cpu": "250m", "memory": "256Mi"},
             "limits": {"cpu": "1", "memory": "1Gi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
-            {"name": "config", "mountPath": "/etc/megha/config", "readOnly": True},
-            {"name": "home", "mountPath": HOME_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
+            *_mounts({"name": "home", "mountPath": HOME_DIR, "readOnly": True}),
         ],
     }
     pod: Manifest = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from types import TracebackType
 from typing import IO, Any
 
 
@@ -84,12 +83,7 @@ class Progress:
             self._task = self._bar.add_task(self.label, total=self.total, extra="")
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

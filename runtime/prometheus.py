@@ -4,6 +4,7 @@ plus request and refusal counts kept by the driver."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -14,18 +15,13 @@ from common.metrics import Counters
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+@dataclass(frozen=True, slots=True)
 class CoreCollector(Collector):
     """Exposes ``counters()`` as counters and ``gauges()`` as gauges, prefixed."""
 
-    def __init__(
-        self,
-        prefix: str,
-        counters: Callable[[], Counters | Mapping[str, float]],
-        gauges: Callable[[], Mapping[str, float]],
-    ) -> None:
-        self.prefix = prefix
-        self.counters = counters
-        self.gauges = gauges
+    prefix: str
+    counters: Callable[[], Counters | Mapping[str, float]]
+    gauges: Callable[[], Mapping[str, float]]
 
     def collect(self) -> Iterator[Metric]:
         c = self.counters()
