@@ -852,7 +852,7 @@ class GlobalMaster:
         self.queues.set_cluster(self._capacity, self._node_caps)
         self._snapshot_wanted.discard(lm)
         effects: list[Effect] = []
-        self._adopt(lm, snap.held)
+        self._adopt(lm, snap.held, effects)
         if old is not None and snap.state.epoch > old.epoch:
             self._reconcile(lm, snap.held, now, effects)
         self.queues.new_epoch()
@@ -891,10 +891,12 @@ class GlobalMaster:
             self.queues.push_front(task)
             self._persist(task, now, effects)
 
-    def _adopt(self, lm: LmId, held: Sequence[HeldTask]) -> None:
+    def _adopt(self, lm: LmId, held: Sequence[HeldTask], effects: list[Effect]) -> None:
         """What an LM holds for this GM: a task running there that this GM does not know
         (it restarted) is adopted, so its events and outcome come here; a task that ended
-        lately is remembered, so a redelivered job does not run it again."""
+        lately, unknown here or known only from its end event, is told to its user now
+        (its job may have been acknowledged before this GM restarted: nothing else
+        would tell) and remembered, so a redelivered job does not run it again."""
         if not held:
             return
         for h in held:
@@ -903,8 +905,12 @@ class GlobalMaster:
             if spec.user not in self.queues:
                 continue
             if h.ended_at >= 0:
-                if not self.knows(key) and key not in self.live:
-                    self.known_done[key] = Ended(h, spec_known=True, reported=False)
+                known = self.known_done.get(key)
+                unknown = not self.knows(key) or (known is not None and not known.spec_known)
+                if unknown and key not in self.live:
+                    self.known_done.pop(key, None)
+                    why = "" if h.ok else "failed on worker"
+                    self._ended(recovered_task(h, self.gm_id), effects, finished=h.ok, reason=why)
                 continue
             task = self.placed.get(key)
             if task is not None:
