@@ -76,16 +76,19 @@ class CarbyneQueues(JobQueues):
         T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
         in time: it is reused until one of the job's tasks ends or comes back or its
         allocation changes (a task starting as planned changes neither).  ``T_k`` never
-        moves later than a previous plan put it."""
+        moves later than a previous plan put it unless the allocation shrank."""
         key = (job.events, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
         if job.packed is None or job.packed[0] != key:
             running = job.running_list()
             t_k = forward_pack(now, alloc, cap, job.stages, running)
-            # T_k is a promise: a job that waited because it was altruistic must not be
-            # promised a later completion for it (else the longest jobs wait forever)
-            if job.deadline is not None:
-                t_k = min(t_k, job.deadline)
-            job.deadline = t_k
+            # T_k is a promise while the allocation holds (seed Theorem 3.1): a job that
+            # waited because it was altruistic is not promised a later completion for it
+            # (else the longest jobs wait forever); only a smaller allocation -- new
+            # jobs arrived -- moves it later
+            share = dominant(alloc, cap)
+            if job.deadline is not None and share >= job.deadline[1] - EPS:
+                t_k = min(t_k, job.deadline[0])
+            job.deadline = (t_k, share)
             latest = must_start(now, t_k, alloc, cap, job.stages, running, set(job.queued))
             job.packed = (key, latest)
         return [t for start, t in job.packed[1] if start <= now + EPS and t.task_id in job.queued]

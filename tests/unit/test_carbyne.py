@@ -423,17 +423,27 @@ def test_reverse_packing_runs_a_task_larger_than_the_share_at_full_speed() -> No
     assert [s for s, _ in latest] == pytest.approx([1.0])
 
 
-def test_carbyne_never_promises_a_job_a_later_completion() -> None:
-    """J alone holds the whole capacity: T_k = 4 s (two 2-s stages).  When a second
-    job halves J's share, a fresh forward packing would say later; T_k stays 4 s."""
+def test_carbyne_keeps_t_k_while_the_allocation_holds() -> None:
+    """Capacity 10; J alone gets all of it (DRF gives B's unused share away): a chain of
+    two 2-s tasks, T_k = 4 s.  At t = 1, with nothing started (J was altruistic), a
+    fresh packing says 5 s; T_k stays 4 s.  When J's allocation shrinks (a second job
+    takes half of the capacity), T_k moves later: both tasks time-share 5 of their 10,
+    1 + 2 x 4 = 9 s."""
     q = CarbyneQueues([A, B], shares={A: 0.5, B: 0.5}, capacity=(10,))
     j = make_job("j", "A", 0.0, [(0, [((10,), 2.0)], []), (1, [((10,), 2.0)], [0])])
     q.add_job(j, 0.0)
-    assert q.has_work()
-    assert q.jobs[JobId("j")].deadline == pytest.approx(4.0)
-    q.add_job(make_job("k", "B", 0.0, [(0, [((10,), 9.0)], [])]), 0.0)
     q.has_work()
-    assert q.jobs[JobId("j")].deadline == pytest.approx(4.0)
+    state = q.jobs[JobId("j")]
+    assert state.deadline is not None
+    assert state.deadline[0] == pytest.approx(4.0)
+    state.events += 1  # a re-plan at t = 1 (a task of J came back, say)
+    q.now = 1.0
+    q._dirty = True
+    q.has_work()
+    assert state.deadline[0] == pytest.approx(4.0)
+    q.add_job(make_job("k", "A", 1.0, [(0, [((10,), 9.0)], [])]), 1.0)
+    q.has_work()
+    assert state.deadline[0] == pytest.approx(9.0)
 
 
 def test_sjf_counts_a_wide_stage_that_cannot_run_at_once() -> None:
