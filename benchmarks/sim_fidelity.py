@@ -364,7 +364,9 @@ def _write(
         ax.plot(xs, [r["p50_ms"] for r in rows], "o-", label="p50")
         ax.plot(xs, [r["p99_ms"] for r in rows], "s-", label="p99")
         ax.set_xlabel(x)
-        ax.set_xticks(xs)
+        ax.set_xscale("log", base=2 if x == "gms" else 10)
+        ax.set_xticks(xs, [f"{v:,}" for v in xs])
+        ax.set_yscale("log")
     else:
         labels = [r["label"] for r in rows]
         pos = list(range(len(rows)))
