@@ -15,6 +15,10 @@ queues form where they would form in a real deployment:
   worker; its timers (``After``) become events of the loop.
 * Heartbeats: every LM sends its state delta to every GM each ``update_period_s``,
   the LMs' phases spread over the period.
+* What each message costs a server, and what a hop takes, is ``simulator.costs``'s
+  (``gm_cost``, ``decision_cost``, ``lm_cost``, ``lm_send_cost``, ``hop``): the cores'
+  costs by default; calibrated to a live run, also each service's fixed cost per
+  message and hop times measured live (``docs/calibration.md``).
 """
 
 from __future__ import annotations
