@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task
@@ -64,6 +65,12 @@ class CarbyneQueues(JobQueues):
         """Per altruistic job at the last plan: A_k minus what runs minus its DEFAULT tasks."""
         self._yield_rate = 0.0
         self._yield_since = 0.0
+        self.arrivals = 0
+        """Jobs that have arrived so far (a new one may move every T_k later)."""
+
+    def add_job(self, job: DagJob, now: float) -> None:
+        self.arrivals += 1
+        super().add_job(job, now)
 
     def _is_altruistic(self) -> bool:
         p = self.p_altruism
@@ -76,19 +83,17 @@ class CarbyneQueues(JobQueues):
         T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
         in time: it is reused until one of the job's tasks ends or comes back or its
         allocation changes (a task starting as planned changes neither).  ``T_k`` never
-        moves later than a previous plan put it unless the allocation shrank."""
+        moves later than a previous plan put it unless a job arrived since."""
         key = (job.events, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
         if job.packed is None or job.packed[0] != key:
             running = job.running_list()
             t_k = forward_pack(now, alloc, cap, job.stages, running)
-            # T_k is a promise while the allocation holds (seed Theorem 3.1): a job that
+            # T_k is a promise until a new job arrives (seed Theorem 3.1): a job that
             # waited because it was altruistic is not promised a later completion for it
-            # (else the longest jobs wait forever); only a smaller allocation -- new
-            # jobs arrived -- moves it later
-            share = dominant(alloc, cap)
-            if job.deadline is not None and share >= job.deadline[1] - EPS:
+            # (else the longest jobs wait forever)
+            if job.deadline is not None and job.deadline[1] == self.arrivals:
                 t_k = min(t_k, job.deadline[0])
-            job.deadline = (t_k, share)
+            job.deadline = (t_k, self.arrivals)
             latest = must_start(now, t_k, alloc, cap, job.stages, running, set(job.queued))
             job.packed = (key, latest)
         return [t for start, t in job.packed[1] if start <= now + EPS and t.task_id in job.queued]

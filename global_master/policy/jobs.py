@@ -84,9 +84,9 @@ class JobState:
     Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
     packed: tuple[tuple[int, tuple[int, ...]], list[tuple[float, Task]]] | None = None
     """Carbyne's last reverse packing, keyed by (events, allocation)."""
-    deadline: tuple[float, float] | None = None
-    """Carbyne's T_k and the dominant share of the allocation that promised it: while
-    the allocation does not shrink, a job's own altruism never moves T_k later."""
+    deadline: tuple[float, int] | None = None
+    """Carbyne's T_k and how many jobs had arrived when it was promised: until another
+    job arrives, a job's own altruism never moves T_k later."""
     cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
     level: dict[int, int] = field(default_factory=dict)
     """Each stage's depth in the whole DAG (0: a root)."""

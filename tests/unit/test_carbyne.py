@@ -423,12 +423,11 @@ def test_reverse_packing_runs_a_task_larger_than_the_share_at_full_speed() -> No
     assert [s for s, _ in latest] == pytest.approx([1.0])
 
 
-def test_carbyne_keeps_t_k_while_the_allocation_holds() -> None:
+def test_carbyne_keeps_t_k_until_a_new_job_arrives() -> None:
     """Capacity 10; J alone gets all of it (DRF gives B's unused share away): a chain of
     two 2-s tasks, T_k = 4 s.  At t = 1, with nothing started (J was altruistic), a
-    fresh packing says 5 s; T_k stays 4 s.  When J's allocation shrinks (a second job
-    takes half of the capacity), T_k moves later: both tasks time-share 5 of their 10,
-    1 + 2 x 4 = 9 s."""
+    fresh packing says 5 s; T_k stays 4 s.  When a second job arrives and takes half the
+    capacity, T_k moves later: both tasks time-share 5 of their 10, 1 + 2 x 4 = 9 s."""
     q = CarbyneQueues([A, B], shares={A: 0.5, B: 0.5}, capacity=(10,))
     j = make_job("j", "A", 0.0, [(0, [((10,), 2.0)], []), (1, [((10,), 2.0)], [0])])
     q.add_job(j, 0.0)
