@@ -23,7 +23,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task
@@ -65,12 +64,6 @@ class CarbyneQueues(JobQueues):
         """Per altruistic job at the last plan: A_k minus what runs minus its DEFAULT tasks."""
         self._yield_rate = 0.0
         self._yield_since = 0.0
-        self.arrivals = 0
-        """Jobs that have arrived so far (a new one may move every T_k later)."""
-
-    def add_job(self, job: DagJob, now: float) -> None:
-        self.arrivals += 1
-        super().add_job(job, now)
 
     def _is_altruistic(self) -> bool:
         p = self.p_altruism
