@@ -7,6 +7,8 @@
   (an empty signed request's round trip), and each service's fixed cost per message
   fitted to the CPU its live process spent (``simulator.costs.fit_service``).  Reports
   allocation p50 / p99 live and simulated and their ratio.
+* ``predict``: a new live run (another load and seed) against the simulator charging
+  the costs a calibration measured -- nothing fitted to the run it predicts.
 * ``fig8``: simulated allocation time vs workers at fixed GMs / LMs (paper Fig. 8).
 * ``fig9``: simulated allocation time vs number of GMs at fixed workers (paper Fig. 9).
 
@@ -256,6 +258,55 @@ def calibrate(args: Any) -> dict[str, Any]:
     return report
 
 
+def predict(args: Any) -> dict[str, Any]:
+    """A new live run (``--load``, ``--seed``) against the simulator charging what
+    ``--costs`` (a calibrate.json) measured: nothing fitted to this run."""
+    if not args.costs:
+        raise SystemExit("predict needs --costs, a calibrate.json")
+    cal = json.loads(Path(args.costs).read_text())
+    c = cal["costs"]
+    out = Path(args.out_dir)
+    home = Path(os.environ.get("MEGHA_HOME", f"/tmp/megha-{args.name}")) / "predict"
+    cfg = replace(live_config(args.base_port, args.name), decide_batch=64)
+    wl = {
+        "jobs": args.jobs,
+        "tasks_per_job": 4,
+        "mean_duration": 0.5,
+        "job_rate": args.load * LIVE_NODES / 0.5 / 4,
+        "seed": args.seed,
+    }
+    jobs = workload(cfg, wl)
+    costs = CoreCosts(**{k: c[k] for k in CoreCosts.__dataclass_fields__})
+    hops = hop_samples(cal["live"]["floor_lm_during_run_s"], cal["live"]["floor_lm_s"]["p50"])
+    sim_cfg = sim_config(
+        costs, c["hop_s"], update_period_s=cfg.heartbeat_s, batch=cfg.decide_batch,
+        gm_service_s=c["gm_service_s"], lm_service_s=c["lm_service_s"], hop_samples_s=hops,
+    )  # fmt: skip
+    res, _ = simulate(cfg.clusters, cfg.gm_ids, cfg.user_configs, jobs, sim_cfg)
+    sim_a = _alloc(res.tasks)
+    live = run_live(cfg, home, wl, out / "predict")
+    live_a = live["allocation_time_s"]
+    report = {
+        "scenario": "predict",
+        "calibration": args.costs,
+        "workload": {**wl, "tasks": sum(len(j.tasks) for j in jobs)},
+        "live": {
+            "allocation_s": live_a,
+            "floor_lm_during_run_s": live["floor"]["lm_during_run_s"],
+            "cpu_s": live["cpu_s"],
+            "lost_tasks": live["lost_tasks"],
+        },
+        "predicted": {"allocation_s": sim_a},
+        "ratio_sim_over_live": {
+            "p50": sim_a["p50"] / live_a["p50"] if live_a["p50"] > 0 else 0.0,
+            "p99": sim_a["p99"] / live_a["p99"] if live_a["p99"] > 0 else 0.0,
+        },
+        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+    }
+    _write(out, "predict", report, [_row("live", live_a), _row("predicted", sim_a)])
+    return report
+
+
 def _components(res: SimResult) -> dict[str, float]:
     from common.metrics import summarize_tasks
 
@@ -382,7 +433,7 @@ def _write(
     plt.close(fig)
 
 
-SCENARIOS = {"calibrate": calibrate, "fig8": fig8, "fig9": fig9}
+SCENARIOS = {"calibrate": calibrate, "predict": predict, "fig8": fig8, "fig9": fig9}
 
 
 def add_arguments(ap: Any) -> None:
