@@ -1,10 +1,12 @@
 """Simulator scale: wall time, CPU per simulated task and peak memory.
 
-Two scenarios (issue 2, "How fast and how big"):
+Scenarios (issue 2, "How fast and how big"):
   yh1    YH1_sub (122,878 tasks) on 10,000 workers, 4 GMs x 25 LMs, with Sparrow and the
          centralized baseline, via `megha simulate` itself.
   big    a synthetic 300,000-task workload on 50,000 workers, 10 GMs x 50 LMs (Megha only).
-Each scenario runs in a child process so its peak RSS is its own.  Writes JSON to --out.
+Issue 12 (``benchmarks/sim_fidelity.py``): calibrate (live vs simulated allocation time),
+fig8 (vs workers), fig9 (vs GMs).
+Each of yh1 and big runs in a child process so its peak RSS is its own.  Writes JSON to --out.
 
     python benchmarks/bench_sim.py --scenario yh1 --trace ../shared/traces/YH1_sub.tr
     python benchmarks/bench_sim.py --scenario big
@@ -20,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import sim_fidelity as fidelity
+
 
 def _child(cmd: list[str]) -> dict[str, float]:
     t0 = time.perf_counter()
@@ -33,13 +37,17 @@ def _child(cmd: list[str]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--scenario", choices=("yh1", "big"), required=True)
+    ap.add_argument("--scenario", choices=("yh1", "big", *fidelity.SCENARIOS), required=True)
     ap.add_argument("--trace", default="../shared/traces/YH1_sub.tr")
     ap.add_argument(
         "--out", default=None, help="JSON file (default results/bench_sim_<scenario>.json)"
     )
     ap.add_argument("--seed", type=int, default=1)
+    fidelity.add_arguments(ap)
     args = ap.parse_args()
+    if args.scenario in fidelity.SCENARIOS:  # issue 12: does the simulator predict live?
+        print(json.dumps(fidelity.SCENARIOS[args.scenario](args), indent=2, default=float))
+        return
     results_dir = Path("results") / f"bench_sim_{args.scenario}"
     base = [sys.executable, "-m", "megha_cli.main", "simulate", "--seed", str(args.seed)]
     if args.scenario == "yh1":

@@ -20,18 +20,23 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import codec
 from common.cluster import PROFILES, make_federation
-from common.effects import Effect, Reply, ToGm, ToLm
+from common.effects import Effect, Reply, ToAllGms, ToGm, ToLm
 from common.ids import GmId, JobId, TaskId, UserId
 from common.messages import (
     AdmitJob,
     Decide,
     LaunchRequest,
+    LaunchResponse,
+    PreemptRequest,
+    PreemptResponse,
     ReportKind,
+    StateSnapshot,
     StateUpdated,
     SubmitJob,
     TaskEvents,
@@ -42,6 +47,9 @@ from common.model import TaskSpec, UserConfig
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from request_generator.workload import task_constraints
+
+if TYPE_CHECKING:
+    from simulator.megha_sim import SimConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,3 +175,64 @@ def measure(
         partition_nodes=partition,
         wire=wire,
     )
+
+
+# ------------------------------------------------------- what the simulator charges
+def gm_cost(cfg: SimConfig, msg: object) -> float:
+    """Busy time of a GM handling ``msg``: the core's cost by kind, an update's by the
+    nodes it carries, plus the service's fixed cost per message."""
+    base = cfg.gm_service_s + cfg.gm_message_s
+    if isinstance(msg, StateUpdated):
+        return base + cfg.update_node_s * len(msg.delta.nodes)
+    if isinstance(msg, LaunchResponse):
+        retried = sum(1 for r in msg.results if not r.accepted)
+        return base + cfg.update_node_s * len(msg.delta.nodes) + cfg.gm_decision_s * retried
+    if isinstance(msg, PreemptResponse):
+        return base + cfg.gm_decision_s * (not msg.accepted)
+    if isinstance(msg, StateSnapshot):
+        return base + cfg.update_node_s * len(msg.state.nodes)
+    if isinstance(msg, TaskEvents):
+        return cfg.gm_service_s + cfg.gm_message_s * len(msg.events)
+    return base
+
+
+def decision_cost(cfg: SimConfig, decisions: int) -> float:
+    """Busy time of a GM making ``decisions`` placements in one turn."""
+    return cfg.gm_decision_s * decisions
+
+
+def lm_cost(cfg: SimConfig, msg: object) -> float:
+    """Busy time of an LM handling ``msg`` (validations by placement)."""
+    base = cfg.lm_service_s + cfg.lm_message_s
+    if isinstance(msg, LaunchRequest):
+        return base + cfg.lm_validation_s * len(msg.placements)
+    if isinstance(msg, PreemptRequest):
+        return base + cfg.lm_validation_s * 4
+    return base
+
+
+def lm_send_cost(cfg: SimConfig, effects: Sequence[Effect]) -> float:
+    """Busy time of an LM encoding the state updates it publishes, by their size."""
+    if cfg.lm_update_node_s <= 0:
+        return 0.0
+    nodes = sum(
+        len(e.msg.delta.nodes)
+        for e in effects
+        if isinstance(e, ToAllGms) and isinstance(e.msg, StateUpdated)
+    )
+    return cfg.lm_update_node_s * nodes
+
+
+def fit_service(live_cpu_s: float, sim_busy_s: float, sim_handled: int) -> float:
+    """The fixed cost per message that makes a simulated server's busy time equal the
+    CPU its live process spent on the same workload (never negative)."""
+    if sim_handled <= 0:
+        return 0.0
+    return max(0.0, (live_cpu_s - sim_busy_s) / sim_handled)
+
+
+def hop(cfg: SimConfig, rng: random.Random) -> float:
+    """One hop's delay: drawn from the live samples if there are any, else constant."""
+    if cfg.hop_samples_s:
+        return rng.choice(cfg.hop_samples_s)
+    return cfg.network_delay_s

@@ -15,10 +15,15 @@ queues form where they would form in a real deployment:
   worker; its timers (``After``) become events of the loop.
 * Heartbeats: every LM sends its state delta to every GM each ``update_period_s``,
   the LMs' phases spread over the period.
+* What each message costs a server, and what a hop takes, is ``simulator.costs``'s
+  (``gm_cost``, ``decision_cost``, ``lm_cost``, ``lm_send_cost``, ``hop``): the cores'
+  costs by default; calibrated to a live run, also each service's fixed cost per
+  message and hop times measured live (``docs/calibration.md``).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -67,6 +72,7 @@ from global_master.core import GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
 from request_generator.workload import Job, to_submission
+from simulator import costs
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from worker.core import WorkerPool
@@ -94,6 +100,17 @@ class SimConfig:
     """Decisions a GM makes before sending (launches to one LM share a request)."""
     max_retries: int = 3
     patience: int = 8
+    gm_service_s: float = 0.0
+    """Fixed busy time of a GM service per message it receives (its framework,
+    signing, sealing, event loop); 0: the core alone.  ``simulator.costs.fit_service``
+    fits it to a live run."""
+    lm_service_s: float = 0.0
+    """The same at an LM."""
+    hop_samples_s: tuple[float, ...] = ()
+    """One-way hop times measured live; each hop draws one (seeded) instead of
+    ``network_delay_s``."""
+    lm_update_node_s: float = 0.0
+    """Busy time of an LM per node of a state update it publishes (encoding)."""
     sample_usage_every_s: float | None = None
     """Record each user's dominant share of the federation this often (Carbyne reports)."""
 
@@ -117,11 +134,15 @@ class SimResult:
 class _Server:
     """A GM or LM as a single server with a FIFO inbox."""
 
-    __slots__ = ("busy", "inbox")
+    __slots__ = ("busy", "busy_s", "handled", "inbox")
 
     def __init__(self) -> None:
         self.inbox: deque[tuple[float, Any]] = deque()
         self.busy = False
+        self.busy_s = 0.0
+        """Busy time charged so far."""
+        self.handled = 0
+        """Messages and decision turns handled so far."""
 
 
 QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
@@ -139,6 +160,7 @@ class MeghaSimulation:
         queues_factory: QueuesFactory | None = None,
     ) -> None:
         self.cfg = config or SimConfig()
+        self._hops = random.Random(0)
         self.loop = EventLoop()
         lm_ids = [c.lm for c in clusters]
         self.gms: dict[GmId, GlobalMaster] = {}
@@ -215,25 +237,6 @@ class MeghaSimulation:
         for g in self.gms:
             self._deliver_gm(g, msg)
 
-    def _gm_cost(self, gm: GlobalMaster, msg: Any) -> float:
-        cfg = self.cfg
-        if isinstance(msg, StateUpdated):
-            return cfg.gm_message_s + cfg.update_node_s * len(msg.delta.nodes)
-        if isinstance(msg, LaunchResponse):
-            retried = sum(1 for r in msg.results if not r.accepted)
-            return (
-                cfg.gm_message_s
-                + cfg.update_node_s * len(msg.delta.nodes)
-                + cfg.gm_decision_s * retried
-            )
-        if isinstance(msg, PreemptResponse):
-            return cfg.gm_message_s + cfg.gm_decision_s * (not msg.accepted)
-        if isinstance(msg, StateSnapshot):
-            return cfg.gm_message_s + cfg.update_node_s * len(msg.state.nodes)
-        if isinstance(msg, TaskEvents):
-            return cfg.gm_message_s * len(msg.events)
-        return cfg.gm_message_s
-
     def _gm_step(self, gm_id: GmId) -> None:
         """The GM handles its next message, or makes its next decisions, or idles."""
         srv = self._gm_srv[gm_id]
@@ -242,15 +245,17 @@ class MeghaSimulation:
         if srv.inbox:
             _, msg = srv.inbox.popleft()
             effects = gm.handle(msg, now)
-            cost = self._gm_cost(gm, msg)
+            cost = costs.gm_cost(self.cfg, msg)
         elif gm.has_work():
             before = gm.counters.decisions
             effects = gm.handle(Decide(max_tasks=self.cfg.batch), now)
-            cost = self.cfg.gm_decision_s * (gm.counters.decisions - before)
+            cost = costs.decision_cost(self.cfg, gm.counters.decisions - before)
         else:
             srv.busy = False
             return
         srv.busy = True
+        srv.busy_s += cost
+        srv.handled += 1
         done = now + cost
         self._route(effects, done, gm_id=gm_id)
         self.loop.at(done, self._gm_step, gm_id)
@@ -268,15 +273,10 @@ class MeghaSimulation:
         if not srv.inbox:
             srv.busy = False
             return
-        cfg = self.cfg
-        msg = srv.inbox[0][1]
-        if isinstance(msg, LaunchRequest):
-            cost = cfg.lm_message_s + cfg.lm_validation_s * len(msg.placements)
-        elif isinstance(msg, PreemptRequest):
-            cost = cfg.lm_message_s + cfg.lm_validation_s * 4
-        else:
-            cost = cfg.lm_message_s
+        cost = costs.lm_cost(self.cfg, srv.inbox[0][1])
         srv.busy = True
+        srv.busy_s += cost
+        srv.handled += 1
         self.loop.after(cost, self._lm_done, lm_id)
 
     def _lm_done(self, lm_id: LmId) -> None:
@@ -284,8 +284,13 @@ class MeghaSimulation:
         arrived, msg = srv.inbox.popleft()
         now = self.loop.now
         effects = self.lms[lm_id].handle(msg, now)
-        self._route(effects, now, lm_id=lm_id, request=msg, arrived=arrived)
-        self._lm_step(lm_id)
+        send = costs.lm_send_cost(self.cfg, effects)  # encoding what it publishes
+        self._lm_srv[lm_id].busy_s += send
+        self._route(effects, now + send, lm_id=lm_id, request=msg, arrived=arrived)
+        if send > 0:
+            self.loop.after(send, self._lm_step, lm_id)
+        else:
+            self._lm_step(lm_id)
 
     def _heartbeat(self, lm_id: LmId) -> None:
         if self.outstanding <= 0:
@@ -318,7 +323,7 @@ class MeghaSimulation:
         """Carry out a core's effects at time ``t`` (the end of its processing)."""
         if not effects:
             return
-        at = t + self.cfg.network_delay_s
+        at = t + costs.hop(self.cfg, self._hops)
         loop = self.loop
         starts: list[StartTask] = []
         stops: list[StopTask] = []
@@ -429,6 +434,13 @@ class MeghaSimulation:
             self.stuck = self.book.outstanding
             return
         self.loop.after(self.cfg.update_period_s * 3, self._watchdog)
+
+    def server_load(self) -> dict[str, dict[str, float]]:
+        """Per GM and LM: busy time charged and messages (or decision turns) handled."""
+        return {
+            str(name): {"busy_s": srv.busy_s, "handled": srv.handled}
+            for name, srv in (*self._gm_srv.items(), *self._lm_srv.items())
+        }
 
     def counters(self) -> dict[str, float]:
         gm = total((g.counters for g in self.gms.values()), GmCounters).as_dict()

@@ -134,16 +134,19 @@ def _pack_in_time(
     in_use: list[float],
     held: Callable[[float], Sequence[float]] | None = None,
     started: Callable[[float, float, Task], None] | None = None,
+    *,
+    stretch: bool = True,
 ) -> float:
     """List scheduling in time: at ``start`` and at each completion, start the ready
     tasks that fit in ``cap`` (beside ``in_use`` and ``held(end)``), longest first.
 
     A stage is ready once every stage it waits on (``left[...] == 0``) is done;
     ``waiting_on[s]`` are the stages that wait on ``s``.  A task bigger than ``cap``
-    starts alone and time-shares the allocation: it takes ``_stretch`` times longer
-    (a job whose fair share is smaller than one of its tasks gets that task for a
-    fraction of the time, as DRF's processor sharing gives it).  Returns the last
-    completion time; ``started(time, length, task)`` sees every task packed.
+    starts alone; with ``stretch`` it time-shares the allocation and takes ``_stretch``
+    times longer (a job whose fair share is smaller than one of its tasks gets that
+    task for a fraction of the time, as DRF's processor sharing gives it), without it
+    it runs at full speed.  Returns the last completion time; ``started(time, length,
+    task)`` sees every task packed.
     """
     blocked = dict.fromkeys(stages, 0)
     for s in stages:
@@ -165,7 +168,7 @@ def _pack_in_time(
                 if heap or any(u > EPS for u in in_use):
                     break  # nothing more starts before the next completion
                 d = ready.first_any()
-                length = _stretch(d, cap)
+                length = _stretch(d, cap) if stretch else 1.0
             task, s = ready.pop(d)
             length *= task.duration
             heapq.heappush(heap, (clock + length, seq, d, s))
@@ -223,7 +226,12 @@ def must_start(
 ) -> list[tuple[float, Task]]:
     """Reverse packing from ``T_k`` (= ``horizon_end``): the latest start of each
     runnable task that still meets ``T_k`` (absolute times, earliest first); the tasks
-    whose latest start is now must start now."""
+    whose latest start is now must start now.
+
+    A task larger than ``cap`` is packed alone at full speed: the job need not
+    time-share it from now on (as the forward packing that gave ``T_k`` assumed) but
+    may run it whole later, when the leftover of others or its own share returns it
+    -- the area it is owed is the same."""
     m = len(cap)
     # held(x): what running tasks hold at reverse time x (they sit at the end)
     reserved = sorted((horizon_end - max(end, now), d) for end, d, _ in running)
@@ -244,6 +252,8 @@ def must_start(
     # reversed: a stage waits for its children; running tasks count as done
     left = {s: len(st.waiting) for s, st in stages.items()}
     parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
-    _pack_in_time(stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started)
+    _pack_in_time(
+        stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started, stretch=False
+    )
     latest.sort(key=lambda p: p[0])
     return latest

@@ -75,14 +75,27 @@ class CarbyneQueues(JobQueues):
         """Intra-job: the runnable tasks whose latest start (reverse packing from T_k,
         T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
         in time: it is reused until one of the job's tasks ends or comes back or its
-        allocation changes (a task starting as planned changes neither)."""
+        allocation changes (a task starting as planned changes neither).  ``T_k`` never
+        moves later than a previous plan put it unless a job arrived since."""
         key = (job.events, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
         if job.packed is None or job.packed[0] != key:
             running = job.running_list()
             t_k = forward_pack(now, alloc, cap, job.stages, running)
+            # T_k is a promise until a new job arrives (seed Theorem 3.1): a job that
+            # waited because it was altruistic is not promised a later completion for it
+            # (else the longest jobs wait forever)
+            if job.deadline is not None and job.deadline[1] == self.arrivals:
+                t_k = min(t_k, job.deadline[0])
+            job.deadline = (t_k, self.arrivals)
             latest = must_start(now, t_k, alloc, cap, job.stages, running, set(job.queued))
             job.packed = (key, latest)
         return [t for start, t in job.packed[1] if start <= now + EPS and t.task_id in job.queued]
+
+    @staticmethod
+    def _by_latest_start(job: JobState) -> list[Task]:
+        """The job's runnable tasks, latest start (reverse packing) earliest first."""
+        order = {t.task_id: k for k, (_, t) in enumerate(job.packed[1] if job.packed else ())}
+        return sorted(job.queued.values(), key=lambda t: order.get(t.task_id, len(order)))
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         # leftover yielded, in dominant share x seconds, since the previous plan
@@ -112,7 +125,7 @@ class CarbyneQueues(JobQueues):
             self.last_yield[j.job_id] = [max(0.0, x) for x in room]
             rate += dominant(self.last_yield[j.job_id], cap)
             picked = {t.task_id for t in chosen}
-            candidates.append((j, [t for t in j.queued.values() if t.task_id not in picked]))
+            candidates.append((j, [t for t in self._by_latest_start(j) if t.task_id not in picked]))
         self._yield_rate = rate
         if self.yields is not None:
             self.yields.append((now, dict(self.last_yield)))

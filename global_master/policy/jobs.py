@@ -84,6 +84,9 @@ class JobState:
     Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
     packed: tuple[tuple[int, tuple[int, ...]], list[tuple[float, Task]]] | None = None
     """Carbyne's last reverse packing, keyed by (events, allocation)."""
+    deadline: tuple[float, int] | None = None
+    """Carbyne's T_k and how many jobs had arrived when it was promised: until another
+    job arrives, a job's own altruism never moves T_k later."""
     cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
     level: dict[int, int] = field(default_factory=dict)
     """Each stage's depth in the whole DAG (0: a root)."""
@@ -216,6 +219,8 @@ class JobQueues(UserQueues):
     ) -> None:
         super().__init__(users, patience=patience)
         self.jobs: dict[JobId, JobState] = {}
+        self.arrivals = 0
+        """Jobs that have arrived so far (Carbyne: a new one may move every T_k later)."""
         self.shares: dict[UserId, float] = dict(shares or {})
         self._capacity: list[float] = []
         self._node_caps: set[Resources] = set()
@@ -279,6 +284,7 @@ class JobQueues(UserQueues):
         job = self.jobs.get(task.job_id)
         if job is None:  # a plain job: one stage, its tasks arrive through submit
             job = self.jobs[task.job_id] = JobState(task.job_id, task.user, self.now, None)
+            self.arrivals += 1
         if task.task_id not in job.stage_of:
             sid = 0
             if job.progress is not None:
@@ -301,6 +307,7 @@ class JobQueues(UserQueues):
             for t in s.tasks:
                 state.stage_of[t.task_id] = s.stage_id
         self.jobs[job.job_id] = state
+        self.arrivals += 1
         self._dags[job.job_id] = progress
         for t in progress.roots():
             t.submit(now)

@@ -1,24 +1,61 @@
 """Shortest job first (Carbyne's JCT upper bound, seed §5.1).
 
-Jobs in the order of their remaining critical path (the critical path method,
-``common.dag.finish_times``), shortest first, ties by arrival; within a job its
-runnable tasks breadth-first.  Every runnable task is an ask against what is free
-(work conserving); no fairness, so every task is ALTRUISTIC: never a reason to preempt.
+A job's length is found by the critical path method run with its resources: its
+remaining DAG list-scheduled alone on the entitled capacity (``forward_pack``; on an
+idle cluster of unbounded size this is the plain critical path, on a real one it also
+counts a wide stage's tasks that cannot all run at once).  Jobs go shortest remaining
+first, ties by arrival; within a job the tasks on its longest remaining path first
+(CPM), then breadth-first.  Every runnable task is an ask against what is free (work
+conserving); no fairness, so every task is ALTRUISTIC: never a reason to preempt.
 """
 
 from __future__ import annotations
 
+from common.dag import children_of, finish_times
 from common.ids import JobId
-from global_master.policy.jobs import Ask, JobQueues
+from common.model import Task
+from global_master.policy.altruism import forward_pack
+from global_master.policy.jobs import Ask, JobQueues, JobState
 from global_master.policy.vectors import Vec
 
 
+def job_finish_alone(job: JobState, now: float, cap: list[float]) -> float:
+    """When the job's remaining DAG would end if it had ``cap`` to itself (cached
+    until one of its tasks changes)."""
+    hit = job.memo("finish_alone")
+    if hit is None:
+        hit = forward_pack(now, cap, cap, job.stages, job.running_list())
+        job.cached["finish_alone"] = (job.version, hit)
+    return float(hit)
+
+
+def critical_first(job: JobState) -> list[Task]:
+    """Runnable tasks, longest remaining path to the job's end first (CPM), then
+    breadth-first."""
+    hit = job.memo("critical_first")
+    if hit is None:
+        length = {
+            s: max((t.duration for t in st.waiting), default=0.0) for s, st in job.stages.items()
+        }
+        # on the reversed DAG, a stage's finish time is its longest path to the end
+        tail = finish_times(children_of(job.parents()), length)
+        rank = {t.task_id: k for k, t in enumerate(job.breadth_first())}
+        hit = sorted(
+            job.queued.values(),
+            key=lambda t: (-tail.get(job.stage_of[t.task_id], 0.0), rank[t.task_id]),
+        )
+        job.cached["critical_first"] = (job.version, hit)
+    return list(hit)
+
+
 class SjfQueues(JobQueues):
-    """Shortest job first by remaining critical path; breadth-first within a job."""
+    """Shortest remaining job first by resource-aware critical path; CPM within a job."""
 
     name = "sjf"
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
-        jobs = sorted(self.active(), key=lambda j: (j.critical_path(now), j.arrival, j.job_id))
+        jobs = sorted(
+            self.active(), key=lambda j: (job_finish_alone(j, now, cap), j.arrival, j.job_id)
+        )
         # no fairness: no task has a share behind it
-        return [Ask(t, altruistic=True) for j in jobs for t in j.breadth_first()], {}
+        return [Ask(t, altruistic=True) for j in jobs for t in critical_first(j)], {}

@@ -361,7 +361,7 @@ def test_a_failed_task_fails_the_stages_that_needed_it_explicitly(policy: str) -
     effects = _submit_dag(gm, job, 0.0) + decide(gm, 0.0, max_tasks=10)
     failed = {f.task.task_id: f.reason for f in failures(effects)}
     assert set(failed) == {"j.s0.t0", "j.s2.t0", "j.s2.t1"}
-    assert failed["j.s2.t0"] == "parent task j.s0.t0 failed"
+    assert failed[TaskId("j.s2.t0")] == "parent task j.s0.t0 failed"
     assert not gm.queues.has_work()
     if isinstance(gm.queues, JobQueues):
         assert list(gm.queues.jobs[JobId("j")].stages) == [1]
@@ -407,3 +407,84 @@ def test_a_task_failing_on_its_worker_fails_its_dependent_stages(policy: str) ->
     assert not gm.queues.has_work()
     if isinstance(gm.queues, JobQueues):
         assert not gm.queues.jobs
+
+
+# ------------------------------------------------ issue 12: faithful mechanisms
+def test_reverse_packing_runs_a_task_larger_than_the_share_at_full_speed() -> None:
+    """One task of 10 units for 1 s, a share of 5: forward packing time-shares it
+    (T_k = 2 s), but the job may run it whole in the last second: latest start 1 s,
+    so at t = 0 it need not start (it yields its share)."""
+    job = make_job("j", "A", 0.0, [(0, [((10,), 1.0)], [])])
+    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in job.stages}
+    t_k = forward_pack(0.0, (5,), (100,), stages, [])
+    assert t_k == pytest.approx(2.0)
+    ids = {t.task_id for t in job.tasks}
+    latest = must_start(0.0, t_k, (5,), (100,), stages, [], ids)
+    assert [s for s, _ in latest] == pytest.approx([1.0])
+
+
+def test_carbyne_keeps_t_k_until_a_new_job_arrives() -> None:
+    """Capacity 10; J alone gets all of it (DRF gives B's unused share away): a chain of
+    two 2-s tasks, T_k = 4 s.  At t = 1, with nothing started (J was altruistic), a
+    fresh packing says 5 s; T_k stays 4 s.  When a second job arrives and takes half the
+    capacity, T_k moves later: both tasks time-share 5 of their 10, 1 + 2 x 4 = 9 s."""
+    q = CarbyneQueues([A, B], shares={A: 0.5, B: 0.5}, capacity=(10,))
+    j = make_job("j", "A", 0.0, [(0, [((10,), 2.0)], []), (1, [((10,), 2.0)], [0])])
+    q.add_job(j, 0.0)
+    q.has_work()
+    state = q.jobs[JobId("j")]
+    assert state.deadline is not None
+    assert state.deadline[0] == pytest.approx(4.0)
+    state.events += 1  # a re-plan at t = 1 (a task of J came back, say)
+    q.now = 1.0
+    q._dirty = True
+    q.has_work()
+    assert state.deadline[0] == pytest.approx(4.0)
+    q.add_job(make_job("k", "A", 1.0, [(0, [((10,), 9.0)], [])]), 1.0)
+    q.has_work()
+    assert state.deadline[0] == pytest.approx(9.0)
+
+
+def test_sjf_counts_a_wide_stage_that_cannot_run_at_once() -> None:
+    """Capacity 10.  'wide': ten 1-s tasks of 10 (critical path 1 s, but 10 s alone);
+    'narrow': a chain of two 2-s tasks (4 s).  SJF by the critical path alone would
+    run 'wide' first; counting resources, 'narrow' is the shorter job."""
+    q = SjfQueues([A], capacity=(10,))
+    q.add_job(make_job("wide", "A", 0.0, [(0, [((10,), 1.0)] * 10, [])]), 0.0)
+    q.add_job(
+        make_job("narrow", "A", 0.0, [(0, [((10,), 2.0)], []), (1, [((10,), 2.0)], [0])]), 0.0
+    )
+    first = q.pop()
+    assert first is not None
+    assert first.job_id == "narrow"
+
+
+def test_sjf_starts_the_task_on_the_longest_remaining_path_first() -> None:
+    """Two root stages: s0 (1 s, nothing after it) and s1 (1 s, then s2 of 5 s).
+    Room for one task: s1's goes first (6 s of path left against 1 s)."""
+    q = SjfQueues([A], capacity=(10,))
+    stages = [(0, [((10,), 1.0)], []), (1, [((10,), 1.0)], []), (2, [((10,), 5.0)], [1])]
+    q.add_job(make_job("j", "A", 0.0, stages), 0.0)
+    first = q.pop()
+    assert first is not None
+    assert first.task_id.startswith("j.s1.")
+
+
+def test_leftover_goes_srtf_first_then_packs_what_did_not_fit() -> None:
+    """Leftover (6, 6).  Job 'short' (less work) asks (5, 1) and (5, 1); job 'long'
+    asks (1, 5).  SRTF gives 'short' its first task; its second does not fit, 'long's
+    does (packing): order short.t0, long.t0, then short.t1 (does not fit)."""
+    from global_master.policy.leftover import schedule_leftover
+
+    q = DrfQueues([A], capacity=(100, 100))
+    short = make_job("short", "A", 0.0, [(0, [((5, 1), 1.0)] * 2, [])])
+    long = make_job("long", "A", 0.0, [(0, [((1, 5), 9.0)], [])])
+    q.add_job(short, 0.0)
+    q.add_job(long, 0.0)
+    js, jl = q.jobs[JobId("short")], q.jobs[JobId("long")]
+    room = [6.0, 6.0]
+    order = schedule_leftover(
+        [(jl, list(jl.queued.values())), (js, list(js.queued.values()))], room, (100, 100), 0.0
+    )
+    assert [t.task_id for t in order] == ["short.s0.t0", "long.s0.t0", "short.s0.t1"]
+    assert room == pytest.approx([0.0, 0.0])
