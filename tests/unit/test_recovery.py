@@ -6,7 +6,7 @@ No event loop, no sleeps."""
 from __future__ import annotations
 
 from common import codec
-from common.effects import Reply, ToGm, ToLm, ToWorker
+from common.effects import Reply, ToGm, ToLm, ToUser, ToWorker
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
     CheckWorkers,
@@ -23,6 +23,7 @@ from common.messages import (
     StartTask,
     StartTasks,
     SubmitJob,
+    TaskDue,
     WorkerHeartbeat,
 )
 from common.model import NodeSpec
@@ -273,3 +274,27 @@ def test_the_id_of_a_returned_task_s_job_is_always_a_valid_id() -> None:
                         tasks=(make_task(),))  # fmt: skip
         assert codec.decode(codec.encode(job)) == job
     assert resume_id(JobId("a" * 200), 1) != resume_id(JobId("a" * 199 + "b"), 1)
+
+
+def test_a_task_that_ended_while_its_gm_and_lm_were_down_reaches_its_user_once() -> None:
+    """Its job was acknowledged before both died (nothing will redeliver it): the new
+    LM learns the end from its pool, the new GM from the LM's snapshot, and the user
+    is told once, whichever of the end event and the snapshot comes first."""
+    for event_first in (True, False):
+        pool = WorkerPool(LM0, 2)
+        t = make_task(duration=1.0)
+        pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=NodeIndex(0), spec=t,
+                                                                 attempt=1, gm=GM0),)), 0.0)  # fmt: skip
+        pool.handle(TaskDue(user=t.user, task_id=t.task_id, attempt=1), 1.0)  # no LM to hear it
+        lm = fresh_lm(epoch=2)
+        learnt = lm.handle(registration(pool, 2.0), 2.0)
+        ends = [e.msg for e in learnt if isinstance(e, ToGm)]
+        gm = make_gm()  # restarted: knows nothing
+        told = []
+        if event_first:
+            told += gm.handle(as_events(LM0, ends), 2.5)
+        told += gm.handle(lm.snapshot(GM0), 3.0)
+        if not event_first:
+            told += gm.handle(as_events(LM0, ends), 3.5)
+        finished = [e.msg for e in told if isinstance(e, ToUser)]
+        assert [(o.task.task_id, o.finished) for o in finished] == [(t.task_id, True)], event_first
