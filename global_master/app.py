@@ -105,6 +105,7 @@ class GmService:
             cfg.user_configs,
             queues=queues,
             limits=AdmissionLimits(max_task_duration_s=cfg.max_task_duration_s),
+            overload=cfg.overload,
         )
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)

@@ -63,6 +63,7 @@ from common.messages import (
 )
 from common.metrics import GmCounters, LmCounters, total
 from common.model import Task, TaskKey, UserConfig
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
@@ -94,6 +95,9 @@ class SimConfig:
     """Decisions a GM makes before sending (launches to one LM share a request)."""
     max_retries: int = 3
     patience: int = 8
+    overload: OverloadPolicy = field(default_factory=OverloadPolicy)
+    """The waiting index, preemption grace and rate limit, repartition batching (issue
+    11); the paper's GM by default, ``megha simulate`` uses ``OVERLOAD_DEFAULTS``."""
     sample_usage_every_s: float | None = None
     """Record each user's dominant share of the federation this often (Carbyne reports)."""
 
@@ -152,6 +156,7 @@ class MeghaSimulation:
                 max_retries=self.cfg.max_retries,
                 patience=self.cfg.patience,
                 queues=queues,
+                overload=self.cfg.overload,
             )
         self.lms: dict[LmId, LocalMaster] = {
             c.lm: LocalMaster(c.lm, c.nodes, c.home, gms=gm_ids, report_starts=False)
