@@ -102,6 +102,8 @@ class FederationConfig:
     resources could fit it, instead of going round its queue."""
     preempt_grace_s: float = OVERLOAD_DEFAULTS.preempt_grace_s
     """A user below its share preempts only after waiting this long below it."""
+    preempt_below: float = OVERLOAD_DEFAULTS.preempt_below
+    """...and only while it holds less than this fraction of its share."""
     preempt_per_lm: int = OVERLOAD_DEFAULTS.preempt_per_lm
     """Preemption requests a GM sends one LM per ``preempt_period_s`` (0: no limit)."""
     preempt_period_s: float = OVERLOAD_DEFAULTS.preempt_period_s
@@ -116,6 +118,7 @@ class FederationConfig:
         return OverloadPolicy(
             wait_index=self.wait_index,
             preempt_grace_s=self.preempt_grace_s,
+            preempt_below=self.preempt_below,
             preempt_per_lm=self.preempt_per_lm,
             preempt_period_s=self.preempt_period_s,
             repartition_batching=self.repartition_batching,

@@ -26,6 +26,9 @@ class OverloadPolicy:
     preempt_grace_s: float = 0.0
     """A user below its share preempts only after waiting this long below it (YARN's
     fair-share preemption timeout): short shortfalls are made up by completions."""
+    preempt_below: float = 1.0
+    """...and only while it holds less than this fraction of its share (YARN's fair-share
+    preemption threshold): near its share, completions close the gap, not preemption."""
     preempt_per_lm: int = 0
     """Preemption requests this GM sends to one LM per ``preempt_period_s`` (0: no limit)."""
     preempt_period_s: float = 10.0
@@ -39,6 +42,7 @@ class OverloadPolicy:
 OVERLOAD_DEFAULTS = OverloadPolicy(
     wait_index=True,
     preempt_grace_s=10.0,
+    preempt_below=0.5,
     preempt_per_lm=2,
     preempt_period_s=10.0,
     repartition_batching=True,

@@ -67,7 +67,6 @@ from common.messages import (
     TaskOutcome,
 )
 from common.metrics import GmCounters
-from common.overload import OverloadPolicy
 from common.model import (
     Phase,
     Resources,
@@ -80,6 +79,7 @@ from common.model import (
     fits,
     new_task,
 )
+from common.overload import OverloadPolicy
 from common.schema import MAX_ID_LEN
 from global_master.queues import UserQueues
 from global_master.view import LmView
@@ -591,9 +591,7 @@ class GlobalMaster:
         for lm, placements in batches.items():
             if batching and any(p.repartition for p in placements):
                 if self._rep_busy(lm, now):
-                    self._deferred.setdefault(lm, []).extend(
-                        p for p in placements if p.repartition
-                    )
+                    self._deferred.setdefault(lm, []).extend(p for p in placements if p.repartition)
                     placements = [p for p in placements if not p.repartition]
                     if not placements:
                         continue
@@ -779,21 +777,28 @@ class GlobalMaster:
                 masks, free = view.node_masks, view.free
                 for i in freed:
                     room = free[i]
-                    if not all(x > 0 for x in room):
-                        continue
-                    room = list(room)
                     node_mask = masks[i]
+                    copied = False
                     for cls in list(waiting.by_class):
                         mask, demand = cls
                         if mask & ~node_mask:
                             continue
-                        k = min((x // d for x, d in zip(room, demand, strict=True) if d > 0),
-                                default=0)  # fmt: skip
+                        k = -1
+                        for x, d in zip(room, demand, strict=True):
+                            if d > 0:
+                                q = x // d
+                                if k < 0 or q < k:
+                                    k = q
+                                    if k <= 0:
+                                        break
                         if k <= 0:
                             continue
-                        if order is None:
+                        users = waiting.by_class[cls]
+                        if len(users) > 1 and order is None:
                             order = self._wake_order()
-                        got = waiting.take(cls, k, order)
+                        got = waiting.take(cls, k, order or ())
+                        if not copied:
+                            room, copied = list(room), True
                         for r, d in enumerate(demand):
                             room[r] -= d * len(got)
                         woken.extend(got)
@@ -811,20 +816,22 @@ class GlobalMaster:
         users = [u for u in self.users if u in self.queues]
         return sorted(users, key=lambda u: shares.get(u, 0.0) / max(self.users[u].share, 1e-9))
 
-    def _below_share(self, user: UserId) -> bool:
+    def _below_share(self, user: UserId, fraction: float = 1.0) -> bool:
+        """``user`` holds less than ``fraction`` of its share (its in-flight requests
+        to LMs counted)."""
         own = 0.0
         for fl in self.inflight.values():
             if fl.task.user == user:
                 own += self._share_of(fl.task.demand)
-        return self.dominant_shares().get(user, 0.0) + own < self.users[user].share
+        return self.dominant_shares().get(user, 0.0) + own < self.users[user].share * fraction
 
     def _grace_over(self, task: Task, now: float) -> bool:
         """May ``task``'s user preempt now?  Only once it has waited below its share
         for ``preempt_grace_s`` (a user at its share never preempts: Alg. 2)."""
-        grace = self.overload.preempt_grace_s
-        if grace <= 0:
+        grace, below = self.overload.preempt_grace_s, self.overload.preempt_below
+        if grace <= 0 and below >= 1:
             return True
-        if not self._below_share(task.user):
+        if not self._below_share(task.user, below):
             self._starved.pop(task.user, None)
             self._note(task, WaitReason.USER_AT_SHARE)
             return False
@@ -844,7 +851,7 @@ class GlobalMaster:
         for user, since in list(self._starved.items()):
             if now - since < pol.preempt_grace_s:
                 continue
-            if not self.waiting.count(user) or not self._below_share(user):
+            if not self.waiting.count(user) or not self._below_share(user, pol.preempt_below):
                 del self._starved[user]
                 continue
             budget = sum(self._preempt_room(lm, now) for lm in self.lms)
@@ -932,6 +939,7 @@ class GlobalMaster:
                 violators.append((ds - cfg.share, u))
         violators.sort(reverse=True)
         tried = self._preempt_tried.setdefault(task.key, set())
+        limited = False
         for _, victim in violators:
             ranked = sorted(
                 (lm for lm, v in self.views.items() if any(v.usage.get(victim, ()))),
@@ -941,7 +949,7 @@ class GlobalMaster:
                 if (victim, lm) in tried:
                     continue
                 if not self._preempt_room(lm, now):
-                    self.counters.preemptions_rate_limited += 1
+                    limited = True
                     continue
                 tried.add((victim, lm))
                 self._victim_pending[victim] = self._victim_pending.get(victim, 0.0) + need
@@ -957,6 +965,8 @@ class GlobalMaster:
                     known_version=self._known_version(lm),
                     queued_at=task.submitted_at,
                 )
+        if limited:
+            self.counters.preemptions_rate_limited += 1
         self._note(task, WaitReason.PREEMPTION_FAILED)
         return None
 
