@@ -758,7 +758,6 @@ class GlobalMaster:
         self._forget(task.key)
         task.mark(Phase.QUEUEING, now)
         self.waiting.add(task)
-        self.queues.failed(task.user)
 
     def _wake(self, now: float) -> None:
         """Waiting tasks that the freed nodes could fit go back to the front of their
@@ -838,6 +837,7 @@ class GlobalMaster:
         since = self._starved.setdefault(task.user, now)
         if now - since >= grace:
             return True
+        self._grace_check = min(self._grace_check, since + grace)
         self.counters.preemptions_deferred += 1
         return False
 
@@ -847,9 +847,11 @@ class GlobalMaster:
         if not self._starved or now < self._grace_check:
             return
         pol = self.overload
-        self._grace_check = now + min(pol.preempt_grace_s, pol.preempt_period_s) / 2
+        retry = now + max(pol.preempt_period_s, 1e-3) / 4  # budgets refill meanwhile
+        self._grace_check = retry
         for user, since in list(self._starved.items()):
             if now - since < pol.preempt_grace_s:
+                self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
                 continue
             if not self.waiting.count(user) or not self._below_share(user, pol.preempt_below):
                 del self._starved[user]
@@ -965,8 +967,9 @@ class GlobalMaster:
                     known_version=self._known_version(lm),
                     queued_at=task.submitted_at,
                 )
-        if limited:
+        if limited:  # its turn comes when the budgets refill (``_grace_due``)
             self.counters.preemptions_rate_limited += 1
+            self._starved.setdefault(task.user, now)
         self._note(task, WaitReason.PREEMPTION_FAILED)
         return None
 
