@@ -75,7 +75,8 @@ def test_a_task_without_room_waits_and_is_not_examined_on_every_event() -> None:
     tasks = [make_task() for _ in range(5)]
     submit(gm, tasks, 0.0)
     assert drain(gm, 1.0) == []
-    assert len(gm.waiting) == 5 and gm.counters.waited == 5
+    assert len(gm.waiting) == 5
+    assert gm.counters.waited == 5
     decisions = gm.counters.decisions
     for k in range(10):  # state updates that free nothing wake nobody
         for hb in heartbeat(lm, 2.0 + k):
@@ -121,7 +122,8 @@ def test_a_freed_node_wakes_only_classes_it_can_fit() -> None:
     occupy(lm, make_task(1, 1, job="other"), 0, 1.0)  # 3 of 4 free: fits neither
     for hb in heartbeat(lm, 1.0):
         gm.handle(hb.msg, 1.0)  # type: ignore[attr-defined]
-    assert gm.counters.woken == 0 and not gm.has_work()
+    assert gm.counters.woken == 0
+    assert not gm.has_work()
     finish(lm, gm, b1, 1, 2.0)  # node 1 meets constraint 1 and is empty: room for one
     assert gm.counters.woken == 1
     (req,) = drain(gm, 2.0)
@@ -231,7 +233,8 @@ def test_a_user_below_its_share_preempts_only_after_the_grace_period() -> None:
         gm.handle(hb.msg, 31.0)  # type: ignore[attr-defined]
     assert gm.has_work()
     (req,) = preempts(gm.decide(31.0))
-    assert req.victim == UserId("a") and req.spec == t
+    assert req.victim == UserId("a")
+    assert req.spec == t
 
 
 def test_no_grace_preempts_at_once() -> None:
@@ -245,7 +248,8 @@ def test_preemptions_are_rate_limited_per_lm_and_period() -> None:
     ts = [make_task(1, 1, user="b") for _ in range(2)]
     submit(gm, ts, 0.0)
     first = preempts(gm.decide(1.0, 2))
-    assert len(first) == 1 and gm.counters.preemptions_rate_limited == 1
+    assert len(first) == 1
+    assert gm.counters.preemptions_rate_limited == 1
     assert len(gm.waiting) == 1
     for hb in heartbeat(lm, 5.0):
         gm.handle(hb.msg, 5.0)  # type: ignore[attr-defined]
@@ -279,7 +283,8 @@ def test_victims_lose_least_work_youngest_first_never_more_than_needed() -> None
         lm.handle(report(LM0, ReportKind.STARTED, s, 1, 90.0 + k), 90.0 + k)
     out = lm.handle(preempt_req(make_task(2, 2, user="b"), "a"), 100.0)
     resp = out[0].msg  # type: ignore[attr-defined]
-    assert isinstance(resp, PreemptResponse) and resp.accepted
+    assert isinstance(resp, PreemptResponse)
+    assert resp.accepted
     # node 1 (young tasks) loses least; there, the two youngest, and only two
     assert resp.node == 1
     assert {(r.user, r.task_id) for r in resp.preempted} == {(s.user, s.task_id) for s in young[1:]}
@@ -315,7 +320,8 @@ def test_repartitions_to_one_lm_are_batched_while_one_is_unanswered() -> None:
     (req,) = launches(first)
     assert [p.repartition for p in req.placements] == [True]
     assert launches(gm.decide(1.1, 3)) == []  # decided, held until the answer
-    assert gm.counters.repartition_requests == 4 and gm.counters.repartition_messages == 1
+    assert gm.counters.repartition_requests == 4
+    assert gm.counters.repartition_messages == 1
     answer = [
         e.msg
         for e in lm.handle(replace(req, sent_at=1.0), 1.2)
