@@ -41,7 +41,7 @@ class OverloadPolicy:
 
 OVERLOAD_DEFAULTS = OverloadPolicy(
     wait_index=True,
-    preempt_grace_s=10.0,
+    preempt_grace_s=60.0,
     preempt_below=0.5,
     preempt_per_lm=2,
     preempt_period_s=10.0,

@@ -825,20 +825,23 @@ class GlobalMaster:
         return self.dominant_shares().get(user, 0.0) + own < self.users[user].share * fraction
 
     def _grace_over(self, task: Task, now: float) -> bool:
-        """May ``task``'s user preempt now?  Only once it has waited below its share
-        for ``preempt_grace_s`` (a user at its share never preempts: Alg. 2)."""
-        grace, below = self.overload.preempt_grace_s, self.overload.preempt_below
-        if grace <= 0 and below >= 1:
+        """May ``task``'s user preempt now?  Only once it has been below
+        ``preempt_below`` of its share for ``preempt_grace_s`` (YARN's fair-share
+        preemption timeout and threshold).  Above that, completions close the gap: the
+        waiting index wakes the users furthest below their share first."""
+        pol = self.overload
+        if pol.preempt_grace_s <= 0 and pol.preempt_below >= 1:
             return True
-        if not self._below_share(task.user, below):
-            self._starved.pop(task.user, None)
+        user = task.user
+        if not self._below_share(user, pol.preempt_below):
+            self._starved.pop(user, None)
             self._note(task, WaitReason.USER_AT_SHARE)
             return False
-        since = self._starved.setdefault(task.user, now)
-        if now - since >= grace:
+        since = self._starved.setdefault(user, now)
+        if now - since >= pol.preempt_grace_s:
             return True
-        self._grace_check = min(self._grace_check, since + grace)
         self.counters.preemptions_deferred += 1
+        self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
         return False
 
     def _grace_due(self, now: float) -> None:
