@@ -104,6 +104,8 @@ class FederationConfig:
     """A user below its share preempts only after waiting this long below it."""
     preempt_below: float = OVERLOAD_DEFAULTS.preempt_below
     """...and only while it holds less than this fraction of its share."""
+    victims_younger_than_wait: bool = OVERLOAD_DEFAULTS.victims_younger_than_wait
+    """LMs preempt only tasks that ran for less time than the requester waited."""
     preempt_per_lm: int = OVERLOAD_DEFAULTS.preempt_per_lm
     """Preemption requests a GM sends one LM per ``preempt_period_s`` (0: no limit)."""
     preempt_period_s: float = OVERLOAD_DEFAULTS.preempt_period_s
@@ -119,6 +121,7 @@ class FederationConfig:
             wait_index=self.wait_index,
             preempt_grace_s=self.preempt_grace_s,
             preempt_below=self.preempt_below,
+            victims_younger_than_wait=self.victims_younger_than_wait,
             preempt_per_lm=self.preempt_per_lm,
             preempt_period_s=self.preempt_period_s,
             repartition_batching=self.repartition_batching,

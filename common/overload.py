@@ -24,11 +24,15 @@ class OverloadPolicy:
     """A task that found no room waits, indexed by what it needs, until freed resources
     could fit it, instead of going round the queue (plain FIFO queues only)."""
     preempt_grace_s: float = 0.0
-    """A user below its share preempts only after waiting this long below it (YARN's
-    fair-share preemption timeout): short shortfalls are made up by completions."""
+    """A user preempts only after waiting this long below ``preempt_below`` of its share
+    (YARN's fair-share preemption timeout); *starved* then, it preempts until it holds
+    its share.  Short shortfalls are made up by completions."""
     preempt_below: float = 1.0
     """...and only while it holds less than this fraction of its share (YARN's fair-share
     preemption threshold): near its share, completions close the gap, not preemption."""
+    victims_younger_than_wait: bool = False
+    """The LM preempts only tasks that have run for less time than the task asking for
+    room has waited: preemption never throws away more work than the wait it ends."""
     preempt_per_lm: int = 0
     """Preemption requests this GM sends to one LM per ``preempt_period_s`` (0: no limit)."""
     preempt_period_s: float = 10.0
@@ -43,6 +47,7 @@ OVERLOAD_DEFAULTS = OverloadPolicy(
     wait_index=True,
     preempt_grace_s=60.0,
     preempt_below=0.5,
+    victims_younger_than_wait=True,
     preempt_per_lm=2,
     preempt_period_s=10.0,
     repartition_batching=True,

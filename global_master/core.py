@@ -825,24 +825,30 @@ class GlobalMaster:
         return self.dominant_shares().get(user, 0.0) + own < self.users[user].share * fraction
 
     def _grace_over(self, task: Task, now: float) -> bool:
-        """May ``task``'s user preempt now?  Only once it has been below
-        ``preempt_below`` of its share for ``preempt_grace_s`` (YARN's fair-share
-        preemption timeout and threshold).  Above that, completions close the gap: the
-        waiting index wakes the users furthest below their share first."""
+        """May ``task``'s user preempt now?  Once it has been below ``preempt_below`` of
+        its share for ``preempt_grace_s`` it is *starved*, and preempts until it holds
+        its share (YARN's fair-share preemption); a user at its share never does."""
         pol = self.overload
         if pol.preempt_grace_s <= 0 and pol.preempt_below >= 1:
             return True
         user = task.user
-        if not self._below_share(user, pol.preempt_below):
-            self._starved.pop(user, None)
+        since = self._starved.get(user)
+        if since is None or now - since < pol.preempt_grace_s:
+            if not self._below_share(user, pol.preempt_below):
+                self._starved.pop(user, None)  # the shortfall closed by itself
+                self._note(task, WaitReason.USER_AT_SHARE)
+                return False
+            if since is None:
+                since = self._starved[user] = now
+            if now - since < pol.preempt_grace_s:
+                self.counters.preemptions_deferred += 1
+                self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
+                return False
+        if not self._below_share(user):
+            del self._starved[user]
             self._note(task, WaitReason.USER_AT_SHARE)
             return False
-        since = self._starved.setdefault(user, now)
-        if now - since >= pol.preempt_grace_s:
-            return True
-        self.counters.preemptions_deferred += 1
-        self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
-        return False
+        return True
 
     def _grace_due(self, now: float) -> None:
         """Users whose grace period is over get waiting tasks woken to preempt for,
@@ -856,7 +862,7 @@ class GlobalMaster:
             if now - since < pol.preempt_grace_s:
                 self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
                 continue
-            if not self.waiting.count(user) or not self._below_share(user, pol.preempt_below):
+            if not self.waiting.count(user) or not self._below_share(user):
                 del self._starved[user]
                 continue
             budget = sum(self._preempt_room(lm, now) for lm in self.lms)

@@ -132,6 +132,7 @@ class LocalMaster:
         retain_s: float = 120.0,
         report_starts: bool = False,
         awaiting_workers: bool = False,
+        victims_younger_than_wait: bool = False,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
@@ -162,6 +163,9 @@ class LocalMaster:
         launch is recognised, and a restarted GM learns what already ran."""
         self.retain_s = retain_s
         self.report_starts = report_starts
+        self.victims_younger_than_wait = victims_younger_than_wait
+        """Preempt only tasks that ran for less time than the requester waited
+        (``common.overload.OverloadPolicy``)."""
         self.usage: dict[Any, list[int]] = {}
         self._log: list[int] = []
         self._log_base = 0
@@ -444,9 +448,14 @@ class LocalMaster:
             return [dup, *effects]
         best: tuple[float, int, int, list[ActiveTask]] | None = None
         by_node: dict[int, list[ActiveTask]] = {}
+        waited = now - req.queued_at
+        paying = self.victims_younger_than_wait and req.queued_at >= 0
         for a in self.active.values():
-            if a.spec.user == req.victim:
-                by_node.setdefault(a.node, []).append(a)
+            if a.spec.user != req.victim:
+                continue
+            if paying and a.started_at >= 0 and now - a.started_at > waited:
+                continue  # would throw away more work than the wait it ends
+            by_node.setdefault(a.node, []).append(a)
         demand = spec.demand
         for node, victims in by_node.items():
             if not self.alive[node] or not satisfies(self.constraints[node], spec.constraints):

@@ -159,7 +159,14 @@ class MeghaSimulation:
                 overload=self.cfg.overload,
             )
         self.lms: dict[LmId, LocalMaster] = {
-            c.lm: LocalMaster(c.lm, c.nodes, c.home, gms=gm_ids, report_starts=False)
+            c.lm: LocalMaster(
+                c.lm,
+                c.nodes,
+                c.home,
+                gms=gm_ids,
+                report_starts=False,
+                victims_younger_than_wait=self.cfg.overload.victims_younger_than_wait,
+            )
             for c in clusters
         }
         self.pools: dict[LmId, WorkerPool] = {

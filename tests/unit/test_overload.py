@@ -341,3 +341,30 @@ def test_without_batching_each_decision_sends_its_repartition() -> None:
     sync_views(gm, lm)
     submit(gm, [make_task() for _ in range(3)], 0.0)
     assert sum(len(launches(gm.decide(1.0))) for _ in range(3)) == 3
+
+
+def test_a_paying_preemption_spares_tasks_that_ran_longer_than_the_requester_waited() -> None:
+    from common.ids import GmId as G
+    from common.model import NodeSpec
+
+    lm = LocalMaster(
+        LM0,
+        [NodeSpec((1, 1), (1 << N_CONSTRAINTS) - 1)] * 2,
+        [G("gm0")] * 2,
+        gms=[G("gm0")],
+        victims_younger_than_wait=True,
+    )
+    old, young = make_task(1, 1, user="a"), make_task(1, 1, user="a")
+    occupy(lm, old, 0, 0.0)
+    lm.handle(report(LM0, ReportKind.STARTED, old, 0, 0.0), 0.0)
+    asker = make_task(1, 1, user="b")
+    req = replace(preempt_req(asker, "a"), queued_at=50.0)  # waited 50 s at t=100
+    resp = lm.handle(req, 100.0)[0].msg  # type: ignore[attr-defined]
+    assert not resp.accepted
+    assert resp.reason == "no_victim"
+    occupy(lm, young, 1, 80.0)
+    lm.handle(report(LM0, ReportKind.STARTED, young, 1, 80.0), 80.0)
+    resp = lm.handle(replace(req, attempt=2), 100.0)[0].msg  # type: ignore[attr-defined]
+    assert resp.accepted
+    assert [r.task_id for r in resp.preempted] == [young.task_id]
+    assert lm.counters.preempted_work_s == 20.0
