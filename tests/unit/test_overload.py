@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.effects import Reply, ToLm
+from common.effects import Effect, Reply, ToAllGms, ToLm
 from common.ids import GmId, LmId, UserId
 from common.messages import LaunchRequest, PreemptRequest, PreemptResponse, ReportKind
 from common.model import N_CONSTRAINTS, TaskSpec, TaskState
@@ -54,8 +54,21 @@ def occupy(lm: LocalMaster, spec: TaskSpec, node: int = 0, at: float = 0.0) -> N
 def finish(lm: LocalMaster, gm: GlobalMaster, spec: TaskSpec, node: int, now: float) -> None:
     """A blocker ends on its node; the LM's next state update reaches the GM."""
     lm.handle(report(LM0, ReportKind.FINISHED, spec, node, now), now)
-    for hb in heartbeat(lm, now):
-        gm.handle(hb.msg, now)  # type: ignore[attr-defined]
+    tell(gm, lm, now)
+
+
+def tell(gm: GlobalMaster, lm: LocalMaster, now: float) -> None:
+    """The LM's periodic state update reaches the GM."""
+    for e in heartbeat(lm, now):
+        assert isinstance(e, ToAllGms)
+        gm.handle(e.msg, now)
+
+
+def answer(effects: list[Effect]) -> PreemptResponse:
+    first = effects[0]
+    assert isinstance(first, Reply)
+    assert isinstance(first.msg, PreemptResponse)
+    return first.msg
 
 
 def drain(gm: GlobalMaster, now: float) -> list[LaunchRequest]:
@@ -79,8 +92,7 @@ def test_a_task_without_room_waits_and_is_not_examined_on_every_event() -> None:
     assert gm.counters.waited == 5
     decisions = gm.counters.decisions
     for k in range(10):  # state updates that free nothing wake nobody
-        for hb in heartbeat(lm, 2.0 + k):
-            gm.handle(hb.msg, 2.0 + k)  # type: ignore[attr-defined]
+        tell(gm, lm, 2.0 + k)
         assert not gm.has_work()
     assert gm.counters.decisions == decisions
     finish(lm, gm, blocker, 0, 20.0)
@@ -120,8 +132,7 @@ def test_a_freed_node_wakes_only_classes_it_can_fit() -> None:
     assert len(gm.waiting) == 2
     lm.handle(report(LM0, ReportKind.FINISHED, b0, 0, 1.0), 1.0)
     occupy(lm, make_task(1, 1, job="other"), 0, 1.0)  # 3 of 4 free: fits neither
-    for hb in heartbeat(lm, 1.0):
-        gm.handle(hb.msg, 1.0)  # type: ignore[attr-defined]
+    tell(gm, lm, 1.0)
     assert gm.counters.woken == 0
     assert not gm.has_work()
     finish(lm, gm, b1, 1, 2.0)  # node 1 meets constraint 1 and is empty: room for one
@@ -144,8 +155,7 @@ def test_users_furthest_below_their_share_are_woken_first() -> None:
     drain(gm, 0.5)
     lm.handle(report(LM0, ReportKind.FINISHED, b, 0, 1.0), 1.0)
     occupy(lm, make_task(1, 1, user="rich", job="d"), 0, 1.0)  # room for one only
-    for hb in heartbeat(lm, 1.0):
-        gm.handle(hb.msg, 1.0)  # type: ignore[attr-defined]
+    tell(gm, lm, 1.0)
     (req,) = drain(gm, 1.0)
     assert [x.spec for x in req.placements] == [p]
 
@@ -196,8 +206,7 @@ def test_no_lost_wake_up(
     for i, b in enumerate(blockers):
         if freed[i % len(freed)]:
             lm.handle(report(LM0, ReportKind.FINISHED, b, i, 1.0), 1.0)
-    for hb in heartbeat(lm, 1.0):
-        gm.handle(hb.msg, 1.0)  # type: ignore[attr-defined]
+    tell(gm, lm, 1.0)
     drain(gm, 1.0)
     view = gm.views[LM0]
     for t in gm.waiting:
@@ -226,11 +235,9 @@ def test_a_user_below_its_share_preempts_only_after_the_grace_period() -> None:
     assert preempts(gm.decide(1.0)) == []
     assert gm.counters.preemptions_deferred == 1
     for now in (5.0, 20.0, 30.9):  # state updates before the grace is over: nothing
-        for hb in heartbeat(lm, now):
-            gm.handle(hb.msg, now)  # type: ignore[attr-defined]
+        tell(gm, lm, now)
         assert not gm.has_work()
-    for hb in heartbeat(lm, 31.0):
-        gm.handle(hb.msg, 31.0)  # type: ignore[attr-defined]
+    tell(gm, lm, 31.0)
     assert gm.has_work()
     (req,) = preempts(gm.decide(31.0))
     assert req.victim == UserId("a")
@@ -251,11 +258,9 @@ def test_preemptions_are_rate_limited_per_lm_and_period() -> None:
     assert len(first) == 1
     assert gm.counters.preemptions_rate_limited == 1
     assert len(gm.waiting) == 1
-    for hb in heartbeat(lm, 5.0):
-        gm.handle(hb.msg, 5.0)  # type: ignore[attr-defined]
+    tell(gm, lm, 5.0)
     assert preempts(gm.decide(5.0)) == []  # still within the period
-    for hb in heartbeat(lm, 11.5):
-        gm.handle(hb.msg, 11.5)  # type: ignore[attr-defined]
+    tell(gm, lm, 11.5)
     assert len(preempts(gm.decide(11.5, 2))) == 1
 
 
@@ -281,9 +286,7 @@ def test_victims_lose_least_work_youngest_first_never_more_than_needed() -> None
     for k, s in enumerate(young):
         occupy(lm, s, 1, 50.0)
         lm.handle(report(LM0, ReportKind.STARTED, s, 1, 90.0 + k), 90.0 + k)
-    out = lm.handle(preempt_req(make_task(2, 2, user="b"), "a"), 100.0)
-    resp = out[0].msg  # type: ignore[attr-defined]
-    assert isinstance(resp, PreemptResponse)
+    resp = answer(lm.handle(preempt_req(make_task(2, 2, user="b"), "a"), 100.0))
     assert resp.accepted
     # node 1 (young tasks) loses least; there, the two youngest, and only two
     assert resp.node == 1
@@ -304,7 +307,7 @@ def test_altruistic_victims_go_first_even_if_older() -> None:
     lm.handle(report(LM0, ReportKind.STARTED, alt, 0, 1.0), 1.0)
     occupy(lm, plain, 0, 50.0)
     lm.handle(report(LM0, ReportKind.STARTED, plain, 0, 60.0), 60.0)
-    resp = lm.handle(preempt_req(make_task(1, 1, user="b"), "a"), 100.0)[0].msg  # type: ignore[attr-defined]
+    resp = answer(lm.handle(preempt_req(make_task(1, 1, user="b"), "a"), 100.0))
     assert [r.task_id for r in resp.preempted] == [alt.task_id]
 
 
@@ -359,12 +362,12 @@ def test_a_paying_preemption_spares_tasks_that_ran_longer_than_the_requester_wai
     lm.handle(report(LM0, ReportKind.STARTED, old, 0, 0.0), 0.0)
     asker = make_task(1, 1, user="b")
     req = replace(preempt_req(asker, "a"), queued_at=50.0)  # waited 50 s at t=100
-    resp = lm.handle(req, 100.0)[0].msg  # type: ignore[attr-defined]
+    resp = answer(lm.handle(req, 100.0))
     assert not resp.accepted
     assert resp.reason == "no_victim"
     occupy(lm, young, 1, 80.0)
     lm.handle(report(LM0, ReportKind.STARTED, young, 1, 80.0), 80.0)
-    resp = lm.handle(replace(req, attempt=2), 100.0)[0].msg  # type: ignore[attr-defined]
+    resp = answer(lm.handle(replace(req, attempt=2), 100.0))
     assert resp.accepted
     assert [r.task_id for r in resp.preempted] == [young.task_id]
     assert lm.counters.preempted_work_s == 20.0
