@@ -774,8 +774,11 @@ class GlobalMaster:
                 continue
             if waiting:
                 masks, free = view.node_masks, view.free
+                skip_empty = waiting.all_positive
                 for i in freed:
                     room = free[i]
+                    if skip_empty and 0 in room:
+                        continue
                     node_mask = masks[i]
                     copied = False
                     for cls in list(waiting.by_class):

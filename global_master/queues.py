@@ -179,6 +179,9 @@ class WaitingTasks:
         self.by_class: dict[WaitClass, dict[UserId, deque[Task]]] = {}
         self._size = 0
         self._per_user: dict[UserId, int] = {}
+        self.all_positive = True
+        """Every demand ever indexed asks for some of every resource (so a node with
+        none of one resource free fits no waiting task)."""
 
     def __len__(self) -> int:
         return self._size
@@ -196,6 +199,8 @@ class WaitingTasks:
         users = self.by_class.get(cls)
         if users is None:
             users = self.by_class[cls] = {}
+            if not all(task.demand):
+                self.all_positive = False
         q = users.get(task.user)
         if q is None:
             q = users[task.user] = deque()
