@@ -67,6 +67,24 @@ def row(point: dict[str, Any], name: str, summary: dict[str, Any]) -> dict[str, 
     }
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a Markdown table (docs/overload.md)."""
+    head = (
+        "| trace | constr. | load | scheduler | alloc p50 s | alloc p99 s | first-start p99 s "
+        "| realloc p99 s | mean JCT s | preemptions | work thrown away CPU-s | CPU ms/task |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        lines.append(
+            f"| {r['trace']} | {'on' if r['constraints'] else 'off'} | {r['load']:.0%} "
+            f"| {r['scheduler']} | {r['alloc_p50_s']:.3g} | {r['alloc_p99_s']:.3g} "
+            f"| {r['first_start_p99_s']:.3g} | {r['realloc_p99_s']:.3g} | {r['jct_mean_s']:.4g} "
+            f"| {r['preemptions']:.0f} | {r['work_thrown_away_cpu_s']:,.0f} "
+            f"| {r['cpu_ms_per_task']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(path: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib
 
@@ -175,7 +193,10 @@ def main(argv: list[str] | None = None) -> None:
         w.writeheader()
         w.writerows(rows)
     plot(out / "sweep.png", rows)
-    print(f"wrote {out}/sweep.json, sweep.csv, sweep.png ({time.perf_counter() - t0:,.0f} s)")
+    (out / "sweep.md").write_text(markdown(rows))
+    print(
+        f"wrote {out}/sweep.json, sweep.csv, sweep.md, sweep.png ({time.perf_counter() - t0:,.0f} s)"
+    )
 
 
 if __name__ == "__main__":
