@@ -164,6 +164,8 @@ class GlobalMaster:
         self._rep_sent: dict[LmId, tuple[float, int]] = {}
         self._deferred: dict[LmId, list[Placement]] = {}
         self._shares: dict[UserId, float] | None = None
+        self._no_victim: dict[tuple[UserId, LmId], float] = {}
+        """(victim, LM) pairs an LM lately found nothing to preempt in, until when."""
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskKey, InFlight] = {}
         self.placed: dict[TaskKey, Task] = {}
@@ -859,8 +861,9 @@ class GlobalMaster:
         if not self._starved or now < self._grace_check:
             return
         pol = self.overload
-        retry = now + max(pol.preempt_period_s, 1e-3) / 4  # budgets refill meanwhile
-        self._grace_check = retry
+        period = max(pol.preempt_period_s, 1e-3)
+        refills = [q[0] + period for q in self._preempts_sent.values() if q and q[0] + period > now]
+        self._grace_check = min([now + period, *refills])  # when a budget refills
         for user, since in list(self._starved.items()):
             if now - since < pol.preempt_grace_s:
                 self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
@@ -963,6 +966,9 @@ class GlobalMaster:
                 if (victim, lm) in tried:
                     continue
                 if not self._preempt_room(lm, now):
+                    limited = True
+                    continue
+                if self._index and self._no_victim.get((victim, lm), now) > now:
                     limited = True
                     continue
                 tried.add((victim, lm))
@@ -1230,6 +1236,10 @@ class GlobalMaster:
         if key is None or fl is None or fl.request_id != resp.request_id:
             return effects  # overtaken: the task has moved on
         del self.inflight[key]
+        pending = self._preempt_victim.get(key)
+        if pending is not None and not resp.accepted and resp.reason == "no_victim":
+            # nothing of that victim there would make room (or pay): ask again later
+            self._no_victim[(pending[0], resp.lm)] = now + self.overload.preempt_period_s
         self._release_victim(key)
         task = fl.task
         self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
