@@ -144,7 +144,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lms", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_sweep")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="only combine the sweep.json of earlier runs (e.g. one per trace) into --out",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        rows = [r for d in args.merge for r in json.loads((Path(d) / "sweep.json").read_text())]
+        write(Path(args.out), rows)
+        return
     workers = args.workers or (3000 if args.quick else 10_000)
     jobs = args.jobs if args.jobs is not None else (150 if args.quick else None)
     loads = [float(x) for x in args.loads.split(",")]
