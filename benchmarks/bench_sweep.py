@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     if args.merge:
-        rows = [r for d in args.merge for r in json.loads((Path(d) / "sweep.json").read_text())]
-        write(Path(args.out), rows)
+        merged = [r for d in args.merge for r in json.loads((Path(d) / "sweep.json").read_text())]
+        write(Path(args.out), merged)
         return
     workers = args.workers or (3000 if args.quick else 10_000)
     jobs = args.jobs if args.jobs is not None else (150 if args.quick else None)
@@ -198,15 +198,21 @@ def main(argv: list[str] | None = None) -> None:
                 f"preemptions {r['preemptions']}, CPU {r['cpu_ms_per_task']:.3f} ms/task\n"
             )
         (out / "sweep.json").write_text(json.dumps(rows, indent=2))  # partial results too
+    write(out, rows)
+    print(f"({time.perf_counter() - t0:,.0f} s)")
+
+
+def write(out: Path, rows: list[dict[str, Any]]) -> None:
+    """sweep.json, sweep.csv, sweep.md and sweep.png in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(rows, indent=2))
     with (out / "sweep.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
     plot(out / "sweep.png", rows)
     (out / "sweep.md").write_text(markdown(rows))
-    print(
-        f"wrote {out}/sweep.json, sweep.csv, sweep.md, sweep.png ({time.perf_counter() - t0:,.0f} s)"
-    )
+    print(f"wrote {out}/sweep.json, sweep.csv, sweep.md, sweep.png")
 
 
 if __name__ == "__main__":
