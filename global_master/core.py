@@ -676,9 +676,12 @@ class GlobalMaster:
         each, AND the constraint vectors and take the first node that fits."""
         lms, n, views, me = self.lms, len(self.lms), self.views, self.gm_id
         fit = self.queues.choose_node or LmView.first_fit
+        full_skips = fit is LmView.first_fit and all(demand)  # first fit needs an avail node
         start = self._rr[internal]
         for k in range(n):
             view = views[lms[(start + k) % n]]
+            if full_skips and not view.avail.any():
+                continue
             node = fit(view, view.eligible(mask, me, internal), demand)
             if node >= 0:
                 self._rr[internal] = (start + k + 1) % n
