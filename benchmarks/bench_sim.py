@@ -1,15 +1,18 @@
 """Simulator scale: wall time, CPU per simulated task and peak memory.
 
-Scenarios (issue 2, "How fast and how big"):
+Scenarios (issue 2, "How fast and how big"; issue 11, "under overload"):
   yh1    YH1_sub (122,878 tasks) on 10,000 workers, 4 GMs x 25 LMs, with Sparrow and the
          centralized baseline, via `megha simulate` itself.
   big    a synthetic 300,000-task workload on 50,000 workers, 10 GMs x 50 LMs (Megha only).
+  sweep  offered load 50-150% on YH1 and synthetic_FB, Megha vs Sparrow vs centralized
+         (benchmarks/bench_sweep.py; --quick: 150 jobs per trace on 3,000 workers).
 Issue 12 (``benchmarks/sim_fidelity.py``): calibrate (live vs simulated allocation time),
 fig8 (vs workers), fig9 (vs GMs).
 Each of yh1 and big runs in a child process so its peak RSS is its own.  Writes JSON to --out.
 
     python benchmarks/bench_sim.py --scenario yh1 --trace ../shared/traces/YH1_sub.tr
     python benchmarks/bench_sim.py --scenario big
+    python benchmarks/bench_sim.py --scenario sweep --quick
 """
 
 from __future__ import annotations
@@ -37,14 +40,23 @@ def _child(cmd: list[str]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--scenario", choices=("yh1", "big", *fidelity.SCENARIOS), required=True)
+    ap.add_argument(
+        "--scenario", choices=("yh1", "big", "sweep", *fidelity.SCENARIOS), required=True
+    )
     ap.add_argument("--trace", default="../shared/traces/YH1_sub.tr")
     ap.add_argument(
         "--out", default=None, help="JSON file (default results/bench_sim_<scenario>.json)"
     )
     ap.add_argument("--seed", type=int, default=1)
     fidelity.add_arguments(ap)
-    args = ap.parse_args()
+    args, rest = ap.parse_known_args()
+    if args.scenario == "sweep":
+        from benchmarks.bench_sweep import main as sweep
+
+        sweep([*rest, "--out", args.out] if args.out else rest)
+        return
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.scenario in fidelity.SCENARIOS:  # issue 12: does the simulator predict live?
         print(json.dumps(fidelity.SCENARIOS[args.scenario](args), indent=2, default=float))
         return

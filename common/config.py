@@ -22,6 +22,7 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
+from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_SECRET = "megha-dev-secret-change-me"
@@ -96,8 +97,37 @@ class FederationConfig:
     """How each GM orders its user queues: fifo (Megha), drf, tetris, sjf, carbyne, ..."""
     p_altruism: float = 1.0
     """Carbyne's P(altruism) on every GM (0: plain DRF)."""
+    wait_index: bool = OVERLOAD_DEFAULTS.wait_index
+    """Overload (docs/overload.md): a task that found no room waits until freed
+    resources could fit it, instead of going round its queue."""
+    preempt_grace_s: float = OVERLOAD_DEFAULTS.preempt_grace_s
+    """A user below its share preempts only after waiting this long below it."""
+    preempt_below: float = OVERLOAD_DEFAULTS.preempt_below
+    """...and only while it holds less than this fraction of its share."""
+    victims_younger_than_wait: bool = OVERLOAD_DEFAULTS.victims_younger_than_wait
+    """LMs preempt only tasks that ran for less time than the requester waited."""
+    preempt_per_lm: int = OVERLOAD_DEFAULTS.preempt_per_lm
+    """Preemption requests a GM sends one LM per ``preempt_period_s`` (0: no limit)."""
+    preempt_period_s: float = OVERLOAD_DEFAULTS.preempt_period_s
+    repartition_batching: bool = OVERLOAD_DEFAULTS.repartition_batching
+    """One repartition request per LM unanswered; the ones decided meanwhile share the next."""
+    repartition_period_s: float = OVERLOAD_DEFAULTS.repartition_period_s
 
     # ------------------------------------------------------------ derived
+    @property
+    def overload(self) -> OverloadPolicy:
+        """The GMs' overload policy (one record for the live services and the simulator)."""
+        return OverloadPolicy(
+            wait_index=self.wait_index,
+            preempt_grace_s=self.preempt_grace_s,
+            preempt_below=self.preempt_below,
+            victims_younger_than_wait=self.victims_younger_than_wait,
+            preempt_per_lm=self.preempt_per_lm,
+            preempt_period_s=self.preempt_period_s,
+            repartition_batching=self.repartition_batching,
+            repartition_period_s=self.repartition_period_s,
+        )
+
     @cached_property
     def gm_ids(self) -> list[GmId]:
         return [GmId(f"gm{i}") for i in range(self.gms)]

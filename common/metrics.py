@@ -77,7 +77,17 @@ class GmCounters(Counters):
     preemption_attempts: int = 0
     preemptions_granted: int = 0
     preempted_requeued: int = 0
+    preemptions_deferred: int = 0
+    """Decisions that found no room for a user below its share still in its grace period."""
+    preemptions_rate_limited: int = 0
+    """Preemptions not asked of an LM because this GM used its budget there this period."""
+    repartition_messages: int = 0
+    """Launch requests carrying repartitions (several placements may share one)."""
     requeues: int = 0
+    waited: int = 0
+    """Tasks that found no room and went into the waiting index."""
+    woken: int = 0
+    """Waiting tasks woken because freed resources could fit them."""
     failed: int = 0
     redelivered_skipped: int = 0
     tasks_adopted: int = 0
@@ -107,6 +117,8 @@ class LmCounters(Counters):
     preemption_requests: int = 0
     preemptions: int = 0
     preemptions_refused: int = 0
+    preempted_work_s: float = 0.0
+    """Work thrown away by preemption: CPU-seconds the victims had run (run time x CPU)."""
     relaunched: int = 0
     returned_to_gm: int = 0
     workers_lost: int = 0

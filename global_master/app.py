@@ -116,6 +116,7 @@ class GmService:
             queues=queues,
             limits=AdmissionLimits(max_task_duration_s=cfg.max_task_duration_s),
             journal=Journal(),
+            overload=cfg.overload,
         )
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)

@@ -35,7 +35,7 @@ No clocks, sockets or global randomness: ``now`` is an argument, effects are ret
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -79,6 +79,7 @@ from common.model import (
     fits,
     new_task,
 )
+from common.overload import OverloadPolicy
 from common.schema import MAX_ID_LEN
 from global_master.journal import Journal
 from global_master.queues import UserQueues
@@ -143,6 +144,7 @@ class GlobalMaster:
         queues: UserQueues | None = None,
         limits: AdmissionLimits | None = None,
         journal: Journal | None = None,
+        overload: OverloadPolicy | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.journal = journal
@@ -152,6 +154,22 @@ class GlobalMaster:
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
         self.limits = limits or AdmissionLimits()
+        self.overload = overload or OverloadPolicy()
+        self.waiting = self.queues.waiting
+        self._index = self.overload.wait_index and type(self.queues).push_back is (
+            UserQueues.push_back
+        )
+        """Plain FIFO queues: tasks that found no room wait in the index (job-aware
+        policies override ``push_back`` and keep blocked tasks themselves)."""
+        self._starved: dict[UserId, float] = {}
+        """Users below their share with tasks waiting for room, since when."""
+        self._grace_check = 0.0
+        self._preempts_sent: dict[LmId, deque[float]] = {}
+        self._rep_sent: dict[LmId, tuple[float, int]] = {}
+        self._deferred: dict[LmId, list[Placement]] = {}
+        self._shares: dict[UserId, float] | None = None
+        self._no_victim: dict[tuple[UserId, LmId], float] = {}
+        """(victim, LM) pairs an LM lately found nothing to preempt in, until when."""
         self.views: dict[LmId, LmView] = {}
         self.inflight: dict[TaskKey, InFlight] = {}
         self.placed: dict[TaskKey, Task] = {}
@@ -204,7 +222,16 @@ class GlobalMaster:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"a GM does not handle {type(msg).__name__}") from None
-        return handler(msg, now)
+        effects = handler(msg, now)
+        if self._index and self.waiting:
+            self._wake(now)
+        else:
+            for v in self.views.values():
+                if v.freed:
+                    v.freed.clear()
+        if self._deferred:
+            self._flush_deferred(now, effects)
+        return effects
 
     # ------------------------------------------------------------ bookkeeping
     def state_of(self, key: TaskKey) -> TaskState | None:
@@ -562,30 +589,66 @@ class GlobalMaster:
             task.mark(Phase.PROCESSING, now)
             self.counters.decisions += 1
             self._place(task, now, batches, effects)
-        self._flush(batches, effects)
+        self._flush(batches, effects, now)
         return effects
 
-    def _flush(self, batches: dict[LmId, list[Placement]], effects: list[Effect]) -> None:
+    def _flush(
+        self, batches: dict[LmId, list[Placement]], effects: list[Effect], now: float
+    ) -> None:
+        """One launch request per LM.  Repartitions (with ``repartition_batching``): one
+        request in flight per LM, at most one per ``repartition_period_s``; those
+        decided meanwhile travel together in the next."""
+        batching = self.overload.repartition_batching
         for lm, placements in batches.items():
-            rid = self._request_id()
-            keys = []
-            for p in placements:
-                key = (p.spec.user, p.spec.task_id)
-                self.inflight[key].request_id = rid
-                keys.append(key)
-            self._launches[rid] = (lm, keys)
-            effects.append(
-                ToLm(
-                    lm,
-                    LaunchRequest(
-                        gm=self.gm_id,
-                        lm=lm,
-                        request_id=rid,
-                        placements=tuple(placements),
-                        known_version=self._known_version(lm),
-                    ),
-                )
+            if batching and any(p.repartition for p in placements):
+                if self._rep_busy(lm, now):
+                    self._deferred.setdefault(lm, []).extend(p for p in placements if p.repartition)
+                    placements = [p for p in placements if not p.repartition]
+                    if not placements:
+                        continue
+                else:
+                    placements = placements + self._deferred.pop(lm, [])
+            self._send_launch(lm, placements, effects, now)
+
+    def _rep_busy(self, lm: LmId, now: float) -> bool:
+        """A repartition request to ``lm`` is unanswered, or went out too lately."""
+        sent = self._rep_sent.get(lm)
+        if sent is None:
+            return False
+        at, rid = sent
+        return rid in self._launches or now - at < self.overload.repartition_period_s
+
+    def _flush_deferred(self, now: float, effects: list[Effect]) -> None:
+        """Repartitions held back while their LM had one to answer: one request each."""
+        for lm in list(self._deferred):
+            if not self._rep_busy(lm, now):
+                self._send_launch(lm, self._deferred.pop(lm), effects, now)
+
+    def _send_launch(
+        self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
+    ) -> None:
+        rid = self._request_id()
+        if any(p.repartition for p in placements):
+            self.counters.repartition_messages += 1
+            self._rep_sent[lm] = (now, rid)
+        keys = []
+        for p in placements:
+            key = (p.spec.user, p.spec.task_id)
+            self.inflight[key].request_id = rid
+            keys.append(key)
+        self._launches[rid] = (lm, keys)
+        effects.append(
+            ToLm(
+                lm,
+                LaunchRequest(
+                    gm=self.gm_id,
+                    lm=lm,
+                    request_id=rid,
+                    placements=tuple(placements),
+                    known_version=self._known_version(lm),
+                ),
             )
+        )
 
     def _place(
         self,
@@ -610,20 +673,24 @@ class GlobalMaster:
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
-        req = self._preemption(task, now) if self.queues.may_preempt_for(task) else None
-        if req is not None:
-            self._send_preemption(task, req, now, effects)
-            return
-        self._requeue(task, now)
+        if self.queues.may_preempt_for(task) and self._grace_over(task, now):
+            req = self._preemption(task, now)
+            if req is not None:
+                self._send_preemption(task, req, now, effects)
+                return
+        self._wait(task, now)
 
     def _match(self, mask: int, demand: Resources, internal: bool) -> tuple[LmView, int] | None:
         """Alg. 1: walk the internal (or external) partitions round-robin over LMs; in
         each, AND the constraint vectors and take the first node that fits."""
         lms, n, views, me = self.lms, len(self.lms), self.views, self.gm_id
         fit = self.queues.choose_node or LmView.first_fit
+        full_skips = fit is LmView.first_fit and all(demand)  # first fit needs an avail node
         start = self._rr[internal]
         for k in range(n):
             view = views[lms[(start + k) % n]]
+            if full_skips and not view.avail.any():
+                continue
             node = fit(view, view.eligible(mask, me, internal), demand)
             if node >= 0:
                 self._rr[internal] = (start + k + 1) % n
@@ -668,6 +735,7 @@ class GlobalMaster:
         self, task: Task, req: PreemptRequest, now: float, effects: list[Effect]
     ) -> None:
         self.counters.preemption_attempts += 1
+        self._preempts_sent.setdefault(req.lm, deque()).append(now)
         self.inflight[task.key] = InFlight(task, req.lm, -1, False, req.request_id)
         self._preempts[req.request_id] = task.key
         self.queues.on_dispatched(task, now)
@@ -707,6 +775,145 @@ class GlobalMaster:
         self._retries.pop(key, None)
         self._preempt_tried.pop(key, None)
 
+    def _wait(self, task: Task, now: float) -> None:
+        """No room anywhere in the view: into the waiting index until freed resources
+        could fit it (plain FIFO queues), else the back of its queue."""
+        if not self._index:
+            self._requeue(task, now)
+            return
+        self.counters.requeues += 1
+        self.counters.waited += 1
+        self._forget(task.key)
+        task.mark(Phase.QUEUEING, now)
+        self.waiting.add(task)
+
+    def _wake(self, now: float) -> None:
+        """Waiting tasks that the freed nodes could fit go back to the front of their
+        queues: per freed node and class, as many as the node's room holds, users
+        furthest below their share first.  No lost wake-up: every growth of a node's
+        free resources in a view marks it freed (``LmView.freed``), and a task only
+        waits after a full match found no node for it."""
+        waiting = self.waiting
+        woken: list[Task] = []
+        order: list[UserId] | None = None
+        for view in self.views.values():
+            freed = view.freed
+            if not freed:
+                continue
+            if waiting:
+                masks, free = view.node_masks, view.free
+                skip_empty = waiting.all_positive
+                for i in freed:
+                    room = free[i]
+                    if skip_empty and 0 in room:
+                        continue
+                    node_mask = masks[i]
+                    copied = False
+                    for cls in list(waiting.by_class):
+                        mask, demand = cls
+                        if mask & ~node_mask:
+                            continue
+                        k = -1
+                        for x, d in zip(room, demand, strict=True):
+                            if d > 0:
+                                q = x // d
+                                if k < 0 or q < k:
+                                    k = q
+                                    if k <= 0:
+                                        break
+                        if k <= 0:
+                            continue
+                        users = waiting.by_class[cls]
+                        if len(users) > 1 and order is None:
+                            order = self._wake_order()
+                        got = waiting.take(cls, k, order or ())
+                        if not copied:
+                            room, copied = list(room), True
+                        for r, d in enumerate(demand):
+                            room[r] -= d * len(got)
+                        woken.extend(got)
+                    if not waiting:
+                        break
+            freed.clear()
+        if woken:
+            self.counters.woken += len(woken)
+            for t in reversed(woken):
+                self.queues.push_front(t)
+        self._grace_due(now)
+
+    def _wake_order(self) -> list[UserId]:
+        shares = self.dominant_shares()
+        users = [u for u in self.users if u in self.queues]
+        return sorted(users, key=lambda u: shares.get(u, 0.0) / max(self.users[u].share, 1e-9))
+
+    def _below_share(self, user: UserId, fraction: float = 1.0) -> bool:
+        """``user`` holds less than ``fraction`` of its share (its in-flight requests
+        to LMs counted)."""
+        own = 0.0
+        for fl in self.inflight.values():
+            if fl.task.user == user:
+                own += self._share_of(fl.task.demand)
+        return self.dominant_shares().get(user, 0.0) + own < self.users[user].share * fraction
+
+    def _grace_over(self, task: Task, now: float) -> bool:
+        """May ``task``'s user preempt now?  Once it has been below ``preempt_below`` of
+        its share for ``preempt_grace_s`` it is *starved*, and preempts until it holds
+        its share (YARN's fair-share preemption); a user at its share never does."""
+        pol = self.overload
+        if pol.preempt_grace_s <= 0 and pol.preempt_below >= 1:
+            return True
+        user = task.user
+        since = self._starved.get(user)
+        if since is None or now - since < pol.preempt_grace_s:
+            if not self._below_share(user, pol.preempt_below):
+                self._starved.pop(user, None)  # the shortfall closed by itself
+                self._note(task, WaitReason.USER_AT_SHARE, now)
+                return False
+            if since is None:
+                since = self._starved[user] = now
+            if now - since < pol.preempt_grace_s:
+                self.counters.preemptions_deferred += 1
+                self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
+                return False
+        if not self._below_share(user):
+            del self._starved[user]
+            self._note(task, WaitReason.USER_AT_SHARE, now)
+            return False
+        return True
+
+    def _grace_due(self, now: float) -> None:
+        """Users whose grace period is over get waiting tasks woken to preempt for,
+        as many as the LMs' preemption budgets allow."""
+        if not self._starved or now < self._grace_check:
+            return
+        pol = self.overload
+        period = max(pol.preempt_period_s, 1e-3)
+        refills = [q[0] + period for q in self._preempts_sent.values() if q and q[0] + period > now]
+        self._grace_check = min([now + period, *refills])  # when a budget refills
+        for user, since in list(self._starved.items()):
+            if now - since < pol.preempt_grace_s:
+                self._grace_check = min(self._grace_check, since + pol.preempt_grace_s)
+                continue
+            if not self.waiting.count(user) or not self._below_share(user):
+                del self._starved[user]
+                continue
+            budget = sum(self._preempt_room(lm, now) for lm in self.lms)
+            for t in reversed(self.waiting.take_user(user, budget)):
+                self.queues.push_front(t)
+
+    def _preempt_room(self, lm: LmId, now: float) -> int:
+        """Preemption requests this GM may still send ``lm`` in the current period."""
+        limit = self.overload.preempt_per_lm
+        if limit <= 0:
+            return 1
+        sent = self._preempts_sent.get(lm)
+        if not sent:
+            return limit
+        horizon = now - self.overload.preempt_period_s
+        while sent and sent[0] <= horizon:
+            sent.popleft()
+        return max(0, limit - len(sent))
+
     def _requeue(self, task: Task, now: float) -> None:
         """Back of its queue (§IV-B5); the queue may park until the view changes."""
         self.counters.requeues += 1
@@ -718,6 +925,8 @@ class GlobalMaster:
     # -------------------------------------------------------------- fairness
     def dominant_shares(self) -> dict[UserId, float]:
         """Each user's dominant share of the federation, from the (stale) views."""
+        if self._shares is not None:
+            return self._shares
         total = self._capacity
         if not total:
             return {}
@@ -730,7 +939,8 @@ class GlobalMaster:
                 else:
                     for r, x in enumerate(res):
                         acc[r] += x
-        return {u: self._share_of(res) for u, res in used.items()}
+        self._shares = {u: self._share_of(res) for u, res in used.items()}
+        return self._shares
 
     def _share_of(self, res: Sequence[int]) -> float:
         best = 0.0
@@ -758,6 +968,7 @@ class GlobalMaster:
         mine = self.users[task.user].share
         have = shares.get(task.user, 0.0) + own
         if have >= mine:
+            self._starved.pop(task.user, None)
             self._note(task, WaitReason.USER_AT_SHARE, now)
             return None
         after = (have + need) / mine
@@ -771,6 +982,7 @@ class GlobalMaster:
                 violators.append((ds - cfg.share, u))
         violators.sort(reverse=True)
         tried = self._preempt_tried.setdefault(task.key, set())
+        limited = False
         for _, victim in violators:
             ranked = sorted(
                 (lm for lm, v in self.views.items() if any(v.usage.get(victim, ()))),
@@ -778,6 +990,12 @@ class GlobalMaster:
             )
             for lm in ranked:
                 if (victim, lm) in tried:
+                    continue
+                if not self._preempt_room(lm, now):
+                    limited = True
+                    continue
+                if self._index and self._no_victim.get((victim, lm), now) > now:
+                    limited = True
                     continue
                 tried.add((victim, lm))
                 self._victim_pending[victim] = self._victim_pending.get(victim, 0.0) + need
@@ -793,6 +1011,9 @@ class GlobalMaster:
                     known_version=self._known_version(lm),
                     queued_at=task.submitted_at,
                 )
+        if limited:  # its turn comes when the budgets refill (``_grace_due``)
+            self.counters.preemptions_rate_limited += 1
+            self._starved.setdefault(task.user, now)
         self._note(task, WaitReason.PREEMPTION_FAILED, now)
         return None
 
@@ -810,6 +1031,7 @@ class GlobalMaster:
         changed, gap = view.apply(delta)
         self.counters.updates_applied += 1
         if changed:
+            self._shares = None
             self.queues.new_epoch()
         if gap:
             self.counters.gaps += 1
@@ -845,6 +1067,7 @@ class GlobalMaster:
                     view.pending[i] = list(pend)
         view.apply(snap.state)
         self.views[lm] = view
+        self._shares = None
         self._feasible.clear()
         totals = [v.total_capacity() for v in self.views.values()]
         self._capacity = [sum(col) for col in zip(*totals, strict=True)]
@@ -1029,7 +1252,7 @@ class GlobalMaster:
                 continue
             self._retries[task.key] = n
             self._place(task, now, batches, effects)
-        self._flush(batches, effects)
+        self._flush(batches, effects, now)
         return effects
 
     def _release_victim(self, key: TaskKey) -> None:
@@ -1050,6 +1273,10 @@ class GlobalMaster:
         if key is None or fl is None or fl.request_id != resp.request_id:
             return effects  # overtaken: the task has moved on
         del self.inflight[key]
+        pending = self._preempt_victim.get(key)
+        if pending is not None and not resp.accepted and resp.reason == "no_victim":
+            # nothing of that victim there would make room (or pay): ask again later
+            self._no_victim[(pending[0], resp.lm)] = now + self.overload.preempt_period_s
         self._release_victim(key)
         task = fl.task
         self._round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)

@@ -43,13 +43,19 @@ class UserQueues:
         self._failures: dict[UserId, int] = {}
         self._size = 0
         self._dags: dict[JobId, DagProgress] = {}
+        self.waiting = WaitingTasks()
+        """Tasks that found no room, out of the round-robin until resources free (the
+        GM's waiting index; job-aware policies keep such tasks themselves)."""
 
     def __len__(self) -> int:
-        return self._size
+        """Every task held, ready or waiting."""
+        return self._size + len(self.waiting)
 
     def __iter__(self) -> Iterator[Task]:
+        """Every task held: the ready ones in queue order, then the waiting ones."""
         for q in self.queues.values():
             yield from q
+        yield from self.waiting
 
     def __contains__(self, user: object) -> bool:
         return user in self.queues
@@ -156,6 +162,113 @@ class UserQueues:
         try:
             self.queues[task.user].remove(task)
         except ValueError:
-            return False
+            return self.waiting.remove(task)
         self._size -= 1
+        return True
+
+
+WaitClass = tuple[int, Resources]
+"""What a waiting task needs: its constraint mask and its demand."""
+
+
+class WaitingTasks:
+    """Tasks that found no room, indexed by what they need (a FIFO per class and user).
+
+    A task here is not examined again until the GM's view shows freed resources that
+    could fit its class (``take``), or its user's preemption grace period is over
+    (``take_user``).  Order within a class and user is the order of arrival here, so
+    a woken task keeps its place ahead of later ones of its user.
+    """
+
+    def __init__(self) -> None:
+        self.by_class: dict[WaitClass, dict[UserId, deque[Task]]] = {}
+        self._size = 0
+        self._per_user: dict[UserId, int] = {}
+        self.all_positive = True
+        """Every demand ever indexed asks for some of every resource (so a node with
+        none of one resource free fits no waiting task)."""
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Task]:
+        for users in self.by_class.values():
+            for q in users.values():
+                yield from q
+
+    def count(self, user: UserId) -> int:
+        return self._per_user.get(user, 0)
+
+    def add(self, task: Task) -> None:
+        cls = (task.constraints, task.demand)
+        users = self.by_class.get(cls)
+        if users is None:
+            users = self.by_class[cls] = {}
+            if not all(task.demand):
+                self.all_positive = False
+        q = users.get(task.user)
+        if q is None:
+            q = users[task.user] = deque()
+        q.append(task)
+        self._size += 1
+        self._per_user[task.user] = self._per_user.get(task.user, 0) + 1
+
+    def _took(self, cls: WaitClass, user: UserId, n: int) -> None:
+        users = self.by_class[cls]
+        if not users[user]:
+            del users[user]
+            if not users:
+                del self.by_class[cls]
+        self._size -= n
+        left = self._per_user[user] - n
+        if left:
+            self._per_user[user] = left
+        else:
+            del self._per_user[user]
+
+    def take(self, cls: WaitClass, n: int, order: Sequence[UserId]) -> list[Task]:
+        """Up to ``n`` tasks of ``cls``, one per user in turn (``order`` first, then the
+        others), each user's oldest first."""
+        users = self.by_class.get(cls)
+        if users is None or n <= 0:
+            return []
+        ranked = [u for u in order if u in users]
+        ranked += [u for u in users if u not in ranked]
+        out: list[Task] = []
+        taken: dict[UserId, int] = {}
+        while len(out) < n and ranked:
+            for u in list(ranked):
+                q = users[u]
+                out.append(q.popleft())
+                taken[u] = taken.get(u, 0) + 1
+                if not q:
+                    ranked.remove(u)
+                if len(out) >= n:
+                    break
+        for u, k in taken.items():
+            self._took(cls, u, k)
+        return out
+
+    def take_user(self, user: UserId, n: int) -> list[Task]:
+        """Up to ``n`` of ``user``'s waiting tasks, the oldest of each class first."""
+        out: list[Task] = []
+        for cls in list(self.by_class):
+            q = self.by_class[cls].get(user)
+            k = 0
+            while q and len(out) < n:
+                out.append(q.popleft())
+                k += 1
+            if k:
+                self._took(cls, user, k)
+            if len(out) >= n:
+                break
+        return out
+
+    def remove(self, task: Task) -> bool:
+        cls = (task.constraints, task.demand)
+        q = self.by_class.get(cls, {}).get(task.user)
+        if not q or task not in q:
+            return False
+        q.remove(task)
+        self._took(cls, task.user, 1)
         return True

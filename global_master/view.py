@@ -35,6 +35,7 @@ class LmView:
         "constraint_vectors",
         "epoch",
         "free",
+        "freed",
         "home",
         "lm",
         "n",
@@ -76,6 +77,9 @@ class LmView:
         self.epoch = -1
         """The LM incarnation this view follows (a restarted LM counts versions anew)."""
         self.usage: dict[UserId, Resources] = {}
+        self.freed: set[int] = set(range(n))
+        """Nodes whose free resources grew since the GM last looked (its waiting tasks
+        that could fit there are woken); a new view counts every node as freed."""
         self._eligible: dict[tuple[int, GmId, bool], bitarray] = {}
 
     # ------------------------------------------------------------ matching
@@ -133,10 +137,15 @@ class LmView:
             return False
         self.node_version[i] = node_version
         pend = self.pending[i]
+        old = self.free[i]
         if pend is None:
-            self.free[i] = list(reported)
+            new = self.free[i] = list(reported)
         else:
-            self.free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
+            new = self.free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
+        for a, b in zip(new, old, strict=True):
+            if a > b:
+                self.freed.add(i)
+                break
         self._set_avail(i)
         return True
 
@@ -181,6 +190,7 @@ class LmView:
             f[r] += d
         if not any(pend):
             self.pending[i] = None
+        self.freed.add(i)
         self._set_avail(i)
 
     def total_capacity(self) -> list[int]:

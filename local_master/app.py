@@ -117,6 +117,7 @@ class LmService:
         return LocalMaster(
             self.lm, cluster.nodes, cluster.home, gms=self.cfg.gm_ids, epoch=epoch,
             awaiting_workers=True,
+            victims_younger_than_wait=self.cfg.victims_younger_than_wait,
         )  # fmt: skip
 
     async def open(self) -> None:

@@ -124,6 +124,13 @@ class ActiveTask:
         )
 
 
+def _work(a: ActiveTask, now: float) -> float:
+    """What preempting ``a`` now throws away: CPU-seconds run (0 if not started)."""
+    if a.started_at < 0:
+        return 0.0
+    return max(0.0, now - a.started_at) * (a.spec.demand[0] if a.spec.demand else 1)
+
+
 class LocalMaster:
     """One cluster's consistent state, and validation of every GM request."""
 
@@ -139,6 +146,7 @@ class LocalMaster:
         retain_s: float = 120.0,
         report_starts: bool = False,
         awaiting_workers: bool = False,
+        victims_younger_than_wait: bool = False,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
@@ -171,6 +179,9 @@ class LocalMaster:
         launch is recognised, and a restarted GM learns what already ran."""
         self.retain_s = retain_s
         self.report_starts = report_starts
+        self.victims_younger_than_wait = victims_younger_than_wait
+        """Preempt only tasks that ran for less time than the requester waited
+        (``common.overload.OverloadPolicy``)."""
         self.usage: dict[Any, list[int]] = {}
         self._log: list[int] = []
         self._log_base = 0
@@ -441,9 +452,11 @@ class LocalMaster:
     def _on_preempt(self, req: PreemptRequest, now: float) -> list[Effect]:
         """Verify that preempting ``req.victim``'s tasks frees room for ``req.spec``; do it.
 
-        The LM picks the node needing the fewest victims (altruistic tasks first, then
-        the most recently accepted: the least work lost).  Refused when the victim has
-        nothing here that would make room.
+        The LM picks the node where making room throws away the least work, then needs
+        the fewest victims; on a node it takes altruistic tasks first, then the youngest
+        (least run), and never more than the room needs.  The work thrown away is
+        counted (``preempted_work_s``).  Refused when the victim has nothing here that
+        would make room.
         """
         refused = self._refuse_request(req.gm, req.lm, (req.spec,))
         if refused is not None:
@@ -457,34 +470,41 @@ class LocalMaster:
             self.counters.duplicates += 1
             dup = self._preempt_response(req, now, True, held.reason, None, (), held.attempt)
             return [dup, *effects]
-        best: tuple[int, int, list[ActiveTask]] | None = None
+        best: tuple[float, int, int, list[ActiveTask]] | None = None
         by_node: dict[int, list[ActiveTask]] = {}
+        waited = now - req.queued_at
+        paying = self.victims_younger_than_wait and req.queued_at >= 0
         for a in self.active.values():
-            if a.spec.user == req.victim:
-                by_node.setdefault(a.node, []).append(a)
+            if a.spec.user != req.victim:
+                continue
+            if paying and a.started_at >= 0 and now - a.started_at > waited:
+                continue  # would throw away more work than the wait it ends
+            by_node.setdefault(a.node, []).append(a)
         demand = spec.demand
         for node, victims in by_node.items():
             if not self.alive[node] or not satisfies(self.constraints[node], spec.constraints):
                 continue
-            victims.sort(key=lambda a: (not a.altruistic, -a.accepted_at))
+            victims.sort(key=lambda a: (not a.altruistic, _work(a, now)))
             room = list(self.free[node])
             chosen: list[ActiveTask] = []
+            lost = 0.0
             for a in victims:
                 if all(f >= d for f, d in zip(room, demand, strict=True)):
                     break
                 chosen.append(a)
+                lost += _work(a, now)
                 for r, d in enumerate(a.spec.demand):
                     room[r] += d
             if all(f >= d for f, d in zip(room, demand, strict=True)) and (
-                best is None or len(chosen) < best[1]
+                best is None or (lost, len(chosen)) < (best[0], best[1])
             ):
-                best = (node, len(chosen), chosen)
-        if best is None or not best[2]:
+                best = (lost, len(chosen), node, chosen)
+        if best is None or not best[3]:
             self.counters.preemptions_refused += 1
             reason = "no_victim" if best is None else "room_free"
             if best is not None:
                 # Room appeared without preempting anyone: launch as a plain placement.
-                node = best[0]
+                node = best[2]
                 self._commit(spec, req.attempt, node, req.gm, False, now, req.queued_at)
                 effects.append(self._start((spec.user, spec.task_id)))
                 return [
@@ -492,7 +512,8 @@ class LocalMaster:
                     *effects,
                 ]
             return [self._preempt_response(req, now, False, reason, None, ()), *effects]
-        node, _, chosen = best
+        lost, _, node, chosen = best
+        self.counters.preempted_work_s += lost
         refs = []
         for victim in chosen:
             key = (victim.spec.user, victim.spec.task_id)

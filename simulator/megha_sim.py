@@ -68,6 +68,7 @@ from common.messages import (
 )
 from common.metrics import GmCounters, LmCounters, total
 from common.model import Task, TaskKey, UserConfig
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
@@ -111,6 +112,9 @@ class SimConfig:
     ``network_delay_s``."""
     lm_update_node_s: float = 0.0
     """Busy time of an LM per node of a state update it publishes (encoding)."""
+    overload: OverloadPolicy = field(default_factory=OverloadPolicy)
+    """The waiting index, preemption grace and rate limit, repartition batching (issue
+    11); the paper's GM by default, ``megha simulate`` uses ``OVERLOAD_DEFAULTS``."""
     sample_usage_every_s: float | None = None
     """Record each user's dominant share of the federation this often (Carbyne reports)."""
 
@@ -174,9 +178,17 @@ class MeghaSimulation:
                 max_retries=self.cfg.max_retries,
                 patience=self.cfg.patience,
                 queues=queues,
+                overload=self.cfg.overload,
             )
         self.lms: dict[LmId, LocalMaster] = {
-            c.lm: LocalMaster(c.lm, c.nodes, c.home, gms=gm_ids, report_starts=False)
+            c.lm: LocalMaster(
+                c.lm,
+                c.nodes,
+                c.home,
+                gms=gm_ids,
+                report_starts=False,
+                victims_younger_than_wait=self.cfg.overload.victims_younger_than_wait,
+            )
             for c in clusters
         }
         self.pools: dict[LmId, WorkerPool] = {

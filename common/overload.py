@@ -1,0 +1,56 @@
+"""How a GM behaves when its users want more than there is (issue 11, docs/overload.md).
+
+One frozen record shared by the GM core, ``megha simulate`` and the federation
+configuration, so the live services and the simulator run the same policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["OVERLOAD_DEFAULTS", "OverloadPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadPolicy:
+    """How a GM behaves when its users want more than there is (issue 11).
+
+    Defaults keep the paper's GM as it is (a task that found no room goes to the back
+    of its queue, preempt at once, no limit, repartition at once); deployments and the
+    simulator set them from their configuration (``OVERLOAD_DEFAULTS``).
+    """
+
+    wait_index: bool = False
+    """A task that found no room waits, indexed by what it needs, until freed resources
+    could fit it, instead of going round the queue (plain FIFO queues only)."""
+    preempt_grace_s: float = 0.0
+    """A user preempts only after waiting this long below ``preempt_below`` of its share
+    (YARN's fair-share preemption timeout); *starved* then, it preempts until it holds
+    its share.  Short shortfalls are made up by completions."""
+    preempt_below: float = 1.0
+    """...and only while it holds less than this fraction of its share (YARN's fair-share
+    preemption threshold): near its share, completions close the gap, not preemption."""
+    victims_younger_than_wait: bool = False
+    """The LM preempts only tasks that have run for less time than the task asking for
+    room has waited: preemption never throws away more work than the wait it ends."""
+    preempt_per_lm: int = 0
+    """Preemption requests this GM sends to one LM per ``preempt_period_s`` (0: no limit)."""
+    preempt_period_s: float = 10.0
+    repartition_batching: bool = False
+    """A GM keeps at most one repartition request per LM unanswered; placements on that
+    LM's external partitions decided meanwhile travel together in the next request."""
+    repartition_period_s: float = 0.0
+    """With batching, also at most one repartition request per LM per this period."""
+
+
+OVERLOAD_DEFAULTS = OverloadPolicy(
+    wait_index=True,
+    preempt_grace_s=60.0,
+    preempt_below=0.5,
+    victims_younger_than_wait=True,
+    preempt_per_lm=2,
+    preempt_period_s=10.0,
+    repartition_batching=True,
+    repartition_period_s=0.0,
+)
+"""What ``megha simulate`` and ``megha up`` use (see docs/overload.md for the figures)."""
