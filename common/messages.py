@@ -267,6 +267,10 @@ class TaskEvent:
     worker_at: Time = -1.0
     started_at: Time = -1.0
     detail: str = ""
+    job_id: JobId | None = None
+    """The task's job and when it entered its GM's queue, as the LM holds them: a GM
+    that restarted and has no record of the task can still tell its user of its end."""
+    queued_at: Time = -1.0
 
 
 @message("task_events")

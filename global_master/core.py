@@ -520,20 +520,26 @@ class GlobalMaster:
             del self._orphans[next(iter(self._orphans))]
 
     def _orphan_ended(self, key: TaskKey, ev: TaskEvent, effects: list[Effect]) -> None:
-        """A task ended that this GM holds no record of.  If an LM's snapshot told it the
-        task's spec, its user is told now (its job may have been acknowledged already:
-        nothing else would tell); otherwise a redelivered job will."""
+        """A task ended that this GM holds no record of.  If its LM said whose job it is
+        (the event, or a snapshot), its user is told now (its job may have been
+        acknowledged already: nothing else would tell); otherwise a redelivered job, or
+        the LM's snapshot, will."""
         ok = ev.kind == EventKind.FINISHED
         known = self.known_done.get(key)
         if known is not None and known.reported:
             return
         if known is None or not known.spec_known:
-            spec = TaskSpec(task_id=ev.task_id, job_id=JobId("unknown"), user=ev.user,
-                            demand=(0,), duration=0.0)  # fmt: skip
-            held = HeldTask(spec=spec, attempt=ev.attempt, worker_at=ev.worker_at,
-                            started_at=ev.started_at, ended_at=ev.at, ok=ok)  # fmt: skip
-            self.known_done[key] = Ended(held, spec_known=False, reported=False)
-            return
+            spec = TaskSpec(task_id=ev.task_id, job_id=ev.job_id or JobId("unknown"),
+                            user=ev.user, demand=(0,), duration=0.0)  # fmt: skip
+            held = HeldTask(spec=spec, attempt=ev.attempt, queued_at=ev.queued_at,
+                            worker_at=ev.worker_at, started_at=ev.started_at, ended_at=ev.at,
+                            ok=ok)  # fmt: skip
+            if ev.job_id is None:  # a pool's word: its LM (a snapshot) will say whose job
+                self.known_done[key] = Ended(held, spec_known=False, reported=False)
+                return
+            # its LM knew its job: the user is told now (that job may have been
+            # acknowledged before this GM restarted, and nothing else would tell)
+            known = Ended(held, spec_known=True, reported=False)
         task = recovered_task(
             replace(known.held, worker_at=ev.worker_at, started_at=ev.started_at, ended_at=ev.at,
                     ok=ok),
@@ -1347,10 +1353,16 @@ class GlobalMaster:
         that holds the task (its node's state is taken if it is from the LM's current
         incarnation, ``fresh``)."""
         view = self.views.get(ev.lm)
-        if view is None or not 0 <= ev.node < view.n or len(ev.node_free) != len(self._capacity):
-            self.counters.stale_events += 1  # not from an LM of this federation as it is
+        if view is None:
+            if ev.lm not in self.lms:
+                self.counters.stale_events += 1  # not from an LM of this federation
+                return
+            # before this (restarted) GM's first snapshot of that LM: the node's state
+            # comes with the snapshot, the task's end must not be lost meanwhile
+        elif not 0 <= ev.node < view.n or len(ev.node_free) != len(self._capacity):
+            self.counters.stale_events += 1  # not from that LM as it is
             return
-        if fresh and view.set_node(ev.node, ev.node_free, ev.node_version):
+        elif fresh and view.set_node(ev.node, ev.node_free, ev.node_version):
             self.queues.new_epoch()
         kind = ev.kind
         if kind == EventKind.RELAUNCHED:

@@ -583,6 +583,8 @@ class LocalMaster:
             worker_at=a.worker_at,
             started_at=a.started_at,
             detail=detail,
+            job_id=a.spec.job_id,
+            queued_at=a.queued_at,
         )
 
     def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:

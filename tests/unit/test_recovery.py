@@ -298,3 +298,27 @@ def test_a_task_that_ended_while_its_gm_and_lm_were_down_reaches_its_user_once()
             told += gm.handle(as_events(LM0, ends), 3.5)
         finished = [e.msg for e in told if isinstance(e, ToUser)]
         assert [(o.task.task_id, o.finished) for o in finished] == [(t.task_id, True)], event_first
+
+
+def test_an_end_redelivered_to_a_restarted_gm_before_any_snapshot_reaches_the_user() -> None:
+    """The old GM died before it told the user (the end event goes back to the broker)
+    and the LM that sent it died too: the restarted GM has no view and no record, yet
+    the event says whose job it was, so the user is told, once."""
+    old_lm, old_gm = fresh_lm(epoch=1), make_gm()
+    old_lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    sync_views(old_gm, old_lm)
+    t = make_task()
+    submit(old_gm, [t], 0.5)
+    for e in decide(old_gm, 1.0):
+        if isinstance(e, ToLm):
+            old_lm.handle(e.msg, 1.0)
+    ends = [e.msg for e in old_lm.handle(report(LM0, ReportKind.FINISHED, t, 0, 2.0), 2.0)
+            if isinstance(e, ToGm)]  # fmt: skip
+    assert [(e.kind, e.job_id) for e in ends] == [(EventKind.FINISHED, t.job_id)]
+    gm = make_gm()  # restarted: no view of lm0 yet, no record of the task
+    told = [e.msg for e in gm.handle(as_events(LM0, ends), 3.0) if isinstance(e, ToUser)]
+    assert [(o.task.task_id, o.task.job_id, o.finished) for o in told] == [
+        (t.task_id, t.job_id, True)
+    ]
+    assert told[0].task.submitted_at == 0.5  # its allocation time is still right
+    assert [e for e in gm.handle(as_events(LM0, ends), 3.5) if isinstance(e, ToUser)] == []
