@@ -502,7 +502,11 @@ class ReportsTaken:
 @message("lease_renewed")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseRenewed:
-    """Pool driver -> core: the LM answered (a heartbeat): the pool may go on running."""
+    """Pool driver -> core: the LM answered (a heartbeat): the pool may go on running.
+    The lease counts from ``sent``, when the answered request left (an answer read late,
+    by a pool that was frozen meanwhile, renews nothing past it); -1: on receipt."""
+
+    sent: Time = -1.0
 
 
 @message("check_lease")

@@ -155,10 +155,11 @@ class WorkerService:
         nodes = tuple(NodeIndex(i) for i in range(self.core.n_nodes))
         policy = Backoff(deadline_s=self.cfg.heartbeat_s)
         while True:
-            hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=time.time())
+            sent = time.time()
+            hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=sent)
             try:
                 await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
-                self.driver.feed(LeaseRenewed())
+                self.driver.feed(LeaseRenewed(sent=sent))
             except PeerRefused as exc:
                 if exc.reason == "register_first":
                     self._reregister()

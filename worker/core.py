@@ -243,7 +243,7 @@ class WorkerPool:
         return []
 
     def _on_renewed(self, msg: LeaseRenewed, now: float) -> list[Effect]:
-        self.renewed = max(self.renewed, now)
+        self.renewed = max(self.renewed, msg.sent if msg.sent >= 0 else now)
         return []
 
     def _on_check_lease(self, msg: CheckLease, now: float) -> list[Effect]:

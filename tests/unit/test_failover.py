@@ -265,3 +265,19 @@ def test_a_stop_that_overtakes_its_start_keeps_the_attempt_from_ever_running() -
     newer = StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=1, spec=t, attempt=2, gm=GM0),))  # type: ignore[arg-type]
     pool.handle(newer, 2.0)
     assert [r.attempt for r in pool.running.values()] == [2]
+
+
+def test_an_answer_read_after_a_freeze_renews_the_lease_only_from_when_it_was_asked() -> None:
+    """A pool frozen right after a heartbeat reads its LM's answer on waking: the lease
+    runs from when the heartbeat left, so the starts queued meanwhile are still LOST."""
+    from common.messages import LeaseRenewed, WorkerReports
+
+    pool = WorkerPool(LM0, 2, lease_s=2.0)
+    pool.handle(LeaseRenewed(sent=1.0), 1.0)
+    pool.handle(LeaseRenewed(sent=1.1), 9.0)  # the answer, read after 8 s frozen
+    t = make_task(duration=1.0)
+    start = StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=0, spec=t, attempt=1, gm=GM0),))  # type: ignore[arg-type]
+    (answer,) = pool.handle(start, 9.0)
+    assert isinstance(answer.msg, WorkerReports)  # type: ignore[attr-defined]
+    assert [r.kind for r in answer.msg.reports] == [ReportKind.LOST]  # type: ignore[attr-defined]
+    assert pool.running == {}
