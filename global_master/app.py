@@ -125,6 +125,8 @@ class GmService:
         self.lms: dict[LmId, Peer] = {}
         self.deliveries: dict[tuple[UserId, JobId], AbstractIncomingMessage] = {}
         self.events_seen = Dedup()
+        self.requests_in_doubt = 0
+        """Launches and preemptions an LM did not answer in time, asked again."""
         self.recent_allocations: deque[tuple[float, float]] = deque(maxlen=RECENT_ALLOCATIONS)
         """(when it finished, allocation time) of the latest finished tasks: the
         operators' last-minute tails (``/v1/state`` ``allocations``)."""
@@ -312,19 +314,37 @@ class GmService:
         peer = self.lms[eff.lm]
         reply: object | None
         if isinstance(msg, LaunchRequest | PreemptRequest):
-            msg = replace(msg, sent_at=time.time())
-            key = f"{self.core.gm_id}:{msg.request_id}"
-            try:
-                reply = await peer.post(path, msg, expect=(expect,), key=key)
-            except (PeerRefused, GiveUp) as exc:
-                log.error("%s refused or unreachable for %s: %s", eff.lm, path, exc)
-                reason = exc.reason if isinstance(exc, PeerRefused) else "lm_unreachable"
-                self.feed(RequestFailed(lm=eff.lm, request_id=msg.request_id, reason=reason))
+            reply = await self._ask_until_answered(peer, path, expect, msg)
+            if reply is None:
                 return
         else:
             reply = await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
         if reply is not None:
             self.feed(reply)
+
+    async def _ask_until_answered(
+        self, peer: Peer, path: str, expect: type, msg: LaunchRequest | PreemptRequest
+    ) -> object | None:
+        """A launch or preemption, sent until its LM answers.  Without an answer the LM
+        may have accepted it, so its tasks are not placed elsewhere: the same request
+        (idempotent: same key, same attempts) goes again, until the LM answers or its
+        tasks are settled otherwise (an event about them, the LM's new incarnation).
+        A refusal (4xx) is an answer: everything asked for is refused."""
+        key = f"{self.core.gm_id}:{msg.request_id}"
+        while True:
+            try:
+                return await peer.post(
+                    path, replace(msg, sent_at=time.time()), expect=(expect,), key=key
+                )
+            except PeerRefused as exc:
+                log.error("%s refused %s: %s", peer.name, path, exc)
+                self.feed(RequestFailed(lm=msg.lm, request_id=msg.request_id, reason=exc.reason))
+                return None
+            except GiveUp as exc:
+                self.requests_in_doubt += 1
+                if not self.core.awaits(msg.request_id):
+                    return None
+                log.warning("%s did not answer %s (%s): asking again", peer.name, path, exc)
 
     async def _publish_persists(self, user: UserId, jobs: list[SubmitJob]) -> None:
         for job in jobs:
@@ -398,6 +418,7 @@ class GmService:
                 "jobs_refused_by_driver": self.refused_jobs,
                 "jobs_redelivered": self.redelivered_jobs,
                 "lm_errors": sum(p.errors for p in self.lms.values()),
+                "requests_in_doubt": self.requests_in_doubt,
                 "duplicate_events": self.events_seen.dropped,
                 "background_failures": self.sup.failures,
             },

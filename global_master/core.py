@@ -1423,6 +1423,18 @@ class GlobalMaster:
             j.note(task.key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
 
     # ------------------------------------------------------------ read-only
+    def awaits(self, request_id: int) -> bool:
+        """Whether a task still waits in flight for the answer to request
+        ``request_id`` (an event, or the LM's new incarnation, may have settled it)."""
+        sent = self._launches.get(request_id)
+        keys = list(sent[1]) if sent is not None else []
+        pre = self._preempts.get(request_id)
+        if pre is not None:
+            keys.append(pre)
+        return any(
+            (fl := self.inflight.get(k)) is not None and fl.request_id == request_id for k in keys
+        )
+
     def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:
         """The tasks this GM holds for ``keys`` (queued, in flight or placed)."""
         return [t for k in keys if (t := self.live.get(k)) is not None]

@@ -726,3 +726,24 @@ def test_the_end_of_a_relaunched_attempt_that_overtakes_its_relaunch_still_ends_
     assert [o.task.attempt for o in outcomes(done)] == [2]
     assert gm.handle(as_events(LM0, relaunch), 8.0) == []  # late: stale
     assert state(gm, t) is not TaskState.PLACED
+
+
+def test_a_request_is_awaited_until_its_answer_or_an_event_settles_its_tasks() -> None:
+    """What the driver asks before sending an unanswered launch again: a GM never places
+    elsewhere a task its LM may have accepted."""
+    lm = make_lm(nodes=[(4, 4)])
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(2, 2)
+    submit(gm, [t], 0.0)
+    (req,) = launches(decide(gm, 1.0))
+    assert gm.awaits(req.request_id)
+    answers = lm.handle(replace(req, sent_at=1.0), 1.0)
+    ended = events(lm.handle(report(LM0, ReportKind.FINISHED, t, 0, 1.5), 1.5))
+    assert ended
+    gm.handle(as_events(LM0, ended), 2.0)  # the event overtook the LM's answer
+    assert not gm.awaits(req.request_id)
+    for r in replies(answers):
+        gm.handle(r, 2.5)
+    assert state(gm, t) is not TaskState.PLACED
+    assert not gm.awaits(req.request_id + 1000)
