@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import os
+import random
 import signal
 import time
 from typing import Any
@@ -64,6 +65,13 @@ from runtime.supervisor import Supervisor
 from security.access import Access
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
+
+ONE_TRY = Backoff(deadline_s=0.0)
+RETRIES = Backoff()
+START_PATIENCE_S = 10.0
+"""How long starts go on being sent to a pool that does not answer (then its nodes
+time out and their tasks go back)."""
+_RNG = random.Random()
 
 log = logging.getLogger("megha.lm")
 
@@ -235,13 +243,7 @@ class LmService:
                 if stopped is not None and stopped.reports:
                     self.driver.feed(stopped)
             if starts:
-                reply = await self.pool.post(
-                    "/v1/start",
-                    StartTasks(lm=lm, epoch=self.epoch, tasks=starts),
-                    expect=WorkerReports,
-                )
-                if reply is not None and reply.reports:
-                    self.driver.feed(reply)
+                await self._start_on_pool(starts)
         except (PeerRefused, GiveUp) as exc:
             if isinstance(exc, PeerRefused) and exc.reason == "stale_epoch":
                 self._step_down(f"its worker pool follows a newer incarnation ({exc})")
@@ -249,6 +251,34 @@ class LmService:
             # its nodes will time out and their tasks go back (relaunched or re-queued)
             self.worker_errors += 1
             log.error("worker pool did not take %d starts/stops: %s", len(items), exc)
+
+    async def _start_on_pool(self, starts: tuple[StartTask, ...]) -> None:
+        """Send starts until the pool answers; before each try, only those this LM
+        still holds as they were (a start sent again after its node was declared dead
+        and its task placed elsewhere would run it twice)."""
+        assert self.pool is not None
+        deadline = time.monotonic() + START_PATIENCE_S
+        attempt = 0
+        while True:
+            starts = tuple(s for s in starts if self.core.still_starts(s))
+            if not starts:
+                return
+            try:
+                reply = await self.pool.post(
+                    "/v1/start",
+                    StartTasks(lm=self.core.lm_id, epoch=self.epoch, tasks=starts),
+                    expect=WorkerReports,
+                    policy=ONE_TRY,
+                )
+            except GiveUp:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(RETRIES.delay(attempt, _RNG))
+                attempt += 1
+                continue
+            if reply is not None and reply.reports:
+                self.driver.feed(reply)
+            return
 
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))

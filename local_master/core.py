@@ -351,6 +351,11 @@ class LocalMaster:
             )
         )
 
+    def still_starts(self, s: StartTask) -> bool:
+        """Whether this LM still holds the attempt ``s`` starts, where ``s`` starts it."""
+        a = self.active.get((s.spec.user, s.spec.task_id))
+        return a is not None and a.attempt == s.attempt and a.node == s.node
+
     def _stop(self, a: ActiveTask) -> ToWorker:
         return ToWorker(
             StopTask(

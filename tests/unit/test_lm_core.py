@@ -482,3 +482,18 @@ def test_snapshot_lists_what_the_lm_holds_for_that_gm() -> None:
     ]
     assert eff.msg.layout.home == (GM0, GM1)
     assert eff.msg.state.base_version == -1
+
+
+def test_a_start_is_sent_again_only_while_the_lm_still_holds_it_there() -> None:
+    """The LM's driver asks before each new try: a start of an attempt relaunched
+    elsewhere (its node declared dead) must not reach the old pool again."""
+    lm = make_lm(nodes=[(4, 4), (4, 4)])
+    t = make_task(2, 2)
+    launch(lm, (t, 0))
+    first = StartTask(node=N0, spec=t, attempt=1, gm=GM0)
+    assert lm.still_starts(first)
+    alive(lm, 1.0, 0)
+    alive(lm, 5.0, 1)
+    check_workers(lm, 6.0, timeout=2.0)  # node 0 dead: attempt 2 on node 1
+    assert not lm.still_starts(first)
+    assert lm.still_starts(StartTask(node=N1, spec=t, attempt=2, gm=GM0))
