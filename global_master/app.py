@@ -381,6 +381,9 @@ class GmService:
     def refusal(self) -> Refused | None:
         return None
 
+    async def durable(self, msg: object) -> None:
+        """Nothing to wait for: a GM's answers carry nothing a sender keeps for it."""
+
     def state_page(self) -> dict[str, Any]:
         core = self.core
         rtts = [x for p in self.lms.values() for x in p.rtts]

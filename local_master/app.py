@@ -108,6 +108,7 @@ class LmService:
         self.to_pool: Batcher[str, StartTask | StopTask] = Batcher(
             self.sup, self._flush_pool, "starts and stops to the worker pool"
         )
+        self._event_tickets: dict[GmId, int] = {}
         self.events: Batcher[GmId, TaskEvent] = Batcher(
             self.sup, self._publish_events, "task events"
         )
@@ -178,7 +179,7 @@ class LmService:
         self.driver = CoreDriver(self.core, self.sup)
         d = self.driver
         d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
-        d.on(ToGm, lambda e: _ignore(self.events.add(e.gm, e.msg)))
+        d.on(ToGm, self._event_to_gm)
         d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
         # no node is alive before the worker pool registers what it runs
         d.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
@@ -251,6 +252,15 @@ class LmService:
             # its nodes will time out and their tasks go back (relaunched or re-queued)
             self.worker_errors += 1
             log.error("worker pool did not take %d starts/stops: %s", len(items), exc)
+
+    def _event_to_gm(self, eff: ToGm) -> None:
+        self._event_tickets[eff.gm] = self.events.add(eff.gm, eff.msg)
+
+    async def durable(self, msg: object) -> None:
+        """A pool forgets the ends it reported once the LM answers: the events they
+        produced are on the broker first (an LM that dies right after loses nothing)."""
+        if isinstance(msg, WorkerReports | RegisterWorkers) and self._event_tickets:
+            await self.events.sent(dict(self._event_tickets))
 
     async def _start_on_pool(self, starts: tuple[StartTask, ...]) -> None:
         """Send starts until the pool answers; before each try, only those this LM

@@ -224,6 +224,11 @@ class Service(Protocol):
         """Why the service takes no message now (None: it does)."""
         ...
 
+    async def durable(self, msg: object) -> None:
+        """Return once what the core did with ``msg`` is safe (published, confirmed):
+        its sender may then forget it."""
+        ...
+
     def state_page(self) -> dict[str, Any]: ...
 
 
@@ -259,7 +264,9 @@ def message_route(kind: type | tuple[type, ...]) -> Handler:
         refused = svc.refusal()
         if refused is not None:
             return reply_response(refused)
-        return reply_response(svc.driver.feed(msg))
+        answer = svc.driver.feed(msg)
+        await svc.durable(msg)
+        return reply_response(answer)
 
     return handle
 

@@ -178,6 +178,9 @@ class WorkerService:
     def refusal(self) -> Refused | None:
         return None
 
+    async def durable(self, msg: object) -> None:
+        """Nothing to wait for: a pool's answers carry nothing its LM keeps for it."""
+
     def state_page(self) -> dict[str, Any]:
         return {
             "lm": self.core.lm,
