@@ -400,6 +400,10 @@ class WorkerReport:
     worker_at: Time
     started_at: Time = -1.0
     detail: str = ""
+    job_id: JobId | None = None
+    """The task's job and queue time, from its start: an LM that does not hold the task
+    (it restarted) passes them on, so its GM can tell the user of its end."""
+    queued_at: Time = -1.0
 
 
 @message("worker_reports")

@@ -509,8 +509,8 @@ class GlobalMaster:
         """An event about a task of this GM's users that it does not hold (it restarted,
         and the task's job has not come back yet): kept, bounded, for that job."""
         key = (ev.user, ev.task_id)
-        if ev.user not in self.queues or key in self.placed or key in self.inflight:
-            return
+        if ev.user not in self.queues or key in self.live:
+            return  # a task this GM holds: its current attempt decides, not this one
         if ev.kind not in (EventKind.FINISHED, EventKind.FAILED):
             self._orphans[key] = ev
         else:
@@ -528,6 +528,8 @@ class GlobalMaster:
         known = self.known_done.get(key)
         if known is not None and known.reported:
             return
+        if ev.job_id is not None and (ev.user, ev.job_id) in self._recent_jobs:
+            return  # its job ended here: each of its tasks was told already
         if known is None or not known.spec_known:
             spec = TaskSpec(task_id=ev.task_id, job_id=ev.job_id or JobId("unknown"),
                             user=ev.user, demand=(0,), duration=0.0)  # fmt: skip

@@ -658,7 +658,8 @@ class LocalMaster:
             kind=kind, lm=self.lm_id, gm=rep.gm, user=rep.user, task_id=rep.task_id,
             attempt=rep.attempt, node=rep.node, node_free=tuple(self.free[rep.node]),
             node_version=self.node_version[rep.node], at=rep.at, worker_at=rep.worker_at,
-            started_at=rep.started_at, detail=rep.detail,
+            started_at=rep.started_at, detail=rep.detail, job_id=rep.job_id,
+            queued_at=rep.queued_at,
         )  # fmt: skip
 
     def _on_register(self, msg: RegisterWorkers, now: float) -> list[Effect]:
@@ -730,7 +731,12 @@ class LocalMaster:
         asks sees it ended, and does not place it again), its end sent on to its GM."""
         rep = e.report
         key = (rep.user, rep.task_id)
-        if not 0 <= rep.node < self.n_nodes or rep.kind not in ENDS:
+        if not 0 <= rep.node < self.n_nodes:
+            return
+        if rep.kind == ReportKind.LOST:
+            self._learn_lost(e, now, effects)
+            return
+        if rep.kind not in ENDS:
             return
         a = self.active.get(key)
         if a is not None:
@@ -751,6 +757,22 @@ class LocalMaster:
         self.done[key] = (e.start.gm, held, now)
         self.counters.recovered_ends += 1
         effects.append(ToGm(e.start.gm, self._orphan_event(rep, now)))
+
+    def _learn_lost(self, e: EndedAttempt, now: float, effects: list[Effect]) -> None:
+        """An attempt its pool stopped when it lost its LM (the lease): if this
+        incarnation holds nothing newer of it, it runs again, as a new attempt here (its
+        GM, which may have restarted and forgotten it, hears RELAUNCHED, then its end)."""
+        rep, start = e.report, e.start
+        key = (rep.user, rep.task_id)
+        if key in self.active or key in self.done or start.gm not in self.gms:
+            return
+        lost = ActiveTask(
+            spec=start.spec, attempt=rep.attempt, node=rep.node, gm=start.gm, logical=False,
+            altruistic=start.altruistic, accepted_at=now, worker_at=rep.worker_at,
+            started_at=rep.started_at, queued_at=start.queued_at,
+        )  # fmt: skip
+        self.counters.recovered += 1
+        effects.extend(self._relaunch([lost], now))
 
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes

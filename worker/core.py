@@ -279,7 +279,11 @@ class WorkerPool:
         for key, r in list(self.running.items()):
             self._drop(key, effects, at)
             self.counters.fenced += 1
-            effects.append(ToLm(self.lm, self._report(ReportKind.LOST, r, at, "lease lost")))
+            lost = self._report(ReportKind.LOST, r, at, "lease lost")
+            # kept until an LM takes it: a new incarnation that never held the task
+            # learns from the registration that it must run again
+            self.unreported[(key, r.attempt)] = EndedAttempt(start=r.start, report=lost)
+            effects.append(ToLm(self.lm, lost))
         return effects
 
     def _on_stop(self, msg: StopTasks, now: float) -> list[Effect]:
@@ -359,4 +363,6 @@ class WorkerPool:
             worker_at=r.worker_at,
             started_at=r.started_at,
             detail=detail,
+            job_id=r.spec.job_id,
+            queued_at=r.start.queued_at,
         )

@@ -188,13 +188,15 @@ def test_a_pool_keeps_ended_attempts_until_its_lm_takes_the_reports() -> None:
     pool.handle(ReportsTaken(reports=tuple(reports)), 3.0)
     (reg,) = pool.handle(RegisterPool(), 4.0)
     assert reg.msg.ended == ()  # type: ignore[attr-defined]
-    # an attempt the pool stopped itself (its lease ran out) is not an end: it is not
-    # kept, so a new LM does not hold it and its GM places it again
+    # an attempt the pool stopped itself (its lease ran out) is kept too, as LOST: a new
+    # LM that never held it learns from the registration that it must run again
     from common.messages import CheckLease, LeaseRenewed
 
     pool.handle(LeaseRenewed(), 4.0)
     (lost,) = pool.handle(CheckLease(lease=1.0), 9.0)
     assert lost.msg.kind == ReportKind.LOST  # type: ignore[attr-defined]
+    assert [e.report.kind for e in pool.unreported.values()] == [ReportKind.LOST]
+    pool.handle(ReportsTaken(reports=(lost.msg,)), 9.5)  # type: ignore[attr-defined]
     assert pool.unreported == {}
 
 

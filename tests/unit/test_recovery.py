@@ -322,3 +322,24 @@ def test_an_end_redelivered_to_a_restarted_gm_before_any_snapshot_reaches_the_us
     ]
     assert told[0].task.submitted_at == 0.5  # its allocation time is still right
     assert [e for e in gm.handle(as_events(LM0, ends), 3.5) if isinstance(e, ToUser)] == []
+
+
+def test_an_attempt_its_pool_stopped_for_want_of_an_lm_runs_again_under_the_next_one() -> None:
+    """The LM dies, the pool's lease runs out and it stops what ran: the next LM
+    incarnation, which never held the task, relaunches it (its GM may have died too)."""
+    from common.messages import CheckLease, LeaseRenewed
+
+    pool = WorkerPool(LM0, 2, lease_s=1.0)
+    pool.handle(LeaseRenewed(), 0.0)
+    t = make_task(duration=5.0)
+    pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(StartTask(node=NodeIndex(0), spec=t,
+                                                             attempt=1, gm=GM0),)), 0.0)  # fmt: skip
+    pool.handle(CheckLease(lease=1.0), 2.0)  # no LM answered: stopped, kept as LOST
+    assert pool.running == {}
+    lm = fresh_lm(epoch=2)
+    out = lm.handle(registration(pool, 3.0), 3.0)
+    evs = [e.msg for e in out if isinstance(e, ToGm)]
+    assert [(e.kind, e.attempt, e.job_id) for e in evs] == [(EventKind.RELAUNCHED, 2, t.job_id)]
+    starts = [e.msg for e in out if isinstance(e, ToWorker)]
+    assert [(s.spec.task_id, s.attempt) for s in starts] == [(t.task_id, 2)]  # type: ignore[union-attr]
+    assert lm.active[key(t)].attempt == 2
