@@ -83,6 +83,18 @@ def live_config(base_port: int, name: str) -> FederationConfig:
     ).validate()
 
 
+def live_workload(args: Any) -> dict[str, Any]:
+    """``args.jobs`` jobs of 4 tasks of 0.5 s at ``args.load`` of the live federation
+    (120 one-slot nodes, mean task 0.5 s: 240 tasks/s of capacity)."""
+    return {
+        "jobs": args.jobs,
+        "tasks_per_job": 4,
+        "mean_duration": 0.5,
+        "job_rate": args.load * LIVE_NODES / 0.5 / 4,
+        "seed": args.seed,
+    }
+
+
 def run_live(cfg: FederationConfig, home: Path, wl: dict[str, Any], out: Path) -> dict[str, Any]:
     """Start the federation, replay the workload, stop it; the bench summary plus the
     CPU seconds each GM and LM process spent during the replay."""
@@ -188,14 +200,7 @@ def calibrate(args: Any) -> dict[str, Any]:
     out = Path(args.out_dir)
     home = Path(os.environ.get("MEGHA_HOME", f"/tmp/megha-{args.name}")) / "calibrate"
     cfg = replace(live_config(args.base_port, args.name), decide_batch=64)
-    # 50% of the federation: 120 one-slot nodes, mean task 0.5 s -> 240 tasks/s capacity
-    wl = {
-        "jobs": args.jobs,
-        "tasks_per_job": 4,
-        "mean_duration": 0.5,
-        "job_rate": args.load * LIVE_NODES / 0.5 / 4,
-        "seed": args.seed,
-    }
+    wl = live_workload(args)
     t0 = time.time()
     live = run_live(cfg, home, wl, out)
     live_wall = time.time() - t0
@@ -268,13 +273,7 @@ def predict(args: Any) -> dict[str, Any]:
     out = Path(args.out_dir)
     home = Path(os.environ.get("MEGHA_HOME", f"/tmp/megha-{args.name}")) / "predict"
     cfg = replace(live_config(args.base_port, args.name), decide_batch=64)
-    wl = {
-        "jobs": args.jobs,
-        "tasks_per_job": 4,
-        "mean_duration": 0.5,
-        "job_rate": args.load * LIVE_NODES / 0.5 / 4,
-        "seed": args.seed,
-    }
+    wl = live_workload(args)
     jobs = workload(cfg, wl)
     costs = CoreCosts(**{k: c[k] for k in CoreCosts.__dataclass_fields__})
     hops = hop_samples(cal["live"]["floor_lm_during_run_s"], cal["live"]["floor_lm_s"]["p50"])
