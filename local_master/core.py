@@ -672,12 +672,7 @@ class LocalMaster:
             bad = next((s.node for s in msg.running if not 0 <= s.node < self.n_nodes), None)
         if bad is not None:
             return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
-        for node in msg.nodes:
-            self.last_seen[node] = now
-            if not self.alive[node]:
-                self.alive[node] = True
-                self.free[node] = list(self.capacity[node])
-                self._touch(node)
+        self._seen(msg.nodes, now)
         started = {(r.user, r.task_id, r.attempt): r for r in msg.started}
         effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
         # what this LM holds on those nodes and the pool no longer runs (the pool
@@ -784,13 +779,17 @@ class LocalMaster:
         bad = next((n for n in msg.nodes if not 0 <= n < self.n_nodes), None)
         if bad is not None:
             return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
-        for node in msg.nodes:
+        self._seen(msg.nodes, now)
+        return []
+
+    def _seen(self, nodes: Iterable[int], now: float) -> None:
+        """Its pool says these nodes live: a node declared dead comes back empty."""
+        for node in nodes:
             self.last_seen[node] = now
             if not self.alive[node]:
                 self.alive[node] = True
                 self.free[node] = list(self.capacity[node])
                 self._touch(node)
-        return []
 
     def _on_check_workers(self, msg: CheckWorkers, now: float) -> list[Effect]:
         """Declare nodes silent for ``timeout`` dead; relaunch their tasks (§IV-D).

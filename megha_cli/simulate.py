@@ -37,7 +37,7 @@ from request_generator.workload import (
     read_trace,
     synthetic_jobs,
 )
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_from_args
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")
@@ -226,13 +226,8 @@ def run_point(
     clusters = make_federation(
         workers, gm_ids, n_lms, prof, not args.no_constraints, random.Random(args.seed + 7919)
     )
-    cfg = SimConfig(
-        network_delay_s=args.network_delay,
-        update_period_s=args.update_period,
-        gm_decision_s=args.gm_decision_cost,
-        lm_validation_s=args.lm_validation_cost,
-        batch=args.batch,
-        overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy(),
+    cfg = config_from_args(
+        args, overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy()
     )
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     for b in baselines:

@@ -32,7 +32,7 @@ from common.metrics import summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_from_args
 
 JAIN_WINDOW_S = 60.0
 ARRIVALS = ("offline", "online")
@@ -281,14 +281,7 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
     arrivals: str = args.arrivals
     jobs = with_arrivals(jobs, arrivals)
     clusters = _clusters_for(args, width, gm_ids, rng)
-    cfg = SimConfig(
-        network_delay_s=args.network_delay,
-        update_period_s=args.update_period,
-        gm_decision_s=args.gm_decision_cost,
-        lm_validation_s=args.lm_validation_cost,
-        batch=args.batch,
-        sample_usage_every_s=1.0,
-    )
+    cfg = config_from_args(args, sample_usage_every_s=1.0)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     summary = run_policies(
         jobs, clusters, gm_ids, users, policies, cfg, args.seed,

@@ -119,6 +119,19 @@ class SimConfig:
     """Record each user's dominant share of the federation this often (Carbyne reports)."""
 
 
+def config_from_args(args: Any, **extra: Any) -> SimConfig:
+    """The simulator's settings from ``megha simulate``'s options (``--network-delay``,
+    ``--update-period``, the measured costs, ``--batch``), plus ``extra``."""
+    return SimConfig(
+        network_delay_s=args.network_delay,
+        update_period_s=args.update_period,
+        gm_decision_s=args.gm_decision_cost,
+        lm_validation_s=args.lm_validation_cost,
+        batch=args.batch,
+        **extra,
+    )
+
+
 @dataclass
 class SimResult:
     tasks: list[Task]
