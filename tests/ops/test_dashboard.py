@@ -2,8 +2,8 @@
 ``/usr/bin/chromium`` driven by playwright; no browser is downloaded).
 
 The page must count the GMs and LMs, follow a short bench as it runs, show an LM that
-was killed as down, and push at most one snapshot a second.  It writes the screenshot
-docs/dashboard.png (and a copy in the test's tmp dir)."""
+was killed as down, and push at most one snapshot a second.  It writes a screenshot to
+the test's tmp dir, and to docs/dashboard.png with ``MEGHA_UPDATE_DOCS=1``."""
 
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def test_dashboard_follows_the_federation(
         shot = tmp_path / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
-    DOCS.mkdir(exist_ok=True)
-    shutil.copyfile(shot, DOCS / "dashboard.png")
+    if os.environ.get("MEGHA_UPDATE_DOCS"):  # the README's screenshot, on request only
+        shutil.copyfile(shot, DOCS / "dashboard.png")
     assert shot.stat().st_size > 10_000
     # `megha down` stops the dashboard with the federation
     stop_federation(home, quiet=True)
