@@ -6,12 +6,16 @@ deleted afterwards) and free ports.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import random
+import signal
 import socket
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,17 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
+from common.metrics import duplicate_launches
 from megha_cli.federation import (
     broker_reachable,
+    restart,
     signed_get,
     start_federation,
     stop_federation,
 )
 from megha_cli.secure import purge
+from request_generator.submitter import Submitter
+from request_generator.workload import specs_of
 from security.access import Access
 
 
@@ -99,3 +107,78 @@ def launches(cfg: FederationConfig, home: Path) -> list[dict[str, Any]]:
     for lm in cfg.lm_ids:
         rows.extend(signed_get(cfg, home, f"{lm}-workers", "/v1/launches")["launches"])
     return rows
+
+
+Fault = Callable[[], Awaitable[None]]
+
+
+async def submit_with_fault(
+    cfg: FederationConfig,
+    home: Path,
+    jobs: Sequence[Any],
+    *,
+    at: int,
+    fault: Fault,
+    after: Fault | None = None,
+    timeout_s: float = 60.0,
+) -> Submitter:
+    """Submit ``jobs`` at their arrival times as the operator, inject ``fault`` right
+    after job ``at`` (then ``after``, once every job is in), and wait until every task
+    has an outcome or ``timeout_s`` passes.  Returns the (closed) submitter: its
+    ``outcomes`` say what became of each task."""
+    ids = [(t.user, t.task_id) for j in jobs for t in specs_of(j)]
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    t0 = time.time()
+    try:
+        for i, job in enumerate(jobs):
+            await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
+            await sub.submit(job)
+            if i == at:
+                await fault()
+        if after is not None:
+            await after()
+        out = sub.outcomes
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not all(out.done(i) for i in ids):
+            out.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(out.changed.wait(), timeout=0.5)
+        return sub
+    finally:
+        await sub.close()
+
+
+def kill(home: Path, name: str) -> Fault:
+    """SIGKILL process ``name`` of the federation (its process group)."""
+
+    async def do() -> None:
+        os.killpg(pid_of(home, name), signal.SIGKILL)
+
+    return do
+
+
+def restarted(cfg: FederationConfig, home: Path, name: str, *, wait_s: float = 0.0) -> Fault:
+    """Start process ``name`` again (after ``wait_s``), as ``megha restart`` does."""
+
+    async def do() -> None:
+        await asyncio.sleep(wait_s)
+        await asyncio.get_running_loop().run_in_executor(None, restart, home, cfg, name)
+
+    return do
+
+
+def assert_all_done(sub: Submitter, ids: Sequence[Any]) -> None:
+    """Every task finished: none failed, none lost."""
+    out = sub.outcomes
+    assert not out.failed, dict(list(out.failed.items())[:5])
+    lost = sorted(set(ids) - {i for i in ids if out.done(i)})
+    assert not lost, f"lost: {lost[:10]}"
+
+
+def assert_each_ran_once(cfg: FederationConfig, home: Path, ids: Sequence[Any]) -> None:
+    """The pools' logs: no task ran twice (two attempts at once, one started twice, or
+    run to its end twice), and every task ran to its end."""
+    log = launches(cfg, home)
+    assert duplicate_launches(log) == {"count": 0, "tasks": []}
+    assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)

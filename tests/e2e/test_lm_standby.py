@@ -6,13 +6,9 @@ runs twice."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,10 +16,14 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
-from common.metrics import duplicate_launches
-from request_generator.submitter import Submitter
 from request_generator.workload import WorkloadSpec, synthetic_jobs
-from tests.e2e.conftest import launches, pid_of, service_state
+from tests.e2e.conftest import (
+    assert_all_done,
+    assert_each_ran_once,
+    kill,
+    service_state,
+    submit_with_fault,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -52,17 +52,15 @@ def test_the_standby_takes_over_from_a_killed_lm(
         rng=random.Random(12),
     )  # fmt: skip
     ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
-    done, failed = asyncio.run(_drive(cfg, home, jobs, ids, kill=pid_of(home, active)))
-    assert not failed, dict(list(failed.items())[:5])
-    assert sorted(done) == sorted(ids), f"lost: {sorted(set(ids) - set(done))[:10]}"
+    # tasks of seconds run on lm0 after job 20, and go on meanwhile
+    sub = asyncio.run(submit_with_fault(cfg, home, jobs, at=20, fault=kill(home, active)))
+    assert_all_done(sub, ids)
     now = service_state(cfg, home, standby)
     assert now["active"]
     assert now["epoch"] > before
     assert now["counters"]["recovered"] > 0  # it learnt the running tasks from the pool
     assert now["running_tasks"] == 0
-    log = launches(cfg, home)
-    assert duplicate_launches(log) == {"count": 0, "tasks": []}
-    assert {(r["user"], r["task_id"]) for r in log if r["what"] == "end"} == set(ids)
+    assert_each_ran_once(cfg, home, ids)
     gms = [service_state(cfg, home, g) for g in cfg.gm_ids]
     assert sum(g["counters"]["lm_restarts_seen"] for g in gms) >= 1
     shown = _status(home)
@@ -77,26 +75,3 @@ def _status(home: Path) -> str:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return out.stdout
-
-
-async def _drive(
-    cfg: FederationConfig, home: Path, jobs: list[Any], ids: list[Any], *, kill: int
-) -> tuple[list[Any], dict[Any, str]]:
-    sub = Submitter.operator(cfg, home)
-    await sub.open()
-    t0 = time.time()
-    try:
-        for i, job in enumerate(jobs):
-            await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
-            await sub.submit(job)
-            if i == 20:  # tasks of seconds run on lm0 now, and go on meanwhile
-                os.killpg(kill, signal.SIGKILL)
-        out = sub.outcomes
-        deadline = time.time() + 60
-        while time.time() < deadline and not all(out.done(i) for i in ids):
-            out.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(out.changed.wait(), timeout=0.5)
-        return [i for i in ids if out.done(i)], dict(out.failed)
-    finally:
-        await sub.close()
