@@ -71,6 +71,13 @@ class FederationConfig:
     heartbeat_s: float = 1.0
     """LM state updates to all GMs, and worker heartbeats to their LM."""
     worker_timeout_s: float = 5.0
+    """A node silent this long is dead: nothing more is placed on it."""
+    node_lost_after_s: float = 30.0
+    """A dead node silent this long is given up: its tasks run again elsewhere.  Until
+    then they stay held, since a node only cut off may have finished one unheard; its
+    pool's word (or a restarted pool's registration) settles them at once.  A cut
+    longer than this runs such a task twice: set it above the partitions you expect
+    (0: give up at ``worker_timeout_s``)."""
     secret: str = DEFAULT_SECRET
     """The federation secret, if the operator names one (it must be strong); by default
     ``megha up`` makes a random one in ``$MEGHA_HOME/secret``.  Every key derives from
@@ -256,6 +263,8 @@ class FederationConfig:
             raise ConfigError("every LM needs at least one node per GM partition")
         if self.heartbeat_s <= 0 or self.worker_timeout_s <= self.heartbeat_s:
             raise ConfigError("need 0 < heartbeat_s < worker_timeout_s")
+        if self.node_lost_after_s < 0:
+            raise ConfigError("node_lost_after_s must be >= 0")
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
         if not self.secret:

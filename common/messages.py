@@ -490,9 +490,12 @@ class Heartbeat:
 @message("check_workers")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckWorkers:
-    """LM timer: declare nodes silent for ``timeout`` seconds dead."""
+    """LM timer: declare nodes silent for ``timeout`` seconds dead (nothing is placed on
+    them); give up their tasks (run them again) once silent for ``lost_after`` seconds
+    (at once if ``lost_after <= timeout``)."""
 
     timeout: Seconds
+    lost_after: Seconds = 0.0
 
 
 @message("reports_taken")

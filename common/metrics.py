@@ -122,12 +122,18 @@ class LmCounters(Counters):
     relaunched: int = 0
     returned_to_gm: int = 0
     workers_lost: int = 0
+    """Nodes declared dead: silent for ``worker_timeout_s`` (no placements on them)."""
+    nodes_given_up: int = 0
+    """Dead nodes silent for ``node_lost_after_s``: their tasks given up and run again."""
+    held_through_silence: int = 0
+    """Attempts a dead node still held when its pool spoke again (their reports settle
+    them) instead of being run again while they may have ended unheard."""
     stale_reports: int = 0
     refused_requests: int = 0
     recovered: int = 0
+    """Running attempts a new LM incarnation learnt from its pool's registration."""
     recovered_ends: int = 0
     """Attempts that ended while no LM took their reports, learnt at registration."""
-    """Running attempts a new LM incarnation learnt from its pool's registration."""
     pauses: int = 0
     """Liveness checks skipped because the LM itself had not run for a timeout."""
 

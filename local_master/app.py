@@ -183,8 +183,10 @@ class LmService:
         d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
         # no node is alive before the worker pool registers what it runs
         d.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
-        timeout = self.cfg.worker_timeout_s
-        d.every(self.cfg.heartbeat_s, lambda: CheckWorkers(timeout=timeout), "liveness")
+        check = CheckWorkers(
+            timeout=self.cfg.worker_timeout_s, lost_after=self.cfg.node_lost_after_s
+        )
+        d.every(self.cfg.heartbeat_s, lambda: check, "liveness")
         self.active = True
         log.info("%s active, epoch %d", self.lm, epoch)
 

@@ -783,20 +783,30 @@ class LocalMaster:
         return []
 
     def _seen(self, nodes: Iterable[int], now: float) -> None:
-        """Its pool says these nodes live: a node declared dead comes back empty."""
+        """Its pool says these nodes live: a node declared dead comes back with what it
+        still held (its pool's reports settle those attempts)."""
         for node in nodes:
             self.last_seen[node] = now
             if not self.alive[node]:
                 self.alive[node] = True
-                self.free[node] = list(self.capacity[node])
+                free = list(self.capacity[node])
+                for key in self.on_node[node]:
+                    self.counters.held_through_silence += 1
+                    for r, d in enumerate(self.active[key].spec.demand):
+                        free[r] -= d
+                self.free[node] = free
                 self._touch(node)
 
     def _on_check_workers(self, msg: CheckWorkers, now: float) -> list[Effect]:
-        """Declare nodes silent for ``timeout`` dead; relaunch their tasks (§IV-D).
+        """Declare nodes silent for ``timeout`` dead; give up the tasks of nodes silent
+        for ``lost_after`` (§IV-D).
 
-        Each task of a dead node is relaunched, as a new attempt, on the first live node
-        of its GM's partition that fits; failing that, it goes back to its GM, which
-        re-queues it at the front of its queue.
+        A dead node gets no placements, but what it held stays held: a node that is
+        only cut off (partition, frozen pool) may have finished a task whose end no one
+        heard, so running it again at once could run it twice.  Its pool accounts for
+        every attempt when it speaks again (ends, stops for want of a lease, runs on),
+        or a restarted pool registers without them; only a node silent for
+        ``lost_after`` is given up: each task goes as a new attempt to a live node.
         """
         effects: list[Effect] = []
         paused = self._last_check >= 0 and now - self._last_check > msg.timeout
@@ -807,21 +817,33 @@ class LocalMaster:
             self.counters.pauses += 1
             self.last_seen = [now] * self.n_nodes
             return effects
+        give_up = max(msg.lost_after, msg.timeout)
         for node in range(self.n_nodes):
-            if self.alive[node] and now - self.last_seen[node] > msg.timeout:
-                effects.extend(self._lose_node(node, now))
+            silent = now - self.last_seen[node]
+            if self.alive[node] and silent > msg.timeout:
+                self._lose_node(node)
+            if not self.alive[node] and silent > give_up and self._holds(node):
+                effects.extend(self._give_up(node, now))
         return effects
 
-    def _lose_node(self, node: int, now: float) -> list[Effect]:
+    def _holds(self, node: int) -> bool:
+        return bool(self.on_node[node]) or any(a.node == node for a in self.stopping.values())
+
+    def _lose_node(self, node: int) -> None:
+        """Silent for the timeout: dead, nothing placed on it; its tasks stay held."""
         self.counters.workers_lost += 1
         self.alive[node] = False
+        self.free[node] = [0] * self.n_resources
+        self._touch(node)
+
+    def _give_up(self, node: int, now: float) -> list[Effect]:
+        """Silent for ``lost_after``: its tasks run again elsewhere (its pool fenced
+        itself long ago: its lease is shorter than the timeout)."""
+        self.counters.nodes_given_up += 1
         orphans = [self.active[k] for k in list(self.on_node[node])]
         for a in orphans:
             self._release((a.spec.user, a.spec.task_id))
-        self.free[node] = [0] * self.n_resources
-        self._touch(node)
         effects = self._relaunch(orphans, now)
-        # its pool fenced itself (its lease is shorter than the timeout): stopped too
         self._confirm_stops(lambda k, a: a.node == node, now, effects)
         return effects
 

@@ -419,8 +419,8 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
 EVIDENCE = (
     "jobs_redelivered", "redelivered_skipped", "tasks_adopted", "lm_restarts_seen",
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
-    "recovered", "recovered_ends", "workers_lost", "pauses", "relaunched", "duplicates",
-    "jobs_refused",
+    "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
+    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused",
 )  # fmt: skip
 
 

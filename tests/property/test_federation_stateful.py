@@ -41,9 +41,11 @@ from hypothesis.stateful import (
     rule,
 )
 
+from common.effects import Reply
 from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     CheckWorkers,
+    RegisterWorkers,
     StateSnapshot,
     StateUpdated,
     TaskEvents,
@@ -58,6 +60,9 @@ from tests.conftest import Envelope, Network, alive, make_gm, make_lm, make_task
 CAPACITIES = ((2, 2), (4, 2), (4, 4))
 MASKS = (0b01, 0b10, 0b11)
 TIMEOUT = 0.5
+HOLD = 4 * TIMEOUT
+"""``lost_after`` when a run holds a silent node's tasks (half the runs; the others give
+them up at the timeout)."""
 
 
 class Federation(RuleBasedStateMachine):
@@ -70,6 +75,8 @@ class Federation(RuleBasedStateMachine):
         self.tasks: dict[TaskKey, TaskSpec] = {}
         self.owner: dict[TaskKey, GmId] = {}
         self.dead: set[tuple[LmId, NodeIndex]] = set()
+        self.crashed: set[tuple[LmId, NodeIndex]] = set()
+        self.lost_after = 0.0
         self.ended: set[TaskKey] = set()
         """Tasks of jobs their GM refused at admission (dead-lettered when live)."""
         self.losses = 0
@@ -84,6 +91,7 @@ class Federation(RuleBasedStateMachine):
 
     @initialize(
         copies=st.booleans(),
+        hold=st.booleans(),
         shares=st.sampled_from(((0.2, 0.6, 0.2), (0.6, 0.2, 0.2), (1 / 3, 1 / 3, 1 / 3))),
         n_gms=st.integers(1, 2),
         clusters=st.lists(
@@ -99,10 +107,12 @@ class Federation(RuleBasedStateMachine):
     def build(
         self,
         copies: bool,
+        hold: bool,
         shares: tuple[float, float, float],
         n_gms: int,
         clusters: list[list[tuple[tuple[int, int], int]]],
     ) -> None:
+        self.lost_after = HOLD if hold else 0.0
         gm_names = [f"gm{g}" for g in range(n_gms)]
         self.users = [("u0", "gm0"), ("u1", "gm0"), ("u2", gm_names[-1])]
         users = [(u, g, share) for (u, g), share in zip(self.users, shares, strict=True)]
@@ -244,23 +254,49 @@ class Federation(RuleBasedStateMachine):
         self.losses += 1
         if crashed:
             self.net.lose_node(name, n)
+            self.crashed.add((name, n))
         self.dead.add((name, n))
+        self._silence(name, 3 * TIMEOUT)
+        assert not core.alive[n]
+
+    def _silence(self, name: LmId, seconds: float) -> None:
+        """The LM's periodic timers while its dead nodes stay silent."""
+        core = self.lms[name]
         live = tuple(
             NodeIndex(i) for i in range(core.n_nodes) if (name, NodeIndex(i)) not in self.dead
         )
-        for _ in range(int(3 * TIMEOUT / 0.25)):  # the LM's periodic timer, meanwhile
+        check = CheckWorkers(timeout=TIMEOUT, lost_after=self.lost_after)
+        for _ in range(int(seconds / 0.25)):
             now = self.tick()
             self.net.lm_input(name, WorkerHeartbeat(lm=name, nodes=live, at=now), now)
-            self.net.lm_input(name, CheckWorkers(timeout=TIMEOUT), now)
-        assert not core.alive[n]
+            self.net.lm_input(name, check, now)
+
+    @precondition(lambda self: self.dead and self.lost_after > 0)
+    @rule(pick=st.integers(0, 10_000))
+    def silent_past_lost_after(self, pick: int) -> None:
+        """A dead node stays silent until its LM gives up what it held."""
+        lm, node = sorted(self.dead)[pick % len(self.dead)]
+        self._silence(lm, self.lost_after + TIMEOUT)
+        assert not self.lms[lm].on_node[node]
 
     @precondition(lambda self: self.dead)
     @rule(pick=st.integers(0, 10_000))
     def revive_worker(self, pick: int) -> None:
         lm, node = sorted(self.dead)[pick % len(self.dead)]
+        self._revive(lm, node)
+
+    def _revive(self, lm: LmId, node: NodeIndex) -> None:
+        """A cut-off node speaks again; a crashed one comes back as a restarted pool
+        does, registering what it runs (nothing)."""
         self.dead.discard((lm, node))
         now = self.tick()
-        self.net.lm_input(lm, WorkerHeartbeat(lm=lm, nodes=(node,), at=now), now)
+        if (lm, node) in self.crashed:
+            self.crashed.discard((lm, node))
+            reg = RegisterWorkers(lm=lm, nodes=(node,), at=now)
+            effects = self.lms[lm].handle(reg, now)
+            self.net.send([e for e in effects if not isinstance(e, Reply)], now, src_lm=lm)
+        else:
+            self.net.lm_input(lm, WorkerHeartbeat(lm=lm, nodes=(node,), at=now), now)
 
     # ------------------------------------------------------------- invariants
     @invariant()
@@ -269,8 +305,9 @@ class Federation(RuleBasedStateMachine):
             for n in range(lm.n_nodes):
                 free, cap = lm.free[n], lm.capacity[n]
                 assert all(0 <= f <= c for f, c in zip(free, cap, strict=True)), (lm.lm_id, n)
-                if not lm.alive[n]:
-                    assert not lm.on_node[n]
+                if not lm.alive[n]:  # dead: nothing placed; held only if this run holds
+                    assert not any(free), (lm.lm_id, n)
+                    assert self.lost_after > 0 or not lm.on_node[n]
                     continue
                 held = [0] * len(cap)
                 for k in lm.on_node[n]:
@@ -359,8 +396,7 @@ class Federation(RuleBasedStateMachine):
         if not self.gms:
             return
         for lm, node in sorted(self.dead):
-            alive(self.lms[lm], self.now, node)
-        self.dead.clear()
+            self._revive(lm, node)
         last: list[object] = []
         for _ in range(20 + 3 * len(self.owner)):  # progress stops long before
             now = self.tick()

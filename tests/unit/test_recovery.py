@@ -343,3 +343,89 @@ def test_an_attempt_its_pool_stopped_for_want_of_an_lm_runs_again_under_the_next
     starts = [e.msg for e in out if isinstance(e, ToWorker)]
     assert [(s.spec.task_id, s.attempt) for s in starts] == [(t.task_id, 2)]  # type: ignore[union-attr]
     assert lm.active[key(t)].attempt == 2
+
+
+# ------------------------------------------------ silent nodes: dead, then given up
+LOST_AFTER = 10.0
+
+
+def cut_off(lm: LocalMaster, t: object, until: float) -> list[object]:
+    """Node 0 runs ``t``; node 1 keeps heartbeating; node 0 is silent from 1.0 to
+    ``until`` (checks every 0.5 s, timeout 2 s): the effects of every check."""
+    out: list[object] = []
+    now = 1.0
+    while now < until:
+        now += 0.5
+        alive(lm, now, 1)
+        out.extend(lm.handle(CheckWorkers(timeout=2.0, lost_after=LOST_AFTER), now))
+    return out
+
+
+def test_a_silent_node_is_dead_but_what_it_held_waits_for_its_pool() -> None:
+    """Cut off past the timeout: nothing more is placed there, and its task is not run
+    again, since it may have ended unheard; the pool's late report of that end is the
+    task's one end."""
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task(3, 3)
+    lm.handle(launch_req(t, node=0), 0.5)
+    assert cut_off(lm, t, 6.0) == []  # no relaunch, no event
+    assert not lm.alive[0]
+    assert lm.free[0] == [0, 0]
+    assert lm.active[key(t)].attempt == 1
+    refused = lm.handle(launch_req(make_task(1, 1), node=0), 6.0)
+    assert isinstance(refused[0], Reply)
+    assert not refused[0].msg.results[0].accepted
+    # the cut heals: the pool speaks again, with the end it could not report
+    alive(lm, 6.5, 0, 1)
+    assert lm.alive[0]
+    assert lm.free[0] == [1, 1]
+    assert lm.counters.held_through_silence == 1
+    (ev,) = lm.handle(report(LM0, ReportKind.FINISHED, t, 0, 2.0, started_at=0.6), 6.5)
+    assert isinstance(ev, ToGm)
+    assert (ev.msg.kind, ev.msg.attempt) == (EventKind.FINISHED, 1)
+    assert lm.free[0] == [4, 4]
+    assert lm.active == {}
+    assert lm.counters.relaunched == 0
+    assert lm.counters.nodes_given_up == 0
+
+
+def test_a_task_its_pool_stopped_in_the_cut_runs_again_when_the_pool_says_so() -> None:
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task(3, 3)
+    lm.handle(launch_req(t, node=0), 0.5)
+    assert cut_off(lm, t, 6.0) == []
+    alive(lm, 6.5, 0, 1)
+    effects = lm.handle(report(LM0, ReportKind.LOST, t, 0, 2.5, started_at=0.6), 6.5)
+    (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
+    assert (ev.kind, ev.attempt) == (EventKind.RELAUNCHED, 2)
+    assert lm.active[key(t)].attempt == 2
+
+
+def test_a_node_silent_for_lost_after_is_given_up() -> None:
+    """Liveness: a pool that never comes back does not keep its tasks forever."""
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task(3, 3)
+    lm.handle(launch_req(t, node=0), 0.5)
+    effects = cut_off(lm, t, 1.0 + LOST_AFTER + 1.0)
+    evs = [e.msg for e in effects if isinstance(e, ToGm)]  # type: ignore[union-attr]
+    assert [(m.kind, m.attempt, m.node) for m in evs] == [(EventKind.RELAUNCHED, 2, 1)]
+    assert lm.counters.nodes_given_up == 1
+    assert lm.free[0] == [0, 0]  # still dead: nothing placed there
+    assert lm.active[key(t)].node == 1
+
+
+def test_a_restarted_pool_settles_a_silent_node_at_once() -> None:
+    """A pool that comes back as a new process registers without the held task: it is
+    gone, and runs again without waiting for ``lost_after``."""
+    lm = fresh_lm(epoch=1)
+    lm.handle(registration(WorkerPool(LM0, 2), 0.0), 0.0)
+    t = make_task(3, 3)
+    lm.handle(launch_req(t, node=0), 0.5)
+    assert cut_off(lm, t, 4.0) == []
+    effects = lm.handle(registration(WorkerPool(LM0, 2), 4.5), 4.5)
+    (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
+    assert (ev.kind, ev.attempt) == (EventKind.RELAUNCHED, 2)
+    assert lm.counters.nodes_given_up == 0
