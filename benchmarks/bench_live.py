@@ -24,12 +24,13 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common.config import FederationConfig
+from common.config import FederationConfig, parse_config
 from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, run_bench
@@ -194,10 +195,18 @@ def main() -> int:
         "--profile-rate", type=float, help="sample every service with py-spy at this ramp step"
     )
     ap.add_argument("--no-ramp-stop", action="store_true", help="run every ramp step")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a federation config value (TOML), e.g. --set heartbeat_s=0.1; repeatable",
+    )  # fmt: skip
     args = ap.parse_args()
     out = Path(args.out)
+    try:
+        overrides = tomllib.loads("\n".join(args.set))
+    except tomllib.TOMLDecodeError as exc:
+        raise SystemExit(f"--set: {exc}") from exc
     cfg = replace(
-        FederationConfig(),
+        parse_config(overrides),
         name=f"bench-live-{os.getpid()}",
         gms=3,
         lms=3,
@@ -239,6 +248,7 @@ def main() -> int:
     ok = [r for r in rows[1:] if sustained(r)]
     result = {
         "federation": {
+            "overrides": overrides,
             "gms": 3,
             "lms": 3,
             "nodes": NODES,

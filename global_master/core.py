@@ -597,6 +597,9 @@ class GlobalMaster:
             task.mark(Phase.PROCESSING, now)
             self.counters.decisions += 1
             self._place(task, now, batches, effects)
+        if batches:
+            n = len(self.lms)
+            self._rr = {k: (v + 1) % n for k, v in self._rr.items()}
         self._flush(batches, effects, now)
         return effects
 
@@ -690,7 +693,10 @@ class GlobalMaster:
 
     def _match(self, mask: int, demand: Resources, internal: bool) -> tuple[LmView, int] | None:
         """Alg. 1: walk the internal (or external) partitions round-robin over LMs; in
-        each, AND the constraint vectors and take the first node that fits."""
+        each, AND the constraint vectors and take the first node that fits.  The walk
+        starts where the previous match was, and moves on one LM per decision round
+        (``decide``): a round's tasks fill one LM before the next, so they travel in
+        one launch request, while successive rounds still spread over every LM."""
         lms, n, views, me = self.lms, len(self.lms), self.views, self.gm_id
         fit = self.queues.choose_node or LmView.first_fit
         full_skips = fit is LmView.first_fit and all(demand)  # first fit needs an avail node
@@ -701,7 +707,7 @@ class GlobalMaster:
                 continue
             node = fit(view, view.eligible(mask, me, internal), demand)
             if node >= 0:
-                self._rr[internal] = (start + k + 1) % n
+                self._rr[internal] = (start + k) % n
                 return view, node
         return None
 
@@ -1260,6 +1266,9 @@ class GlobalMaster:
                 continue
             self._retries[task.key] = n
             self._place(task, now, batches, effects)
+        if batches:
+            n = len(self.lms)
+            self._rr = {k: (v + 1) % n for k, v in self._rr.items()}
         self._flush(batches, effects, now)
         return effects
 

@@ -119,14 +119,18 @@ def test_match_ands_the_constraint_vectors_and_fits_every_resource() -> None:
 
 
 def test_internal_partitions_are_walked_round_robin_over_lms() -> None:
+    """A decision round fills one LM (one launch request); the next round starts at the
+    next LM; a round that fills an LM goes on with the next."""
     lm0, lm1 = make_lm("lm0"), make_lm("lm1")
     gm = make_gm(lms=["lm0", "lm1"])
     sync_views(gm, lm0, lm1)
     submit(gm, [make_task() for _ in range(4)], 0.0)
-    reqs = launches(decide(gm, 1.0, max_tasks=4))
-    assert {r.lm: len(r.placements) for r in reqs} == {LM0: 2, LM1: 2}
-    # one request per LM per decision round: launches to one LM share a request
-    assert len(reqs) == 2
+    first = launches(decide(gm, 1.0, max_tasks=2))
+    second = launches(decide(gm, 1.0, max_tasks=2))
+    assert [(r.lm, len(r.placements)) for r in first + second] == [(LM0, 2), (LM1, 2)]
+    submit(gm, [make_task(3, 3, job="j1"), make_task(3, 3, job="j1")], 2.0)
+    reqs = launches(decide(gm, 3.0, max_tasks=2))  # lm0's turn, with room for one
+    assert [(r.lm, len(r.placements)) for r in reqs] == [(LM0, 1), (LM1, 1)]
 
 
 def test_internal_partition_is_preferred_to_repartition() -> None:
@@ -146,7 +150,7 @@ def test_no_internal_match_asks_for_a_repartition_round_robin_over_lms() -> None
     sync_views(gm, lm0, lm1)
     a, b = make_task(4, 4), make_task(4, 4)
     submit(gm, [a, b], 0.0)
-    reqs = launches(decide(gm, 1.0, max_tasks=2))
+    reqs = launches(decide(gm, 1.0)) + launches(decide(gm, 1.0))  # two rounds
     got = {r.lm: [(p.spec, p.node, p.repartition) for p in r.placements] for r in reqs}
     assert got == {LM0: [(a, 1, True)], LM1: [(b, 0, True)]}
     assert gm.counters.repartition_requests == 2
