@@ -18,6 +18,7 @@ import math
 import tempfile
 from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import IO, Any, TypeVar
@@ -414,12 +415,20 @@ class DuplicateLaunches:
     row: ``what`` start, end or stop; an attempt's rows come from one pool, in order):
     two attempts of one task running at the same time (in one pool or several), the
     same attempt started twice, or a task that ended twice.  Keeps per task only its
-    attempts' spans and its count of ends, not the rows."""
+    attempts' spans and its count of ends, not the rows.
 
-    def __init__(self) -> None:
+    With ``horizon_s`` (a long run), a task that ended and whose every attempt ended is
+    judged once no row of it came for ``horizon_s`` (log time: the latest ``at`` seen)
+    and then forgotten but for a verdict of "ran twice"; a row of it after that is
+    checked only against its later rows."""
+
+    def __init__(self, horizon_s: float | None = None) -> None:
         self.spans: dict[tuple[str, str], dict[int, list[float]]] = {}
         self.ends: dict[tuple[str, str], int] = {}
         self.twice: set[tuple[str, str]] = set()
+        self.horizon_s = horizon_s
+        self._ended: deque[tuple[float, tuple[str, str]]] = deque()
+        self._latest = -math.inf
 
     def add(self, row: Mapping[str, Any]) -> None:
         task = (str(row["user"]), str(row["task_id"]))
@@ -429,24 +438,53 @@ class DuplicateLaunches:
             if attempt in spans:
                 self.twice.add(task)
             spans[attempt] = [at, math.inf]
-            return
-        span = spans.get(attempt)
-        if span is not None and span[1] == math.inf:
-            span[1] = at
-        if row["what"] == "end":
-            n = self.ends[task] = self.ends.get(task, 0) + 1
-            if n > 1:
+        else:
+            span = spans.get(attempt)
+            if span is not None and span[1] == math.inf:
+                span[1] = at
+            if row["what"] == "end":
+                n = self.ends[task] = self.ends.get(task, 0) + 1
+                if n > 1:
+                    self.twice.add(task)
+                if self.horizon_s is not None:
+                    self._ended.append((at, task))
+        if self.horizon_s is not None:
+            self._latest = max(self._latest, at)
+            self._forget(self._latest - self.horizon_s)
+
+    def _forget(self, before: float) -> None:
+        """Judge and forget the tasks that ended and were quiet since ``before``."""
+        ended = self._ended
+        while ended and ended[0][0] < before:
+            _, task = ended.popleft()
+            spans = self.spans.get(task)
+            if spans is None:
+                continue
+            last = max(max(s) for s in spans.values()) if spans else -math.inf
+            if last == math.inf:  # an attempt still runs: judged at the end
+                continue
+            if last >= before:  # heard of since: later
+                ended.append((last, task))
+                continue
+            if _overlap(spans):
                 self.twice.add(task)
+            del self.spans[task]
+            self.ends.pop(task, None)
 
     def result(self, only: Container[tuple[str, str]] | None = None) -> dict[str, Any]:
         """``count`` and (the first 50) ``tasks``, among ``only`` if given."""
         dup = set(self.twice)
         for task, by_attempt in self.spans.items():
-            runs = sorted(by_attempt.values())
-            if any(b[0] < a[1] for a, b in itertools.pairwise(runs)):
+            if _overlap(by_attempt):
                 dup.add(task)
         found = sorted(t for t in dup if only is None or t in only)
         return {"count": len(found), "tasks": [f"{u}/{t}" for u, t in found[:50]]}
+
+
+def _overlap(by_attempt: Mapping[int, list[float]]) -> bool:
+    """Whether two attempts' spans overlap."""
+    runs = sorted(by_attempt.values())
+    return any(b[0] < a[1] for a, b in itertools.pairwise(runs))
 
 
 def duplicate_launches(launches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -201,11 +201,18 @@ class LaunchLog:
     call into ``check`` (or ``rows`` with ``keep``); ``missed`` counts rows a pool
     dropped before they were read."""
 
-    def __init__(self, cfg: FederationConfig, access: Access, *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        access: Access,
+        *,
+        keep: bool = False,
+        horizon_s: float | None = None,
+    ) -> None:
         self.cfg, self.access = cfg, access
         self.keep = keep
         self.rows: list[dict[str, Any]] = []
-        self.check = DuplicateLaunches()
+        self.check = DuplicateLaunches(horizon_s)
         self.missed = 0
         self._after: dict[LmId, int] = {}
 
@@ -300,6 +307,9 @@ def counters_from(states: dict[str, Any]) -> dict[str, int]:
 
 # ------------------------------------------------------------------- the run
 REPORT_EVERY_S = 0.5
+LAUNCH_HORIZON_S = 120.0
+"""A task that ended is checked for a second run until its pools said nothing of it
+for this long (``DuplicateLaunches``), then forgotten: a soak's memory stays flat."""
 
 
 class RunTally:
@@ -512,7 +522,7 @@ async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _
                 f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
             )  # fmt: skip
             busy: list[float] = []
-            log = LaunchLog(cfg, access)
+            log = LaunchLog(cfg, access, horizon_s=LAUNCH_HORIZON_S)
             await log.poll(session, record=False)  # from here on: what this run launches
             followers = [
                 asyncio.ensure_future(
