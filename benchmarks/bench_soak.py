@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=float, default=15.0, help="seconds between RSS samples")
     ap.add_argument("--warmup", type=float, default=5.0, help="minutes left out of the fit")
     ap.add_argument("--base-port", type=int, default=18850)
+    ap.add_argument("--name", default=f"soak-{os.getpid()}", help="the federation's name")
     ap.add_argument("--out", default="results/soak")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = replace(
         FederationConfig(),
-        name=f"soak-{os.getpid()}",
+        name=args.name,
         gms=3,
         lms=3,
         nodes_per_lm=NODES // 3,

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import tempfile
+from array import array
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from common.ids import UserId
 from common.model import COMPONENTS, Task, WaitReason
@@ -179,29 +183,129 @@ def task_record(task: Task) -> dict[str, Any]:
     return row
 
 
+class FloatColumns:
+    """Rows of floats kept compactly until a report needs every value (exact
+    percentiles): packed doubles, moved to an unnamed temporary file every
+    ``spill_rows`` rows, so a long run holds a bounded buffer, not every value."""
+
+    def __init__(self, names: Sequence[str], *, spill_rows: int = 16384) -> None:
+        self.names = tuple(names)
+        self.rows = 0
+        self._buf: array[float] = array("d")
+        self._limit = max(1, spill_rows) * len(self.names)
+        self._file: IO[bytes] | None = None
+        self._spilled = 0
+
+    def add(self, *values: float) -> None:
+        """One row: a value per column, in order."""
+        if len(values) != len(self.names):
+            raise ValueError(f"{len(values)} values for {len(self.names)} columns")
+        self._buf.extend(values)
+        self.rows += 1
+        if len(self._buf) >= self._limit:
+            if self._file is None:
+                # held open across calls, closed by ``close``
+                self._file = tempfile.TemporaryFile(prefix="megha-values-")  # noqa: SIM115
+            self._buf.tofile(self._file)
+            self._spilled += len(self._buf)
+            self._buf = array("d")
+
+    @property
+    def held(self) -> int:
+        """Values held in memory (at most ``spill_rows`` rows)."""
+        return len(self._buf)
+
+    def columns(self) -> dict[str, array[float]]:
+        """Every value of every column, in the order of the rows."""
+        data: array[float] = array("d")
+        if self._file is not None:
+            self._file.seek(0)
+            data.fromfile(self._file, self._spilled)
+            self._file.seek(0, 2)
+        data.extend(self._buf)
+        k = len(self.names)
+        return {name: data[i::k] for i, name in enumerate(self.names)}
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TaskTally:
+    """``summarize_tasks`` one task at a time: counters, and for the tasks that started
+    only their allocation times and components (``FloatColumns``), not the tasks."""
+
+    COLUMNS = ("allocation", "first_start", "reallocation", *COMPONENTS, "user")
+
+    def __init__(self, *, spill_rows: int = 16384) -> None:
+        self.values = FloatColumns(self.COLUMNS, spill_rows=spill_rows)
+        self.tasks = 0
+        self.started = 0
+        self.restarted = 0
+        self.users: dict[str, int] = {}
+        self.waits = [0] * len(WaitReason)
+        self.waited = [0] * len(WaitReason)
+
+    def add(self, t: Task) -> None:
+        self.tasks += 1
+        for r, n in enumerate(t.waits):
+            self.waits[r] += n
+            self.waited[r] += 1 if n else 0
+        if t.started_at < 0:
+            return
+        self.started += 1
+        if t.started_at > t.first_started_at:
+            self.restarted += 1
+        user = self.users.setdefault(t.user, len(self.users))
+        comps = t.components()[: len(COMPONENTS)]
+        self.values.add(
+            t.allocation_time,
+            t.first_allocation_time,
+            t.started_at - t.first_started_at,
+            *comps,
+            float(user),
+        )
+
+    def allocation_times(self) -> array[float]:
+        """Every started task's allocation time (for a CDF)."""
+        return self.values.columns()["allocation"]
+
+    def summary(self) -> dict[str, Any]:
+        cols = self.values.columns()
+        alloc, who = cols["allocation"], cols["user"]
+        per_user: dict[str, list[float]] = {}
+        names = {float(i): u for u, i in self.users.items()}
+        for a, i in zip(alloc, who, strict=True):
+            per_user.setdefault(names[i], []).append(a)
+        return {
+            "allocation_time_s": percentiles(alloc),
+            "first_start_s": percentiles(cols["first_start"]),
+            "reallocation_s": percentiles(cols["reallocation"]),
+            "components_s": {name: percentiles(cols[name]) for name in COMPONENTS},
+            "per_user": {u: percentiles(v) for u, v in sorted(per_user.items())},
+            "tasks": self.tasks,
+            "tasks_started": self.started,
+            "tasks_restarted": self.restarted,
+            "wait_reasons": {
+                "decisions": {r.name.lower(): self.waits[r] for r in WaitReason},
+                "tasks": {r.name.lower(): self.waited[r] for r in WaitReason},
+            },
+        }
+
+    def close(self) -> None:
+        self.values.close()
+
+
 def summarize_tasks(tasks: Sequence[Task]) -> dict[str, Any]:
     """Tails of the tasks that started, per component and per user."""
-    started = [t for t in tasks if t.started_at >= 0]
-    alloc = [t.allocation_time for t in started]
-    per_user: dict[str, list[float]] = {}
-    for t in started:
-        per_user.setdefault(t.user, []).append(t.allocation_time)
-    comps = [t.components() for t in started]
-    waits = {r.name.lower(): sum(t.waits[r] for t in tasks) for r in WaitReason}
-    waited = {r.name.lower(): sum(1 for t in tasks if t.waits[r]) for r in WaitReason}
-    return {
-        "allocation_time_s": percentiles(alloc),
-        "first_start_s": percentiles([t.first_allocation_time for t in started]),
-        "reallocation_s": percentiles([t.started_at - t.first_started_at for t in started]),
-        "components_s": {
-            name: percentiles([c[i] for c in comps]) for i, name in enumerate(COMPONENTS)
-        },
-        "per_user": {u: percentiles(v) for u, v in sorted(per_user.items())},
-        "tasks": len(tasks),
-        "tasks_started": len(started),
-        "tasks_restarted": sum(1 for t in started if t.started_at > t.first_started_at),
-        "wait_reasons": {"decisions": waits, "tasks": waited},
-    }
+    tally = TaskTally()
+    try:
+        for t in tasks:
+            tally.add(t)
+        return tally.summary()
+    finally:
+        tally.close()
 
 
 def jct_stats(jct: Mapping[Any, float]) -> dict[str, float]:
@@ -223,39 +327,60 @@ def jain(values: Sequence[float]) -> float:
     return (sum(values) ** 2) / (len(values) * sq) if sq > 0 else 1.0
 
 
+Span = tuple[float, float, UserId, Sequence[int]]
+"""A task's run for ``usage_samples``: start, finish, user, demand."""
+
+
+def usage_samples(
+    spans: Iterable[Span], capacity: Sequence[int], first: float, last: float, step: float = 1.0
+) -> list[tuple[float, dict[UserId, float]]]:
+    """Each user's dominant share of the federation, sampled every ``step`` seconds from
+    ``first`` to ``last``: a run counts at the samples in [start, finish) (runs that
+    never started or end before they start, none), a user from its first start on."""
+    times: list[float] = []
+    now = first
+    while now <= last:
+        times.append(now)
+        now += step
+    n, width = len(times), len(capacity)
+    delta: dict[UserId, list[list[int]]] = {}  # per user: change of use at each sample
+    since: dict[UserId, int] = {}
+    for start, finish, user, demand in spans:
+        if start < 0 or finish < start:
+            continue
+        lo, hi = bisect_left(times, start), bisect_left(times, finish)
+        since[user] = min(since.get(user, n), lo)
+        rows = delta.get(user)
+        if rows is None:
+            rows = delta[user] = [[0] * width for _ in range(n + 1)]
+        for r, x in enumerate(demand):
+            rows[lo][r] += x
+            rows[hi][r] -= x
+    order = sorted(since, key=lambda u: since[u])
+    out: list[tuple[float, dict[UserId, float]]] = [(t, {}) for t in times]
+    for user in order:
+        used = [0] * width
+        rows = delta[user]
+        for k in range(since[user], n):
+            for r in range(width):
+                used[r] += rows[k][r]
+            out[k][1][user] = max(
+                (x / c for x, c in zip(used, capacity, strict=True) if c > 0), default=0
+            )
+    return out
+
+
 def usage_from_tasks(
     tasks: Sequence[Task], capacity: Sequence[int], first: float, last: float, step: float = 1.0
 ) -> list[tuple[float, dict[UserId, float]]]:
-    """Each user's dominant share of the federation, sampled every ``step`` seconds,
-    from the tasks' measured start and finish times."""
-    edges: list[tuple[float, int, Task]] = []
-    for t in tasks:
-        if t.started_at >= 0 and t.finished_at >= t.started_at:
-            edges.append((t.started_at, 1, t))
-            edges.append((t.finished_at, -1, t))
-    edges.sort(key=lambda e: (e[0], e[1]))
-    used: dict[UserId, list[int]] = {}
-    out: list[tuple[float, dict[UserId, float]]] = []
-    k = 0
-    now = first
-    while now <= last:
-        while k < len(edges) and edges[k][0] <= now:
-            _, sign, t = edges[k]
-            acc = used.setdefault(t.user, [0] * len(capacity))
-            for r, x in enumerate(t.demand):
-                acc[r] += sign * x
-            k += 1
-        out.append(
-            (
-                now,
-                {
-                    u: max((x / c for x, c in zip(v, capacity, strict=True) if c > 0), default=0)
-                    for u, v in used.items()
-                },
-            )
-        )
-        now += step
-    return out
+    """``usage_samples`` of the tasks' measured start and finish times."""
+    return usage_samples(
+        ((t.started_at, t.finished_at, t.user, t.demand) for t in tasks),
+        capacity,
+        first,
+        last,
+        step,
+    )
 
 
 JAIN_WINDOW_S = 60.0
@@ -296,12 +421,20 @@ class DuplicateLaunches:
     row: ``what`` start, end or stop; an attempt's rows come from one pool, in order):
     two attempts of one task running at the same time (in one pool or several), the
     same attempt started twice, or a task that ended twice.  Keeps per task only its
-    attempts' spans and its count of ends, not the rows."""
+    attempts' spans and its count of ends, not the rows.
 
-    def __init__(self) -> None:
+    With ``horizon_s`` (a long run), a task that ended and whose every attempt ended is
+    judged once no row of it came for ``horizon_s`` (log time: the latest ``at`` seen)
+    and then forgotten but for a verdict of "ran twice"; a row of it after that is
+    checked only against its later rows."""
+
+    def __init__(self, horizon_s: float | None = None) -> None:
         self.spans: dict[tuple[str, str], dict[int, list[float]]] = {}
         self.ends: dict[tuple[str, str], int] = {}
         self.twice: set[tuple[str, str]] = set()
+        self.horizon_s = horizon_s
+        self._ended: deque[tuple[float, tuple[str, str]]] = deque()
+        self._latest = -math.inf
 
     def add(self, row: Mapping[str, Any]) -> None:
         task = (str(row["user"]), str(row["task_id"]))
@@ -311,24 +444,53 @@ class DuplicateLaunches:
             if attempt in spans:
                 self.twice.add(task)
             spans[attempt] = [at, math.inf]
-            return
-        span = spans.get(attempt)
-        if span is not None and span[1] == math.inf:
-            span[1] = at
-        if row["what"] == "end":
-            n = self.ends[task] = self.ends.get(task, 0) + 1
-            if n > 1:
+        else:
+            span = spans.get(attempt)
+            if span is not None and span[1] == math.inf:
+                span[1] = at
+            if row["what"] == "end":
+                n = self.ends[task] = self.ends.get(task, 0) + 1
+                if n > 1:
+                    self.twice.add(task)
+                if self.horizon_s is not None:
+                    self._ended.append((at, task))
+        if self.horizon_s is not None:
+            self._latest = max(self._latest, at)
+            self._forget(self._latest - self.horizon_s)
+
+    def _forget(self, before: float) -> None:
+        """Judge and forget the tasks that ended and were quiet since ``before``."""
+        ended = self._ended
+        while ended and ended[0][0] < before:
+            _, task = ended.popleft()
+            spans = self.spans.get(task)
+            if spans is None:
+                continue
+            last = max(max(s) for s in spans.values()) if spans else -math.inf
+            if last == math.inf:  # an attempt still runs: judged at the end
+                continue
+            if last >= before:  # heard of since: later
+                ended.append((last, task))
+                continue
+            if _overlap(spans):
                 self.twice.add(task)
+            del self.spans[task]
+            self.ends.pop(task, None)
 
     def result(self, only: Container[tuple[str, str]] | None = None) -> dict[str, Any]:
         """``count`` and (the first 50) ``tasks``, among ``only`` if given."""
         dup = set(self.twice)
         for task, by_attempt in self.spans.items():
-            runs = sorted(by_attempt.values())
-            if any(b[0] < a[1] for a, b in itertools.pairwise(runs)):
+            if _overlap(by_attempt):
                 dup.add(task)
         found = sorted(t for t in dup if only is None or t in only)
         return {"count": len(found), "tasks": [f"{u}/{t}" for u, t in found[:50]]}
+
+
+def _overlap(by_attempt: Mapping[int, list[float]]) -> bool:
+    """Whether two attempts' spans overlap."""
+    runs = sorted(by_attempt.values())
+    return any(b[0] < a[1] for a, b in itertools.pairwise(runs))
 
 
 def duplicate_launches(launches: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,17 +32,19 @@ from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
-from common.ids import JobId, LmId, TaskId
+from common.ids import JobId, LmId, TaskId, UserId
 from common.metrics import (
     DuplicateLaunches,
+    FloatColumns,
+    Span,
+    TaskTally,
     jain_windows,
     jct_stats,
     percentiles,
-    summarize_tasks,
-    usage_from_tasks,
+    usage_samples,
 )
-from common.model import Task, TaskKey, new_task
-from request_generator.report import plot_cdfs, plot_components, write_records_csv
+from common.model import Task, TaskKey, TaskSpec, new_task
+from request_generator.report import TaskCsv, plot_cdfs, plot_components
 from request_generator.submitter import Submitter
 from request_generator.workload import (
     Job,
@@ -197,11 +201,18 @@ class LaunchLog:
     call into ``check`` (or ``rows`` with ``keep``); ``missed`` counts rows a pool
     dropped before they were read."""
 
-    def __init__(self, cfg: FederationConfig, access: Access, *, keep: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        access: Access,
+        *,
+        keep: bool = False,
+        horizon_s: float | None = None,
+    ) -> None:
         self.cfg, self.access = cfg, access
         self.keep = keep
         self.rows: list[dict[str, Any]] = []
-        self.check = DuplicateLaunches()
+        self.check = DuplicateLaunches(horizon_s)
         self.missed = 0
         self._after: dict[LmId, int] = {}
 
@@ -296,6 +307,88 @@ def counters_from(states: dict[str, Any]) -> dict[str, int]:
 
 # ------------------------------------------------------------------- the run
 REPORT_EVERY_S = 0.5
+LAUNCH_HORIZON_S = 120.0
+"""A task that ended is checked for a second run until its pools said nothing of it
+for this long (``DuplicateLaunches``), then forgotten: a soak's memory stays flat."""
+
+
+class RunTally:
+    """What becomes of a run's tasks, taken as each task ends and not kept: its row goes
+    to ``tasks.csv`` and its figures into compact columns (``TaskTally``; the publish ->
+    GM-queue and publish -> start times; the runs for the users' shares); a job, while
+    some of its tasks run, is a count and the latest end, then only that end."""
+
+    def __init__(
+        self,
+        cfg: FederationConfig,
+        jobs: Sequence[Job | DagJob],
+        csv_path: Path,
+        *,
+        spill_rows: int = 16384,
+    ) -> None:
+        self.cfg = cfg
+        self.width = len(_capacity(cfg))
+        self.tasks = TaskTally(spill_rows=spill_rows)
+        self.publish = FloatColumns(("submission", "submit_to_start"), spill_rows=spill_rows)
+        self.runs = FloatColumns(
+            ("started", "finished", "user", *(f"d{r}" for r in range(self.width))),
+            spill_rows=spill_rows,
+        )
+        self.csv = TaskCsv(csv_path)
+        self.users: dict[str, int] = {}
+        self.first = math.inf
+        """Earliest GM-queue entry of a task that started."""
+        self.last = -math.inf
+        """Latest final start."""
+        self._job_at = {j.job_id: i for i, j in enumerate(jobs)}
+        self._job_size = array("l", (len(j.tasks) for j in jobs))
+        self.job_end = array("d", [math.nan]) * len(jobs)
+        """Each job's latest task end once every task of it ended (NaN: not all did)."""
+        self._open: dict[int, list[float]] = {}  # job -> [tasks left, latest end, all ended]
+
+    def add(self, task: Task, published_at: float) -> None:
+        """A task that ended (or never will), submitted at ``published_at``."""
+        self.csv.write(task)
+        self.tasks.add(task)
+        if task.started_at >= 0:
+            self.publish.add(task.submitted_at - published_at, task.started_at - published_at)
+            self.first = min(self.first, task.submitted_at)
+            self.last = max(self.last, task.started_at)
+            if task.finished_at >= task.started_at:
+                user = self.users.setdefault(task.user, len(self.users))
+                demand = [*task.demand, *[0] * (self.width - len(task.demand))]
+                self.runs.add(task.started_at, task.finished_at, float(user), *demand)
+        j = self._job_at.get(task.job_id)
+        if j is None:
+            return
+        rec = self._open.get(j)
+        if rec is None:  # tasks left, latest end, whether every task so far ended
+            rec = self._open[j] = [float(self._job_size[j]), -math.inf, 1.0]
+        rec[0] -= 1
+        if task.finished_at >= 0:
+            rec[1] = max(rec[1], task.finished_at)
+        else:
+            rec[2] = 0.0
+        if rec[0] <= 0:
+            del self._open[j]
+            if rec[2]:
+                self.job_end[j] = rec[1]
+
+    def spans(self) -> Iterator[Span]:
+        """The runs of the tasks that started and ended, for ``usage_samples``."""
+        cols = self.runs.columns()
+        names = {float(i): UserId(u) for u, i in self.users.items()}
+        demand = [cols[f"d{r}"] for r in range(self.width)]
+        for k, (a, b, u) in enumerate(
+            zip(cols["started"], cols["finished"], cols["user"], strict=True)
+        ):
+            yield a, b, names[u], [int(d[k]) for d in demand]
+
+    def close(self) -> None:
+        self.csv.close()
+        self.tasks.close()
+        self.publish.close()
+        self.runs.close()
 
 
 @dataclass
@@ -303,7 +396,11 @@ class _Run:
     """What a run gathered, before it becomes a summary."""
 
     jobs: list[Job | DagJob]
-    published: dict[TaskKey, float]
+    tally: RunTally
+    prefix: str
+    """Every task id of the run begins so."""
+    lost: list[tuple[TaskKey, TaskSpec, float]]
+    n_tasks: int
     submit_span: float
     floor_lm: list[float]
     floor_worker: list[float]
@@ -312,34 +409,51 @@ class _Run:
     launches: LaunchLog
 
 
+class _OfRun:
+    """The tasks of one run (a container of task keys, by their ids' prefix)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and str(key[1]).startswith(self.prefix)
+
+
+def _run_prefix(jobs: Sequence[Job | DagJob]) -> str:
+    """What ``_stamp_run`` put before every job id (and so every task id)."""
+    return jobs[0].job_id.split(".", 1)[0] + "." if jobs else "\0"
+
+
+def _capacity(cfg: FederationConfig) -> list[int]:
+    return [
+        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
+    ]
+
+
 def _report(opts: BenchOptions, sub: Submitter, n: int, t0: float, note: str = "") -> None:
     """Progress: to ``opts.reporter``, else (``opts.progress``) a line on stderr."""
     o = sub.outcomes
     if opts.reporter is not None:
-        opts.reporter(BenchStatus(len(sub.submitted), o.n_done, n, note))
+        opts.reporter(BenchStatus(sub.n_submitted, o.n_done, n, note))
     elif opts.progress:
         line = note or (
-            f"bench: t={time.time() - t0:6.1f}s submitted {len(sub.submitted)}/{n} "
-            f"finished {len(o.finished)} failed {len(o.failed)}"
+            f"bench: t={time.time() - t0:6.1f}s submitted {sub.n_submitted}/{n} "
+            f"finished {o.n_finished} failed {len(o.failed)}"
         )
         print(line, file=sys.stderr, flush=True)
 
 
 async def _submit_all(
     sub: Submitter, jobs: list[Job | DagJob], opts: BenchOptions, n_tasks: int
-) -> tuple[dict[TaskKey, float], float]:
-    """Publish every job at its arrival time; returns publish times and the span."""
+) -> float:
+    """Publish every job at its arrival time; returns the span."""
     t0 = time.time()
-    published: dict[TaskKey, float] = {}
     sem = asyncio.Semaphore(256)
     next_report = t0 + REPORT_EVERY_S
 
     async def submit(job: Job | DagJob) -> None:
         async with sem:
-            at = await sub.submit(job)
-            job.arrival = at  # wall clock from here on: JCT and fairness windows
-            for s in specs_of(job):
-                published[(s.user, s.task_id)] = at
+            job.arrival = await sub.submit(job)  # wall clock from here on: JCT, fairness
 
     async with asyncio.TaskGroup() as tg:
         for job in jobs:
@@ -350,24 +464,25 @@ async def _submit_all(
             if time.time() >= next_report:
                 next_report += REPORT_EVERY_S
                 _report(opts, sub, n_tasks, t0)
-    return published, time.time() - t0
+    return time.time() - t0
 
 
-async def _wait_done(sub: Submitter, keys: list[TaskKey], opts: BenchOptions) -> None:
+async def _wait_done(sub: Submitter, n_tasks: int, opts: BenchOptions) -> None:
+    """Until no submitted task is outstanding, at most ``opts.timeout_s``."""
     out = sub.outcomes
     t0 = time.time()
     deadline = t0 + opts.timeout_s
     next_report = t0 + REPORT_EVERY_S
     while time.time() < deadline:
-        if out.n_done >= len(keys) and all(out.done(k) for k in keys):
+        if not out.outstanding:
             break
         out.changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(out.changed.wait(), timeout=REPORT_EVERY_S)
         if time.time() >= next_report:
             next_report = time.time() + REPORT_EVERY_S
-            _report(opts, sub, len(keys), t0)
-    _report(opts, sub, len(keys), t0)
+            _report(opts, sub, n_tasks, t0)
+    _report(opts, sub, n_tasks, t0)
 
 
 async def _ping_during_run(
@@ -384,87 +499,93 @@ async def _ping_during_run(
 async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _Run:
     jobs = build_workload(cfg, opts)
     n_tasks = sum(len(j.tasks) for j in jobs)
+    prefix = _run_prefix(jobs)
+    tally = RunTally(cfg, jobs, Path(opts.out) / "tasks.csv")
+    sub.outcomes.sink = tally.add
+    sub.outcomes.owns = _OfRun(prefix).__contains__
     access = sub.access
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
-    ) as session:
-        lm0 = cfg.lm_ids[0]
-        floor_lm = await measure_floor(
-            session, cfg.lm_url(lm0), access, lm_identity(lm0), opts.floor_samples
-        )
-        floor_worker = await measure_floor(
-            session, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
-        )
-        _report(
-            opts, sub, n_tasks, time.time(),
-            f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
-            f"{percentiles(floor_lm)['p50'] * 1e3:.3f} ms, worker "
-            f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
-        )  # fmt: skip
-        busy: list[float] = []
-        log = LaunchLog(cfg, access)
-        await log.poll(session, record=False)  # from here on: what this run launches
-        followers = [
-            asyncio.ensure_future(
-                _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
-            ),
-            asyncio.ensure_future(log.follow(session)),
-        ]
-        try:
-            published, span = await _submit_all(sub, jobs, opts, n_tasks)
-            await _wait_done(sub, list(published), opts)
-        finally:
-            for f in followers:
-                f.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await f
-        states = await fetch_states(session, cfg, access)
-        await log.poll(session)
-    return _Run(jobs, published, span, floor_lm, floor_worker, busy, states, log)
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
+        ) as session:
+            lm0 = cfg.lm_ids[0]
+            floor_lm = await measure_floor(
+                session, cfg.lm_url(lm0), access, lm_identity(lm0), opts.floor_samples
+            )
+            floor_worker = await measure_floor(
+                session, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
+            )
+            _report(
+                opts, sub, n_tasks, time.time(),
+                f"bench: {len(jobs)} jobs, {n_tasks} tasks; floor p50 LM "
+                f"{percentiles(floor_lm)['p50'] * 1e3:.3f} ms, worker "
+                f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
+            )  # fmt: skip
+            busy: list[float] = []
+            log = LaunchLog(cfg, access, horizon_s=LAUNCH_HORIZON_S)
+            await log.poll(session, record=False)  # from here on: what this run launches
+            followers = [
+                asyncio.ensure_future(
+                    _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
+                ),
+                asyncio.ensure_future(log.follow(session)),
+            ]
+            try:
+                span = await _submit_all(sub, jobs, opts, n_tasks)
+                await _wait_done(sub, n_tasks, opts)
+            finally:
+                for f in followers:
+                    f.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await f
+            states = await fetch_states(session, cfg, access)
+            await log.poll(session)
+    except BaseException:
+        tally.close()
+        raise
+    # what did not finish: the failed, then the lost (as they were submitted)
+    sub.outcomes.settle()
+    lost = [(key, spec, at) for key, (spec, at) in sub.outcomes.outstanding.items()]
+    for _, spec, at in lost:
+        tally.add(new_task(spec, at), at)
+    tally.csv.close()
+    return _Run(jobs, tally, prefix, lost, n_tasks, span, floor_lm, floor_worker, busy, states, log)
 
 
 async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
     """Replay, wait, measure, as the operator of the federation in ``home``; returns the
     summary (also written to ``opts.out``)."""
-    sub = Submitter.operator(cfg, home)
+    sub = Submitter.operator(cfg, home, keep=False)
     await sub.open()
     try:
         run = await _drive(cfg, opts, sub)
     finally:
         await sub.close()
-    summary, tasks = summarize_run(cfg, opts, run, sub)
-    write_outputs(Path(opts.out), summary, tasks)
+    try:
+        summary = summarize_run(cfg, opts, run, sub)
+        write_outputs(Path(opts.out), summary, run.tally.tasks.allocation_times())
+    finally:
+        run.tally.close()
     return summary
 
 
 def summarize_run(
     cfg: FederationConfig, opts: BenchOptions, run: _Run, sub: Submitter
-) -> tuple[dict[str, Any], list[Task]]:
+) -> dict[str, Any]:
     out = sub.outcomes
-    mine = set(run.published)
-    dup = run.launches.check.result(mine)
-    tasks: list[Task] = []
-    lost: list[TaskKey] = []
-    for key, at in run.published.items():
-        task = out.finished.get(key) or out.failed_tasks.get(key)
-        if task is None:
-            lost.append(key)
-            task = new_task(sub.submitted[key], at)
-        tasks.append(task)
-    started = [t for t in tasks if t.started_at >= 0]
-    summary = summarize_tasks(tasks)
-    first = min((t.submitted_at for t in started), default=0.0)
-    last = max((t.started_at for t in started), default=0.0)
+    tally = run.tally
+    dup = run.launches.check.result(_OfRun(run.prefix))
+    lost = [key for key, _, _ in run.lost]
+    summary = tally.tasks.summary()
+    publish = tally.publish.columns()
+    started = tally.tasks.started
+    first, last = (tally.first, tally.last) if started else (0.0, 0.0)
     summary.update(
         {
-            "submission_s": percentiles(
-                [t.submitted_at - run.published[t.key] for t in started if t.key in run.published]
-            ),
-            "submit_to_start_s": percentiles(
-                [t.started_at - run.published[t.key] for t in started if t.key in run.published]
-            ),
-            "tasks_finished": len(out.finished),
-            "tasks_failed": len(out.failed.keys() - out.finished.keys()),
+            "submission_s": percentiles(publish["submission"]),
+            "submit_to_start_s": percentiles(publish["submit_to_start"]),
+            "tasks_finished": out.n_finished,
+            "tasks_failed": len(out.failed),
             "failure_reasons": _reasons(out.failed),
             "jobs_refused": dict(sub.refused),
             "lost_tasks": len(lost),
@@ -473,8 +594,10 @@ def summarize_run(
             "duplicate_launch_ids": dup["tasks"],
             "launch_log_rows_missed": run.launches.missed,
             "duplicate_outcomes": out.duplicates,
-            "throughput_tasks_per_s": len(started) / (last - first) if last > first else 0.0,
-            "offered_tasks_per_s": len(tasks) / run.submit_span if run.submit_span > 0 else 0.0,
+            "throughput_tasks_per_s": started / (last - first) if last > first else 0.0,
+            "offered_tasks_per_s": tally.tasks.tasks / run.submit_span
+            if run.submit_span > 0
+            else 0.0,
             "floor_rtt_s": percentiles(run.floor_lm or run.floor_worker)["p50"],
             "floor": {
                 "lm_s": percentiles(run.floor_lm),
@@ -499,11 +622,11 @@ def summarize_run(
             },
         }
     )
-    summary.update(job_metrics(cfg, run.jobs, tasks))
+    summary.update(job_metrics_of(cfg, run.jobs, tally.job_end, tally.spans()))
     floor = summary["floor_rtt_s"]
     if floor > 0:
         summary["allocation_p50_in_floors"] = summary["allocation_time_s"]["p50"] / floor
-    return summary, tasks
+    return summary
 
 
 def _reasons(failed: dict[TaskKey, str]) -> dict[str, int]:
@@ -514,45 +637,57 @@ def _reasons(failed: dict[TaskKey, str]) -> dict[str, int]:
 
 
 def job_metrics(
-    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: list[Task]
+    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: Sequence[Task]
 ) -> dict[str, Any]:
-    """Job completion times, makespan and Jain's index over 60-s windows, from the
-    tasks' measured start and finish times."""
+    """``job_metrics_of`` a list of tasks (every task of ``jobs``)."""
     by_key = {t.key: t for t in tasks}
+    ends = array("d", [math.nan]) * len(jobs)
+    for i, j in enumerate(jobs):
+        e = [by_key[(s.user, s.task_id)].finished_at for s in specs_of(j)]
+        if e and all(x >= 0 for x in e):
+            ends[i] = max(e)
+    spans = ((t.started_at, t.finished_at, t.user, t.demand) for t in tasks)
+    return job_metrics_of(cfg, jobs, ends, spans)
+
+
+def job_metrics_of(
+    cfg: FederationConfig,
+    jobs: Sequence[Job | DagJob],
+    ends: Sequence[float],
+    spans: Iterable[Span],
+) -> dict[str, Any]:
+    """Job completion times, makespan and Jain's index over 60-s windows: ``ends`` has
+    each job's latest task end (NaN if some task did not end), ``spans`` the tasks'
+    measured runs."""
     jct: dict[JobId, float] = {}
-    spans: dict[Any, list[tuple[float, float]]] = {}
+    by_user: dict[Any, list[tuple[float, float]]] = {}
     last = 0.0
-    for j in jobs:
-        ends = [by_key[(s.user, s.task_id)].finished_at for s in specs_of(j)]
-        if ends and all(e >= 0 for e in ends):
-            jct[j.job_id] = max(ends) - j.arrival
-            last = max(last, max(ends))
-        spans.setdefault(j.user, []).append((j.arrival, j.arrival + jct.get(j.job_id, 1e18)))
+    for j, end in zip(jobs, ends, strict=True):
+        if not math.isnan(end):
+            jct[j.job_id] = end - j.arrival
+            last = max(last, end)
+        by_user.setdefault(j.user, []).append((j.arrival, j.arrival + jct.get(j.job_id, 1e18)))
     first = min((j.arrival for j in jobs), default=0.0)
-    capacity = [
-        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
-    ]
-    samples = usage_from_tasks(tasks, capacity, first, last)
+    samples = usage_samples(spans, _capacity(cfg), first, last)
     shares = {u.user: u.share for u in cfg.user_configs}
     return {
         "jct_s": jct_stats(jct),
         "makespan_s": last - first if jct else 0.0,
         "jobs_completed": len(jct),
-        "jain": jain_windows(samples, spans, shares),
+        "jain": jain_windows(samples, by_user, shares),
     }
 
 
 # ------------------------------------------------------------------- outputs
-def write_outputs(out: Path, summary: dict[str, Any], tasks: list[Task]) -> None:
+def write_outputs(out: Path, summary: dict[str, Any], allocation: Sequence[float]) -> None:
+    """``summary.json`` and the plots (``tasks.csv`` was written as the tasks ended);
+    ``allocation``: every started task's allocation time."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    write_records_csv(out / "tasks.csv", tasks)
-    started = [t for t in tasks if t.started_at >= 0]
     plot_cdfs(
-        out / "allocation_cdf.png",
-        {"allocation time": [t.allocation_time for t in started]},
+        out / "allocation_cdf.png", {"allocation time": allocation},
         "Allocation time (live federation)",
-    )
+    )  # fmt: skip
     plot_components(
         out / "components.png", {"live": summary["components_s"]}, "Allocation-time components"
     )

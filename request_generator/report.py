@@ -7,24 +7,50 @@ Shared by ``megha simulate`` and ``megha bench``; the figures themselves
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from common.metrics import PERCENTILE_KEYS, percentiles, task_record
 from common.model import COMPONENTS, Task
 
 
-def write_records_csv(path: Path, tasks: Sequence[Task]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer: csv.DictWriter[str] | None = None
+class TaskCsv:
+    """``tasks.csv`` written as tasks end: one ``task_record`` row per task (the header
+    from the first), flushed every ``flush_every`` rows and on ``close``."""
+
+    def __init__(self, path: Path, *, flush_every: int = 1000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.rows = 0
+        self._fh: IO[str] = path.open("w", newline="")
+        self._writer: csv.DictWriter[str] | None = None
+        self._flush_every = max(1, flush_every)
+
+    def write(self, task: Task) -> None:
+        row = task_record(task)
+        if self._writer is None:
+            self._writer = csv.DictWriter(self._fh, fieldnames=list(row))
+            self._writer.writeheader()
+        self._writer.writerow(row)
+        self.rows += 1
+        if self.rows % self._flush_every == 0:
+            self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> TaskCsv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_records_csv(path: Path, tasks: Iterable[Task]) -> None:
+    with TaskCsv(path) as out:
         for t in tasks:
-            row = task_record(t)
-            if writer is None:
-                writer = csv.DictWriter(fh, fieldnames=list(row))
-                writer.writeheader()
-            writer.writerow(row)
+            out.write(t)
 
 
 def _pyplot() -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,11 +45,27 @@ class SubmissionRefused(MeghaError):
 
 @dataclass
 class Outcomes:
-    """What the listener learnt, by task."""
+    """What the listener learnt, by task.
 
+    ``outstanding`` holds each task submitted and not yet done (its spec and submission
+    time), only until its outcome comes.  Keeping (``keep``), every finished task's
+    ledger stays in ``finished``; without (a long benchmark), a finished task goes to
+    ``sink`` and only counts remain.  A failed task stays in ``failed`` and
+    ``failed_tasks`` (its submission time in ``failed_at``) as it may still finish;
+    ``settle`` hands them to ``sink`` at the end."""
+
+    keep: bool = True
+    sink: Callable[[Task, float], None] | None = None
+    """Where a task goes once finished (or, at ``settle``, failed), with its submission time."""
+    owns: Callable[[TaskKey], bool] | None = None
+    """Not keeping: which tasks not outstanding are this submitter's (an outcome for one
+    is a duplicate; for another, someone else's); None: all."""
+    outstanding: dict[TaskKey, tuple[TaskSpec, float]] = field(default_factory=dict)
     finished: dict[TaskKey, Task] = field(default_factory=dict)
     failed: dict[TaskKey, str] = field(default_factory=dict)
     failed_tasks: dict[TaskKey, Task] = field(default_factory=dict)
+    failed_at: dict[TaskKey, float] = field(default_factory=dict)
+    n_finished: int = 0
     duplicates: int = 0
     """Outcomes received twice for one task (a GM restart may re-report one)."""
     events: int = 0
@@ -57,11 +73,67 @@ class Outcomes:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def done(self, key: TaskKey) -> bool:
+        if not self.keep:
+            return key not in self.outstanding
         return key in self.finished or key in self.failed
 
     @property
     def n_done(self) -> int:
-        return len(self.finished) + len(self.failed.keys() - self.finished.keys())
+        if self.keep:
+            return len(self.finished) + len(self.failed.keys() - self.finished.keys())
+        return self.n_finished + len(self.failed)
+
+    def submitted(self, specs: Iterable[TaskSpec], at: float) -> None:
+        for s in specs:
+            self.outstanding[(s.user, s.task_id)] = (s, at)
+
+    def withdraw(self, specs: Iterable[TaskSpec]) -> None:
+        """Tasks whose submission did not go through."""
+        for s in specs:
+            self.outstanding.pop((s.user, s.task_id), None)
+
+    def _mine(self, key: TaskKey) -> bool:
+        return self.owns is None or self.owns(key)
+
+    def record(self, task: Task, finished: bool, reason: str = "") -> None:
+        """One task's outcome: finished, or failed for ``reason``."""
+        key = task.key
+        if key in self.finished:
+            self.duplicates += 1
+            return
+        entry = self.outstanding.pop(key, None)
+        at = entry[1] if entry is not None else self.failed_at.get(key)
+        if not finished:
+            if entry is None and key not in self.failed and not self.keep:
+                if self._mine(key):  # done already
+                    self.duplicates += 1
+                return
+            self.failed[key] = reason
+            self.failed_tasks[key] = task
+            if at is not None:
+                self.failed_at[key] = at
+            return
+        if entry is None and key not in self.failed and not self.keep:
+            if self._mine(key):
+                self.duplicates += 1
+            return
+        self.failed.pop(key, None)
+        self.failed_tasks.pop(key, None)
+        self.failed_at.pop(key, None)
+        self.n_finished += 1
+        if self.keep:
+            self.finished[key] = task
+        if self.sink is not None and at is not None:
+            self.sink(task, at)
+
+    def settle(self) -> None:
+        """The failed tasks to ``sink``: they will not finish now."""
+        if self.sink is None:
+            return
+        for key, task in self.failed_tasks.items():
+            at = self.failed_at.get(key)
+            if at is not None:
+                self.sink(task, at)
 
 
 class Submitter:
@@ -73,21 +145,25 @@ class Submitter:
         access: Access,
         tokens: Mapping[str, str],
         users: Iterable[str] | None = None,
+        *,
+        keep: bool = True,
     ) -> None:
         self.cfg = cfg
         self.access = access
         self.broker = amqp.Broker(cfg, "submitter", urls=access.broker_urls())
         self.users = list(users) if users is not None else [u.user for u in cfg.user_configs]
-        self.outcomes = Outcomes()
+        self.outcomes = Outcomes(keep=keep)
         self.submitted: dict[TaskKey, TaskSpec] = {}
+        """Every task submitted (keeping outcomes; else only ``n_submitted`` counts them)."""
+        self.n_submitted = 0
         self._tokens = dict(tokens)
         self.refused: dict[str, str] = {}
         self._listen = True
 
     @classmethod
-    def operator(cls, cfg: FederationConfig, home: Path) -> Submitter:
+    def operator(cls, cfg: FederationConfig, home: Path, *, keep: bool = True) -> Submitter:
         """The operator's submitter for the federation in ``home``: every user's token."""
-        return cls(cfg, Access.in_home(home, cfg), load_tokens(home))
+        return cls(cfg, Access.in_home(home, cfg), load_tokens(home), keep=keep)
 
     async def open(self, *, listen: bool = True) -> None:
         self._listen = listen
@@ -122,9 +198,16 @@ class Submitter:
         """Publish one job now; returns its submission time."""
         now = time.time()
         msg = to_submission(job, self.token(job.user) if token is None else token, now)
-        await self.publish_raw(job.user, codec.encode(msg))
-        for s in msg.tasks:
-            self.submitted[(s.user, s.task_id)] = s
+        self.outcomes.submitted(msg.tasks, now)  # before: an outcome may come before the confirm
+        try:
+            await self.publish_raw(job.user, codec.encode(msg))
+        except BaseException:
+            self.outcomes.withdraw(msg.tasks)
+            raise
+        self.n_submitted += len(msg.tasks)
+        if self.outcomes.keep:
+            for s in msg.tasks:
+                self.submitted[(s.user, s.task_id)] = s
         return now
 
     async def publish_raw(self, routing_key: str, body: bytes) -> None:
@@ -155,9 +238,13 @@ class Submitter:
         out = self.outcomes
         for s in job.tasks:
             key = (s.user, s.task_id)
-            if key in self.submitted:
+            task = Task(spec=s, submitted_at=job.submitted_at)
+            if out.keep and key in self.submitted:  # even one that ran (a refused repeat)
                 out.failed[key] = f"refused: {reason}"
-                out.failed_tasks[key] = Task(spec=s, submitted_at=job.submitted_at)
+                out.failed_tasks[key] = task
+                out.outstanding.pop(key, None)
+            elif not out.keep and key in out.outstanding:
+                out.record(task, False, f"refused: {reason}")
         self.refused[job.job_id] = reason
         out.changed.set()
 
@@ -170,14 +257,5 @@ class Submitter:
             return
         for o in batch.outcomes:
             out.events += 1
-            key = o.task.key
-            if key in out.finished:
-                out.duplicates += 1
-                continue
-            if o.finished:
-                out.finished[key] = o.task
-                out.failed.pop(key, None)
-            else:
-                out.failed[key] = o.reason
-                out.failed_tasks[key] = o.task
+            out.record(o.task, o.finished, o.reason)
         out.changed.set()

@@ -42,3 +42,32 @@ def test_read_in_pieces_and_pool_by_pool_the_answer_is_the_same() -> None:
     assert check.result() == duplicate_launches(pool_a + pool_b)
     assert check.result()["tasks"] == ["u0/x"]
     assert check.result(only={("u0", "y")}) == {"count": 0, "tasks": []}
+
+
+def test_with_a_horizon_ended_tasks_are_judged_then_forgotten() -> None:
+    """A long run: what a task leaves behind once it ended and went quiet is at most
+    its verdict; the verdicts are those of the whole log."""
+    log: list[dict[str, Any]] = []
+    for i in range(2000):
+        t0 = i * 0.1
+        log += [row("start", f"t{i}", 1, t0), row("end", f"t{i}", 1, t0 + 0.5)]
+        if i % 500 == 7:  # a zombie first attempt beside the second
+            log += [row("start", f"t{i}", 2, t0 + 0.2), row("end", f"t{i}", 2, t0 + 0.6)]
+        if i % 500 == 9:  # the same attempt started again (after its end)
+            log.append(row("start", f"t{i}", 1, t0 + 0.7))
+    check = DuplicateLaunches(horizon_s=5.0)
+    most = 0
+    for r in log:
+        check.add(r)
+        most = max(most, len(check.spans), len(check.ends))
+    assert most <= 5.0 / 0.1 + 10  # the tasks of the last 5 s, not all 2000
+    assert check.result() == duplicate_launches(log)
+    assert check.result()["count"] == 8
+
+
+def test_without_a_horizon_nothing_is_forgotten() -> None:
+    check = DuplicateLaunches()
+    for i in range(100):
+        check.add(row("start", f"t{i}", 1, i * 10.0))
+        check.add(row("end", f"t{i}", 1, i * 10.0 + 1))
+    assert len(check.spans) == 100
