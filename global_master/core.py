@@ -100,6 +100,47 @@ class InFlight:
     request_id: int = 0
 
 
+class InFlightTable(dict[TaskKey, InFlight]):
+    """The GM's unanswered requests, by task, with each user's in-flight demands
+    counted as they come and go (fairness asks for them at every decision that does
+    not place its task; summing them over the table made overload quadratic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.demands: dict[UserId, dict[Resources, int]] = {}
+
+    def __setitem__(self, key: TaskKey, fl: InFlight) -> None:
+        if key in self:
+            self._forget(self[key])
+        super().__setitem__(key, fl)
+        per = self.demands.setdefault(fl.task.user, {})
+        d = tuple(fl.task.demand)
+        per[d] = per.get(d, 0) + 1
+
+    def __delitem__(self, key: TaskKey) -> None:
+        self._forget(self[key])
+        super().__delitem__(key)
+
+    def pop(self, key: TaskKey, *default: Any) -> Any:
+        if key in self:
+            self._forget(self[key])
+        return super().pop(key, *default)
+
+    def _forget(self, fl: InFlight) -> None:
+        per = self.demands[fl.task.user]
+        d = tuple(fl.task.demand)
+        if per[d] == 1:
+            del per[d]
+            if not per:
+                del self.demands[fl.task.user]
+        else:
+            per[d] -= 1
+
+    def share(self, user: UserId, share_of: Callable[[Sequence[int]], float]) -> float:
+        """The sum of ``user``'s in-flight requests' shares."""
+        return sum(n * share_of(d) for d, n in self.demands.get(user, {}).items())
+
+
 @dataclass(slots=True)
 class JobRecord:
     """A job of this GM's users: which tasks still keep its delivery unacknowledged."""
@@ -171,7 +212,7 @@ class GlobalMaster:
         self._no_victim: dict[tuple[UserId, LmId], float] = {}
         """(victim, LM) pairs an LM lately found nothing to preempt in, until when."""
         self.views: dict[LmId, LmView] = {}
-        self.inflight: dict[TaskKey, InFlight] = {}
+        self.inflight = InFlightTable()
         self.placed: dict[TaskKey, Task] = {}
         self.live: dict[TaskKey, Task] = {}
         """Every task this GM holds: queued (or waiting for its DAG parents), in flight or
@@ -863,10 +904,7 @@ class GlobalMaster:
     def _below_share(self, user: UserId, fraction: float = 1.0) -> bool:
         """``user`` holds less than ``fraction`` of its share (its in-flight requests
         to LMs counted)."""
-        own = 0.0
-        for fl in self.inflight.values():
-            if fl.task.user == user:
-                own += self._share_of(fl.task.demand)
+        own = self.inflight.share(user, self._share_of)
         return self.dominant_shares().get(user, 0.0) + own < self.users[user].share * fraction
 
     def _grace_over(self, task: Task, now: float) -> bool:
@@ -975,10 +1013,7 @@ class GlobalMaster:
         """
         shares = self.dominant_shares()
         need = self._share_of(task.demand)
-        own = 0.0
-        for fl in self.inflight.values():
-            if fl.task.user == task.user:
-                own += self._share_of(fl.task.demand)
+        own = self.inflight.share(task.user, self._share_of)
         mine = self.users[task.user].share
         have = shares.get(task.user, 0.0) + own
         if have >= mine:

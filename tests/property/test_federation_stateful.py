@@ -365,6 +365,16 @@ class Federation(RuleBasedStateMachine):
                 self.view_versions[(g, name)] = (view.version, list(view.node_version))
 
     @invariant()
+    def in_flight_demands_add_up(self) -> None:
+        """The per-user in-flight counts fairness reads are those of the table."""
+        for gm in self.gms.values():
+            want: dict[str, dict[tuple[int, ...], int]] = {}
+            for fl in gm.inflight.values():
+                per = want.setdefault(fl.task.user, {})
+                per[tuple(fl.task.demand)] = per.get(tuple(fl.task.demand), 0) + 1
+            assert gm.inflight.demands == want
+
+    @invariant()
     def journals_stay_bounded(self) -> None:
         """Operators' timelines exist only for tasks a GM holds, each bounded, and only
         the latest ended tasks are kept."""
