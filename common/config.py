@@ -89,6 +89,11 @@ class FederationConfig:
     prefetch: int = 2000
     delivery_limit: int = 5
     decide_batch: int = 64
+    linger_s: float = 0.002
+    """The completion path's batching (worker reports to an LM, task events to a GM,
+    outcomes to a user): a message leaves no sooner than this after the previous one
+    to the same destination, so a busy one gets fewer, larger messages.  Placements
+    never wait (0: no lingering)."""
     max_body: int = 16 * 1024 * 1024
     """Largest HTTP body or broker message any service reads (bytes); read whole."""
     max_task_duration_s: float = 7 * 24 * 3600.0
@@ -263,6 +268,8 @@ class FederationConfig:
             raise ConfigError("every LM needs at least one node per GM partition")
         if self.heartbeat_s <= 0 or self.worker_timeout_s <= self.heartbeat_s:
             raise ConfigError("need 0 < heartbeat_s < worker_timeout_s")
+        if not 0 <= self.linger_s <= 1:
+            raise ConfigError("linger_s must be within [0, 1] s")
         if self.node_lost_after_s < 0:
             raise ConfigError("node_lost_after_s must be >= 0")
         if self.queue_type not in ("quorum", "classic"):

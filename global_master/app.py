@@ -131,7 +131,7 @@ class GmService:
         """(when it finished, allocation time) of the latest finished tasks: the
         operators' last-minute tails (``/v1/state`` ``allocations``)."""
         self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
-            self.sup, self._publish_outcomes, "task outcomes"
+            self.sup, self._publish_outcomes, "task outcomes", linger_s=cfg.linger_s
         )
         self.persists: Batcher[UserId, SubmitJob] = Batcher(
             self.sup, self._publish_persists, "returned tasks made durable"

@@ -110,7 +110,7 @@ class LmService:
         )
         self._event_tickets: dict[GmId, int] = {}
         self.events: Batcher[GmId, TaskEvent] = Batcher(
-            self.sup, self._publish_events, "task events"
+            self.sup, self._publish_events, "task events", linger_s=cfg.linger_s
         )
         self.active = False
         self.stepped_down = ""

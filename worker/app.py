@@ -80,8 +80,9 @@ class WorkerService:
         self.lm: Peer | None = None
         self.registered = asyncio.Event()
         self.reports: Batcher[str, WorkerReport] = Batcher(
-            self.sup, self._send_reports, "reports to the LM", max_items=2000
-        )
+            self.sup, self._send_reports, "reports to the LM", max_items=2000,
+            linger_s=cfg.linger_s,
+        )  # fmt: skip
         d = self.driver
         d.on(ToLm, self._report)
         d.on(RunCommand, self.runner.run)

@@ -1,0 +1,48 @@
+"""The runtime's Batcher: one message at a time per destination, in order; with
+``linger_s``, a busy destination's items travel together.  Checked by what each flush
+carried, never by how long anything took."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime.driver import Batcher
+from runtime.supervisor import Supervisor
+
+
+async def _run(linger_s: float) -> list[list[int]]:
+    flushed: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def flush(_: str, items: list[int]) -> None:
+        flushed.append(list(items))
+        if len(flushed) == 1:
+            await gate.wait()  # the first message is slow to leave
+
+    async with Supervisor("test") as sup:
+        b: Batcher[str, int] = Batcher(sup, flush, "test", linger_s=linger_s)
+        t1 = b.add("k", 1)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert flushed == [[1]]  # an idle destination: at once
+        b.add("k", 2)
+        b.add("k", 3)  # while the first is in flight: they wait for it, together
+        gate.set()
+        await b.sent({"k": t1 + 2})
+        b.add("k", 4)  # right after a flush began: with linger, it waits for company
+        for _ in range(5):
+            await asyncio.sleep(0)  # long enough for a flush without linger
+        b.add("k", 5)
+        await b.sent({"k": t1 + 4})
+    return flushed
+
+
+def test_one_message_at_a_time_in_order() -> None:
+    flushed = asyncio.run(_run(0.0))
+    assert [x for f in flushed for x in f] == [1, 2, 3, 4, 5]
+    assert flushed == [[1], [2, 3], [4], [5]]
+
+
+def test_linger_gathers_a_busy_destination_s_items() -> None:
+    flushed = asyncio.run(_run(0.05))
+    assert flushed == [[1], [2, 3], [4, 5]]
