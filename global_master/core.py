@@ -108,11 +108,14 @@ class InFlightTable(dict[TaskKey, InFlight]):
     def __init__(self) -> None:
         super().__init__()
         self.demands: dict[UserId, dict[Resources, int]] = {}
+        self._shares: dict[UserId, float] = {}
+        """``share`` per user, until its requests change (or the cluster: ``rescale``)."""
 
     def __setitem__(self, key: TaskKey, fl: InFlight) -> None:
         if key in self:
             self._forget(self[key])
         super().__setitem__(key, fl)
+        self._shares.pop(fl.task.user, None)
         per = self.demands.setdefault(fl.task.user, {})
         d = tuple(fl.task.demand)
         per[d] = per.get(d, 0) + 1
@@ -127,6 +130,7 @@ class InFlightTable(dict[TaskKey, InFlight]):
         return super().pop(key, *default)
 
     def _forget(self, fl: InFlight) -> None:
+        self._shares.pop(fl.task.user, None)
         per = self.demands[fl.task.user]
         d = tuple(fl.task.demand)
         if per[d] == 1:
@@ -138,7 +142,15 @@ class InFlightTable(dict[TaskKey, InFlight]):
 
     def share(self, user: UserId, share_of: Callable[[Sequence[int]], float]) -> float:
         """The sum of ``user``'s in-flight requests' shares."""
-        return sum(n * share_of(d) for d, n in self.demands.get(user, {}).items())
+        got = self._shares.get(user)
+        if got is None:
+            per = self.demands.get(user, {})
+            got = self._shares[user] = sum(n * share_of(d) for d, n in per.items())
+        return got
+
+    def rescale(self) -> None:
+        """The cluster's capacity changed: every share is computed afresh."""
+        self._shares.clear()
 
 
 @dataclass(slots=True)
@@ -1120,6 +1132,7 @@ class GlobalMaster:
         self._feasible.clear()
         totals = [v.total_capacity() for v in self.views.values()]
         self._capacity = [sum(col) for col in zip(*totals, strict=True)]
+        self.inflight.rescale()
         self._node_caps = frozenset(c for v in self.views.values() for c in v.capacity)
         self.queues.set_cluster(self._capacity, self._node_caps)
         self._snapshot_wanted.discard(lm)
