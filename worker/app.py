@@ -140,7 +140,11 @@ class WorkerService:
         while True:
             await self.registered.wait()
             try:
+                sent = time.time()
                 await self.lm.post("/v1/worker-report", msg, expect=WorkerReports)
+                # an answer of the LM, like a heartbeat's: the lease runs from when it left
+                # (a pool back from a cut takes starts again without waiting a heartbeat)
+                self.driver.feed(LeaseRenewed(sent=sent))
                 self.driver.feed(ReportsTaken(reports=msg.reports))
                 return
             except PeerRefused as exc:
