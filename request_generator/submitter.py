@@ -102,20 +102,16 @@ class Outcomes:
             self.duplicates += 1
             return
         entry = self.outstanding.pop(key, None)
+        if entry is None and key not in self.failed and not self.keep:
+            if self._mine(key):  # done already
+                self.duplicates += 1
+            return
         at = entry[1] if entry is not None else self.failed_at.get(key)
         if not finished:
-            if entry is None and key not in self.failed and not self.keep:
-                if self._mine(key):  # done already
-                    self.duplicates += 1
-                return
             self.failed[key] = reason
             self.failed_tasks[key] = task
             if at is not None:
                 self.failed_at[key] = at
-            return
-        if entry is None and key not in self.failed and not self.keep:
-            if self._mine(key):
-                self.duplicates += 1
             return
         self.failed.pop(key, None)
         self.failed_tasks.pop(key, None)
