@@ -122,8 +122,46 @@ def _cpu_by_role(home: Path) -> dict[str, float]:
     return dict(roles)
 
 
+def _per_task(
+    traffic: dict[str, dict[str, int]], before: dict[str, dict[str, int]], tasks: int
+) -> dict[str, dict[str, float]]:
+    """Messages per task on each path during one step, and items per message."""
+    out = {}
+    for path, t in sorted(traffic.items()):
+        b = before.get(path, {"messages": 0, "items": 0})
+        msgs, items = t["messages"] - b["messages"], t["items"] - b["items"]
+        out[path] = {
+            "messages_per_task": round(msgs / max(tasks, 1), 3),
+            "items_per_message": round(items / max(msgs, 1), 2),
+        }
+    return out
+
+
+def _gc_by_role(services: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per role, the collector's passes so far (full ones apart), their total pause and
+    the longest pause of any process (``runtime.gcwatch``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, page in services.items():
+        gens = page.get("gc", {}).get("generations")
+        if not gens:
+            continue
+        role = "workers" if name.endswith("-workers") else name.rstrip("0123456789")
+        r = out.setdefault(role, {"collections": 0, "full": 0, "pause_s": 0.0, "max_s": 0.0})
+        r["collections"] += sum(g["collections"] for g in gens)
+        r["full"] += gens[-1]["collections"]
+        r["pause_s"] += sum(g["pause_total_s"] for g in gens)
+        r["max_s"] = max(r["max_s"], max(g["pause_max_s"] for g in gens))
+    return out
+
+
 def _step(
-    cfg: FederationConfig, home: Path, out: Path, label: str, profile: bool = False, **kw: Any
+    cfg: FederationConfig,
+    home: Path,
+    out: Path,
+    label: str,
+    before: dict[str, dict[str, int]],
+    profile: bool = False,
+    **kw: Any,
 ) -> dict[str, Any]:
     opts = BenchOptions(out=str(out / label), progress=False, floor_samples=300, **kw)
     t = time.time()
@@ -147,6 +185,8 @@ def _step(
         "floor_rtt_s": s["floor_rtt_s"],
         "floor": s["floor"],
         "counters": s["counters"],
+        "traffic": _per_task(s["traffic"], before, s["tasks"]),
+        "gc_since_start": _gc_by_role(s["services"]),
         "wall_s": round(time.time() - t, 1),
         # CPU per task, whatever else the machine does: 2 cores give 2,000 CPU-ms a second
         "cpu_ms_per_task": {
@@ -155,6 +195,8 @@ def _step(
         },
     }
     row["cpu_ms_per_task"]["total"] = round(sum(row["cpu_ms_per_task"].values()), 3)
+    before.clear()
+    before.update(s["traffic"])
     if profile:
         row["profile"] = _top_functions(out / "profile")
     print(
@@ -218,6 +260,7 @@ def main() -> int:
     load1 = os.getloadavg()
     start_federation(cfg, home)
     rows: list[dict[str, Any]] = []
+    traffic: dict[str, dict[str, int]] = {}  # the counts after the previous step
     try:
         # 50% load: 120 one-slot nodes, 0.5 s tasks -> capacity 240 tasks/s; offer 120/s.
         per_job = 4
@@ -225,7 +268,7 @@ def main() -> int:
         rate = 0.5 * NODES / mean
         rows.append(
             _step(
-                cfg, home, out.parent / "bench_live", "load50",
+                cfg, home, out.parent / "bench_live", "load50", traffic,
                 jobs=int(rate * args.seconds / per_job), tasks_per_job=per_job,
                 mean_duration=mean, job_rate=rate / per_job,
             )
@@ -234,7 +277,7 @@ def main() -> int:
         per_job = 10
         for r in (float(x) for x in args.rates.split(",")):
             row = _step(
-                cfg, home, out.parent / "bench_live", f"rate{int(r)}",
+                cfg, home, out.parent / "bench_live", f"rate{int(r)}", traffic,
                 jobs=int(r * args.seconds / per_job), tasks_per_job=per_job,
                 mean_duration=0.02, rate=r / per_job, timeout_s=120.0,
                 profile=r == args.profile_rate,

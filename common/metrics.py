@@ -87,6 +87,8 @@ class GmCounters(Counters):
     """Preemptions not asked of an LM because this GM used its budget there this period."""
     repartition_messages: int = 0
     """Launch requests carrying repartitions (several placements may share one)."""
+    launch_requests: int = 0
+    """Launch requests sent (placements per request = decisions / launch_requests)."""
     requeues: int = 0
     waited: int = 0
     """Tasks that found no room and went into the waiting index."""

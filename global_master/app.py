@@ -143,6 +143,8 @@ class GmService:
         self.consuming = False
         self.refused_jobs = 0
         self.redelivered_jobs = 0
+        self.events_in = {"messages": 0, "items": 0}
+        """Task-event deliveries taken from the broker, and the events they carried."""
         d = self.driver
         d.on(ToLm, lambda e: self.sup.spawn(self._send(e), f"request to {e.lm}"))
         d.on(ToUser, self._to_user)
@@ -248,6 +250,8 @@ class GmService:
             )
         self._tickets, self._persisted = {}, {}
         if self.events_seen.first_time(msg.message_id):
+            self.events_in["messages"] += 1
+            self.events_in["items"] += len(events.events)
             self.feed(events)
         tickets, persisted = self._tickets, self._persisted
         self._tickets, self._persisted = {}, {}
@@ -424,6 +428,11 @@ class GmService:
                 "requests_in_doubt": self.requests_in_doubt,
                 "duplicate_events": self.events_seen.dropped,
                 "background_failures": self.sup.failures,
+            },
+            "batches": {
+                "events_in": dict(self.events_in),
+                "outcomes": self.outcomes.traffic(),
+                "persists": self.persists.traffic(),
             },
             "dead_lettered": self.broker.dead_lettered,
             "dropped": {

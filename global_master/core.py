@@ -692,6 +692,7 @@ class GlobalMaster:
         self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
     ) -> None:
         rid = self._request_id()
+        self.counters.launch_requests += 1
         if any(p.repartition for p in placements):
             self.counters.repartition_messages += 1
             self._rep_sent[lm] = (now, rid)

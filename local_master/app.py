@@ -347,6 +347,7 @@ class LmService:
             "publish_errors": self.broker.publish_errors,
             "broker": {"url": _no_password(self.broker.url), "reconnects": self.broker.reconnects},
             "worker_errors": self.worker_errors,
+            "batches": {"to_pool": self.to_pool.traffic(), "events": self.events.traffic()},
             "background_failures": self.sup.failures,
         }
 

@@ -262,12 +262,13 @@ async def fetch_launches(
 async def fetch_states(
     session: aiohttp.ClientSession, cfg: FederationConfig, access: Access
 ) -> dict[str, Any]:
-    """Every GM's and (active) LM's state page."""
+    """Every GM's, (active) LM's and worker pool's state page."""
     states: dict[str, Any] = {}
     targets: list[tuple[str, list[str], Identity]] = [
         (g, [cfg.gm_url(g)], gm_identity(g)) for g in cfg.gm_ids
     ]
     targets += [(x, cfg.lm_urls(x), lm_identity(x)) for x in cfg.lm_ids]
+    targets += [(f"{x}-workers", [cfg.worker_url(x)], workers_identity(x)) for x in cfg.lm_ids]
     for name, urls, who in targets:
         for url in urls:
             try:
@@ -302,6 +303,26 @@ def counters_from(states: dict[str, Any]) -> dict[str, int]:
             total[k] += int(c.get(k, 0))
         total["dead_lettered"] += int(st.get("dead_lettered", 0))
     total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
+    return total
+
+
+def traffic_from(states: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Messages sent on each path of the federation and the items they carried, summed
+    over the state pages (counted from each process's start)."""
+    total: dict[str, dict[str, int]] = {}
+
+    def add(path: str, messages: int, items: int) -> None:
+        t = total.setdefault(path, {"messages": 0, "items": 0})
+        t["messages"] += messages
+        t["items"] += items
+
+    for name, st in states.items():
+        c = st.get("counters", {})
+        if name.startswith("gm"):
+            add("gm_to_lm_launches", int(c.get("launch_requests", 0)), int(c.get("decisions", 0)))
+        role = "pool" if name.endswith("-workers") else "gm" if name.startswith("gm") else "lm"
+        for what, b in st.get("batches", {}).items():
+            add(f"{role}_{what}", int(b["messages"]), int(b["items"]))
     return total
 
 
@@ -605,6 +626,7 @@ def summarize_run(
                 "lm_during_run_s": percentiles(run.busy_floor),
             },
             "counters": counters_from(run.states),
+            "traffic": traffic_from(run.states),
             "services": run.states,
             "federation": {
                 "gms": cfg.gms,

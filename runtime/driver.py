@@ -111,6 +111,9 @@ class Batcher(Generic[K, T]):
         self._added: dict[K, int] = {}
         self._sent: dict[K, int] = {}
         self._progress = asyncio.Condition()
+        self.messages = 0
+        """Flushes so far (messages sent); ``items / messages`` is the mean batch."""
+        self.items = 0
 
     def add(self, key: K, item: T) -> int:
         """Queue ``item`` for ``key``; returns its ticket (see ``sent``)."""
@@ -131,6 +134,10 @@ class Batcher(Generic[K, T]):
                 lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
             )
 
+    def traffic(self) -> dict[str, int]:
+        """Messages sent and items they carried (operators; benchmarks)."""
+        return {"messages": self.messages, "items": self.items}
+
     def pending(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
@@ -150,6 +157,8 @@ class Batcher(Generic[K, T]):
                 for i in range(0, len(items), self.max_items):
                     chunk = items[i : i + self.max_items]
                     await self._flush(key, chunk)
+                    self.messages += 1
+                    self.items += len(chunk)
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
                     async with self._progress:
                         self._progress.notify_all()

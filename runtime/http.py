@@ -38,6 +38,7 @@ from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
 from runtime.driver import CoreDriver
+from runtime.gcwatch import GcWatch
 from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
 from runtime.retry import Backoff, retry
 from security import signing
@@ -52,6 +53,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 CONFIG_KEY = web.AppKey("config", FederationConfig)
 METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
+GC_KEY = web.AppKey("gc", GcWatch)
 
 M = TypeVar("M")
 
@@ -281,7 +283,11 @@ async def health_handler(request: web.Request) -> web.Response:
 
 
 async def state_handler(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE_KEY].state_page())
+    page = request.app[SERVICE_KEY].state_page()
+    watch = request.app.get(GC_KEY)
+    if watch is not None:
+        page["gc"] = watch.page()
+    return web.json_response(page)
 
 
 def service_app(
@@ -297,12 +303,15 @@ def service_app(
     app = base_app(cfg, access)
     app[SERVICE_KEY] = svc
     app[METRICS_KEY] = metrics
+    watch = app[GC_KEY] = GcWatch()
     for path, kind in (routes or {}).items():
         app.router.add_post(path, message_route(kind))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await svc.open()
+        watch.start()  # after open: the core's tables and the connections are made
         yield
+        watch.stop()
         with contextlib.suppress(Exception):
             await svc.close()
 

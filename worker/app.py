@@ -194,6 +194,7 @@ class WorkerService:
             "running": len(self.core.running),
             "counters": self.core.counters.as_dict(),
             "reports_pending": self.reports.pending(),
+            "batches": {"reports": self.reports.traffic()},
             "at": time.time(),
         }
 

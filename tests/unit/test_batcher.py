@@ -10,7 +10,7 @@ from runtime.driver import Batcher
 from runtime.supervisor import Supervisor
 
 
-async def _run(linger_s: float) -> list[list[int]]:
+async def _run(linger_s: float, traffic: dict[str, int] | None = None) -> list[list[int]]:
     flushed: list[list[int]] = []
     gate = asyncio.Event()
 
@@ -34,6 +34,8 @@ async def _run(linger_s: float) -> list[list[int]]:
             await asyncio.sleep(0)  # long enough for a flush without linger
         b.add("k", 5)
         await b.sent({"k": t1 + 4})
+        if traffic is not None:
+            traffic.update(b.traffic())
     return flushed
 
 
@@ -46,3 +48,9 @@ def test_one_message_at_a_time_in_order() -> None:
 def test_linger_gathers_a_busy_destination_s_items() -> None:
     flushed = asyncio.run(_run(0.05))
     assert flushed == [[1], [2, 3], [4, 5]]
+
+
+def test_traffic_counts_messages_and_the_items_they_carried() -> None:
+    traffic: dict[str, int] = {}
+    flushed = asyncio.run(_run(0.05, traffic))
+    assert traffic == {"messages": len(flushed), "items": 5}
