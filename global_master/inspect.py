@@ -8,11 +8,15 @@ records as it decides (``WaitReason`` counts per task and per GM, see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from common.model import COMPONENTS, Task, TaskKey, WaitReason
 from global_master.core import GlobalMaster
-from global_master.journal import Trail
+from global_master.journal import EndedTask, Trail
+
+Record = Task | EndedTask
+"""A task this GM holds, or what it kept of one that ended."""
 
 STATES = ("queued", "waiting", "in_flight", "running", "finished", "failed")
 """queued: in its user's queue; waiting: its DAG's parent stages have not finished;
@@ -28,12 +32,12 @@ WAIT_TEXT: dict[WaitReason, str] = {
 }
 
 
-def waits_of(counts: list[int]) -> dict[str, int]:
+def waits_of(counts: Sequence[int]) -> dict[str, int]:
     """The non-zero wait reasons of ``counts`` (indexed by ``WaitReason``), by name."""
     return {r.name.lower(): counts[r] for r in WaitReason if counts[r]}
 
 
-def _timeline(task: Task, trail: Trail) -> list[dict[str, object]]:
+def _timeline(task: Record, trail: Trail) -> list[dict[str, object]]:
     return [{"at": task.submitted_at, "what": "submitted"}, *(s.as_dict() for s in trail.steps)]
 
 
@@ -66,7 +70,7 @@ def _why(core: GlobalMaster, key: TaskKey, task: Task, state: str) -> list[str]:
     return lines + reasons(task)
 
 
-def reasons(task: Task) -> list[str]:
+def reasons(task: Record) -> list[str]:
     """The reasons decisions did not place ``task``, with how often, in words."""
     return [f"{r.name.lower()} x{n}: {WAIT_TEXT[r]}" for r in WaitReason if (n := task.waits[r])]
 
@@ -75,7 +79,7 @@ def _queued_of(core: GlobalMaster, user: str) -> int:
     return sum(1 for k, t in core.live.items() if k[0] == user and _state(core, k, t) == "queued")
 
 
-def _answer(core: GlobalMaster, task: Task, state: str, trail: Trail) -> dict[str, Any]:
+def _answer(core: GlobalMaster, task: Record, state: str, trail: Trail) -> dict[str, Any]:
     return {
         "gm": core.gm_id,
         "user": task.user,
@@ -110,11 +114,11 @@ def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
     ended = journal.ended.get(key) if journal is not None else None
     if ended is not None:
         state = "finished" if ended.finished else "failed"
-        out = _answer(core, ended.task, state, ended.trail)
+        out = _answer(core, ended, state, ended.trail())
         out["reason"] = ended.reason
-        ran = ["it ran; before that:"] if ended.finished and any(ended.task.waits) else []
+        ran = ["it ran; before that:"] if ended.finished and any(ended.waits) else []
         failed = [] if ended.finished else [f"failed: {ended.reason}"]
-        out["why"] = failed + ran + reasons(ended.task)
+        out["why"] = failed + ran + reasons(ended)
         return out
     if key in core.failed or key in core.finished:  # no journal: what the ledger says
         return {

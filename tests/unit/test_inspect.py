@@ -4,6 +4,7 @@ functions over cores driven by hand; no event loop, no sleeps."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -101,6 +102,30 @@ def test_only_the_latest_ended_tasks_are_kept() -> None:
         j.close(new_task(spec, 0.0), 5.0, finished=True, reason="")
     assert list(j.ended) == [key(s) for s in tasks[1:]]
     assert j.trails == {}
+
+
+def test_an_ended_task_is_kept_as_atoms_the_collector_stops_walking() -> None:
+    j = Journal()
+    spec = make_task()
+    task = new_task(spec, 0.0)
+    task.waits[WaitReason.NO_FREE_RESOURCES] = 2
+    j.note(key(spec), 1.0, "waits", detail="no_free_resources")
+    j.note(key(spec), 2.0, "launch", lm="lm0", node=3)
+    task.start(2.5)
+    j.close(task, 5.0, finished=True, reason="")
+    ended = j.ended[key(spec)]
+    assert [(s.what, s.node) for s in ended.trail().steps] == [
+        ("waits", -1),
+        ("launch", 3),
+        ("finished", -1),
+    ]
+    assert ended.components() == task.components()
+    assert ended.waits[WaitReason.NO_FREE_RESOURCES] == 2
+    gc.collect()
+    gc.collect()  # a tuple is untracked once what it holds is: the steps, then the outer
+    assert not gc.is_tracked(ended.steps)
+    assert not gc.is_tracked(ended.waits)
+    assert not gc.is_tracked(ended.components_s)
 
 
 def test_journal_bounds_must_be_positive() -> None:
