@@ -86,9 +86,11 @@ class Batcher(Generic[K, T]):
 
     ``flush(key, items)`` runs as a supervised job; items added while it runs go into
     the next flush of that key, so one destination gets one message at a time, in
-    order.  With ``linger_s`` a flush starts no sooner than that after the previous
-    one of its key began (Nagle's rule): an idle destination's item goes at once, a
-    busy one's items travel together, so messages per item fall as the rate grows.
+    order.  With ``linger_s``, a *busy* destination's flush starts no sooner than that
+    after its previous one began (Nagle's rule), so its items travel together and
+    messages per item fall as the rate grows.  Busy: its items arrive fast enough that
+    lingering gathers at least ``min_batch`` of them (the rate is estimated from the
+    previous flushes); a quiet destination's item goes at once, never waiting.
     """
 
     def __init__(
@@ -99,13 +101,21 @@ class Batcher(Generic[K, T]):
         *,
         max_items: int = 5000,
         linger_s: float = 0.0,
+        min_batch: int = 4,
+        rate_window_s: float | None = None,
     ) -> None:
         self.sup = sup
         self._flush = flush
         self.what = what
         self.max_items = max_items
         self.linger_s = linger_s
+        self.min_batch = min_batch
         self._began: dict[K, float] = {}
+        self._rate: dict[K, float] = {}
+        """Items per second of each key over its latest complete window."""
+        self._window: dict[K, tuple[float, int]] = {}
+        """Each key's current window: when it began, items flushed in it so far."""
+        self.rate_window_s = max(10 * linger_s, 0.1) if rate_window_s is None else rate_window_s
         self._pending: dict[K, list[T]] = {}
         self._busy: set[K] = set()
         self._added: dict[K, int] = {}
@@ -134,6 +144,29 @@ class Batcher(Generic[K, T]):
                 lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
             )
 
+    def _lingers(self, key: K) -> bool:
+        if self.linger_s <= 0:
+            return False
+        began = self._began.get(key)
+        now = asyncio.get_running_loop().time()
+        if began is None or now - began > self.rate_window_s + self.linger_s:
+            return False  # quiet for a while: whatever it was, it is not busy now
+        return self._rate.get(key, 0.0) * self.linger_s >= self.min_batch
+
+    def _note_rate(self, key: K, n: int, now: float) -> None:
+        """A flush of ``n`` items begins.  The rate is items per second over windows of
+        ``rate_window_s`` (a burst of a few items is not a busy destination)."""
+        self._began[key] = now
+        window = self._window.get(key)
+        if window is None:  # this flush's items came before any window began
+            self._window[key] = (now, 0)
+            return
+        start, count = window[0], window[1] + n
+        if now - start >= self.rate_window_s:
+            self._rate[key] = count / max(now - start, 1e-6)
+            start, count = now, 0
+        self._window[key] = (start, count)
+
     def traffic(self) -> dict[str, int]:
         """Messages sent and items they carried (operators; benchmarks)."""
         return {"messages": self.messages, "items": self.items}
@@ -146,14 +179,14 @@ class Batcher(Generic[K, T]):
             await asyncio.sleep(0)  # let the current turn add its items
             loop = asyncio.get_running_loop()
             while True:
-                if self.linger_s > 0:
+                if self._lingers(key):
                     wait = self._began.get(key, -math.inf) + self.linger_s - loop.time()
                     if wait > 0:
                         await asyncio.sleep(wait)
                 items = self._pending.pop(key, None)
                 if not items:
                     return
-                self._began[key] = loop.time()
+                self._note_rate(key, len(items), loop.time())
                 for i in range(0, len(items), self.max_items):
                     chunk = items[i : i + self.max_items]
                     await self._flush(key, chunk)

@@ -20,7 +20,8 @@ async def _run(linger_s: float, traffic: dict[str, int] | None = None) -> list[l
             await gate.wait()  # the first message is slow to leave
 
     async with Supervisor("test") as sup:
-        b: Batcher[str, int] = Batcher(sup, flush, "test", linger_s=linger_s)
+        # every flush closes a rate window: the second one already finds it busy
+        b: Batcher[str, int] = Batcher(sup, flush, "test", linger_s=linger_s, rate_window_s=0)
         t1 = b.add("k", 1)
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -54,3 +55,25 @@ def test_traffic_counts_messages_and_the_items_they_carried() -> None:
     traffic: dict[str, int] = {}
     flushed = asyncio.run(_run(0.05, traffic))
     assert traffic == {"messages": len(flushed), "items": 5}
+
+
+def test_a_quiet_destination_never_waits_for_company() -> None:
+    async def run() -> list[list[int]]:
+        flushed: list[list[int]] = []
+
+        async def flush(_: str, items: list[int]) -> None:
+            flushed.append(list(items))
+
+        async with Supervisor("test") as sup:
+            b: Batcher[str, int] = Batcher(
+                sup, flush, "test", linger_s=0.05, min_batch=4, rate_window_s=0.01
+            )
+            for i in range(3):
+                b.add("k", i)
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                assert flushed[-1] == [i]  # gone at once: ~50 items/s x 0.05 s < 4
+                await asyncio.sleep(0.02)  # (a slower machine only makes it quieter)
+        return flushed
+
+    assert asyncio.run(run()) == [[0], [1], [2]]
