@@ -59,7 +59,7 @@ from global_master.journal import Journal
 from global_master.policy import make_policy
 from runtime import broker as amqp
 from runtime.dedup import Dedup
-from runtime.driver import Batcher, CoreDriver
+from runtime.driver import Batcher, CoreDriver, Traffic
 from runtime.http import Peer, PeerRefused, service_app, service_identity, session
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
@@ -143,7 +143,7 @@ class GmService:
         self.consuming = False
         self.refused_jobs = 0
         self.redelivered_jobs = 0
-        self.events_in = {"messages": 0, "items": 0}
+        self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
         d = self.driver
         d.on(ToLm, lambda e: self.sup.spawn(self._send(e), f"request to {e.lm}"))
@@ -250,8 +250,7 @@ class GmService:
             )
         self._tickets, self._persisted = {}, {}
         if self.events_seen.first_time(msg.message_id):
-            self.events_in["messages"] += 1
-            self.events_in["items"] += len(events.events)
+            self.events_in.note(len(events.events))
             self.feed(events)
         tickets, persisted = self._tickets, self._persisted
         self._tickets, self._persisted = {}, {}
@@ -430,7 +429,7 @@ class GmService:
                 "background_failures": self.sup.failures,
             },
             "batches": {
-                "events_in": dict(self.events_in),
+                "events_in": self.events_in.as_dict(),
                 "outcomes": self.outcomes.traffic(),
                 "persists": self.persists.traffic(),
             },

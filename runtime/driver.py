@@ -81,6 +81,24 @@ class CoreDriver:
         self.sup.run_forever(tick(), what)
 
 
+class Traffic:
+    """Messages on one path and the items they carried (``items / messages`` is the
+    mean batch): what ``/v1/state`` shows under ``batches``."""
+
+    __slots__ = ("items", "messages")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.items = 0
+
+    def note(self, items: int) -> None:
+        self.messages += 1
+        self.items += items
+
+    def as_dict(self) -> dict[str, int]:
+        return {"messages": self.messages, "items": self.items}
+
+
 class Batcher(Generic[K, T]):
     """Items collected during one loop turn, flushed once per key.
 
@@ -121,9 +139,7 @@ class Batcher(Generic[K, T]):
         self._added: dict[K, int] = {}
         self._sent: dict[K, int] = {}
         self._progress = asyncio.Condition()
-        self.messages = 0
-        """Flushes so far (messages sent); ``items / messages`` is the mean batch."""
-        self.items = 0
+        self.sent_traffic = Traffic()
 
     def add(self, key: K, item: T) -> int:
         """Queue ``item`` for ``key``; returns its ticket (see ``sent``)."""
@@ -169,7 +185,7 @@ class Batcher(Generic[K, T]):
 
     def traffic(self) -> dict[str, int]:
         """Messages sent and items they carried (operators; benchmarks)."""
-        return {"messages": self.messages, "items": self.items}
+        return self.sent_traffic.as_dict()
 
     def pending(self) -> int:
         return sum(len(v) for v in self._pending.values())
@@ -190,8 +206,7 @@ class Batcher(Generic[K, T]):
                 for i in range(0, len(items), self.max_items):
                     chunk = items[i : i + self.max_items]
                     await self._flush(key, chunk)
-                    self.messages += 1
-                    self.items += len(chunk)
+                    self.sent_traffic.note(len(chunk))
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
                     async with self._progress:
                         self._progress.notify_all()
