@@ -2,12 +2,14 @@
 
 Measures allocation time (p50/p99/max) and the floor round trip in the same run,
 at 50% of the federation's capacity and at increasing fixed rates until the
-federation no longer keeps up; reports the highest sustained tasks/s.
+federation no longer keeps up; reports the highest sustained tasks/s.  Before the
+steps, the floor is also taken on the idle federation one ping every 20 ms
+(``floor_spaced``): what a request that comes alone pays.
 
     python benchmarks/bench_live.py --out results/bench_live.json
 
 With ``--profile-rate R`` the step at R tasks/s is sampled with py-spy in every
-service process (GMs, LMs, worker pools); the collapsed stacks go to
+service process (GMs, LMs, worker pools) and this client; the collapsed stacks go to
 ``bench_live/profile/<service>.txt`` and each role's top functions (share of samples,
 self and inclusive) into the JSON under ``"profile"``.
 
@@ -30,10 +32,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from common.config import FederationConfig, parse_config
+from common.metrics import percentiles
 from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, run_bench
+from request_generator.bench import BenchOptions, measure_floor, run_bench
+from security.access import Access
+from security.identity import lm as lm_identity
 
 NODES = 120
 TOP = 12
@@ -44,9 +51,9 @@ def _start_profilers(home: Path, where: Path, seconds: float) -> list[subprocess
         raise SystemExit("--profile-rate needs py-spy (pip install py-spy)")
     where.mkdir(parents=True, exist_ok=True)
     spies = []
-    for name, pid in service_pids(home).items():
+    for name, pid in [*service_pids(home).items(), ("bench_client", os.getpid())]:
         argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds) + 1),
-                "--rate", "250", "--format", "raw", "--nonblocking",
+                "--rate", "250", "--format", "raw", "--nonblocking", "--gil",
                 "--output", str(where / f"{name}.txt")]  # fmt: skip
         spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
@@ -54,7 +61,9 @@ def _start_profilers(home: Path, where: Path, seconds: float) -> list[subprocess
 
 PROJECT = ("common/", "global_master/", "local_master/", "worker/", "runtime/", "security/")
 LOOP = "GunicornWebWorker.run (aiohttp/worker.py"
-"""The leaf of samples spent in the event loop itself (uvloop in C: idle or I/O)."""
+"""The leaf of samples spent in the event loop itself (uvloop in C: I/O).  Samples are
+taken only while the process holds the GIL (``--gil``): idle waits are not counted, but
+a process descheduled while it holds it (a socket write that woke its receiver) is."""
 
 
 def _top_functions(where: Path) -> dict[str, Any]:
@@ -89,13 +98,15 @@ def _top_functions(where: Path) -> dict[str, Any]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far; 0 once it has gone."""
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds a process has used so far, in user mode and in the kernel (system
+    calls: sockets, wake-ups); 0 once it has gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _broker_pids() -> list[int]:
@@ -111,15 +122,18 @@ def _broker_pids() -> list[int]:
     return out
 
 
-def _cpu_by_role(home: Path) -> dict[str, float]:
-    """CPU seconds used so far by the GMs, LMs, worker pools, broker and this client."""
-    roles: defaultdict[str, float] = defaultdict(float)
+def _cpu_by_role(home: Path) -> dict[str, tuple[float, float]]:
+    """CPU seconds (user, system) used so far by the GMs, LMs, worker pools, broker and
+    this client."""
+    pids: defaultdict[str, list[int]] = defaultdict(list)
     for name, pid in service_pids(home).items():
-        role = "workers" if name.endswith("-workers") else name.rstrip("0123456789")
-        roles[role] += _cpu_s(pid)
-    roles["broker"] = sum(_cpu_s(pid) for pid in _broker_pids())
-    roles["bench_client"] = _cpu_s(os.getpid())
-    return dict(roles)
+        pids["workers" if name.endswith("-workers") else name.rstrip("0123456789")].append(pid)
+    pids["broker"] = _broker_pids()
+    pids["bench_client"] = [os.getpid()]
+    return {
+        role: (sum(u for u, _ in t), sum(k for _, k in t))
+        for role, t in ((role, [_cpu_s(p) for p in ps]) for role, ps in pids.items())
+    }
 
 
 def _per_task(
@@ -173,6 +187,9 @@ def _step(
     for spy in spies:
         spy.wait(timeout=60)
     offered = s["offered_tasks_per_s"]
+    n = max(s["tasks"], 1)
+    zero = (0.0, 0.0)
+    used = {r: (u - cpu0.get(r, zero)[0], k - cpu0.get(r, zero)[1]) for r, (u, k) in cpu1.items()}
     row = {
         "label": label,
         "offered_tasks_per_s": round(offered, 1),
@@ -189,10 +206,9 @@ def _step(
         "gc_since_start": _gc_by_role(s["services"]),
         "wall_s": round(time.time() - t, 1),
         # CPU per task, whatever else the machine does: 2 cores give 2,000 CPU-ms a second
-        "cpu_ms_per_task": {
-            role: round(1e3 * (cpu1[role] - cpu0.get(role, 0.0)) / max(s["tasks"], 1), 3)
-            for role in cpu1
-        },
+        "cpu_ms_per_task": {role: round(1e3 * (u + k) / n, 3) for role, (u, k) in used.items()},
+        # of that, the share spent in the kernel (system calls: messages, wake-ups)
+        "cpu_system_share": {role: round(k / max(u + k, 1e-9), 2) for role, (u, k) in used.items()},
     }
     row["cpu_ms_per_task"]["total"] = round(sum(row["cpu_ms_per_task"].values()), 3)
     before.clear()
@@ -207,6 +223,31 @@ def _step(
         flush=True,
     )
     return row
+
+
+SPACING_S = 0.02
+"""How far apart the spaced floor's pings go: about how far apart one LM's launches
+come at 50% load."""
+
+
+async def _spaced_floor(cfg: FederationConfig, home: Path, n: int = 150) -> dict[str, Any]:
+    """The floor round trip (an empty signed POST to an LM) on the idle federation, back
+    to back and one every ``SPACING_S``: a request that comes alone finds the processes
+    (and the machine's vCPUs) asleep and pays their wake-up, which back-to-back pings
+    never do."""
+    access, lm0 = Access.in_home(home, cfg), cfg.lm_ids[0]
+    url, who = cfg.lm_url(lm0), lm_identity(lm0)
+    async with aiohttp.ClientSession() as session:
+        back = await measure_floor(session, url, access, who, n)
+        spaced: list[float] = []
+        for _ in range(n):
+            spaced += await measure_floor(session, url, access, who, 1)
+            await asyncio.sleep(SPACING_S)
+    return {
+        "spacing_s": SPACING_S,
+        "back_to_back_s": percentiles(back),
+        "spaced_s": percentiles(spaced),
+    }
 
 
 P99_AT_RATE_S = 0.050
@@ -262,6 +303,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     traffic: dict[str, dict[str, int]] = {}  # the counts after the previous step
     try:
+        spaced = asyncio.run(_spaced_floor(cfg, home))
         # 50% load: 120 one-slot nodes, 0.5 s tasks -> capacity 240 tasks/s; offer 120/s.
         per_job = 4
         mean = 0.5
@@ -310,6 +352,10 @@ def main() -> int:
         "load50_p50_in_floors": round(
             rows[0]["allocation_s"]["p50"] / max(rows[0]["floor_rtt_s"], 1e-9), 2
         ),
+        "floor_spaced": spaced,
+        "load50_p50_in_spaced_floors": round(
+            rows[0]["allocation_s"]["p50"] / max(spaced["spaced_s"]["p50"], 1e-9), 2
+        ),
         "targets": {
             "load50_p50_in_floors": 3.0,
             "load50_p99_s": 0.010,
@@ -319,6 +365,12 @@ def main() -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"floor idle: back to back p50 {spaced['back_to_back_s']['p50'] * 1e3:.3f} ms, one every "
+        f"{SPACING_S * 1e3:.0f} ms p50 {spaced['spaced_s']['p50'] * 1e3:.3f} ms; 50% load p50 = "
+        f"{result['load50_p50_in_floors']}x the step's floor, "
+        f"{result['load50_p50_in_spaced_floors']}x the spaced one"
+    )
     print(f"wrote {out}; sustained {result['sustained_tasks_per_s']} tasks/s")
     return 0
 

@@ -139,6 +139,9 @@ class Batcher(Generic[K, T]):
         self._added: dict[K, int] = {}
         self._sent: dict[K, int] = {}
         self._progress = asyncio.Condition()
+        self._flushing: set[K] = set()
+        """Keys whose flush is under way (handed its items, awaiting its answer)."""
+        self._handed: dict[K, list[asyncio.Future[None]]] = {}
         self.sent_traffic = Traffic()
 
     def add(self, key: K, item: T) -> int:
@@ -159,6 +162,26 @@ class Batcher(Generic[K, T]):
             await self._progress.wait_for(
                 lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
             )
+
+    async def handed(self, key: K) -> None:
+        """Wait until the items queued for ``key`` so far are handed to a flush and it
+        has sent them, so what the caller does next -- answering whoever sent them --
+        goes after them.  At once if ``key`` has
+        nothing queued, lingers, or is busy with an earlier flush (its items would wait
+        for that flush's answer: nothing to gain by waiting with them)."""
+        if self.linger_s > 0 or key in self._flushing or not self._pending.get(key):
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._handed.setdefault(key, []).append(fut)
+        await fut
+        # the flush has sent up to its first wait; an aiohttp client writes the body
+        # from a task of its own, started then: one turn more lets it go first
+        await asyncio.sleep(0)
+
+    def _wake_handed(self, key: K) -> None:
+        for fut in self._handed.pop(key, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     def _lingers(self, key: K) -> bool:
         if self.linger_s <= 0:
@@ -203,6 +226,8 @@ class Batcher(Generic[K, T]):
                 if not items:
                     return
                 self._note_rate(key, len(items), loop.time())
+                self._flushing.add(key)
+                self._wake_handed(key)  # they resume once this flush has sent and waits
                 for i in range(0, len(items), self.max_items):
                     chunk = items[i : i + self.max_items]
                     await self._flush(key, chunk)
@@ -210,7 +235,10 @@ class Batcher(Generic[K, T]):
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
                     async with self._progress:
                         self._progress.notify_all()
+                self._flushing.discard(key)
         finally:
+            self._flushing.discard(key)
+            self._wake_handed(key)
             self._busy.discard(key)
             if self._pending.get(key):  # added after the last pop: drain again
                 self._busy.add(key)

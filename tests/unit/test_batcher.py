@@ -77,3 +77,62 @@ def test_a_quiet_destination_never_waits_for_company() -> None:
         return flushed
 
     assert asyncio.run(run()) == [[0], [1], [2]]
+
+
+async def _handed_order(*, in_flight: bool) -> list[str]:
+    """A flush that writes from a task of its own (as an aiohttp client does) and then
+    waits for its answer; a caller that waits for ``handed`` and then answers."""
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def flush(_: str, items: list[int]) -> None:
+        async def write() -> None:
+            log.append(f"write {items}")
+
+        writer = asyncio.get_running_loop().create_task(write())
+        if items == [0]:
+            await release.wait()  # the first flush's answer is slow to come
+        else:
+            await asyncio.sleep(0)
+        await writer
+
+    async with Supervisor("test") as sup:
+        b: Batcher[str, int] = Batcher(sup, flush, "test")
+        if in_flight:
+            b.add("k", 0)
+            for _ in range(4):
+                await asyncio.sleep(0)
+            assert log == ["write [0]"]
+        t = b.add("k", 1)
+        await b.handed("k")
+        log.append("answer")
+        release.set()
+        await b.sent({"k": t})
+    return log
+
+
+def test_handed_returns_once_the_items_were_written() -> None:
+    assert asyncio.run(_handed_order(in_flight=False)) == ["write [1]", "answer"]
+
+
+def test_handed_does_not_wait_behind_an_earlier_flush() -> None:
+    # the earlier flush waits for its answer: the new item could not leave before it
+    assert asyncio.run(_handed_order(in_flight=True)) == ["write [0]", "answer", "write [1]"]
+
+
+def test_handed_returns_at_once_with_nothing_queued_or_a_linger() -> None:
+    async def run(linger_s: float, queue: bool) -> bool:
+        async def flush(_: str, items: list[int]) -> None:
+            pass
+
+        async with Supervisor("test") as sup:
+            b: Batcher[str, int] = Batcher(sup, flush, "test", linger_s=linger_s)
+            if queue:
+                b.add("k", 1)
+            waiter = asyncio.ensure_future(b.handed("k"))
+            await asyncio.sleep(0)
+            return waiter.done()
+
+    assert asyncio.run(run(0.0, queue=False))
+    assert asyncio.run(run(0.05, queue=True))
+    assert not asyncio.run(run(0.0, queue=True))  # queued, no linger: it waits
