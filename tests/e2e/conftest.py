@@ -38,18 +38,27 @@ from security.access import Access
 
 
 def _free_base(host: str = "127.0.0.1") -> int:
+    """A base port whose service ports (GMs +0, LMs +100, pools +200, standbys +300)
+    are free; below the kernel's ephemeral range (32768-60999), so no client socket of
+    this machine can hold one of them when the services bind."""
     for _ in range(200):
-        base = random.randrange(20000, 40000, 10)
-        ports = [base + k for k in (*range(10), *range(100, 110), *range(200, 210))]
-        ok = True
-        for p in ports:
-            with socket.socket() as s:
-                if s.connect_ex((host, p)) == 0:
-                    ok = False
-                    break
-        if ok:
+        base = random.randrange(20000, 32000, 10)
+        ports = [
+            base + k for k in (*range(10), *range(100, 110), *range(200, 210), *range(300, 310))
+        ]
+        if all(_bindable(host, p) for p in ports):
             return base
     raise RuntimeError("no free ports")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 Federation = tuple[FederationConfig, Path]
