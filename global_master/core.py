@@ -650,6 +650,13 @@ class GlobalMaster:
             task.mark(Phase.PROCESSING, now)
             self.counters.decisions += 1
             self._place(task, now, batches, effects)
+        return self._end_round(batches, effects, now)
+
+    def _end_round(
+        self, batches: dict[LmId, list[Placement]], effects: list[Effect], now: float
+    ) -> list[Effect]:
+        """A round of decisions is over: the next one starts its walk at the next LM
+        (``_match``), and each LM's placements leave in one request."""
         if batches:
             n = len(self.lms)
             self._rr = {k: (v + 1) % n for k, v in self._rr.items()}
@@ -1315,11 +1322,7 @@ class GlobalMaster:
                 continue
             self._retries[task.key] = n
             self._place(task, now, batches, effects)
-        if batches:
-            n = len(self.lms)
-            self._rr = {k: (v + 1) % n for k, v in self._rr.items()}
-        self._flush(batches, effects, now)
-        return effects
+        return self._end_round(batches, effects, now)
 
     def _release_victim(self, key: TaskKey) -> None:
         pending = self._preempt_victim.pop(key, None)
