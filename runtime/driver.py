@@ -166,9 +166,9 @@ class Batcher(Generic[K, T]):
     async def handed(self, key: K) -> None:
         """Wait until the items queued for ``key`` so far are handed to a flush and it
         has sent them, so what the caller does next -- answering whoever sent them --
-        goes after them.  At once if ``key`` has
-        nothing queued, lingers, or is busy with an earlier flush (its items would wait
-        for that flush's answer: nothing to gain by waiting with them)."""
+        goes after them.  At once if ``key`` has nothing queued, lingers, or is busy
+        with an earlier flush (its items would wait for that flush's answer: nothing to
+        gain by waiting with them)."""
         if self.linger_s > 0 or key in self._flushing or not self._pending.get(key):
             return
         fut = asyncio.get_running_loop().create_future()
