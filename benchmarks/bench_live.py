@@ -130,10 +130,11 @@ def _cpu_by_role(home: Path) -> dict[str, tuple[float, float]]:
         pids["workers" if name.endswith("-workers") else name.rstrip("0123456789")].append(pid)
     pids["broker"] = _broker_pids()
     pids["bench_client"] = [os.getpid()]
-    return {
-        role: (sum(u for u, _ in t), sum(k for _, k in t))
-        for role, t in ((role, [_cpu_s(p) for p in ps]) for role, ps in pids.items())
-    }
+    out = {}
+    for role, ps in pids.items():
+        times = [_cpu_s(p) for p in ps]
+        out[role] = (sum(u for u, _ in times), sum(k for _, k in times))
+    return out
 
 
 def _per_task(
