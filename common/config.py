@@ -95,8 +95,10 @@ class FederationConfig:
     that waiting gathers 4 or more -- a message leaves no sooner than this after the
     previous one, so it gets fewer, larger messages; a quiet one's items leave at once,
     and placements never wait.  At 1,000 tasks/s (3 x 3 x 120, 20 ms tasks) 0.05 cut
-    CPU per task 2.1 -> 1.5 ms and allocation p99 36-54 -> 11-21 ms; it delays a busy
-    federation's task ends by up to this per hop (0: never wait)."""
+    CPU per task 2.1 -> 1.5 ms.  Reports and events free slots, so their wait is also
+    cut to what their LM's (or pool's) idle nodes can spare: idle / (2 x their rate),
+    by Little's law (``runtime.driver.Batcher``); without that, 2,000 tasks/s held
+    more slots in waiting reports than the cluster has (0: never wait)."""
     max_body: int = 16 * 1024 * 1024
     """Largest HTTP body or broker message any service reads (bytes); read whole."""
     max_task_duration_s: float = 7 * 24 * 3600.0

@@ -110,8 +110,9 @@ class LmService:
         )
         self._event_tickets: dict[GmId, int] = {}
         self.events: Batcher[GmId, TaskEvent] = Batcher(
-            self.sup, self._publish_events, "task events", linger_s=cfg.linger_s
-        )
+            self.sup, self._publish_events, "task events", linger_s=cfg.linger_s,
+            headroom=lambda: self.core.idle_nodes(),
+        )  # fmt: skip
         self.active = False
         self.stepped_down = ""
         self.worker_errors = 0

@@ -216,6 +216,11 @@ class LocalMaster:
     def n_nodes(self) -> int:
         return len(self.capacity)
 
+    def idle_nodes(self) -> int:
+        """Nodes free of any attempt this LM holds, counting one attempt per node (a
+        node that holds several counts them all: a low bound)."""
+        return max(self.n_nodes - len(self.active), 0)
+
     def _touch(self, node: int) -> None:
         self.version += 1
         self.node_version[node] = self.version

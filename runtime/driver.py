@@ -109,6 +109,13 @@ class Batcher(Generic[K, T]):
     messages per item fall as the rate grows.  Busy: its items arrive fast enough that
     lingering gathers at least ``min_batch`` of them (the rate is estimated from the
     previous flushes); a quiet destination's item goes at once, never waiting.
+
+    With ``headroom`` (free slots where the items come from), lingering is bounded
+    by what it holds: an ended task's slot counts as busy until its report or event
+    arrives, so items that wait up to ``w`` at ``r`` per second hold up to ``r * w``
+    slots (Little's law).  The wait is cut to ``headroom / (2 * r)``, ``r`` the rate
+    over every key: while slots are plenty the batching saves CPU at no cost, and as
+    they run out the items leave sooner, at once when none is free.
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class Batcher(Generic[K, T]):
         linger_s: float = 0.0,
         min_batch: int = 4,
         rate_window_s: float | None = None,
+        headroom: Callable[[], int] | None = None,
     ) -> None:
         self.sup = sup
         self._flush = flush
@@ -128,6 +136,7 @@ class Batcher(Generic[K, T]):
         self.max_items = max_items
         self.linger_s = linger_s
         self.min_batch = min_batch
+        self.headroom = headroom
         self._began: dict[K, float] = {}
         self._rate: dict[K, float] = {}
         """Items per second of each key over its latest complete window."""
@@ -192,6 +201,17 @@ class Batcher(Generic[K, T]):
             return False  # quiet for a while: whatever it was, it is not busy now
         return self._rate.get(key, 0.0) * self.linger_s >= self.min_batch
 
+    def _linger_until(self, key: K) -> float:
+        """When a busy key's next flush may begin (loop time)."""
+        began = self._began.get(key, -math.inf)
+        until = began + self.linger_s
+        if self.headroom is not None:
+            recent = began - self.rate_window_s - self.linger_s
+            rate = sum(r for k, r in self._rate.items() if self._began.get(k, 0.0) >= recent)
+            if rate > 0:
+                until = min(until, began + max(self.headroom(), 0) / (2 * rate))
+        return until
+
     def _note_rate(self, key: K, n: int, now: float) -> None:
         """A flush of ``n`` items begins.  The rate is items per second over windows of
         ``rate_window_s`` (a burst of a few items is not a busy destination)."""
@@ -219,7 +239,7 @@ class Batcher(Generic[K, T]):
             loop = asyncio.get_running_loop()
             while True:
                 if self._lingers(key):
-                    wait = self._began.get(key, -math.inf) + self.linger_s - loop.time()
+                    wait = self._linger_until(key) - loop.time()
                     if wait > 0:
                         await asyncio.sleep(wait)
                 items = self._pending.pop(key, None)

@@ -81,7 +81,7 @@ class WorkerService:
         self.registered = asyncio.Event()
         self.reports: Batcher[str, WorkerReport] = Batcher(
             self.sup, self._send_reports, "reports to the LM", max_items=2000,
-            linger_s=cfg.linger_s,
+            linger_s=cfg.linger_s, headroom=lambda: self.core.idle_nodes(),
         )  # fmt: skip
         d = self.driver
         d.on(ToLm, self._report)

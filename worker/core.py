@@ -131,6 +131,11 @@ class WorkerPool:
             ReportsTaken: self._on_reports_taken,
         }
 
+    def idle_nodes(self) -> int:
+        """Nodes free of any task, counting one task per node (a node that runs
+        several counts them all: a low bound)."""
+        return max(self.n_nodes - len(self.running), 0)
+
     def handle(self, msg: object, now: float) -> list[Effect]:
         """Take one message at time ``now``; return what the driver must do.  A pool whose
         lease expired fences itself before anything else."""

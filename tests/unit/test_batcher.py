@@ -10,7 +10,9 @@ from runtime.driver import Batcher
 from runtime.supervisor import Supervisor
 
 
-async def _run(linger_s: float, traffic: dict[str, int] | None = None) -> list[list[int]]:
+async def _run(
+    linger_s: float, traffic: dict[str, int] | None = None, headroom: int | None = None
+) -> list[list[int]]:
     flushed: list[list[int]] = []
     gate = asyncio.Event()
 
@@ -21,7 +23,10 @@ async def _run(linger_s: float, traffic: dict[str, int] | None = None) -> list[l
 
     async with Supervisor("test") as sup:
         # every flush closes a rate window: the second one already finds it busy
-        b: Batcher[str, int] = Batcher(sup, flush, "test", linger_s=linger_s, rate_window_s=0)
+        b: Batcher[str, int] = Batcher(
+            sup, flush, "test", linger_s=linger_s, rate_window_s=0,
+            headroom=None if headroom is None else lambda: headroom,
+        )  # fmt: skip
         t1 = b.add("k", 1)
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -49,6 +54,13 @@ def test_one_message_at_a_time_in_order() -> None:
 def test_linger_gathers_a_busy_destination_s_items() -> None:
     flushed = asyncio.run(_run(0.05))
     assert flushed == [[1], [2, 3], [4, 5]]
+
+
+def test_linger_is_cut_as_free_slots_run_out() -> None:
+    # plenty of free slots: lingering holds nothing anyone needs
+    assert asyncio.run(_run(0.05, headroom=10**9)) == [[1], [2, 3], [4, 5]]
+    # none free: an end's report is what frees the next slot, it leaves at once
+    assert asyncio.run(_run(0.05, headroom=0)) == [[1], [2, 3], [4], [5]]
 
 
 def test_traffic_counts_messages_and_the_items_they_carried() -> None:

@@ -124,6 +124,16 @@ def test_internal_launch_deducts_and_starts_the_task() -> None:
     conserved(lm)
 
 
+def test_idle_nodes_count_one_attempt_per_node_a_low_bound() -> None:
+    lm = make_lm()
+    assert lm.idle_nodes() == lm.n_nodes == 2
+    a, b = make_task(1, 1), make_task(1, 1)
+    launch(lm, (a, 0), (b, 0))  # two on node 0: node 1 is idle, the count says none
+    assert lm.idle_nodes() == 0
+    worker(lm, a, 0, ReportKind.FINISHED, 2.0)
+    assert lm.idle_nodes() == 1
+
+
 def test_every_resource_type_is_validated() -> None:
     lm = make_lm(nodes=[(4, 2)])
     resp, rest = launch(lm, (make_task(1, 3), 0))
