@@ -4,6 +4,8 @@ No event loop, no sleeps; every input goes through ``handle``."""
 
 from __future__ import annotations
 
+import gc
+
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
@@ -217,6 +219,20 @@ def test_launches_are_idempotent_by_attempt() -> None:
     # ... until the finished attempt is forgotten (retain_s): nothing outlives its task
     lm.handle(Heartbeat(), 2.0 + lm.retain_s + 1)
     assert lm.done == {}
+
+
+def test_ended_attempts_are_kept_as_rows_the_collector_untracks() -> None:
+    lm = make_lm()
+    t = make_task(2, 2)
+    launch(lm, (t, 0))
+    worker(lm, t, 0, ReportKind.STARTED, 1.5)
+    worker(lm, t, 0, ReportKind.FINISHED, 2.0)
+    gc.collect()  # tuples of atoms are untracked as collections meet them (the inner
+    gc.collect()  # one first, then the one that holds it)
+    assert not gc.is_tracked(lm.done[key(t)])
+    (held,) = lm.snapshot(GM0).held  # a restarted GM still learns all of it
+    assert (held.spec, held.attempt, held.ended_at, held.ok) == (t, 1, 2.0, True)
+    assert held.started_at >= 0
 
 
 def test_a_newer_attempt_supersedes_the_one_held_here() -> None:
