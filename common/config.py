@@ -129,6 +129,8 @@ class FederationConfig:
     repartition_batching: bool = OVERLOAD_DEFAULTS.repartition_batching
     """One repartition request per LM unanswered; the ones decided meanwhile share the next."""
     repartition_period_s: float = OVERLOAD_DEFAULTS.repartition_period_s
+    reroute_at_lm: bool = OVERLOAD_DEFAULTS.reroute_at_lm
+    """An LM places a task whose node has no room on another that fits, not refusing it."""
 
     # ------------------------------------------------------------ derived
     @property
@@ -143,6 +145,7 @@ class FederationConfig:
             preempt_period_s=self.preempt_period_s,
             repartition_batching=self.repartition_batching,
             repartition_period_s=self.repartition_period_s,
+            reroute_at_lm=self.reroute_at_lm,
         )
 
     @cached_property

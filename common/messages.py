@@ -176,10 +176,13 @@ class PlacementResult:
     accepted: bool
     reason: str = "ok"
     """``ok``; ``duplicate`` (the LM already holds this or a newer attempt: idempotent),
-    ``finished`` / ``failed`` (that attempt already ended here); ``insufficient_resources``,
+    ``finished`` / ``failed`` (that attempt already ended here); ``rerouted`` (placed
+    on ``node`` instead: the one asked for had no room); ``insufficient_resources``,
     ``constraints_unmet``, ``node_down``, ``unknown_node``."""
     attempt: int = 0
     """For a duplicate: the attempt the LM holds (or held), which the GM takes on."""
+    node: Annotated[int, Range(-1, None)] = -1
+    """For ``rerouted`` (the node asked for had no room): the node the LM used."""
 
 
 @message("launch_response")

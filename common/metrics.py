@@ -78,6 +78,8 @@ class GmCounters(Counters):
     """Placements a GM asked for on another GM's partition (the LM counts those it grants)."""
     internal_inconsistencies: int = 0
     external_inconsistencies: int = 0
+    rerouted: int = 0
+    """Inconsistencies the LM made good by placing on another node (nothing retried)."""
     preemption_attempts: int = 0
     preemptions_granted: int = 0
     preempted_requeued: int = 0
@@ -119,6 +121,8 @@ class LmCounters(Counters):
     """Placements granted on another GM's partition: logical nodes created."""
     refused_internal: int = 0
     refused_external: int = 0
+    rerouted: int = 0
+    """Placements whose node had no room, placed on another node instead (``reroute``)."""
     duplicates: int = 0
     preemption_requests: int = 0
     preemptions: int = 0

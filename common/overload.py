@@ -15,8 +15,9 @@ __all__ = ["OVERLOAD_DEFAULTS", "OverloadPolicy"]
 class OverloadPolicy:
     """How a GM behaves when its users want more than there is (issue 11).
 
-    Defaults keep the paper's GM as it is (a task that found no room goes to the back
-    of its queue, preempt at once, no limit, repartition at once); deployments and the
+    Defaults keep the paper's GM and LM as they are (a task that found no room goes to
+    the back of its queue, preempt at once, no limit, repartition at once, an LM refuses
+    a placement whose node has no room); deployments and the
     simulator set them from their configuration (``OVERLOAD_DEFAULTS``).
     """
 
@@ -41,6 +42,11 @@ class OverloadPolicy:
     LM's external partitions decided meanwhile travel together in the next request."""
     repartition_period_s: float = 0.0
     """With batching, also at most one repartition request per LM per this period."""
+    reroute_at_lm: bool = False
+    """An LM that finds no room on the node a placement asked for (the GM's view was
+    stale: an inconsistency) places the task on the first node that fits, in that GM's
+    partition first, then in another's (a repartition), instead of refusing it: the
+    GM's retry, on the LM's true state and without the round trip."""
 
 
 OVERLOAD_DEFAULTS = OverloadPolicy(
@@ -52,5 +58,6 @@ OVERLOAD_DEFAULTS = OverloadPolicy(
     preempt_period_s=10.0,
     repartition_batching=True,
     repartition_period_s=0.0,
+    reroute_at_lm=True,
 )
 """What ``megha simulate`` and ``megha up`` use (see docs/overload.md for the figures)."""

@@ -1244,22 +1244,29 @@ class GlobalMaster:
                 if res.accepted and not stale:
                     self._forget(key)
                     task.lm = resp.lm
+                    if res.reason == "rerouted":  # the view was wrong; the LM made it good
+                        self._inconsistency(fl.repartition)
+                        self.counters.rerouted += 1
                     if self.journal is not None:
-                        self.journal.note(key, now, "accepted", lm=resp.lm, detail=res.reason)
+                        self.journal.note(key, now, "accepted", lm=resp.lm, node=res.node,
+                                          detail=res.reason)  # fmt: skip
                     self._accepted(task, res.reason, res.attempt, now, effects)
                 else:
                     task.mark(Phase.PROCESSING, now)
                     self.queues.on_returned(task, now)
-                    if fl.repartition:
-                        self.counters.external_inconsistencies += 1
-                    else:
-                        self.counters.internal_inconsistencies += 1
+                    self._inconsistency(fl.repartition)
                     why = "stale incarnation" if res.accepted else res.reason
                     self._note(task, WaitReason.REFUSED_BY_LM, now, resp.lm, why)
                     retry.append(task)
         effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
         effects.extend(self._retry(retry, now))
         return effects
+
+    def _inconsistency(self, external: bool) -> None:
+        if external:
+            self.counters.external_inconsistencies += 1
+        else:
+            self.counters.internal_inconsistencies += 1
 
     def _accepted(
         self, task: Task, reason: str, attempt: int, now: float, effects: list[Effect]

@@ -128,6 +128,7 @@ class LmService:
             self.lm, cluster.nodes, cluster.home, gms=self.cfg.gm_ids, epoch=epoch,
             awaiting_workers=True,
             victims_younger_than_wait=self.cfg.victims_younger_than_wait,
+            reroute=self.cfg.reroute_at_lm,
         )  # fmt: skip
 
     async def open(self) -> None:

@@ -17,6 +17,9 @@ Theory of operation (Megha paper §IV-A, §IV-B4, §IV-B6, §IV-C, §IV-D):
 * Every request from a GM is **validated** against true state; a placement that the
   true state cannot satisfy is refused (an *inconsistency*) and every response
   piggybacks a delta of the cluster's state since the version the GM said it knows.
+  With ``reroute``, a placement refused only because its node has no room (or is
+  down) goes instead to the first node that fits, in the GM's own partition first,
+  then in another's (a repartition): Alg. 1 on the true state, without a round trip.
 * **Attempts**: each placement is an attempt of a task; a launch of the attempt the
   LM already holds (or recently finished) is a duplicate and changes nothing; a newer
   attempt supersedes an older one still held here (the older is stopped first), so a
@@ -138,6 +141,8 @@ keeps ``retain_s`` of them (80,000 at 667 ends/s); as ``HeldTask`` and ``TaskSpe
 objects they were three tracked objects each, and its full collections paused it for
 up to 0.2 s at 2,000 tasks/s (bench_live ``gc_since_start``)."""
 _ATTEMPT, _OK = 7, 13
+_NO_ROOM = ("insufficient_resources", "node_down")
+"""Refusals another node could avoid (rerouting); a broken placement is refused."""
 
 
 def ended_row(h: HeldTask) -> EndedRow:
@@ -177,6 +182,7 @@ class LocalMaster:
         report_starts: bool = False,
         awaiting_workers: bool = False,
         victims_younger_than_wait: bool = False,
+        reroute: bool = False,
     ) -> None:
         if len(nodes) != len(home):
             raise ValueError("every node needs a home partition")
@@ -212,6 +218,11 @@ class LocalMaster:
         self.victims_younger_than_wait = victims_younger_than_wait
         """Preempt only tasks that ran for less time than the requester waited
         (``common.overload.OverloadPolicy``)."""
+        self.reroute = reroute
+        """Place a task whose node has no room on another that fits, instead of refusing
+        (``common.overload.OverloadPolicy.reroute_at_lm``)."""
+        self._partition: dict[GmId, tuple[list[int], list[int]]] = {}
+        """Per GM: the nodes of its partition, and the others (rerouting's order)."""
         self.usage: dict[Any, list[int]] = {}
         self._log: list[int] = []
         self._log_base = 0
@@ -474,20 +485,41 @@ class LocalMaster:
         if held is not None:
             self.counters.duplicates += 1
             return held
-        reason = self._check(spec, p.node)
-        if reason != "ok":
+        node: int = p.node
+        reason = self._check(spec, node)
+        if reason in _NO_ROOM and self.reroute:
+            node = self._reroute(spec, gm)
+            if node >= 0:
+                reason = "rerouted"
+                self.counters.rerouted += 1
+        if node < 0 or reason not in ("ok", "rerouted"):
             external = self.home[p.node] != gm if 0 <= p.node < self.n_nodes else p.repartition
             if external:
                 self.counters.refused_external += 1
             else:
                 self.counters.refused_internal += 1
             return PlacementResult(accepted=False, reason=reason)
-        if self._commit(spec, p.attempt, p.node, gm, p.altruistic, now, p.queued_at):
+        if self._commit(spec, p.attempt, node, gm, p.altruistic, now, p.queued_at):
             self.counters.repartitions += 1
         else:
             self.counters.launches += 1
         effects.append(self._start((spec.user, spec.task_id)))
+        if reason == "rerouted":
+            return PlacementResult(accepted=True, reason=reason, node=node)
         return self._OK
+
+    def _reroute(self, spec: TaskSpec, gm: GmId) -> int:
+        """The first node that fits ``spec`` now, in ``gm``'s partition first, then in
+        the others; -1 if none does (the placement is refused)."""
+        order = self._partition.get(gm)
+        if order is None:
+            mine = [i for i, h in enumerate(self.home) if h == gm]
+            order = self._partition[gm] = (mine, [i for i, h in enumerate(self.home) if h != gm])
+        for nodes in order:
+            for i in nodes:
+                if self._check(spec, i) == "ok":
+                    return i
+        return -1
 
     def _on_preempt(self, req: PreemptRequest, now: float) -> list[Effect]:
         """Verify that preempting ``req.victim``'s tasks frees room for ``req.spec``; do it.

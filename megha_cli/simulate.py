@@ -123,8 +123,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--overload",
         choices=("tuned", "paper"),
         default="tuned",
-        help="GM overload policy: tuned = waiting index, preemption grace and rate limit, "
-        "batched repartitions (docs/overload.md); paper = Alg. 1-2 as published",
+        help="overload policy: tuned = waiting index, preemption grace and rate limit, "
+        "batched repartitions, LMs rerouting placements whose node has no room "
+        "(docs/overload.md); paper = Alg. 1-2 as published",
     )
     dag = p.add_argument_group("DAG jobs (Carbyne)")
     dag.add_argument(

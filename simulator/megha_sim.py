@@ -201,6 +201,7 @@ class MeghaSimulation:
                 gms=gm_ids,
                 report_starts=False,
                 victims_younger_than_wait=self.cfg.overload.victims_younger_than_wait,
+                reroute=self.cfg.overload.reroute_at_lm,
             )
             for c in clusters
         }

@@ -93,16 +93,21 @@ def make_lm(
     lm: str = "lm0",
     nodes: Sequence[tuple[int, int] | tuple[int, int, int]] = ((4, 4), (4, 4)),
     home: Sequence[str] | None = None,
+    *,
+    reroute: bool = False,
     **kwargs: int,
 ) -> LocalMaster:
     """An LM whose nodes are ``(cpu, mem)`` or ``(cpu, mem, constraint_mask)``; every
-    node's home is ``gm0`` unless ``home`` says otherwise."""
+    node's home is ``gm0`` unless ``home`` says otherwise (``reroute``: the LM places a
+    task whose node has no room elsewhere, as ``OVERLOAD_DEFAULTS`` has it)."""
     specs = [
         NodeSpec(capacity=(n[0], n[1]), constraints=n[2] if len(n) > 2 else ALL) for n in nodes
     ]
     homes = [GmId(h) for h in (home if home is not None else ["gm0"] * len(nodes))]
     gms = [GmId(f"gm{i}") for i in range(3)]
-    return LocalMaster(LmId(lm), specs, homes, gms=gms, log_limit=kwargs.get("log_limit"))
+    return LocalMaster(
+        LmId(lm), specs, homes, gms=gms, log_limit=kwargs.get("log_limit"), reroute=reroute
+    )
 
 
 def make_gm(

@@ -92,6 +92,7 @@ class Federation(RuleBasedStateMachine):
     @initialize(
         copies=st.booleans(),
         hold=st.booleans(),
+        reroute=st.booleans(),
         shares=st.sampled_from(((0.2, 0.6, 0.2), (0.6, 0.2, 0.2), (1 / 3, 1 / 3, 1 / 3))),
         n_gms=st.integers(1, 2),
         clusters=st.lists(
@@ -108,6 +109,7 @@ class Federation(RuleBasedStateMachine):
         self,
         copies: bool,
         hold: bool,
+        reroute: bool,
         shares: tuple[float, float, float],
         n_gms: int,
         clusters: list[list[tuple[tuple[int, int], int]]],
@@ -123,7 +125,7 @@ class Federation(RuleBasedStateMachine):
             for _ in nodes:
                 home.append(gm_names[k % n_gms])
                 k += 1
-            lm = make_lm(name, [(c[0], c[1], m) for c, m in nodes], home)
+            lm = make_lm(name, [(c[0], c[1], m) for c, m in nodes], home, reroute=reroute)
             self.lms[lm.lm_id] = lm
         for g in gm_names:
             gm = make_gm(g, lm_names, users, max_retries=2, patience=3)

@@ -209,6 +209,29 @@ def test_inconsistency_refreshes_the_view_and_retries_at_once(external: bool) ->
     assert state(gm, t) is TaskState.PLACED
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_a_rerouted_placement_counts_the_inconsistency_and_is_placed_without_retry(
+    external: bool,
+) -> None:
+    home = ["gm1", "gm1"] if external else ["gm0", "gm0"]
+    lm = make_lm(nodes=[(4, 4), (4, 4)], home=home, reroute=True)
+    gm = make_gm()
+    sync_views(gm, lm)
+    occupy(lm, make_task(4, 4, user="x"), 0, gm=GM1)  # behind gm0's back
+    t = make_task(3, 3)
+    submit(gm, [t], 0.0)
+    first = decide(gm, 1.0)
+    assert launches(first)[0].placements[0].node == 0
+    assert deliver(lm, gm, first, 2.0) == []  # nothing to send again
+    assert state(gm, t) is TaskState.PLACED
+    assert lm.active[key(t)].node == 1
+    assert gm.views[LM0].free[1] == [1, 1]  # the answer's delta says where it went
+    counted = (gm.counters.internal_inconsistencies, gm.counters.external_inconsistencies)
+    assert counted == ((0, 1) if external else (1, 0))
+    assert gm.counters.rerouted == 1
+    assert task_of(gm, t).waits[WaitReason.REFUSED_BY_LM] == 0
+
+
 def test_refused_too_often_the_task_goes_to_the_back_of_its_queue() -> None:
     lm = make_lm(nodes=[(4, 4)])
     gm = make_gm(max_retries=2)
