@@ -152,6 +152,18 @@ def _per_task(
     return out
 
 
+def _ends_at_gms(services: dict[str, Any]) -> dict[str, int]:
+    """The task ends the GMs heard of so far and their summed lag (the end on the worker
+    -> its event at the GM) in microseconds (kept between steps beside the traffic)."""
+    ends = lag = 0
+    for name, page in services.items():
+        if name.startswith("gm"):
+            c = page.get("counters", {})
+            ends += int(c.get("ends_seen", 0))
+            lag += round(1e6 * float(c.get("end_lag_s", 0.0)))
+    return {"ends": ends, "lag_us": lag}
+
+
 def _gc_by_role(services: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per role, the collector's passes so far (full ones apart), their total pause and
     the longest pause of any process (``runtime.gcwatch``)."""
@@ -189,6 +201,9 @@ def _step(
         spy.wait(timeout=60)
     offered = s["offered_tasks_per_s"]
     n = max(s["tasks"], 1)
+    ends = _ends_at_gms(s["services"])
+    ends0 = before.get("gm_ends", {"ends": 0, "lag_us": 0})
+    ended = ends["ends"] - ends0["ends"]
     zero = (0.0, 0.0)
     used = {r: (u - cpu0.get(r, zero)[0], k - cpu0.get(r, zero)[1]) for r, (u, k) in cpu1.items()}
     row = {
@@ -204,6 +219,8 @@ def _step(
         "floor": s["floor"],
         "counters": s["counters"],
         "traffic": _per_task(s["traffic"], before, s["tasks"]),
+        # how long a GM's view still held a slot after its task ended (mean over the step)
+        "end_to_gm_s": round((ends["lag_us"] - ends0["lag_us"]) / 1e6 / max(ended, 1), 6),
         "gc_since_start": _gc_by_role(s["services"]),
         "wall_s": round(time.time() - t, 1),
         # CPU per task, whatever else the machine does: 2 cores give 2,000 CPU-ms a second
@@ -214,6 +231,7 @@ def _step(
     row["cpu_ms_per_task"]["total"] = round(sum(row["cpu_ms_per_task"].values()), 3)
     before.clear()
     before.update(s["traffic"])
+    before["gm_ends"] = ends
     if profile:
         row["profile"] = _top_functions(out / "profile")
     print(

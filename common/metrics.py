@@ -80,6 +80,13 @@ class GmCounters(Counters):
     external_inconsistencies: int = 0
     rerouted: int = 0
     """Inconsistencies the LM made good by placing on another node (nothing retried)."""
+    ends_seen: int = 0
+    """Task ends (finished or failed) this GM heard of from the LMs."""
+    end_lag_s: float = 0.0
+    """Their summed lag: the event's arrival here minus the end on the worker (across
+    hosts, plus the clocks' skew).  ``end_lag_s / ends_seen`` is how long, on average,
+    this GM's view still holds a slot after its task ended (Little's law: busy slots
+    in the view = rate x (run time + launch path + this))."""
     preemption_attempts: int = 0
     preemptions_granted: int = 0
     preempted_requeued: int = 0

@@ -1464,6 +1464,8 @@ class GlobalMaster:
         del self.placed[key]
         if kind == EventKind.FINISHED or kind == EventKind.FAILED:
             task.finished_at = ev.at
+            self.counters.ends_seen += 1
+            self.counters.end_lag_s += now - ev.at
             ok = kind == EventKind.FINISHED
             if task.user in self.queues:
                 if ok:

@@ -579,6 +579,8 @@ def test_allocation_time_components_add_up_to_start_minus_submit() -> None:
     task = out.task
     assert task.components()[:4] == pytest.approx([1.0, 1.5, 1.0, 1.5])
     assert task.allocation_time == pytest.approx(task.started_at - task.submitted_at) == 5.0
+    # the end reached the GM 0.5 s after it happened: its view held the slot that long
+    assert (gm.counters.ends_seen, gm.counters.end_lag_s) == (1, pytest.approx(0.5))
 
 
 def test_the_ledger_adds_up_through_an_inconsistency_retry() -> None:
