@@ -1,8 +1,9 @@
 """Worker pool service: hosts the nodes of one LM (``MEGHA_ID`` = that LM).
 
 POST /v1/start and /v1/stop take batches from the LM (the answer to a start carries
-the "started" reports of synthetic tasks); later reports go to the LM batched per
-loop turn and are retried until it takes them.  GET /health, /v1/state, /metrics;
+the "started" reports of synthetic tasks), once the LM has answered the pool's
+registration (503 ``not_ready`` before); later reports go to the LM batched per loop
+turn and are retried until it takes them.  GET /health, /v1/state, /metrics;
 POST /v1/ping answers empty (the floor).
 """
 
@@ -181,7 +182,12 @@ class WorkerService:
         return "ok"
 
     def refusal(self) -> Refused | None:
-        return None
+        """Starts and stops wait until the LM has answered this pool's registration
+        (503: the LM sends them again).  A start taken before would run behind the
+        registration's back: the LM, told nothing runs here, would run it again."""
+        if self.registered.is_set():
+            return None
+        return Refused(reason="not_ready", detail=f"{self.ident()} awaits its LM's registration")
 
     async def durable(self, msg: object) -> None:
         """Nothing to wait for: a pool's answers carry nothing its LM keeps for it."""
