@@ -487,12 +487,10 @@ class LocalMaster:
             return held
         node: int = p.node
         reason = self._check(spec, node)
-        if reason in _NO_ROOM and self.reroute:
-            node = self._reroute(spec, gm)
-            if node >= 0:
-                reason = "rerouted"
-                self.counters.rerouted += 1
-        if node < 0 or reason not in ("ok", "rerouted"):
+        if reason in _NO_ROOM and self.reroute and (other := self._reroute(spec, gm)) >= 0:
+            node, reason = other, "rerouted"
+            self.counters.rerouted += 1
+        if reason not in ("ok", "rerouted"):
             external = self.home[p.node] != gm if 0 <= p.node < self.n_nodes else p.repartition
             if external:
                 self.counters.refused_external += 1
