@@ -170,30 +170,31 @@ class WorkerCounters(Counters):
 
 
 # ---------------------------------------------------------------- summaries
-def task_record(task: Task) -> dict[str, Any]:
-    """One CSV row per task: identity, timestamps, allocation time and its split."""
-    row: dict[str, Any] = {
-        "task_id": task.task_id,
-        "job_id": task.job_id,
-        "user": task.user,
-        "gm": task.gm or "",
-        "submitted_at": round(task.submitted_at, 9),
-        "first_started_at": round(task.first_started_at, 9),
-        "started_at": round(task.started_at, 9),
-        "finished_at": round(task.finished_at, 9),
-        "allocation_s": round(task.allocation_time, 9),
-        "first_start_s": round(task.first_allocation_time, 9),
-        "reallocation_s": round(max(0.0, task.started_at - task.first_started_at), 9)
-        if task.started_at >= 0
-        else -1.0,
-    }
-    for name, value in zip(COMPONENTS, task.components(), strict=True):
-        row[f"{name}_s"] = round(value, 9)
-    row["attempt"] = task.attempt
-    row["decisions"] = task.decisions
-    for reason in WaitReason:
-        row[f"waits_{reason.name.lower()}"] = task.waits[reason]
-    return row
+TASK_COLUMNS: tuple[str, ...] = (
+    "task_id", "job_id", "user", "gm",
+    "submitted_at", "first_started_at", "started_at", "finished_at",
+    "allocation_s", "first_start_s", "reallocation_s",
+    *(f"{name}_s" for name in COMPONENTS),
+    "attempt", "decisions",
+    *(f"waits_{reason.name.lower()}" for reason in WaitReason),
+)  # fmt: skip
+"""The columns of ``tasks.csv``, in order (``task_row``)."""
+
+
+def task_row(task: Task) -> list[Any]:
+    """One CSV row per task, in ``TASK_COLUMNS`` order: identity, timestamps,
+    allocation time and its split, decisions and waits."""
+    started = task.started_at
+    return [
+        task.task_id, task.job_id, task.user, task.gm or "",
+        round(task.submitted_at, 9), round(task.first_started_at, 9),
+        round(started, 9), round(task.finished_at, 9),
+        round(task.allocation_time, 9), round(task.first_allocation_time, 9),
+        round(max(0.0, started - task.first_started_at), 9) if started >= 0 else -1.0,
+        *(round(value, 9) for value in task.components()),
+        task.attempt, task.decisions,
+        *task.waits,
+    ]  # fmt: skip
 
 
 class FloatColumns:

@@ -210,12 +210,12 @@ class _Compiler:
             return [f"{indent}if type({x}) is not bool: raise _bad('a boolean', {x})"]
         if tp is int or _is_newint(tp) or (isinstance(tp, type) and issubclass(tp, enum.IntEnum)):
             if isinstance(tp, type) and issubclass(tp, enum.IntEnum):
-                vals = self._const(frozenset(int(v) for v in tp), "vals")
-                cls = self._const(tp, "enum")
+                # a dict lookup: calling the enum class costs ~10x as much
+                members = self._const({int(v): v for v in tp}, "members")
                 return [
-                    f"{indent}if type({x}) is not int or {x} not in {vals}: "
-                    f"raise _bad('one of ' + str(sorted({vals})), {x})",
-                    f"{indent}{x} = {cls}({x})",
+                    f"{indent}if type({x}) is not int or {x} not in {members}: "
+                    f"raise _bad('one of ' + str(sorted({members})), {x})",
+                    f"{indent}{x} = {members}[{x}]",
                 ]
             lo = 0 if rng is None else rng.lo
             hi = None if rng is None else rng.hi

@@ -11,28 +11,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from common.metrics import PERCENTILE_KEYS, percentiles, task_record
+from common.metrics import PERCENTILE_KEYS, TASK_COLUMNS, percentiles, task_row
 from common.model import COMPONENTS, Task
 
 
 class TaskCsv:
-    """``tasks.csv`` written as tasks end: one ``task_record`` row per task (the header
-    from the first), flushed every ``flush_every`` rows and on ``close``."""
+    """``tasks.csv`` written as tasks end: a header (``TASK_COLUMNS``), then one
+    ``task_row`` per task, flushed every ``flush_every`` rows and on ``close``."""
 
     def __init__(self, path: Path, *, flush_every: int = 1000) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.rows = 0
         self._fh: IO[str] = path.open("w", newline="")
-        self._writer: csv.DictWriter[str] | None = None
+        self._writer = csv.writer(self._fh)
+        self._writer.writerow(TASK_COLUMNS)
         self._flush_every = max(1, flush_every)
 
     def write(self, task: Task) -> None:
-        row = task_record(task)
-        if self._writer is None:
-            self._writer = csv.DictWriter(self._fh, fieldnames=list(row))
-            self._writer.writeheader()
-        self._writer.writerow(row)
+        self._writer.writerow(task_row(task))
         self.rows += 1
         if self.rows % self._flush_every == 0:
             self._fh.flush()
