@@ -198,6 +198,7 @@ class WorkerService:
             "nodes": self.core.n_nodes,
             "epoch": self.core.epoch,
             "running": len(self.core.running),
+            "registered": self.registered.is_set(),
             "counters": self.core.counters.as_dict(),
             "reports_pending": self.reports.pending(),
             "batches": {"reports": self.reports.traffic()},

@@ -14,6 +14,8 @@ import random
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
@@ -101,6 +103,17 @@ def operator(cfg: FederationConfig, home: Path) -> Access:
 def service_state(cfg: FederationConfig, home: Path, name: str) -> Any:
     """A service's ``/v1/state`` page."""
     return signed_get(cfg, home, name, "/v1/state")
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    """``POST body`` to ``url``: the status and, for a refusal, its reason."""
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, str(json.loads(err.read()).get("error"))
 
 
 def pid_of(home: Path, name: str) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 import urllib.error
@@ -52,7 +51,7 @@ from security import sealing
 from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
-from tests.e2e.conftest import service_state
+from tests.e2e.conftest import post, service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -365,16 +364,6 @@ async def _submissions(cfg: FederationConfig, home: Path, tokens: dict[str, str]
 
 
 # --------------------------------------------------------------------- HTTP
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, ""
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, str(json.loads(err.read()).get("error"))
-
-
 def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> None:
     cfg, home = fed
     path, body = "/v1/snapshot", b"\x93"
@@ -395,12 +384,12 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
          401, "unknown_identity"),
     ]  # fmt: skip
     for headers, status, reason in cases:
-        assert _post(url, body, headers) == (status, reason), reason
+        assert post(url, body, headers) == (status, reason), reason
     # another LM's pool may not report to lm0; a GM may not start tasks on a pool
     pool = as_party(cfg, home, workers("lm0")).sign(lm("lm0"), "POST", "/v1/launch", body, now)
-    assert _post(url.replace(path, "/v1/launch"), body, pool) == (403, "forbidden_endpoint")
+    assert post(url.replace(path, "/v1/launch"), body, pool) == (403, "forbidden_endpoint")
     start = me.sign(workers("lm0"), "POST", "/v1/start", body, now)
-    assert _post(cfg.worker_url("lm0") + "/v1/start", body, start) == (401, "unknown_identity")
+    assert post(cfg.worker_url("lm0") + "/v1/start", body, start) == (401, "unknown_identity")
     # a GM that speaks in another GM's name (its launches, its snapshots)
     for msg, where in (
         (SnapshotRequest(gm=GmId("gm1"), lm=LmId("lm0")), "/v1/snapshot"),
@@ -409,13 +398,13 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
     ):  # fmt: skip
         raw = codec.encode(msg)
         signed = me.sign(lm("lm0"), "POST", where, raw, time.time())
-        assert _post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
+        assert post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
     # a pool that reports in another LM's name
     rep = codec.encode(WorkerHeartbeat(lm=LmId("lm1"), nodes=(NodeIndex(0),), at=time.time()))
     signed = as_party(cfg, home, workers("lm0")).sign(
         lm("lm0"), "POST", "/v1/worker-heartbeat", rep, time.time()
     )
-    got = _post(cfg.lm_url("lm0") + "/v1/worker-heartbeat", rep, signed)
+    got = post(cfg.lm_url("lm0") + "/v1/worker-heartbeat", rep, signed)
     assert got == (403, "sender_mismatch")
     for name in ("gm0", "lm0", "lm0-workers"):
         with pytest.raises(urllib.error.HTTPError) as err:

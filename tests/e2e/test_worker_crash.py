@@ -4,16 +4,32 @@ missed heartbeats and their tasks are placed again; no task is lost."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from common import codec
 from common.config import FederationConfig
+from common.ids import GmId, LmId, NodeIndex, TaskId
+from common.messages import StopTask, StopTasks
+from megha_cli.federation import restart
 from request_generator.workload import WorkloadSpec, synthetic_jobs
-from tests.e2e.conftest import assert_all_done, kill, restarted, service_state, submit_with_fault
+from security.access import Access
+from security.identity import lm, workers
+from tests.e2e.conftest import (
+    assert_all_done,
+    kill,
+    pid_of,
+    post,
+    restarted,
+    service_state,
+    submit_with_fault,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -40,3 +56,39 @@ def test_dead_worker_pool_tasks_are_placed_again(
     lm0 = service_state(cfg, home, "lm0")
     assert lm0["counters"]["workers_lost"] > 0
     assert lm0["nodes_alive"] == lm0["nodes"]  # the restarted pool's nodes came back
+
+
+def test_a_restarted_pool_takes_commands_only_once_its_lm_answered_its_registration(
+    make_federation: Callable[..., Federation],
+) -> None:
+    """Before its LM answered its registration a pool refuses starts and stops with
+    503 ``not_ready`` (the LM sends them again): a start taken earlier would run
+    behind the registration's back, and the LM, told nothing runs there, would run
+    the task a second time."""
+    cfg, home = make_federation(gms=1, lms=1, nodes_per_lm=2, heartbeat_s=0.3)
+    epoch = service_state(cfg, home, "lm0-workers")["epoch"]  # the LM's incarnation
+    raw = codec.encode(StopTasks(lm=LmId("lm0"), epoch=epoch, tasks=(StopTask(
+        node=NodeIndex(0), user=cfg.user_configs[0].user, task_id=TaskId("probe"),
+        attempt=1, gm=GmId("gm0"),
+    ),)))  # fmt: skip
+    as_lm = Access.in_home(home, cfg, lm("lm0"))
+
+    def stop() -> tuple[int, str]:
+        signed = as_lm.sign(workers("lm0"), "POST", "/v1/stop", raw, time.time())
+        return post(cfg.worker_url("lm0") + "/v1/stop", raw, signed)
+
+    assert stop() == (200, "")
+    lm_pid = pid_of(home, "lm0")
+    os.killpg(lm_pid, signal.SIGSTOP)  # the LM reads nothing: the registration waits
+    try:
+        os.killpg(pid_of(home, "lm0-workers"), signal.SIGKILL)
+        restart(home, cfg, "lm0-workers")
+        assert stop() == (503, "not_ready")
+        assert service_state(cfg, home, "lm0-workers")["registered"] is False
+    finally:
+        os.killpg(lm_pid, signal.SIGCONT)
+    deadline = time.monotonic() + 15.0
+    while not service_state(cfg, home, "lm0-workers")["registered"]:
+        assert time.monotonic() < deadline, "the LM never answered the registration"
+        time.sleep(0.1)
+    assert stop() == (200, "")
