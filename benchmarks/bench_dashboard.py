@@ -14,7 +14,6 @@ Needs RabbitMQ on 127.0.0.1:5672.  Not part of the test suite.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
@@ -27,7 +26,7 @@ from common.config import FederationConfig
 from megha_cli.dashboard.aggregate import WINDOW_S
 from megha_cli.federation import start_dashboard, start_federation, stop_federation
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, run_bench
+from request_generator.bench import BenchOptions, bench
 
 LOADS = (("light", 2.0), ("busy", 8.0), ("overloaded", 12.0))
 """(label, jobs/s) of 3 tasks of 0.5 s each on 16 slots: 19%, 75%, 112% of capacity."""
@@ -73,7 +72,7 @@ def main() -> None:
                     jobs=int(rate * SECONDS), tasks_per_job=3, mean_duration=0.5, job_rate=rate,
                     out=str(Path(tmp) / label), progress=False, timeout_s=120,
                 )  # fmt: skip
-                s = asyncio.run(run_bench(cfg, opts, home))
+                s = bench(cfg, opts, home)
                 time.sleep(2.5)  # two more polls
                 a = _snapshot(args.dashboard_port)["allocation"]
                 measured = s["allocation_time_s"]

@@ -38,7 +38,7 @@ from common.config import FederationConfig, parse_config
 from common.metrics import percentiles
 from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, measure_floor, run_bench
+from request_generator.bench import BenchOptions, bench, measure_floor
 from security.access import Access
 from security.identity import lm as lm_identity
 
@@ -195,7 +195,7 @@ def _step(
     seconds = kw.get("jobs", 0) / max(kw.get("rate") or kw.get("job_rate") or 1.0, 1e-9)
     spies = _start_profilers(home, out / "profile", seconds) if profile else []
     cpu0 = _cpu_by_role(home)
-    s = asyncio.run(run_bench(cfg, opts, home))
+    s = bench(cfg, opts, home)
     cpu1 = _cpu_by_role(home)
     for spy in spies:
         spy.wait(timeout=60)

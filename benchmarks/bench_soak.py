@@ -15,7 +15,6 @@ Writes ``soak.json`` (growth per process, the bench summary's lost/duplicate cou
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import json
 import os
@@ -29,7 +28,7 @@ from typing import Any
 from common.config import FederationConfig
 from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, run_bench
+from request_generator.bench import BenchOptions, bench
 
 NODES = 120
 MEAN_S = 0.5
@@ -96,19 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         procs = {**service_pids(home), "bench-client": os.getpid()}
 
         def drive() -> None:
-            summary.update(asyncio.run(run_bench(cfg, opts, home)))
+            summary.update(bench(cfg, opts, home))
 
-        bench = threading.Thread(target=drive, name="bench", daemon=True)
+        runner = threading.Thread(target=drive, name="bench", daemon=True)
         t0 = time.monotonic()
-        bench.start()
-        while bench.is_alive():
+        runner.start()
+        while runner.is_alive():
             now = time.monotonic() - t0
             for name, pid in procs.items():
                 mb = rss_mb(pid)
                 if mb is not None:
                     samples.append({"t_s": round(now, 1), "process": name, "rss_mb": round(mb, 2)})
             print(f"\r{now / 60:5.1f} / {args.minutes:.0f} min", end="", flush=True)
-            bench.join(timeout=args.every)
+            runner.join(timeout=args.every)
         print()
     finally:
         stop_federation(home)

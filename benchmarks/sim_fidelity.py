@@ -19,7 +19,6 @@ Each writes JSON, CSV and a PNG under ``--out``.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import itertools
 import json
@@ -100,7 +99,7 @@ def run_live(cfg: FederationConfig, home: Path, wl: dict[str, Any], out: Path) -
     CPU seconds each GM and LM process spent during the replay."""
     from megha_cli.federation import start_federation, stop_federation
     from megha_cli.secure import purge
-    from request_generator.bench import BenchOptions, run_bench
+    from request_generator.bench import BenchOptions, bench
 
     started = start_federation(cfg, home, quiet=True)
     try:
@@ -122,7 +121,7 @@ def run_live(cfg: FederationConfig, home: Path, wl: dict[str, Any], out: Path) -
             floor_samples=300,
             timeout_s=180.0,
         )
-        summary = asyncio.run(run_bench(cfg, opts, home))
+        summary = bench(cfg, opts, home)
         span = time.monotonic() - t0
         cpu = {n: max(0.0, _cpu_s(p) - before[n] - idle[n] * span) for n, p in procs.items()}
     finally:

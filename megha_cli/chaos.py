@@ -61,7 +61,7 @@ from megha_cli.federation import (
     stop_federation,
 )
 from megha_cli.secure import purge
-from request_generator.bench import BenchOptions, fetch_launches, fetch_states, run_bench
+from request_generator.bench import BenchOptions, bench, fetch_launches, fetch_states
 from request_generator.dag_workload import DagShape, synthetic_dag
 from request_generator.submitter import Submitter
 from request_generator.workload import Job, WorkloadSpec, specs_of, synthetic_jobs, to_submission
@@ -566,7 +566,7 @@ def netns_bench(
                     out=str(out / f"netns_{d:g}ms_round{r}"), progress=False,
                 )  # fmt: skip
                 _progress(f"netns bench: round {r + 1}/{rounds}, +{d:g} ms", progress)
-                s = asyncio.run(run_bench(st.cfg, opts, st.home))
+                s = bench(st.cfg, opts, st.home)
                 runs[d].append({
                     "gm_lm_rtt_ms_p50": sorted(rtt)[len(rtt) // 2],
                     "allocation_p50_ms": s["allocation_time_s"]["p50"] * 1e3,

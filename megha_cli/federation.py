@@ -462,7 +462,7 @@ def _bench_options(args: argparse.Namespace) -> Any:
 def run_bench_shown(cfg: FederationConfig, args: argparse.Namespace, home: Path) -> dict[str, Any]:
     """``megha bench`` / ``demo``: the run with a progress bar (tasks done of the total,
     submitted, wall time, time left), plain lines when not on a terminal."""
-    from request_generator.bench import BenchStatus, run_bench
+    from request_generator.bench import BenchStatus, bench
 
     with Progress("bench", 0, quiet=args.quiet) as bar:
 
@@ -473,7 +473,7 @@ def run_bench_shown(cfg: FederationConfig, args: argparse.Namespace, home: Path)
                 bar.update(st.done, total=st.total, detail=f"submitted {st.submitted}")
 
         opts = replace(_bench_options(args), reporter=report, progress=False)
-        return asyncio.run(run_bench(cfg, opts, home))
+        return bench(cfg, opts, home)
 
 
 def bench_sections(summary: dict[str, Any]) -> list[Section]:

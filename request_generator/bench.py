@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import uvloop
 
 from common.cluster import profile
 from common.config import FederationConfig
@@ -588,6 +589,13 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> di
     finally:
         run.tally.close()
     return summary
+
+
+def bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
+    """``run_bench`` on its own uvloop event loop, as the services run: the request
+    generator usually shares the machine with the federation it measures, and the
+    default loop cost it ~20% more CPU per task."""
+    return uvloop.run(run_bench(cfg, opts, home))
 
 
 def summarize_run(
