@@ -593,8 +593,8 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> di
 
 def bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
     """``run_bench`` on its own uvloop event loop, as the services run: the request
-    generator usually shares the machine with the federation it measures, and the
-    default loop cost it ~20% more CPU per task."""
+    generator usually shares the machine with the federation it measures (on uvloop
+    it spent 0.20-0.21 instead of 0.22 ms of CPU per task at 1,000 tasks/s)."""
     return uvloop.run(run_bench(cfg, opts, home))
 
 
