@@ -99,5 +99,15 @@ def pack_plain(obj: object) -> bytes:
     return out
 
 
+def compile_all() -> int:
+    """Build every registered message's decoder and encoder now (a service calls this
+    at start): built on first use, they cost the first tasks after a start 10-20 ms.
+    Returns how many message types there are."""
+    for cls in REGISTRY.values():
+        decoder_of(cls)
+        encoder_of(cls)
+    return len(REGISTRY)
+
+
 def tags() -> frozenset[str]:
     return frozenset(REGISTRY)

@@ -308,6 +308,7 @@ def service_app(
         app.router.add_post(path, message_route(kind))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        codec.compile_all()  # before the first task, not during it
         await svc.open()
         watch.start()  # after open: the core's tables and the connections are made
         yield
@@ -352,7 +353,10 @@ class _Transient(Exception):
 def session(limit: int = 64) -> aiohttp.ClientSession:
     """A keep-alive client session for a service's peers."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=16),
+        # idle connections stay open as long as the services keep theirs (gunicorn
+        # --keep-alive 300): aiohttp's default (15 s) made the first launch after a
+        # quiet spell pay a new connection
+        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=16, keepalive_timeout=240),
         timeout=aiohttp.ClientTimeout(total=10),
     )
 
