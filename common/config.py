@@ -129,6 +129,9 @@ class FederationConfig:
     repartition_batching: bool = OVERLOAD_DEFAULTS.repartition_batching
     """One repartition request per LM unanswered; the ones decided meanwhile share the next."""
     repartition_period_s: float = OVERLOAD_DEFAULTS.repartition_period_s
+    launch_window: int = OVERLOAD_DEFAULTS.launch_window
+    """Launch requests a GM keeps unanswered per LM (0: no limit); the rest wait and share
+    the next request."""
     reroute_at_lm: bool = OVERLOAD_DEFAULTS.reroute_at_lm
     """An LM places a task whose node has no room on another that fits, not refusing it."""
 
@@ -145,6 +148,7 @@ class FederationConfig:
             preempt_period_s=self.preempt_period_s,
             repartition_batching=self.repartition_batching,
             repartition_period_s=self.repartition_period_s,
+            launch_window=self.launch_window,
             reroute_at_lm=self.reroute_at_lm,
         )
 
@@ -280,6 +284,8 @@ class FederationConfig:
             raise ConfigError("linger_s must be within [0, 1] s")
         if self.node_lost_after_s < 0:
             raise ConfigError("node_lost_after_s must be >= 0")
+        if self.launch_window < 0:
+            raise ConfigError("launch_window must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
         if not self.secret:

@@ -17,8 +17,9 @@ class OverloadPolicy:
 
     Defaults keep the paper's GM and LM as they are (a task that found no room goes to
     the back of its queue, preempt at once, no limit, repartition at once, an LM refuses
-    a placement whose node has no room); deployments and the
-    simulator set them from their configuration (``OVERLOAD_DEFAULTS``).
+    a placement whose node has no room, launches leave as soon as they are decided);
+    deployments and the simulator set them from their configuration
+    (``OVERLOAD_DEFAULTS``).
     """
 
     wait_index: bool = False
@@ -42,6 +43,10 @@ class OverloadPolicy:
     LM's external partitions decided meanwhile travel together in the next request."""
     repartition_period_s: float = 0.0
     """With batching, also at most one repartition request per LM per this period."""
+    launch_window: int = 0
+    """A GM keeps at most this many launch requests per LM unanswered (0: no limit);
+    placements on that LM decided meanwhile wait and travel together in the next
+    request, sent as an answer comes back (Nagle's algorithm for launches)."""
     reroute_at_lm: bool = False
     """An LM that finds no room on the node a placement asked for (the GM's view was
     stale: an inconsistency) places the task on the first node that fits, in that GM's
@@ -58,6 +63,7 @@ OVERLOAD_DEFAULTS = OverloadPolicy(
     preempt_period_s=10.0,
     repartition_batching=True,
     repartition_period_s=0.0,
+    launch_window=1,
     reroute_at_lm=True,
 )
 """What ``megha simulate`` and ``megha up`` use (see docs/overload.md for the figures)."""

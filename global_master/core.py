@@ -666,20 +666,40 @@ class GlobalMaster:
     def _flush(
         self, batches: dict[LmId, list[Placement]], effects: list[Effect], now: float
     ) -> None:
-        """One launch request per LM.  Repartitions (with ``repartition_batching``): one
-        request in flight per LM, at most one per ``repartition_period_s``; those
-        decided meanwhile travel together in the next."""
-        batching = self.overload.repartition_batching
+        """One launch request per LM.  With a ``launch_window``, at most that many
+        unanswered per LM: placements decided meanwhile wait and share the next one.
+        Repartitions (with ``repartition_batching``): one request in flight per LM, at
+        most one per ``repartition_period_s``; those decided meanwhile travel together
+        in the next."""
         for lm, placements in batches.items():
-            if batching and any(p.repartition for p in placements):
-                if self._rep_busy(lm, now):
-                    self._deferred.setdefault(lm, []).extend(p for p in placements if p.repartition)
-                    placements = [p for p in placements if not p.repartition]
-                    if not placements:
-                        continue
-                else:
-                    placements = placements + self._deferred.pop(lm, [])
-            self._send_launch(lm, placements, effects, now)
+            held = self._deferred.pop(lm, None)
+            self._launch_or_hold(lm, held + placements if held else placements, effects, now)
+
+    def _launch_or_hold(
+        self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
+    ) -> None:
+        """Send ``placements`` to ``lm`` now, or hold (in ``_deferred``) those the launch
+        window or the repartition batching does not let go yet."""
+        if self._window_full(lm):
+            self._deferred[lm] = placements
+            return
+        if (
+            self.overload.repartition_batching
+            and self._rep_busy(lm, now)
+            and any(p.repartition for p in placements)
+        ):
+            self._deferred[lm] = [p for p in placements if p.repartition]
+            placements = [p for p in placements if not p.repartition]
+            if not placements:
+                return
+        self._send_launch(lm, placements, effects, now)
+
+    def _window_full(self, lm: LmId) -> bool:
+        """``lm`` has as many launch requests of this GM unanswered as the window allows."""
+        window = self.overload.launch_window
+        if not window:
+            return False
+        return sum(1 for to, _ in self._launches.values() if to == lm) >= window
 
     def _rep_busy(self, lm: LmId, now: float) -> bool:
         """A repartition request to ``lm`` is unanswered, or went out too lately."""
@@ -690,10 +710,11 @@ class GlobalMaster:
         return rid in self._launches or now - at < self.overload.repartition_period_s
 
     def _flush_deferred(self, now: float, effects: list[Effect]) -> None:
-        """Repartitions held back while their LM had one to answer: one request each."""
+        """Placements held back (the window, repartition batching): one request per LM
+        that may take one now."""
         for lm in list(self._deferred):
-            if not self._rep_busy(lm, now):
-                self._send_launch(lm, self._deferred.pop(lm), effects, now)
+            if not self._window_full(lm):
+                self._launch_or_hold(lm, self._deferred.pop(lm), effects, now)
 
     def _send_launch(
         self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float

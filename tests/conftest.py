@@ -55,6 +55,7 @@ from common.messages import (
     WorkerReports,
 )
 from common.model import N_CONSTRAINTS, NodeSpec, Task, TaskKey, TaskSpec, TaskState, UserConfig
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from worker.core import WorkerPool
@@ -117,12 +118,14 @@ def make_gm(
     *,
     max_retries: int = 3,
     patience: int = 8,
+    overload: OverloadPolicy | None = None,
 ) -> GlobalMaster:
     """A GM over ``lms``; ``users`` are ``(user, serving GM, share)``."""
     cfg = [UserConfig(user=UserId(u), gm=GmId(g), share=s) for u, g, s in users]
     return GlobalMaster(
-        GmId(gm), [LmId(x) for x in lms], cfg, max_retries=max_retries, patience=patience
-    )
+        GmId(gm), [LmId(x) for x in lms], cfg, max_retries=max_retries, patience=patience,
+        overload=overload,
+    )  # fmt: skip
 
 
 def sync_views(gm: GlobalMaster, *lms: LocalMaster) -> None:

@@ -52,6 +52,7 @@ from common.messages import (
     WorkerHeartbeat,
 )
 from common.model import TaskKey, TaskSpec, TaskState
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.journal import Journal
 from local_master.core import LocalMaster
@@ -93,6 +94,7 @@ class Federation(RuleBasedStateMachine):
         copies=st.booleans(),
         hold=st.booleans(),
         reroute=st.booleans(),
+        window=st.sampled_from((0, 1, 2)),
         shares=st.sampled_from(((0.2, 0.6, 0.2), (0.6, 0.2, 0.2), (1 / 3, 1 / 3, 1 / 3))),
         n_gms=st.integers(1, 2),
         clusters=st.lists(
@@ -110,6 +112,7 @@ class Federation(RuleBasedStateMachine):
         copies: bool,
         hold: bool,
         reroute: bool,
+        window: int,
         shares: tuple[float, float, float],
         n_gms: int,
         clusters: list[list[tuple[tuple[int, int], int]]],
@@ -128,7 +131,10 @@ class Federation(RuleBasedStateMachine):
             lm = make_lm(name, [(c[0], c[1], m) for c, m in nodes], home, reroute=reroute)
             self.lms[lm.lm_id] = lm
         for g in gm_names:
-            gm = make_gm(g, lm_names, users, max_retries=2, patience=3)
+            gm = make_gm(
+                g, lm_names, users, max_retries=2, patience=3,
+                overload=OverloadPolicy(launch_window=window),
+            )  # fmt: skip
             gm.journal = Journal(per_task=6, ended=8)
             self.gms[gm.gm_id] = gm
         self.net = Network(self.gms, self.lms, copies=copies)

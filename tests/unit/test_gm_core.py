@@ -26,6 +26,7 @@ from common.messages import (
     TaskEvent,
 )
 from common.model import TaskSpec, TaskState, WaitReason
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from tests.conftest import (
@@ -230,6 +231,31 @@ def test_a_rerouted_placement_counts_the_inconsistency_and_is_placed_without_ret
     assert counted == ((0, 1) if external else (1, 0))
     assert gm.counters.rerouted == 1
     assert task_of(gm, t).waits[WaitReason.REFUSED_BY_LM] == 0
+
+
+@pytest.mark.parametrize("window", [0, 1])
+def test_with_a_launch_window_placements_wait_for_the_answer_and_share_the_next_request(
+    window: int,
+) -> None:
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    gm = make_gm(overload=OverloadPolicy(launch_window=window))
+    sync_views(gm, lm)
+    a, b, c = make_task(), make_task(), make_task()
+    submit(gm, [a, b, c], 0.0)
+    first = decide(gm, 1.0)
+    second = decide(gm, 1.1) + decide(gm, 1.2)  # before the first request is answered
+    if not window:  # every decision round sends its own request
+        assert [len(r.placements) for r in launches(first + second)] == [1, 1, 1]
+        return
+    assert launches(second) == []
+    assert {state(gm, t) for t in (b, c)} == {TaskState.DISPATCHED}  # decided, held
+    assert gm.views[LM0].pending[0] == [3, 3]  # all three stay reserved on node 0
+    after = deliver(lm, gm, first, 2.0)  # the answer opens the window
+    (held,) = launches(after)
+    assert [p.spec.task_id for p in held.placements] == [b.task_id, c.task_id]
+    assert gm.counters.launch_requests == 2
+    assert deliver(lm, gm, after, 3.0) == []
+    assert {state(gm, t) for t in (a, b, c)} == {TaskState.PLACED}
 
 
 def test_refused_too_often_the_task_goes_to_the_back_of_its_queue() -> None:
