@@ -124,7 +124,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("tuned", "paper"),
         default="tuned",
         help="overload policy: tuned = waiting index, preemption grace and rate limit, "
-        "batched repartitions, LMs rerouting placements whose node has no room "
+        "batched repartitions, one launch request per LM unanswered, LMs rerouting "
+        "placements whose node has no room "
         "(docs/overload.md); paper = Alg. 1-2 as published",
     )
     dag = p.add_argument_group("DAG jobs (Carbyne)")
