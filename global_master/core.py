@@ -17,8 +17,10 @@ Theory of operation:
   share, ask an LM to preempt tasks of the user with the largest share violation; if
   it is at or above its share, re-queue at the back.  A task no node anywhere could
   ever run fails explicitly.
-* Requests are optimistic: the GM reserves the resources in its view when it sends
-  a request and releases them when the answer comes.  An LM refusal is an
+* Requests are optimistic: the GM reserves the resources in its view when it decides
+  a placement and releases them when the answer comes.  A placement held back (the
+  launch window, repartition batching) stays reserved and DISPATCHED until its request
+  leaves with the next one to that LM.  An LM refusal is an
   **inconsistency**: the response's delta refreshes the view and the decision is
   retried at once (up to ``max_retries``), then the task goes to the back of its queue.
 * Every placement is an **attempt** (a number that only grows); events of a
