@@ -194,3 +194,19 @@ def test_large_batches_decode_whole() -> None:
     body = codec.encode(job)
     assert len(body) > 1_000_000
     assert codec.decode(body, max_size=len(body)) == job
+
+
+def test_compile_all_builds_every_message_codec_before_first_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Services call it at start, so no task pays for building a codec."""
+    from common import schema
+
+    fresh = schema._Compiler()  # what this process built so far does not count
+    monkeypatch.setattr(schema, "_COMPILER", fresh)
+    assert codec.compile_all() == len(REGISTRY)
+    built_dec, built_enc = set(fresh.dec), set(fresh.enc)
+    assert set(REGISTRY.values()) <= built_dec
+    assert set(REGISTRY.values()) <= built_enc
+    codec.decode(codec.encode(SnapshotRequest(gm=GmId("gm0"), lm=LmId("lm0"))))
+    assert set(fresh.dec) == built_dec  # nothing new was built on use
