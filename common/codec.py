@@ -94,9 +94,14 @@ def decode(
 
 
 def pack_plain(obj: object) -> bytes:
-    """Plain data (state pages) in msgpack, for clients that ask for it."""
+    """Plain data (a pool's launch log) in msgpack, for clients that ask for it."""
     out: bytes = msgpack.packb(obj, use_bin_type=True)
     return out
+
+
+def unpack_plain(data: bytes, max_size: int = MAX_BODY) -> Any:
+    """``pack_plain``'s data back, with the same limits as a message."""
+    return _unpack(data, max_size)
 
 
 def compile_all() -> int:

@@ -449,8 +449,11 @@ class DuplicateLaunches:
         self.horizon_s = horizon_s
         self._ended: deque[tuple[float, tuple[str, str]]] = deque()
         self._latest = -math.inf
+        self.rows = 0
+        """Rows checked (a check that read nothing found nothing)."""
 
     def add(self, row: Mapping[str, Any]) -> None:
+        self.rows += 1
         task = (str(row["user"]), str(row["task_id"]))
         attempt, at = int(row["attempt"]), float(row["at"])
         spans = self.spans.setdefault(task, {})

@@ -29,10 +29,11 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from common import codec
 from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
-from common.errors import ConfigError
+from common.errors import ConfigError, DecodeError
 from common.ids import JobId, LmId, TaskId, UserId
 from common.metrics import (
     DuplicateLaunches,
@@ -55,6 +56,7 @@ from request_generator.workload import (
     specs_of,
     synthetic_jobs,
 )
+from runtime.http import MSGPACK
 from security.access import Access
 from security.identity import Identity
 from security.identity import gm as gm_identity
@@ -226,7 +228,7 @@ class LaunchLog:
                 page = await self._page(session, lm, after)
                 if int(page["next"]) < after:  # the pool restarted: its log began anew
                     page = await self._page(session, lm, 0)
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, DecodeError):
                 continue
             self._after[lm] = int(page["next"])
             if not record:
@@ -240,8 +242,10 @@ class LaunchLog:
     async def _page(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> Any:
         path = f"/v1/launches?after={after}"
         headers = signed(self.access, workers_identity(lm), "GET", path)
+        headers["Accept"] = MSGPACK  # cheaper than JSON for the pool it polls while it runs
         async with session.get(self.cfg.worker_url(lm) + path, headers=headers) as r:
-            return await r.json()
+            r.raise_for_status()
+            return codec.unpack_plain(await r.read())
 
     async def follow(self, session: aiohttp.ClientSession, every_s: float = 2.0) -> None:
         """Poll until cancelled."""
@@ -621,6 +625,7 @@ def summarize_run(
             "lost_task_ids": [f"{u}/{t}" for u, t in lost[:50]],
             "duplicate_launches": dup["count"],
             "duplicate_launch_ids": dup["tasks"],
+            "launch_log_rows": run.launches.check.rows,
             "launch_log_rows_missed": run.launches.missed,
             "duplicate_outcomes": out.duplicates,
             "throughput_tasks_per_s": started / (last - first) if last > first else 0.0,

@@ -67,6 +67,9 @@ def test_workload_runs_to_completion_with_a_correct_summary(
     assert summary["lost_tasks"] == 0
     assert summary["tasks_finished"] + summary["tasks_failed"] == 120
     assert summary["tasks_failed"] == 0
+    # the pools' launch logs were read (a start and an end per task), none found twice
+    assert summary["launch_log_rows"] >= 240
+    assert summary["duplicate_launches"] == 0
     for key in ("p50", "p90", "p99", "p999", "max", "mean"):
         assert summary["allocation_time_s"][key] >= 0
     assert 0 < summary["allocation_time_s"]["p50"] <= summary["allocation_time_s"]["max"]
