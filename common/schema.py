@@ -401,25 +401,28 @@ def {name}(x):
         args = []
         for k, f in enumerate(fields):
             var = f"a{k}"
-            if f.name in required:
-                lines.append(f"    {var} = v[{f.name!r}]")
-            else:
+            # a field left out takes its default as it is: only what was sent is decoded
+            at = "    "
+            if f.name not in required:
                 default = (
                     self._const(f.default, "dflt")
                     if f.default is not MISSING
                     else f"{self._const(f.default_factory, 'fac')}()"
                 )
-                lines.append(f"    {var} = v[{f.name!r}] if {f.name!r} in v else {default}")
+                lines.append(f"    if {f.name!r} not in v: {var} = {default}")
+                lines.append("    else:")
+                at = "        "
+            lines.append(f"{at}{var} = v[{f.name!r}]")
             spec = _unwrap(hints[f.name])
-            check = self.inline(spec, var, "        ")
+            check = self.inline(spec, var, at + "    ")
             if check is not None:
-                lines.append("    try:")
+                lines.append(f"{at}try:")
                 lines.extend(check)
-                lines.append(f"    except VE as e: raise e.at({f.name!r}) from None")
+                lines.append(f"{at}except VE as e: raise e.at({f.name!r}) from None")
             else:
                 sub = self._const(self.decoder(hints[f.name]), "sub")
-                lines.append(f"    try: {var} = {sub}({var})")
-                lines.append(f"    except VE as e: raise e.at({f.name!r}) from None")
+                lines.append(f"{at}try: {var} = {sub}({var})")
+                lines.append(f"{at}except VE as e: raise e.at({f.name!r}) from None")
             args.append(f"{f.name}={var}")
         lines.append(f"    return {cname}({', '.join(args)})")
         fn = self._exec("\n".join(lines), name)

@@ -166,6 +166,44 @@ def test_invalid_fields_name_the_field(fields: dict[str, object], reason: str, w
     assert err.value.to_dict()["field"].startswith("submit_job")
 
 
+def _defaults(cls: type) -> dict[str, object]:
+    """The fields of ``cls`` a sender may leave out, with the values they then take."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        if f.init and f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.init and f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+@pytest.mark.parametrize("tag", sorted(REGISTRY))
+def test_a_field_left_out_takes_its_default(tag: str) -> None:
+    """A sender may leave out any field that has a default (a client that does not
+    know a newer optional field, a hand-written job without ``command``)."""
+    cls = REGISTRY[tag]
+    defaults = _defaults(cls)
+
+    @settings(max_examples=5, deadline=None)
+    @given(strategy(cls))
+    def check(msg: Any) -> None:
+        msg = dataclasses.replace(msg, **defaults)
+        fields = msgpack.unpackb(codec.encode(msg))[2]
+        for name in defaults:
+            del fields[name]
+        assert codec.decode(_body(tag, fields)) == msg
+
+    check()
+
+
+def test_a_task_without_command_or_constraints_is_accepted() -> None:
+    fields = _without("command")
+    del fields["tasks"][0]["constraints"]  # type: ignore[index]
+    job = codec.decode(_body("submit_job", fields), expect=SubmitJob)
+    assert job.tasks[0].command == ()
+    assert job.tasks[0].constraints == 0
+
+
 def test_oversized_body_is_refused_before_parsing() -> None:
     big = codec.encode(
         SubmitJob(job_id=JobId("j"), user=UserId("u"), token="x" * 4000, submitted_at=0.0,
