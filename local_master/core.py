@@ -140,7 +140,7 @@ EndedRow = tuple[Any, ...]
 keeps ``retain_s`` of them (80,000 at 667 ends/s); as ``HeldTask`` and ``TaskSpec``
 objects they were three tracked objects each, and its full collections paused it for
 up to 0.2 s at 2,000 tasks/s (bench_live ``gc_since_start``)."""
-_ATTEMPT, _OK = 7, 13
+_JOB, _ATTEMPT, _OK = 1, 7, 13
 _NO_ROOM = ("insufficient_resources", "node_down")
 """Refusals another node could avoid (rerouting); a broken placement is refused."""
 
@@ -458,10 +458,13 @@ class LocalMaster:
         effects.insert(0, Reply(response))
         return effects
 
-    def _held(self, key: TaskKey, attempt: int, effects: list[Effect]) -> PlacementResult | None:
+    def _held(self, spec: TaskSpec, attempt: int, effects: list[Effect]) -> PlacementResult | None:
         """The answer to a placement of an attempt this LM holds, or held lately (a
         duplicate: nothing changes), or None.  An older attempt still held here is
-        superseded: stopped and released, and the new one is judged afresh."""
+        superseded: stopped and released, and the new one is judged afresh.  A task
+        that ended here lately is that task only if of the same job: a user may use a
+        task id again in a later job, which is a new task."""
+        key = (spec.user, spec.task_id)
         a = self.active.get(key)
         if a is not None:
             if a.attempt >= attempt:
@@ -469,7 +472,7 @@ class LocalMaster:
             self._release(key)
             effects.append(self._stop(a))
         past = self.done.get(key)
-        if past is not None and past[1][_ATTEMPT] >= attempt:
+        if past is not None and past[1][_ATTEMPT] >= attempt and past[1][_JOB] == spec.job_id:
             row = past[1]
             reason = "finished" if row[_OK] else "failed"
             return PlacementResult(accepted=True, reason=reason, attempt=row[_ATTEMPT])
@@ -481,7 +484,7 @@ class LocalMaster:
         self, gm: GmId, p: Placement, now: float, effects: list[Effect]
     ) -> PlacementResult:
         spec = p.spec
-        held = self._held((spec.user, spec.task_id), p.attempt, effects)
+        held = self._held(spec, p.attempt, effects)
         if held is not None:
             self.counters.duplicates += 1
             return held
@@ -535,7 +538,7 @@ class LocalMaster:
         spec = req.spec
         self.counters.preemption_requests += 1
         effects: list[Effect] = []
-        held = self._held((spec.user, spec.task_id), req.attempt, effects)
+        held = self._held(spec, req.attempt, effects)
         if held is not None:
             self.counters.duplicates += 1
             dup = self._preempt_response(req, now, True, held.reason, None, (), held.attempt)

@@ -5,9 +5,10 @@ No event loop, no sleeps; every input goes through ``handle``."""
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex, UserId
+from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     CheckWorkers,
     EventKind,
@@ -219,6 +220,20 @@ def test_launches_are_idempotent_by_attempt() -> None:
     # ... until the finished attempt is forgotten (retain_s): nothing outlives its task
     lm.handle(Heartbeat(), 2.0 + lm.retain_s + 1)
     assert lm.done == {}
+
+
+def test_a_task_id_used_again_in_a_later_job_is_a_new_task() -> None:
+    """A user may name a task as one of an earlier job's that ended here lately: that
+    is a new task, placed and run -- not answered "finished" from the other's end."""
+    lm = make_lm()
+    t = make_task(2, 2, job="j1")
+    launch(lm, (t, 0))
+    worker(lm, t, 0, ReportKind.FINISHED, 2.0)
+    again = replace(t, job_id=JobId("j2"))
+    resp, rest = launch(lm, (again, 0), now=3.0)
+    assert (resp.results[0].accepted, resp.results[0].reason) == (True, "ok")
+    assert [type(e).__name__ for e in rest] == ["StartTask"]  # to its worker
+    assert lm.active[key(again)].spec.job_id == "j2"
 
 
 def test_ended_attempts_are_kept_as_rows_the_collector_untracks() -> None:
