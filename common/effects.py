@@ -94,6 +94,9 @@ class JobSettled:
 
     job_id: JobId
     user: UserId
+    resume: bool = False
+    """The job is returned tasks (``SubmitJob.resumes``): a delivery apart from a user's
+    job of the same id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class JobRefused:
     user: UserId
     reason: str
     detail: str
+    resume: bool = False
 
 
 @dataclass(frozen=True, slots=True)

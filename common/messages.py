@@ -333,6 +333,9 @@ class SubmitJob:
     """Set by a GM on tasks of an acknowledged job that came back to its queue
     (preempted, requeued): kept on the broker until they are placed again, so a GM
     killed meanwhile loses none of them."""
+    attempt: Annotated[int, Range(0, None)] = 0
+    """With ``resumes``: the attempt the returned task last ran as (a GM that queues it
+    again places a newer one, which no worker has stopped yet); 0 on a user's job."""
 
 
 @message("admit_job")

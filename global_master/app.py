@@ -114,7 +114,9 @@ class GmService:
             cfg.lm_ids,
             cfg.user_configs,
             queues=queues,
-            limits=AdmissionLimits(max_task_duration_s=cfg.max_task_duration_s),
+            limits=AdmissionLimits(
+                max_task_duration_s=cfg.max_task_duration_s, commands=cfg.task_commands
+            ),
             journal=Journal(),
             overload=cfg.overload,
         )
@@ -123,7 +125,9 @@ class GmService:
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
         self.http: aiohttp.ClientSession | None = None
         self.lms: dict[LmId, Peer] = {}
-        self.deliveries: dict[tuple[UserId, JobId], AbstractIncomingMessage] = {}
+        self.deliveries: dict[tuple[UserId, JobId, bool], AbstractIncomingMessage] = {}
+        """Jobs taken from the users' queues, until settled: by user, job id, and
+        whether they are tasks this GM returned (their ids may be a user's job's)."""
         self.events_seen = Dedup()
         self.requests_in_doubt = 0
         """Launches and preemptions an LM did not answer in time, asked again."""
@@ -263,7 +267,7 @@ class GmService:
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
         job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
         self._check_submitter(user, job, msg)
-        key = (job.user, job.job_id)
+        key = (job.user, job.job_id, job.resumes is not None)
         held = self.deliveries.get(key)
         if held is not None:
             if msg.redelivered:  # the same job, on a channel that came back: ack this one
@@ -298,13 +302,13 @@ class GmService:
 
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
-        msg = self.deliveries.pop((eff.user, eff.job_id), None)
+        msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
             self.sup.spawn(_ack(msg), "job ack")
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1
-        msg = self.deliveries.pop((eff.user, eff.job_id), None)
+        msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
             queue = self.cfg.user_queue(eff.user)
             self.sup.spawn(

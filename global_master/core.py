@@ -45,7 +45,7 @@ from typing import Any
 from common.dag import from_layout
 from common.effects import Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError
-from common.ids import GmId, JobId, LmId, NodeIndex, UserId
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     AdmitJob,
     Decide,
@@ -183,6 +183,9 @@ class AdmissionLimits:
     max_task_duration_s: float = 7 * 24 * 3600.0
     recent_jobs: int = 100_000
     """Completed job ids remembered per GM, so a reused id is refused (bounded)."""
+    commands: bool = True
+    """Whether a task may carry a command (the federation's ``task_commands``): without,
+    a job with one is refused (``commands_disabled``) rather than run as if it had none."""
 
 
 class GlobalMaster:
@@ -423,6 +426,8 @@ class GlobalMaster:
             return "unknown_user", f"user {job.user!r} has no queue on {self.gm_id}"
         if not self.ready:
             return "not_ready", f"{self.gm_id} has no view of every LM yet"
+        if job.attempt:
+            return "reserved_field", "attempt is set by a GM, on the tasks it returns only"
         seen: set[TaskKey] = set()
         width = len(self._capacity)
         limit = self.limits.max_task_duration_s
@@ -443,6 +448,10 @@ class GlobalMaster:
                 )
             if not any(spec.demand):
                 return "zero_demand", f"task {spec.task_id} asks for no resource at all"
+            if spec.command and not self.limits.commands:
+                return "commands_disabled", (
+                    f"task {spec.task_id} has a command; this federation runs none"
+                )
             if not any(fits(cap, spec.demand) for cap in self._node_caps):
                 return "impossible_resources", (
                     f"task {spec.task_id}: demand {spec.demand} exceeds every node's capacity"
@@ -462,7 +471,8 @@ class GlobalMaster:
         Those it still holds are bound to the message, acknowledged once they are
         placed again; those it does not (it restarted) are queued again."""
         if job.user not in self.queues:
-            return [self._refuse(job, "unknown_user", f"{job.user!r} has no queue here")]
+            why = f"{job.user!r} has no queue here"
+            return [replace(self._refuse(job, "unknown_user", why), resume=True)]
         jk: JobKey = (job.user, job.job_id)
         if jk in self._resumes:  # the same message again: its delivery is rebound
             return []
@@ -478,12 +488,13 @@ class GlobalMaster:
             if self.knows(key):
                 continue
             task = new_task(spec, now, gm=self.gm_id)  # lost with a predecessor: queue it
+            task.attempt = job.attempt  # placed again as a newer attempt than it ran as
             self.live[key] = task
             self.queues.push_front(task)
             waiting.add(key)
             self._resume_of[key] = jk
         if not waiting:
-            return [JobSettled(job.job_id, job.user)]
+            return [JobSettled(job.job_id, job.user, resume=True)]
         self._resumes[jk] = waiting
         return []
 
@@ -493,12 +504,13 @@ class GlobalMaster:
         if rec is not None and not rec.settled:
             return  # its job's delivery is still held: that keeps it
         job = SubmitJob(
-            job_id=resume_id(task.job_id, task.attempt),
+            job_id=resume_id(task.task_id, task.attempt),
             user=task.user,
             token="",
             submitted_at=now,
             tasks=(task.spec,),
             resumes=task.job_id,
+            attempt=task.attempt,
         )
         effects.append(Persist(job))
 
@@ -511,7 +523,7 @@ class GlobalMaster:
                 waiting.discard(task.key)
                 if not waiting:
                     del self._resumes[rk]
-                    effects.append(JobSettled(rk[1], rk[0]))
+                    effects.append(JobSettled(rk[1], rk[0], resume=True))
         rec = self.jobs.get((task.user, task.job_id))
         if rec is None or rec.settled:
             return
@@ -1535,14 +1547,17 @@ class GlobalMaster:
         return [t for k in keys if (t := self.live.get(k)) is not None]
 
 
-def resume_id(job_id: JobId, attempt: int) -> JobId:
-    """The id of the one-task job that keeps a returned task on the broker: a valid id
-    (as the codec checks), whatever the original's length."""
+def resume_id(task_id: TaskId, attempt: int) -> JobId:
+    """The id of the one-task job that keeps a returned task on the broker: one per
+    task and attempt (task ids are a user's own: two tasks of a job returned at once
+    each get theirs), a valid id (as the codec checks) whatever the task id's length.
+    It may equal a user's own job id: GMs tell the two apart by ``resumes``."""
     suffix = f"+r{attempt}"
-    if len(job_id) + len(suffix) > MAX_ID_LEN:
-        digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
-        job_id = JobId(f"{job_id[: MAX_ID_LEN - len(suffix) - 17]}.{digest}")
-    return JobId(f"{job_id}{suffix}")
+    name = str(task_id)
+    if len(name) + len(suffix) > MAX_ID_LEN:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        name = f"{name[: MAX_ID_LEN - len(suffix) - 17]}.{digest}"
+    return JobId(f"{name}{suffix}")
 
 
 def recovered_task(h: HeldTask, gm: GmId) -> Task:

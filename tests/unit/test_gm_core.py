@@ -13,6 +13,7 @@ import pytest
 from common.effects import Effect, JobRefused, JobSettled, Reply, ToLm
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
+    AdmitJob,
     EventKind,
     LaunchRequest,
     LaunchResponse,
@@ -25,9 +26,9 @@ from common.messages import (
     StateDelta,
     TaskEvent,
 )
-from common.model import TaskSpec, TaskState, WaitReason
+from common.model import TaskSpec, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
-from global_master.core import GlobalMaster
+from global_master.core import AdmissionLimits, GlobalMaster
 from local_master.core import LocalMaster
 from tests.conftest import (
     Network,
@@ -39,6 +40,7 @@ from tests.conftest import (
     events,
     failures,
     heartbeat,
+    jobs_of,
     key,
     launch_req,
     launches,
@@ -497,6 +499,30 @@ def test_impossible_or_unbounded_tasks_are_refused_with_the_reason(
     assert isinstance(refused, JobRefused)
     assert refused.reason == reason
     assert gm.jobs == {}
+
+
+def test_commands_are_refused_where_the_federation_runs_none() -> None:
+    """Without ``task_commands`` a task with a command is refused at admission, not run
+    as if it had none (and reported finished)."""
+    users = [UserConfig(user=UserId("u0"), gm=GmId("gm0"), share=1.0)]
+    with_command = replace(make_task(), command=("/bin/true",))
+    for commands, refusal in ((False, "commands_disabled"), (True, None)):
+        gm = GlobalMaster(GmId("gm0"), [LmId("lm0")], users,
+                          limits=AdmissionLimits(commands=commands))  # fmt: skip
+        sync_views(gm, make_lm())
+        out = submit(gm, [with_command], 0.0)
+        assert [e.reason for e in out if isinstance(e, JobRefused)] == (
+            [refusal] if refusal else []
+        )
+
+
+def test_a_user_s_job_may_not_carry_a_returned_task_s_attempt() -> None:
+    gm = make_gm()
+    sync_views(gm, make_lm())
+    (job,) = jobs_of([make_task()], 0.0)
+    (refused,) = gm.handle(AdmitJob(job=replace(job, attempt=3)), 0.0)
+    assert isinstance(refused, JobRefused)
+    assert refused.reason == "reserved_field"
 
 
 def test_a_reused_job_id_is_refused_and_a_redelivery_is_recognised() -> None:

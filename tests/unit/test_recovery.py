@@ -226,13 +226,79 @@ def test_a_returned_task_of_an_acknowledged_job_is_kept_on_the_broker() -> None:
     (again,) = [e.msg for e in decide(gm, 3.0) if isinstance(e, ToLm)]
     (answer, *_) = lm.handle(again, 3.0)
     effects = gm.handle(answer.msg, 3.0)  # type: ignore[union-attr]
-    assert JobSettled(persist.job.job_id, t.user) in effects
+    assert JobSettled(persist.job.job_id, t.user, resume=True) in effects
     # a restarted GM (which never heard of the task) queues it from the message
     fresh = make_gm()
     sync_views(fresh, LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0]))
     assert fresh.handle(AdmitJob(job=persist.job, redelivered=True), 5.0) == []
     assert state(fresh, t) is not None
     assert len(fresh.queues) == 1
+    # ... as newer an attempt than it ran as (a worker may hold that one as stopped)
+    (placed,) = [e.msg for e in decide(fresh, 6.0) if isinstance(e, ToLm)]
+    assert placed.placements[0].attempt == 2  # type: ignore[union-attr]
+
+
+def test_tasks_of_one_job_returned_together_are_kept_apart() -> None:
+    """Two tasks of one acknowledged job preempted at once: each has its own message on
+    the broker (one id per task and attempt), so neither is taken for the other."""
+    from common.effects import Persist
+    from common.messages import TaskEvent
+
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))] * 2, [GM0] * 2, gms=[GM0])
+    gm = make_gm()
+    sync_views(gm, lm)
+    a, b = make_task(4, 4), make_task(4, 4)
+    submit(gm, [a, b], 0.0)
+    (req,) = [e.msg for e in decide(gm, 1.0, max_tasks=2) if isinstance(e, ToLm)]
+    (answer, *_) = lm.handle(req, 1.0)
+    gm.handle(answer.msg, 1.0)  # type: ignore[union-attr]
+    preempted = [
+        TaskEvent(
+            kind=EventKind.PREEMPTED,
+            lm=LM0,
+            gm=GM0,
+            user=t.user,
+            task_id=t.task_id,
+            attempt=1,
+            node=NodeIndex(n),
+            node_free=(4, 4),
+            node_version=lm.version + 1 + n,
+            at=2.0,
+        )
+        for n, t in enumerate((a, b))
+    ]
+    persists = [e for e in gm.handle(as_events(LM0, preempted), 2.0) if isinstance(e, Persist)]
+    assert sorted(p.job.tasks[0].task_id for p in persists) == sorted([a.task_id, b.task_id])
+    assert len({p.job.job_id for p in persists}) == 2
+    assert {p.job.attempt for p in persists} == {1}
+
+
+def test_a_start_of_an_attempt_stopped_before_it_arrived_is_reported_not_dropped() -> None:
+    """The pool never runs it, and says so (``LOST``): an LM that holds that attempt as
+    running (its GM lost track and placed it again) places it anew instead of keeping
+    a slot for a task that runs nowhere."""
+    from common.messages import StopTask, StopTasks, WorkerReports
+
+    lm = fresh_lm(epoch=1)
+    pool = WorkerPool(LM0, 2)
+    lm.handle(registration(pool, 0.0), 0.0)
+    spec = make_task(duration=60.0)
+    start = StartTask(node=NodeIndex(0), spec=spec, attempt=1, gm=GM0)
+    stop = StopTask(node=NodeIndex(0), user=spec.user, task_id=spec.task_id, attempt=1, gm=GM0)
+    pool.handle(StopTasks(lm=LM0, epoch=1, tasks=(stop,)), 0.5)  # the stop came first
+    lm.handle(LaunchRequest(gm=GM0, lm=LM0, request_id=1, known_version=-1, placements=(
+        Placement(spec=spec, attempt=1, node=NodeIndex(0)),)), 1.0)  # fmt: skip
+    (answer, *rest) = pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(start,)), 1.0)
+    assert isinstance(answer, Reply)
+    assert isinstance(answer.msg, WorkerReports)
+    assert [(r.kind, r.attempt) for r in answer.msg.reports] == [(ReportKind.LOST, 1)]
+    assert rest == []
+    assert pool.running == {}
+    out = lm.handle(answer.msg, 1.1)
+    assert lm.active[key(spec)].attempt == 2  # placed anew, and started on the pool
+    (again,) = [e.msg for e in out if isinstance(e, ToWorker)]
+    (ran, *_) = pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(again,)), 1.2)  # type: ignore[arg-type]
+    assert [r.kind for r in ran.msg.reports] == [ReportKind.STARTED]  # type: ignore[union-attr]
 
 
 def test_a_pool_out_of_touch_with_its_lm_stops_its_tasks_before_they_run_elsewhere() -> None:
@@ -265,15 +331,15 @@ def test_a_pool_out_of_touch_with_its_lm_stops_its_tasks_before_they_run_elsewhe
 
 
 def test_the_id_of_a_returned_task_s_job_is_always_a_valid_id() -> None:
-    from common.ids import JobId
+    from common.ids import TaskId
     from global_master.core import resume_id
 
     for jid in ("j0", "a" * 200, "x.y:z@w+1-" * 18):
-        rid = resume_id(JobId(jid), 12)
+        rid = resume_id(TaskId(jid), 12)
         job = SubmitJob(job_id=rid, user=UserId("u"), token="", submitted_at=0.0,
                         tasks=(make_task(),))  # fmt: skip
         assert codec.decode(codec.encode(job)) == job
-    assert resume_id(JobId("a" * 200), 1) != resume_id(JobId("a" * 199 + "b"), 1)
+    assert resume_id(TaskId("a" * 200), 1) != resume_id(TaskId("a" * 199 + "b"), 1)
 
 
 def test_a_task_that_ended_while_its_gm_and_lm_were_down_reaches_its_user_once() -> None:
