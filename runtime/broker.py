@@ -369,7 +369,8 @@ class Broker:
     ) -> None:
         """Refuse a message: to the dead-letter exchange with its reason, then ack."""
         self.dead_lettered += 1
-        log.info("%s: dead-lettering a message from %s: %s (%s)", self.name, queue, detail, reason)
+        # the detail (and a reason) may quote the message: %r keeps it on one log line
+        log.info("%s: dead-lettering a message from %s: %r (%r)", self.name, queue, detail, reason)
         try:
             headers = {
                 **(msg.headers or {}),

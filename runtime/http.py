@@ -96,7 +96,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except MeghaError as exc:
         _count_refusal(request, exc.reason)
-        log.info("refused %s %s: %s (%s)", request.method, request.path, exc, exc.reason)
+        # every part may come from the client: %r escapes newlines and control
+        # characters, so no refusal can forge a line of the log
+        log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), exc.reason)
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge as exc:
         _count_refusal(request, "too_large")
@@ -464,8 +466,17 @@ class Peer:
 
 
 def _error_of(data: bytes) -> tuple[str, str]:
+    """The reason and detail of a 4xx answer (not signed: anyone on the path may have
+    written it), escaped so that logging them cannot forge a log line."""
     try:
         doc: Any = json.loads(data)
-        return str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
+        reason, detail = str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
     except (ValueError, AttributeError):
-        return "refused", data[:300].decode("utf-8", "replace")
+        reason, detail = "refused", data[:300].decode("utf-8", "replace")
+    return _printable(reason), _printable(detail)
+
+
+def _printable(text: str) -> str:
+    """``text`` unchanged if printable, else its repr (newlines, control characters and
+    line separators escaped)."""
+    return text if text.isprintable() else repr(text)

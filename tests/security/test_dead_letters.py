@@ -1,0 +1,64 @@
+"""What ``Broker.dead_letter`` logs and republishes of a refused message (no broker: the
+dead-letter exchange is a stand-in that keeps what it is given)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aio_pika
+import pytest
+
+from common.config import FederationConfig
+from runtime import broker
+from runtime.broker import Broker, Exchanges
+
+
+class KeptExchange:
+    """Keeps every message published to it."""
+
+    def __init__(self) -> None:
+        self.published: list[aio_pika.Message] = []
+
+    async def publish(self, message: aio_pika.Message, routing_key: str, **_: Any) -> None:
+        self.published.append(message)
+
+
+class Refused:
+    """A delivered message, as much of it as ``dead_letter`` uses."""
+
+    def __init__(self, body: bytes, headers: dict[str, Any] | None = None) -> None:
+        self.body = body
+        self.headers = headers or {}
+        self.acked = False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+    async def reject(self, requeue: bool = False) -> None:
+        raise AssertionError("the dead-letter publish did not fail")
+
+
+def dead_letter(body: bytes, reason: str, detail: str) -> tuple[aio_pika.Message, Refused]:
+    """Dead-letter one message through a ``Broker``; what reached the exchange."""
+    b = Broker(FederationConfig().validate(), "gm0")
+    dlx = KeptExchange()
+    other = KeptExchange()
+    b._ex = Exchanges(other, other, other, dlx)  # type: ignore[arg-type]
+    msg = Refused(body, {"x-megha-tag": "t"})
+    asyncio.run(b.dead_letter(msg, "fed.user.u0", reason, detail))  # type: ignore[arg-type]
+    (out,) = dlx.published
+    return out, msg
+
+
+def test_a_dead_letter_detail_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="megha.broker")
+    detail = "job 'a\n2026-11-26 07:30:00,000 gm megha.gm INFO FORGED-LINE' is active"
+    out, msg = dead_letter(b"job", "duplicate_job_id\r", detail)
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "megha.broker"]
+    assert message.isprintable(), message
+    assert "FORGED-LINE" in message
+    assert out.headers is not None
+    assert out.headers[broker.REASON_HEADER] == "duplicate_job_id\r"
+    assert msg.acked
