@@ -62,3 +62,25 @@ def test_a_dead_letter_detail_cannot_forge_a_log_line(caplog: pytest.LogCaptureF
     assert out.headers is not None
     assert out.headers[broker.REASON_HEADER] == "duplicate_job_id\r"
     assert msg.acked
+
+
+def test_a_large_refused_body_is_dead_lettered_cut_with_its_size() -> None:
+    body = bytes(range(256)) * (3 * broker.DEAD_LETTER_BODY // 256)  # 3 x the prefix
+    out, msg = dead_letter(body, "too_large", "body of 196608 bytes exceeds 65536")
+    assert out.body == body[: broker.DEAD_LETTER_BODY]
+    assert out.headers is not None
+    assert out.headers[broker.SIZE_HEADER] == len(body)
+    assert out.headers[broker.TRUNCATED_HEADER] is True
+    assert out.headers[broker.REASON_HEADER] == "too_large"
+    assert out.headers["x-megha-tag"] == "t"  # its own headers are kept
+    assert out.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert msg.acked
+
+
+def test_a_small_refused_body_is_dead_lettered_whole() -> None:
+    body = b"\xc1" * broker.DEAD_LETTER_BODY
+    out, _ = dead_letter(body, "malformed_body", "not msgpack")
+    assert out.body == body
+    assert out.headers is not None
+    assert out.headers[broker.SIZE_HEADER] == len(body)
+    assert out.headers[broker.TRUNCATED_HEADER] is False
