@@ -9,7 +9,8 @@ binds and consumes what.
 
 ``Broker`` publishes persistent messages with confirms (an unroutable one raises),
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
-forever: bad input is dead-lettered at once with its reason; any other exception
+forever: bad input is dead-lettered at once with its reason (and at most the first
+``DEAD_LETTER_BODY`` bytes of its body); any other exception
 requeues the message once and dead-letters it when it comes back and fails again.
 The broker may be a cluster (``broker_url`` lists its nodes, comma-separated): a lost
 connection fails over to the next node that answers, the process's setups (queues,
@@ -43,6 +44,14 @@ from runtime.retry import Backoff, retry
 from security.broker_acl import BrokerLayout, topology
 
 REASON_HEADER = "x-megha-reason"
+SIZE_HEADER = "x-megha-size"
+"""A dead letter's original body size, in bytes."""
+TRUNCATED_HEADER = "x-megha-truncated"
+"""Whether a dead letter's body was cut to its first ``DEAD_LETTER_BODY`` bytes."""
+DEAD_LETTER_BODY = 64 * 1024
+"""The most of a refused message's body a dead letter keeps: enough to see what it
+was, not enough for a user to fill the broker with refused garbage (the dead-letter
+queue is bounded too: ``security.broker_acl.DEFAULT_MAX_DEAD_LETTER_BYTES``)."""
 log = logging.getLogger("megha.broker")
 
 OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
@@ -179,7 +188,18 @@ async def declare_topology(cfg: FederationConfig, url: str) -> None:
         for e in topo.exchanges:
             await ch.declare_exchange(e.name, kinds[e.type], durable=True)
         for q in topo.queues:
-            await ch.declare_queue(q.name, durable=True, arguments=dict(q.arguments))
+            try:
+                await ch.declare_queue(q.name, durable=True, arguments=dict(q.arguments))
+            except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                # declared before with other arguments (limits added since): RabbitMQ
+                # keeps a queue's arguments for its life; it serves as it is
+                log.warning(
+                    "queue %s exists with other arguments, kept as it is (%s); "
+                    "`megha down --purge` then `megha up` declares it anew",
+                    q.name,
+                    exc,
+                )
+                ch = await conn.channel()
         for b in topo.bindings:
             queue = await ch.get_queue(b.queue)
             await queue.bind(b.exchange, routing_key=b.routing_key)
@@ -367,19 +387,26 @@ class Broker:
     async def dead_letter(
         self, msg: AbstractIncomingMessage, queue: str, reason: str, detail: str
     ) -> None:
-        """Refuse a message: to the dead-letter exchange with its reason, then ack."""
+        """Refuse a message: to the dead-letter exchange with its reason, its size and
+        at most the first ``DEAD_LETTER_BODY`` bytes of its body, then ack."""
         self.dead_lettered += 1
-        log.info("%s: dead-lettering a message from %s: %s (%s)", self.name, queue, detail, reason)
+        # the detail (and a reason) may quote the message: %r keeps it on one log line
+        log.info("%s: dead-lettering a message from %s: %r (%r)", self.name, queue, detail, reason)
         try:
+            body = msg.body
             headers = {
                 **(msg.headers or {}),
                 REASON_HEADER: reason,
                 "x-megha-detail": detail[:500],
                 "x-megha-queue": queue,
+                SIZE_HEADER: len(body),
+                TRUNCATED_HEADER: len(body) > DEAD_LETTER_BODY,
             }
             await self.ex.dlx.publish(
                 aio_pika.Message(
-                    msg.body, headers=headers, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                    body[:DEAD_LETTER_BODY],
+                    headers=headers,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 ),
                 routing_key="",
             )

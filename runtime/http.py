@@ -10,8 +10,9 @@ body is read whole, up to the configured limit.
 Every call but ``GET /health`` is signed (``security.signing``): the caller's
 identity, a timestamp, a nonce and the body's digest under the key of the channel
 caller -> service.  The server checks it (freshness, replays, who may call which
-endpoint) before any handler runs, and signs its answer, bound to the request's
-nonce; a ``Peer`` checks that signature.
+endpoint) before any handler runs -- all but the body's digest before it reads any of
+the body -- and signs its answer, bound to the request's nonce; a ``Peer`` checks that
+signature.
 
 Client: a ``Peer`` posts one message to one service over a keep-alive connection and
 decodes one answer, retrying transient failures with the runtime's backoff; every
@@ -96,7 +97,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except MeghaError as exc:
         _count_refusal(request, exc.reason)
-        log.info("refused %s %s: %s (%s)", request.method, request.path, exc, exc.reason)
+        # every part may come from the client: %r escapes newlines and control
+        # characters, so no refusal can forge a line of the log
+        log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), exc.reason)
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge as exc:
         _count_refusal(request, "too_large")
@@ -116,13 +119,17 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if signing.is_public(request.method, request.path):
         return await handler(request)
     access = request.app[ACCESS_KEY]
-    body = await _read_limited(request)
+    replays = request.app[REPLAYS_KEY]
+    # Nothing of the body is read until the headers prove a caller allowed here: an
+    # unsigned 15 MiB POST costs its headers, not 15 MiB of memory.
+    _check_length(request)
+    claim = signing.verify_headers(
+        request.headers, request.method, request.raw_path, access.keyring, time.time(), replays
+    )
+    signing.authorize(claim.identity, access.me, request.method, request.path)
+    body = await request.read()  # whole, up to client_max_size (413 beyond it)
     now = time.time()
-    caller = signing.verify(
-        request.headers, request.method, request.raw_path, body, access.keyring, now,
-        request.app[REPLAYS_KEY],
-    )  # fmt: skip
-    signing.authorize(caller, access.me, request.method, request.path)
+    caller = signing.verify_body(claim, body, now, replays)
     request[CALLER_KEY] = caller
     resp = await handler(request)
     if isinstance(resp, web.Response):
@@ -136,23 +143,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return resp
 
 
-async def _read_limited(request: web.Request) -> bytes:
+def _check_length(request: web.Request) -> None:
+    """413 for a body declared larger than the app's limit, before any of it is read."""
     limit = request.app[CONFIG_KEY].max_body
     if request.content_length is not None and request.content_length > limit:
         raise DecodeError(
             f"body of {request.content_length} bytes exceeds {limit}", reason="too_large"
         )
-    return await request.read()
 
 
 async def read_body(request: web.Request) -> bytes:
     """The (authenticated) body, read whole (up to the app's limit; 413 beyond it)."""
-    cfg = request.app[CONFIG_KEY]
-    limit = cfg.max_body
-    if request.content_length is not None and request.content_length > limit:
-        raise DecodeError(
-            f"body of {request.content_length} bytes exceeds {limit}", reason="too_large"
-        )
+    _check_length(request)
     body = await request.read()
     metrics = request.app.get(METRICS_KEY)
     if metrics is not None:
@@ -464,8 +466,17 @@ class Peer:
 
 
 def _error_of(data: bytes) -> tuple[str, str]:
+    """The reason and detail of a 4xx answer (not signed: anyone on the path may have
+    written it), escaped so that logging them cannot forge a log line."""
     try:
         doc: Any = json.loads(data)
-        return str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
+        reason, detail = str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
     except (ValueError, AttributeError):
-        return "refused", data[:300].decode("utf-8", "replace")
+        reason, detail = "refused", data[:300].decode("utf-8", "replace")
+    return _printable(reason), _printable(detail)
+
+
+def _printable(text: str) -> str:
+    """``text`` unchanged if printable, else its repr (newlines, control characters and
+    line separators escaped)."""
+    return text if text.isprintable() else repr(text)

@@ -26,11 +26,16 @@ The topology (``F`` is the federation's name, also its vhost)::
                         queues' dead letters)
 
     queue            consumed by   arguments
-    F.user.U         U's GM        durable, x-queue-type, dead-letter F.dlx, max length (reject)
-    F.user.U.events  U             durable, max length (drop oldest)
+    F.user.U         U's GM        durable, x-queue-type, dead-letter F.dlx, max length and
+                                   max bytes (reject)
+    F.user.U.events  U             durable
     F.gm.G.events    G             durable
     F.gm.G.state     G             durable, message TTL, max length (drop oldest)
-    F.dead           operator      durable
+    F.dead           operator      durable, max length and max bytes (drop oldest)
+
+Queue arguments are fixed when a queue is first declared: provisioning an existing
+vhost again (``import_definitions``) keeps its queues as they are, so new limits
+reach a federation once it is purged (``megha down --purge``) and made again.
 
 Provisioning imports one RabbitMQ definitions document (vhost, users with
 salted password hashes, permissions, topic permissions, topology, a queue
@@ -81,6 +86,17 @@ PRIVATE_QUEUES = r"^amq\.gen-.*$"
 """Server-named queues: a user's private, exclusive listeners."""
 _ID_CLASS = "[A-Za-z0-9_-]+"
 
+DEFAULT_MAX_JOB_BYTES = 16 * 1024 * 1024
+"""The largest job a GM reads (``FederationConfig.max_body``'s default)."""
+USER_QUEUE_JOBS_OF_MAX_SIZE = 16
+"""A user's queue holds at most this many jobs of the largest size a GM accepts, in
+bytes (``max_user_queue_bytes``): one user cannot grow the broker's storage beyond
+that, and a largest job always fits into a queue that is not full of others."""
+DEFAULT_MAX_DEAD_LETTERS = 10_000
+DEFAULT_MAX_DEAD_LETTER_BYTES = 64 * 1024 * 1024
+"""Dead letters kept (``F.dead``), by count and by bytes of body; the oldest go first.
+Services dead-letter a body cut to ``runtime.broker.DEAD_LETTER_BODY`` bytes."""
+
 
 def _only(*names: str) -> str:
     """A pattern matching exactly ``names``."""
@@ -109,6 +125,11 @@ class BrokerLayout:
     state_ttl_ms: int = 60_000
     extra_queues: int = 1_024
     """Private queues users may declare in the vhost, all together."""
+    max_user_queue_bytes: int = USER_QUEUE_JOBS_OF_MAX_SIZE * DEFAULT_MAX_JOB_BYTES
+    """Bytes of jobs waiting in one user's queue; more are refused (nack) too."""
+    max_dead_letters: int = DEFAULT_MAX_DEAD_LETTERS
+    max_dead_letter_bytes: int = DEFAULT_MAX_DEAD_LETTER_BYTES
+    """The dead letters kept, by count and bytes: the newest reasons survive."""
 
     def __post_init__(self) -> None:
         for kind, parts in (
@@ -128,6 +149,9 @@ class BrokerLayout:
                 raise ConfigError(f"user {u!r} is served by unknown GM {g!r}", reason="bad_name")
         if self.queue_type not in ("classic", "quorum"):
             raise ConfigError(f"bad queue_type {self.queue_type!r}", reason="bad_config")
+        limits = (self.max_user_queue_bytes, self.max_dead_letters, self.max_dead_letter_bytes)
+        if min(limits) < 1:
+            raise ConfigError("queue limits must be positive", reason="bad_config")
 
     @classmethod
     def from_config(cls, cfg: FederationConfig) -> BrokerLayout:
@@ -138,6 +162,7 @@ class BrokerLayout:
             users=tuple((u.user, u.gm) for u in cfg.user_configs),
             queue_type=cfg.queue_type,
             delivery_limit=cfg.delivery_limit,
+            max_user_queue_bytes=USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body,
         )
 
     @property
@@ -243,6 +268,7 @@ def topology(layout: BrokerLayout) -> Topology:
         ("x-queue-type", lay.queue_type),
         ("x-dead-letter-exchange", lay.dead_letter_exchange),
         ("x-max-length", lay.max_user_queue),
+        ("x-max-length-bytes", lay.max_user_queue_bytes),
         ("x-overflow", "reject-publish"),
     ]
     if lay.queue_type == "quorum":
@@ -255,7 +281,15 @@ def topology(layout: BrokerLayout) -> Topology:
         ("x-max-length", lay.max_state_queue),
         ("x-overflow", "drop-head"),
     )
-    queues: list[QueueSpec] = [QueueSpec(lay.dead_letter_queue, typed)]
+    # the newest dead letters are kept, within bounds: a user publishing large garbage
+    # into its own queue must not grow the broker's storage without end
+    dead_q: tuple[tuple[str, str | int], ...] = (
+        *typed,
+        ("x-max-length", lay.max_dead_letters),
+        ("x-max-length-bytes", lay.max_dead_letter_bytes),
+        ("x-overflow", "drop-head"),
+    )
+    queues: list[QueueSpec] = [QueueSpec(lay.dead_letter_queue, dead_q)]
     bindings: list[BindingSpec] = [BindingSpec(lay.dead_letter_exchange, lay.dead_letter_queue, "")]
     for u, _ in lay.users:
         # outcomes are never dropped: they wait, durable, until the user reads them

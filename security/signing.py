@@ -20,6 +20,11 @@ Any reason other than ``missing_credentials``, ``malformed_credentials``,
 ``unknown_identity`` and ``bad_signature`` implies the request was really made
 by that identity (the MAC is checked first), which is what a log wants to say.
 
+A server need not read a body to refuse a request: ``verify_headers`` checks
+everything but the body's digest (the MAC covers the digest the caller claims,
+not the body itself), and records nothing; ``verify_body`` then checks the
+digest and only then records the nonce.  ``verify`` is the two in a row.
+
 Keys are per channel (``Secret.channel_key(sender, receiver, "http")``): an LM's
 worker pool can check the LM's calls to it, yet cannot sign as that LM to anyone.
 Responses are signed too (``sign_response``), bound to the request's nonce.
@@ -195,7 +200,10 @@ def _signed_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Claim:
+class Claim:
+    """What a request's signature headers claim (well-formed; proven only by the checks
+    of ``verify_headers`` and ``verify_body``)."""
+
     identity: Identity
     millis: str
     nonce: str
@@ -203,7 +211,7 @@ class _Claim:
     signature: str
 
 
-def _parse(headers: Mapping[str, str]) -> _Claim:
+def _parse(headers: Mapping[str, str]) -> Claim:
     h = _signed_headers(headers)
     try:
         identity = Identity.parse(h[HEADER_IDENTITY.lower()])
@@ -219,12 +227,10 @@ def _parse(headers: Mapping[str, str]) -> _Claim:
         raise _refuse(Refusal.MALFORMED, f"{HEADER_NONCE} must be 16-64 of [A-Za-z0-9_-]")
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
-    return _Claim(identity, millis, nonce, digest, signature)
+    return Claim(identity, millis, nonce, digest, signature)
 
 
-def _authenticate(
-    claim: _Claim, kind: str, method: str, path: str, body: bytes, key: bytes
-) -> None:
+def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:
     expected = _mac(
         key,
         _canonical(
@@ -233,8 +239,51 @@ def _authenticate(
     )
     if not hmac.compare_digest(expected, claim.signature):
         raise _refuse(Refusal.BAD_SIGNATURE, f"bad signature for {claim.identity}")
+
+
+def _check_digest(claim: Claim, body: bytes) -> None:
     if not hmac.compare_digest(hashlib.sha256(body).hexdigest(), claim.digest):
         raise _refuse(Refusal.BODY_DIGEST, f"the body is not the one {claim.identity} signed")
+
+
+def _authenticate(claim: Claim, kind: str, method: str, path: str, body: bytes, key: bytes) -> None:
+    _check_mac(claim, kind, method, path, key)
+    _check_digest(claim, body)
+
+
+def verify_headers(
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    keyring: Keyring,
+    now: float,
+    replay_cache: ReplayCache,
+) -> Claim:
+    """Everything ``verify`` checks without the body: the headers are there and
+    well-formed, the caller is known and signed them (method, path, timestamp, nonce
+    and the digest it claims), the timestamp is fresh and the nonce unseen.  Records
+    nothing: ``verify_body`` must follow, with the body."""
+    claim = _parse(headers)
+    key = keyring.get(claim.identity)
+    if key is None:
+        raise _refuse(Refusal.UNKNOWN_IDENTITY, f"{claim.identity} may not call this service")
+    _check_mac(claim, "request", method, path, key)
+    refusal = replay_cache.check(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    if refusal is not None:
+        raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
+    return claim
+
+
+def verify_body(claim: Claim, body: bytes, now: float, replay_cache: ReplayCache) -> Identity:
+    """The caller of a request whose headers passed ``verify_headers``, once ``body`` is
+    the one it signed; only then is its nonce recorded (a request with another body
+    uses none up), and freshness and replays are checked again (the body took time,
+    and a copy of the request may have been admitted meanwhile)."""
+    _check_digest(claim, body)
+    refusal = replay_cache.admit(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    if refusal is not None:
+        raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
+    return claim.identity
 
 
 def verify(
@@ -248,15 +297,8 @@ def verify(
 ) -> Identity:
     """The identity that signed this request; ``Unauthorized`` (with a ``Refusal``
     reason) if it is not signed, not by a known caller, not fresh, or replayed."""
-    claim = _parse(headers)
-    key = keyring.get(claim.identity)
-    if key is None:
-        raise _refuse(Refusal.UNKNOWN_IDENTITY, f"{claim.identity} may not call this service")
-    _authenticate(claim, "request", method, path, body, key)
-    refusal = replay_cache.admit(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
-    if refusal is not None:
-        raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
-    return claim.identity
+    claim = verify_headers(headers, method, path, keyring, now, replay_cache)
+    return verify_body(claim, body, now, replay_cache)
 
 
 def sign_response(
@@ -327,6 +369,22 @@ class ReplayCache:
     def entries(self) -> int:
         """Nonces held now, over all senders."""
         return sum(len(s.nonces) for s in self._senders.values())
+
+    def check(self, sender: str, nonce: str, ts: float, now: float) -> Refusal | None:
+        """What ``admit`` would refuse this request for, as far as can be told without
+        recording it (a full cache is ``admit``'s alone to judge); changes nothing."""
+        if ts < now - self.max_age_s:
+            return Refusal.STALE
+        if ts > now + self.max_future_s:
+            return Refusal.FUTURE
+        seen = self._senders.get(sender)
+        if seen is None:
+            return None
+        if ts <= seen.floor:
+            return Refusal.REPLAY_CACHE_FULL
+        if nonce in seen.nonces:
+            return Refusal.REPLAYED
+        return None
 
     def admit(self, sender: str, nonce: str, ts: float, now: float) -> Refusal | None:
         """Record ``nonce``; ``None`` if the request is fresh and new, else why not."""

@@ -213,7 +213,7 @@ def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
 
 def test_bad_submissions_are_dead_lettered_with_their_reason(fed: Federation) -> None:
     cfg, home = fed
-    refused, ok_result = asyncio.run(_submit_bad(cfg, home))
+    refused, ok_result, letters = asyncio.run(_submit_bad(cfg, home))
     assert refused == {
         "bad-token": "bad_token",
         "wrong-queue": "wrong_queue",
@@ -231,20 +231,32 @@ def test_bad_submissions_are_dead_lettered_with_their_reason(fed: Federation) ->
         "oversized": "too_large",
     }
     assert ok_result == "finished"
+    # a dead letter keeps a bounded prefix of a large body, and says how large it was
+    assert letters["oversized"] == (broker.DEAD_LETTER_BODY, cfg.max_body + 1, True)
+    assert letters["malformed"] == (3, 3, False)
     state = service_state(cfg, home, "gm0")
     assert state["dead_lettered"] >= 14
     assert get(cfg.gm_url("gm0") + "/health")[0] == 200
 
 
-async def _submit_bad(cfg: FederationConfig, home: Path) -> tuple[dict[str, str], str]:
+async def _submit_bad(
+    cfg: FederationConfig, home: Path
+) -> tuple[dict[str, str], str, dict[str, tuple[int, int, bool]]]:
     sub = Submitter.operator(cfg, home)
     await sub.open()
     dead: dict[str, str] = {}
+    letters: dict[str, tuple[int, int, bool]] = {}
     got_all = asyncio.Event()
     n_bad = 14
 
     async def on_dead(msg: Any) -> None:
-        dead[msg.headers["x-megha-tag"]] = msg.headers["x-megha-reason"]
+        tag = msg.headers["x-megha-tag"]
+        letters[tag] = (
+            len(msg.body),
+            msg.headers.get(broker.SIZE_HEADER),
+            msg.headers.get(broker.TRUNCATED_HEADER),
+        )
+        dead[tag] = msg.headers["x-megha-reason"]
         if len(dead) == n_bad:
             got_all.set()
 
@@ -316,4 +328,4 @@ async def _submit_bad(cfg: FederationConfig, home: Path) -> tuple[dict[str, str]
         await asyncio.sleep(0.1)
     result = "finished" if key in sub.outcomes.finished else "missing"
     await sub.close()
-    return dead, result
+    return dead, result, letters

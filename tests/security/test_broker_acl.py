@@ -34,9 +34,11 @@ from common.broker_names import (
 )
 from common.config import FederationConfig
 from common.errors import ConfigError
+from runtime.broker import declare_topology
 from security.broker_acl import (
     CREDENTIALS_ENV,
     NOTHING,
+    USER_QUEUE_JOBS_OF_MAX_SIZE,
     BrokerCredentials,
     BrokerLayout,
     Rabbitmqctl,
@@ -107,6 +109,36 @@ def test_topology_makes_topic_permissions_applicable() -> None:
     quorum = BrokerLayout("fed", ("gm0",), ("lm0",), (("u", "gm0"),), queue_type="quorum")
     user_q = next(q for q in topology(quorum).queues if q.name == "fed.user.u")
     assert dict(user_q.arguments)["x-delivery-limit"] == 5
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_dead_letters_and_user_queues_are_bounded(queue_type: str) -> None:
+    lay = BrokerLayout(
+        "fed", ("gm0",), ("lm0",), (("u", "gm0"),), queue_type=queue_type,
+        max_user_queue_bytes=1 << 20, max_dead_letters=7, max_dead_letter_bytes=1 << 16,
+    )  # fmt: skip
+    queues = {q.name: dict(q.arguments) for q in topology(lay).queues}
+    assert queues["fed.dead"] == {
+        "x-queue-type": queue_type,
+        "x-max-length": 7,
+        "x-max-length-bytes": 1 << 16,
+        "x-overflow": "drop-head",  # the newest reasons survive
+    }
+    assert queues["fed.user.u"]["x-max-length-bytes"] == 1 << 20
+    assert queues["fed.user.u"]["x-overflow"] == "reject-publish"
+    assert (
+        definitions(lay, make_credentials(lay, ADMIN_URL))["queues"][0]["arguments"]
+        == (queues["fed.dead"])
+    )
+
+
+def test_a_user_queue_holds_a_few_of_the_largest_jobs_a_gm_reads() -> None:
+    cfg = FederationConfig(max_body=1 << 20).validate()
+    lay = BrokerLayout.from_config(cfg)
+    assert lay.max_user_queue_bytes == USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body
+    assert BrokerLayout.from_config(FederationConfig().validate()).max_dead_letters == 10_000
+    with pytest.raises(ConfigError):
+        BrokerLayout("fed", ("gm0",), (), (), max_dead_letter_bytes=0)
 
 
 def test_routing_keys_fall_under_the_bindings() -> None:
@@ -512,6 +544,49 @@ def test_legitimate_operations_work(fed: Fed) -> None:
 
 
 @needs_broker
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_the_broker_keeps_dead_letters_and_user_queues_within_bounds(queue_type: str) -> None:
+    """RabbitMQ takes the limits on either queue type: the dead letters keep the newest,
+    a user's queue refuses what goes beyond its bytes."""
+    lay = BrokerLayout(
+        federation=f"megha-sectest-{secrets.token_hex(4)}", gms=("gm0",), lms=(),
+        users=(("alice", "gm0"),), queue_type=queue_type, max_user_queue_bytes=4096,
+        max_dead_letters=3, max_dead_letter_bytes=1 << 20,
+    )  # fmt: skip
+    creds = make_credentials(lay, ADMIN_URL)
+    ctl = Rabbitmqctl()
+
+    async def run() -> int:
+        async with (
+            connected(creds, user("alice")) as alice,
+            connected(creds, gm("gm0")) as gm0,
+            connected(creds, OPERATOR) as op,
+        ):
+            ch = await gm0.channel(publisher_confirms=True)
+            for i in range(5):
+                await publish(lay.dead_letter_exchange, "", f"refused-{i}".encode())(ch)
+            assert await depth(op, lay.dead_letter_queue) == 3
+            assert (await get_one(op, lay.dead_letter_queue)).body == b"refused-2"
+            ch = await alice.channel(publisher_confirms=True)
+            taken = 0
+            while True:
+                try:
+                    await publish(lay.submit_exchange, submit_key("alice"), b"\x00" * 3000)(ch)
+                except aiormq.exceptions.DeliveryError:  # a nack: the queue is full
+                    break
+                taken += 1
+                assert taken <= 2, "a user's queue takes more bytes than its bound"
+            assert await depth(op, lay.user_queue("alice")) == taken
+            return taken
+
+    try:
+        provision(lay, creds, ctl)
+        assert 1 <= asyncio.run(run()) <= 2  # quorum queues refuse once over the limit
+    finally:
+        teardown(lay, ctl)
+
+
+@needs_broker
 def test_a_user_cannot_publish_with_another_users_routing_key(
     fed: Fed,
 ) -> None:
@@ -703,3 +778,33 @@ def test_provision_refuses_a_taken_vhost_reprovisions_and_tears_down() -> None:
     assert not ctl.vhost_exists(lay.vhost)
     names = {r["user"] for r in ctl.json("list_users")}
     assert not names & {lay.broker_user(i) for i in lay.identities()}
+
+
+@needs_broker
+def test_declaring_again_keeps_a_queue_made_with_other_arguments(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--insecure-dev`` on a topology declared before its limits changed: RabbitMQ
+    would refuse the redeclare (PRECONDITION_FAILED); the queue is kept, with a warning."""
+    cfg = FederationConfig(name=f"megha-sectest-{secrets.token_hex(4)}", gms=1, lms=1).validate()
+    url = f"amqp://guest:guest@127.0.0.1:5672/{cfg.name}"
+    ctl = Rabbitmqctl()
+
+    async def run() -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            conn = await stack.enter_async_context(await aio_pika.connect(url, timeout=5))
+            ch = await conn.channel()
+            await ch.declare_queue(cfg.dead_letter_queue, durable=True)  # older arguments
+            await declare_topology(cfg, url)
+            ch = await conn.channel()
+            for q in topology(BrokerLayout.from_config(cfg)).queues:
+                await ch.declare_queue(q.name, passive=True)  # every queue is there
+            return len(topology(BrokerLayout.from_config(cfg)).queues)
+
+    ctl.run("add_vhost", cfg.name)
+    try:
+        ctl.run("set_permissions", "-p", cfg.name, "guest", ".*", ".*", ".*")
+        assert asyncio.run(run()) > 1
+    finally:
+        ctl.run("delete_vhost", cfg.name, absent_ok=True)
+    assert any(cfg.dead_letter_queue in r.getMessage() for r in caplog.records)

@@ -29,6 +29,8 @@ from security.signing import (
     sign_response,
     signing_key,
     verify,
+    verify_body,
+    verify_headers,
     verify_response,
 )
 
@@ -92,6 +94,54 @@ def test_a_signed_request_verifies_once() -> None:
     h = signed()
     assert verify(h, "POST", "/v1/launch", BODY, keyring(), NOW + 1, cache) == GM0
     assert refusal(h, now=NOW + 2, cache=cache) == Refusal.REPLAYED
+
+
+def test_headers_are_checked_without_the_body_and_use_no_nonce() -> None:
+    cache = ReplayCache()
+    h = signed()
+    claim = verify_headers(h, "POST", "/v1/launch", keyring(), NOW, cache)
+    assert verify_headers(h, "POST", "/v1/launch", keyring(), NOW, cache) == claim
+    assert cache.entries == 0
+    with pytest.raises(Unauthorized) as exc:  # another body: its nonce is not used up
+        verify_body(claim, b"another body", NOW, cache)
+    assert exc.value.reason == Refusal.BODY_DIGEST
+    assert cache.entries == 0
+    assert verify_body(claim, BODY, NOW, cache) == GM0
+    with pytest.raises(Unauthorized) as exc:  # now it is
+        verify_headers(h, "POST", "/v1/launch", keyring(), NOW, cache)
+    assert exc.value.reason == Refusal.REPLAYED
+
+
+@pytest.mark.parametrize(
+    ("headers", "now", "reason"),
+    [
+        ({}, NOW, Refusal.MISSING),
+        ({**signed(), HEADER_NONCE: "short"}, NOW, Refusal.MALFORMED),
+        (signed(who=gm("evil")), NOW, Refusal.UNKNOWN_IDENTITY),
+        ({**signed(), HEADER_SIGNATURE: "0" * 64}, NOW, Refusal.BAD_SIGNATURE),
+        ({**signed(), HEADER_DIGEST: "1" * 64}, NOW, Refusal.BAD_SIGNATURE),
+        (signed(), NOW + 31, Refusal.STALE),
+        (signed(), NOW - 6, Refusal.FUTURE),
+    ],
+)
+def test_headers_alone_refuse_with_the_reason_verify_gives(
+    headers: dict[str, str], now: float, reason: Refusal
+) -> None:
+    with pytest.raises(Unauthorized) as exc:
+        verify_headers(headers, "POST", "/v1/launch", keyring(), now, ReplayCache())
+    assert exc.value.reason == reason
+    assert refusal(headers, now=now) == reason
+
+
+def test_a_request_admitted_meanwhile_is_refused_after_its_body() -> None:
+    cache = ReplayCache()
+    h = signed()
+    first = verify_headers(h, "POST", "/v1/launch", keyring(), NOW, cache)
+    second = verify_headers(h, "POST", "/v1/launch", keyring(), NOW, cache)
+    assert verify_body(first, BODY, NOW, cache) == GM0
+    with pytest.raises(Unauthorized) as exc:
+        verify_body(second, BODY, NOW, cache)
+    assert exc.value.reason == Refusal.REPLAYED
 
 
 def test_header_names_are_case_insensitive() -> None:

@@ -1,0 +1,86 @@
+"""What ``Broker.dead_letter`` logs and republishes of a refused message (no broker: the
+dead-letter exchange is a stand-in that keeps what it is given)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aio_pika
+import pytest
+
+from common.config import FederationConfig
+from runtime import broker
+from runtime.broker import Broker, Exchanges
+
+
+class KeptExchange:
+    """Keeps every message published to it."""
+
+    def __init__(self) -> None:
+        self.published: list[aio_pika.Message] = []
+
+    async def publish(self, message: aio_pika.Message, routing_key: str, **_: Any) -> None:
+        self.published.append(message)
+
+
+class Refused:
+    """A delivered message, as much of it as ``dead_letter`` uses."""
+
+    def __init__(self, body: bytes, headers: dict[str, Any] | None = None) -> None:
+        self.body = body
+        self.headers = headers or {}
+        self.acked = False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+    async def reject(self, requeue: bool = False) -> None:
+        raise AssertionError("the dead-letter publish did not fail")
+
+
+def dead_letter(body: bytes, reason: str, detail: str) -> tuple[aio_pika.Message, Refused]:
+    """Dead-letter one message through a ``Broker``; what reached the exchange."""
+    b = Broker(FederationConfig().validate(), "gm0")
+    dlx = KeptExchange()
+    other = KeptExchange()
+    b._ex = Exchanges(other, other, other, dlx)  # type: ignore[arg-type]
+    msg = Refused(body, {"x-megha-tag": "t"})
+    asyncio.run(b.dead_letter(msg, "fed.user.u0", reason, detail))  # type: ignore[arg-type]
+    (out,) = dlx.published
+    return out, msg
+
+
+def test_a_dead_letter_detail_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="megha.broker")
+    detail = "job 'a\n2026-11-26 07:30:00,000 gm megha.gm INFO FORGED-LINE' is active"
+    out, msg = dead_letter(b"job", "duplicate_job_id\r", detail)
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "megha.broker"]
+    assert message.isprintable(), message
+    assert "FORGED-LINE" in message
+    assert out.headers is not None
+    assert out.headers[broker.REASON_HEADER] == "duplicate_job_id\r"
+    assert msg.acked
+
+
+def test_a_large_refused_body_is_dead_lettered_cut_with_its_size() -> None:
+    body = bytes(range(256)) * (3 * broker.DEAD_LETTER_BODY // 256)  # 3 x the prefix
+    out, msg = dead_letter(body, "too_large", "body of 196608 bytes exceeds 65536")
+    assert out.body == body[: broker.DEAD_LETTER_BODY]
+    assert out.headers is not None
+    assert out.headers[broker.SIZE_HEADER] == len(body)
+    assert out.headers[broker.TRUNCATED_HEADER] is True
+    assert out.headers[broker.REASON_HEADER] == "too_large"
+    assert out.headers["x-megha-tag"] == "t"  # its own headers are kept
+    assert out.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert msg.acked
+
+
+def test_a_small_refused_body_is_dead_lettered_whole() -> None:
+    body = b"\xc1" * broker.DEAD_LETTER_BODY
+    out, _ = dead_letter(body, "malformed_body", "not msgpack")
+    assert out.body == body
+    assert out.headers is not None
+    assert out.headers[broker.SIZE_HEADER] == len(body)
+    assert out.headers[broker.TRUNCATED_HEADER] is False
