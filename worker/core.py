@@ -13,7 +13,8 @@ Theory of operation:
 * Attempts: each ``(user, task id)`` runs at most one attempt here.  A start of an
   attempt already running is a repeat (ignored); a newer attempt replaces an older
   one (stopped first).  Timers and exits of an attempt no longer running are stale
-  and ignored, so nothing ever has to be cancelled.
+  and ignored, so nothing ever has to be cancelled.  A start of an attempt stopped
+  here before it arrived is answered ``LOST`` (not run): its LM places it again.
 * A ``StartTasks`` from an older LM epoch than the newest one seen is refused: a
   superseded LM (an old incarnation, or a fenced standby) cannot start work.
 * The pool registers with its LM (``RegisterPool`` -> ``RegisterWorkers``): at start,
@@ -191,7 +192,14 @@ class WorkerPool:
         spec = s.spec
         key = (spec.user, spec.task_id)
         if self.tombstones.get(key, 0) >= s.attempt:
+            # stopped before it started: never run, and its LM is told (it may hold it
+            # as running: a GM that lost track placed that attempt again)
             self.counters.stopped_before_start += 1
+            started.append(WorkerReport(
+                kind=ReportKind.LOST, node=s.node, user=spec.user, task_id=spec.task_id,
+                attempt=s.attempt, gm=s.gm, at=now, worker_at=now,
+                detail="stopped before it started",
+            ))  # fmt: skip
             return
         r = self.running.get(key)
         if r is not None:
