@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
@@ -41,6 +42,7 @@ from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_fr
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")
+Number = TypeVar("Number", int, float)
 
 
 def _ints(text: str) -> list[int]:
@@ -53,6 +55,25 @@ def _ints(text: str) -> list[int]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError("values must be positive")
     return values
+
+
+def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)``, finite and > 0 (``what`` names the kind)."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _positive(int, "an integer")
+_positive_float = _positive(float, "a finite number")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,13 +96,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="workload kind (default: trace if --trace is given, else synthetic)",
     )
     src.add_argument("--jobs", help="DAG job file (JSON, see README); implies --workload dag")
-    src.add_argument("--limit-jobs", type=int, help="replay only the first N jobs of the trace")
+    src.add_argument(
+        "--limit-jobs",
+        type=_positive_int,
+        help="replay only the first N (>= 1) jobs of the trace (default: all)",
+    )
     src.add_argument("--jobs-count", type=int, default=200, help="synthetic / DAG: number of jobs")
     src.add_argument("--tasks-per-job", type=int, default=20, help="synthetic: tasks per job")
     src.add_argument("--rate", type=float, default=5.0, help="synthetic: job arrivals per second")
     src.add_argument("--mean-duration", type=float, default=2.0, help="synthetic: mean task s")
-    src.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times")
-    src.add_argument("--duration-scale", type=float, default=1.0, help="multiply durations")
+    src.add_argument(
+        "--time-scale", type=_positive_float, default=1.0, help="multiply arrival times (> 0)"
+    )
+    src.add_argument(
+        "--duration-scale", type=_positive_float, default=1.0, help="multiply durations (> 0)"
+    )
     src.add_argument(
         "--profile",
         choices=sorted(PROFILES),
