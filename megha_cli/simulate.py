@@ -83,7 +83,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Replay a trace or a synthetic workload in virtual time on 1,000-50,000 workers. "
             "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
-            "the live services. Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
+            "the live services. A trace is replayed as written: the live GM's admission cap on "
+            "task duration (max_task_duration_s) does not apply. "
+            "Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

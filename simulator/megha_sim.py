@@ -23,6 +23,7 @@ queues form where they would form in a real deployment:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -69,7 +70,7 @@ from common.messages import (
 from common.metrics import GmCounters, LmCounters, total
 from common.model import Task, TaskKey, UserConfig
 from common.overload import OverloadPolicy
-from global_master.core import GlobalMaster
+from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
 from request_generator.workload import Job, to_submission
@@ -164,6 +165,12 @@ class _Server:
 
 QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
 
+SIM_LIMITS = AdmissionLimits(max_task_duration_s=math.inf)
+"""What the simulated GMs admit: a workload is replayed as written.  The live GM's
+cap on a task's duration (``max_task_duration_s``, an operator's setting) is not a
+property of a trace; applied here it refused jobs Sparrow ran, so the schedulers
+compared would not see the same workload."""
+
 
 class MeghaSimulation:
     """A federation of GMs, LMs and worker pools in virtual time, driving the real cores."""
@@ -191,6 +198,7 @@ class MeghaSimulation:
                 max_retries=self.cfg.max_retries,
                 patience=self.cfg.patience,
                 queues=queues,
+                limits=SIM_LIMITS,
                 overload=self.cfg.overload,
             )
         self.lms: dict[LmId, LocalMaster] = {
