@@ -221,6 +221,8 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
 
 
 def scheduler_summary(result: SimResult) -> dict[str, Any]:
+    """One scheduler's figures: every task of the workload (``tasks``; failed ones in
+    ``failed_tasks``), JCTs of the jobs that completed (no task failed)."""
     s = summarize_tasks(result.tasks)
     s["jct_s"] = jct_stats(result.job_completion)
     s["makespan_s"] = result.makespan_s
@@ -228,6 +230,7 @@ def scheduler_summary(result: SimResult) -> dict[str, Any]:
     s["failed_tasks"] = len(result.failed)
     s["stuck_tasks"] = result.stuck
     s["jobs_completed"] = len(result.job_completion)
+    s["jobs_failed"] = len(result.failed_jobs)
     return s
 
 
@@ -347,7 +350,8 @@ def point_sections(summary: dict[str, Any]) -> list[Section]:
         restarted = bool(s["tasks_restarted"])
         rows.append(
             [
-                n, str(s["jobs_completed"]), f"{s['jct_s']['mean']:.2f}", f"{s['jct_s']['p50']:.2f}",
+                n, str(s["jobs_completed"]), str(s["jobs_failed"]),
+                f"{s['jct_s']['mean']:.2f}", f"{s['jct_s']['p50']:.2f}",
                 str(s["failed_tasks"]), str(s["stuck_tasks"]),
                 f"{s['first_start_s']['p99']:.3g}" if restarted else "-",
                 f"{s['reallocation_s']['p99']:.3g}" if restarted else "-",
@@ -357,7 +361,7 @@ def point_sections(summary: dict[str, Any]) -> list[Section]:
         )  # fmt: skip
     runs = Section(
         "",
-        ["scheduler", "jobs", "JCT mean s", "JCT p50 s", "failed", "stuck",
+        ["scheduler", "jobs", "jobs failed", "JCT mean s", "JCT p50 s", "tasks failed", "stuck",
          "p99 to first start s", "re-allocation p99 s", "preemptions",
          "work thrown away CPU-s", "wall s", "CPU ms/task"],
         rows,

@@ -222,19 +222,19 @@ def run_policies(
             if isinstance(q, JobQueues):
                 yielded += q.counters["leftover_yielded"]
                 reused += q.counters["leftover_reused"]
-        started = [t for t in res.tasks if t.started_at >= 0]
         figures: dict[str, Any] = {
             "jct_s": jct_stats(res.job_completion),
             "makespan_s": res.makespan_s,
             "jain": jain_windows(res, users, mine),
             "leftover": {"yielded_share_s": yielded, "reused_share_s": reused},
             "jobs_completed": len(res.job_completion),
+            "jobs_failed": len(res.failed_jobs),
             "failed_tasks": len(res.failed),
             "stuck_tasks": res.stuck,
             "preemptions": res.counters.get("preemptions", 0),
             "wall_s": res.wall_s,
             "job_jct_s": dict(res.job_completion),
-            **summarize_tasks(started),
+            **summarize_tasks(res.tasks),
         }
         schedulers[policy] = figures
         if out is not None:

@@ -141,6 +141,8 @@ class SimResult:
     counters: dict[str, float]
     makespan_s: float
     failed: dict[TaskKey, str] = field(default_factory=dict)
+    failed_jobs: set[JobId] = field(default_factory=set)
+    """Jobs with a task that failed or was refused (not in ``job_completion``)."""
     usage_samples: list[tuple[float, dict[UserId, float]]] = field(default_factory=list)
     stuck: int = 0
     events: int = 0
@@ -499,6 +501,7 @@ class MeghaSimulation:
             counters=self.counters(),
             makespan_s=book.makespan,
             failed=book.failed,
+            failed_jobs=book.failed_jobs,
             usage_samples=self.usage_samples,
             stuck=self.stuck,
             events=self.loop.events,

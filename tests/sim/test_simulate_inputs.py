@@ -48,4 +48,5 @@ def test_a_task_longer_than_the_live_admission_limit_runs_in_every_scheduler(
     for name, s in schedulers.items():
         assert s["failed_tasks"] == 0, name
         assert s["jobs_completed"] == 1, name
+        assert s["jobs_failed"] == 0, name
         assert s["jct_s"]["mean"] == pytest.approx(1e6, abs=1.0), name
