@@ -38,7 +38,13 @@ from request_generator.workload import (
     read_trace,
     synthetic_jobs,
 )
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_from_args
+from simulator.megha_sim import (
+    MeghaSimulation,
+    SimConfig,
+    SimResult,
+    config_from_args,
+    timing_of,
+)
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")
@@ -274,13 +280,7 @@ def run_point(
 
     def record(name: str, result: SimResult) -> None:
         results[name] = result
-        n = max(1, len(result.tasks))
-        timing[name] = {
-            "wall_s": round(result.wall_s, 3),
-            "cpu_s": round(result.cpu_s, 3),
-            "cpu_ms_per_task": round(1000 * result.cpu_s / n, 4),
-            "events": result.events,
-        }
+        timing[name] = timing_of(result)
 
     # Megha
     jobs = build_jobs(args, users)
@@ -377,6 +377,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+PointRun = Callable[[argparse.Namespace, int, int, int, Path], dict[str, Any]]
+"""Runs one federation size (workers, GMs, LMs) into a directory; returns its summary."""
+
+
+def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """Shows a trace or synthetic point's tables."""
+
+    def report(summary: dict[str, Any]) -> None:
+        show(point_sections(summary), quiet=quiet)
+
+    return report
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.jobs:
         args.workload = "dag"
@@ -384,15 +397,19 @@ def _run(args: argparse.Namespace) -> int:
         args.workload = "trace" if args.trace else "synthetic"
     out = Path(args.out)
     wall0, cpu0 = time.perf_counter(), time.process_time()
+    point: PointRun = run_point
+    report = _trace_report(args.quiet)
+    files = "summary.json, tasks-*.csv, allocation_cdf.png, components.png"
     if args.workload == "dag":
-        return _run_dag(args, out)
+        point, report = _dag_point, _dag_report(args.quiet)
+        files = "summary.json, shares-*.png"
     points = list(itertools.product(args.workers, args.gms, args.lms))
     summaries = []
     for workers, g, lm in points:
         target = out if len(points) == 1 else out / f"w{workers}_g{g}_l{lm}"
-        s = run_point(args, workers, g, lm, target)
+        s = point(args, workers, g, lm, target)
         print()
-        show(point_sections(s), quiet=args.quiet)
+        report(s)
         summaries.append(s)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     if len(points) > 1:
@@ -402,7 +419,7 @@ def _run(args: argparse.Namespace) -> int:
         data["wall_s"], data["cpu_s"] = round(wall, 3), round(cpu, 3)
         data["timing"] = summaries[0]["timing"]
         (out / "summary.json").write_text(json.dumps(data, indent=2, sort_keys=True))
-    print(f"\nwrote {out}/ (summary.json, tasks-*.csv, allocation_cdf.png, components.png)")
+    print(f"\nwrote {out}/ ({files})")
     return 0
 
 
@@ -455,9 +472,29 @@ def _plot_sweep(path: Path, table: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
-def _run_dag(args: argparse.Namespace, out: Path) -> int:
-    """DAG jobs under the queue policies (Carbyne and its baselines)."""
+def _dag_point(
+    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
+) -> dict[str, Any]:
+    """DAG jobs under the queue policies (Carbyne and its baselines), with progress."""
     from simulator import dag_run  # the Carbyne comparison, same simulator and cores
 
-    runner: Callable[[argparse.Namespace, Path], int] = dag_run.run_cli
-    return runner(args, out)
+    def runner(policy: str, sim: MeghaSimulation) -> SimResult:
+        total = sim.book.outstanding
+        return _with_progress(policy, total, lambda: sim.outstanding, sim.run, args.quiet)
+
+    summary: dict[str, Any] = dag_run.run_point(args, workers, n_gms, n_lms, out, runner)
+    return summary
+
+
+def _dag_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """Prints a DAG point's policies against the best (the paper's Fig. 4/5 table)."""
+    from simulator import dag_run
+
+    def report(summary: dict[str, Any]) -> None:
+        if not quiet:
+            title = f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs"
+            print(
+                f"{title}\n{dag_run.format_versus_best({summary['arrivals']: summary['schedulers']})}"
+            )
+
+    return report

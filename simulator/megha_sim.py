@@ -151,6 +151,17 @@ class SimResult:
     cpu_s: float = 0.0
 
 
+def timing_of(result: SimResult) -> dict[str, float]:
+    """What a run cost: wall and CPU seconds, CPU ms per simulated task, events."""
+    n = max(1, len(result.tasks))
+    return {
+        "wall_s": round(result.wall_s, 3),
+        "cpu_s": round(result.cpu_s, 3),
+        "cpu_ms_per_task": round(1000 * result.cpu_s / n, 4),
+        "events": result.events,
+    }
+
+
 class _Server:
     """A GM or LM as a single server with a FIFO inbox."""
 

@@ -50,3 +50,22 @@ def test_a_task_longer_than_the_live_admission_limit_runs_in_every_scheduler(
         assert s["jobs_completed"] == 1, name
         assert s["jobs_failed"] == 0, name
         assert s["jct_s"]["mean"] == pytest.approx(1e6, abs=1.0), name
+
+
+def test_a_dag_sweep_runs_every_point_with_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--workload dag`` with several --gms / --workers runs each point, as trace runs do."""
+    args = ["simulate", "--workload", "dag", "--jobs-count", "4", "--rate", "1"]
+    args += ["--workers", "20,40", "--gms", "1,2", "--lms", "2", "--policies", "drf,sjf"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    for point in ("w20_g1_l2", "w20_g2_l2", "w40_g1_l2", "w40_g2_l2"):
+        summary = json.loads((tmp_path / point / "summary.json").read_text())
+        assert set(summary["schedulers"]) == {"drf", "sjf"}
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sorted((r["scheduler"], r["workers"], r["gms"]) for r in sweep) == sorted(
+        (p, w, g) for p in ("drf", "sjf") for w in (20, 40) for g in (1, 2)
+    )
+    err = capsys.readouterr().err
+    assert "drf: " in err
+    assert "sjf: " in err
