@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
@@ -37,10 +38,17 @@ from request_generator.workload import (
     read_trace,
     synthetic_jobs,
 )
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_from_args
+from simulator.megha_sim import (
+    MeghaSimulation,
+    SimConfig,
+    SimResult,
+    config_from_args,
+    timing_of,
+)
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")
+Number = TypeVar("Number", int, float)
 
 
 def _ints(text: str) -> list[int]:
@@ -55,6 +63,25 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)``, finite and > 0 (``what`` names the kind)."""
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _positive(int, "an integer")
+_positive_float = _positive(float, "a finite number")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
@@ -62,7 +89,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Replay a trace or a synthetic workload in virtual time on 1,000-50,000 workers. "
             "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
-            "the live services. Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
+            "the live services. A trace is replayed as written: the live GM's admission cap on "
+            "task duration (max_task_duration_s) does not apply. "
+            "Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -75,13 +104,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="workload kind (default: trace if --trace is given, else synthetic)",
     )
     src.add_argument("--jobs", help="DAG job file (JSON, see README); implies --workload dag")
-    src.add_argument("--limit-jobs", type=int, help="replay only the first N jobs of the trace")
+    src.add_argument(
+        "--limit-jobs",
+        type=_positive_int,
+        help="replay only the first N (>= 1) jobs of the trace (default: all)",
+    )
     src.add_argument("--jobs-count", type=int, default=200, help="synthetic / DAG: number of jobs")
     src.add_argument("--tasks-per-job", type=int, default=20, help="synthetic: tasks per job")
     src.add_argument("--rate", type=float, default=5.0, help="synthetic: job arrivals per second")
     src.add_argument("--mean-duration", type=float, default=2.0, help="synthetic: mean task s")
-    src.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times")
-    src.add_argument("--duration-scale", type=float, default=1.0, help="multiply durations")
+    src.add_argument(
+        "--time-scale", type=_positive_float, default=1.0, help="multiply arrival times (> 0)"
+    )
+    src.add_argument(
+        "--duration-scale", type=_positive_float, default=1.0, help="multiply durations (> 0)"
+    )
     src.add_argument(
         "--profile",
         choices=sorted(PROFILES),
@@ -190,6 +227,8 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
 
 
 def scheduler_summary(result: SimResult) -> dict[str, Any]:
+    """One scheduler's figures: every task of the workload (``tasks``; failed ones in
+    ``failed_tasks``), JCTs of the jobs that completed (no task failed)."""
     s = summarize_tasks(result.tasks)
     s["jct_s"] = jct_stats(result.job_completion)
     s["makespan_s"] = result.makespan_s
@@ -197,6 +236,7 @@ def scheduler_summary(result: SimResult) -> dict[str, Any]:
     s["failed_tasks"] = len(result.failed)
     s["stuck_tasks"] = result.stuck
     s["jobs_completed"] = len(result.job_completion)
+    s["jobs_failed"] = len(result.failed_jobs)
     return s
 
 
@@ -240,13 +280,7 @@ def run_point(
 
     def record(name: str, result: SimResult) -> None:
         results[name] = result
-        n = max(1, len(result.tasks))
-        timing[name] = {
-            "wall_s": round(result.wall_s, 3),
-            "cpu_s": round(result.cpu_s, 3),
-            "cpu_ms_per_task": round(1000 * result.cpu_s / n, 4),
-            "events": result.events,
-        }
+        timing[name] = timing_of(result)
 
     # Megha
     jobs = build_jobs(args, users)
@@ -316,7 +350,8 @@ def point_sections(summary: dict[str, Any]) -> list[Section]:
         restarted = bool(s["tasks_restarted"])
         rows.append(
             [
-                n, str(s["jobs_completed"]), f"{s['jct_s']['mean']:.2f}", f"{s['jct_s']['p50']:.2f}",
+                n, str(s["jobs_completed"]), str(s["jobs_failed"]),
+                f"{s['jct_s']['mean']:.2f}", f"{s['jct_s']['p50']:.2f}",
                 str(s["failed_tasks"]), str(s["stuck_tasks"]),
                 f"{s['first_start_s']['p99']:.3g}" if restarted else "-",
                 f"{s['reallocation_s']['p99']:.3g}" if restarted else "-",
@@ -326,7 +361,7 @@ def point_sections(summary: dict[str, Any]) -> list[Section]:
         )  # fmt: skip
     runs = Section(
         "",
-        ["scheduler", "jobs", "JCT mean s", "JCT p50 s", "failed", "stuck",
+        ["scheduler", "jobs", "jobs failed", "JCT mean s", "JCT p50 s", "tasks failed", "stuck",
          "p99 to first start s", "re-allocation p99 s", "preemptions",
          "work thrown away CPU-s", "wall s", "CPU ms/task"],
         rows,
@@ -342,6 +377,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+PointRun = Callable[[argparse.Namespace, int, int, int, Path], dict[str, Any]]
+"""Runs one federation size (workers, GMs, LMs) into a directory; returns its summary."""
+
+
+def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """Shows a trace or synthetic point's tables."""
+
+    def report(summary: dict[str, Any]) -> None:
+        show(point_sections(summary), quiet=quiet)
+
+    return report
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.jobs:
         args.workload = "dag"
@@ -349,15 +397,19 @@ def _run(args: argparse.Namespace) -> int:
         args.workload = "trace" if args.trace else "synthetic"
     out = Path(args.out)
     wall0, cpu0 = time.perf_counter(), time.process_time()
+    point: PointRun = run_point
+    report = _trace_report(args.quiet)
+    files = "summary.json, tasks-*.csv, allocation_cdf.png, components.png"
     if args.workload == "dag":
-        return _run_dag(args, out)
+        point, report = _dag_point, _dag_report(args.quiet)
+        files = "summary.json, shares-*.png"
     points = list(itertools.product(args.workers, args.gms, args.lms))
     summaries = []
     for workers, g, lm in points:
         target = out if len(points) == 1 else out / f"w{workers}_g{g}_l{lm}"
-        s = run_point(args, workers, g, lm, target)
+        s = point(args, workers, g, lm, target)
         print()
-        show(point_sections(s), quiet=args.quiet)
+        report(s)
         summaries.append(s)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     if len(points) > 1:
@@ -367,7 +419,7 @@ def _run(args: argparse.Namespace) -> int:
         data["wall_s"], data["cpu_s"] = round(wall, 3), round(cpu, 3)
         data["timing"] = summaries[0]["timing"]
         (out / "summary.json").write_text(json.dumps(data, indent=2, sort_keys=True))
-    print(f"\nwrote {out}/ (summary.json, tasks-*.csv, allocation_cdf.png, components.png)")
+    print(f"\nwrote {out}/ ({files})")
     return 0
 
 
@@ -420,9 +472,29 @@ def _plot_sweep(path: Path, table: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
-def _run_dag(args: argparse.Namespace, out: Path) -> int:
-    """DAG jobs under the queue policies (Carbyne and its baselines)."""
+def _dag_point(
+    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
+) -> dict[str, Any]:
+    """DAG jobs under the queue policies (Carbyne and its baselines), with progress."""
     from simulator import dag_run  # the Carbyne comparison, same simulator and cores
 
-    runner: Callable[[argparse.Namespace, Path], int] = dag_run.run_cli
-    return runner(args, out)
+    def runner(policy: str, sim: MeghaSimulation) -> SimResult:
+        total = sim.book.outstanding
+        return _with_progress(policy, total, lambda: sim.outstanding, sim.run, args.quiet)
+
+    summary: dict[str, Any] = dag_run.run_point(args, workers, n_gms, n_lms, out, runner)
+    return summary
+
+
+def _dag_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """Prints a DAG point's policies against the best (the paper's Fig. 4/5 table)."""
+    from simulator import dag_run
+
+    def report(summary: dict[str, Any]) -> None:
+        if not quiet:
+            title = f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs"
+            print(
+                f"{title}\n{dag_run.format_versus_best({summary['arrivals']: summary['schedulers']})}"
+            )
+
+    return report

@@ -15,6 +15,7 @@ The clusters they run on (profiles, machines, partitions, users) are
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,34 +36,64 @@ class TraceJob:
 
 
 def read_trace(path: str | Path, *, limit_jobs: int | None = None) -> list[TraceJob]:
-    """Parse a trace file; a malformed line is a ``ConfigError`` naming it."""
+    """Parse a trace file: one job a line, ``arrival n mean d_1 .. d_n`` separated by
+    blanks (exactly ``n`` durations; ``#`` starts a comment, blank lines are
+    skipped).  Numbers are finite, durations and the arrival non-negative, ``n`` a
+    positive integer; ``mean`` is checked but not used (the durations are).  The first
+    ``limit_jobs`` jobs of the file are kept.  A malformed line is a ``ConfigError``
+    naming it and what is wrong (reason ``bad_trace``)."""
+    if limit_jobs is not None and limit_jobs < 1:
+        raise ConfigError(f"limit_jobs must be at least 1, got {limit_jobs}", reason="bad_trace")
     jobs: list[TraceJob] = []
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
-    except OSError as exc:
+        lines = p.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read trace {p}: {exc}", reason="trace_unreadable") from exc
     for lineno, line in enumerate(lines, 1):
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
             continue
         try:
-            arrival, n = float(fields[0]), int(fields[1])
-            durations = tuple(float(x) for x in fields[3 : 3 + n])
-        except (ValueError, IndexError) as exc:
-            raise ConfigError(
-                f"{p}:{lineno}: not 'arrival n mean d1..dn'", reason="bad_trace"
-            ) from exc
-        if len(durations) != n or n <= 0 or arrival < 0 or any(d < 0 for d in durations):
-            raise ConfigError(
-                f"{p}:{lineno}: expected {n} non-negative durations, got {len(durations)}",
-                reason="bad_trace",
-            )
-        jobs.append(TraceJob(arrival, durations))
+            jobs.append(_trace_line(fields))
+        except ValueError as exc:
+            raise ConfigError(f"{p}:{lineno}: {exc}", reason="bad_trace") from None
         if limit_jobs is not None and len(jobs) >= limit_jobs:
             break
     jobs.sort(key=lambda j: j.arrival)
     return jobs
+
+
+def _number(text: str, what: str) -> float:
+    """A finite, non-negative number, or a ``ValueError`` saying which field is wrong."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not a number") from None
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"{what} {text!r} is not a finite non-negative number")
+    return x
+
+
+def _trace_line(fields: Sequence[str]) -> TraceJob:
+    """One trace line's job (``fields``: the line split on blanks)."""
+    if len(fields) < 3:
+        raise ValueError(
+            f"{len(fields)} field(s), expected 'arrival n mean d_1 .. d_n' separated by blanks"
+        )
+    arrival = _number(fields[0], "arrival")
+    try:
+        n = int(fields[1])
+    except ValueError:
+        raise ValueError(f"task count {fields[1]!r} is not a whole number") from None
+    if n < 1:
+        raise ValueError(f"task count is {n}, a job needs at least one task")
+    _number(fields[2], "mean duration")
+    given = len(fields) - 3
+    if given != n:
+        raise ValueError(f"declares {n} task(s) but lists {given} duration(s)")
+    durations = tuple(_number(x, f"duration {i}") for i, x in enumerate(fields[3:], 1))
+    return TraceJob(arrival, durations)
 
 
 TASK_CONSTRAINT_WEIGHTS: tuple[float, ...] = tuple(1.0 / (1 + c) for c in range(N_CONSTRAINTS))

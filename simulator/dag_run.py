@@ -18,8 +18,7 @@ import argparse
 import copy
 import json
 import random
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,17 @@ from common.metrics import summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult, config_from_args
+from simulator.megha_sim import (
+    MeghaSimulation,
+    SimConfig,
+    SimResult,
+    config_from_args,
+    timing_of,
+)
 
 JAIN_WINDOW_S = 60.0
+Runner = Callable[[str, MeghaSimulation], SimResult]
+"""Runs one policy's simulation: ``runner(policy, sim)``."""
 ARRIVALS = ("offline", "online")
 DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
 """Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's)."""
@@ -190,10 +197,13 @@ def run_policies(
     *,
     p_altruism: float = 1.0,
     out: Path | None = None,
+    runner: Runner | None = None,
 ) -> dict[str, Any]:
-    """Run ``jobs`` once per policy; returns ``{"schedulers": {policy: figures}}``.
+    """Run ``jobs`` once per policy; returns ``{"schedulers": {policy: figures},
+    "timing": {policy: cost of the run}}``.
 
-    With ``out``, writes ``shares-<policy>.png`` there.
+    With ``out``, writes ``shares-<policy>.png`` there; ``runner(policy, sim)`` runs
+    each simulation (e.g. with a progress bar), ``sim.run()`` by default.
     """
     for p in policies:
         if p not in POLICIES:
@@ -205,6 +215,7 @@ def run_policies(
     if cfg.sample_usage_every_s is None:
         cfg.sample_usage_every_s = 1.0
     schedulers: dict[str, Any] = {}
+    timing: dict[str, dict[str, float]] = {}
     for policy in policies:
         mine = copy.deepcopy(jobs)
         sim = MeghaSimulation(
@@ -215,37 +226,42 @@ def run_policies(
             queues_factory=make_policy(policy, users, p_altruism=p_altruism, seed=seed),
         )
         sim.add_jobs(mine)
-        res = sim.run()
+        res = runner(policy, sim) if runner is not None else sim.run()
+        timing[policy] = timing_of(res)
         yielded = reused = 0.0
         for gm in sim.gms.values():
             q = gm.queues
             if isinstance(q, JobQueues):
                 yielded += q.counters["leftover_yielded"]
                 reused += q.counters["leftover_reused"]
-        started = [t for t in res.tasks if t.started_at >= 0]
         figures: dict[str, Any] = {
             "jct_s": jct_stats(res.job_completion),
             "makespan_s": res.makespan_s,
             "jain": jain_windows(res, users, mine),
             "leftover": {"yielded_share_s": yielded, "reused_share_s": reused},
             "jobs_completed": len(res.job_completion),
+            "jobs_failed": len(res.failed_jobs),
             "failed_tasks": len(res.failed),
             "stuck_tasks": res.stuck,
             "preemptions": res.counters.get("preemptions", 0),
             "wall_s": res.wall_s,
             "job_jct_s": dict(res.job_completion),
-            **summarize_tasks(started),
+            **summarize_tasks(res.tasks),
         }
         schedulers[policy] = figures
         if out is not None:
             plot_shares(out / f"shares-{policy}.png", res, users, f"dominant share: {policy}")
-    return {"schedulers": schedulers}
+    return {"schedulers": schedulers, "timing": timing}
 
 
 def _clusters_for(
-    args: argparse.Namespace, width: int, gm_ids: Sequence[GmId], rng: random.Random
+    args: argparse.Namespace,
+    width: int,
+    gm_ids: Sequence[GmId],
+    workers: int,
+    lms: int,
+    rng: random.Random,
 ) -> list[ClusterSpec]:
-    workers, lms = args.workers[0], args.lms[0]
     if width == 2 and getattr(args, "profile", "") == "paper":
         return make_federation(workers, gm_ids, lms, profile("paper"), False, rng)
     cap = DAG_NODE_CAPACITY.get(width, tuple([100] * width))
@@ -253,9 +269,13 @@ def _clusters_for(
     return [ClusterSpec(c.lm, [NodeSpec(cap) for _ in c.nodes], c.home, c.profile) for c in base]
 
 
-def run_cli(args: argparse.Namespace, out: Path) -> int:
-    """``megha simulate --workload dag``: writes ``out/summary.json`` and share plots."""
-    gm_ids = [GmId(f"gm{i}") for i in range(args.gms[0])]
+def run_point(
+    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path, runner: Runner
+) -> dict[str, Any]:
+    """``megha simulate --workload dag`` at one federation size: every policy on the
+    same jobs, each run by ``runner``; writes ``out/summary.json`` and share plots,
+    returns the summary (with each policy's ``timing``, as trace runs give it)."""
+    gm_ids = [GmId(f"gm{i}") for i in range(n_gms)]
     users = parse_users(args.users, gm_ids)
     rng = random.Random(args.seed)
     if args.jobs:
@@ -280,13 +300,14 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
                 t.spec = replace(t.spec, duration=t.spec.duration * args.duration_scale)
     arrivals: str = args.arrivals
     jobs = with_arrivals(jobs, arrivals)
-    clusters = _clusters_for(args, width, gm_ids, rng)
+    clusters = _clusters_for(args, width, gm_ids, workers, n_lms, rng)
     cfg = config_from_args(args, sample_usage_every_s=1.0)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     summary = run_policies(
         jobs, clusters, gm_ids, users, policies, cfg, args.seed,
-        p_altruism=args.p_altruism, out=out,
+        p_altruism=args.p_altruism, out=out, runner=runner,
     )  # fmt: skip
+    timing = summary.pop("timing")
     summary.update(
         {
             "workload": "dag",
@@ -294,16 +315,14 @@ def run_cli(args: argparse.Namespace, out: Path) -> int:
             "jobs": len(jobs),
             "tasks": sum(len(j.tasks) for j in jobs),
             "dag": dag_stats(jobs),
-            "workers": args.workers[0],
+            "workers": workers,
             "gms": len(gm_ids),
-            "lms": args.lms[0],
+            "lms": n_lms,
             "seed": args.seed,
         }
     )
     summary["versus_best"] = versus_best(summary["schedulers"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    if not getattr(args, "quiet", False):
-        print(format_versus_best({arrivals: summary["schedulers"]}))
-        print(f"\nwrote {out}/ (summary.json, shares-*.png)", file=sys.stderr)
-    return 0
+    summary["timing"] = timing
+    return summary

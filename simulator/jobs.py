@@ -3,7 +3,9 @@
 One book for every simulated scheduler, so Megha, Sparrow and the centralized
 configuration count finished jobs the same way.  Tasks are recorded as their
 outcomes arrive (the GM's ledger of each task); a task with no outcome at the end
-is reported as it was submitted, never started.
+is reported as it was submitted, never started.  A job completes when every task
+of it has finished; a job with a task that failed (or was refused) has failed: it
+has no completion time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class _Entry:
 
 
 class JobBook:
-    """Tasks in, completions out; a job completes when its last task is done."""
+    """Tasks in, completions out; a job completes when its last task has finished,
+    and has failed (``failed_jobs``, no completion time) if any task of it failed."""
 
     def __init__(self) -> None:
         self._entries: dict[TaskKey, _Entry] = {}
@@ -33,6 +36,7 @@ class JobBook:
         self.job_left: dict[JobId, int] = {}
         self.job_completion: dict[JobId, float] = {}
         self.failed: dict[TaskKey, str] = {}
+        self.failed_jobs: set[JobId] = set()
         self.first_arrival: float | None = None
         self.last_finish = 0.0
 
@@ -54,12 +58,13 @@ class JobBook:
         self._outcomes[key] = task
         if failure:
             self.failed[key] = failure
+            self.failed_jobs.add(task.job_id)
         elif task.finished_at < 0:
             task.finished_at = t
         self.last_finish = max(self.last_finish, t)
         left = self.job_left[task.job_id] - 1
         self.job_left[task.job_id] = left
-        if left == 0:
+        if left == 0 and task.job_id not in self.failed_jobs:
             self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
 
     def done_spec(self, spec: TaskSpec, t: float, failure: str) -> None:

@@ -14,7 +14,11 @@ queues form where they would form in a real deployment:
 * Worker pools (one per LM, as live): the same ``WorkerPool`` core as the live
   worker; its timers (``After``) become events of the loop.
 * Heartbeats: every LM sends its state delta to every GM each ``update_period_s``,
-  the LMs' phases spread over the period.
+  the LMs' phases spread over the period.  While the federation is idle (every task
+  that has arrived has its outcome) an LM whose last delta has been sent skips its
+  heartbeats (they would be empty) until the next arrival or a change of its state,
+  then resumes on its phase; the watchdog skips the idle gap too.  So a trace's idle
+  spans cost no events, and each GM's view is as up to date as with every heartbeat.
 * What each message costs a server, and what a hop takes, is ``simulator.costs``'s
   (``gm_cost``, ``decision_cost``, ``lm_cost``, ``lm_send_cost``, ``hop``): the cores'
   costs by default; calibrated to a live run, also each service's fixed cost per
@@ -23,6 +27,7 @@ queues form where they would form in a real deployment:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -69,7 +74,7 @@ from common.messages import (
 from common.metrics import GmCounters, LmCounters, total
 from common.model import Task, TaskKey, UserConfig
 from common.overload import OverloadPolicy
-from global_master.core import GlobalMaster
+from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
 from request_generator.workload import Job, to_submission
@@ -140,12 +145,25 @@ class SimResult:
     counters: dict[str, float]
     makespan_s: float
     failed: dict[TaskKey, str] = field(default_factory=dict)
+    failed_jobs: set[JobId] = field(default_factory=set)
+    """Jobs with a task that failed or was refused (not in ``job_completion``)."""
     usage_samples: list[tuple[float, dict[UserId, float]]] = field(default_factory=list)
     stuck: int = 0
     events: int = 0
     virtual_s: float = 0.0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+
+
+def timing_of(result: SimResult) -> dict[str, float]:
+    """What a run cost: wall and CPU seconds, CPU ms per simulated task, events."""
+    n = max(1, len(result.tasks))
+    return {
+        "wall_s": round(result.wall_s, 3),
+        "cpu_s": round(result.cpu_s, 3),
+        "cpu_ms_per_task": round(1000 * result.cpu_s / n, 4),
+        "events": result.events,
+    }
 
 
 class _Server:
@@ -163,6 +181,12 @@ class _Server:
 
 
 QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
+
+SIM_LIMITS = AdmissionLimits(max_task_duration_s=math.inf)
+"""What the simulated GMs admit: a workload is replayed as written.  The live GM's
+cap on a task's duration (``max_task_duration_s``, an operator's setting) is not a
+property of a trace; applied here it refused jobs Sparrow ran, so the schedulers
+compared would not see the same workload."""
 
 
 class MeghaSimulation:
@@ -191,6 +215,7 @@ class MeghaSimulation:
                 max_retries=self.cfg.max_retries,
                 patience=self.cfg.patience,
                 queues=queues,
+                limits=SIM_LIMITS,
                 overload=self.cfg.overload,
             )
         self.lms: dict[LmId, LocalMaster] = {
@@ -216,6 +241,15 @@ class MeghaSimulation:
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
         self._arrivals_left = 0
+        self._unarrived_tasks = 0
+        self._hb_phase: dict[LmId, float] = {}
+        """When each LM's heartbeats fall (mod ``update_period_s``)."""
+        self._hb_sent: dict[LmId, int] = {}
+        """Each LM's state version when its last heartbeat was delivered."""
+        self._parked: set[LmId] = set()
+        """LMs skipping their heartbeats while the federation is idle."""
+        self._watchdog_phase = 0.0
+        self._watchdog_parked = False
         self._running_timers = 0
         self.stuck = 0
         for lm in self.lms.values():
@@ -245,10 +279,13 @@ class MeghaSimulation:
                 raise ValueError(f"job {job.job_id}: user {job.user!r} has no GM")
             self.book.add(job)
             self._arrivals_left += 1
+            self._unarrived_tasks += len(job.tasks)
             self.loop.at(job.arrival, self._arrive, job)
 
     def _arrive(self, job: Job | DagJob) -> None:
         self._arrivals_left -= 1
+        self._unarrived_tasks -= len(job.tasks)
+        self._wake()
         sub = to_submission(job, "", self.loop.now)
         self._deliver_gm(self.user_gm[job.user], AdmitJob(job=sub))
 
@@ -309,7 +346,10 @@ class MeghaSimulation:
         srv = self._lm_srv[lm_id]
         arrived, msg = srv.inbox.popleft()
         now = self.loop.now
-        effects = self.lms[lm_id].handle(msg, now)
+        lm = self.lms[lm_id]
+        effects = lm.handle(msg, now)
+        if lm_id in self._parked and lm.version != self._hb_sent[lm_id]:
+            self._unpark(lm_id)  # a change the GMs must hear of
         send = costs.lm_send_cost(self.cfg, effects)  # encoding what it publishes
         self._lm_srv[lm_id].busy_s += send
         self._route(effects, now + send, lm_id=lm_id, request=msg, arrived=arrived)
@@ -321,8 +361,36 @@ class MeghaSimulation:
     def _heartbeat(self, lm_id: LmId) -> None:
         if self.outstanding <= 0:
             return
+        version = self.lms[lm_id].version
+        if self._idle() and self._hb_sent.get(lm_id) == version:
+            self._parked.add(lm_id)  # nothing to send until it changes or a job arrives
+            return
+        self._hb_sent[lm_id] = version
         self._deliver_lm(lm_id, Heartbeat())
         self.loop.after(self.cfg.update_period_s, self._heartbeat, lm_id)
+
+    def _idle(self) -> bool:
+        """Every task that has arrived has its outcome (jobs may be still to come)."""
+        return self.book.outstanding == self._unarrived_tasks
+
+    def _next_beat(self, phase: float, period: float) -> float:
+        """The first time from now on that falls on ``phase`` (mod ``period``)."""
+        now = self.loop.now
+        return phase + max(0, math.ceil((now - phase) / period)) * period
+
+    def _unpark(self, lm_id: LmId) -> None:
+        self._parked.discard(lm_id)
+        beat = self._next_beat(self._hb_phase[lm_id], self.cfg.update_period_s)
+        self.loop.at(beat, self._heartbeat, lm_id)
+
+    def _wake(self) -> None:
+        """A job arrives: the heartbeats and the watchdog resume on their phases."""
+        for lm_id in sorted(self._parked):
+            self._unpark(lm_id)
+        if self._watchdog_parked:
+            self._watchdog_parked = False
+            tick = self._next_beat(self._watchdog_phase, self.cfg.update_period_s * 3)
+            self.loop.at(tick, self._watchdog)
 
     # -------------------------------------------------------------- workers
     def _deliver_pool(self, lm_id: LmId, msg: Any) -> None:
@@ -452,6 +520,10 @@ class MeghaSimulation:
         """
         if self.outstanding <= 0:
             return
+        if self._arrivals_left and self._idle():
+            self._watchdog_parked = True  # idle until the next arrival: nothing to watch
+            self._idle_ticks = 0
+            return
         quiet = not self._running_timers and all(
             not s.busy and not s.inbox for s in (*self._gm_srv.values(), *self._lm_srv.values())
         )
@@ -478,10 +550,12 @@ class MeghaSimulation:
         start = self.book.first_arrival or 0.0
         period = self.cfg.update_period_s
         for k, lm_id in enumerate(self.lms):
-            self.loop.at(start + period * (k + 1) / len(self.lms), self._heartbeat, lm_id)
+            self._hb_phase[lm_id] = start + period * (k + 1) / len(self.lms)
+            self.loop.at(self._hb_phase[lm_id], self._heartbeat, lm_id)
         if self.cfg.sample_usage_every_s is not None:
             self.loop.at(start, self._sample_usage)
-        self.loop.at(start + period * 3, self._watchdog)
+        self._watchdog_phase = start + period * 3
+        self.loop.at(self._watchdog_phase, self._watchdog)
         self.loop.run(progress=progress, stop=lambda: self.stuck > 0)
         book = self.book
         return SimResult(
@@ -491,6 +565,7 @@ class MeghaSimulation:
             counters=self.counters(),
             makespan_s=book.makespan,
             failed=book.failed,
+            failed_jobs=book.failed_jobs,
             usage_samples=self.usage_samples,
             stuck=self.stuck,
             events=self.loop.events,

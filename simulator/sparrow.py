@@ -220,6 +220,7 @@ class SparrowSimulation:
             counters=self.counters.as_dict(),
             makespan_s=book.makespan,
             failed=book.failed,
+            failed_jobs=book.failed_jobs,
             events=self.loop.events,
             virtual_s=self.loop.now,
             wall_s=time.perf_counter() - wall0,

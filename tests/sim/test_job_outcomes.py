@@ -1,0 +1,65 @@
+"""A job with a failed or refused task has failed: counted apart, kept out of the JCTs."""
+
+from __future__ import annotations
+
+from common.cluster import ClusterSpec
+from common.dag import make_job
+from common.ids import GmId, JobId, LmId, TaskId, UserId
+from common.model import NodeSpec, TaskSpec, UserConfig, new_task
+from request_generator.workload import Job
+from simulator.dag_run import run_policies
+from simulator.jobs import JobBook
+from simulator.megha_sim import SimConfig
+
+GM = GmId("gm0")
+USERS = [UserConfig(UserId("u1"), GM, 1.0)]
+
+
+def _job(name: str, n: int) -> Job:
+    specs = [
+        TaskSpec(
+            task_id=TaskId(f"{name}.t{i}"),
+            job_id=JobId(name),
+            user=UserId("u1"),
+            demand=(1,),
+            duration=1.0,
+        )
+        for i in range(n)
+    ]
+    return Job(JobId(name), UserId("u1"), 0.0, specs)
+
+
+def test_a_job_with_a_failed_task_is_failed_not_completed() -> None:
+    book = JobBook()
+    ok, bad = _job("ok", 2), _job("bad", 2)
+    book.add(ok)
+    book.add(bad)
+    for spec in ok.tasks:
+        book.done(new_task(spec, 0.0), 3.0)
+    book.done(new_task(bad.tasks[0], 0.0), 2.0, "failed on worker")
+    book.done(new_task(bad.tasks[1], 0.0), 4.0)
+    assert book.job_completion == {JobId("ok"): 3.0}
+    assert book.failed_jobs == {JobId("bad")}
+    # refused at admission: every task fails at once, the job is failed too
+    refused = _job("refused", 3)
+    book.add(refused)
+    for spec in refused.tasks:
+        book.done_spec(spec, 5.0, "refused: impossible_resources")
+    assert JobId("refused") not in book.job_completion
+    assert book.failed_jobs == {JobId("bad"), JobId("refused")}
+
+
+def test_a_dag_run_counts_every_task_and_the_refused_job_as_failed() -> None:
+    clusters = [ClusterSpec(LmId("lm0"), [NodeSpec((100,)) for _ in range(2)], [GM, GM])]
+    jobs = [
+        make_job("fits", "u1", 0.0, [(0, [((50,), 1.0), ((50,), 1.0)], [])]),
+        make_job("too-big", "u1", 0.0, [(0, [((500,), 1.0)] * 3, [])]),
+    ]
+    summary = run_policies(jobs, clusters, [GM], USERS, ["drf"], SimConfig(), seed=1)
+    s = summary["schedulers"]["drf"]
+    assert s["tasks"] == 5
+    assert s["tasks_started"] == 2
+    assert s["failed_tasks"] == 3
+    assert s["jobs_completed"] == 1
+    assert s["jobs_failed"] == 1
+    assert list(s["job_jct_s"]) == ["fits"]
