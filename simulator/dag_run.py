@@ -26,8 +26,8 @@ from typing import Any
 from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
-from common.ids import GmId, JobId, UserId
-from common.metrics import summarize_tasks
+from common.ids import GmId, UserId
+from common.metrics import jain, jct_stats, summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
@@ -45,34 +45,6 @@ Runner = Callable[[str, MeghaSimulation], SimResult]
 ARRIVALS = ("offline", "online")
 DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
 """Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's)."""
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    ys = sorted(xs)
-    k = (len(ys) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(ys) - 1)
-    return ys[lo] + (ys[hi] - ys[lo]) * (k - lo)
-
-
-def jct_stats(jct: Mapping[JobId, float]) -> dict[str, float]:
-    xs = list(jct.values())
-    return {
-        "mean": sum(xs) / len(xs) if xs else 0.0,
-        "p50": _pct(xs, 0.5),
-        "p95": _pct(xs, 0.95),
-        "max": max(xs, default=0.0),
-    }
-
-
-def jain(values: Sequence[float]) -> float:
-    """Jain's fairness index: 1 when all equal, 1/n when one takes everything."""
-    sq = sum(v * v for v in values)
-    if sq <= 0:
-        return 1.0
-    return sum(values) ** 2 / (len(values) * sq)
 
 
 def jain_windows(
