@@ -29,23 +29,26 @@ from common.model import COMPONENTS, Task, WaitReason
 PERCENTILE_KEYS = ("p50", "p90", "p99", "p999", "max", "mean")
 
 
+def nearest_rank(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (sorted ascending) by nearest rank: the smallest
+    value with at least ``q`` of them at or below it -- the one percentile definition
+    of every summary (no interpolation: every figure is a measured value); 0 if empty."""
+    n = len(xs)
+    return xs[min(n - 1, max(0, math.ceil(q * n) - 1))] if n else 0.0
+
+
 def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """Nearest-rank percentiles (no interpolation: every figure is a measured value)."""
+    """p50, p90, p99, p999 (``nearest_rank``), max and mean of ``values``."""
     if not values:
         return dict.fromkeys(PERCENTILE_KEYS, 0.0)
     xs = sorted(values)
-    n = len(xs)
-
-    def rank(q: float) -> float:
-        return xs[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
     return {
-        "p50": rank(0.5),
-        "p90": rank(0.9),
-        "p99": rank(0.99),
-        "p999": rank(0.999),
+        "p50": nearest_rank(xs, 0.5),
+        "p90": nearest_rank(xs, 0.9),
+        "p99": nearest_rank(xs, 0.99),
+        "p999": nearest_rank(xs, 0.999),
         "max": xs[-1],
-        "mean": math.fsum(xs) / n,
+        "mean": math.fsum(xs) / len(xs),
     }
 
 
@@ -328,8 +331,7 @@ def jct_stats(jct: Mapping[Any, float]) -> dict[str, float]:
     p = percentiles(xs)
     if not xs:
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "jobs": 0}
-    s = sorted(xs)
-    p95 = s[min(len(s) - 1, max(0, math.ceil(0.95 * len(s)) - 1))]
+    p95 = nearest_rank(sorted(xs), 0.95)
     return {"mean": p["mean"], "p50": p["p50"], "p95": p95, "max": p["max"], "jobs": len(xs)}
 
 

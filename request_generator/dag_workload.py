@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from common.dag import DagJob, levels, make_job
 from common.errors import ConfigError
+from common.metrics import nearest_rank
 from common.model import Resources, UserConfig
 
 Z95 = 1.6449
@@ -137,10 +138,7 @@ def dag_stats(jobs: Sequence[DagJob]) -> dict[str, float]:
     """Median / p95 of stages, barriers and critical path (in stages) of ``jobs``."""
 
     def pct(xs: list[int], q: float) -> float:
-        if not xs:
-            return 0.0
-        ys = sorted(xs)
-        return float(ys[min(len(ys) - 1, int(q * len(ys)))])
+        return float(nearest_rank(sorted(xs), q))
 
     stages, barriers, depths, tasks = [], [], [], []
     for j in jobs:

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
+from common.metrics import percentiles
 from testbed import netns, rabbit
 
 
@@ -42,13 +42,9 @@ def main(argv: list[str] | None = None) -> int:
                     bed.set_latency(host, delay, jitter)
                 else:
                     bed.clear_latency(host)
-            samples = sorted(bed.tcp_rtt("a", "b", count=args.count))
+            p = percentiles(bed.tcp_rtt("a", "b", count=args.count))
             expected = delay * (2 if args.both else 1)
-            p90 = samples[int(0.9 * (len(samples) - 1))]
-            print(
-                f"{delay:>9g} {expected:>9g} {statistics.median(samples):>8.3f} "
-                f"{p90:>8.3f} {samples[-1]:>8.3f}"
-            )
+            print(f"{delay:>9g} {expected:>9g} {p['p50']:>8.3f} {p['p90']:>8.3f} {p['max']:>8.3f}")
     return 0
 
 

@@ -8,9 +8,16 @@ import random
 from pathlib import Path
 
 from common.config import FederationConfig
-from common.ids import JobId, TaskId, UserId
-from common.metrics import FloatColumns, percentiles, summarize_tasks, usage_from_tasks
-from common.model import Phase, Task, TaskSpec, new_task
+from common.ids import GmId, JobId, TaskId, UserId
+from common.metrics import (
+    FloatColumns,
+    jct_stats,
+    nearest_rank,
+    percentiles,
+    summarize_tasks,
+    usage_from_tasks,
+)
+from common.model import Phase, Task, TaskSpec, UserConfig, new_task
 from request_generator.bench import (
     BenchOptions,
     RunTally,
@@ -20,6 +27,7 @@ from request_generator.bench import (
     job_metrics,
     job_metrics_of,
 )
+from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from request_generator.report import write_records_csv
 from request_generator.submitter import Outcomes
 from request_generator.workload import specs_of
@@ -185,3 +193,18 @@ def test_usage_samples_are_the_sweeps() -> None:
         assert usage_from_tasks(tasks, [4, 10], first, last) == _usage_by_sweep(
             tasks, [4, 10], first, last
         )
+
+
+def test_every_summary_takes_percentiles_by_nearest_rank() -> None:
+    """One definition: a measured value (no interpolation), the smallest with at least
+    the share asked at or below it; the same for task tails, JCTs and DAG shapes."""
+    xs = [float(i) for i in range(1, 101)]
+    assert [nearest_rank(xs, q) for q in (0.5, 0.9, 0.95, 0.99, 1.0)] == [50, 90, 95, 99, 100]
+    assert nearest_rank([1.0, 2.0], 0.5) == 1.0  # not 1.5
+    assert nearest_rank([], 0.5) == 0.0
+    assert percentiles([3.0, 1.0, 2.0])["p50"] == 2.0
+    assert jct_stats({JobId(f"j{i}"): x for i, x in enumerate(xs)})["p95"] == 95.0
+    users = [UserConfig(UserId("u0"), GmId("gm0"), 1.0)]
+    jobs = synthetic_dag_jobs(40, rate=0.5, users=users, node_capacity=(100,), rng=random.Random(1))
+    stages = sorted(float(len(j.stages)) for j in jobs)
+    assert dag_stats(jobs)["stages_p50"] == nearest_rank(stages, 0.5)
