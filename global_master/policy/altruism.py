@@ -26,7 +26,7 @@ from functools import partial
 from common.dag import children_of
 from common.ids import TaskId
 from common.model import Resources, Task
-from global_master.policy.jobs import Running, StageState
+from global_master.policy.jobs import JobState, Running, StageState
 from global_master.policy.vectors import EPS, dominant, give, take
 
 _Packed = tuple[float, int, Resources, int]
@@ -156,7 +156,7 @@ def _pack_in_time(
     ready = _Ready(capacity)
     for s, st in stages.items():
         if blocked[s] == 0:
-            ready.add(st.waiting, s)
+            ready.add(st.waiting.values(), s)
     seq = len(heap)
     clock = finish = start
     while ready or heap:
@@ -189,7 +189,7 @@ def _pack_in_time(
                 for n in waiting_on.get(s, ()):
                     blocked[n] -= 1
                     if blocked[n] == 0:
-                        ready.add(stages[n].waiting, n)
+                        ready.add(stages[n].waiting.values(), n)
         finish = max(finish, clock)
     return finish
 
@@ -213,6 +213,81 @@ def forward_pack(
         give(in_use, d)
     children = children_of({s: st.parents for s, st in stages.items()})
     return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+
+
+def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job: JobState) -> float:
+    """``forward_pack`` of ``job`` (the same float), without walking the running tasks
+    the packing only watches end.
+
+    While no stage is ready, forward packing only pops completions until the batch in
+    which a stage with children finishes; every batch before it starts nothing and
+    frees nothing that matters.  So the packing starts at that batch, from the job's
+    running tasks kept in end order (``JobState.by_end``): one stage of N running
+    tasks costs the last batch, not N."""
+    stages = job.stages
+    children = children_of({s: st.parents for s, st in stages.items()})
+    rest = _from_last_release(now, stages, children, job.by_end)
+    if rest is None:
+        return forward_pack(now, cap, capacity, stages, job.running_list())
+    left = {s: len(st.waiting) for s, st in stages.items()}
+    in_use = [0.0] * len(cap)
+    heap: list[_Packed] = []
+    for k, (end, _, d, s) in enumerate(rest):  # by (end, stamp): already a heap
+        heap.append((end, k, d, s))
+        left[s] += 1
+        give(in_use, d)
+    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+
+
+def _from_last_release(
+    now: float,
+    stages: Mapping[int, StageState],
+    children: Mapping[int, list[int]],
+    by_end: Sequence[tuple[float, int, Resources, int]],
+) -> Sequence[tuple[float, int, Resources, int]] | None:
+    """The running tasks from the first completion batch of ``_pack_in_time`` that may
+    release a stage; None if that is the first batch (nothing to skip) or a stage is
+    ready from the start."""
+    m = len(by_end)
+    if m == 0:
+        return None
+    busy = {s for s, st in stages.items() if st.waiting or st.running}
+    blocked = {n for s in busy for n in children.get(s, ())}
+    if any(st.waiting and s not in blocked for s, st in stages.items()):
+        return None  # a stage is ready now: the packing starts tasks from the start
+    # the stages whose last completion releases their children
+    need = {s for s, st in stages.items() if not st.waiting and st.running and children.get(s)}
+    first = bisect.bisect_right(by_end, (now, float("inf")))  # ends <= now count as now
+    j = m - 1
+    k = m - 1
+    while need and k >= first:
+        s = by_end[k][3]
+        if s in need:
+            need.discard(s)
+            j = k
+        k -= 1
+    if need:
+        return None  # released among the tasks already due: no batch to skip
+
+    def at(i: int) -> float:
+        return by_end[i][0] if i >= first else now
+
+    # batches chain while ends are within EPS of each other: find where j's chain
+    # starts (a gap beyond EPS always starts a batch), then batch forward to j
+    i = j
+    while i > 0:
+        if i < first:
+            i = 0
+            break
+        if at(i) > at(i - 1) + EPS:
+            break
+        i -= 1
+    while True:
+        nxt = bisect.bisect_right(by_end, (at(i) + EPS, float("inf")), lo=i)
+        if nxt > j:
+            break
+        i = nxt
+    return by_end[i:] if i > 0 else None
 
 
 def must_start(

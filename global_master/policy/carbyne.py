@@ -26,7 +26,7 @@ from typing import Any
 from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task
-from global_master.policy.altruism import forward_pack, must_start
+from global_master.policy.altruism import job_finish, must_start
 from global_master.policy.drf import job_allocations, room_left
 from global_master.policy.jobs import Ask, JobQueues, JobState, admit, job_asks, round_robin
 from global_master.policy.leftover import schedule_leftover
@@ -79,15 +79,19 @@ class CarbyneQueues(JobQueues):
         moves later than a previous plan put it unless a job arrived since."""
         key = (job.events, tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)))
         if job.packed is None or job.packed[0] != key:
-            running = job.running_list()
-            t_k = forward_pack(now, alloc, cap, job.stages, running)
+            t_k = job_finish(now, alloc, cap, job)
             # T_k is a promise until a new job arrives (seed Theorem 3.1): a job that
             # waited because it was altruistic is not promised a later completion for it
             # (else the longest jobs wait forever)
             if job.deadline is not None and job.deadline[1] == self.arrivals:
                 t_k = min(t_k, job.deadline[0])
             job.deadline = (t_k, self.arrivals)
-            latest = must_start(now, t_k, alloc, cap, job.stages, running, set(job.queued))
+            # reverse packing gives latest starts of runnable tasks only: with none, none
+            latest = (
+                must_start(now, t_k, alloc, cap, job.stages, job.running_list(), set(job.queued))
+                if job.queued
+                else []
+            )
             job.packed = (key, latest)
         return [t for start, t in job.packed[1] if start <= now + EPS and t.task_id in job.queued]
 
@@ -121,9 +125,11 @@ class CarbyneQueues(JobQueues):
             if not altruistic:
                 fair.append(job_asks(j, tasks))
                 continue
-            urgent.append((j.remaining_work(now, cap), j.arrival, job_asks(j, tasks)))
             self.last_yield[j.job_id] = [max(0.0, x) for x in room]
             rate += dominant(self.last_yield[j.job_id], cap)
+            if not j.queued:
+                continue  # no ask, no candidate: where it would sort changes no order
+            urgent.append((j.remaining_work(now, cap), j.arrival, job_asks(j, tasks)))
             picked = {t.task_id for t in chosen}
             candidates.append((j, [t for t in self._by_latest_start(j) if t.task_id not in picked]))
         self._yield_rate = rate

@@ -38,6 +38,7 @@ No clocks: the time of a plan is the ``now`` of the last event the GM reported.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,14 +54,18 @@ T = TypeVar("T")
 Running = tuple[float, Resources, int]
 """A started task as the packers see it: (end time, demand, stage id)."""
 
+Started = tuple[float, int, Resources, int]
+"""A started task in ``JobState.by_end``: (end time, start stamp, demand, stage id)."""
+
 
 @dataclass(slots=True)
 class StageState:
     """One unfinished stage of a job."""
 
     parents: tuple[int, ...]
-    waiting: list[Task]
-    """Not started: runnable, or not yet released by the parent stages."""
+    waiting: dict[TaskId, Task]
+    """Not started: runnable, or not yet released by the parent stages (in the order
+    they came; a task id, not a list scan, says whether one is here)."""
     running: int
     """Tasks of this stage still running."""
 
@@ -90,6 +95,35 @@ class JobState:
     cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
     level: dict[int, int] = field(default_factory=dict)
     """Each stage's depth in the whole DAG (0: a root)."""
+    by_end: list[Started] = field(default_factory=list)
+    """The running tasks, earliest end first, then in the order they started (the
+    order of ``running``): kept as tasks start and stop, never re-sorted."""
+    _started: dict[TaskId, Started] = field(default_factory=dict)
+    _stamps: int = 0
+    _held: Vec = field(default_factory=list)
+    """What the running tasks hold, kept as they start and stop (integer demands: the
+    sums are exact, so they equal a fresh sum)."""
+
+    def start(self, task: Task, now: float) -> None:
+        """``task`` runs from ``now``."""
+        self.running[task.task_id] = (task, now)
+        entry = (now + task.duration, self._stamps, task.demand, self.stage_of[task.task_id])
+        self._stamps += 1
+        self._started[task.task_id] = entry
+        bisect.insort(self.by_end, entry)
+        if not self._held:
+            self._held = [0.0] * len(task.demand)
+        give(self._held, task.demand)
+
+    def stop(self, task_id: TaskId) -> Task | None:
+        """``task_id`` no longer runs: the task, or None if it was not running."""
+        hit = self.running.pop(task_id, None)
+        if hit is None:
+            return None
+        entry = self._started.pop(task_id)
+        del self.by_end[bisect.bisect_left(self.by_end, entry)]
+        take(self._held, entry[2])
+        return hit[0]
 
     def memo(self, name: str) -> Any:
         """A value cached under ``name`` at the current version, or None."""
@@ -98,13 +132,7 @@ class JobState:
 
     def usage(self, m: int) -> Vec:
         """What the job's running tasks hold (a fresh list)."""
-        hit = self.memo("usage")
-        if hit is None:
-            hit = [0.0] * m
-            for t, _ in self.running.values():
-                give(hit, t.demand)
-            self.cached["usage"] = (self.version, hit)
-        return list(hit)
+        return list(self._held) if self._held else [0.0] * m
 
     def remaining_work(self, now: float, capacity: Sequence[float]) -> float:
         """Work left, in dominant share x seconds: the measure of SRTF (Carbyne's
@@ -114,7 +142,7 @@ class JobState:
             w = sum(
                 dominant(t.demand, capacity) * t.duration
                 for st in self.stages.values()
-                for t in st.waiting
+                for t in st.waiting.values()
             )
             self.cached["waiting_work"] = (self.version, w)
         total = float(w)
@@ -132,7 +160,8 @@ class JobState:
             s = self.stage_of[t.task_id]
             ends[s] = max(ends.get(s, now), since + t.duration)
         length = {
-            s: max((t.duration for t in st.waiting), default=0.0) for s, st in self.stages.items()
+            s: max((t.duration for t in st.waiting.values()), default=0.0)
+            for s, st in self.stages.items()
         }
         finish = finish_times(self.parents(), length, start=now, not_before=ends)
         return max(finish.values(), default=now) - now
@@ -292,8 +321,8 @@ class JobQueues(UserQueues):
                 sid = found if found is not None else 0
             st = job.stages.get(sid)
             if st is None:
-                st = job.stages[sid] = StageState((), [], 0)
-            st.waiting.append(task)
+                st = job.stages[sid] = StageState((), {}, 0)
+            st.waiting[task.task_id] = task
             job.stage_of[task.task_id] = sid
         return job
 
@@ -303,7 +332,7 @@ class JobQueues(UserQueues):
         state = JobState(job.job_id, job.user, now, progress)
         state.level = levels({s.stage_id: s.parents for s in job.stages})
         for s in job.stages:
-            state.stages[s.stage_id] = StageState(s.parents, list(s.tasks), 0)
+            state.stages[s.stage_id] = StageState(s.parents, {t.task_id: t for t in s.tasks}, 0)
             for t in s.tasks:
                 state.stage_of[t.task_id] = s.stage_id
         self.jobs[job.job_id] = state
@@ -355,8 +384,8 @@ class JobQueues(UserQueues):
             for t in (task, *lost):
                 job.queued.pop(t.task_id, None)
                 st = job.stages.get(job.stage_of.get(t.task_id, -1))
-                if st is not None and t in st.waiting:
-                    st.waiting.remove(t)
+                if st is not None:
+                    st.waiting.pop(t.task_id, None)
             for sid in [s for s, st in job.stages.items() if not st.waiting and not st.running]:
                 del job.stages[sid]
             self._forget_if_done(job)
@@ -504,10 +533,9 @@ class JobQueues(UserQueues):
         job.version += 1
         if task.task_id not in job.running:
             st = job.stages[job.stage_of[task.task_id]]
-            if task in st.waiting:
-                st.waiting.remove(task)
+            if st.waiting.pop(task.task_id, None) is not None:
                 st.running += 1
-            job.running[task.task_id] = (task, now)
+            job.start(task, now)
             self.counters["altruistic_started" if task.altruistic else "default_started"] += 1
             if task.altruistic:
                 self.counters["leftover_reused"] += self._dom(task.demand) * task.duration
@@ -517,7 +545,7 @@ class JobQueues(UserQueues):
         if job is not None:
             job.version += 1
             job.events += 1
-        if job is None or job.running.pop(task.task_id, None) is None:
+        if job is None or job.stop(task.task_id) is None:
             return job
         job.stages[job.stage_of[task.task_id]].running -= 1
         return job
@@ -527,8 +555,7 @@ class JobQueues(UserQueues):
         job = self._unrun(task)
         if job is not None and task.task_id in job.stage_of:
             st = job.stages[job.stage_of[task.task_id]]
-            if task not in st.waiting:
-                st.waiting.append(task)
+            st.waiting.setdefault(task.task_id, task)
         self._popped[task.task_id] = None
         self._dirty = True
 

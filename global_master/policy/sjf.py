@@ -1,7 +1,7 @@
 """Shortest job first (Carbyne's JCT upper bound, seed §5.1).
 
 A job's length is found by the critical path method run with its resources: its
-remaining DAG list-scheduled alone on the entitled capacity (``forward_pack``; on an
+remaining DAG list-scheduled alone on the entitled capacity (``job_finish``; on an
 idle cluster of unbounded size this is the plain critical path, on a real one it also
 counts a wide stage's tasks that cannot all run at once).  Jobs go shortest remaining
 first, ties by arrival; within a job the tasks on its longest remaining path first
@@ -14,7 +14,7 @@ from __future__ import annotations
 from common.dag import children_of, finish_times
 from common.ids import JobId
 from common.model import Task
-from global_master.policy.altruism import forward_pack
+from global_master.policy.altruism import job_finish
 from global_master.policy.jobs import Ask, JobQueues, JobState
 from global_master.policy.vectors import Vec
 
@@ -24,7 +24,7 @@ def job_finish_alone(job: JobState, now: float, cap: list[float]) -> float:
     until one of its tasks changes)."""
     hit = job.memo("finish_alone")
     if hit is None:
-        hit = forward_pack(now, cap, cap, job.stages, job.running_list())
+        hit = job_finish(now, cap, cap, job)
         job.cached["finish_alone"] = (job.version, hit)
     return float(hit)
 
@@ -35,7 +35,8 @@ def critical_first(job: JobState) -> list[Task]:
     hit = job.memo("critical_first")
     if hit is None:
         length = {
-            s: max((t.duration for t in st.waiting), default=0.0) for s, st in job.stages.items()
+            s: max((t.duration for t in st.waiting.values()), default=0.0)
+            for s, st in job.stages.items()
         }
         # on the reversed DAG, a stage's finish time is its longest path to the end
         tail = finish_times(children_of(job.parents()), length)

@@ -118,7 +118,9 @@ def test_fig2_strict_drf_holds_j2_to_one_task() -> None:
 # ------------------------------------------------------------------- Carbyne
 def test_forward_and_reverse_packing_of_fig2_j1() -> None:
     j1, _ = _fig2()
-    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in j1.stages}
+    stages = {
+        s.stage_id: StageState(s.parents, {t.task_id: t for t in s.tasks}, 0) for s in j1.stages
+    }
     t_k = forward_pack(0.0, (50,), (100,), stages, [])
     assert t_k == pytest.approx(2.1)
     latest = must_start(0.0, t_k, (50,), (100,), stages, [], {t.task_id for t in j1.tasks[:5]})
@@ -250,7 +252,9 @@ def test_a_task_larger_than_the_allocation_time_shares_it() -> None:
     """Forward packing within a share smaller than the task: it runs alone, for as long
     as the share takes to hold it (half the task: twice its duration)."""
     job = make_job("j", "A", 0.0, [(0, [((10,), 1.0)], []), (1, [((5,), 1.0)], [0])])
-    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in job.stages}
+    stages = {
+        s.stage_id: StageState(s.parents, {t.task_id: t for t in s.tasks}, 0) for s in job.stages
+    }
     assert forward_pack(0.0, (5,), (100,), stages, []) == pytest.approx(3.0)
 
 
@@ -415,7 +419,9 @@ def test_reverse_packing_runs_a_task_larger_than_the_share_at_full_speed() -> No
     (T_k = 2 s), but the job may run it whole in the last second: latest start 1 s,
     so at t = 0 it need not start (it yields its share)."""
     job = make_job("j", "A", 0.0, [(0, [((10,), 1.0)], [])])
-    stages = {s.stage_id: StageState(s.parents, list(s.tasks), 0) for s in job.stages}
+    stages = {
+        s.stage_id: StageState(s.parents, {t.task_id: t for t in s.tasks}, 0) for s in job.stages
+    }
     t_k = forward_pack(0.0, (5,), (100,), stages, [])
     assert t_k == pytest.approx(2.0)
     ids = {t.task_id for t in job.tasks}
