@@ -649,8 +649,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     chosen = [s for s in scenarios if (not args.only or s.name in args.only)
               and (not args.quick or s.quick)]  # fmt: skip
     unknown = set(args.only or ()) - {s.name for s in scenarios}
-    if unknown or not chosen:
+    if unknown:
         print(f"megha chaos: no such scenario: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 1
+    if not chosen:
+        print("megha chaos: no scenario named by --only is in the --quick subset", file=sys.stderr)
         return 1
     if not broker_reachable(base.broker_url):
         print(f"megha chaos: the shared broker {base.broker_url} is down", file=sys.stderr)

@@ -65,3 +65,12 @@ def test_the_table_says_fail_on_a_duplicate_and_error_when_a_scenario_did_not_ru
     text = table([ok, dup, err])
     assert "| a | f | 3 | 3 | 0 | 0 | 1.0 | ok | workers_lost 2 |" in text
     assert "ERROR ConfigError: boom" in text
+
+
+def test_only_and_quick_that_leave_nothing_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from megha_cli.main import main
+
+    assert main(["chaos", "--quick", "--only", "pool-hang"]) == 1
+    assert "no scenario named by --only is in the --quick subset" in capsys.readouterr().err
+    assert main(["chaos", "--only", "no-such"]) == 1
+    assert "no such scenario: no-such" in capsys.readouterr().err
