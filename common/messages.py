@@ -348,6 +348,16 @@ class AdmitJob:
     redelivered: bool = False
 
 
+@message("admit_more")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmitMore:
+    """GM core -> itself (an ``After`` timer): admit the next slice of a large job, so
+    that one submission of many tasks does not hold the GM for the whole of it."""
+
+    user: UserId
+    job_id: JobId
+
+
 # --------------------------------------------------------------- workers
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartTask:

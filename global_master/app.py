@@ -72,6 +72,10 @@ from security.tokens import TokenStore
 RECENT_ALLOCATIONS = 4096
 """How many of the latest finished tasks' allocation times the state page keeps."""
 ALLOCATION_WINDOW_S = 60.0
+DECODE_OFF_LOOP = 1 << 20
+"""A job body of this many bytes or more is decoded in a thread: a 100,000-task job
+(8.5 MB) takes 0.5-1.5 s to decode, which would hold every other request that long;
+off the loop, only msgpack's C part (about a third) holds the interpreter."""
 """The state page lists the allocation times of the tasks finished this long ago at most."""
 
 log = logging.getLogger("megha.gm")
@@ -128,6 +132,8 @@ class GmService:
         self.deliveries: dict[tuple[UserId, JobId, bool], AbstractIncomingMessage] = {}
         """Jobs taken from the users' queues, until settled: by user, job id, and
         whether they are tasks this GM returned (their ids may be a user's job's)."""
+        self._admission_order: dict[UserId, asyncio.Lock] = {}
+        """Per user: a job decoded in a thread keeps the later ones behind it."""
         self.events_seen = Dedup()
         self.requests_in_doubt = 0
         """Launches and preemptions an LM did not answer in time, asked again."""
@@ -265,7 +271,17 @@ class GmService:
         await msg.ack()
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
-        job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
+        # deliveries come in order, each its own task: the lock keeps them in it
+        async with self._admission_order.setdefault(user, asyncio.Lock()):
+            if len(msg.body) >= DECODE_OFF_LOOP:
+                job = await asyncio.to_thread(
+                    codec.decode, msg.body, expect=SubmitJob, max_size=self.cfg.max_body
+                )
+            else:
+                job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
+            await self._admit(user, job, msg)
+
+    async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         self._check_submitter(user, job, msg)
         key = (job.user, job.job_id, job.resumes is not None)
         held = self.deliveries.get(key)
@@ -402,6 +418,7 @@ class GmService:
             "inflight": len(core.inflight),
             "running_tasks": len(core.placed),
             "jobs_active": len(core.jobs),
+            "jobs_admitting": len(core.admitting),
             "sample": {
                 "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
                 "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],

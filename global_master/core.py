@@ -30,6 +30,10 @@ Theory of operation:
   tasks of dead workers come back to the front of their queue.  A job is *settled*
   (its delivery may be acknowledged) once each of its tasks was accepted by an LM or
   failed; its records go when every task has finished or failed.
+* A large job is admitted in slices of ``admit_slice`` tasks, one step per message
+  (``AdmitMore`` timers): first every task is checked, then the tasks are queued.  A
+  refusal still comes before any task is queued; other messages are handled between
+  the steps, except its user's next jobs, which wait behind it (queued in order).
 
 No clocks, sockets or global randomness: ``now`` is an argument, effects are returned.
 """
@@ -43,11 +47,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.dag import from_layout
-from common.effects import Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
+from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     AdmitJob,
+    AdmitMore,
     Decide,
     EventKind,
     HeldTask,
@@ -176,6 +181,20 @@ class Ended:
     reported: bool
 
 
+@dataclass(slots=True)
+class Admission:
+    """A job being admitted in slices: ``checked`` of its tasks passed admission,
+    ``queued`` of them are in its user's queue."""
+
+    job: SubmitJob
+    redelivered: bool
+    at: float
+    """When it entered the GM queue: its tasks' queueing starts then, not at their slice."""
+    checked: int = 0
+    queued: int = 0
+    seen: set[TaskKey] = field(default_factory=set)
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
     """What a GM admits (beyond what the schema already checks)."""
@@ -203,8 +222,18 @@ class GlobalMaster:
         limits: AdmissionLimits | None = None,
         journal: Journal | None = None,
         overload: OverloadPolicy | None = None,
+        admit_slice: int = 1000,
     ) -> None:
+        if admit_slice < 1:
+            raise ConfigError(f"admit_slice must be >= 1, got {admit_slice}")
         self.gm_id = gm_id
+        self.admit_slice = admit_slice
+        """Tasks of one job checked or queued per step (larger jobs take several)."""
+        self.admitting: dict[JobKey, Admission] = {}
+        """Jobs admitted in slices, not yet wholly queued."""
+        self.held_admissions: dict[UserId, deque[tuple[AdmitJob, float]]] = {}
+        """Jobs that came while an earlier job of their user was in ``admitting``: they
+        follow it, so that a user's jobs are queued in the order they came."""
         self.journal = journal
         """Per-task timelines for operators (``global_master.inspect``); None: none kept."""
         self.lms: list[LmId] = list(lms)
@@ -263,6 +292,7 @@ class GlobalMaster:
         self.wait_reasons: list[int] = [0] * len(WaitReason)
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             AdmitJob: self._on_admit,
+            AdmitMore: self._on_admit_more,
             Decide: self._on_decide,
             RequestSnapshots: self._on_request_snapshots,
             StateUpdated: self._on_state_update,
@@ -335,25 +365,90 @@ class GlobalMaster:
     def _on_admit(self, msg: AdmitJob, now: float) -> list[Effect]:
         """A submission: admitted into its user's queue, or refused with the reason
         before any of its tasks is queued."""
+        return self._admit_job(msg, now, now)
+
+    def _admit_job(self, msg: AdmitJob, came: float, now: float) -> list[Effect]:
+        """``_on_admit`` of a job that came at ``came`` (its tasks' queueing starts then)."""
         job = msg.job
+        jk: JobKey = (job.user, job.job_id)
+        held = self.held_admissions.get(job.user)
+        if held is not None and jk not in self.admitting:
+            # behind the user's job still being admitted (its task ids are not yet held)
+            held.append((msg, came))
+            return []
         if job.resumes is not None:
             return self._on_resume(job, msg.redelivered, now)
-        jk: JobKey = (job.user, job.job_id)
         record = self.jobs.get(jk)
-        if record is not None or jk in self._recent_jobs:
+        if record is not None or jk in self._recent_jobs or jk in self.admitting:
             if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
+                if jk in self.admitting:
+                    return []  # settled once admitted and placed
                 settled = record is None or record.settled
                 return [JobSettled(job.job_id, job.user)] if settled else []
             return [self._refuse(job, "duplicate_job_id", f"job {job.job_id!r} already submitted")]
-        why = self._admission_error(job, msg.redelivered)
+        why = self._job_error(job)
         if why is not None:
             return [self._refuse(job, *why)]
-        # a task enters the GM queue now (its user's submission time is job.submitted_at)
-        tasks = [new_task(spec, now, gm=self.gm_id) for spec in job.tasks]
+        adm = Admission(job, msg.redelivered, came)
+        if job.stages is not None or len(job.tasks) <= self.admit_slice:
+            # a DAG is built whole (its stages name each other); a small job in one step
+            why = self._tasks_error(adm, len(job.tasks))
+            if why is not None:
+                return [self._refuse(job, *why)]
+            return self._queue_tasks(adm, len(job.tasks), now)
+        self.admitting[jk] = adm
+        self.held_admissions[job.user] = deque()
+        return self._admit_step(adm, now)
+
+    def _on_admit_more(self, msg: AdmitMore, now: float) -> list[Effect]:
+        adm = self.admitting.get((msg.user, msg.job_id))
+        return [] if adm is None else self._admit_step(adm, now)
+
+    def _admit_step(self, adm: Admission, now: float) -> list[Effect]:
+        """One slice of a large job: check the next ``admit_slice`` tasks (reserving
+        their ids), or, once all are checked, queue the next ``admit_slice``."""
+        job = adm.job
+        n = len(job.tasks)
+        if adm.checked < n:
+            why = self._tasks_error(adm, min(n, adm.checked + self.admit_slice))
+            if why is not None:
+                return [self._refuse(job, *why), *self._admitted(adm, now)]
+            effects: list[Effect] = []
+        else:
+            effects = self._queue_tasks(adm, min(n, adm.queued + self.admit_slice), now)
+        if adm.queued < n:
+            effects.append(After(0.0, AdmitMore(user=job.user, job_id=job.job_id)))
+        else:
+            effects += self._admitted(adm, now)
+        return effects
+
+    def _admitted(self, adm: Admission, now: float) -> list[Effect]:
+        """``adm`` is queued or refused: its user's jobs that came meanwhile are
+        admitted now, in order, until one is large enough to need slices again."""
+        del self.admitting[(adm.job.user, adm.job.job_id)]
+        held = self.held_admissions.pop(adm.job.user)
+        effects: list[Effect] = []
+        while held:
+            effects += self._admit_job(*held.popleft(), now)
+            following = self.held_admissions.get(adm.job.user)
+            if following is not None:  # sliced again: the rest follow that one
+                following.extend(held)
+                break
+        return effects
+
+    def _queue_tasks(self, adm: Admission, end: int, now: float) -> list[Effect]:
+        """Queue ``adm``'s tasks up to ``end`` (all checked); the job's record, with every
+        task, is made with the first of them."""
+        job = adm.job
+        jk: JobKey = (job.user, job.job_id)
+        specs = job.tasks[adm.queued : end]
+        # a task enters the GM queue when its job came (its user's submission time is
+        # job.submitted_at)
+        tasks = [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
         adopted: list[Task] = []
         kept: set[TaskKey] = set()
         ended: list[tuple[Task, Ended]] = []
-        if msg.redelivered:  # after a restart some of its tasks may run, or have run
+        if adm.redelivered:  # after a restart some of its tasks may run, or have run
             for i, t in enumerate(tasks):
                 held = self.live.get(t.key)
                 if held is not None and t.key not in self.placed:
@@ -381,12 +476,15 @@ class GlobalMaster:
                 )
             except ConfigError as exc:
                 return [self._refuse(job, "bad_dag", str(exc))]
-        record = JobRecord(unsettled={t.key for t in tasks}, left=len(tasks))
-        record.tasks = [t.key for t in tasks]
-        self.jobs[jk] = record
+        if adm.queued == 0:
+            keys = [(spec.user, spec.task_id) for spec in job.tasks]
+            record = JobRecord(unsettled=set(keys), left=len(keys))
+            record.tasks = keys
+            self.jobs[jk] = record
+            self.counters.jobs_admitted += 1
+        adm.queued = end
         for t in tasks:
             self.live[t.key] = t
-        self.counters.jobs_admitted += 1
         if dag is not None:
             self.queues.add_job(dag, now)
         else:
@@ -421,24 +519,31 @@ class GlobalMaster:
                 self._fail(t, "failed on worker", effects, tell=tell)
         return effects
 
-    def _admission_error(self, job: SubmitJob, redelivered: bool) -> tuple[str, str] | None:
+    def _job_error(self, job: SubmitJob) -> tuple[str, str] | None:
+        """Why ``job`` as a whole is not admitted here (None: it may be)."""
         if job.user not in self.queues:
             return "unknown_user", f"user {job.user!r} has no queue on {self.gm_id}"
         if not self.ready:
             return "not_ready", f"{self.gm_id} has no view of every LM yet"
         if job.attempt:
             return "reserved_field", "attempt is set by a GM, on the tasks it returns only"
-        seen: set[TaskKey] = set()
+        return None
+
+    def _tasks_error(self, adm: Admission, end: int) -> tuple[str, str] | None:
+        """Check ``adm``'s tasks from ``adm.checked`` up to ``end``: why one is not
+        admitted, or None (and ``checked`` moves on)."""
+        job, redelivered, seen = adm.job, adm.redelivered, adm.seen
+        live = self.live
         width = len(self._capacity)
         limit = self.limits.max_task_duration_s
-        for spec in job.tasks:
+        for spec in job.tasks[adm.checked : end]:
             key = (spec.user, spec.task_id)
             if spec.user != job.user or spec.job_id != job.job_id:
                 return "wrong_job", (
                     f"task {spec.task_id} belongs to {spec.user}/{spec.job_id}, "
                     f"not {job.user}/{job.job_id}"
                 )
-            if key in seen or (key in self.live and not redelivered):
+            if key in seen or (key in live and not redelivered):
                 return "duplicate_task_id", f"task id {spec.task_id!r} is already in use"
             seen.add(key)
             if len(spec.demand) != width:
@@ -460,6 +565,7 @@ class GlobalMaster:
                 return "duration_too_long", (
                     f"task {spec.task_id}: duration {spec.duration:.6g} s exceeds {limit:g} s"
                 )
+        adm.checked = end
         return None
 
     def _refuse(self, job: SubmitJob, reason: str, detail: str) -> JobRefused:

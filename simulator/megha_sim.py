@@ -446,6 +446,8 @@ class MeghaSimulation:
             elif isinstance(eff, ToUser):
                 out = eff.msg
                 self.book.done(out.task, t, "" if out.finished else out.reason or "failed")
+            elif isinstance(eff, After) and gm_id is not None:
+                loop.at(t + eff.delay, self._deliver_gm, gm_id, eff.msg)  # a large job's next slice
             elif isinstance(eff, After):
                 assert pool is not None
                 self._running_timers += 1

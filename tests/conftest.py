@@ -119,12 +119,13 @@ def make_gm(
     max_retries: int = 3,
     patience: int = 8,
     overload: OverloadPolicy | None = None,
+    admit_slice: int = 1000,
 ) -> GlobalMaster:
     """A GM over ``lms``; ``users`` are ``(user, serving GM, share)``."""
     cfg = [UserConfig(user=UserId(u), gm=GmId(g), share=s) for u, g, s in users]
     return GlobalMaster(
         GmId(gm), [LmId(x) for x in lms], cfg, max_retries=max_retries, patience=patience,
-        overload=overload,
+        overload=overload, admit_slice=admit_slice,
     )  # fmt: skip
 
 
@@ -358,6 +359,8 @@ class Network:
                 self.refused.append(e)
             elif isinstance(e, Persist):
                 self.persisted.append(e)
+            elif isinstance(e, After) and src_gm is not None:  # a large job's next slice
+                self.wire.append(Envelope(src_gm, e.msg, False))
             else:
                 raise TypeError(f"unexpected effect {e!r:.80}")
         for g, items in evs.items():

@@ -95,6 +95,7 @@ class Federation(RuleBasedStateMachine):
         hold=st.booleans(),
         reroute=st.booleans(),
         window=st.sampled_from((0, 1, 2)),
+        admit_slice=st.sampled_from((1000, 1, 2)),
         shares=st.sampled_from(((0.2, 0.6, 0.2), (0.6, 0.2, 0.2), (1 / 3, 1 / 3, 1 / 3))),
         n_gms=st.integers(1, 2),
         clusters=st.lists(
@@ -113,6 +114,7 @@ class Federation(RuleBasedStateMachine):
         hold: bool,
         reroute: bool,
         window: int,
+        admit_slice: int,
         shares: tuple[float, float, float],
         n_gms: int,
         clusters: list[list[tuple[tuple[int, int], int]]],
@@ -133,7 +135,7 @@ class Federation(RuleBasedStateMachine):
         for g in gm_names:
             gm = make_gm(
                 g, lm_names, users, max_retries=2, patience=3,
-                overload=OverloadPolicy(launch_window=window),
+                overload=OverloadPolicy(launch_window=window), admit_slice=admit_slice,
             )  # fmt: skip
             gm.journal = Journal(per_task=6, ended=8)
             self.gms[gm.gm_id] = gm
@@ -334,9 +336,25 @@ class Federation(RuleBasedStateMachine):
             assert len(keys) == len(set(keys)), f"a task is queued twice at {g}"
             assert len(keys) == len(gm.queues)
             queued[g] = set(keys)
+        admitting = (
+            {  # of a job admitted in slices, not yet queued, or held behind one
+                (a.job.user, spec.task_id)
+                for gm in self.gms.values()
+                for a in gm.admitting.values()
+                for spec in a.job.tasks[a.queued :]
+            }
+            | {
+                (m.job.user, spec.task_id)
+                for gm in self.gms.values()
+                for held in gm.held_admissions.values()
+                for m, _ in held
+                for spec in m.job.tasks
+            }
+        )
         for k, g in self.owner.items():
             gm = self.gms[g]
             where = [
+                k in admitting,
                 k in queued[g],
                 k in gm.inflight,
                 k in gm.placed,

@@ -1,0 +1,191 @@
+"""A large job is admitted in slices (``GlobalMaster.admit_slice``): every task is
+checked first, its id reserved, then the tasks are queued a slice at a time, each step
+one message (``AdmitMore`` timers), so one submission of many tasks does not hold its
+GM for the whole of it.  No event loop: the tests feed the timers back themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from common.effects import After, Effect, JobRefused, JobSettled
+from common.errors import ConfigError
+from common.ids import JobId, UserId
+from common.messages import AdmitJob, AdmitMore, StageSpec, SubmitJob
+from common.model import TaskSpec
+from global_master.core import GlobalMaster
+from tests.conftest import (
+    decide,
+    jobs_of,
+    launches,
+    make_gm,
+    make_lm,
+    make_task,
+    queued,
+    submit,
+    sync_views,
+)
+
+
+def gm_with(admit_slice: int) -> GlobalMaster:
+    gm = make_gm(admit_slice=admit_slice)
+    sync_views(gm, make_lm(nodes=[(4, 4)] * 2))
+    return gm
+
+
+def tasks(n: int, job: str = "big", first: int = 0) -> list[TaskSpec]:
+    return [make_task(job=job, task_id=f"t{first + i}") for i in range(n)]
+
+
+def timers(effects: Sequence[Effect]) -> list[AdmitMore]:
+    return [e.msg for e in effects if isinstance(e, After) and isinstance(e.msg, AdmitMore)]
+
+
+def step(gm: GlobalMaster, effects: Sequence[Effect], now: float) -> list[Effect]:
+    """Feed back the one ``AdmitMore`` among ``effects`` (its delay is 0)."""
+    (more,) = timers(effects)
+    assert all(e.delay == 0.0 for e in effects if isinstance(e, After))
+    return gm.handle(more, now)
+
+
+def admit_all(gm: GlobalMaster, effects: Sequence[Effect], now: float) -> list[Effect]:
+    """Step until the job needs no more steps; every effect of the steps."""
+    out: list[Effect] = []
+    while timers(effects):
+        effects = step(gm, effects, now)
+        out += effects
+    return out
+
+
+def test_a_large_job_is_checked_whole_then_queued_a_slice_at_a_time() -> None:
+    gm = gm_with(admit_slice=3)
+    specs = tasks(7)
+    effects = submit(gm, specs, 0.0)
+    steps = 1
+    assert queued(gm) == []
+    assert timers(effects)
+    while timers(effects):
+        effects = step(gm, effects, float(steps))
+        steps += 1
+        if len(queued(gm)) == 3:
+            assert list(gm.admitting) == [(UserId("u0"), JobId("big"))]
+    # 3 steps to check 7 tasks, 3 to queue them
+    assert steps == 6
+    assert queued(gm) == specs  # in the job's order
+    assert not gm.admitting
+    assert gm.counters.jobs_admitted == 1
+    # queueing started when the job came, not when its slice was queued
+    assert {t.submitted_at for t in gm.queues} == {0.0}
+
+
+def test_a_small_job_is_admitted_in_one_step() -> None:
+    gm = gm_with(admit_slice=3)
+    effects = submit(gm, tasks(3), 0.0)
+    assert not timers(effects)
+    assert len(queued(gm)) == 3
+    assert not gm.admitting
+
+
+def test_a_refusal_in_a_late_slice_queues_nothing() -> None:
+    gm = gm_with(admit_slice=2)
+    specs = tasks(6)
+    specs[5] = make_task(cpu=0, mem=0, job="big", task_id="t5")
+    out = admit_all(gm, submit(gm, specs, 0.0), 1.0)
+    (refused,) = [e for e in out if isinstance(e, JobRefused)]
+    assert refused.reason == "zero_demand"
+    assert queued(gm) == []
+    assert not gm.admitting
+    assert not gm.jobs
+    assert not gm.held_admissions
+    # its ids were never taken: a job may use them
+    again = tasks(6, job="again")
+    out = admit_all(gm, submit(gm, again, 2.0), 2.0)
+    assert not [e for e in out if isinstance(e, JobRefused)]
+    assert queued(gm) == again
+
+
+def test_the_user_s_next_jobs_wait_behind_a_job_being_admitted() -> None:
+    gm = make_gm(users=(("u0", "gm0", 0.5), ("u1", "gm0", 0.5)), admit_slice=2)
+    sync_views(gm, make_lm(nodes=[(4, 4)] * 2))
+    big = tasks(5)
+    first = submit(gm, big, 0.0)
+    after = [make_task(job="next", task_id="n0"), make_task(job="next", task_id="n1")]
+    clash = [make_task(job="clash", task_id="t1")]  # an id of the big job
+    assert submit(gm, after, 0.5) == []
+    assert submit(gm, clash, 0.5) == []
+    other = [make_task(job="other", task_id="t1", user="u1")]  # another user's: at once
+    assert submit(gm, other, 0.5) == []
+    assert queued(gm) == other
+    out = admit_all(gm, first, 1.0)
+    assert [t for t in queued(gm) if t.user == "u0"] == [*big, *after]  # in the order they came
+    (refused,) = [e for e in out if isinstance(e, JobRefused)]
+    assert refused.job_id == "clash"
+    assert refused.reason == "duplicate_task_id"
+    assert not gm.held_admissions
+    assert not gm.admitting
+    # the held job's queueing started when it came, not when it was let through
+    assert {t.submitted_at for t in gm.queues if t.job_id == "next"} == {0.5}
+
+
+def test_a_large_job_held_behind_another_is_sliced_in_its_turn() -> None:
+    gm = gm_with(admit_slice=2)
+    first = submit(gm, tasks(3), 0.0)
+    second_specs = tasks(5, job="second", first=100)
+    third_specs = tasks(1, job="third", first=200)
+    assert submit(gm, second_specs, 0.0) == []
+    assert submit(gm, third_specs, 0.0) == []
+    out = admit_all(gm, first, 1.0)
+    assert not [e for e in out if isinstance(e, JobRefused)]
+    assert [t.job_id for t in queued(gm)] == ["big"] * 3 + ["second"] * 5 + ["third"]
+
+
+def test_the_same_job_again_while_it_is_admitted() -> None:
+    gm = gm_with(admit_slice=2)
+    (job,) = jobs_of(tasks(5), 0.0)
+    first = gm.handle(AdmitJob(job=job), 0.0)
+    (dup,) = gm.handle(AdmitJob(job=job), 0.0)
+    assert isinstance(dup, JobRefused)
+    assert dup.reason == "duplicate_job_id"
+    assert gm.handle(AdmitJob(job=job, redelivered=True), 0.0) == []  # settled later
+    admit_all(gm, first, 1.0)
+    assert len(queued(gm)) == 5
+    assert gm.counters.jobs_admitted == 1
+
+
+def test_decisions_go_on_between_slices_and_the_job_settles_when_all_are_placed() -> None:
+    gm = gm_with(admit_slice=2)
+    effects = submit(gm, tasks(6), 0.0)
+    while len(queued(gm)) < 2:
+        effects = step(gm, effects, 0.0)
+    assert gm.admitting  # four tasks still to queue
+    sent = launches(decide(gm, 0.0, max_tasks=2))
+    assert sum(len(r.placements) for r in sent) == 2
+    out = admit_all(gm, effects, 0.0)
+    assert not [e for e in out if isinstance(e, JobSettled)]  # four not yet accepted
+    assert gm.jobs[(UserId("u0"), JobId("big"))].left == 6
+
+
+def test_a_timer_for_a_job_no_longer_admitted_does_nothing() -> None:
+    gm = gm_with(admit_slice=2)
+    assert gm.handle(AdmitMore(user=UserId("u0"), job_id=JobId("gone")), 0.0) == []
+
+
+def test_admit_slice_must_be_at_least_one() -> None:
+    with pytest.raises(ConfigError):
+        make_gm(admit_slice=0)
+
+
+def test_a_dag_job_is_admitted_whole() -> None:
+    gm = gm_with(admit_slice=2)
+    specs = tasks(4, job="dag")
+    (job,) = jobs_of(specs, 0.0)
+    dag = SubmitJob(
+        job_id=job.job_id, user=job.user, token="", submitted_at=0.0, tasks=job.tasks,
+        stages=(StageSpec(stage_id=0, parents=(), count=2),
+                StageSpec(stage_id=1, parents=(0,), count=2)),
+    )  # fmt: skip
+    effects = gm.handle(AdmitJob(job=dag), 0.0)
+    assert not timers(effects)
+    assert not gm.admitting
+    assert len(queued(gm)) == 2  # the root stage; the other waits for it
