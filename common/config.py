@@ -103,6 +103,10 @@ class FederationConfig:
     """Largest HTTP body or broker message any service reads (bytes); read whole."""
     max_task_duration_s: float = 7 * 24 * 3600.0
     """Longest task a GM admits (a longer one is refused with ``duration_too_long``)."""
+    max_user_tasks: int = 1_000_000
+    """Tasks one user may have on a GM at once (queued, in flight or running); a job that
+    would pass it is refused (``user_task_limit``).  About 1 KB of GM memory each.
+    0: no limit."""
     task_commands: bool = False
     """Whether workers run a task's ``command`` (off: every task holds its resources for
     its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""
@@ -286,6 +290,8 @@ class FederationConfig:
             raise ConfigError("node_lost_after_s must be >= 0")
         if self.launch_window < 0:
             raise ConfigError("launch_window must be >= 0 (0: no limit)")
+        if self.max_user_tasks < 0:
+            raise ConfigError("max_user_tasks must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
         if not self.secret:

@@ -66,6 +66,7 @@ from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
 from security import sealing
 from security.access import Access
+from security.broker_acl import USER_QUEUE_JOBS_OF_MAX_SIZE
 from security.identity import lm as lm_identity
 from security.tokens import TokenStore
 
@@ -119,7 +120,9 @@ class GmService:
             cfg.user_configs,
             queues=queues,
             limits=AdmissionLimits(
-                max_task_duration_s=cfg.max_task_duration_s, commands=cfg.task_commands
+                max_task_duration_s=cfg.max_task_duration_s,
+                commands=cfg.task_commands,
+                max_user_tasks=cfg.max_user_tasks,
             ),
             journal=Journal(),
             overload=cfg.overload,
@@ -134,6 +137,14 @@ class GmService:
         whether they are tasks this GM returned (their ids may be a user's job's)."""
         self._admission_order: dict[UserId, asyncio.Lock] = {}
         """Per user: a job decoded in a thread keeps the later ones behind it."""
+        self._undecoded: dict[UserId, int] = {}
+        self.undecoded_peak = 0
+        """The most bytes of one user's deliveries held unread at once, since the start."""
+        self._backlog_bytes = USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body
+        """Bytes of one user's deliveries this GM holds before reading them: past it (a
+        flood of large jobs arriving faster than they are decoded) a job is refused
+        (``user_backlog``), so the broker's prefetch cannot fill the GM's memory.  The
+        same bound as the user's queue at the broker."""
         self.events_seen = Dedup()
         self.requests_in_doubt = 0
         """Launches and preemptions an LM did not answer in time, asked again."""
@@ -271,15 +282,30 @@ class GmService:
         await msg.ack()
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
-        # deliveries come in order, each its own task: the lock keeps them in it
-        async with self._admission_order.setdefault(user, asyncio.Lock()):
-            if len(msg.body) >= DECODE_OFF_LOOP:
-                job = await asyncio.to_thread(
-                    codec.decode, msg.body, expect=SubmitJob, max_size=self.cfg.max_body
-                )
-            else:
-                job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
-            await self._admit(user, job, msg)
+        size = len(msg.body)
+        waiting = self._undecoded.get(user, 0)
+        if waiting and waiting + size > self._backlog_bytes:
+            self.refused_jobs += 1
+            await self.broker.dead_letter(
+                msg, self.cfg.user_queue(user), "user_backlog",
+                f"{waiting} bytes of {user}'s jobs are waiting here to be read; this one's "
+                f"{size} would pass {self._backlog_bytes}",
+            )  # fmt: skip
+            return
+        self._undecoded[user] = waiting + size
+        self.undecoded_peak = max(self.undecoded_peak, waiting + size)
+        try:
+            # deliveries come in order, each its own task: the lock keeps them in it
+            async with self._admission_order.setdefault(user, asyncio.Lock()):
+                if size >= DECODE_OFF_LOOP:
+                    job = await asyncio.to_thread(
+                        codec.decode, msg.body, expect=SubmitJob, max_size=self.cfg.max_body
+                    )
+                else:
+                    job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
+                await self._admit(user, job, msg)
+        finally:
+            self._undecoded[user] -= size
 
     async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         self._check_submitter(user, job, msg)
@@ -419,6 +445,11 @@ class GmService:
             "running_tasks": len(core.placed),
             "jobs_active": len(core.jobs),
             "jobs_admitting": len(core.admitting),
+            "unread_job_bytes": {
+                "now": sum(self._undecoded.values()),
+                "peak_per_user": self.undecoded_peak,
+                "limit_per_user": self._backlog_bytes,
+            },
             "sample": {
                 "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
                 "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],

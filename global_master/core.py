@@ -160,6 +160,35 @@ class InFlightTable(dict[TaskKey, InFlight]):
         self._shares.clear()
 
 
+class LiveTable(dict[TaskKey, Task]):
+    """The tasks a GM holds, with how many each user holds (admission reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_user: dict[UserId, int] = {}
+
+    def __setitem__(self, key: TaskKey, task: Task) -> None:
+        if key not in self:
+            self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
+        super().__setitem__(key, task)
+
+    def __delitem__(self, key: TaskKey) -> None:
+        self._forget(key)
+        super().__delitem__(key)
+
+    def pop(self, key: TaskKey, *default: Any) -> Any:
+        if key in self:
+            self._forget(key)
+        return super().pop(key, *default)
+
+    def _forget(self, key: TaskKey) -> None:
+        n = self.per_user[key[0]] - 1
+        if n:
+            self.per_user[key[0]] = n
+        else:
+            del self.per_user[key[0]]
+
+
 @dataclass(slots=True)
 class JobRecord:
     """A job of this GM's users: which tasks still keep its delivery unacknowledged."""
@@ -205,6 +234,10 @@ class AdmissionLimits:
     commands: bool = True
     """Whether a task may carry a command (the federation's ``task_commands``): without,
     a job with one is refused (``commands_disabled``) rather than run as if it had none."""
+    max_user_tasks: int = 1_000_000
+    """Tasks one user may have on this GM at once -- queued, being admitted, in flight or
+    running (about 1 KB each); a job that would pass it is refused (``user_task_limit``)
+    and the GM's memory stays bounded.  0: no limit."""
 
 
 class GlobalMaster:
@@ -260,7 +293,7 @@ class GlobalMaster:
         self.views: dict[LmId, LmView] = {}
         self.inflight = InFlightTable()
         self.placed: dict[TaskKey, Task] = {}
-        self.live: dict[TaskKey, Task] = {}
+        self.live = LiveTable()
         """Every task this GM holds: queued (or waiting for its DAG parents), in flight or
         placed; a task leaves when it has ended."""
         self.finished: set[TaskKey] = set()
@@ -386,7 +419,7 @@ class GlobalMaster:
                 settled = record is None or record.settled
                 return [JobSettled(job.job_id, job.user)] if settled else []
             return [self._refuse(job, "duplicate_job_id", f"job {job.job_id!r} already submitted")]
-        why = self._job_error(job)
+        why = self._job_error(job) or self._over_limit(job, msg.redelivered)
         if why is not None:
             return [self._refuse(job, *why)]
         adm = Admission(job, msg.redelivered, came)
@@ -528,6 +561,22 @@ class GlobalMaster:
         if job.attempt:
             return "reserved_field", "attempt is set by a GM, on the tasks it returns only"
         return None
+
+    def _over_limit(self, job: SubmitJob, redelivered: bool) -> tuple[str, str] | None:
+        """Why ``job`` would take its user past ``max_user_tasks`` (None: it would not).
+        A redelivered job was admitted before (its tasks may run): never refused for it."""
+        limit = self.limits.max_user_tasks
+        if not limit or redelivered:
+            return None
+        # (the user's job being admitted in slices, if any, holds this one back until
+        # its tasks are all in ``live``)
+        held = self.live.per_user.get(job.user, 0)
+        if held + len(job.tasks) <= limit:
+            return None
+        return "user_task_limit", (
+            f"user {job.user!r} has {held} tasks on {self.gm_id}; {len(job.tasks)} more would "
+            f"pass its limit of {limit} (max_user_tasks)"
+        )
 
     def _tasks_error(self, adm: Admission, end: int) -> tuple[str, str] | None:
         """Check ``adm``'s tasks from ``adm.checked`` up to ``end``: why one is not

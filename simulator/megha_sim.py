@@ -182,11 +182,12 @@ class _Server:
 
 QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
 
-SIM_LIMITS = AdmissionLimits(max_task_duration_s=math.inf)
+SIM_LIMITS = AdmissionLimits(max_task_duration_s=math.inf, max_user_tasks=0)
 """What the simulated GMs admit: a workload is replayed as written.  The live GM's
 cap on a task's duration (``max_task_duration_s``, an operator's setting) is not a
 property of a trace; applied here it refused jobs Sparrow ran, so the schedulers
-compared would not see the same workload."""
+compared would not see the same workload.  Nor is the cap on a user's tasks held
+(``max_user_tasks``, there to bound a GM's memory)."""
 
 
 class MeghaSimulation:

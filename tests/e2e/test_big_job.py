@@ -5,17 +5,21 @@ job still queued behind it."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from common import codec
 from common.config import FederationConfig
 from common.ids import JobId, TaskId, UserId
+from common.messages import SubmitJob
 from common.model import TaskSpec
 from global_master.app import DECODE_OFF_LOOP
+from request_generator.submitter import Submitter
 from request_generator.workload import Job, to_submission
 from tests.e2e.conftest import (
     assert_all_done,
@@ -70,3 +74,119 @@ def test_a_job_of_thousands_of_tasks_runs_once_each_and_keeps_its_place(
     assert gm["jobs_admitting"] == 0
     assert gm["jobs_unacked"] == 0
     assert gm["counters"]["jobs_admitted"] == 2
+
+
+def test_a_user_past_max_user_tasks_is_refused_and_others_are_served(
+    make_federation: Callable[..., Federation],
+) -> None:
+    """u0 may hold 50 tasks on its GM: a job that would pass that is dead-lettered with
+    ``user_task_limit``; u1's jobs go on; once u0's tasks have ended it may submit again."""
+    cfg, home = make_federation(
+        gms=1, lms=1, nodes_per_lm=4, users="u0:0.5@gm0,u1:0.5@gm0", heartbeat_s=0.5,
+        max_user_tasks=50,
+    )  # fmt: skip
+    outcome = asyncio.run(_over_the_limit(cfg, home))
+    assert outcome["refused"] == {"over": "user_task_limit"}
+    assert outcome["finished"] == {"first": 40, "other-user": 40, "after": 20}
+    assert service_state(cfg, home, "gm0")["counters"]["jobs_refused"] == 1
+
+
+async def _over_the_limit(cfg: FederationConfig, home: Path) -> dict[str, Any]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    refused: dict[str, str] = {}
+
+    async def on_dead(msg: Any) -> None:
+        job = codec.decode(msg.body, expect=SubmitJob)
+        refused[job.job_id] = str(msg.headers["x-megha-reason"])
+
+    assert sub.broker.conn is not None
+    ch = await sub.broker.conn.channel()
+    q = await ch.declare_queue(exclusive=True, auto_delete=True)
+    await q.bind(cfg.dead_letter_exchange, routing_key="")
+    await q.consume(on_dead, no_ack=True)
+
+    def job(name: str, user: str, n: int) -> Job:
+        tasks = [TaskSpec(task_id=TaskId(f"{name}.t{i}"), job_id=JobId(name), user=UserId(user),
+                          demand=(1,), duration=0.2) for i in range(n)]  # fmt: skip
+        return Job(JobId(name), UserId(user), 0.0, tasks)
+
+    jobs = {"first": job("first", "u0", 40), "other-user": job("other-user", "u1", 40)}
+    for j in jobs.values():
+        await sub.submit(j)
+    await sub.submit(job("over", "u0", 20))  # 40 held + 20 > 50
+
+    def finished(name: str) -> int:
+        return sum(1 for t in jobs[name].tasks if (t.user, t.task_id) in sub.outcomes.finished)
+
+    async def until(pred: Callable[[], bool]) -> None:
+        for _ in range(600):
+            if pred():
+                return
+            await asyncio.sleep(0.1)
+
+    await until(lambda: bool(refused) and finished("first") == 40)
+    jobs["after"] = job("after", "u0", 20)  # u0 holds nothing now: within its limit
+    await sub.submit(jobs["after"])
+    await until(lambda: all(finished(n) == len(j.tasks) for n, j in jobs.items()))
+    await sub.close()
+    return {
+        "refused": refused,
+        "finished": {n: finished(n) for n in jobs},
+    }
+
+
+def test_a_flood_of_large_jobs_is_shed_not_held_in_the_gm_s_memory(
+    make_federation: Callable[..., Federation],
+) -> None:
+    """Large jobs arriving faster than the GM decodes them: past 16 x ``max_body`` bytes
+    waiting, the GM refuses them at once (``user_backlog``) instead of holding every
+    delivery the broker's prefetch allows; every job gets its answer, and it serves on."""
+    cfg, home = make_federation(
+        gms=1, lms=1, nodes_per_lm=2, users="u0:1.0@gm0", heartbeat_s=0.5,
+        max_body=2 * 1024 * 1024,
+    )  # fmt: skip
+    reasons = asyncio.run(_flood(cfg, home, jobs=80))
+    assert sum(reasons.values()) == 80, reasons
+    assert reasons["user_backlog"] >= 1, reasons
+    # the others were read whole, then refused for what they ask (no node is that big)
+    assert set(reasons) == {"user_backlog", "impossible_resources"}, reasons
+    unread = service_state(cfg, home, "gm0")["unread_job_bytes"]
+    assert unread["peak_per_user"] <= unread["limit_per_user"] == 16 * cfg.max_body
+    assert unread["now"] == 0
+    with urllib.request.urlopen(cfg.url("gm0") + "/health", timeout=10) as resp:
+        assert resp.status == 200
+
+
+async def _flood(cfg: FederationConfig, home: Path, jobs: int) -> dict[str, int]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    reasons: dict[str, int] = {}
+
+    async def on_dead(msg: Any) -> None:
+        reason = str(msg.headers["x-megha-reason"])
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    assert sub.broker.conn is not None
+    ch = await sub.broker.conn.channel()
+    q = await ch.declare_queue(exclusive=True, auto_delete=True)
+    await q.bind(cfg.dead_letter_exchange, routing_key="")
+    await q.consume(on_dead, no_ack=True)
+    pad = "x" * 170
+    bodies = []
+    for k in range(jobs):
+        name = f"flood{k}"
+        tasks = [TaskSpec(task_id=TaskId(f"{name}.{pad}.t{i}"), job_id=JobId(name),
+                          user=UserId("u0"), demand=(10_000,), duration=0.0)
+                 for i in range(6_000)]  # fmt: skip
+        job = to_submission(Job(JobId(name), UserId("u0"), 0.0, tasks), sub.token("u0"), 0.0)
+        bodies.append(codec.encode(job))
+        assert DECODE_OFF_LOOP <= len(bodies[-1]) <= cfg.max_body
+    # all at once: they reach the GM faster than it reads them
+    await asyncio.gather(*(sub.publish_raw(UserId("u0"), b) for b in bodies))
+    for _ in range(600):
+        if sum(reasons.values()) >= jobs:
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return reasons

@@ -30,6 +30,8 @@ an outcome: nothing refused, preempted or orphaned is ever lost, nothing ends tw
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -163,13 +165,16 @@ class Federation(RuleBasedStateMachine):
                     cpu, mem, constraints=constraints, user=name, task_id=tid, job=f"j{self.jobs}"
                 )
             )
-        refused = len(self.net.refused)
         self.net.submit(GmId(gm), batch, self.tick())
         for t in batch:
             self.tasks[(t.user, t.task_id)] = t
             self.owner[(t.user, t.task_id)] = GmId(gm)
-            if len(self.net.refused) > refused:  # refused whole, with a reason: an end too
-                self.ended.add((t.user, t.task_id))
+
+    def _ended(self) -> set[TaskKey]:
+        """Tasks ended without an outcome: failed by the test, or of a job refused whole
+        (with a reason; at once, or later if it was held behind a job being admitted)."""
+        refused = {(r.user, r.job_id) for r in self.net.refused}
+        return self.ended | {k for k, t in self.tasks.items() if (t.user, t.job_id) in refused}
 
     @rule(gm=st.integers(0, 1), max_tasks=st.integers(1, 4))
     def decide(self, gm: int, max_tasks: int) -> None:
@@ -351,6 +356,7 @@ class Federation(RuleBasedStateMachine):
                 for spec in m.job.tasks
             }
         )
+        ended = self._ended()
         for k, g in self.owner.items():
             gm = self.gms[g]
             where = [
@@ -358,7 +364,7 @@ class Federation(RuleBasedStateMachine):
                 k in queued[g],
                 k in gm.inflight,
                 k in gm.placed,
-                k in self.net.outcomes or k in self.ended,
+                k in self.net.outcomes or k in ended,
             ]
             assert sum(where) == 1, (k, where)
             for other, ogm in self.gms.items():
@@ -366,6 +372,11 @@ class Federation(RuleBasedStateMachine):
                     assert k not in queued[other]
                     assert k not in ogm.inflight
                     assert k not in ogm.placed
+
+    @invariant()
+    def each_user_s_task_count_is_that_of_the_ledger(self) -> None:
+        for gm in self.gms.values():
+            assert gm.live.per_user == Counter(user for user, _ in gm.live)
 
     @invariant()
     def a_task_runs_in_one_place_its_gm_knows_of(self) -> None:
@@ -457,7 +468,8 @@ class Federation(RuleBasedStateMachine):
                     self.net.run(now)
             self.nodes_conserve_resources()
             self.each_task_in_exactly_one_state()
-            if all(k in self.net.outcomes or k in self.ended for k in self.owner):
+            ended = self._ended()
+            if all(k in self.net.outcomes or k in ended for k in self.owner):
                 assert not any(gm.jobs for gm in self.gms.values()), "a finished job lingers"
                 return
             states = [self.gms[g].state_of(k) for k, g in self.owner.items()]
@@ -467,7 +479,7 @@ class Federation(RuleBasedStateMachine):
         stuck = {
             k: self.gms[g].state_of(k)
             for k, g in self.owner.items()
-            if k not in self.net.outcomes and k not in self.ended
+            if k not in self.net.outcomes and k not in self._ended()
         }
         raise AssertionError(f"tasks never finished nor failed: {stuck}")
 

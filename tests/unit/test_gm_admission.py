@@ -14,7 +14,7 @@ from common.errors import ConfigError
 from common.ids import JobId, UserId
 from common.messages import AdmitJob, AdmitMore, StageSpec, SubmitJob
 from common.model import TaskSpec
-from global_master.core import GlobalMaster
+from global_master.core import AdmissionLimits, GlobalMaster
 from tests.conftest import (
     decide,
     jobs_of,
@@ -25,6 +25,7 @@ from tests.conftest import (
     queued,
     submit,
     sync_views,
+    task_of,
 )
 
 
@@ -189,3 +190,52 @@ def test_a_dag_job_is_admitted_whole() -> None:
     assert not timers(effects)
     assert not gm.admitting
     assert len(queued(gm)) == 2  # the root stage; the other waits for it
+
+
+# ------------------------------------------------------------ a user's task limit
+def two_users(limit: int, admit_slice: int = 1000) -> GlobalMaster:
+    gm = make_gm(users=(("u0", "gm0", 0.5), ("u1", "gm0", 0.5)), admit_slice=admit_slice)
+    gm.limits = AdmissionLimits(max_user_tasks=limit)
+    sync_views(gm, make_lm(nodes=[(4, 4)] * 2))
+    return gm
+
+
+def test_a_job_past_the_user_s_task_limit_is_refused_and_others_are_not() -> None:
+    gm = two_users(limit=5)
+    assert submit(gm, tasks(4, job="a"), 0.0) == []
+    (refused,) = submit(gm, tasks(2, job="b", first=10), 0.0)  # 4 + 2 > 5
+    assert isinstance(refused, JobRefused)
+    assert refused.reason == "user_task_limit"
+    assert "max_user_tasks" in refused.detail
+    assert submit(gm, [make_task(user="u1", job="c", task_id=f"c{i}") for i in range(5)], 0.0) == []
+    assert submit(gm, tasks(1, job="d", first=20), 0.0) == []  # 4 + 1: within it
+    assert gm.live.per_user == {"u0": 5, "u1": 5}
+
+
+def test_ended_tasks_give_their_room_back() -> None:
+    gm = two_users(limit=3)
+    specs = tasks(3, job="a")
+    submit(gm, specs, 0.0)
+    for spec in specs:  # fail them (no node ever runs them, say): they have ended
+        gm._fail(task_of(gm, spec), "test", [])
+    assert gm.live.per_user == {}
+    assert submit(gm, tasks(3, job="b", first=10), 1.0) == []
+
+
+def test_a_job_held_behind_a_large_one_is_checked_against_the_limit_in_its_turn() -> None:
+    gm = two_users(limit=6, admit_slice=2)
+    first = submit(gm, tasks(5, job="a"), 0.0)
+    assert submit(gm, tasks(2, job="b", first=10), 0.0) == []  # held
+    out = admit_all(gm, first, 1.0)
+    (refused,) = [e for e in out if isinstance(e, JobRefused)]
+    assert refused.job_id == "b"
+    assert refused.reason == "user_task_limit"
+
+
+def test_a_redelivered_job_is_not_refused_for_the_limit() -> None:
+    gm = two_users(limit=2)
+    (job,) = jobs_of(tasks(3, job="a"), 0.0)
+    (refused,) = gm.handle(AdmitJob(job=job), 0.0)
+    assert isinstance(refused, JobRefused)
+    assert gm.handle(AdmitJob(job=job, redelivered=True), 0.0) == []
+    assert gm.live.per_user == {"u0": 3}
