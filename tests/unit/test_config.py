@@ -31,6 +31,7 @@ def test_broker_url_from_the_environment() -> None:
         {"users": "alice:0.9@gm7"},
         {"profile": "quantum"},
         {"nodes_per_lm": 2, "gms": 3},
+        {"max_user_tasks": -1},
     ],
 )
 def test_bad_config_is_a_clear_error(table: dict[str, object]) -> None:
