@@ -14,11 +14,24 @@ queues form where they would form in a real deployment:
 * Worker pools (one per LM, as live): the same ``WorkerPool`` core as the live
   worker; its timers (``After``) become events of the loop.
 * Heartbeats: every LM sends its state delta to every GM each ``update_period_s``,
-  the LMs' phases spread over the period.  While the federation is idle (every task
-  that has arrived has its outcome) an LM whose last delta has been sent skips its
-  heartbeats (they would be empty) until the next arrival or a change of its state,
-  then resumes on its phase; the watchdog skips the idle gap too.  So a trace's idle
-  spans cost no events, and each GM's view is as up to date as with every heartbeat.
+  the LMs' phases spread over the period.
+* Quiet spans are skipped, not simulated tick by tick.  The federation is *quiet*
+  when nothing can change before the next arrival or pool timer (a task's end): no
+  message on the wire (a GM's own timer, a large job's next slice, counts as one),
+  every GM and LM idle, every LM's changes already sent, no GM with a request out or
+  a task waiting for room.  That is an idle gap between arrivals, and equally a span
+  where every task runs and none ends for days.  A heartbeat there carries an empty
+  delta that no GM acts on, and a watchdog tick finds work running or to come, so
+  each LM parks its heartbeats and the watchdog parks too (``_sleep``); a margin (a
+  period and twice an empty heartbeat's echo) before the next event they resume on
+  their own time grids (``_wake``), so at that event every server, view and LM is
+  exactly as if every tick had been simulated.  What the skipped heartbeats would
+  have counted is added (``updates_applied``, each server's busy time and messages)
+  and, with live hop samples, the draws they would have taken are taken, so a run
+  gives the same result as with every tick (the internal ``SKIP_QUIET = False``
+  simulates them all; the tests compare).  Timers and arrivals are never moved.  A
+  message landing while anything is parked wakes it first (it cannot happen in a
+  quiet span; a safety net).
 * What each message costs a server, and what a hop takes, is ``simulator.costs``'s
   (``gm_cost``, ``decision_cost``, ``lm_cost``, ``lm_send_cost``, ``hop``): the cores'
   costs by default; calibrated to a live run, also each service's fixed cost per
@@ -27,13 +40,14 @@ queues form where they would form in a real deployment:
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from common.cluster import ClusterSpec
 from common.dag import DagJob
@@ -190,8 +204,22 @@ compared would not see the same workload.  Nor is the cap on a user's tasks held
 (``max_user_tasks``, there to bound a GM's memory)."""
 
 
+def _advance(t: float, step: float, until: float) -> tuple[float, int]:
+    """Step a tick grid from tick ``t`` to its first tick at or after ``until``, as the
+    loop does (``t += step``: the same floats as ticking); how many ticks were passed."""
+    k = 0
+    while t < until:
+        t += step
+        k += 1
+    return t, k
+
+
 class MeghaSimulation:
     """A federation of GMs, LMs and worker pools in virtual time, driving the real cores."""
+
+    SKIP_QUIET: ClassVar[bool] = True
+    """Internal: skip quiet spans (module docstring).  False simulates every heartbeat
+    and watchdog tick; the equivalence tests compare the two."""
 
     def __init__(
         self,
@@ -242,16 +270,24 @@ class MeghaSimulation:
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
         self._arrivals_left = 0
-        self._unarrived_tasks = 0
-        self._hb_phase: dict[LmId, float] = {}
-        """When each LM's heartbeats fall (mod ``update_period_s``)."""
+        self._arrivals: list[float] = []
+        """Arrival times still to come (a heap)."""
+        self._timers: list[float] = []
+        """When each pending pool timer fires (a heap)."""
+        self._in_flight = 0
+        """Messages on the wire (scheduled, not yet landed)."""
         self._hb_sent: dict[LmId, int] = {}
         """Each LM's state version when its last heartbeat was delivered."""
-        self._parked: set[LmId] = set()
-        """LMs skipping their heartbeats while the federation is idle."""
-        self._watchdog_phase = 0.0
-        self._watchdog_parked = False
-        self._running_timers = 0
+        self._parked: dict[LmId, float] = {}
+        """LMs skipping their heartbeats in a quiet span: the first beat skipped."""
+        self._watchdog_parked: float | None = None
+        """The watchdog's first tick skipped in a quiet span (None: ticking)."""
+        self._asleep = False
+        """Something is parked (``_wake`` resumes it)."""
+        self._wake_due = math.inf
+        self._margin = math.inf
+        """How long before the next event parked ticks resume (``run`` sets it)."""
+        self._skipped_beats = 0
         self.stuck = 0
         for lm in self.lms.values():
             for g in self.gms:
@@ -280,15 +316,44 @@ class MeghaSimulation:
                 raise ValueError(f"job {job.job_id}: user {job.user!r} has no GM")
             self.book.add(job)
             self._arrivals_left += 1
-            self._unarrived_tasks += len(job.tasks)
+            heapq.heappush(self._arrivals, job.arrival)
             self.loop.at(job.arrival, self._arrive, job)
 
     def _arrive(self, job: Job | DagJob) -> None:
+        if self._asleep:
+            self._wake()
         self._arrivals_left -= 1
-        self._unarrived_tasks -= len(job.tasks)
-        self._wake()
+        heapq.heappop(self._arrivals)  # this one (arrivals come in time order)
         sub = to_submission(job, "", self.loop.now)
         self._deliver_gm(self.user_gm[job.user], AdmitJob(job=sub))
+
+    # ----------------------------------------------------------------- wire
+    def _send(self, at: float, land: Callable[..., None], *args: Any) -> None:
+        """Put a message on the wire; ``land(*args)`` delivers it at ``at``."""
+        self._in_flight += 1
+        self.loop.at(at, land, *args)
+
+    def _land_gm(self, gm_id: GmId, msg: Any) -> None:
+        self._landed()
+        self._deliver_gm(gm_id, msg)
+
+    def _land_all_gms(self, msg: StateUpdated) -> None:
+        self._landed()
+        for g in self.gms:
+            self._deliver_gm(g, msg)
+
+    def _land_lm(self, lm_id: LmId, msg: Any) -> None:
+        self._landed()
+        self._deliver_lm(lm_id, msg)
+
+    def _land_pool(self, lm_id: LmId, msg: Any) -> None:
+        self._landed()
+        self._deliver_pool(lm_id, msg)
+
+    def _landed(self) -> None:
+        self._in_flight -= 1
+        if self._asleep:  # never in a quiet span; a safety net
+            self._wake()
 
     # ------------------------------------------------------------------ GMs
     def _deliver_gm(self, gm_id: GmId, msg: Any) -> None:
@@ -296,10 +361,6 @@ class MeghaSimulation:
         srv.inbox.append((self.loop.now, msg))
         if not srv.busy:
             self._gm_step(gm_id)
-
-    def _deliver_all_gms(self, msg: StateUpdated) -> None:
-        for g in self.gms:
-            self._deliver_gm(g, msg)
 
     def _gm_step(self, gm_id: GmId) -> None:
         """The GM handles its next message, or makes its next decisions, or idles."""
@@ -347,10 +408,7 @@ class MeghaSimulation:
         srv = self._lm_srv[lm_id]
         arrived, msg = srv.inbox.popleft()
         now = self.loop.now
-        lm = self.lms[lm_id]
-        effects = lm.handle(msg, now)
-        if lm_id in self._parked and lm.version != self._hb_sent[lm_id]:
-            self._unpark(lm_id)  # a change the GMs must hear of
+        effects = self.lms[lm_id].handle(msg, now)
         send = costs.lm_send_cost(self.cfg, effects)  # encoding what it publishes
         self._lm_srv[lm_id].busy_s += send
         self._route(effects, now + send, lm_id=lm_id, request=msg, arrived=arrived)
@@ -363,35 +421,94 @@ class MeghaSimulation:
         if self.outstanding <= 0:
             return
         version = self.lms[lm_id].version
-        if self._idle() and self._hb_sent.get(lm_id) == version:
-            self._parked.add(lm_id)  # nothing to send until it changes or a job arrives
+        if self._hb_sent.get(lm_id) == version and self._sleep():
+            self._parked[lm_id] = self.loop.now  # an empty delta no GM would act on
             return
         self._hb_sent[lm_id] = version
         self._deliver_lm(lm_id, Heartbeat())
         self.loop.after(self.cfg.update_period_s, self._heartbeat, lm_id)
 
-    def _idle(self) -> bool:
-        """Every task that has arrived has its outcome (jobs may be still to come)."""
-        return self.book.outstanding == self._unarrived_tasks
+    # ---------------------------------------------------------- quiet spans
+    def _quiet_until(self) -> float:
+        """When ticks parked now must resume: a margin before the next arrival or pool
+        timer, if nothing can change the federation before it (module docstring);
+        else -inf (nothing may park)."""
+        if not self.SKIP_QUIET or self._in_flight:
+            return -math.inf
+        nxt = min(
+            self._timers[0] if self._timers else math.inf,
+            self._arrivals[0] if self._arrivals else math.inf,
+        )
+        if nxt == math.inf:  # nothing will ever happen: the watchdog must see it
+            return -math.inf
+        wake = nxt - self._margin
+        if wake <= self.loop.now:
+            return -math.inf
+        for srv in (*self._gm_srv.values(), *self._lm_srv.values()):
+            if srv.busy or srv.inbox:
+                return -math.inf
+        for gm in self.gms.values():
+            if gm.inflight or gm.waiting:  # a request out; tasks woken by time (grace)
+                return -math.inf
+        sent = self._hb_sent
+        for lm_id, lm in self.lms.items():
+            if sent.get(lm_id) != lm.version:  # a change the GMs have not heard of yet
+                return -math.inf
+        return wake
 
-    def _next_beat(self, phase: float, period: float) -> float:
-        """The first time from now on that falls on ``phase`` (mod ``period``)."""
-        now = self.loop.now
-        return phase + max(0, math.ceil((now - phase) / period)) * period
-
-    def _unpark(self, lm_id: LmId) -> None:
-        self._parked.discard(lm_id)
-        beat = self._next_beat(self._hb_phase[lm_id], self.cfg.update_period_s)
-        self.loop.at(beat, self._heartbeat, lm_id)
+    def _sleep(self) -> bool:
+        """If the federation is quiet, arrange the wake-up and say the caller may park."""
+        wake = self._quiet_until()
+        if wake <= self.loop.now:
+            return False
+        self._asleep = True
+        if wake < self._wake_due:
+            self._wake_due = wake
+            self.loop.at(wake, self._wake)
+        return True
 
     def _wake(self) -> None:
-        """A job arrives: the heartbeats and the watchdog resume on their phases."""
-        for lm_id in sorted(self._parked):
-            self._unpark(lm_id)
-        if self._watchdog_parked:
-            self._watchdog_parked = False
-            tick = self._next_beat(self._watchdog_phase, self.cfg.update_period_s * 3)
+        """A quiet span ends: parked heartbeats and the watchdog resume at their first
+        tick from now on their own grids; the skipped heartbeats are accounted."""
+        self._asleep = False
+        self._wake_due = math.inf
+        now = self.loop.now
+        period = self.cfg.update_period_s
+        for lm_id, first in self._parked.items():
+            beat, skipped = _advance(first, period, now)
+            self._account_beats(lm_id, skipped)
+            self.loop.at(beat, self._heartbeat, lm_id)
+        self._parked.clear()
+        if self._watchdog_parked is not None:
+            tick, _ = _advance(self._watchdog_parked, period * 3, now)
+            self._watchdog_parked = None
             self.loop.at(tick, self._watchdog)
+
+    def _account_beats(self, lm_id: LmId, n: int) -> None:
+        """What ``n`` skipped empty heartbeats of ``lm_id`` would have cost and counted:
+        the LM's and each GM's busy time and messages, one update applied per GM, and
+        the hop each would have drawn (so later draws are the same)."""
+        if n <= 0:
+            return
+        self._skipped_beats += n
+        lm_srv = self._lm_srv[lm_id]
+        lm_srv.handled += n
+        lm_srv.busy_s += n * costs.lm_cost(self.cfg, Heartbeat())
+        gm_cost = self.cfg.gm_service_s + self.cfg.gm_message_s  # an empty update
+        for srv in self._gm_srv.values():
+            srv.handled += n
+            srv.busy_s += n * gm_cost
+        if self.cfg.hop_samples_s:
+            for _ in range(n):
+                costs.hop(self.cfg, self._hops)
+
+    def _echo_s(self) -> float:
+        """How long an empty heartbeat keeps servers busy at most: the LM, the hop, and
+        every LM's update queued at one GM."""
+        cfg = self.cfg
+        hop = max(cfg.hop_samples_s) if cfg.hop_samples_s else cfg.network_delay_s
+        lm = cfg.lm_service_s + cfg.lm_message_s
+        return lm + hop + len(self.lms) * (cfg.gm_service_s + cfg.gm_message_s)
 
     # -------------------------------------------------------------- workers
     def _deliver_pool(self, lm_id: LmId, msg: Any) -> None:
@@ -400,7 +517,9 @@ class MeghaSimulation:
         self._route(effects, now, pool=lm_id)
 
     def _timer(self, lm_id: LmId, msg: Any) -> None:
-        self._running_timers -= 1
+        if self._asleep:
+            self._wake()
+        heapq.heappop(self._timers)  # this one (timers fire in time order)
         self._deliver_pool(lm_id, msg)
 
     # ---------------------------------------------------------------- wires
@@ -419,7 +538,7 @@ class MeghaSimulation:
         if not effects:
             return
         at = t + costs.hop(self.cfg, self._hops)
-        loop = self.loop
+        send = self._send
         starts: list[StartTask] = []
         stops: list[StopTask] = []
         events: dict[GmId, list[TaskEvent]] = {}
@@ -432,7 +551,7 @@ class MeghaSimulation:
                 if isinstance(msg, WorkerReport):
                     reports.append(msg)
                 else:
-                    loop.at(at, self._deliver_lm, eff.lm, msg)
+                    send(at, self._land_lm, eff.lm, msg)
             elif isinstance(eff, Reply):
                 self._reply(eff.msg, at, lm_id=lm_id, pool=pool, request=request, arrived=arrived)
             elif isinstance(eff, ToGm):
@@ -443,16 +562,17 @@ class MeghaSimulation:
                 else:
                     stops.append(eff.msg)
             elif isinstance(eff, ToAllGms):
-                loop.at(at, self._deliver_all_gms, eff.msg)
+                send(at, self._land_all_gms, eff.msg)
             elif isinstance(eff, ToUser):
                 out = eff.msg
                 self.book.done(out.task, t, "" if out.finished else out.reason or "failed")
             elif isinstance(eff, After) and gm_id is not None:
-                loop.at(t + eff.delay, self._deliver_gm, gm_id, eff.msg)  # a large job's next slice
+                # a large job's next slice: a message to itself (nothing is quiet meanwhile)
+                send(t + eff.delay, self._land_gm, gm_id, eff.msg)
             elif isinstance(eff, After):
                 assert pool is not None
-                self._running_timers += 1
-                loop.at(t + eff.delay, self._timer, pool, eff.msg)
+                heapq.heappush(self._timers, t + eff.delay)
+                self.loop.at(t + eff.delay, self._timer, pool, eff.msg)
             elif isinstance(eff, JobRefused):
                 self._refused(eff, t)
             elif isinstance(eff, JobSettled | Persist):
@@ -461,16 +581,16 @@ class MeghaSimulation:
                 raise TypeError(f"the simulator cannot carry out {type(eff).__name__}")
         if lm_id is not None and (starts or stops):
             if stops:
-                loop.at(at, self._deliver_pool, lm_id, StopTasks(lm=lm_id, tasks=tuple(stops)))
+                send(at, self._land_pool, lm_id, StopTasks(lm=lm_id, tasks=tuple(stops)))
             if starts:
-                loop.at(at, self._deliver_pool, lm_id, StartTasks(lm=lm_id, tasks=tuple(starts)))
+                send(at, self._land_pool, lm_id, StartTasks(lm=lm_id, tasks=tuple(starts)))
         for g, evs in events.items():
             assert lm_id is not None
-            loop.at(at, self._deliver_gm, g, TaskEvents(lm=lm_id, events=tuple(evs)))
+            send(at, self._land_gm, g, TaskEvents(lm=lm_id, events=tuple(evs)))
         if reports:
             assert pool is not None
             batch = tuple(reports)
-            loop.at(at, self._deliver_lm, pool, WorkerReports(lm=pool, reports=batch))
+            send(at, self._land_lm, pool, WorkerReports(lm=pool, reports=batch))
             # the network here loses nothing: the pool need not keep them for a new LM
             self.pools[pool].handle(ReportsTaken(reports=batch), at)
 
@@ -480,14 +600,14 @@ class MeghaSimulation:
     ) -> None:  # fmt: skip
         if pool is not None:  # a worker pool answers its LM's start/stop request
             if isinstance(msg, WorkerReports) and msg.reports:
-                self.loop.at(at, self._deliver_lm, pool, msg)
+                self._send(at, self._land_lm, pool, msg)
             return
         if isinstance(msg, LaunchResponse | PreemptResponse):
             msg = replace(msg, received_at=arrived)
         gm = getattr(request, "gm", None)
         if gm is None or not isinstance(msg, LaunchResponse | PreemptResponse | StateSnapshot):
             raise TypeError(f"{lm_id} answered {type(request).__name__} with {msg!r:.200}")
-        self.loop.at(at, self._deliver_gm, gm, msg)
+        self._send(at, self._land_gm, gm, msg)
 
     def _refused(self, eff: JobRefused, t: float) -> None:
         for spec in self.book.specs(eff.job_id):
@@ -523,11 +643,11 @@ class MeghaSimulation:
         """
         if self.outstanding <= 0:
             return
-        if self._arrivals_left and self._idle():
-            self._watchdog_parked = True  # idle until the next arrival: nothing to watch
+        if self._sleep():  # work runs or is to come: the tick would find nothing stuck
+            self._watchdog_parked = self.loop.now
             self._idle_ticks = 0
             return
-        quiet = not self._running_timers and all(
+        quiet = not self._timers and all(
             not s.busy and not s.inbox for s in (*self._gm_srv.values(), *self._lm_srv.values())
         )
         self._idle_ticks = self._idle_ticks + 1 if quiet and not self._arrivals_left else 0
@@ -546,19 +666,21 @@ class MeghaSimulation:
     def counters(self) -> dict[str, float]:
         gm = total((g.counters for g in self.gms.values()), GmCounters).as_dict()
         lm = total((m.counters for m in self.lms.values()), LmCounters).as_dict()
+        # each skipped heartbeat is an (empty) update every GM would have applied
+        gm["updates_applied"] += self._skipped_beats * len(self.gms)
         return {**gm, **lm}
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         start = self.book.first_arrival or 0.0
         period = self.cfg.update_period_s
+        echo = self._echo_s()
+        self._margin = period + 2 * echo if echo < period else math.inf
         for k, lm_id in enumerate(self.lms):
-            self._hb_phase[lm_id] = start + period * (k + 1) / len(self.lms)
-            self.loop.at(self._hb_phase[lm_id], self._heartbeat, lm_id)
+            self.loop.at(start + period * (k + 1) / len(self.lms), self._heartbeat, lm_id)
         if self.cfg.sample_usage_every_s is not None:
             self.loop.at(start, self._sample_usage)
-        self._watchdog_phase = start + period * 3
-        self.loop.at(self._watchdog_phase, self._watchdog)
+        self.loop.at(start + period * 3, self._watchdog)
         self.loop.run(progress=progress, stop=lambda: self.stuck > 0)
         book = self.book
         return SimResult(
