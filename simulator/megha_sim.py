@@ -21,15 +21,16 @@ queues form where they would form in a real deployment:
   every GM and LM idle, every LM's changes already sent, no GM with a request out or
   a task waiting for room.  That is an idle gap between arrivals, and equally a span
   where every task runs and none ends for days.  A heartbeat there carries an empty
-  delta that no GM acts on, and a watchdog tick finds work running or to come, so
-  each LM parks its heartbeats and the watchdog parks too (``_sleep``); a margin (a
-  period and twice an empty heartbeat's echo) before the next event they resume on
-  their own time grids (``_wake``), so at that event every server, view and LM is
-  exactly as if every tick had been simulated.  What the skipped heartbeats would
-  have counted is added (``updates_applied``, each server's busy time and messages)
-  and, with live hop samples, the draws they would have taken are taken, so a run
-  gives the same result as with every tick (the internal ``SKIP_QUIET = False``
-  simulates them all; the tests compare).  Timers and arrivals are never moved.  A
+  delta that no GM acts on, a watchdog tick finds work running or to come, and every
+  usage sample reads the same usage, so each LM parks its heartbeats and the watchdog
+  and the usage sampler park too (``_sleep``).  A margin (a period and twice an empty
+  heartbeat's echo) before the next event they resume on their own time grids
+  (``_wake``), so at that event every server, view and LM is exactly as if every tick
+  had been simulated: the skipped heartbeats are accounted (``updates_applied``, each
+  server's busy time and messages, and with live hop samples the draws they would
+  have taken, so later hops are the same) and the skipped samples added as one run of
+  the usage step function (``simulator.usage``).  The internal ``SKIP_QUIET = False``
+  simulates every tick; the tests compare.  Timers and arrivals are never moved.  A
   message landing while anything is parked wakes it first (it cannot happen in a
   quiet span; a safety net).
 * What each message costs a server, and what a hop takes, is ``simulator.costs``'s
@@ -95,6 +96,7 @@ from request_generator.workload import Job, to_submission
 from simulator import costs
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
+from simulator.usage import UsageSeries
 from worker.core import WorkerPool
 
 
@@ -161,7 +163,8 @@ class SimResult:
     failed: dict[TaskKey, str] = field(default_factory=dict)
     failed_jobs: set[JobId] = field(default_factory=set)
     """Jobs with a task that failed or was refused (not in ``job_completion``)."""
-    usage_samples: list[tuple[float, dict[UserId, float]]] = field(default_factory=list)
+    usage_samples: UsageSeries = field(default_factory=lambda: UsageSeries(0.0))
+    """Each user's dominant share on the sampling grid (``sample_usage_every_s``)."""
     stuck: int = 0
     events: int = 0
     virtual_s: float = 0.0
@@ -204,14 +207,17 @@ compared would not see the same workload.  Nor is the cap on a user's tasks held
 (``max_user_tasks``, there to bound a GM's memory)."""
 
 
-def _advance(t: float, step: float, until: float) -> tuple[float, int]:
+def _advance(t: float, step: float, until: float) -> tuple[float, int, float]:
     """Step a tick grid from tick ``t`` to its first tick at or after ``until``, as the
-    loop does (``t += step``: the same floats as ticking); how many ticks were passed."""
+    loop does (``t += step``: the same floats as ticking); how many ticks were passed,
+    and the last of them (``t`` if none)."""
     k = 0
+    last = t
     while t < until:
+        last = t
         t += step
         k += 1
-    return t, k
+    return t, k, last
 
 
 class MeghaSimulation:
@@ -266,7 +272,7 @@ class MeghaSimulation:
         self._gm_srv = {g: _Server() for g in self.gms}
         self._lm_srv = {lm: _Server() for lm in self.lms}
         self.book = JobBook()
-        self.usage_samples: list[tuple[float, dict[UserId, float]]] = []
+        self.usage_samples = UsageSeries(self.cfg.sample_usage_every_s or 0.0)
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
         self._arrivals_left = 0
@@ -282,6 +288,8 @@ class MeghaSimulation:
         """LMs skipping their heartbeats in a quiet span: the first beat skipped."""
         self._watchdog_parked: float | None = None
         """The watchdog's first tick skipped in a quiet span (None: ticking)."""
+        self._sampler_parked: float | None = None
+        """The usage sampler's first tick skipped in a quiet span (None: ticking)."""
         self._asleep = False
         """Something is parked (``_wake`` resumes it)."""
         self._wake_due = math.inf
@@ -468,21 +476,30 @@ class MeghaSimulation:
         return True
 
     def _wake(self) -> None:
-        """A quiet span ends: parked heartbeats and the watchdog resume at their first
-        tick from now on their own grids; the skipped heartbeats are accounted."""
+        """A quiet span ends: parked heartbeats, the watchdog and the usage sampler
+        resume at their first tick from now on their own grids; the skipped heartbeats
+        are accounted, the skipped samples added."""
         self._asleep = False
         self._wake_due = math.inf
         now = self.loop.now
         period = self.cfg.update_period_s
         for lm_id, first in self._parked.items():
-            beat, skipped = _advance(first, period, now)
+            beat, skipped, _ = _advance(first, period, now)
             self._account_beats(lm_id, skipped)
             self.loop.at(beat, self._heartbeat, lm_id)
         self._parked.clear()
         if self._watchdog_parked is not None:
-            tick, _ = _advance(self._watchdog_parked, period * 3, now)
+            tick, _, _ = _advance(self._watchdog_parked, period * 3, now)
             self._watchdog_parked = None
             self.loop.at(tick, self._watchdog)
+        every = self.cfg.sample_usage_every_s
+        if self._sampler_parked is not None and every is not None:
+            # the usage has not changed since the first skipped sample: one run of them
+            first = self._sampler_parked
+            tick, n, last = _advance(first, every, now)
+            self.usage_samples.add(first, self._shares(), n, last)
+            self._sampler_parked = None
+            self.loop.at(tick, self._sample_usage)
 
     def _account_beats(self, lm_id: LmId, n: int) -> None:
         """What ``n`` skipped empty heartbeats of ``lm_id`` would have cost and counted:
@@ -617,6 +634,14 @@ class MeghaSimulation:
     def _sample_usage(self) -> None:
         if self.outstanding <= 0 or self.cfg.sample_usage_every_s is None:
             return
+        if self._sleep():  # the usage cannot change: the samples are added at the wake
+            self._sampler_parked = self.loop.now
+            return
+        self.usage_samples.add(self.loop.now, self._shares())
+        self.loop.after(self.cfg.sample_usage_every_s, self._sample_usage)
+
+    def _shares(self) -> dict[UserId, float]:
+        """Each user's dominant share of the federation now."""
         used: dict[UserId, list[int]] = {}
         for lm in self.lms.values():
             for u, res in lm.usage.items():
@@ -624,16 +649,9 @@ class MeghaSimulation:
                 for r, x in enumerate(res):
                     acc[r] += x
         tot = self._total_capacity
-        self.usage_samples.append(
-            (
-                self.loop.now,
-                {
-                    u: max(x / c for x, c in zip(res, tot, strict=True) if c > 0)
-                    for u, res in used.items()
-                },
-            )
-        )
-        self.loop.after(self.cfg.sample_usage_every_s, self._sample_usage)
+        return {
+            u: max(x / c for x, c in zip(res, tot, strict=True) if c > 0) for u, res in used.items()
+        }
 
     # ------------------------------------------------------------------- run
     def _watchdog(self) -> None:

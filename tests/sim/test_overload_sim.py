@@ -4,6 +4,7 @@ converge, tasks are not re-examined on every event, and nothing is lost."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from common.cluster import PROFILES, make_federation
 from common.ids import GmId, JobId, TaskId, UserId
@@ -29,7 +30,7 @@ def _job(user: str, k: int, arrival: float, n: int, duration: float) -> Job:
     return Job(JobId(f"{user}-{k}"), UserId(user), arrival, tasks)
 
 
-def _share_at(samples: list[tuple[float, dict[UserId, float]]], t: float, user: str) -> float:
+def _share_at(samples: Iterable[tuple[float, dict[UserId, float]]], t: float, user: str) -> float:
     return next(use.get(UserId(user), 0.0) for at, use in samples if at >= t)
 
 
