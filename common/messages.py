@@ -307,6 +307,20 @@ class TaskOutcomes:
     outcomes: Annotated[tuple[TaskOutcome, ...], Length(1, MAX_JOB_TASKS)]
 
 
+@message("job_refusal")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRefusal:
+    """GM -> a job's user, on the user's outcome stream: the job was refused whole, none
+    of its tasks queued, for ``reason`` (the dead letter's).  Only for a job whose
+    submitter the GM has authenticated: a forged job gets no word to anyone."""
+
+    gm: GmId
+    user: UserId
+    job_id: JobId
+    reason: str
+    detail: str = ""
+
+
 # ------------------------------------------------------------------ jobs
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageSpec:

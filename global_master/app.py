@@ -36,6 +36,7 @@ from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
     Decide,
+    JobRefusal,
     LaunchRequest,
     LaunchResponse,
     PreemptRequest,
@@ -356,6 +357,17 @@ class GmService:
             self.sup.spawn(
                 self.broker.dead_letter(msg, queue, eff.reason, eff.detail), "dead-letter"
             )
+        # The core refuses only jobs whose submitter was authenticated: tell the user why
+        # on its outcome stream.  Not a repeated job id: the notice names jobs by id, and
+        # the job of that id may be running.
+        if not eff.resume and eff.reason != "duplicate_job_id":
+            notice = JobRefusal(gm=self.core.gm_id, user=eff.user, job_id=eff.job_id,
+                                reason=eff.reason, detail=eff.detail[:1000])  # fmt: skip
+            self.sup.spawn(self._publish_refusal(notice), "job refusal notice")
+
+    async def _publish_refusal(self, notice: JobRefusal) -> None:
+        key = names.user_event_key(notice.user, self.core.gm_id)
+        await self.broker.publish("events", key, amqp.persistent(codec.encode(notice)))
 
     async def _send(self, eff: ToLm) -> None:
         msg = eff.msg

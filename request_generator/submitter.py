@@ -24,7 +24,7 @@ from common import codec
 from common.config import FederationConfig
 from common.dag import DagJob
 from common.errors import MeghaError
-from common.messages import SubmitJob, TaskOutcomes
+from common.messages import JobRefusal, SubmitJob, TaskOutcomes
 from common.model import Task, TaskKey, TaskSpec
 from request_generator.workload import Job, to_submission
 from runtime import broker as amqp
@@ -224,6 +224,23 @@ class Submitter:
         except aio_pika.exceptions.PublishError as exc:
             raise SubmissionRefused(f"job for {routing_key!r} not published: {exc}") from None
 
+    def _job_refused(self, notice: JobRefusal) -> None:
+        """A GM refused one of this submitter's jobs whole (on the user's own stream: a
+        user who cannot read the dead letters learns it too): its tasks still waiting
+        end as failed, with the reason."""
+        out = self.outcomes
+        why = f"refused: {notice.reason}"
+        waiting = [
+            (spec, at)
+            for spec, at in out.outstanding.values()
+            if spec.user == notice.user and spec.job_id == notice.job_id
+        ]
+        for spec, at in waiting:
+            out.record(Task(spec=spec, submitted_at=at), False, why)
+        if waiting:
+            self.refused[notice.job_id] = notice.reason
+            out.changed.set()
+
     async def _on_dead(self, msg: AbstractIncomingMessage) -> None:
         """A refused submission: its tasks end as failed, with the GM's reason."""
         reason = str((msg.headers or {}).get(amqp.REASON_HEADER, "dead-lettered"))
@@ -247,9 +264,12 @@ class Submitter:
     async def _on_outcomes(self, msg: AbstractIncomingMessage) -> None:
         out = self.outcomes
         try:
-            batch = codec.decode(msg.body, expect=TaskOutcomes)
+            batch = codec.decode(msg.body, expect=(TaskOutcomes, JobRefusal))
         except MeghaError as exc:
             out.bad_events.append(f"{exc.reason}: {exc}")
+            return
+        if isinstance(batch, JobRefusal):
+            self._job_refused(batch)
             return
         for o in batch.outcomes:
             out.events += 1

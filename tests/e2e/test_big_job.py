@@ -21,6 +21,8 @@ from common.model import TaskSpec
 from global_master.app import DECODE_OFF_LOOP
 from request_generator.submitter import Submitter
 from request_generator.workload import Job, to_submission
+from security.access import Access, load_tokens
+from security.identity import user
 from tests.e2e.conftest import (
     assert_all_done,
     assert_each_ran_once,
@@ -87,13 +89,20 @@ def test_a_user_past_max_user_tasks_is_refused_and_others_are_served(
     )  # fmt: skip
     outcome = asyncio.run(_over_the_limit(cfg, home))
     assert outcome["refused"] == {"over": "user_task_limit"}
+    # the user learnt it on its own stream (job_refusal), each of the job's tasks failed
+    assert outcome["told_the_user"] == {"over": "user_task_limit"}
+    assert outcome["user_sees_failed"] == {"refused: user_task_limit"}
     assert outcome["finished"] == {"first": 40, "other-user": 40, "after": 20}
     assert service_state(cfg, home, "gm0")["counters"]["jobs_refused"] == 1
 
 
 async def _over_the_limit(cfg: FederationConfig, home: Path) -> dict[str, Any]:
-    sub = Submitter.operator(cfg, home)
+    # u1 through the operator; u0 as itself, reading no dead letters, only its own
+    # outcome stream (one listener per user's stream: listeners would share it)
+    sub = Submitter(cfg, Access.in_home(home, cfg), load_tokens(home), ["u1"])
     await sub.open()
+    own = Submitter(cfg, Access.in_home(home, cfg, user("u0")), load_tokens(home), ["u0"])
+    await own.open()
     refused: dict[str, str] = {}
 
     async def on_dead(msg: Any) -> None:
@@ -113,11 +122,13 @@ async def _over_the_limit(cfg: FederationConfig, home: Path) -> dict[str, Any]:
 
     jobs = {"first": job("first", "u0", 40), "other-user": job("other-user", "u1", 40)}
     for j in jobs.values():
-        await sub.submit(j)
-    await sub.submit(job("over", "u0", 20))  # 40 held + 20 > 50
+        await (own if j.user == "u0" else sub).submit(j)
+    over = job("over", "u0", 20)
+    await own.submit(over)  # 40 held + 20 > 50
 
     def finished(name: str) -> int:
-        return sum(1 for t in jobs[name].tasks if (t.user, t.task_id) in sub.outcomes.finished)
+        got = (own if jobs[name].user == "u0" else sub).outcomes.finished
+        return sum(1 for t in jobs[name].tasks if (t.user, t.task_id) in got)
 
     async def until(pred: Callable[[], bool]) -> None:
         for _ in range(600):
@@ -125,14 +136,17 @@ async def _over_the_limit(cfg: FederationConfig, home: Path) -> dict[str, Any]:
                 return
             await asyncio.sleep(0.1)
 
-    await until(lambda: bool(refused) and finished("first") == 40)
+    await until(lambda: bool(refused) and bool(own.refused) and finished("first") == 40)
     jobs["after"] = job("after", "u0", 20)  # u0 holds nothing now: within its limit
-    await sub.submit(jobs["after"])
+    await own.submit(jobs["after"])
     await until(lambda: all(finished(n) == len(j.tasks) for n, j in jobs.items()))
     await sub.close()
+    await own.close()
     return {
         "refused": refused,
         "finished": {n: finished(n) for n in jobs},
+        "told_the_user": own.refused,
+        "user_sees_failed": {own.outcomes.failed.get((t.user, t.task_id)) for t in over.tasks},
     }
 
 
