@@ -33,7 +33,8 @@ Theory of operation:
 * A large job is admitted in slices of ``admit_slice`` tasks, one step per message
   (``AdmitMore`` timers): first every task is checked, then the tasks are queued.  A
   refusal still comes before any task is queued; other messages are handled between
-  the steps, except its user's next jobs, which wait behind it (queued in order).
+  the steps, except its user's next jobs, which wait behind it (queued in order).  A
+  DAG job's tasks are checked in slices and queued in one step (stages name each other).
 
 No clocks, sockets or global randomness: ``now`` is an argument, effects are returned.
 """
@@ -423,8 +424,7 @@ class GlobalMaster:
         if why is not None:
             return [self._refuse(job, *why)]
         adm = Admission(job, msg.redelivered, came)
-        if job.stages is not None or len(job.tasks) <= self.admit_slice:
-            # a DAG is built whole (its stages name each other); a small job in one step
+        if len(job.tasks) <= self.admit_slice:  # in one step
             why = self._tasks_error(adm, len(job.tasks))
             if why is not None:
                 return [self._refuse(job, *why)]
@@ -448,7 +448,11 @@ class GlobalMaster:
                 return [self._refuse(job, *why), *self._admitted(adm, now)]
             effects: list[Effect] = []
         else:
-            effects = self._queue_tasks(adm, min(n, adm.queued + self.admit_slice), now)
+            # a DAG is queued whole: its stages name each other
+            end = n if job.stages is not None else min(n, adm.queued + self.admit_slice)
+            effects = self._queue_tasks(adm, end, now)
+            if adm.queued < end:  # refused: a DAG whose stages do not fit together
+                return [*effects, *self._admitted(adm, now)]
         if adm.queued < n:
             effects.append(After(0.0, AdmitMore(user=job.user, job_id=job.job_id)))
         else:

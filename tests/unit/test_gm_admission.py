@@ -177,19 +177,39 @@ def test_admit_slice_must_be_at_least_one() -> None:
         make_gm(admit_slice=0)
 
 
-def test_a_dag_job_is_admitted_whole() -> None:
-    gm = gm_with(admit_slice=2)
-    specs = tasks(4, job="dag")
-    (job,) = jobs_of(specs, 0.0)
-    dag = SubmitJob(
+def dag_job(n: int, *, cyclic: bool = False) -> SubmitJob:
+    """Two stages of ``n`` tasks in all, the second after the first (and, ``cyclic``,
+    the first after the second too)."""
+    (job,) = jobs_of(tasks(n, job="dag"), 0.0)
+    return SubmitJob(
         job_id=job.job_id, user=job.user, token="", submitted_at=0.0, tasks=job.tasks,
-        stages=(StageSpec(stage_id=0, parents=(), count=2),
-                StageSpec(stage_id=1, parents=(0,), count=2)),
+        stages=(StageSpec(stage_id=0, parents=(1,) if cyclic else (), count=n // 2),
+                StageSpec(stage_id=1, parents=(0,), count=n - n // 2)),
     )  # fmt: skip
-    effects = gm.handle(AdmitJob(job=dag), 0.0)
-    assert not timers(effects)
+
+
+def test_a_large_dag_job_is_checked_in_slices_and_queued_whole() -> None:
+    gm = gm_with(admit_slice=2)
+    effects = gm.handle(AdmitJob(job=dag_job(6)), 0.0)
+    steps = 1
+    while timers(effects):
+        effects = step(gm, effects, 0.0)
+        steps += 1
+    assert steps == 4  # 3 steps to check 6 tasks, 1 to queue them all
     assert not gm.admitting
-    assert len(queued(gm)) == 2  # the root stage; the other waits for it
+    assert len(queued(gm)) == 3  # the root stage; the other waits for it
+
+
+def test_a_dag_whose_stages_do_not_fit_together_is_refused_after_its_checks() -> None:
+    gm = gm_with(admit_slice=2)
+    first = gm.handle(AdmitJob(job=dag_job(6, cyclic=True)), 0.0)
+    assert submit(gm, tasks(1, job="next", first=100), 0.0) == []  # held behind it
+    out = admit_all(gm, first, 1.0)
+    (refused,) = [e for e in out if isinstance(e, JobRefused)]
+    assert refused.reason == "bad_dag"
+    assert not gm.admitting
+    assert not gm.held_admissions
+    assert [t.job_id for t in queued(gm)] == ["next"]
 
 
 # ------------------------------------------------------------ a user's task limit
