@@ -26,7 +26,9 @@ from security.identity import user
 from tests.e2e.conftest import (
     assert_all_done,
     assert_each_ran_once,
+    kill,
     launches,
+    restarted,
     service_state,
     submit_with_fault,
 )
@@ -76,6 +78,39 @@ def test_a_job_of_thousands_of_tasks_runs_once_each_and_keeps_its_place(
     assert gm["jobs_admitting"] == 0
     assert gm["jobs_unacked"] == 0
     assert gm["counters"]["jobs_admitted"] == 2
+
+
+def test_a_gm_killed_while_it_places_a_large_job_runs_none_of_it_twice(
+    make_federation: Callable[..., Federation],
+) -> None:
+    """SIGKILL the GM while a job of thousands of tasks (decoded in a thread, admitted in
+    slices) is being placed, restart it: the job comes back from the broker, the tasks
+    that ran are not run again, the others are."""
+    cfg, home = make_federation(gms=1, lms=2, nodes_per_lm=8, users="u0:1.0@gm0",
+                                heartbeat_s=0.5)  # fmt: skip
+    name, pad = f"killed{uuid.uuid4().hex[:6]}", "x" * 170
+    tasks = [TaskSpec(task_id=TaskId(f"{name}.{pad}.t{i}"), job_id=JobId(name),
+                      user=UserId("u0"), demand=(1,), duration=0.05)
+             for i in range(4_500)]  # fmt: skip
+    big = Job(job_id=JobId(name), user=UserId("u0"), arrival=0.0, tasks=tasks)
+    assert len(codec.encode(to_submission(big, "", 0.0))) >= DECODE_OFF_LOOP
+    ids = [(t.user, t.task_id) for t in tasks]
+
+    async def kill_mid_placement() -> None:
+        await asyncio.sleep(2.0)  # admitted, some hundreds of tasks run
+        await kill(home, "gm0")()
+
+    sub = asyncio.run(submit_with_fault(
+        cfg, home, [big], at=0, fault=kill_mid_placement,
+        after=restarted(cfg, home, "gm0", wait_s=0.3), timeout_s=150.0,
+    ))  # fmt: skip
+    assert not sub.outcomes.bad_events, sub.outcomes.bad_events[:3]
+    assert_all_done(sub, ids)
+    assert_each_ran_once(cfg, home, ids)
+    gm = service_state(cfg, home, "gm0")
+    assert gm["counters"]["jobs_redelivered"] == 1
+    assert gm["counters"]["redelivered_skipped"] > 0  # ran or running: not run again
+    assert gm["jobs_unacked"] == 0
 
 
 def test_a_user_past_max_user_tasks_is_refused_and_others_are_served(

@@ -9,20 +9,22 @@ from collections.abc import Sequence
 
 import pytest
 
-from common.effects import After, Effect, JobRefused, JobSettled
+from common.effects import After, Effect, JobRefused, JobSettled, Reply
 from common.errors import ConfigError
 from common.ids import JobId, UserId
 from common.messages import AdmitJob, AdmitMore, StageSpec, SubmitJob
-from common.model import TaskSpec
+from common.model import TaskSpec, TaskState
 from global_master.core import AdmissionLimits, GlobalMaster
 from tests.conftest import (
     decide,
     jobs_of,
+    launch_req,
     launches,
     make_gm,
     make_lm,
     make_task,
     queued,
+    state,
     submit,
     sync_views,
     task_of,
@@ -210,6 +212,25 @@ def test_a_dag_whose_stages_do_not_fit_together_is_refused_after_its_checks() ->
     assert not gm.admitting
     assert not gm.held_admissions
     assert [t.job_id for t in queued(gm)] == ["next"]
+
+
+def test_a_large_job_redelivered_after_a_restart_runs_none_of_its_tasks_twice() -> None:
+    """A GM restarted while some tasks of a large job ran: the job comes back (its ack
+    was never sent); re-admitted in slices, the running tasks are adopted in their
+    slice, the others queued, and the job settles only when every task is accounted."""
+    lm = make_lm(nodes=[(4, 4)] * 2)
+    specs = tasks(7)
+    for i in (1, 4, 6):  # running before the restart, one in each of three slices
+        (reply, *_) = lm.handle(launch_req(specs[i], i % 2), 0.0)
+        assert isinstance(reply, Reply)
+    fresh = make_gm(admit_slice=3)
+    sync_views(fresh, lm)
+    (job,) = jobs_of(specs, 0.0)
+    out = admit_all(fresh, fresh.handle(AdmitJob(job=job, redelivered=True), 1.0), 1.0)
+    assert fresh.counters.redelivered_skipped == 3
+    assert [state(fresh, s) for s in specs].count(TaskState.PLACED) == 3
+    assert queued(fresh) == [specs[i] for i in (0, 2, 3, 5)]
+    assert not [e for e in out if isinstance(e, JobSettled)]  # four still to place
 
 
 # ------------------------------------------------------------ a user's task limit
