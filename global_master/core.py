@@ -35,6 +35,9 @@ Theory of operation:
   refusal still comes before any task is queued; other messages are handled between
   the steps, except its user's next jobs, which wait behind it (queued in order).  A
   DAG job's tasks are checked in slices and queued in one step (stages name each other).
+  Until queued, a task of such a job is in no state above: it is its job's, in
+  ``admitting`` or ``held_admissions``.  A user holds at most ``max_user_tasks`` tasks
+  here (``live``, counted per user); a job that would pass it is refused whole.
 
 No clocks, sockets or global randomness: ``now`` is an argument, effects are returned.
 """
