@@ -108,6 +108,8 @@ class JobRefused:
     reason: str
     detail: str
     resume: bool = False
+    submitted_at: float = -1.0
+    """The job's own ``submitted_at`` (tells it from a later job of the same id)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -317,6 +317,9 @@ class JobRefusal:
     gm: GmId
     user: UserId
     job_id: JobId
+    submitted_at: Time
+    """The refused job's own ``submitted_at``: a client that submitted a job of that id
+    again tells the two apart."""
     reason: str
     detail: str = ""
 

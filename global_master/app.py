@@ -285,7 +285,8 @@ class GmService:
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
         size = len(msg.body)
         waiting = self._undecoded.get(user, 0)
-        if waiting and waiting + size > self._backlog_bytes:
+        # a redelivered job was admitted before (its tasks may run): never shed
+        if waiting and waiting + size > self._backlog_bytes and not msg.redelivered:
             self.refused_jobs += 1
             await self.broker.dead_letter(
                 msg, self.cfg.user_queue(user), "user_backlog",
@@ -362,7 +363,8 @@ class GmService:
         # the job of that id may be running.
         if not eff.resume and eff.reason != "duplicate_job_id":
             notice = JobRefusal(gm=self.core.gm_id, user=eff.user, job_id=eff.job_id,
-                                reason=eff.reason, detail=eff.detail[:1000])  # fmt: skip
+                                submitted_at=eff.submitted_at, reason=eff.reason,
+                                detail=eff.detail[:1000])  # fmt: skip
             self.sup.spawn(self._publish_refusal(notice), "job refusal notice")
 
     async def _publish_refusal(self, notice: JobRefusal) -> None:

@@ -226,6 +226,10 @@ class Admission:
     checked: int = 0
     queued: int = 0
     seen: set[TaskKey] = field(default_factory=set)
+    pending: set[TaskKey] = field(default_factory=set)
+    """Once its record exists: its tasks not yet queued.  One of them may end meanwhile
+    (it ran before a restart and the job was redelivered): it is remembered as ended
+    then, and its slice finds it so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,6 +526,10 @@ class GlobalMaster:
             record.tasks = keys
             self.jobs[jk] = record
             self.counters.jobs_admitted += 1
+            if end < len(keys):
+                adm.pending = set(keys[end:])
+        else:
+            adm.pending.difference_update(t.key for t in tasks)
         adm.queued = end
         for t in tasks:
             self.live[t.key] = t
@@ -626,7 +634,7 @@ class GlobalMaster:
 
     def _refuse(self, job: SubmitJob, reason: str, detail: str) -> JobRefused:
         self.counters.jobs_refused += 1
-        return JobRefused(job.job_id, job.user, reason, detail)
+        return JobRefused(job.job_id, job.user, reason, detail, submitted_at=job.submitted_at)
 
     def _on_resume(self, job: SubmitJob, redelivered: bool, now: float) -> list[Effect]:
         """Tasks this GM (or a predecessor) persisted when they came back to its queue.
@@ -719,7 +727,10 @@ class GlobalMaster:
             effects.append(ToUser(task.user, outcome))
         jk = (task.user, task.job_id)
         rec = self.jobs.get(jk)
-        if rec is None:  # adopted after a restart: its job may still be redelivered
+        adm = self.admitting.get(jk)
+        if rec is None or (adm is not None and key in adm.pending):
+            # adopted after a restart: its job may still be redelivered, or still have
+            # this task's slice to queue (which then finds it ended)
             self._remember_done(task, finished)
             return
         if not finished:

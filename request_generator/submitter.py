@@ -230,11 +230,12 @@ class Submitter:
         end as failed, with the reason."""
         out = self.outcomes
         why = f"refused: {notice.reason}"
-        waiting = [
+        waiting = [  # of that job, not of a later one of the same id
             (spec, at)
             for spec, at in out.outstanding.values()
             if spec.user == notice.user and spec.job_id == notice.job_id
-        ]
+            and at == notice.submitted_at
+        ]  # fmt: skip
         for spec, at in waiting:
             out.record(Task(spec=spec, submitted_at=at), False, why)
         if waiting:

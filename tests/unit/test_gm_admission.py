@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from common.effects import After, Effect, JobRefused, JobSettled, Reply
+from common.effects import After, Effect, JobRefused, JobSettled, Reply, ToGm, ToUser
 from common.errors import ConfigError
 from common.ids import JobId, UserId
-from common.messages import AdmitJob, AdmitMore, StageSpec, SubmitJob
+from common.messages import AdmitJob, AdmitMore, ReportKind, StageSpec, SubmitJob, TaskEvents
 from common.model import TaskSpec, TaskState
 from global_master.core import AdmissionLimits, GlobalMaster
 from tests.conftest import (
@@ -24,6 +24,7 @@ from tests.conftest import (
     make_lm,
     make_task,
     queued,
+    report,
     state,
     submit,
     sync_views,
@@ -231,6 +232,31 @@ def test_a_large_job_redelivered_after_a_restart_runs_none_of_its_tasks_twice() 
     assert [state(fresh, s) for s in specs].count(TaskState.PLACED) == 3
     assert queued(fresh) == [specs[i] for i in (0, 2, 3, 5)]
     assert not [e for e in out if isinstance(e, JobSettled)]  # four still to place
+
+
+def test_a_task_of_a_redelivered_job_ending_before_its_slice_is_queued_runs_once() -> None:
+    """After a restart the GM knows a running task of a large job from its LM before
+    the job comes back; the task ends between the job's slices.  Its slice must find it
+    ended, not queue it to run again (found in review)."""
+    lm = make_lm(nodes=[(4, 4)] * 2)
+    specs = tasks(7)
+    (reply, *_) = lm.handle(launch_req(specs[6], 0), 0.0)  # t6 runs before the restart
+    assert isinstance(reply, Reply)
+    fresh = make_gm(admit_slice=3)
+    sync_views(fresh, lm)
+    assert state(fresh, specs[6]) is TaskState.PLACED  # known from the LM's snapshot
+    (job,) = jobs_of(specs, 0.0)
+    effects = fresh.handle(AdmitJob(job=job, redelivered=True), 1.0)  # check t0-t2
+    for _ in range(3):  # check t3-t5, t6; queue t0-t2 (the job's record is made)
+        effects = step(fresh, effects, 1.0)
+    ended = lm.handle(report(lm.lm_id, ReportKind.FINISHED, specs[6], 0, 2.0), 2.0)
+    evs = tuple(e.msg for e in ended if isinstance(e, ToGm))
+    told = fresh.handle(TaskEvents(lm=lm.lm_id, events=evs), 2.0)
+    assert [e.msg.task.task_id for e in told if isinstance(e, ToUser)] == ["t6"]
+    out = admit_all(fresh, effects, 2.0)
+    assert specs[6] not in queued(fresh)  # finished: not run again
+    assert not [e for e in out if isinstance(e, ToUser)]  # and its user not told twice
+    assert fresh.jobs[(UserId("u0"), JobId("big"))].left == 6
 
 
 # ------------------------------------------------------------ a user's task limit
