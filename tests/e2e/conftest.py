@@ -134,6 +134,18 @@ def launches(cfg: FederationConfig, home: Path) -> list[dict[str, Any]]:
 Fault = Callable[[], Awaitable[None]]
 
 
+async def listen_dead_letters(
+    sub: Submitter, cfg: FederationConfig, handler: Callable[[Any], Awaitable[None]]
+) -> None:
+    """Hand every dead letter of the federation to ``handler`` (a private queue on the
+    operator's connection ``sub``, bound to the dead-letter exchange)."""
+    assert sub.broker.conn is not None
+    ch = await sub.broker.conn.channel()
+    q = await ch.declare_queue(exclusive=True, auto_delete=True)
+    await q.bind(cfg.dead_letter_exchange, routing_key="")
+    await q.consume(handler, no_ack=True)
+
+
 async def submit_with_fault(
     cfg: FederationConfig,
     home: Path,

@@ -51,7 +51,7 @@ from security import sealing
 from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
-from tests.e2e.conftest import post, service_state
+from tests.e2e.conftest import listen_dead_letters, post, service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -331,11 +331,7 @@ async def _submissions(cfg: FederationConfig, home: Path, tokens: dict[str, str]
         if tag:
             dead[str(tag)] = str(msg.headers["x-megha-reason"])
 
-    assert sub.broker.conn is not None
-    ch = await sub.broker.conn.channel()
-    q = await ch.declare_queue(exclusive=True, auto_delete=True)
-    await q.bind(cfg.dead_letter_exchange, routing_key="")
-    await q.consume(on_dead, no_ack=True)
+    await listen_dead_letters(sub, cfg, on_dead)
 
     async def send(tag: str, key: str, body: bytes) -> None:
         msg = aio_pika.Message(body, delivery_mode=2, headers={"x-attack": tag})

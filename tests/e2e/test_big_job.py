@@ -24,10 +24,12 @@ from request_generator.workload import Job, to_submission
 from security.access import Access, load_tokens
 from security.identity import user
 from tests.e2e.conftest import (
+    Federation,
     assert_all_done,
     assert_each_ran_once,
     kill,
     launches,
+    listen_dead_letters,
     restarted,
     service_state,
     submit_with_fault,
@@ -35,7 +37,16 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.e2e
 
-Federation = tuple[FederationConfig, Path]
+PAD = "x" * 170
+"""Long task ids: a job of a few thousand tasks gets past ``DECODE_OFF_LOOP``."""
+
+
+def _job(name: str, user: str, n: int, duration: float, *, pad: str = "", cpu: int = 1) -> Job:
+    """A job of ``n`` tasks of one slot (``cpu``) each."""
+    ids = [f"{name}.{pad}.t{i}" if pad else f"{name}.t{i}" for i in range(n)]
+    tasks = [TaskSpec(task_id=TaskId(tid), job_id=JobId(name), user=UserId(user),
+                      demand=(cpu,), duration=duration) for tid in ids]  # fmt: skip
+    return Job(job_id=JobId(name), user=UserId(user), arrival=0.0, tasks=tasks)
 
 
 def test_a_job_of_thousands_of_tasks_runs_once_each_and_keeps_its_place(
@@ -45,17 +56,8 @@ def test_a_job_of_thousands_of_tasks_runs_once_each_and_keeps_its_place(
         gms=2, lms=2, nodes_per_lm=8, users="u0:0.5@gm0,u1:0.5@gm1", heartbeat_s=0.5
     )
     tag = uuid.uuid4().hex[:6]
-    pad = "x" * 170  # long ids: past DECODE_OFF_LOOP with a few thousand tasks
-
-    def job(name: str, n: int, arrival: float) -> Job:
-        tasks = [
-            TaskSpec(task_id=TaskId(f"{name}.{pad}.t{i}"), job_id=JobId(name),
-                     user=UserId("u0"), demand=(1,), duration=0.0)
-            for i in range(n)
-        ]  # fmt: skip
-        return Job(job_id=JobId(name), user=UserId("u0"), arrival=arrival, tasks=tasks)
-
-    big, small = job(f"big{tag}", 4_500, 0.0), job(f"small{tag}", 3, 0.0)
+    big = _job(f"big{tag}", "u0", 4_500, 0.0, pad=PAD)
+    small = _job(f"small{tag}", "u0", 3, 0.0, pad=PAD)
     assert len(codec.encode(to_submission(big, "", 0.0))) >= DECODE_OFF_LOOP
     jobs = [big, small]
     ids = [(t.user, t.task_id) for j in jobs for t in j.tasks]
@@ -88,13 +90,9 @@ def test_a_gm_killed_while_it_places_a_large_job_runs_none_of_it_twice(
     that ran are not run again, the others are."""
     cfg, home = make_federation(gms=1, lms=2, nodes_per_lm=8, users="u0:1.0@gm0",
                                 heartbeat_s=0.5)  # fmt: skip
-    name, pad = f"killed{uuid.uuid4().hex[:6]}", "x" * 170
-    tasks = [TaskSpec(task_id=TaskId(f"{name}.{pad}.t{i}"), job_id=JobId(name),
-                      user=UserId("u0"), demand=(1,), duration=0.05)
-             for i in range(4_500)]  # fmt: skip
-    big = Job(job_id=JobId(name), user=UserId("u0"), arrival=0.0, tasks=tasks)
+    big = _job(f"killed{uuid.uuid4().hex[:6]}", "u0", 4_500, 0.05, pad=PAD)
     assert len(codec.encode(to_submission(big, "", 0.0))) >= DECODE_OFF_LOOP
-    ids = [(t.user, t.task_id) for t in tasks]
+    ids = [(t.user, t.task_id) for t in big.tasks]
 
     async def kill_mid_placement() -> None:
         await asyncio.sleep(2.0)  # admitted, some hundreds of tasks run
@@ -144,16 +142,10 @@ async def _over_the_limit(cfg: FederationConfig, home: Path) -> dict[str, Any]:
         job = codec.decode(msg.body, expect=SubmitJob)
         refused[job.job_id] = str(msg.headers["x-megha-reason"])
 
-    assert sub.broker.conn is not None
-    ch = await sub.broker.conn.channel()
-    q = await ch.declare_queue(exclusive=True, auto_delete=True)
-    await q.bind(cfg.dead_letter_exchange, routing_key="")
-    await q.consume(on_dead, no_ack=True)
+    await listen_dead_letters(sub, cfg, on_dead)
 
     def job(name: str, user: str, n: int) -> Job:
-        tasks = [TaskSpec(task_id=TaskId(f"{name}.t{i}"), job_id=JobId(name), user=UserId(user),
-                          demand=(1,), duration=0.2) for i in range(n)]  # fmt: skip
-        return Job(JobId(name), UserId(user), 0.0, tasks)
+        return _job(name, user, n, 0.2)
 
     jobs = {"first": job("first", "u0", 40), "other-user": job("other-user", "u1", 40)}
     for j in jobs.values():
@@ -216,20 +208,11 @@ async def _flood(cfg: FederationConfig, home: Path, jobs: int) -> dict[str, int]
         reason = str(msg.headers["x-megha-reason"])
         reasons[reason] = reasons.get(reason, 0) + 1
 
-    assert sub.broker.conn is not None
-    ch = await sub.broker.conn.channel()
-    q = await ch.declare_queue(exclusive=True, auto_delete=True)
-    await q.bind(cfg.dead_letter_exchange, routing_key="")
-    await q.consume(on_dead, no_ack=True)
-    pad = "x" * 170
+    await listen_dead_letters(sub, cfg, on_dead)
     bodies = []
     for k in range(jobs):
-        name = f"flood{k}"
-        tasks = [TaskSpec(task_id=TaskId(f"{name}.{pad}.t{i}"), job_id=JobId(name),
-                          user=UserId("u0"), demand=(10_000,), duration=0.0)
-                 for i in range(6_000)]  # fmt: skip
-        job = to_submission(Job(JobId(name), UserId("u0"), 0.0, tasks), sub.token("u0"), 0.0)
-        bodies.append(codec.encode(job))
+        big = _job(f"flood{k}", "u0", 6_000, 0.0, pad=PAD, cpu=10_000)  # no node is that big
+        bodies.append(codec.encode(to_submission(big, sub.token("u0"), 0.0)))
         assert DECODE_OFF_LOOP <= len(bodies[-1]) <= cfg.max_body
     # all at once: they reach the GM faster than it reads them
     await asyncio.gather(*(sub.publish_raw(UserId("u0"), b) for b in bodies))
