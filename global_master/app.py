@@ -74,11 +74,11 @@ from security.tokens import TokenStore
 RECENT_ALLOCATIONS = 4096
 """How many of the latest finished tasks' allocation times the state page keeps."""
 ALLOCATION_WINDOW_S = 60.0
+"""The state page lists the allocation times of the tasks finished this long ago at most."""
 DECODE_OFF_LOOP = 1 << 20
 """A job body of this many bytes or more is decoded in a thread: a 100,000-task job
 (8.5 MB) takes 0.5-1.5 s to decode, which would hold every other request that long;
 off the loop, only msgpack's C part (about a third) holds the interpreter."""
-"""The state page lists the allocation times of the tasks finished this long ago at most."""
 
 log = logging.getLogger("megha.gm")
 
