@@ -226,6 +226,9 @@ class Admission:
     checked: int = 0
     queued: int = 0
     seen: set[TaskKey] = field(default_factory=set)
+    built: list[Task] = field(default_factory=list)
+    """A DAG's tasks made so far, a slice per step once all are checked; the DAG is
+    queued whole once all are made (its stages name each other)."""
     pending: set[TaskKey] = field(default_factory=set)
     """Once its record exists: its tasks not yet queued.  One of them may end meanwhile
     (it ran before a restart and the job was redelivered): it is remembered as ended
@@ -454,8 +457,13 @@ class GlobalMaster:
             if why is not None:
                 return [self._refuse(job, *why), *self._admitted(adm, now)]
             effects: list[Effect] = []
+        elif job.stages is not None and len(adm.built) < n:
+            # a DAG is queued whole (its stages name each other), its tasks made first
+            made = len(adm.built)
+            specs = job.tasks[made : made + self.admit_slice]
+            adm.built += [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
+            effects = []
         else:
-            # a DAG is queued whole: its stages name each other
             end = n if job.stages is not None else min(n, adm.queued + self.admit_slice)
             effects = self._queue_tasks(adm, end, now)
             if adm.queued < end:  # refused: a DAG whose stages do not fit together
@@ -488,7 +496,10 @@ class GlobalMaster:
         specs = job.tasks[adm.queued : end]
         # a task enters the GM queue when its job came (its user's submission time is
         # job.submitted_at)
-        tasks = [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
+        if adm.built:  # a DAG admitted in slices: made already
+            tasks, adm.built = adm.built, []
+        else:
+            tasks = [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
         adopted: list[Task] = []
         kept: set[TaskKey] = set()
         ended: list[tuple[Task, Ended]] = []
@@ -514,7 +525,7 @@ class GlobalMaster:
                 dag = from_layout(
                     job.job_id,
                     job.user,
-                    now,
+                    adm.at,  # when it came: its roots queue from then, as a flat job's tasks do
                     tasks,
                     tuple((s.stage_id, s.parents, s.count) for s in job.stages),
                 )
@@ -534,7 +545,7 @@ class GlobalMaster:
         for t in tasks:
             self.live[t.key] = t
         if dag is not None:
-            self.queues.add_job(dag, now)
+            self.queues.add_job(dag, adm.at)
         else:
             skip = {t.key for t in adopted} | {t.key for t, _ in ended} | kept
             for t in tasks:

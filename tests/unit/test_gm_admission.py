@@ -191,16 +191,19 @@ def dag_job(n: int, *, cyclic: bool = False) -> SubmitJob:
     )  # fmt: skip
 
 
-def test_a_large_dag_job_is_checked_in_slices_and_queued_whole() -> None:
+def test_a_large_dag_job_is_checked_and_made_in_slices_and_queued_whole() -> None:
     gm = gm_with(admit_slice=2)
     effects = gm.handle(AdmitJob(job=dag_job(6)), 0.0)
     steps = 1
     while timers(effects):
-        effects = step(gm, effects, 0.0)
+        assert not queued(gm)  # nothing of it is queued before the last step
+        effects = step(gm, effects, float(steps))
         steps += 1
-    assert steps == 4  # 3 steps to check 6 tasks, 1 to queue them all
+    # 3 steps check 6 tasks, 3 make their records, 1 queues them all
+    assert steps == 7
     assert not gm.admitting
     assert len(queued(gm)) == 3  # the root stage; the other waits for it
+    assert all(task_of(gm, s).submitted_at == 0.0 for s in queued(gm))  # when it came
 
 
 def test_a_dag_whose_stages_do_not_fit_together_is_refused_after_its_checks() -> None:
