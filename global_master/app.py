@@ -55,6 +55,7 @@ from common.messages import (
 from common.metrics import percentiles
 from common.model import WaitReason
 from global_master import inspect
+from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
 from global_master.policy import make_policy
@@ -138,10 +139,7 @@ class GmService:
         whether they are tasks this GM returned (their ids may be a user's job's)."""
         self._admission_order: dict[UserId, asyncio.Lock] = {}
         """Per user: a job decoded in a thread keeps the later ones behind it."""
-        self._undecoded: dict[UserId, int] = {}
-        self.undecoded_peak = 0
-        """The most bytes of one user's deliveries held unread at once, since the start."""
-        self._backlog_bytes = USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body
+        self.unread = UnreadJobs(USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body)
         """Bytes of one user's deliveries this GM holds before reading them: past it (a
         flood of large jobs arriving faster than they are decoded) a job is refused
         (``user_backlog``), so the broker's prefetch cannot fill the GM's memory.  The
@@ -284,18 +282,11 @@ class GmService:
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
         size = len(msg.body)
-        waiting = self._undecoded.get(user, 0)
-        # a redelivered job was admitted before (its tasks may run): never shed
-        if waiting and waiting + size > self._backlog_bytes and not msg.redelivered:
+        shed = self.unread.take(user, size, redelivered=bool(msg.redelivered))
+        if shed is not None:
             self.refused_jobs += 1
-            await self.broker.dead_letter(
-                msg, self.cfg.user_queue(user), "user_backlog",
-                f"{waiting} bytes of {user}'s jobs are waiting here to be read; this one's "
-                f"{size} would pass {self._backlog_bytes}",
-            )  # fmt: skip
+            await self.broker.dead_letter(msg, self.cfg.user_queue(user), "user_backlog", shed)
             return
-        self._undecoded[user] = waiting + size
-        self.undecoded_peak = max(self.undecoded_peak, waiting + size)
         try:
             # deliveries come in order, each its own task: the lock keeps them in it
             async with self._admission_order.setdefault(user, asyncio.Lock()):
@@ -307,7 +298,7 @@ class GmService:
                     job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
                 await self._admit(user, job, msg)
         finally:
-            self._undecoded[user] -= size
+            self.unread.done(user, size)
 
     async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         self._check_submitter(user, job, msg)
@@ -460,9 +451,9 @@ class GmService:
             "jobs_active": len(core.jobs),
             "jobs_admitting": len(core.admitting),
             "unread_job_bytes": {
-                "now": sum(self._undecoded.values()),
-                "peak_per_user": self.undecoded_peak,
-                "limit_per_user": self._backlog_bytes,
+                "now": self.unread.total(),
+                "peak_per_user": self.unread.peak,
+                "limit_per_user": self.unread.limit,
             },
             "sample": {
                 "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
