@@ -9,7 +9,12 @@ same workload, cluster and network model so its tails compare with Megha's.
   (Sparrow's per-task constraint handling).
 * **Late binding**: a worker with free resources takes its oldest reservation and
   asks the job's scheduler for a task; the scheduler answers with an unlaunched
-  task the worker can run, or a no-op once all have been launched.
+  task the worker can run, or a no-op once all have been launched.  If the job's
+  task needs more than the worker has free (multi-resource profiles: some free, not
+  enough), the reservation stays at the head of the worker's queue until a task ends
+  there, as a reservation waits for a slot.  A job whose reservations are all spent
+  with tasks left (fewer workers than probes) probes again.  A task that no worker
+  could ever run (constraints or capacity) fails explicitly.
 * **FIFO worker queues**; no processing costs (as in the Sparrow and Eagle
   simulators), one network delay per message.
 
@@ -42,6 +47,8 @@ class SparrowCounters(Counters):
     noops: int = 0
     get_task: int = 0
     resamples: int = 0
+    held: int = 0
+    """Reservations that found too little free at their worker and waited there."""
 
 
 @dataclass
@@ -64,13 +71,17 @@ class _JobState:
 
 
 class _Worker:
-    __slots__ = ("asking", "free", "mask", "queue")
+    __slots__ = ("asking", "capacity", "free", "held", "mask", "queue")
 
     def __init__(self, capacity: tuple[int, ...], mask: int) -> None:
+        self.capacity = capacity
         self.free = list(capacity)
         self.mask = mask
         self.queue: deque[tuple[_JobState, float]] = deque()
         self.asking = False
+        self.held = False
+        """The head reservation's job has no task that fits what is free: wait for a
+        task of this worker to end."""
 
 
 class SparrowSimulation:
@@ -96,6 +107,7 @@ class SparrowSimulation:
                     v[i] = 1
             self._vectors.append(v)
         self._eligible: dict[int, list[int]] = {}
+        self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
         self.book = JobBook()
         self.counters = SparrowCounters()
 
@@ -110,6 +122,17 @@ class SparrowSimulation:
             lst = self._eligible[mask] = list(v.search(1))
         return lst
 
+    def _feasible_task(self, task: Task) -> bool:
+        """Some worker meets ``task``'s constraints and has the capacity it asks for."""
+        key = (task.constraints, task.demand)
+        ok = self._feasible.get(key)
+        if ok is None:
+            ok = self._feasible[key] = any(
+                fits(self.workers[w].capacity, task.demand)
+                for w in self._eligible_workers(task.constraints)
+            )
+        return ok
+
     def add_jobs(self, jobs: Iterable[Job]) -> None:
         for job in jobs:
             self.book.add(job)
@@ -123,16 +146,17 @@ class SparrowSimulation:
         """Place ``probe_ratio`` reservations per pending task of the job."""
         d = self.cfg.probe_ratio
         n = len(self.workers)
+        for t in [t for t in state.pending if not self._feasible_task(t)]:
+            state.pending.remove(t)
+            self.book.done(t, now, "infeasible: no worker meets the constraints and demand")
+        if not state.pending:
+            return
         if state.unconstrained:
             targets = self.rng.sample(range(n), min(n, d * len(state.pending)))
         else:
             targets = []
-            for t in list(state.pending):
+            for t in state.pending:
                 elig = self._eligible_workers(t.constraints)
-                if not elig:
-                    state.pending.remove(t)
-                    self.book.done(t, now, "infeasible: no worker meets the constraints")
-                    continue
                 targets.extend(self.rng.sample(elig, min(d, len(elig))))
         self.counters.probes += len(targets)
         state.probes_out += len(targets)
@@ -148,7 +172,7 @@ class SparrowSimulation:
     def _pull(self, w: int) -> None:
         """A worker with room and no request outstanding asks for its next reservation."""
         worker = self.workers[w]
-        if worker.asking or not worker.queue or not all(x > 0 for x in worker.free):
+        if worker.asking or worker.held or not worker.queue or not all(x > 0 for x in worker.free):
             return
         state, reserved_at = worker.queue.popleft()
         worker.asking = True
@@ -161,24 +185,40 @@ class SparrowSimulation:
         worker = self.workers[w]
         state.probes_out -= 1
         task: Task | None = None
+        no_room = False
         if state.unconstrained:
-            if state.pending and fits(worker.free, state.pending[0].demand):
-                task = state.pending.popleft()
+            if state.pending:
+                if fits(worker.free, state.pending[0].demand):
+                    task = state.pending.popleft()
+                else:
+                    no_room = fits(worker.capacity, state.pending[0].demand)
         else:
             for t in state.pending:
-                if satisfies(worker.mask, t.constraints) and fits(worker.free, t.demand):
-                    task = t
-                    break
+                if satisfies(worker.mask, t.constraints):
+                    if fits(worker.free, t.demand):
+                        task = t
+                        break
+                    no_room = no_room or fits(worker.capacity, t.demand)
             if task is not None:
                 state.pending.remove(task)
         at = self.loop.now + self.cfg.network_delay_s
+        if task is None and no_room:
+            # not enough free here for the job's task: the reservation waits at the head
+            # of the worker's queue until a task of the worker ends (as for a slot)
+            state.probes_out += 1
+            worker.queue.appendleft((state, reserved_at))
+            worker.held = True
+            self.counters.held += 1
+            self.loop.at(at, self._noop, w)
+            return
+        if state.pending and state.probes_out == 0:
+            # every reservation of the job is spent and tasks remain (more tasks than
+            # workers to probe): probe again
+            self.counters.resamples += 1
+            self._sample(state, self.loop.now)
         if task is None:
             self.counters.noops += 1
             self.loop.at(at, self._noop, w)
-            if state.pending and state.probes_out == 0:
-                # every reservation of the job is spent and tasks remain: probe again
-                self.counters.resamples += 1
-                self._sample(state, self.loop.now)
             return
         # waiting for a probe, the probe on the wire, the reservation queued at the
         # worker, then the request and the task on the wire
@@ -205,6 +245,7 @@ class SparrowSimulation:
         worker = self.workers[w]
         for r, x in enumerate(task.demand):
             worker.free[r] += x
+        worker.held = False
         self.book.done(task, self.loop.now)
         self._pull(w)
 
@@ -221,6 +262,7 @@ class SparrowSimulation:
             makespan_s=book.makespan,
             failed=book.failed,
             failed_jobs=book.failed_jobs,
+            stuck=book.outstanding,  # none by design; if ever, counted, never silent
             events=self.loop.events,
             virtual_s=self.loop.now,
             wall_s=time.perf_counter() - wall0,
