@@ -63,23 +63,36 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
-    """An argparse type: ``convert(text)``, finite and > 0 (``what`` names the kind)."""
+def _ranged(
+    convert: Callable[[str], Number], what: str, *, zero: bool = False, most: float = math.inf
+) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)``, finite, > 0 (>= 0 with ``zero``) and at most
+    ``most`` (``what`` names the kind)."""
+    low = ">= 0" if zero else "> 0"
+    bound = low if most == math.inf else f"in [0, {most:g}]" if zero else f"in (0, {most:g}]"
 
     def parse(text: str) -> Number:
         try:
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > most:
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
         return value
 
     return parse
 
 
+def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
+    """An argparse type: ``convert(text)``, finite and > 0 (``what`` names the kind)."""
+    return _ranged(convert, what)
+
+
 _positive_int = _positive(int, "an integer")
 _positive_float = _positive(float, "a finite number")
+_count = _ranged(int, "an integer", zero=True)
+_non_negative = _ranged(float, "a finite number", zero=True)
+_probability = _ranged(float, "a probability", zero=True, most=1.0)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -109,10 +122,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_positive_int,
         help="replay only the first N (>= 1) jobs of the trace (default: all)",
     )
-    src.add_argument("--jobs-count", type=int, default=200, help="synthetic / DAG: number of jobs")
-    src.add_argument("--tasks-per-job", type=int, default=20, help="synthetic: tasks per job")
-    src.add_argument("--rate", type=float, default=5.0, help="synthetic: job arrivals per second")
-    src.add_argument("--mean-duration", type=float, default=2.0, help="synthetic: mean task s")
+    src.add_argument(
+        "--jobs-count", type=_count, default=200, help="synthetic / DAG: number of jobs"
+    )
+    src.add_argument(
+        "--tasks-per-job", type=_positive_int, default=20, help="synthetic: tasks per job"
+    )
+    src.add_argument(
+        "--rate", type=_positive_float, default=5.0, help="synthetic: job arrivals per second"
+    )
+    src.add_argument(
+        "--mean-duration", type=_non_negative, default=2.0, help="synthetic: mean task s"
+    )
     src.add_argument(
         "--time-scale", type=_positive_float, default=1.0, help="multiply arrival times (> 0)"
     )
@@ -131,7 +152,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     src.add_argument(
         "--task-constraint-prob",
-        type=float,
+        type=_probability,
         default=0.5,
         help="probability that a task asks for placement constraints",
     )
@@ -151,11 +172,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="comma list of baselines to run beside Megha (sparrow, centralized; '' for none)",
     )
     model = p.add_argument_group("model")
-    model.add_argument("--network-delay", type=float, default=0.0005, help="s per message")
-    model.add_argument("--update-period", type=float, default=10.0, help="LM heartbeat s")
-    model.add_argument("--gm-decision-cost", type=float, default=SimConfig.gm_decision_s)
-    model.add_argument("--lm-validation-cost", type=float, default=SimConfig.lm_validation_s)
-    model.add_argument("--batch", type=int, default=1, help="GM decisions per request batch")
+    model.add_argument("--network-delay", type=_non_negative, default=0.0005, help="s per message")
+    model.add_argument(
+        "--update-period", type=_positive_float, default=10.0, help="LM heartbeat s (> 0)"
+    )
+    model.add_argument("--gm-decision-cost", type=_non_negative, default=SimConfig.gm_decision_s)
+    model.add_argument(
+        "--lm-validation-cost", type=_non_negative, default=SimConfig.lm_validation_s
+    )
+    model.add_argument(
+        "--batch", type=_positive_int, default=1, help="GM decisions per request batch"
+    )
     model.add_argument(
         "--overload",
         choices=("tuned", "paper"),

@@ -20,6 +20,17 @@ from megha_cli.main import main
         ("--time-scale", "nan"),
         ("--duration-scale", "-0.5"),
         ("--duration-scale", "inf"),
+        # a GM deciding nothing per turn, or heartbeats every 0 s, never advanced time
+        ("--batch", "0"),
+        ("--update-period", "0"),
+        ("--update-period", "-5"),
+        ("--rate", "nan"),
+        ("--jobs-count", "-1"),
+        ("--tasks-per-job", "0"),
+        ("--mean-duration", "-1"),
+        ("--task-constraint-prob", "2"),
+        ("--network-delay", "-0.001"),
+        ("--gm-decision-cost", "-1"),
     ],
 )
 def test_a_value_out_of_range_is_an_argument_error(
