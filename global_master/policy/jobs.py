@@ -258,6 +258,8 @@ class JobQueues(UserQueues):
         self._dirty = True
         self._plan: list[Ask] = []
         self._oversize: list[Task] = []
+        self._parked: list[Task] = []
+        """Oversize tasks that found no node: back to ``_oversize`` at the next epoch."""
         self._room: Vec = []
         """What the entitled capacity has free for this plan's asks."""
         self._pools: dict[JobId, Vec] = {}
@@ -354,7 +356,13 @@ class JobQueues(UserQueues):
                 self._refund(ask)
             self._blocked.add(task.task_id)
             self._no_node_for(task)
-            self._plan.append(ask)
+            if self._never_fits(task):
+                # no budget would ever afford it in the plan: it goes to the GM as an
+                # oversize task again once the view changes (another GM's tasks may
+                # hold the nodes, and their ends make no new plan here)
+                self._parked.append(task)
+            else:
+                self._plan.append(ask)
         else:
             job.version += 1
             job.events += 1
@@ -400,6 +408,9 @@ class JobQueues(UserQueues):
         return False
 
     def new_epoch(self) -> None:
+        if self._parked:
+            self._oversize[:0] = self._parked[::-1]
+            self._parked.clear()
         self._blocked.clear()
         self._no_fit.clear()
         self._fit_memo.clear()
@@ -595,6 +606,7 @@ class JobQueues(UserQueues):
         # fails there explicitly (infeasible) or runs on what is free beyond the share
         oversize = [t for j in self.jobs.values() for t in j.queued.values() if self._never_fits(t)]
         self._oversize = oversize[::-1]
+        self._parked.clear()  # queued, so among them
         big = {t.task_id for t in oversize}
         asks, self._pools = self.plan(self.now, cap)
         self._plan = self._within_pools([a for a in asks if a.task.task_id not in big])

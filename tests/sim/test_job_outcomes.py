@@ -63,3 +63,23 @@ def test_a_dag_run_counts_every_task_and_the_refused_job_as_failed() -> None:
     assert s["jobs_completed"] == 1
     assert s["jobs_failed"] == 1
     assert list(s["job_jct_s"]) == ["fits"]
+
+
+def test_a_task_larger_than_its_gms_share_runs_once_another_gms_task_frees_the_node() -> None:
+    """u0's task needs the whole node, more than gm0's users are entitled to: the policy
+    hands it to the GM anyway.  It finds u1's task (of gm1) on the node and waits; that
+    task's end reaches gm0 only as a view change, which must bring it back (it did not:
+    it sat in the plan, unaffordable, until a job event of gm0's own that never came)."""
+    g0, g1 = GmId("gm0"), GmId("gm1")
+    users = [UserConfig(UserId("u0"), g0, 0.3), UserConfig(UserId("u1"), g1, 0.3)]
+    clusters = [ClusterSpec(LmId("lm0"), [NodeSpec((100,))], [g0])]
+    jobs = [
+        make_job("other", "u1", 0.0, [(0, [((50,), 10.0)], [])]),
+        make_job("big", "u0", 1.0, [(0, [((100,), 1.0)], [])]),
+    ]
+    policies = ["drf", "tetris", "carbyne"]
+    summary = run_policies(jobs, clusters, [g0, g1], users, policies, SimConfig(), seed=1)
+    for policy, s in summary["schedulers"].items():
+        assert s["stuck_tasks"] == 0, policy
+        assert s["tasks_started"] == 2, policy
+        assert sorted(s["job_jct_s"]) == ["big", "other"], policy
