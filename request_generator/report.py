@@ -63,10 +63,12 @@ def plot_cdfs(path: Path, series: Mapping[str, Sequence[float]], title: str) -> 
     """Allocation-time CDFs of several schedulers on one log-x plot."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = 0
     for label, values in series.items():
         xs = sorted(max(v, 1e-6) for v in values)
         if not xs:
             continue
+        drawn += 1
         n = len(xs)
         step = max(1, n // 4000)  # a few thousand points draw the same curve
         pts = [*xs[::step], xs[-1]]
@@ -77,7 +79,10 @@ def plot_cdfs(path: Path, series: Mapping[str, Sequence[float]], title: str) -> 
     ax.set_ylabel("fraction of tasks")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    if drawn:
+        ax.legend(loc="lower right")
+    else:  # (an empty workload, or every task refused): say so rather than an empty frame
+        ax.text(0.5, 0.5, "no task started", ha="center", va="center", transform=ax.transAxes)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
