@@ -378,6 +378,8 @@ class LocalMaster:
             return "node_down"
         if not satisfies(self.constraints[node], spec.constraints):
             return "constraints_unmet"
+        if len(spec.demand) != self.n_resources:  # a pool's listing is not checked before
+            return "wrong_resources"
         free = self.free[node]
         for r, d in enumerate(spec.demand):
             if free[r] < d:

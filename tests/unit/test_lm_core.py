@@ -28,7 +28,7 @@ from common.messages import (
     StopTask,
     TaskEvent,
 )
-from common.model import TaskSpec
+from common.model import NodeSpec, TaskSpec
 from local_master.core import LocalMaster
 from tests.conftest import alive, check_workers, confirm_stops, key, make_lm, make_task, report
 
@@ -356,6 +356,27 @@ def test_an_unconfirmed_stop_is_settled_when_its_node_is_lost_or_its_pool_restar
         assert [(m.kind, m.attempt) for m in evs] == [(EventKind.PREEMPTED, 1)], how
         assert lm.stopping == {}
         assert confirm_stops(lm, effects, 4.0) == [], how  # the late answer changes nothing
+
+
+def test_a_registered_task_of_another_resource_width_is_stopped_not_adopted() -> None:
+    """A pool may list a task of another width (it ran under a config with more or
+    fewer resource types, or the pool is wrong): the LM stops it and registers the
+    rest, instead of failing the registration (and refusing every launch) for good."""
+    lm = LocalMaster(LM0, [NodeSpec(capacity=(4, 4))], [GM0], awaiting_workers=True)
+    good = make_task(1, 1)
+    wide = replace(make_task(), demand=(1, 1, 1))
+    narrow = replace(make_task(), demand=(1,))
+    running = tuple(StartTask(node=N0, spec=t, attempt=1, gm=GM0) for t in (wide, narrow, good))
+    effects = lm.handle(RegisterWorkers(lm=LM0, nodes=(N0,), at=1.0, running=running), 1.0)
+    stops = [e.msg for e in effects if isinstance(e, ToWorker)]
+    assert [(s.task_id, s.attempt) for s in stops if isinstance(s, StopTask)] == [
+        (wide.task_id, 1),
+        (narrow.task_id, 1),
+    ]
+    assert lm.registered
+    assert lm.active.keys() == {key(good)}
+    assert lm.free == [[3, 3]]
+    conserved(lm)
 
 
 def test_preemption_refused_without_a_victim_here() -> None:
