@@ -3,7 +3,8 @@
 Server: protocol errors become HTTP statuses here and only here — ``DecodeError`` 400
 (413 when too large), ``ValidationError`` 422, ``Unauthorized`` 401 (403 for an
 endpoint the caller may not use), and a core's ``Refused`` answer 409 (or 422 for
-bad input, 503 when not ready).  Error bodies are JSON
+bad input, 503 when not ready), and a path or method no route takes 404 / 405
+(``not_found``, ``method_not_allowed``).  Error bodies are JSON
 ``{"error": reason, "detail": ..., "field": ...}``; success bodies are msgpack.  A
 body is read whole, up to the configured limit.
 
@@ -66,6 +67,9 @@ BAD_REQUEST_REASONS = frozenset(
 )
 
 
+ROUTING_REASONS = {404: "not_found", 405: "method_not_allowed"}
+"""The reasons of aiohttp's own refusals (no route for the path, or not that method)."""
+
 FORBIDDEN_REASONS = frozenset({signing.Refusal.FORBIDDEN.value, "sender_mismatch"})
 """Refusals of a caller whose identity was proven (403, not 401)."""
 
@@ -105,6 +109,16 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         _count_refusal(request, "too_large")
         return web.json_response(
             {"error": "too_large", "detail": exc.text or "body too large"}, status=413
+        )
+    except web.HTTPClientError as exc:  # a path or method no route of this service takes
+        reason = ROUTING_REASONS.get(exc.status, "bad_request")
+        _count_refusal(request, reason)
+        log.info("refused %r %r: %r", request.method, request.path, reason)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response(
+            {"error": reason, "detail": f"{request.method} {request.path}: {exc.reason}"},
+            status=exc.status,
+            headers=allow,
         )
 
 

@@ -189,3 +189,30 @@ def test_a_signed_call_still_gets_its_signed_answer() -> None:
         time.time(),
     )  # fmt: skip
     assert asyncio.run(_post(lm0_app(), "/v1/ping", headers, b"")) == (200, "")
+
+
+async def _operator_calls(calls: list[tuple[str, str]]) -> list[tuple[int, str, str, str]]:
+    """Signed calls of the operator to lm0: status, content type, reason, Allow header."""
+    key = signing.signing_key(SECRET, OPERATOR, lm("lm0"))
+    out = []
+    async with TestClient(TestServer(lm0_app())) as client:
+        for method, path in calls:
+            headers = signing.sign(method, path, b"", OPERATOR, key, time.time())
+            resp = await client.request(method, path, headers=headers)
+            reason = str((await resp.json())["error"]) if resp.status >= 400 else ""
+            out.append((resp.status, resp.content_type, reason, resp.headers.get("Allow", "")))
+    return out
+
+
+def test_a_route_or_method_the_service_lacks_is_refused_with_a_reason() -> None:
+    """The access table lets the operator call paths a service may not route (a pool's
+    launch log on an LM, ``GET /v1/ping``): a JSON refusal with its reason, not aiohttp's
+    plain-text page, and the service answers afterwards."""
+    got = asyncio.run(
+        _operator_calls([("GET", "/v1/ping"), ("POST", "/v1/launches"), ("POST", "/v1/ping")])
+    )
+    assert got == [
+        (405, "application/json", "method_not_allowed", "POST"),
+        (404, "application/json", "not_found", ""),
+        (200, http.MSGPACK, "", ""),
+    ]
