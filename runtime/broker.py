@@ -36,7 +36,9 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
+from pamqp import encode as amqp_encode
 from pamqp.commands import Basic
+from pamqp.common import FieldValue
 
 from common.config import FederationConfig
 from common.errors import MeghaError
@@ -53,6 +55,20 @@ DEAD_LETTER_BODY = 64 * 1024
 was, not enough for a user to fill the broker with refused garbage (the dead-letter
 queue is bounded too: ``security.broker_acl.DEFAULT_MAX_DEAD_LETTER_BYTES``)."""
 log = logging.getLogger("megha.broker")
+
+
+def _sendable(headers: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]:
+    """The headers of a delivery that can be sent again: the AMQP client reads some
+    values it cannot write (a string that is not UTF-8 comes as bytes)."""
+    out: dict[str, FieldValue] = {}
+    for name, value in (headers or {}).items():
+        try:
+            amqp_encode.encode_table_value(value)
+        except (TypeError, ValueError):
+            continue
+        out[name] = value
+    return out
+
 
 OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
 PUBLISH_ERRORS = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
@@ -395,7 +411,7 @@ class Broker:
         try:
             body = msg.body
             headers = {
-                **(msg.headers or {}),
+                **_sendable(msg.headers),
                 REASON_HEADER: reason,
                 "x-megha-detail": detail[:500],
                 "x-megha-queue": queue,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from typing import Any
 
 import aio_pika
 import pytest
+from pamqp import frame, header
 
 from common.config import FederationConfig
 from runtime import broker
@@ -84,3 +86,51 @@ def test_a_small_refused_body_is_dead_lettered_whole() -> None:
     assert out.headers is not None
     assert out.headers[broker.SIZE_HEADER] == len(body)
     assert out.headers[broker.TRUNCATED_HEADER] is False
+
+
+# ------------------------------------------- headers a client may send and we may not
+class Marshalled(KeptExchange):
+    """Encodes what it is given, as the channel does before a message leaves."""
+
+    async def publish(self, message: aio_pika.Message, routing_key: str, **_: Any) -> None:
+        header.ContentHeader(body_size=len(message.body), properties=message.properties).marshal()
+        await super().publish(message, routing_key)
+
+
+def _delivered(properties: bytes, body: bytes = b"job") -> header.ContentHeader:
+    """The content header of a delivery whose properties are ``properties`` (flags and
+    values, as a client sent them: the broker passes them on unread), as the AMQP client
+    reads it off the wire."""
+    payload = struct.pack(">HHQ", 60, 0, len(body)) + properties
+    wire = struct.pack(">BHI", 2, 1, len(payload)) + payload + b"\xce"
+    _, _, got = frame.unmarshal(wire)
+    assert isinstance(got, header.ContentHeader)
+    assert got.body_size == len(body)
+    return got
+
+
+HEADERS_FLAG = b"\x20\x00"
+
+
+def _table(*items: bytes) -> bytes:
+    raw = b"".join(items)
+    return struct.pack(">I", len(raw)) + raw
+
+
+def test_headers_the_client_read_but_cannot_send_again_are_left_out_of_the_dead_letter() -> None:
+    """A string header that is not UTF-8 is read as bytes, which cannot be sent again:
+    the dead letter raised (TypeError), and the refused job was neither dead-lettered
+    nor acknowledged."""
+    got = _delivered(HEADERS_FLAG + _table(b"\x01s" + b"S" + struct.pack(">I", 2) + b"\xff\xfe"))
+    headers = {**(got.properties.headers or {}), "x-megha-tag": "t"}
+    b = Broker(FederationConfig().validate(), "gm0")
+    dlx = Marshalled()
+    b._ex = Exchanges(dlx, dlx, dlx, dlx)  # type: ignore[arg-type]
+    msg = Refused(b"job", headers)
+    asyncio.run(b.dead_letter(msg, "fed.user.u0", "bad_token", "bad token for user 'u0'"))  # type: ignore[arg-type]
+    (out,) = dlx.published
+    assert out.headers is not None
+    assert "s" not in out.headers
+    assert out.headers["x-megha-tag"] == "t"
+    assert out.headers[broker.REASON_HEADER] == "bad_token"
+    assert msg.acked
