@@ -10,7 +10,8 @@ binds and consumes what.
 ``Broker`` publishes persistent messages with confirms (an unroutable one raises),
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
 forever: bad input is dead-lettered at once with its reason (and at most the first
-``DEAD_LETTER_BODY`` bytes of its body); any other exception
+``DEAD_LETTER_BODY`` bytes of its body), as is a delivery whose AMQP properties the
+client library cannot read (``unreadable_properties``); any other exception
 requeues the message once and dead-letters it when it comes back and fails again.
 The broker may be a cluster (``broker_url`` lists its nodes, comma-separated): a lost
 connection fails over to the next node that answers, the process's setups (queues,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -37,11 +39,12 @@ from aio_pika.abc import (
     AbstractQueue,
 )
 from pamqp import encode as amqp_encode
+from pamqp import header as amqp_header
 from pamqp.commands import Basic
 from pamqp.common import FieldValue
 
 from common.config import FederationConfig
-from common.errors import MeghaError
+from common.errors import InvalidInput, MeghaError
 from runtime.retry import Backoff, retry
 from security.broker_acl import BrokerLayout, topology
 
@@ -54,7 +57,29 @@ DEAD_LETTER_BODY = 64 * 1024
 """The most of a refused message's body a dead letter keeps: enough to see what it
 was, not enough for a user to fill the broker with refused garbage (the dead-letter
 queue is bounded too: ``security.broker_acl.DEFAULT_MAX_DEAD_LETTER_BYTES``)."""
+UNREADABLE_HEADER = "x-megha-unreadable"
+"""Set, alone, on a delivery whose properties the AMQP client could not read; the
+consumer dead-letters it (``unreadable_properties``) without handling it."""
 log = logging.getLogger("megha.broker")
+
+_read_content_header = amqp_header.ContentHeader.unmarshal
+
+
+def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -> None:
+    """``ContentHeader.unmarshal``, except that properties it cannot read -- a publisher
+    may send any (a timestamp past the year 9999, arrays nested 20,000 deep, a header
+    name that is not UTF-8), and the broker passes them on unread -- become one marker
+    header.  Raised, they closed the whole connection, and the message, requeued, closed
+    the next one: one user's job stopped its GM taking anyone's."""
+    try:
+        _read_content_header(self, data)
+    except Exception as exc:
+        self.class_id, self.weight, self.body_size = struct.unpack(">HHQ", data[0:12])
+        detail = f"{type(exc).__name__}: {exc}"[:200]
+        self.properties = Basic.Properties(headers={UNREADABLE_HEADER: detail})
+
+
+amqp_header.ContentHeader.unmarshal = _read_content_header_or_mark  # type: ignore[method-assign]
 
 
 def _sendable(headers: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]:
@@ -441,6 +466,11 @@ class Broker:
 
         async def guarded(msg: AbstractIncomingMessage) -> None:
             try:
+                unreadable = (msg.headers or {}).get(UNREADABLE_HEADER)
+                if unreadable is not None:
+                    raise InvalidInput(
+                        f"properties not readable: {unreadable!r}", reason="unreadable_properties"
+                    )
                 await handler(msg)
             except MeghaError as exc:
                 if not no_ack:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -357,6 +358,50 @@ async def _submissions(cfg: FederationConfig, home: Path, tokens: dict[str, str]
         await asyncio.sleep(0.1)
     await sub.close()
     return dead
+
+
+def test_a_job_with_properties_the_gm_cannot_read_is_dead_lettered(fed: Federation) -> None:
+    """A header of arrays nested 2,000 deep is sent by any AMQP client and passed on by
+    the broker; reading it raised in the GM's AMQP client, which closed the GM's
+    connection, and the job, requeued, closed the next one.  It is dead-lettered with
+    its reason, and the user's next job runs."""
+    cfg, home = fed
+    reasons, done = asyncio.run(_unreadable_then_good(cfg, home))
+    assert reasons == ["unreadable_properties"]
+    assert done
+
+
+async def _unreadable_then_good(cfg: FederationConfig, home: Path) -> tuple[list[str], bool]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    reasons: list[str] = []
+    body = job_body(cfg, "deep", "u0", load_tokens(home)["u0"])
+
+    async def on_dead(msg: Any) -> None:
+        if msg.body == body:
+            reasons.append(str((msg.headers or {}).get("x-megha-reason")))
+
+    await listen_dead_letters(sub, cfg, on_dead)
+    deep: list[Any] = []
+    for _ in range(2000):
+        deep = [deep]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # this client writes it; the GM's reads it with 1,000
+    try:
+        msg = aio_pika.Message(body, delivery_mode=2, headers={"x-deep": deep})
+        await sub.broker.publish("submit", "u0", msg)
+    finally:
+        sys.setrecursionlimit(limit)
+    t = TaskSpec(task_id=TaskId("after-deep.t0"), job_id=JobId("after-deep"), user=UserId("u0"),
+                 demand=(1,), duration=0.05)  # fmt: skip
+    await sub.submit(Job(JobId("after-deep"), UserId("u0"), 0.0, [t]))
+    key = (UserId("u0"), t.task_id)
+    for _ in range(300):
+        if reasons and key in sub.outcomes.finished:
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return reasons, key in sub.outcomes.finished
 
 
 # --------------------------------------------------------------------- HTTP

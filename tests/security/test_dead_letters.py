@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -110,11 +111,69 @@ def _delivered(properties: bytes, body: bytes = b"job") -> header.ContentHeader:
 
 
 HEADERS_FLAG = b"\x20\x00"
+TIMESTAMP_FLAG = b"\x00\x40"
 
 
 def _table(*items: bytes) -> bytes:
     raw = b"".join(items)
     return struct.pack(">I", len(raw)) + raw
+
+
+def _nested_arrays(depth: int) -> bytes:
+    value = b"V"
+    for _ in range(depth):
+        value = b"A" + struct.pack(">I", len(value)) + value
+    return value
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        TIMESTAMP_FLAG + struct.pack(">Q", 2**63),  # the year 292,278,994
+        HEADERS_FLAG + _table(b"\x01t" + b"T" + struct.pack(">Q", 2**64 - 1)),
+        HEADERS_FLAG + _table(b"\x01a" + _nested_arrays(20_000)),  # RecursionError
+        HEADERS_FLAG + _table(b"\x02\xff\xfe" + b"V"),  # a key that is not UTF-8
+    ],
+    ids=["timestamp", "timestamp_header", "deep_nesting", "key_not_utf8"],
+)
+def test_properties_the_client_cannot_read_are_a_delivery_to_refuse(properties: bytes) -> None:
+    """The AMQP client raised reading them, which closed the whole connection: the
+    message came back on the next one, and closed it again, so one user's job stopped
+    its GM taking anyone's.  Read, they are a marker header the consumer refuses."""
+    got = _delivered(properties)
+    assert got.properties.headers is not None
+    assert broker.UNREADABLE_HEADER in got.properties.headers
+
+
+class Delivered(Refused):
+    redelivered = False
+
+
+def test_a_delivery_with_unreadable_properties_is_dead_lettered_unhandled() -> None:
+    b = Broker(FederationConfig().validate(), "gm0")
+    dlx = Marshalled()
+    b._ex = Exchanges(dlx, dlx, dlx, dlx)  # type: ignore[arg-type]
+    handled: list[object] = []
+    consumers: list[Callable[[Any], Awaitable[None]]] = []
+
+    class Queue:
+        name = "fed.user.u0"
+
+        async def consume(self, callback: Callable[[Any], Awaitable[None]], **_: Any) -> None:
+            consumers.append(callback)
+
+    async def handler(msg: object) -> None:
+        handled.append(msg)
+
+    props = _delivered(HEADERS_FLAG + _table(b"\x01a" + _nested_arrays(20_000))).properties
+    msg = Delivered(b"job", props.headers)
+    asyncio.run(b.consume(Queue(), handler))  # type: ignore[arg-type]
+    asyncio.run(consumers[0](msg))
+    assert handled == []
+    (out,) = dlx.published
+    assert out.headers is not None
+    assert out.headers[broker.REASON_HEADER] == "unreadable_properties"
+    assert msg.acked
 
 
 def test_headers_the_client_read_but_cannot_send_again_are_left_out_of_the_dead_letter() -> None:
