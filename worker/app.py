@@ -220,7 +220,10 @@ async def launches_handler(request: web.Request) -> web.Response:
     try:
         after = int(request.query.get("after", "0"))
     except ValueError:
-        return web.json_response({"error": "bad_query", "detail": "after: an integer"}, status=400)
+        after = -1
+    if after < 0:  # (far below zero, ``missed`` was more than msgpack holds: a 500)
+        detail = "after: an integer >= 0"
+        return web.json_response({"error": "bad_query", "detail": detail}, status=400)
     rows, missed = svc.core.launches_after(after)
     page = {
         "lm": svc.core.lm,

@@ -16,11 +16,13 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from common.config import FederationConfig
 from common.errors import DecodeError
+from common.ids import LmId
 from runtime import http
 from security import signing
 from security.access import Access
 from security.identity import OPERATOR, Identity, gm, lm, workers
 from security.secret import Secret
+from worker.app import WorkerService, launches_handler
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 CFG = FederationConfig().validate()
@@ -216,3 +218,22 @@ def test_a_route_or_method_the_service_lacks_is_refused_with_a_reason() -> None:
         (404, "application/json", "not_found", ""),
         (200, http.MSGPACK, "", ""),
     ]
+
+
+def test_a_launch_log_cursor_below_zero_is_refused_not_a_500() -> None:
+    """``?after=`` far below zero made ``missed`` a number msgpack cannot hold (500)."""
+
+    async def ask(after: str) -> tuple[int, str]:
+        app = web.Application()
+        app[http.SERVICE_KEY] = WorkerService(CFG, LmId("lm0"), Access(workers("lm0"), CFG, SECRET))
+        request = make_mocked_request(
+            "GET", f"/v1/launches?after={after}", headers={"Accept": http.MSGPACK}, app=app
+        )
+        resp = await launches_handler(request)
+        assert isinstance(resp, web.Response)
+        reason = json.loads(resp.body)["error"] if resp.status >= 400 else ""  # type: ignore[arg-type]
+        return resp.status, reason
+
+    assert asyncio.run(ask(str(-(2**70)))) == (400, "bad_query")
+    assert asyncio.run(ask("x")) == (400, "bad_query")
+    assert asyncio.run(ask("0")) == (200, "")
