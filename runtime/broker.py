@@ -68,9 +68,10 @@ _read_content_header = amqp_header.ContentHeader.unmarshal
 def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -> None:
     """``ContentHeader.unmarshal``, except that properties it cannot read -- a publisher
     may send any (a timestamp past the year 9999, arrays nested 20,000 deep, a header
-    name that is not UTF-8), and the broker passes them on unread -- become one marker
-    header.  Raised, they closed the whole connection, and the message, requeued, closed
-    the next one: one user's job stopped its GM taking anyone's."""
+    name or a message id that is not UTF-8), and the broker passes them on unread --
+    become one marker header.  Raised, they closed the whole connection, and the
+    message, requeued, closed the next one: one user's job stopped its GM taking
+    anyone's."""
     try:
         _read_content_header(self, data)
     except Exception as exc:

@@ -112,6 +112,7 @@ def _delivered(properties: bytes, body: bytes = b"job") -> header.ContentHeader:
 
 HEADERS_FLAG = b"\x20\x00"
 TIMESTAMP_FLAG = b"\x00\x40"
+MESSAGE_ID_FLAG = b"\x00\x80"
 
 
 def _table(*items: bytes) -> bytes:
@@ -133,8 +134,9 @@ def _nested_arrays(depth: int) -> bytes:
         HEADERS_FLAG + _table(b"\x01t" + b"T" + struct.pack(">Q", 2**64 - 1)),
         HEADERS_FLAG + _table(b"\x01a" + _nested_arrays(20_000)),  # RecursionError
         HEADERS_FLAG + _table(b"\x02\xff\xfe" + b"V"),  # a key that is not UTF-8
+        MESSAGE_ID_FLAG + b"\x02\xff\xfe",  # a message id that is not UTF-8
     ],
-    ids=["timestamp", "timestamp_header", "deep_nesting", "key_not_utf8"],
+    ids=["timestamp", "timestamp_header", "deep_nesting", "key_not_utf8", "message_id_not_utf8"],
 )
 def test_properties_the_client_cannot_read_are_a_delivery_to_refuse(properties: bytes) -> None:
     """The AMQP client raised reading them, which closed the whole connection: the
