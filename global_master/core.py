@@ -658,6 +658,7 @@ class GlobalMaster:
         if jk in self._resumes:  # the same message again: its delivery is rebound
             return []
         waiting: set[TaskKey] = set()
+        effects: list[Effect] = []
         for spec in job.tasks:
             key = (spec.user, spec.task_id)
             if key in self.placed or spec.user != job.user:
@@ -669,15 +670,23 @@ class GlobalMaster:
             if self.knows(key):
                 continue
             task = new_task(spec, now, gm=self.gm_id)  # lost with a predecessor: queue it
+            width = len(self._capacity)
+            if width and len(spec.demand) != width:  # the federation changed meanwhile
+                why = (
+                    f"wrong_resources: {len(spec.demand)} resource amounts, "
+                    f"the federation has {width}"
+                )
+                self._fail(task, why, effects)
+                continue
             task.attempt = job.attempt  # placed again as a newer attempt than it ran as
             self.live[key] = task
             self.queues.push_front(task)
             waiting.add(key)
             self._resume_of[key] = jk
         if not waiting:
-            return [JobSettled(job.job_id, job.user, resume=True)]
+            return [*effects, JobSettled(job.job_id, job.user, resume=True)]
         self._resumes[jk] = waiting
-        return []
+        return effects
 
     def _persist(self, task: Task, now: float, effects: list[Effect]) -> None:
         """A task back in the queue whose job was acknowledged: keep it on the broker."""

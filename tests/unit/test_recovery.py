@@ -5,6 +5,8 @@ No event loop, no sleeps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from common import codec
 from common.effects import Reply, ToGm, ToLm, ToUser, ToWorker
 from common.ids import GmId, LmId, NodeIndex, UserId
@@ -236,6 +238,33 @@ def test_a_returned_task_of_an_acknowledged_job_is_kept_on_the_broker() -> None:
     # ... as newer an attempt than it ran as (a worker may hold that one as stopped)
     (placed,) = [e.msg for e in decide(fresh, 6.0) if isinstance(e, ToLm)]
     assert placed.placements[0].attempt == 2  # type: ignore[union-attr]
+
+
+def test_a_returned_task_the_federation_can_no_longer_take_fails_explicitly() -> None:
+    """A returned task kept on the broker while the federation restarted with another
+    number of resources: queued, it raised (IndexError) in every decision after, so its
+    GM placed nothing for anyone.  It fails with its reason; its message is settled."""
+    from common.effects import JobSettled
+    from common.messages import AdmitJob
+    from global_master.core import resume_id
+
+    gm = make_gm()
+    sync_views(gm, LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0]))
+    old = replace(make_task(), demand=(1, 1, 1))
+    job = SubmitJob(
+        job_id=resume_id(old.task_id, 1), user=old.user, token="", submitted_at=1.0,
+        tasks=(old,), resumes=old.job_id, attempt=1,
+    )  # fmt: skip
+    effects = gm.handle(AdmitJob(job=job, redelivered=True), 2.0)
+    failed = [e.msg for e in effects if isinstance(e, ToUser)]
+    assert [(o.task.task_id, o.finished) for o in failed] == [(old.task_id, False)]
+    assert failed[0].reason.startswith("wrong_resources")
+    assert JobSettled(job.job_id, old.user, resume=True) in effects
+    assert len(gm.queues) == 0
+    good = make_task()
+    submit(gm, [good], 3.0)
+    (req,) = [e.msg for e in decide(gm, 4.0) if isinstance(e, ToLm)]
+    assert [p.spec for p in req.placements] == [good]  # type: ignore[union-attr]
 
 
 def test_tasks_of_one_job_returned_together_are_kept_apart() -> None:
