@@ -316,7 +316,14 @@ class GmService:
         self.deliveries[key] = msg
         if msg.redelivered:
             self.redelivered_jobs += 1
-        self.feed(AdmitJob(job=job, redelivered=bool(msg.redelivered)))
+        try:
+            self.feed(AdmitJob(job=job, redelivered=bool(msg.redelivered)))
+        except Exception:
+            # (a bug in the core) the consumer's guard requeues the job once and dead-
+            # letters it if it fails again: its redelivery must reach the core, not be
+            # taken for the same job on a channel that came back and held forever
+            del self.deliveries[key]
+            raise
 
     def _check_submitter(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this

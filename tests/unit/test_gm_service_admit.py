@@ -1,0 +1,64 @@
+"""The GM service's side of admitting a job: a delivery it holds is settled by the core's
+verdict; if the core raises on it (a bug), the delivery is forgotten, so the broker's
+one requeue reaches the core again and a second failure dead-letters it -- the job is
+never held silently.  No broker: the service is built, not started."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.config import FederationConfig
+from common.ids import GmId, JobId, UserId
+from common.messages import AdmitJob, SubmitJob
+from global_master.app import GmService
+from security.access import Access
+from security.identity import gm
+from security.secret import Secret
+from security.tokens import TokenStore
+from tests.conftest import make_task
+
+CFG = FederationConfig().validate()
+SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
+U0 = UserId("u0")
+
+
+@dataclass
+class Delivery:
+    """What the service reads of a broker delivery."""
+
+    body: bytes = b""
+    redelivered: bool = False
+    headers: dict[str, Any] = field(default_factory=dict)
+
+
+def service(home: Path) -> tuple[GmService, str]:
+    store = TokenStore.in_home(home)
+    token = store.add("u0", gm="gm0", share=1.0, now=0.0)
+    return GmService(CFG, GmId("gm0"), Access(gm("gm0"), CFG, SECRET, users_file=store.path)), token
+
+
+def test_a_job_the_core_raises_on_is_not_held_and_its_redelivery_reaches_the_core(
+    tmp_path: Path,
+) -> None:
+    svc, token = service(tmp_path)
+    job = SubmitJob(job_id=JobId("j"), user=U0, token=token, submitted_at=0.0,
+                    tasks=(make_task(job="j"),))  # fmt: skip
+    fed: list[object] = []
+
+    def broken(msg: object) -> None:
+        raise RuntimeError("a bug in the core")
+
+    svc.feed = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        asyncio.run(svc._admit(U0, job, Delivery()))  # type: ignore[arg-type]
+    assert not svc.deliveries
+
+    svc.feed = fed.append  # type: ignore[method-assign]
+    asyncio.run(svc._admit(U0, job, Delivery(redelivered=True)))  # type: ignore[arg-type]
+    assert fed == [AdmitJob(job=job, redelivered=True)]
+    assert (U0, JobId("j"), False) in svc.deliveries
