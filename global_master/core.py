@@ -45,6 +45,7 @@ No clocks, sockets or global randomness: ``now`` is an argument, effects are ret
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -396,6 +397,25 @@ class GlobalMaster:
 
     def has_work(self) -> bool:
         return self.ready and self.queues.has_work()
+
+    def unchanged_until(self) -> float:
+        """Until when a state update that changes nothing in the view (an LM's heartbeat
+        with nothing new) changes nothing in this GM either, apart from counting itself
+        (``updates_applied``): a pure query for a driver that skips such updates (the
+        simulator's quiet spans).
+
+        Such an update applies an empty delta; then ``handle`` wakes waiting tasks, of
+        which the freed nodes wake none (nothing freed) and the preemption grace
+        (``_grace_due``) wakes none before ``_grace_check``, and none at all while no user
+        is starved; and it flushes held launches (``_deferred``), which repartition
+        batching may let go by time alone: -inf then.  ``math.inf``: no work driven by
+        time; a time at or before now: the next update may act.
+        """
+        if self._deferred:
+            return -math.inf
+        if self._index and self.waiting and self._starved:
+            return self._grace_check
+        return math.inf
 
     def _request_id(self) -> int:
         self._next_request += 1
