@@ -18,13 +18,17 @@ queues form where they would form in a real deployment:
 * Quiet spans are skipped, not simulated tick by tick.  The federation is *quiet*
   when nothing can change before the next arrival or pool timer (a task's end): no
   message on the wire (a GM's own timer, a large job's next slice, counts as one),
-  every GM and LM idle, every LM's changes already sent, no GM with a request out or
-  a task waiting for room.  That is an idle gap between arrivals, and equally a span
-  where every task runs and none ends for days.  A heartbeat there carries an empty
-  delta that no GM acts on, a watchdog tick finds work running or to come, and every
-  usage sample reads the same usage, so each LM parks its heartbeats and the watchdog
-  and the usage sampler park too (``_sleep``).  A margin (a period and twice an empty
-  heartbeat's echo) before the next event they resume on their own time grids
+  every GM and LM idle, every LM's changes already sent, no GM with a request out.
+  That is an idle gap between arrivals, and equally a span where every task runs and
+  none ends for days, with or without tasks waiting at a GM for room: an empty delta
+  wakes none of them (nothing was freed), and the only waiting tasks woken by time,
+  those of a user whose preemption grace is over, are not woken before the time the
+  GM says (``GlobalMaster.unchanged_until``), which then bounds the span as the next
+  arrival does.  A heartbeat there carries an empty delta that no GM acts on, a
+  watchdog tick finds work running or to come, and every usage sample reads the same
+  usage, so each LM parks its heartbeats and the watchdog and the usage sampler park
+  too (``_sleep``).  A margin (a period and twice an empty heartbeat's echo) before
+  the next event (or that GM time) they resume on their own time grids
   (``_wake``), so at that event every server, view and LM is exactly as if every tick
   had been simulated: the skipped heartbeats are accounted (``updates_applied``, each
   server's busy time and messages, and with live hop samples the draws they would
@@ -439,8 +443,11 @@ class MeghaSimulation:
     # ---------------------------------------------------------- quiet spans
     def _quiet_until(self) -> float:
         """When ticks parked now must resume: a margin before the next arrival or pool
-        timer, if nothing can change the federation before it (module docstring);
-        else -inf (nothing may park)."""
+        timer, or before a GM's time-driven work (``unchanged_until``: a waiting task's
+        user whose preemption grace ends), if nothing can change the federation before
+        it (module docstring); else -inf (nothing may park).  Every heartbeat the GMs
+        would handle before that GM time (it left its LM more than an echo earlier) is
+        an empty update that changes nothing there but the counts accounted."""
         if not self.SKIP_QUIET or self._in_flight:
             return -math.inf
         nxt = min(
@@ -456,8 +463,12 @@ class MeghaSimulation:
             if srv.busy or srv.inbox:
                 return -math.inf
         for gm in self.gms.values():
-            if gm.inflight or gm.waiting:  # a request out; tasks woken by time (grace)
+            if gm.inflight:  # a request out
                 return -math.inf
+            # tasks waiting for room: woken by time only when a user's grace is over
+            wake = min(wake, gm.unchanged_until() - self._margin)
+        if wake <= self.loop.now:
+            return -math.inf
         sent = self._hb_sent
         for lm_id, lm in self.lms.items():
             if sent.get(lm_id) != lm.version:  # a change the GMs have not heard of yet
