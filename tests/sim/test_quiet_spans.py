@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId
 from common.overload import OVERLOAD_DEFAULTS
+from global_master.policy import make_policy
 from global_master.queues import UserQueues
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
 from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
@@ -29,13 +31,15 @@ def _run(
     workers: int = 40,
     lms: int = 4,
     constraints: bool = False,
+    policy: str | None = None,
 ) -> tuple[SimResult, MeghaSimulation]:
     users = default_users(gms)
     prof = PROFILES["slots"]
     clusters = make_federation(workers, gms, lms, prof, constraints, random.Random(1))
     spec = WorkloadSpec(constraints=constraints)
     jobs = jobs_from_trace(trace, spec, users, random.Random(2))
-    sim = MeghaSimulation(clusters, gms, users, cfg)
+    factory = make_policy(policy, users, seed=1) if policy else None
+    sim = MeghaSimulation(clusters, gms, users, cfg, queues_factory=factory)
     sim.add_jobs(jobs)
     return sim.run(), sim
 
@@ -168,3 +172,89 @@ def test_a_large_jobs_slices_are_not_skipped(monkeypatch: pytest.MonkeyPatch) ->
     assert len(skip.tasks) == 2_503
     assert skip.stuck == 0
     assert every.events - skip.events > 20_000  # ~34,000 s of heartbeats of 2 LMs
+
+
+# ------------------------------------------------- overload: tasks waiting for room
+
+
+def _backlog(n: int, duration: float) -> list[TraceJob]:
+    return [TraceJob(0.0, tuple(duration + i for i in range(n)))]
+
+
+def test_tasks_waiting_at_the_gm_for_long_tasks_cost_no_heartbeat_events() -> None:
+    """4 workers, 1e4-s tasks, the rest waiting at the GM (the waiting index): nothing
+    but a task's end can change anything, so the heartbeats between ends are skipped.
+    Each heartbeat of 2 LMs for ~30,000 s was ~17,000 events."""
+    cfg = SimConfig(overload=OVERLOAD_DEFAULTS)
+    one = [GmId("gm0")]
+    short, _ = _run(_backlog(12, 10.0), cfg, gms=one, workers=4, lms=2)
+    long, _ = _run(_backlog(12, 10_000.0), cfg, gms=one, workers=4, lms=2)
+    assert long.counters["waited"] >= 8  # tasks did wait at the GM for room
+    assert long.makespan_s > 30_000
+    assert long.events < 2 * short.events
+    assert long.events < 1_000
+    assert long.counters["updates_applied"] > 30_000 / 10 * 2 * 0.9  # accounted
+
+
+def _starving() -> list[TraceJob]:
+    """gm0's user fills the federation with long tasks; gm1's user comes a second
+    later, far below its share: starved, it preempts after its grace, rate limited;
+    more jobs of both come, some long, with long gaps."""
+    rng = random.Random(3)
+    trace = [TraceJob(0.0, tuple(5_000.0 + rng.random() * 100 for _ in range(30)))]
+    trace.append(TraceJob(1.0, tuple(3_000.0 + rng.random() * 100 for _ in range(10))))
+    t = 2.0
+    for _ in range(30):
+        t += rng.choice((5.0, 200.0, 4_000.0))
+        n = rng.choice((1, 5, 20))
+        trace.append(TraceJob(t, tuple(rng.choice((30.0, 2_000.0, 9_000.0)) for _ in range(n))))
+    return trace
+
+
+@pytest.mark.parametrize("grace", [60.0, 3_000.0])
+def test_skipping_while_tasks_wait_changes_no_figure(
+    monkeypatch: pytest.MonkeyPatch, grace: float
+) -> None:
+    """Tasks wait at the GMs for most of the run, a user starves and preempts after its
+    grace: every figure, and each server's load, as when every tick is simulated."""
+    overload = replace(OVERLOAD_DEFAULTS, preempt_grace_s=grace)
+    cfg = SimConfig(update_period_s=5.0, overload=overload)
+    skip, every = _both(monkeypatch, _starving(), cfg, workers=12, lms=3)
+    assert skip.events < every.events / 5  # it did skip while tasks waited
+    assert skip.counters["waited"] > 100
+    assert skip.counters["preemptions_deferred"] > 0  # the grace ran
+    assert skip.counters["preemptions"] > 0
+    assert skip.stuck == 0
+
+
+def test_skipping_while_tasks_wait_with_constraints_hops_and_three_gms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same with placement constraints, live hop draws, service costs, three GMs
+    and four LMs, and a GM that preempts as soon as its user is below its share."""
+    overload = replace(OVERLOAD_DEFAULTS, victims_younger_than_wait=False, preempt_below=1.0)
+    cfg = SimConfig(
+        update_period_s=5.0,
+        hop_samples_s=(0.0002, 0.0011, 0.004, 0.0007),
+        gm_service_s=0.0006,
+        lm_service_s=0.0007,
+        lm_update_node_s=1e-6,
+        overload=overload,
+    )
+    gms = [GmId("gm0"), GmId("gm1"), GmId("gm2")]
+    skip, every = _both(monkeypatch, _starving(), cfg, gms=gms, workers=18, lms=4, constraints=True)
+    assert skip.events < every.events / 5
+    assert skip.counters["waited"] > 100
+    assert skip.counters["preemptions"] > 0
+    assert skip.stuck == 0
+
+
+def test_skipping_under_overload_with_carbyne_changes_no_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Job-aware queues keep their blocked tasks themselves (no waiting index); their
+    plans change with events, never with time: the same figures as ticking."""
+    cfg = SimConfig(update_period_s=5.0, overload=OVERLOAD_DEFAULTS)
+    skip, every = _both(monkeypatch, _starving(), cfg, workers=12, lms=3, policy="carbyne")
+    assert skip.events < every.events / 5
+    assert skip.stuck == 0

@@ -244,6 +244,59 @@ def test_a_user_below_its_share_preempts_only_after_the_grace_period() -> None:
     assert req.spec == t
 
 
+def _gm_state(gm: GlobalMaster) -> tuple[object, ...]:
+    """What an update could change in a GM, but its count of updates applied."""
+    counters = {**gm.counters.as_dict(), "updates_applied": 0}
+    return (
+        counters,
+        [t.key for t in gm.waiting],
+        dict(gm._starved),
+        gm._grace_check,
+        gm.has_work(),
+        list(gm.wait_reasons),
+        [(t.decisions, list(t.waits)) for t in gm.waiting],
+    )
+
+
+def test_unchanged_until_says_when_an_update_with_nothing_new_may_act() -> None:
+    """Tasks waiting and a user in its grace: an update that changes nothing in the view
+    changes nothing in the GM before ``unchanged_until``; the first one at or after it
+    may (the grace check: here it moves on, and then the grace ends)."""
+    lm, gm = contended(replace(INDEX, preempt_grace_s=30.0))
+    assert gm.unchanged_until() == float("inf")  # nothing waits
+    submit(gm, [make_task(1, 1, user="b")], 0.0)
+    assert preempts(gm.decide(1.0)) == []
+    assert len(gm.waiting) == 1
+    now = 2.0
+    while not gm.has_work():
+        due = gm.unchanged_until()
+        assert due <= 31.0  # at the latest when the grace is over
+        while now < due:  # nothing new, before it is due: nothing changes
+            before = _gm_state(gm)
+            tell(gm, lm, now)
+            assert _gm_state(gm) == before
+            now += 0.5
+        before = _gm_state(gm)
+        tell(gm, lm, now)  # due: it acts (the check moves on, or the grace is over)
+        assert _gm_state(gm) != before
+    assert now == 31.0
+    assert len(preempts(gm.decide(now))) == 1
+
+
+def test_unchanged_until_without_a_starved_user_is_never() -> None:
+    """Tasks waiting for room while their user is at its share: only freed resources
+    wake them, no time does."""
+    lm = make_lm(nodes=[(2, 2)])
+    gm = gm_with(replace(INDEX, preempt_grace_s=30.0))
+    occupy(lm, make_task(2, 2, job="blocker"))
+    sync_views(gm, lm)
+    submit(gm, [make_task() for _ in range(3)], 0.0)
+    assert drain(gm, 1.0) == []
+    assert len(gm.waiting) == 3
+    tell(gm, lm, 2.0)
+    assert gm.unchanged_until() == float("inf")
+
+
 def test_no_grace_preempts_at_once() -> None:
     _, gm = contended(INDEX)
     submit(gm, [make_task(1, 1, user="b")], 0.0)
