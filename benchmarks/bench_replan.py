@@ -1,11 +1,14 @@
-"""What a queue policy's plans cost as a job's stage grows: one job, one stage of N
-identical tasks ([4, 1], 1 s) on 20 nodes, 1 GM, 2 LMs, simulated.
+"""What a queue policy's plans cost as a job grows, simulated on 20 nodes, 1 GM, 2 LMs:
+one job of N tasks, either one stage of N identical tasks ([4, 1], 1 s; ``--shape
+uniform``) or a stage of N tasks of three sizes and durations of 1-10 s (seeded) with a
+stage of N/4 tasks after it (``--shape varied``: every task end re-packs the DAG).
 
 Per policy and N: wall time of the run, plans made, time per plan, wall time per task,
 and the growth of the wall time from one N to the next as a ratio (1.0 per doubling of
 N per task is linear; quadratic doubles it).  Writes the figures to a JSON file.
 
     python benchmarks/bench_replan.py --sizes 1000,2000,5000 --out results/bench_replan.json
+    python benchmarks/bench_replan.py --shape varied --sizes 2000,4000,8000 --policies carbyne
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from common.cluster import ClusterSpec
-from common.dag import make_job
+from common.dag import DagJob, make_job
 from common.ids import GmId, LmId, UserId
 from common.model import NodeSpec, UserConfig
 from global_master.policy.jobs import JobQueues
@@ -42,11 +46,21 @@ def _timed_replan() -> None:
     JobQueues._replan = replan  # type: ignore[method-assign]
 
 
-def run_one(policy: str, n: int, nodes: int, lms: int) -> dict[str, Any]:
+def _job(n: int, shape: str) -> DagJob:
+    if shape == "uniform":
+        return make_job("j1", "alice", 0.0, [(0, [((4, 1), 1.0)] * n, [])])
+    rng = random.Random(n)
+    sizes = [(4, 1), (8, 2), (16, 4)]
+    first = [(rng.choice(sizes), round(rng.uniform(1.0, 10.0), 2)) for _ in range(n)]
+    after = [((8, 2), round(rng.uniform(1.0, 4.0), 2)) for _ in range(max(1, n // 4))]
+    return make_job("j1", "alice", 0.0, [(0, first, []), (1, after, [0])])
+
+
+def run_one(policy: str, n: int, nodes: int, lms: int, shape: str = "uniform") -> dict[str, Any]:
     """Wall time and plans of one job of ``n`` tasks under ``policy``."""
     gm = GmId("gm0")
     users = [UserConfig(UserId("alice"), gm, 1.0)]
-    job = make_job("j1", "alice", 0.0, [(0, [((4, 1), 1.0)] * n, [])])
+    job = _job(n, shape)
     per = nodes // lms
     cap = DAG_NODE_CAPACITY[2]
     clusters = [
@@ -74,13 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="carbyne,drf")
     ap.add_argument("--nodes", type=int, default=20)
     ap.add_argument("--lms", type=int, default=2)
+    ap.add_argument(
+        "--shape",
+        choices=("uniform", "varied"),
+        default="uniform",
+        help="the job: one stage of identical tasks, or two of varied tasks",
+    )
     ap.add_argument("--out", default="results/bench_replan.json")
     args = ap.parse_args(argv)
     _timed_replan()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     out: dict[str, Any] = {"config": vars(args), "policies": {}}
     for p in [x for x in args.policies.split(",") if x]:
-        rows = [run_one(p, n, args.nodes, args.lms) for n in sizes]
+        rows = [run_one(p, n, args.nodes, args.lms, args.shape) for n in sizes]
         for prev, row in itertools.pairwise(rows):
             # wall-time growth over task growth: 1.0 is linear, N2/N1 is quadratic
             row["growth_over_linear"] = (row["wall_s"] / prev["wall_s"]) / (

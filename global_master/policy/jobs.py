@@ -87,8 +87,11 @@ class JobState:
     events: int = 0
     """Bumped when a task of the job ends, comes back or arrives -- the events at which
     Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
-    packed: tuple[tuple[int, tuple[int, ...]], list[tuple[float, Task]]] | None = None
-    """Carbyne's last reverse packing, keyed by (events, allocation)."""
+    ended: int = 0
+    """Tasks of the job that finished (each also an event)."""
+    packed: tuple[tuple[int, tuple[int, ...]], int, list[tuple[float, Task]]] | None = None
+    """Carbyne's last reverse packing, keyed by (events other than ends, allocation),
+    and ``ended`` when it was made."""
     deadline: tuple[float, int] | None = None
     """Carbyne's T_k and how many jobs had arrived when it was promised: until another
     job arrives, a job's own altruism never moves T_k later."""
@@ -575,6 +578,7 @@ class JobQueues(UserQueues):
         job = self._unrun(task)
         self.release_children(task, now)
         if job is not None:
+            job.ended += 1
             sid = job.stage_of.get(task.task_id)
             if sid is not None:
                 st = job.stages[sid]

@@ -4,6 +4,7 @@ results, to the bit, as the straightforward computation over every task."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -232,3 +233,52 @@ def test_decisions_are_those_of_the_straightforward_plan(
         _straightforward(mp)
         straight = _drive(policy, jobs, seed)
     assert fast == straight
+
+
+# ----------------------------------------------- a large job's packings, amortized
+def _packings_per_end(n: int, ends: int, *, come_back: int | None = None) -> list[int]:
+    """One job of ``n`` runnable 1-s tasks and a task after them, on room for 16: the
+    reverse packings made after each of its first ``ends`` task ends (``come_back``: the
+    end at which a running task comes back instead)."""
+    calls = [0]
+    inner = carbyne_mod.must_start
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    q = CarbyneQueues([U], capacity=(16, 16))
+    job = make_job("j", U, 0.0, [(0, [((1, 1), 1.0)] * n, []), (1, [((1, 1), 1.0)], [0])])
+    out = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(carbyne_mod, "must_start", counted)
+        q.add_job(job, 0.0)
+        running = []
+        for k in range(ends + 1):
+            while (t := q.pop()) is not None:
+                q.on_dispatched(t, float(k))
+                running.append(t)
+            out.append(calls[0])
+            t = running.pop(0)
+            if k == come_back:
+                q.on_returned(t, k + 1.0)
+                q.push_front(t)
+            else:
+                q.on_finished(t, k + 1.0)
+    return [b - a for a, b in itertools.pairwise(out)]
+
+
+def test_a_small_job_is_repacked_at_every_task_end() -> None:
+    n = 2 * carbyne_mod.PLAN_TASKS - 2  # with the last stage's task: just under twice
+    assert _packings_per_end(n, 8) == [1] * 8
+
+
+def test_a_large_job_is_repacked_once_per_stride_of_task_ends() -> None:
+    """Every end re-packed the whole DAG: a job of n tasks cost O(n^2 log n)."""
+    n = 4 * carbyne_mod.PLAN_TASKS + 8  # left // PLAN_TASKS stays 4 for 8 ends
+    assert _packings_per_end(n, 8) == [0, 0, 0, 1, 0, 0, 0, 1]  # every 4th end
+
+
+def test_a_task_coming_back_repacks_a_large_job_at_once() -> None:
+    n = 4 * carbyne_mod.PLAN_TASKS + 8
+    assert _packings_per_end(n, 4, come_back=1) == [0, 1, 0, 0]
