@@ -33,20 +33,6 @@ from global_master.policy.leftover import schedule_leftover
 from global_master.policy.packing import packing_node
 from global_master.policy.vectors import EPS, Vec, dominant, take
 
-PLAN_TASKS = 256
-"""A job's packings are redone at every one of its task ends while it has fewer than
-twice this many tasks left (waiting or running); a larger job's once every ``left //
-PLAN_TASKS`` ends (``_stride``), so a task end costs about this many tasks' packing
-whatever the job's size: without it, every end of a 100,000-task job re-packed the
-whole DAG (O(n log n)), and the job cost O(n^2 log n).  A task arriving or coming
-back and a change of the job's allocation always re-plan."""
-
-
-def _stride(job: JobState) -> int:
-    """How many of ``job``'s task ends one plan of it serves (1: every end re-plans)."""
-    left = len(job.running) + sum(len(st.waiting) for st in job.stages.values())
-    return max(1, left // PLAN_TASKS)
-
 
 class CarbyneQueues(JobQueues):
     """Altruistic DAG scheduling (Pseudocode 1) on a GM's user queues."""
@@ -89,14 +75,14 @@ class CarbyneQueues(JobQueues):
         """Intra-job: the runnable tasks whose latest start (reverse packing from T_k,
         T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
         in time: it is reused until one of the job's tasks ends (a large job's: every
-        ``_stride`` ends) or arrives or comes back, or its allocation changes (a task
+        ``JobState.stride`` ends) or arrives or comes back, or its allocation changes (a task
         starting as planned changes neither).  ``T_k`` never
         moves later than a previous plan put it unless a job arrived since."""
         key = (
             job.events - job.ended,
             tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)),
         )
-        if job.packed is None or job.packed[0] != key or job.ended - job.packed[1] >= _stride(job):
+        if job.packed is None or job.packed[0] != key or job.ended - job.packed[1] >= job.stride():
             t_k = job_finish(now, alloc, cap, job)
             # T_k is a promise until a new job arrives (seed Theorem 3.1): a job that
             # waited because it was altruistic is not promised a later completion for it

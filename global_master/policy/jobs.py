@@ -51,6 +51,15 @@ from global_master.queues import UserQueues
 
 T = TypeVar("T")
 
+PLAN_TASKS = 256
+"""A job's plans (Carbyne's packings, SJF's finish time and order, its remaining work)
+are made afresh at every one of its task ends while it has fewer than twice this many
+tasks left (waiting or running); a larger job's serve ``left // PLAN_TASKS`` ends
+(``JobState.stride``), so a task end costs about this many tasks' planning whatever the
+job's size: re-planned at every end, a job of n tasks cost O(n^2 log n).  A task of the
+job arriving or coming back (a released stage, a preemption) and, for Carbyne, a change
+of its allocation re-plan at once."""
+
 Running = tuple[float, Resources, int]
 """A started task as the packers see it: (end time, demand, stage id)."""
 
@@ -95,7 +104,8 @@ class JobState:
     deadline: tuple[float, int] | None = None
     """Carbyne's T_k and how many jobs had arrived when it was promised: until another
     job arrives, a job's own altruism never moves T_k later."""
-    cached: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    cached: dict[str, tuple[int, int, int, Any]] = field(default_factory=dict)
+    """Per name: (version, events other than ends, ends, value) when it was made."""
     level: dict[int, int] = field(default_factory=dict)
     """Each stage's depth in the whole DAG (0: a root)."""
     by_end: list[Started] = field(default_factory=list)
@@ -128,10 +138,30 @@ class JobState:
         take(self._held, entry[2])
         return hit[0]
 
+    def stride(self) -> int:
+        """How many of this job's task ends one of its plans serves (``PLAN_TASKS``;
+        1: every end re-plans)."""
+        left = len(self.running) + sum(len(st.waiting) for st in self.stages.values())
+        return max(1, left // PLAN_TASKS)
+
     def memo(self, name: str) -> Any:
-        """A value cached under ``name`` at the current version, or None."""
+        """A value kept under ``name`` (``keep``) that still holds, or None: one made at
+        the current version -- or, for a large job (``stride`` > 1), one made since the
+        last task of the job arrived or came back and fewer than ``stride`` task ends
+        ago (a list of tasks in it may then name tasks that have started since)."""
         hit = self.cached.get(name)
-        return hit[1] if hit is not None and hit[0] == self.version else None
+        if hit is None:
+            return None
+        version, others, ended, value = hit
+        if version == self.version:
+            return value
+        stride = self.stride()
+        if stride > 1 and self.events - self.ended == others and self.ended - ended < stride:
+            return value
+        return None
+
+    def keep(self, name: str, value: Any) -> None:
+        self.cached[name] = (self.version, self.events - self.ended, self.ended, value)
 
     def usage(self, m: int) -> Vec:
         """What the job's running tasks hold (a fresh list)."""
@@ -147,7 +177,7 @@ class JobState:
                 for st in self.stages.values()
                 for t in st.waiting.values()
             )
-            self.cached["waiting_work"] = (self.version, w)
+            self.keep("waiting_work", w)
         total = float(w)
         for t, since in self.running.values():
             total += dominant(t.demand, capacity) * max(0.0, since + t.duration - now)

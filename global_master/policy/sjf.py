@@ -20,12 +20,12 @@ from global_master.policy.vectors import Vec
 
 
 def job_finish_alone(job: JobState, now: float, cap: list[float]) -> float:
-    """When the job's remaining DAG would end if it had ``cap`` to itself (cached
-    until one of its tasks changes)."""
+    """When the job's remaining DAG would end if it had ``cap`` to itself (kept until
+    one of its tasks changes; a large job's, ``JobState.memo``)."""
     hit = job.memo("finish_alone")
     if hit is None:
         hit = job_finish(now, cap, cap, job)
-        job.cached["finish_alone"] = (job.version, hit)
+        job.keep("finish_alone", hit)
     return float(hit)
 
 
@@ -45,8 +45,10 @@ def critical_first(job: JobState) -> list[Task]:
             job.queued.values(),
             key=lambda t: (-tail.get(job.stage_of[t.task_id], 0.0), rank[t.task_id]),
         )
-        job.cached["critical_first"] = (job.version, hit)
-    return list(hit)
+        job.keep("critical_first", hit)
+        return list(hit)
+    queued = job.queued  # (kept a few task ends ago: some may have started since)
+    return [t for t in hit if t.task_id in queued]
 
 
 class SjfQueues(JobQueues):

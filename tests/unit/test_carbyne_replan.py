@@ -19,7 +19,7 @@ from global_master.policy import CarbyneQueues, DrfQueues, JobQueues, SjfQueues
 from global_master.policy import carbyne as carbyne_mod
 from global_master.policy import sjf as sjf_mod
 from global_master.policy.altruism import _from_last_release, forward_pack, job_finish
-from global_master.policy.jobs import JobState, StageState
+from global_master.policy.jobs import PLAN_TASKS, JobState, StageState
 from global_master.policy.vectors import EPS, give
 
 U = UserId("u")
@@ -236,26 +236,37 @@ def test_decisions_are_those_of_the_straightforward_plan(
 
 
 # ----------------------------------------------- a large job's packings, amortized
-def _packings_per_end(n: int, ends: int, *, come_back: int | None = None) -> list[int]:
+def _packings_per_end(
+    n: int, ends: int, *, come_back: int | None = None, policy: str = "carbyne"
+) -> list[int]:
     """One job of ``n`` runnable 1-s tasks and a task after them, on room for 16: the
-    reverse packings made after each of its first ``ends`` task ends (``come_back``: the
-    end at which a running task comes back instead)."""
+    packings made after each of its first ``ends`` task ends (``come_back``: the end at
+    which a running task comes back instead) -- Carbyne's reverse packings, or SJF's
+    finish-time packings."""
     calls = [0]
-    inner = carbyne_mod.must_start
+    module, name = (carbyne_mod, "must_start") if policy == "carbyne" else (sjf_mod, "job_finish")
+    inner = getattr(module, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         return inner(*args, **kwargs)
 
-    q = CarbyneQueues([U], capacity=(16, 16))
+    q: JobQueues = (
+        CarbyneQueues([U], capacity=(16, 16))
+        if policy == "carbyne"
+        else SjfQueues([U], capacity=(16, 16))
+    )
     job = make_job("j", U, 0.0, [(0, [((1, 1), 1.0)] * n, []), (1, [((1, 1), 1.0)], [0])])
     out = []
+    handed: set[TaskId] = set()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(carbyne_mod, "must_start", counted)
+        mp.setattr(module, name, counted)
         q.add_job(job, 0.0)
         running = []
         for k in range(ends + 1):
             while (t := q.pop()) is not None:
+                assert t.task_id not in handed  # a kept order never hands out a started task
+                handed.add(t.task_id)
                 q.on_dispatched(t, float(k))
                 running.append(t)
             out.append(calls[0])
@@ -263,22 +274,31 @@ def _packings_per_end(n: int, ends: int, *, come_back: int | None = None) -> lis
             if k == come_back:
                 q.on_returned(t, k + 1.0)
                 q.push_front(t)
+                handed.discard(t.task_id)
             else:
                 q.on_finished(t, k + 1.0)
     return [b - a for a, b in itertools.pairwise(out)]
 
 
 def test_a_small_job_is_repacked_at_every_task_end() -> None:
-    n = 2 * carbyne_mod.PLAN_TASKS - 2  # with the last stage's task: just under twice
+    n = 2 * PLAN_TASKS - 2  # with the last stage's task: just under twice
     assert _packings_per_end(n, 8) == [1] * 8
 
 
 def test_a_large_job_is_repacked_once_per_stride_of_task_ends() -> None:
     """Every end re-packed the whole DAG: a job of n tasks cost O(n^2 log n)."""
-    n = 4 * carbyne_mod.PLAN_TASKS + 8  # left // PLAN_TASKS stays 4 for 8 ends
+    n = 4 * PLAN_TASKS + 8  # left // PLAN_TASKS stays 4 for 8 ends
     assert _packings_per_end(n, 8) == [0, 0, 0, 1, 0, 0, 0, 1]  # every 4th end
 
 
 def test_a_task_coming_back_repacks_a_large_job_at_once() -> None:
-    n = 4 * carbyne_mod.PLAN_TASKS + 8
+    n = 4 * PLAN_TASKS + 8
     assert _packings_per_end(n, 4, come_back=1) == [0, 1, 0, 0]
+
+
+def test_sjf_ranks_a_large_job_once_per_stride_of_task_ends() -> None:
+    small = 2 * PLAN_TASKS - 2
+    assert _packings_per_end(small, 4, policy="sjf") == [1] * 4
+    large = 4 * PLAN_TASKS + 8
+    assert _packings_per_end(large, 8, policy="sjf") == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert _packings_per_end(large, 4, come_back=1, policy="sjf") == [0, 1, 0, 0]
