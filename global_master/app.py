@@ -31,7 +31,7 @@ from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
 from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
-from common.errors import ConfigError, Unauthorized
+from common.errors import ConfigError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
@@ -318,12 +318,16 @@ class GmService:
             self.redelivered_jobs += 1
         try:
             self.feed(AdmitJob(job=job, redelivered=bool(msg.redelivered)))
-        except Exception:
-            # (a bug in the core) the consumer's guard requeues the job once and dead-
-            # letters it if it fails again: its redelivery must reach the core, not be
-            # taken for the same job on a channel that came back and held forever
-            del self.deliveries[key]
-            raise
+        except Exception as exc:
+            # a bug in the core, which may have taken part of the job before raising: a
+            # retry would find the job "admitted" and hold it unanswered for ever, so it
+            # ends here, explicitly (the consumer's guard dead-letters it)
+            self.deliveries.pop(key, None)
+            log.exception("%s: the core failed on job %s/%s", self.core.gm_id, user, job.job_id)
+            raise MeghaError(
+                f"{self.core.gm_id} failed on this job ({type(exc).__name__}: {exc}); see its log",
+                reason="internal_error",
+            ) from exc
 
     def _check_submitter(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this

@@ -1,7 +1,8 @@
 """The GM service's side of admitting a job: a delivery it holds is settled by the core's
-verdict; if the core raises on it (a bug), the delivery is forgotten, so the broker's
-one requeue reaches the core again and a second failure dead-letters it -- the job is
-never held silently.  No broker: the service is built, not started."""
+verdict; if the core raises on it (a bug, perhaps with part of the job taken), the job
+ends explicitly -- an ``internal_error`` the consumer's guard dead-letters -- and the
+delivery is forgotten, never held unanswered.  No broker: the service is built, not
+started."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
+from common.errors import MeghaError
 from common.ids import GmId, JobId, UserId
 from common.messages import AdmitJob, SubmitJob
 from global_master.app import GmService
@@ -42,7 +44,7 @@ def service(home: Path) -> tuple[GmService, str]:
     return GmService(CFG, GmId("gm0"), Access(gm("gm0"), CFG, SECRET, users_file=store.path)), token
 
 
-def test_a_job_the_core_raises_on_is_not_held_and_its_redelivery_reaches_the_core(
+def test_a_job_the_core_raises_on_ends_explicitly_and_is_not_held(
     tmp_path: Path,
 ) -> None:
     svc, token = service(tmp_path)
@@ -54,8 +56,10 @@ def test_a_job_the_core_raises_on_is_not_held_and_its_redelivery_reaches_the_cor
         raise RuntimeError("a bug in the core")
 
     svc.feed = broken  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(MeghaError) as failed:
         asyncio.run(svc._admit(U0, job, Delivery()))  # type: ignore[arg-type]
+    assert failed.value.reason == "internal_error"
+    assert "a bug in the core" in str(failed.value)
     assert not svc.deliveries
 
     svc.feed = fed.append  # type: ignore[method-assign]

@@ -54,3 +54,19 @@ def test_room_comes_back_as_deliveries_are_read_and_the_peak_stays() -> None:
     assert unread.waiting(U0) == 0
     assert unread.peak == 70
     assert unread.take(U0, 100, redelivered=False) is None
+
+
+def test_an_empty_delivery_balances_like_any_other() -> None:
+    """An empty body is a delivery too: read after another of its user's, it must still
+    find its own entry (it raised KeyError, which hid the body's own refusal)."""
+    unread = UnreadJobs(limit=100)
+    unread.take(U0, 10, redelivered=False)
+    unread.take(U0, 0, redelivered=False)
+    unread.take(U1, 0, redelivered=False)
+    unread.take(U1, 0, redelivered=False)
+    unread.done(U0, 10)
+    unread.done(U0, 0)
+    unread.done(U1, 0)
+    unread.done(U1, 0)
+    assert unread.total() == 0
+    assert unread.take(U0, 100, redelivered=False) is None
