@@ -14,7 +14,7 @@ import pytest
 
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId
-from common.overload import OVERLOAD_DEFAULTS
+from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.policy import make_policy
 from global_master.queues import UserQueues
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
@@ -116,17 +116,22 @@ def test_skipping_changes_no_figure_on_a_mixed_workload(monkeypatch: pytest.Monk
     assert skip.counters["repartitions"] > 0
 
 
-def test_skipping_changes_no_figure_with_live_hop_draws(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hop delays drawn from live samples (a seeded random stream): the skipped
-    heartbeats' draws are taken all the same, so every later hop is the same."""
-    cfg = SimConfig(
+def _live_costs(overload: OverloadPolicy) -> SimConfig:
+    """Hop delays drawn from live samples (a seeded random stream) and service costs."""
+    return SimConfig(
         update_period_s=5.0,
         hop_samples_s=(0.0002, 0.0011, 0.004, 0.0007),
         gm_service_s=0.0006,
         lm_service_s=0.0007,
         lm_update_node_s=1e-6,
-        overload=OVERLOAD_DEFAULTS,
+        overload=overload,
     )
+
+
+def test_skipping_changes_no_figure_with_live_hop_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hop delays drawn from live samples (a seeded random stream): the skipped
+    heartbeats' draws are taken all the same, so every later hop is the same."""
+    cfg = _live_costs(OVERLOAD_DEFAULTS)
     skip, every = _both(monkeypatch, _mixed(), cfg, workers=40, lms=4, constraints=True)
     assert skip.events < every.events / 2
 
@@ -233,14 +238,7 @@ def test_skipping_while_tasks_wait_with_constraints_hops_and_three_gms(
     """The same with placement constraints, live hop draws, service costs, three GMs
     and four LMs, and a GM that preempts as soon as its user is below its share."""
     overload = replace(OVERLOAD_DEFAULTS, victims_younger_than_wait=False, preempt_below=1.0)
-    cfg = SimConfig(
-        update_period_s=5.0,
-        hop_samples_s=(0.0002, 0.0011, 0.004, 0.0007),
-        gm_service_s=0.0006,
-        lm_service_s=0.0007,
-        lm_update_node_s=1e-6,
-        overload=overload,
-    )
+    cfg = _live_costs(overload)
     gms = [GmId("gm0"), GmId("gm1"), GmId("gm2")]
     skip, every = _both(monkeypatch, _starving(), cfg, gms=gms, workers=18, lms=4, constraints=True)
     assert skip.events < every.events / 5
