@@ -74,15 +74,13 @@ class CarbyneQueues(JobQueues):
     ) -> list[Task]:
         """Intra-job: the runnable tasks whose latest start (reverse packing from T_k,
         T_k by forward packing within ``alloc``) is now.  The plan of a job is absolute
-        in time: it is reused until one of the job's tasks ends (a large job's: every
-        ``JobState.stride`` ends) or arrives or comes back, or its allocation changes (a task
-        starting as planned changes neither).  ``T_k`` never
+        in time: it is kept (``JobState.memo``) until one of the job's tasks ends (a
+        large job's: every ``JobState.stride`` ends) or arrives or comes back, or its
+        allocation changes (a task starting as planned changes neither).  ``T_k`` never
         moves later than a previous plan put it unless a job arrived since."""
-        key = (
-            job.events - job.ended,
-            tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)),
-        )
-        if job.packed is None or job.packed[0] != key or job.ended - job.packed[1] >= job.stride():
+        key = tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True))
+        packed = job.memo("packed", across_starts=True)
+        if packed is None or packed[0] != key:
             t_k = job_finish(now, alloc, cap, job)
             # T_k is a promise until a new job arrives (seed Theorem 3.1): a job that
             # waited because it was altruistic is not promised a later completion for it
@@ -96,13 +94,15 @@ class CarbyneQueues(JobQueues):
                 if job.queued
                 else []
             )
-            job.packed = (key, job.ended, latest)
-        return [t for start, t in job.packed[2] if start <= now + EPS and t.task_id in job.queued]
+            packed = (key, latest)
+            job.keep("packed", packed)
+        return [t for start, t in packed[1] if start <= now + EPS and t.task_id in job.queued]
 
     @staticmethod
     def _by_latest_start(job: JobState) -> list[Task]:
         """The job's runnable tasks, latest start (reverse packing) earliest first."""
-        order = {t.task_id: k for k, (_, t) in enumerate(job.packed[2] if job.packed else ())}
+        hit = job.cached.get("packed")  # the packing this plan made or kept
+        order = {t.task_id: k for k, (_, t) in enumerate(hit[3][1] if hit else ())}
         return sorted(job.queued.values(), key=lambda t: order.get(t.task_id, len(order)))
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:

@@ -98,9 +98,6 @@ class JobState:
     Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
     ended: int = 0
     """Tasks of the job that finished (each also an event)."""
-    packed: tuple[tuple[int, tuple[int, ...]], int, list[tuple[float, Task]]] | None = None
-    """Carbyne's last reverse packing, keyed by (events other than ends, allocation),
-    and ``ended`` when it was made."""
     deadline: tuple[float, int] | None = None
     """Carbyne's T_k and how many jobs had arrived when it was promised: until another
     job arrives, a job's own altruism never moves T_k later."""
@@ -144,21 +141,22 @@ class JobState:
         left = len(self.running) + sum(len(st.waiting) for st in self.stages.values())
         return max(1, left // PLAN_TASKS)
 
-    def memo(self, name: str) -> Any:
+    def memo(self, name: str, *, across_starts: bool = False) -> Any:
         """A value kept under ``name`` (``keep``) that still holds, or None: one made at
-        the current version -- or, for a large job (``stride`` > 1), one made since the
-        last task of the job arrived or came back and fewer than ``stride`` task ends
-        ago (a list of tasks in it may then name tasks that have started since)."""
+        the current version -- or, for a large job (``stride`` > 1) or one whose value
+        holds ``across_starts``, one made since the last task of the job arrived or came
+        back and fewer than ``stride`` task ends ago (a list of tasks in it may then
+        name tasks that have started since)."""
         hit = self.cached.get(name)
         if hit is None:
             return None
         version, others, ended, value = hit
         if version == self.version:
             return value
+        if self.events - self.ended != others:
+            return None
         stride = self.stride()
-        if stride > 1 and self.events - self.ended == others and self.ended - ended < stride:
-            return value
-        return None
+        return value if (stride > 1 or across_starts) and self.ended - ended < stride else None
 
     def keep(self, name: str, value: Any) -> None:
         self.cached[name] = (self.version, self.events - self.ended, self.ended, value)
