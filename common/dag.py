@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,13 +229,16 @@ class DagProgress:
     """Which stages of one job have finished, and which tasks that releases.
 
     The queues (every policy) use it: roots are runnable at submission; a stage's
-    tasks are released when its last parent stage finishes.
+    tasks are released when its last parent stage finishes.  Tasks already out when
+    the job came (``started``: running, in flight or ended, as a GM restarted under a
+    redelivered job finds them) are never released again; their ends count as any.
     """
 
-    __slots__ = ("_children", "_left", "_stage_of", "_waiting", "job")
+    __slots__ = ("_children", "_left", "_stage_of", "_started", "_waiting", "job")
 
-    def __init__(self, job: DagJob) -> None:
+    def __init__(self, job: DagJob, started: Collection[TaskId] = ()) -> None:
         self.job = job
+        self._started = frozenset(started)
         self._stage_of: dict[TaskId, int] = {}
         self._left: dict[int, int] = {}
         self._waiting: dict[int, int] = {}
@@ -249,12 +252,16 @@ class DagProgress:
                 self._stage_of[t.task_id] = s.stage_id
 
     def roots(self) -> list[Task]:
-        return [t for s in self.job.stages if not s.parents for t in s.tasks]
+        return [t for s in self.job.stages if not s.parents for t in self._released(s)]
+
+    def _released(self, stage: Stage) -> list[Task]:
+        started = self._started
+        return [t for t in stage.tasks if t.task_id not in started] if started else stage.tasks
 
     def waiting(self, tid: TaskId) -> bool:
         """Task ``tid``'s stage is not released yet (a parent stage has not finished)."""
         sid = self._stage_of.get(tid)
-        return sid is not None and self._waiting[sid] > 0
+        return sid is not None and tid not in self._started and self._waiting[sid] > 0
 
     def finish(self, tid: TaskId) -> list[Task]:
         """Task ``tid`` finished; the tasks of stages that become runnable now."""
@@ -268,7 +275,7 @@ class DagProgress:
         for child in self._children.get(sid, ()):
             self._waiting[child.stage_id] -= 1
             if self._waiting[child.stage_id] == 0:
-                released.extend(child.tasks)
+                released.extend(self._released(child))
         return released
 
     def abandon(self, tid: TaskId) -> list[Task]:

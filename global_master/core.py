@@ -9,6 +9,10 @@ Theory of operation:
   state it holds consistently), and an eventually consistent ``LmView`` of every
   partition of every LM.  It is stateless in the paper's sense: views are rebuilt
   from LM snapshots; unacknowledged jobs come back from the durable broker queues.
+  A job that comes back runs none of its tasks twice: those found running, on their
+  way to an LM, ended or queued from their own broker message are taken as they are,
+  and a DAG never releases them again (a DAG's delivery is held until its last
+  stage is accepted, so a GM killed mid-DAG always gets it back).
 * **Decide**: take the next task round-robin over the user queues; **match** in the
   GM's *internal* partitions, walking LMs round-robin (AND of the task's constraint
   vectors, first fit on free resources); otherwise look for an eligible node in the
@@ -522,12 +526,18 @@ class GlobalMaster:
             tasks = [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
         adopted: list[Task] = []
         kept: set[TaskKey] = set()
+        sent: list[Task] = []
         ended: list[tuple[Task, Ended]] = []
         if adm.redelivered:  # after a restart some of its tasks may run, or have run
             for i, t in enumerate(tasks):
                 held = self.live.get(t.key)
                 if held is not None and t.key not in self.placed:
                     tasks[i] = held  # persisted and queued again already: keep that one
+                    if t.key in self.inflight:
+                        sent.append(held)
+                    elif job.stages is not None:  # queued by its DAG, in its turn
+                        self.queues.remove(held)
+                        continue
                     kept.add(t.key)
                     continue
                 running = held or self._orphan_running(t)
@@ -565,7 +575,11 @@ class GlobalMaster:
         for t in tasks:
             self.live[t.key] = t
         if dag is not None:
-            self.queues.add_job(dag, adm.at)
+            # what runs, is on its way to an LM or ended is never released again
+            out = [t.task_id for t in (*adopted, *sent)] + [t.task_id for t, _ in ended]
+            self.queues.add_job(dag, adm.at, out)
+            for t in sent:
+                self.queues.on_dispatched(t, now)
         else:
             skip = {t.key for t in adopted} | {t.key for t, _ in ended} | kept
             for t in tasks:
@@ -582,13 +596,10 @@ class GlobalMaster:
         for t in adopted:
             self.counters.redelivered_skipped += 1
             if dag:
-                self.queues.remove(t)
                 self.queues.on_dispatched(t, now)
             self._settle(t, effects)
         for t, known in ended:
             self.counters.redelivered_skipped += 1
-            if dag:
-                self.queues.remove(t)
             self._settle(t, effects)
             tell = not known.reported
             if known.held.ok:

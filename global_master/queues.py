@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.dag import DagJob, DagProgress
-from common.ids import JobId, UserId
+from common.ids import JobId, TaskId, UserId
 from common.model import Resources, Task
 
 if TYPE_CHECKING:
@@ -117,9 +117,10 @@ class UserQueues:
         """A task of these queues finished (its children may become runnable)."""
         self.release_children(task, now)
 
-    def add_job(self, job: DagJob, now: float) -> None:
-        """A DAG job: root stages are queued now, others when their parent stages finish."""
-        progress = DagProgress(job)
+    def add_job(self, job: DagJob, now: float, started: Collection[TaskId] = ()) -> None:
+        """A DAG job: root stages are queued now, others when their parent stages finish;
+        never the tasks ``started`` already (a redelivered job's, see ``DagProgress``)."""
+        progress = DagProgress(job, started)
         self._dags[job.job_id] = progress
         for t in progress.roots():
             t.submit(now)

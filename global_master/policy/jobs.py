@@ -359,9 +359,9 @@ class JobQueues(UserQueues):
             job.stage_of[task.task_id] = sid
         return job
 
-    def add_job(self, job: DagJob, now: float) -> None:
+    def add_job(self, job: DagJob, now: float, started: Collection[TaskId] = ()) -> None:
         self.now = max(self.now, now)
-        progress = DagProgress(job)
+        progress = DagProgress(job, started)
         state = JobState(job.job_id, job.user, now, progress)
         state.level = levels({s.stage_id: s.parents for s in job.stages})
         for s in job.stages:
@@ -610,6 +610,7 @@ class JobQueues(UserQueues):
             sid = job.stage_of.get(task.task_id)
             if sid is not None:
                 st = job.stages[sid]
+                st.waiting.pop(task.task_id, None)  # it ended unseen (a GM restarted)
                 if not st.waiting and not st.running:
                     del job.stages[sid]
             self._forget_if_done(job)

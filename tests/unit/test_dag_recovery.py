@@ -1,0 +1,164 @@
+"""A DAG job redelivered to a restarted GM (its delivery is held until every task was
+accepted, so a GM killed mid-job always gets it back) runs none of its tasks twice and
+keeps its stage order, under every queue policy: tasks found running on an LM, on their
+way to one, or kept on the broker as returned (``resumes``) are never released by the
+DAG again.  No event loop, no sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from common.effects import ToGm, ToUser
+from common.ids import GmId, UserId
+from common.messages import AdmitJob, ReportKind, StageSpec, SubmitJob, TaskEvents
+from common.model import TaskSpec, TaskState, UserConfig
+from global_master.core import GlobalMaster, resume_id
+from global_master.policy import POLICIES, make_policy
+from local_master.core import LocalMaster
+from tests.conftest import decide, key, launch_req, launches, make_lm, make_task, report, state
+
+U0 = UserId("u0")
+
+
+def fresh_gm(policy: str, lm: LocalMaster) -> GlobalMaster:
+    """A GM that has just restarted: it knows only what its LM's snapshot says."""
+    users = [UserConfig(user=U0, gm=GmId("gm0"), share=1.0)]
+    gm = GlobalMaster(GmId("gm0"), [lm.lm_id], users)
+    gm.queues = make_policy(policy, users)(GmId("gm0"), [U0])
+    gm.handle(lm.snapshot(gm.gm_id), 0.0)
+    return gm
+
+
+def two_stages(job: str) -> tuple[SubmitJob, list[TaskSpec]]:
+    """Roots a, b; child c after both."""
+    specs = [make_task(job=job) for _ in range(3)]
+    stages = (StageSpec(stage_id=0, count=2), StageSpec(stage_id=1, parents=(0,), count=1))
+    sub = SubmitJob(
+        job_id=specs[0].job_id, user=U0, token="", submitted_at=0.0, tasks=tuple(specs),
+        stages=stages,
+    )  # fmt: skip
+    return sub, specs
+
+
+def kept_on_broker(spec: TaskSpec) -> SubmitJob:
+    """The message a GM persisted when ``spec`` (attempt 1) came back to its queue."""
+    return SubmitJob(
+        job_id=resume_id(spec.task_id, 1), user=U0, token="", submitted_at=1.0,
+        tasks=(spec,), resumes=spec.job_id, attempt=1,
+    )  # fmt: skip
+
+
+class Run:
+    """Drives a GM and its LM: every launch the LM accepts, and task ends."""
+
+    def __init__(self, gm: GlobalMaster, lm: LocalMaster) -> None:
+        self.gm, self.lm = gm, lm
+        self.launched: list[str] = []
+        self.told: list[str] = []
+        """The tasks whose end the GM told their user, in order."""
+        self.node: dict[str, tuple[int, int]] = {}
+        """Where each task was launched, and as which attempt."""
+
+    def place(self, now: float) -> list[str]:
+        got: list[str] = []
+        for _ in range(4):
+            for req in launches(decide(self.gm, now, max_tasks=8)):
+                got += [p.spec.task_id for p in req.placements]
+                self.node.update({p.spec.task_id: (p.node, p.attempt) for p in req.placements})
+                (answer, *_) = self.lm.handle(req, now)
+                self.gm.handle(answer.msg, now)  # type: ignore[attr-defined]
+        self.launched += got
+        return got
+
+    def finish(self, spec: TaskSpec, now: float) -> None:
+        node, attempt = self.node[spec.task_id]
+        ended = report(self.lm.lm_id, ReportKind.FINISHED, spec, node, now, attempt=attempt)
+        out = self.lm.handle(ended, now)
+        events = tuple(e.msg for e in out if isinstance(e, ToGm))
+        told = self.gm.handle(TaskEvents(lm=self.lm.lm_id, events=events), now)
+        self.told += [e.msg.task.task_id for e in told if isinstance(e, ToUser)]
+
+
+def policies() -> Iterator[str]:
+    yield from POLICIES
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_a_root_kept_on_the_broker_and_its_dag_redelivered_runs_once(policy: str) -> None:
+    """The returned root's own message came first (another queue): queued from it; then
+    the DAG itself: the root is not queued a second time."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    gm = fresh_gm(policy, lm)
+    job, (a, b, c) = two_stages("ja")
+    assert gm.handle(AdmitJob(job=kept_on_broker(a), redelivered=True), 1.0) == []
+    gm.handle(AdmitJob(job=job, redelivered=True), 1.1)
+    run = Run(gm, lm)
+    assert sorted(run.place(2.0)) == sorted([a.task_id, b.task_id])
+    run.finish(a, 3.0)
+    run.finish(b, 3.0)
+    assert run.place(4.0) == [c.task_id]
+    assert sorted(run.launched) == sorted(t.task_id for t in (a, b, c))
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_a_child_kept_on_the_broker_waits_for_its_redelivered_dag_s_stages(policy: str) -> None:
+    """A returned child's message queued it before its DAG came back: the DAG takes it
+    over and releases it after its parents, once."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    gm = fresh_gm(policy, lm)
+    job, (a, b, c) = two_stages("jb")
+    gm.handle(AdmitJob(job=kept_on_broker(c), redelivered=True), 1.0)
+    gm.handle(AdmitJob(job=job, redelivered=True), 1.1)
+    run = Run(gm, lm)
+    assert sorted(run.place(2.0)) == sorted([a.task_id, b.task_id])
+    run.finish(a, 3.0)
+    assert run.place(3.5) == []
+    run.finish(b, 4.0)
+    assert run.place(5.0) == [c.task_id]
+    assert gm.tasks_of([key(c)])[0].attempt > 1  # newer than the attempt it ran as
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_a_child_found_running_is_not_run_again_when_its_parents_end(policy: str) -> None:
+    """The child ran when the GM restarted (its parents had ended, unknown to the new GM,
+    which runs them again): their ends must not release the child a second time."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    job, (a, b, c) = two_stages("jc")
+    lm.handle(launch_req(c, 3), 0.0)
+    gm = fresh_gm(policy, lm)
+    gm.handle(AdmitJob(job=job, redelivered=True), 1.0)
+    assert state(gm, c) is TaskState.PLACED
+    run = Run(gm, lm)
+    assert sorted(run.place(2.0)) == sorted([a.task_id, b.task_id])
+    run.finish(a, 3.0)
+    run.finish(b, 3.0)
+    assert run.place(4.0) == []
+    run.node[c.task_id] = (3, 1)
+    run.finish(c, 5.0)
+    assert sorted(run.told) == sorted(t.task_id for t in (a, b, c))
+    assert (U0, job.job_id) not in gm.jobs  # every task accounted: the job is done
+    assert not gm.queues.has_work()
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_a_root_on_its_way_to_an_lm_when_its_dag_comes_back_is_sent_once(policy: str) -> None:
+    """Queued from its own message and sent to the LM before the DAG came back: the DAG
+    must not queue it again while the LM's answer is awaited."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    gm = fresh_gm(policy, lm)
+    job, (a, b, c) = two_stages("jd")
+    gm.handle(AdmitJob(job=kept_on_broker(a), redelivered=True), 1.0)
+    (req,) = launches(decide(gm, 1.5, max_tasks=8))
+    assert [p.spec.task_id for p in req.placements] == [a.task_id]
+    gm.handle(AdmitJob(job=job, redelivered=True), 1.6)
+    assert state(gm, a) is TaskState.DISPATCHED
+    run = Run(gm, lm)
+    run.node[a.task_id] = (req.placements[0].node, req.placements[0].attempt)
+    (answer, *_) = lm.handle(req, 2.0)
+    gm.handle(answer.msg, 2.0)  # type: ignore[attr-defined]
+    assert run.place(2.0) == [b.task_id]
+    run.finish(a, 3.0)
+    run.finish(b, 3.0)
+    assert run.place(4.0) == [c.task_id]
