@@ -4,9 +4,12 @@ Server: protocol errors become HTTP statuses here and only here — ``DecodeErro
 (413 when too large), ``ValidationError`` 422, ``Unauthorized`` 401 (403 for an
 endpoint the caller may not use), and a core's ``Refused`` answer 409 (or 422 for
 bad input, 503 when not ready), and a path or method no route takes 404 / 405
-(``not_found``, ``method_not_allowed``).  Error bodies are JSON
-``{"error": reason, "detail": ..., "field": ...}``; success bodies are msgpack.  A
-body is read whole, up to the configured limit.
+(``not_found``, ``method_not_allowed``).  A request aiohttp's parser cannot read (not
+HTTP at all, a bad request line or header, a line too long, a bad chunk) never reaches
+a middleware: ``ServiceRunner``'s connections answer it 400 ``bad_http_method``,
+``line_too_long`` or ``bad_http_request``.  Error bodies are JSON ``{"error": reason,
+"detail": ..., "field": ...}``; success bodies are msgpack.  A body is read whole, up to
+the configured limit.
 
 Every call but ``GET /health`` is signed (``security.signing``): the caller's
 identity, a timestamp, a nonce and the body's digest under the key of the channel
@@ -34,6 +37,8 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
 
 from common import codec
 from common.config import ID_ENV, FederationConfig, load_config
@@ -89,7 +94,10 @@ def error_response(exc: MeghaError) -> web.Response:
 
 
 def _count_refusal(request: web.Request, reason: str) -> None:
-    metrics = request.app.get(METRICS_KEY)
+    _count(request.app.get(METRICS_KEY), reason)
+
+
+def _count(metrics: ServiceMetrics | None, reason: str) -> None:
     if metrics is not None:
         metrics.errors.labels(reason).inc()
 
@@ -120,6 +128,82 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             status=exc.status,
             headers=allow,
         )
+
+
+# ------------------------------------------------- requests no middleware sees
+PARSER_REASONS: dict[type[HttpProcessingError], str] = {
+    BadHttpMethod: "bad_http_method",  # not HTTP at all: TLS on the plain port, a scanner
+    LineTooLong: "line_too_long",  # the request line or a header line beyond 8190 bytes
+}
+"""The reasons of requests aiohttp's parser cannot read; any other is ``bad_http_request``
+(a bad request line, header name or value, Content-Length, Transfer-Encoding or chunk
+size, too many headers)."""
+
+
+def parser_reason(exc: HttpProcessingError) -> str:
+    return next(
+        (r for kind, r in PARSER_REASONS.items() if isinstance(exc, kind)), "bad_http_request"
+    )
+
+
+class _Connection(web.RequestHandler):
+    """aiohttp's handler of one connection, except that a request its parser cannot read
+    is refused as every other refusal is (JSON, its reason, counted, one log line):
+    aiohttp answers it before any middleware runs, in plain text, and logs a traceback
+    at ERROR for each.  A 5xx (a server bug) stays aiohttp's."""
+
+    __slots__ = ("_metrics",)
+
+    def __init__(self, manager: _Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._metrics = manager.metrics
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not (400 <= status < 500 and isinstance(exc, HttpProcessingError)):
+            return super().handle_error(request, status, exc, message)
+        reason = parser_reason(exc)
+        _count(self._metrics, reason)
+        detail = (message or exc.message)[:300]  # the parser quotes the client's bytes
+        # as aiohttp does: not HTTP at all is what the internet sends any open port
+        level = logging.DEBUG if reason == "bad_http_method" else logging.INFO
+        log.log(level, "refused a request from %r: %r (%r)", request.remote, detail, reason)
+        resp = web.json_response({"error": reason, "detail": detail}, status=status)
+        resp.force_close()  # as aiohttp: the parser cannot find where the next request starts
+        return resp
+
+
+class _Server(web.Server):
+    """The server an ``AppRunner`` made for its app (the same handler, request factory
+    and connection settings: keep-alive, logger, access log), making ``_Connection``s:
+    aiohttp's ``Server`` names its connection class, there is no argument for it."""
+
+    def __init__(self, made: web.Server, metrics: ServiceMetrics | None) -> None:
+        super().__init__(
+            made.request_handler, request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation, **made._kwargs,
+        )  # fmt: skip
+        self.metrics = metrics
+
+    def __call__(self) -> web.RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
+
+
+class ServiceRunner(web.AppRunner):
+    """A ``web.AppRunner`` whose connections refuse requests aiohttp's parser cannot read
+    with a JSON reason, counted in the app's metrics (``runtime.gunicorn_worker`` serves
+    every service with it)."""
+
+    __slots__ = ()
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # the app started and frozen
+        return _Server(made, self.app.get(METRICS_KEY))
 
 
 CALLER_KEY = web.RequestKey("caller", Identity)

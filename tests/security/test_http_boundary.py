@@ -1,9 +1,11 @@
-"""The HTTP boundary against hostile clients: what it logs of them, and what it reads of
-a request before the request proves its caller."""
+"""The HTTP boundary against hostile clients: what it logs of them, what it reads of a
+request before the request proves its caller, and what it answers to bytes aiohttp's
+parser cannot read."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -18,10 +20,12 @@ from common.config import FederationConfig
 from common.errors import DecodeError
 from common.ids import LmId
 from runtime import http
+from runtime.prometheus import ServiceMetrics
 from security import signing
 from security.access import Access
 from security.identity import OPERATOR, Identity, gm, lm, workers
 from security.secret import Secret
+from tests import raw_http
 from worker.app import WorkerService, launches_handler
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
@@ -237,3 +241,99 @@ def test_a_launch_log_cursor_below_zero_is_refused_not_a_500() -> None:
     assert asyncio.run(ask(str(-(2**70)))) == (400, "bad_query")
     assert asyncio.run(ask("x")) == (400, "bad_query")
     assert asyncio.run(ask("0")) == (200, "")
+
+
+# ------------------------------------------ bytes aiohttp's parser cannot read
+def metered_lm0_app() -> web.Application:
+    app = lm0_app()
+    app[http.METRICS_KEY] = ServiceMetrics("megha_lm", dict, dict)
+    return app
+
+
+def refused(app: web.Application, reason: str) -> float:
+    metrics = app[http.METRICS_KEY]
+    return metrics.registry.get_sample_value("megha_lm_refused_total", {"reason": reason}) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[int]:
+    """``app`` served as gunicorn serves it (``runtime.gunicorn_worker``): its port."""
+    runner = http.ServiceRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def _ping(headers: dict[str, str], body: bytes = b"") -> bytes:
+    """A ``POST /v1/ping`` as bytes on the wire (the last on its connection)."""
+    lines = [f"{k}: {v}" for k, v in {"Content-Length": str(len(body)), **headers}.items()]
+    return (
+        "\r\n".join(["POST /v1/ping HTTP/1.1", "Host: x", "Connection: close", *lines]) + "\r\n\r\n"
+    ).encode() + body
+
+
+def operator_ping(body: bytes = b"") -> dict[str, str]:
+    key = signing.signing_key(SECRET, OPERATOR, lm("lm0"))
+    return signing.sign("POST", "/v1/ping", body, OPERATOR, key, time.time())
+
+
+def _trouble(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """What was logged as a server's trouble: a warning or worse, or a traceback."""
+    return [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+def test_bytes_the_parser_cannot_read_are_refused_with_a_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp answered them in plain text before any middleware ran, with a traceback at
+    ERROR in the log for each: a JSON refusal with its reason now, counted, one line."""
+    caplog.set_level(logging.DEBUG)
+    app = metered_lm0_app()
+
+    async def run() -> tuple[list[raw_http.Answer], raw_http.Answer]:
+        async with served(app) as port:
+            answers = [
+                await asyncio.to_thread(raw_http.exchange, port, data)
+                for _, data, _ in raw_http.MALFORMED
+            ]
+            ping = _ping(operator_ping())
+            return answers, await asyncio.to_thread(raw_http.exchange, port, ping)
+
+    answers, after = asyncio.run(run())  # each connection closed by the service
+    for (what, _, reason), got in zip(raw_http.MALFORMED, answers, strict=True):
+        assert (got.status, got.content_type) == (400, "application/json"), (what, got.body)
+        assert got.json()["error"] == reason, what
+        assert got.json()["detail"], what
+    assert after.status == 200  # and it serves the next caller
+    reasons = [reason for _, _, reason in raw_http.MALFORMED]
+    assert {r: refused(app, r) for r in reasons} == {r: reasons.count(r) for r in reasons}
+    assert _trouble(caplog) == []
+    lines = [r for r in caplog.records if r.name == "megha.http"]
+    assert len(lines) == len(raw_http.MALFORMED)
+    assert all(_one_line(r.getMessage()) for r in lines)  # the client's bytes escaped
+    levels = {r.levelno for r in lines if "bad_http_method" in r.getMessage()}
+    assert levels == {logging.DEBUG}  # as aiohttp: what any open port gets from the internet
+
+
+def test_a_server_bug_is_still_aiohttps_500(caplog: pytest.LogCaptureFixture) -> None:
+    """Only a client's refusals are the boundary's: a handler that raises is a 500, with
+    its traceback, as aiohttp answers it."""
+
+    async def bug(_: web.Request) -> web.StreamResponse:
+        raise RuntimeError("a bug")
+
+    app = web.Application(middlewares=[http.errors_middleware])
+    app.router.add_get("/bug", bug)
+
+    async def run() -> raw_http.Answer:
+        async with served(app) as port:
+            get = b"GET /bug HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            return await asyncio.to_thread(raw_http.exchange, port, get)
+
+    got = asyncio.run(run())
+    assert (got.status, got.content_type) == (500, "text/plain")
+    assert [r.exc_info is not None for r in _trouble(caplog)] == [True]
