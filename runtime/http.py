@@ -7,9 +7,9 @@ bad input, 503 when not ready), and a path or method no route takes 404 / 405
 (``not_found``, ``method_not_allowed``).  A request aiohttp's parser cannot read (not
 HTTP at all, a bad request line or header, a line too long, a bad chunk) never reaches
 a middleware: ``ServiceRunner``'s connections answer it 400 ``bad_http_method``,
-``line_too_long`` or ``bad_http_request``.  Error bodies are JSON ``{"error": reason,
-"detail": ..., "field": ...}``; success bodies are msgpack.  A body is read whole, up to
-the configured limit.
+``line_too_long`` or ``bad_http_request``, and a body aiohttp cannot decode is 400
+``bad_http_body``.  Error bodies are JSON ``{"error": reason, "detail": ..., "field":
+...}``; success bodies are msgpack.  A body is read whole, up to the configured limit.
 
 Every call but ``GET /health`` is signed (``security.signing``): the caller's
 identity, a timestamp, a nonce and the body's digest under the key of the channel
@@ -128,6 +128,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             status=exc.status,
             headers=allow,
         )
+    except web.RequestPayloadError as exc:  # a body aiohttp cannot decode (its Content-Encoding)
+        _count_refusal(request, "bad_http_body")
+        log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), "bad_http_body")
+        return web.json_response({"error": "bad_http_body", "detail": str(exc)[:300]}, status=400)
 
 
 # ------------------------------------------------- requests no middleware sees
@@ -176,6 +180,16 @@ class _Connection(web.RequestHandler):
         resp = web.json_response({"error": reason, "detail": detail}, status=status)
         resp.force_close()  # as aiohttp: the parser cannot find where the next request starts
         return resp
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        if isinstance(kw.get("exc_info"), web.RequestPayloadError):
+            # a body aiohttp cannot decode (its Content-Encoding) that no handler read, the
+            # request refused on its headers: aiohttp meets it draining the connection
+            # after the answer, and closes the connection.  The client's error, not a
+            # traceback of the server's
+            log.info("undecodable body from %r: %r", self.peername, str(kw["exc_info"]))
+            return
+        super().log_exception(*args, **kw)
 
 
 class _Server(web.Server):

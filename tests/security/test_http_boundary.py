@@ -319,6 +319,31 @@ def test_bytes_the_parser_cannot_read_are_refused_with_a_reason(
     assert levels == {logging.DEBUG}  # as aiohttp: what any open port gets from the internet
 
 
+def test_a_body_aiohttp_cannot_decode_is_refused_not_a_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Content-Encoding: gzip`` on a body that is not: aiohttp raises reading it (500
+    and a traceback) or, unread, while draining the connection after the answer (a
+    traceback): 400 ``bad_http_body``, or the refusal of the headers, and one line."""
+    caplog.set_level(logging.DEBUG)
+    app = metered_lm0_app()
+    body = b"not gzip at all"
+    gzip = {"Content-Encoding": "gzip"}
+
+    async def run() -> list[raw_http.Answer]:
+        async with served(app) as port:
+            return [
+                await asyncio.to_thread(raw_http.exchange, port, _ping({**signed, **gzip}, body))
+                for signed in (operator_ping(body), {})
+            ]
+
+    allowed, unsigned = asyncio.run(run())
+    assert (allowed.status, allowed.json()["error"]) == (400, "bad_http_body")
+    assert (unsigned.status, unsigned.json()["error"]) == (401, "missing_credentials")
+    assert refused(app, "bad_http_body") == 1
+    assert _trouble(caplog) == []
+
+
 def test_a_server_bug_is_still_aiohttps_500(caplog: pytest.LogCaptureFixture) -> None:
     """Only a client's refusals are the boundary's: a handler that raises is a 500, with
     its traceback, as aiohttp answers it."""
