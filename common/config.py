@@ -422,8 +422,10 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             "-m",
             "gunicorn",
             APPS[role],
+            # aiohttp's uvloop worker, with the JSON refusal of requests aiohttp's
+            # parser cannot read (runtime.http.ServiceRunner)
             "--worker-class",
-            "aiohttp.GunicornUVLoopWebWorker",
+            "runtime.gunicorn_worker.Worker",
             "--workers",
             "1",
             "--bind",
