@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -52,6 +53,7 @@ from security import sealing
 from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
+from tests import raw_http
 from tests.e2e.conftest import listen_dead_letters, post, service_state
 
 pytestmark = pytest.mark.e2e
@@ -452,6 +454,43 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
             urllib.request.urlopen(cfg.url(name) + "/v1/state", timeout=10)
         err.value.close()
         assert err.value.code == 401
+
+
+def _refusals(cfg: FederationConfig, name: str) -> dict[str, float]:
+    """A service's ``*_refused_total`` by reason, from its ``/metrics``."""
+    with urllib.request.urlopen(cfg.url(name) + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.findall(r'^megha_\w+_refused_total\{reason="(\w+)"\} (\S+)$', text, re.M)
+    return {reason: float(n) for reason, n in found}
+
+
+@pytest.mark.parametrize("name", ["gm0", "lm0", "lm0-workers"])
+def test_bytes_the_http_parser_cannot_read_are_refused_with_a_reason(
+    fed: Federation, name: str
+) -> None:
+    """Not HTTP, TLS, a bad request line, header, Content-Length or chunk, lines too
+    long: aiohttp's parser refused them before any middleware, as plain text, with a
+    traceback at ERROR in the service's log for each.  Under gunicorn as ``megha up``
+    starts each service: a JSON 400 with its reason, the connection closed, counted,
+    one line at most in the log; and the service serves the next caller."""
+    cfg, home = fed
+    host, port = cfg.address(name)
+    log = home / "logs" / f"{name}.log"
+    logged, before = log.stat().st_size, _refusals(cfg, name)
+    for what, data, reason in raw_http.MALFORMED:
+        got = raw_http.exchange(port, data, host)  # returns once the service closes
+        assert (got.status, got.content_type) == (400, "application/json"), (what, got.body)
+        assert got.json()["error"] == reason, what
+    with urllib.request.urlopen(cfg.url(name) + "/health", timeout=10) as resp:
+        assert resp.status == 200
+    after = _refusals(cfg, name)
+    reasons = [reason for _, _, reason in raw_http.MALFORMED]
+    assert {r: after.get(r, 0) - before.get(r, 0) for r in reasons} == {
+        r: reasons.count(r) for r in reasons
+    }
+    written = log.read_bytes()[logged:]
+    assert b"Traceback" not in written
+    assert b"Error handling request" not in written
 
 
 # ----------------------------------------------------------------- commands
