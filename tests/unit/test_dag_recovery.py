@@ -162,3 +162,26 @@ def test_a_root_on_its_way_to_an_lm_when_its_dag_comes_back_is_sent_once(policy:
     run.finish(a, 3.0)
     run.finish(b, 3.0)
     assert run.place(4.0) == [c.task_id]
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_a_gm_killed_mid_dag_finds_the_parents_ended_and_the_child_running(policy: str) -> None:
+    """The common case of a GM killed mid-DAG: its LM's snapshot says the roots ended
+    (it keeps recent ends) and the child runs.  Nothing runs again; the child's end
+    completes the job."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    job, (a, b, c) = two_stages("je")
+    for n, spec in enumerate((a, b)):
+        lm.handle(launch_req(spec, n), 0.0)
+        lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, n, 1.0), 1.0)
+    lm.handle(launch_req(c, 3), 1.5)
+    gm = fresh_gm(policy, lm)
+    gm.handle(AdmitJob(job=job, redelivered=True), 2.0)
+    assert gm.counters.redelivered_skipped == 3
+    run = Run(gm, lm)
+    assert run.place(3.0) == []
+    assert not gm.queues.has_work()
+    run.node[c.task_id] = (3, 1)
+    run.finish(c, 4.0)
+    assert run.told == [c.task_id]  # the roots' ends were told before the restart
+    assert (U0, job.job_id) not in gm.jobs
