@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
+    KeepEnds,
     LaunchRequest,
     PreemptRequest,
     RegisterWorkers,
@@ -43,6 +44,7 @@ class ToLm:
         LaunchRequest
         | PreemptRequest
         | SnapshotRequest
+        | KeepEnds
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers

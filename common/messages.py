@@ -9,7 +9,7 @@ with ``@message`` may stand alone on the wire; the others travel inside one.
 Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
 
     user  ⇒ GM      SubmitJob                     GM ⇒ user    TaskOutcomes
-    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest
+    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds
     LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
     LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
     LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat,
@@ -140,6 +140,27 @@ class StateUpdated:
 class SnapshotRequest:
     gm: GmId
     lm: LmId
+
+
+ENDS_RETAINED_S = 120.0
+"""How long an LM keeps an ended attempt for its GM's snapshot (``LocalMaster.retain_s``):
+a restarted GM learns from it what of a redelivered job ended, and runs none of it
+again.  A job whose delivery is held longer than a fraction of this is ``KeepEnds``'d."""
+
+
+@message("keep_ends")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepEnds:
+    """GM -> every LM: keep (or, ``keep`` False, stop keeping) the ended attempts of one
+    of its jobs past ``ENDS_RETAINED_S``.  Its delivery is still held, so the job comes
+    back if the GM dies, possibly long after some of its tasks (a DAG's first stages, a
+    flat job's head under overload) ended: the snapshot must still say so."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    job_id: JobId
+    keep: bool
 
 
 # --------------------------------------------------------------- placement

@@ -83,6 +83,9 @@ class GmCounters(Counters):
     external_inconsistencies: int = 0
     rerouted: int = 0
     """Inconsistencies the LM made good by placing on another node (nothing retried)."""
+    jobs_keeping_ends: int = 0
+    """Jobs whose delivery was held so long that their LMs were asked to keep what of
+    them ended (``KeepEnds``), so that a restarted GM runs none of it again."""
     ends_seen: int = 0
     """Task ends (finished or failed) this GM heard of from the LMs."""
     end_lag_s: float = 0.0

@@ -37,6 +37,7 @@ from common.messages import (
     AdmitJob,
     Decide,
     JobRefusal,
+    KeepEnds,
     LaunchRequest,
     LaunchResponse,
     PreemptRequest,
@@ -87,6 +88,7 @@ ROUTES: dict[type, tuple[str, type]] = {
     LaunchRequest: ("/v1/launch", LaunchResponse),
     PreemptRequest: ("/v1/preempt", PreemptResponse),
     SnapshotRequest: ("/v1/snapshot", StateSnapshot),
+    KeepEnds: ("/v1/keep-ends", Refused),  # answered 204 (a refusal is a 4xx)
 }
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""

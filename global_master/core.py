@@ -60,11 +60,13 @@ from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm,
 from common.errors import ConfigError
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
+    ENDS_RETAINED_S,
     AdmitJob,
     AdmitMore,
     Decide,
     EventKind,
     HeldTask,
+    KeepEnds,
     LaunchRequest,
     LaunchResponse,
     Placement,
@@ -207,6 +209,8 @@ class JobRecord:
     """Tasks not yet finished or failed."""
     settled: bool = False
     tasks: list[TaskKey] = field(default_factory=list)
+    keeps_ends: bool = False
+    """The LMs were asked to keep its ended attempts (``KeepEnds``) until it settles."""
 
 
 @dataclass(slots=True)
@@ -272,12 +276,23 @@ class GlobalMaster:
         journal: Journal | None = None,
         overload: OverloadPolicy | None = None,
         admit_slice: int = 1000,
+        keep_ends_after_s: float = ENDS_RETAINED_S / 4,
     ) -> None:
         if admit_slice < 1:
             raise ConfigError(f"admit_slice must be >= 1, got {admit_slice}")
+        if not 0.0 <= keep_ends_after_s < ENDS_RETAINED_S:
+            raise ConfigError(
+                f"keep_ends_after_s must be in [0, {ENDS_RETAINED_S:g}), got {keep_ends_after_s}"
+            )
         self.gm_id = gm_id
         self.admit_slice = admit_slice
         """Tasks of one job checked or queued per step (larger jobs take several)."""
+        self.keep_ends_after_s = keep_ends_after_s
+        """A job whose delivery is held this long has its LMs keep its ended attempts
+        (``KeepEnds``) until it settles: well within what they keep anyway
+        (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
+        self._keep_due: deque[tuple[float, JobKey]] = deque()
+        """Jobs by when their ends are to be kept (in admission order)."""
         self.admitting: dict[JobKey, Admission] = {}
         """Jobs admitted in slices, not yet wholly queued."""
         self.held_admissions: dict[UserId, deque[tuple[AdmitJob, float]]] = {}
@@ -413,13 +428,16 @@ class GlobalMaster:
         (``_grace_due``) wakes none before ``_grace_check``, and none at all while no user
         is starved; and it flushes held launches (``_deferred``), which repartition
         batching may let go by time alone: -inf then.  ``math.inf``: no work driven by
-        time; a time at or before now: the next update may act.
+        time; a time at or before now: the next update may act.  An update also asks
+        the LMs to keep the ends of jobs held long (``_keep_ends_due``): from the first
+        such job's time.
         """
         if self._deferred:
             return -math.inf
+        keep = self._keep_due[0][0] if self._keep_due else math.inf
         if self._index and self.waiting and self._starved:
-            return self._grace_check
-        return math.inf
+            return min(keep, self._grace_check)
+        return keep
 
     def _request_id(self) -> int:
         self._next_request += 1
@@ -567,6 +585,10 @@ class GlobalMaster:
             record.tasks = keys
             self.jobs[jk] = record
             self.counters.jobs_admitted += 1
+            if adm.redelivered:  # it came back: its ends are kept from the next update on
+                self._keep_due.appendleft((now, jk))  # (no later than any due left there)
+            else:
+                self._keep_due.append((now + self.keep_ends_after_s, jk))
             if end < len(keys):
                 adm.pending = set(keys[end:])
         else:
@@ -586,6 +608,28 @@ class GlobalMaster:
                 if t.key not in skip:
                     self.queues.push_back(t)
         return self._resume(adopted, ended, dag is not None, now)
+
+    def _keep_ends(self, jk: JobKey, record: JobRecord, keep: bool = True) -> list[Effect]:
+        """Ask every LM to keep (or let go) the ended attempts of job ``jk``."""
+        record.keeps_ends = keep
+        if keep:
+            self.counters.jobs_keeping_ends += 1
+        user, job_id = jk
+        return [
+            ToLm(lm, KeepEnds(gm=self.gm_id, lm=lm, user=user, job_id=job_id, keep=keep))
+            for lm in self.lms
+        ]
+
+    def _keep_ends_due(self, now: float) -> list[Effect]:
+        """Jobs held ``keep_ends_after_s`` and not settled: their LMs keep their ends."""
+        due = self._keep_due
+        effects: list[Effect] = []
+        while due and due[0][0] <= now:
+            _, jk = due.popleft()
+            record = self.jobs.get(jk)
+            if record is not None and not record.settled and not record.keeps_ends:
+                effects += self._keep_ends(jk, record)
+        return effects
 
     def _resume(
         self, adopted: list[Task], ended: list[tuple[Task, Ended]], dag: bool, now: float
@@ -753,6 +797,8 @@ class GlobalMaster:
             rec.settled = True
             self.counters.jobs_settled += 1
             effects.append(JobSettled(task.job_id, task.user))
+            if rec.keeps_ends:  # acknowledged: it cannot come back
+                effects += self._keep_ends((task.user, task.job_id), rec, keep=False)
 
     def _ended(
         self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True
@@ -1473,7 +1519,10 @@ class GlobalMaster:
                 self.counters.tasks_adopted += 1
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
-        return self._apply(msg.delta)
+        effects = self._apply(msg.delta)
+        if self._keep_due and self._keep_due[0][0] <= now:
+            effects += self._keep_ends_due(now)
+        return effects
 
     # --------------------------------------------------------------- answers
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:

@@ -34,7 +34,9 @@ componentwise and ``free + sum(demand of active tasks on it) == capacity`` while
 node is alive; every task is active at most once; ``version`` is monotone.
 
 Memory: finished attempts are remembered only for ``retain_s`` seconds (to refuse
-late duplicate launches), as tuples of atoms the collector untracks (``EndedRow``);
+late duplicate launches), as tuples of atoms the collector untracks (``EndedRow``) --
+except those of a job its GM asked to keep (``KeepEnds``: its delivery is held long,
+and a restarted GM must learn what of it ended), kept until the GM lets them go;
 nothing else outlives its task.
 
 No clocks, sockets or randomness: ``now`` is an argument, effects are returned.
@@ -48,14 +50,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
+    ENDS_RETAINED_S,
     CheckWorkers,
     ClusterLayout,
     EndedAttempt,
     EventKind,
     Heartbeat,
     HeldTask,
+    KeepEnds,
     LaunchRequest,
     LaunchResponse,
     PlacedRef,
@@ -82,6 +86,8 @@ from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
+JobKeyAt = tuple[GmId, UserId, JobId]
+"""A job as an LM keeps its ends: its GM, user and id."""
 RECENT_REPARTITIONS = 64
 
 
@@ -178,7 +184,7 @@ class LocalMaster:
         gms: Sequence[GmId] = (),
         epoch: int = 0,
         log_limit: int | None = None,
-        retain_s: float = 120.0,
+        retain_s: float = ENDS_RETAINED_S,
         report_starts: bool = False,
         awaiting_workers: bool = False,
         victims_younger_than_wait: bool = False,
@@ -214,6 +220,10 @@ class LocalMaster:
         """Attempts that ended here in the last ``retain_s`` seconds: a late duplicate
         launch is recognised, and a restarted GM learns what already ran."""
         self.retain_s = retain_s
+        self.keep_ends: set[JobKeyAt] = set()
+        """Jobs (GM, user, job) whose GM asked that their ended attempts be kept."""
+        self.kept: dict[JobKeyAt, dict[TaskKey, tuple[GmId, EndedRow, float]]] = {}
+        """Ended attempts of those jobs past ``retain_s``, until their GM lets them go."""
         self.report_starts = report_starts
         self.victims_younger_than_wait = victims_younger_than_wait
         """Preempt only tasks that ran for less time than the requester waited
@@ -236,6 +246,7 @@ class LocalMaster:
             LaunchRequest: self._on_launch,
             PreemptRequest: self._on_preempt,
             SnapshotRequest: self._on_snapshot_request,
+            KeepEnds: self._on_keep_ends,
             WorkerReports: self._on_worker_reports,
             WorkerHeartbeat: self._on_worker_heartbeat,
             RegisterWorkers: self._on_register,
@@ -306,7 +317,10 @@ class LocalMaster:
         held: tuple[HeldTask, ...] = ()
         if gm is not None:
             held = tuple(a.held() for a in self.active.values() if a.gm == gm) + tuple(
-                held_of(row) for g, row, _ in self.done.values() if g == gm
+                held_of(row)
+                for ended in (self.done, *self.kept.values())
+                for g, row, _ in ended.values()
+                if g == gm
             )
         return StateSnapshot(layout=self.layout(), state=self.delta_since(-1), held=held)
 
@@ -642,6 +656,21 @@ class LocalMaster:
             return [Reply(Refused(reason="unknown_gm", detail=f"{req.gm} is not a GM here"))]
         return [Reply(self.snapshot(req.gm))]
 
+    def _on_keep_ends(self, msg: KeepEnds, now: float) -> list[Effect]:
+        """A GM keeps (or lets go) the ended attempts of one of its jobs past ``retain_s``."""
+        del now
+        if msg.lm != self.lm_id:
+            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        if msg.gm not in self.gms:
+            return [Reply(Refused(reason="unknown_gm", detail=f"{msg.gm} is not a GM here"))]
+        job = (msg.gm, msg.user, msg.job_id)
+        if msg.keep:
+            self.keep_ends.add(job)
+        else:
+            self.keep_ends.discard(job)
+            self.kept.pop(job, None)
+        return []
+
     # ---------------------------------------------------------------- workers
     def _event(self, kind: EventKind, a: ActiveTask, now: float, detail: str = "") -> TaskEvent:
         return TaskEvent(
@@ -969,8 +998,12 @@ class LocalMaster:
         done = self.done
         horizon = now - self.retain_s
         while done:
-            _, (_, _, retired_at) = next(iter(done.items()))
-            if retired_at > horizon:
+            key, entry = next(iter(done.items()))
+            if entry[2] > horizon:
                 break
             done.popitem(last=False)
+            if self.keep_ends:
+                job = (entry[0], key[0], entry[1][_JOB])
+                if job in self.keep_ends:
+                    self.kept.setdefault(job, {})[key] = entry
         return [ToAllGms(StateUpdated(delta=delta))]

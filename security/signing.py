@@ -460,8 +460,10 @@ def _rule(
 
 
 ACCESS_POLICY: tuple[Rule, ...] = (
-    # GMs ask any LM to launch, preempt, and for a fresh snapshot.
-    _rule([Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot"], Role.GM),
+    # GMs ask any LM to launch, preempt, for a fresh snapshot, and to keep a job's ends.
+    _rule(
+        [Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends"], Role.GM
+    ),
     # An LM's worker pool reports to, heartbeats and registers with its own LM only.
     _rule(
         [Role.LM],

@@ -34,6 +34,7 @@ from common.config import FederationConfig
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     EventKind,
+    KeepEnds,
     LaunchRequest,
     Placement,
     SnapshotRequest,
@@ -436,12 +437,19 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
     # a GM that speaks in another GM's name (its launches, its snapshots)
     for msg, where in (
         (SnapshotRequest(gm=GmId("gm1"), lm=LmId("lm0")), "/v1/snapshot"),
+        (KeepEnds(gm=GmId("gm1"), lm=LmId("lm0"), user=UserId("u0"), job_id=JobId("j"),
+                  keep=True), "/v1/keep-ends"),
         (LaunchRequest(gm=GmId("gm1"), lm=LmId("lm0"), request_id=1, known_version=-1,
                        placements=(_placement(),)), "/v1/launch"),
     ):  # fmt: skip
         raw = codec.encode(msg)
         signed = me.sign(lm("lm0"), "POST", where, raw, time.time())
         assert post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
+    # ... while in its own name it may (a job of its held long: 204, nothing to answer)
+    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), user=UserId("u0"),
+                                job_id=JobId("j"), keep=False))  # fmt: skip
+    signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time())
+    assert post(cfg.lm_url("lm0") + "/v1/keep-ends", raw, signed)[0] == 204
     # a pool that reports in another LM's name
     rep = codec.encode(WorkerHeartbeat(lm=LmId("lm1"), nodes=(NodeIndex(0),), at=time.time()))
     signed = as_party(cfg, home, workers("lm0")).sign(

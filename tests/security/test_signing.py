@@ -358,6 +358,7 @@ def test_signed_responses_are_bound_to_their_request() -> None:
         (gm("gm0"), lm("lm0"), "POST", "/v1/launch"),
         (gm("gm1"), lm("lm0"), "POST", "/v1/preempt"),
         (gm("gm0"), lm("lm1"), "POST", "/v1/snapshot"),
+        (gm("gm1"), lm("lm1"), "POST", "/v1/keep-ends"),
         (workers("lm0"), lm("lm0"), "POST", "/v1/worker-report"),
         (workers("lm0"), lm("lm0"), "POST", "/v1/worker-heartbeat"),
         (workers("lm1"), lm("lm1"), "POST", "/v1/register"),
@@ -381,6 +382,8 @@ def test_the_policy_allows_exactly_the_listed_calls(
     [
         (workers("lm0"), lm("lm1"), "POST", "/v1/worker-report"),  # another LM's pool
         (workers("lm0"), lm("lm0"), "POST", "/v1/launch"),  # a pool launching
+        (user("alice"), lm("lm0"), "POST", "/v1/keep-ends"),  # only GMs keep their jobs' ends
+        (workers("lm0"), lm("lm0"), "POST", "/v1/keep-ends"),
         (lm("lm1"), workers("lm0"), "POST", "/v1/start"),  # another LM's pool
         (gm("gm0"), workers("lm0"), "POST", "/v1/start"),  # a GM straight to workers
         (user("alice"), lm("lm0"), "POST", "/v1/launch"),

@@ -6,18 +6,38 @@ DAG again.  No event loop, no sleeps."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
-from common.effects import ToGm, ToUser
-from common.ids import GmId, UserId
-from common.messages import AdmitJob, ReportKind, StageSpec, SubmitJob, TaskEvents
+from common.effects import JobSettled, Reply, ToGm, ToLm, ToUser
+from common.ids import GmId, JobId, LmId, UserId
+from common.messages import (
+    AdmitJob,
+    Heartbeat,
+    KeepEnds,
+    Refused,
+    ReportKind,
+    StageSpec,
+    StateUpdated,
+    SubmitJob,
+    TaskEvents,
+)
 from common.model import TaskSpec, TaskState, UserConfig
 from global_master.core import GlobalMaster, resume_id
 from global_master.policy import POLICIES, make_policy
 from local_master.core import LocalMaster
-from tests.conftest import decide, key, launch_req, launches, make_lm, make_task, report, state
+from tests.conftest import (
+    decide,
+    key,
+    launch_req,
+    launches,
+    make_lm,
+    make_task,
+    report,
+    state,
+    submit,
+)
 
 U0 = UserId("u0")
 
@@ -185,3 +205,119 @@ def test_a_gm_killed_mid_dag_finds_the_parents_ended_and_the_child_running(polic
     run.finish(c, 4.0)
     assert run.told == [c.task_id]  # the roots' ends were told before the restart
     assert (U0, job.job_id) not in gm.jobs
+
+
+# ------------------------------------------------- ends kept while a job is held
+def keep(lm: LocalMaster, job: str, on: bool, gm: str = "gm0") -> list[object]:
+    msg = KeepEnds(gm=GmId(gm), lm=lm.lm_id, user=U0, job_id=JobId(job), keep=on)
+    return lm.handle(msg, 0.0)  # type: ignore[return-value]
+
+
+def snapshot_ends(lm: LocalMaster) -> set[str]:
+    return {h.spec.task_id for h in lm.snapshot(GmId("gm0")).held if h.ended_at >= 0}
+
+
+def test_an_lm_keeps_the_ends_of_a_job_its_gm_holds_past_its_retention() -> None:
+    lm = make_lm(nodes=[(4, 4)] * 2)
+    lm.retain_s = 10.0
+    held, other = make_task(job="held"), make_task(job="other")
+    assert keep(lm, "held", True) == []
+    for n, spec in enumerate((held, other)):
+        lm.handle(launch_req(spec, n), 0.0)
+        lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, n, 1.0), 1.0)
+    lm.handle(Heartbeat(), 5.0)
+    assert snapshot_ends(lm) == {held.task_id, other.task_id}
+    lm.handle(Heartbeat(), 20.0)  # past retention: only the held job's end stays
+    assert snapshot_ends(lm) == {held.task_id}
+    assert keep(lm, "held", False) == []  # settled: let go at once
+    assert snapshot_ends(lm) == set()
+    assert not lm.keep_ends
+    assert not lm.kept
+
+
+def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> None:
+    lm = make_lm(nodes=[(4, 4)])
+    other = KeepEnds(gm=GmId("gm0"), lm=LmId("lm9"), user=U0, job_id=JobId("j"), keep=True)
+    for msg, reason in (
+        (keep(lm, "j", True, gm="gm9"), "unknown_gm"),
+        (lm.handle(other, 0.0), "wrong_lm"),
+    ):
+        assert msg == [Reply(Refused(reason=reason, detail=msg[0].msg.detail))]  # type: ignore[attr-defined]
+    assert not lm.keep_ends
+
+
+def keeps(effects: Sequence[object]) -> list[tuple[str, str, bool]]:
+    return [
+        (e.lm, e.msg.job_id, e.msg.keep)
+        for e in effects
+        if isinstance(e, ToLm) and isinstance(e.msg, KeepEnds)
+    ]
+
+
+def test_a_gm_has_every_lm_keep_the_ends_of_a_job_it_holds_long_until_it_settles() -> None:
+    lm0, lm1 = make_lm("lm0", nodes=[(4, 4)]), make_lm("lm1", nodes=[(4, 4)])
+    users = [UserConfig(user=U0, gm=GmId("gm0"), share=1.0)]
+    gm = GlobalMaster(GmId("gm0"), [lm0.lm_id, lm1.lm_id], users, keep_ends_after_s=30.0)
+    for lm in (lm0, lm1):
+        gm.handle(lm.snapshot(gm.gm_id), 0.0)
+    quick = make_task(job="quick")
+    a, b = make_task(4, 4, job="long"), make_task(4, 4, job="long")
+    submit(gm, [quick], 0.0)
+    submit(gm, [a, b], 0.0)
+    for req in launches(decide(gm, 1.0, max_tasks=8)):
+        (answer, *_) = (lm0 if req.lm == "lm0" else lm1).handle(req, 1.0)
+        gm.handle(answer.msg, 1.0)  # type: ignore[attr-defined]
+    # quick settled at once; long has a task that found no room: held
+    assert gm.jobs[(U0, JobId("quick"))].settled
+    assert not gm.jobs[(U0, JobId("long"))].settled
+    beat = lm0.snapshot(gm.gm_id).state
+    assert keeps(gm.handle(StateUpdated(delta=beat), 29.0)) == []
+    assert gm.unchanged_until() == 30.0
+    assert keeps(gm.handle(StateUpdated(delta=beat), 30.0)) == [
+        ("lm0", "long", True), ("lm1", "long", True),
+    ]  # fmt: skip
+    assert gm.counters.jobs_keeping_ends == 1
+    assert keeps(gm.handle(StateUpdated(delta=beat), 40.0)) == []  # asked once
+    # its last task placed: acknowledged, the LMs let its ends go
+    placed = next(s for s in (a, b) if state(gm, s) is TaskState.PLACED)
+    lm_of = gm.tasks_of([key(placed)])[0].lm
+    holder = lm0 if lm_of == "lm0" else lm1
+    ended = holder.handle(report(holder.lm_id, ReportKind.FINISHED, placed, 0, 41.0), 41.0)
+    gm.handle(TaskEvents(lm=holder.lm_id, events=tuple(e.msg for e in ended if isinstance(e, ToGm))), 41.0)  # fmt: skip
+    out: list[object] = []
+    for _ in range(3):
+        for req in launches(decide(gm, 42.0, max_tasks=8)):
+            (answer, *_) = (lm0 if req.lm == "lm0" else lm1).handle(req, 42.0)
+            out += gm.handle(answer.msg, 42.0)  # type: ignore[attr-defined]
+    assert JobSettled(JobId("long"), U0) in out
+    assert keeps(out) == [("lm0", "long", False), ("lm1", "long", False)]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "carbyne"])
+def test_a_dag_held_past_the_lms_retention_runs_nothing_again_after_a_gm_restart(
+    policy: str,
+) -> None:
+    """The roots ended minutes before the GM died; its LM would have forgotten them by
+    then, but the GM had asked it to keep them: the restarted GM runs only the child."""
+    lm = make_lm(nodes=[(4, 4)] * 4)
+    old = fresh_gm(policy, lm)
+    job, (a, b, c) = two_stages("jf")
+    old.handle(AdmitJob(job=job), 0.0)
+    run = Run(old, lm)
+    assert sorted(run.place(0.5)) == sorted([a.task_id, b.task_id])
+    run.finish(a, 5.0)
+    t = 5.0
+    while t < 400.0:  # heartbeats: the LM's state to the GM, the GM's asks to the LM
+        t += 10.0
+        for e in lm.handle(Heartbeat(), t):
+            for ask in old.handle(e.msg, t):  # type: ignore[attr-defined]
+                if isinstance(ask, ToLm):
+                    assert lm.handle(ask.msg, t) == []
+    assert a.task_id in snapshot_ends(lm)  # kept long past retain_s
+    new = fresh_gm(policy, lm)
+    new.handle(AdmitJob(job=job, redelivered=True), 401.0)
+    assert Run(new, lm).place(402.0) == []  # a ended, b runs: nothing to run again
+    again = Run(new, lm)
+    again.node[b.task_id] = run.node[b.task_id]
+    again.finish(b, 403.0)
+    assert again.place(404.0) == [c.task_id]

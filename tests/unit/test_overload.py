@@ -294,6 +294,10 @@ def test_unchanged_until_without_a_starved_user_is_never() -> None:
     assert drain(gm, 1.0) == []
     assert len(gm.waiting) == 3
     tell(gm, lm, 2.0)
+    # no time wakes the waiting tasks; only their held jobs' ends are kept from a time on
+    assert gm.unchanged_until() == gm.keep_ends_after_s
+    tell(gm, lm, gm.keep_ends_after_s)  # that update asks the LM to keep them
+    assert all(r.keeps_ends for r in gm.jobs.values())
     assert gm.unchanged_until() == float("inf")
 
 
