@@ -600,7 +600,7 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument(
         "--jobs", dest="jobs_file", help="submit the DAG jobs of this file (see README: DAG jobs)"
     )
-    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace")
+    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace or job file")
     p.add_argument(
         "--jobs-count", dest="jobs", type=int, default=jobs, help="synthetic jobs (without --trace)"
     )

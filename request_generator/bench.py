@@ -46,6 +46,7 @@ from common.metrics import (
     usage_samples,
 )
 from common.model import Task, TaskKey, TaskSpec, new_task
+from request_generator.dag_workload import scale_jobs
 from request_generator.report import TaskCsv, plot_cdfs, plot_components
 from request_generator.submitter import Submitter
 from request_generator.workload import (
@@ -122,7 +123,13 @@ def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
 
 def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJob]:
     if opts.jobs_file:
-        return _stamp_run(list(_dag_workload(cfg, opts.jobs_file)), opts)
+        dags = scale_jobs(
+            _dag_workload(cfg, opts.jobs_file),
+            time_scale=opts.time_scale,
+            duration_scale=opts.duration_scale,
+            limit_jobs=opts.limit_jobs,
+        )
+        return _stamp_run(list(dags), opts)
     spec = WorkloadSpec(
         profile=cfg.profile,
         constraints=cfg.constraints,

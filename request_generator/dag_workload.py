@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.dag import DagJob, levels, make_job
 from common.errors import ConfigError
@@ -114,6 +114,28 @@ def synthetic_dag_jobs(
         user = users[k % len(users)].user
         jobs.append(synthetic_dag(f"d{k}", user, round(t, 6), node_capacity, rng, shape))
     return jobs
+
+
+def scale_jobs(
+    jobs: Sequence[DagJob],
+    *,
+    time_scale: float = 1.0,
+    duration_scale: float = 1.0,
+    limit_jobs: int | None = None,
+) -> list[DagJob]:
+    """The first ``limit_jobs`` of ``jobs`` (all: None), arrivals multiplied by
+    ``time_scale`` and task durations by ``duration_scale``, in place: what
+    ``--time-scale``, ``--duration-scale`` and ``--limit-jobs`` do to a trace, for DAG
+    jobs (synthetic or from a job file)."""
+    if limit_jobs is not None and limit_jobs < 1:
+        raise ConfigError(f"limit_jobs must be at least 1, got {limit_jobs}", reason="bad_workload")
+    kept = list(jobs if limit_jobs is None else jobs[:limit_jobs])
+    for j in kept:
+        j.arrival *= time_scale
+        if duration_scale != 1.0:
+            for t in j.tasks:
+                t.spec = replace(t.spec, duration=t.spec.duration * duration_scale)
+    return kept
 
 
 def carbyne_fig2_jobs() -> list[DagJob]:

@@ -19,7 +19,6 @@ import copy
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from common.ids import GmId, UserId
 from common.metrics import jain, jct_stats, summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
-from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
+from request_generator.dag_workload import dag_stats, scale_jobs, synthetic_dag_jobs
 from simulator.megha_sim import (
     MeghaSimulation,
     SimConfig,
@@ -288,16 +287,18 @@ def run_point(
                 reason="unknown_user",
             )
         width = len(names)
+        limit = args.limit_jobs
     else:
         width = 2 if args.profile == "paper" else 1
         node = profile("paper").node_capacity if width == 2 else DAG_NODE_CAPACITY[1]
         jobs = synthetic_dag_jobs(
             args.jobs_count, rate=args.rate, users=users, node_capacity=node, rng=rng
         )
-        for j in jobs:
-            j.arrival *= args.time_scale
-            for t in j.tasks:
-                t.spec = replace(t.spec, duration=t.spec.duration * args.duration_scale)
+        limit = None
+    # a job file is scaled as a trace is (and as synthetic DAGs are)
+    jobs = scale_jobs(
+        jobs, time_scale=args.time_scale, duration_scale=args.duration_scale, limit_jobs=limit
+    )
     arrivals: str = args.arrivals
     jobs = with_arrivals(jobs, arrivals)
     clusters = _clusters_for(args, width, gm_ids, workers, n_lms, rng)
