@@ -40,26 +40,38 @@ def read_trace(path: str | Path, *, limit_jobs: int | None = None) -> list[Trace
     blanks (exactly ``n`` durations; ``#`` starts a comment, blank lines are
     skipped).  Numbers are finite, durations and the arrival non-negative, ``n`` a
     positive integer; ``mean`` is checked but not used (the durations are).  The first
-    ``limit_jobs`` jobs of the file are kept.  A malformed line is a ``ConfigError``
-    naming it and what is wrong (reason ``bad_trace``)."""
+    ``limit_jobs`` jobs of the file are kept, and the file is read no further (it is
+    read a line at a time: a long trace is never held whole).  A malformed line is a
+    ``ConfigError`` naming it and what is wrong (reason ``bad_trace``)."""
     if limit_jobs is not None and limit_jobs < 1:
         raise ConfigError(f"limit_jobs must be at least 1, got {limit_jobs}", reason="bad_trace")
     jobs: list[TraceJob] = []
     p = Path(path)
+    lineno = 0
     try:
-        lines = p.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        with p.open("rb") as f:
+            for k, raw in enumerate(f):
+                try:
+                    text = raw.decode("utf-8-sig" if k == 0 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(
+                        f"{p}:{lineno + 1}: not UTF-8 text ({exc.reason})",
+                        reason="trace_unreadable",
+                    ) from None
+                # the lines of str.splitlines: CRLF, CR, and \f, \x1c.. break lines too
+                for line in text.splitlines():
+                    lineno += 1
+                    fields = line.split("#", 1)[0].split()
+                    if not fields:
+                        continue
+                    try:
+                        jobs.append(_trace_line(fields))
+                    except ValueError as exc:
+                        raise ConfigError(f"{p}:{lineno}: {exc}", reason="bad_trace") from None
+                    if limit_jobs is not None and len(jobs) >= limit_jobs:
+                        return sorted(jobs, key=lambda j: j.arrival)
+    except OSError as exc:
         raise ConfigError(f"cannot read trace {p}: {exc}", reason="trace_unreadable") from exc
-    for lineno, line in enumerate(lines, 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        try:
-            jobs.append(_trace_line(fields))
-        except ValueError as exc:
-            raise ConfigError(f"{p}:{lineno}: {exc}", reason="bad_trace") from None
-        if limit_jobs is not None and len(jobs) >= limit_jobs:
-            break
     jobs.sort(key=lambda j: j.arrival)
     return jobs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,32 @@ def test_a_file_that_is_not_text_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         read_trace(p)
     assert err.value.reason == "trace_unreadable"
+
+
+def _long_trace(tmp_path: Path, jobs: int, tail: bytes = b"") -> Path:
+    p = tmp_path / "long.tr"
+    line = "0.5 4 1.0 1.0 1.0 1.0 1.0\n"
+    p.write_bytes(line.encode() * jobs + tail)
+    return p
+
+
+def test_limit_jobs_reads_no_further_than_the_jobs_it_keeps(tmp_path: Path) -> None:
+    """A long trace cut to its first jobs is not held whole in memory, and what lies
+    past them (a truncated or corrupt copy's tail) is not read."""
+    p = _long_trace(tmp_path, 200_000, tail=b"\xff\xfe garbage\n")  # 5.4 MB, then junk
+    tracemalloc.start()
+    try:
+        jobs = read_trace(p, limit_jobs=3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert jobs == [TraceJob(0.5, (1.0,) * 4)] * 3
+    assert peak < 1_000_000  # the file is 5.4 MB: a few read buffers, not the text
+
+
+def test_a_trace_that_stops_being_text_names_where(tmp_path: Path) -> None:
+    p = _long_trace(tmp_path, 20_000, tail=b"# a comment\n\xff\xfe garbage\n")
+    with pytest.raises(ConfigError) as err:
+        read_trace(p)
+    assert err.value.reason == "trace_unreadable"
+    assert str(err.value) == f"{p}:20002: not UTF-8 text (invalid start byte)"
