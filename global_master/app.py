@@ -136,6 +136,9 @@ class GmService:
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
         self.http: aiohttp.ClientSession | None = None
         self.lms: dict[LmId, Peer] = {}
+        self._keep_ends_order: dict[LmId, asyncio.Lock] = {}
+        """``KeepEnds`` to one LM leave in the order the core made them (a lock is FIFO): a
+        job's "keep" retried while its LM is away never lands after its "let go"."""
         self.deliveries: dict[tuple[UserId, JobId, bool], AbstractIncomingMessage] = {}
         """Jobs taken from the users' queues, until settled: by user, job id, and
         whether they are tasks this GM returned (their ids may be a user's job's)."""
@@ -384,6 +387,10 @@ class GmService:
             reply = await self._ask_until_answered(peer, path, expect, msg)
             if reply is None:
                 return
+        elif isinstance(msg, KeepEnds):
+            async with self._keep_ends_order.setdefault(eff.lm, asyncio.Lock()):
+                await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
+            return
         else:
             reply = await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
         if reply is not None:

@@ -66,3 +66,32 @@ def test_a_job_the_core_raises_on_ends_explicitly_and_is_not_held(
     asyncio.run(svc._admit(U0, job, Delivery(redelivered=True)))  # type: ignore[arg-type]
     assert fed == [AdmitJob(job=job, redelivered=True)]
     assert (U0, JobId("j"), False) in svc.deliveries
+
+
+def test_keep_ends_to_one_lm_leave_in_the_order_the_core_made_them(tmp_path: Path) -> None:
+    """A job's "keep" retried while its LM is away must not land after its "let go"
+    (the LM would keep the job's ends for ever): posts to one LM go one after another."""
+    from common.effects import ToLm
+    from common.ids import LmId
+    from common.messages import KeepEnds
+
+    svc, _ = service(tmp_path)
+    landed: list[bool] = []
+
+    class SlowFirst:
+        async def post(self, path: str, msg: KeepEnds, **_: Any) -> None:
+            assert path == "/v1/keep-ends"
+            if msg.keep:  # the LM is away: the first post takes a while to land
+                await asyncio.sleep(0.05)
+            landed.append(msg.keep)
+
+    lm0 = LmId("lm0")
+    svc.lms[lm0] = SlowFirst()  # type: ignore[assignment]
+
+    async def both() -> None:
+        asks = [KeepEnds(gm=GmId("gm0"), lm=lm0, user=U0, job_id=JobId("j"), keep=k)
+                for k in (True, False)]  # fmt: skip
+        await asyncio.gather(*(svc._send(ToLm(lm0, m)) for m in asks))
+
+    asyncio.run(both())
+    assert landed == [True, False]
