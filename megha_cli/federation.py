@@ -30,6 +30,7 @@ from common.errors import ConfigError, MeghaError
 from megha_cli import secure
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
+from runtime.retry import GiveUp
 from security.access import Access, identity_of_process, tokens_dir
 from security.files import ensure_private_dir
 
@@ -508,13 +509,19 @@ def bench_sections(summary: dict[str, Any]) -> list[Section]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    home = state_dir(args.state_dir)
     try:
+        if args.config is None:  # the federation `megha up` recorded here, as status reads it
+            _recorded(home)
         cfg = _config_for(args, fresh=False)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
-        summary = run_bench_shown(cfg, args, state_dir(args.state_dir))
+        summary = run_bench_shown(cfg, args, home)
     except MeghaError as exc:
         print(f"megha bench: {exc}", file=sys.stderr)
+        return 1
+    except GiveUp as exc:  # the broker stayed unreachable, or the federation's queues went
+        print(f"megha bench: {exc} (is the federation up? `megha status`)", file=sys.stderr)
         return 1
     show(bench_sections(summary), quiet=args.quiet)
     print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
@@ -667,8 +674,8 @@ def restart_service(home: Path, cfg: FederationConfig, name: str) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
-        cfg = load_config(home / "federation.toml")
         procs = _recorded(home)
+        cfg = load_config(home / "federation.toml")
         if args.service not in procs:
             raise ConfigError(f"no service {args.service!r} here (services: {', '.join(procs)})")
         new = restart_service(home, cfg, args.service)

@@ -4,14 +4,19 @@ wrong and what to do, a non-zero exit code, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from common.config import FederationConfig, load_config
 from megha_cli import federation
 from megha_cli.main import INTERRUPTED, main
+from runtime.broker import TopologyMissing
+from runtime.retry import GiveUp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,3 +59,47 @@ def test_a_closed_pipe_ends_quietly() -> None:
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=30) == 1
     assert err == ""
+
+
+# ------------------------------------------------------------- no federation here
+def record_federation(home: Path) -> FederationConfig:
+    """A federation as `megha up` records it (nothing runs)."""
+    cfg = load_config(None)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "federation.toml").write_text(cfg.to_toml())
+    (home / "pids.json").write_text(json.dumps({"name": cfg.name, "processes": []}))
+    return cfg
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["bench"], ["restart", "gm0"]])
+def test_without_a_federation_says_start_one(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--state-dir", str(tmp_path)]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line == (
+        f"megha {command[0]}: no federation recorded in {tmp_path} (start one with `megha up`)"
+    )
+
+
+def test_bench_broker_gone_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_federation(tmp_path)
+
+    def gone(*_: object) -> dict[str, object]:
+        raise GiveUp("submitter: connect to the broker", 30, TopologyMissing("queue 'q' gone"))
+
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(federation, "run_bench_shown", gone)
+    assert main(["bench", "--state-dir", str(tmp_path), "--quiet"]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("megha bench: submitter: connect to the broker: gave up")
+    assert "megha status" in line
