@@ -33,7 +33,7 @@ from common import codec
 from common.cluster import profile
 from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
-from common.errors import ConfigError, DecodeError
+from common.errors import ConfigError, DecodeError, MeghaError
 from common.ids import JobId, LmId, TaskId, UserId
 from common.metrics import (
     DuplicateLaunches,
@@ -488,16 +488,35 @@ async def _submit_all(
         async with sem:
             job.arrival = await sub.submit(job)  # wall clock from here on: JCT, fairness
 
-    async with asyncio.TaskGroup() as tg:
-        for job in jobs:
-            delay = t0 + job.arrival - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tg.create_task(submit(job))
-            if time.time() >= next_report:
-                next_report += REPORT_EVERY_S
-                _report(opts, sub, n_tasks, t0)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for job in jobs:
+                delay = t0 + job.arrival - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tg.create_task(submit(job))
+                if time.time() >= next_report:
+                    next_report += REPORT_EVERY_S
+                    _report(opts, sub, n_tasks, t0)
+    except ExceptionGroup as group:  # a refused submission: the error itself, not its group
+        refused = group.subgroup(MeghaError)
+        if refused is None:
+            raise
+        raise _first(refused) from None
     return time.time() - t0
+
+
+def _first(group: BaseExceptionGroup[MeghaError]) -> MeghaError:
+    """The first error of a (nested) group."""
+    exc = group.exceptions[0]
+    return _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
+
+
+def check_tokens(sub: Submitter, jobs: Iterable[Job | DagJob]) -> None:
+    """Every user of the workload has a token (``SubmissionRefused`` naming the first
+    who has none), before anything is sent."""
+    for user in dict.fromkeys(j.user for j in jobs):
+        sub.token(user)
 
 
 async def _wait_done(sub: Submitter, n_tasks: int, opts: BenchOptions) -> None:
@@ -529,8 +548,9 @@ async def _ping_during_run(
             del out[:50_000]
 
 
-async def _drive(cfg: FederationConfig, opts: BenchOptions, sub: Submitter) -> _Run:
-    jobs = build_workload(cfg, opts)
+async def _drive(
+    cfg: FederationConfig, opts: BenchOptions, sub: Submitter, jobs: list[Job | DagJob]
+) -> _Run:
     n_tasks = sum(len(j.tasks) for j in jobs)
     prefix = _run_prefix(jobs)
     tally = RunTally(cfg, jobs, Path(opts.out) / "tasks.csv")
@@ -589,9 +609,11 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> di
     """Replay, wait, measure, as the operator of the federation in ``home``; returns the
     summary (also written to ``opts.out``)."""
     sub = Submitter.operator(cfg, home, keep=False)
+    jobs = build_workload(cfg, opts)
+    check_tokens(sub, jobs)
     await sub.open()
     try:
-        run = await _drive(cfg, opts, sub)
+        run = await _drive(cfg, opts, sub, jobs)
     finally:
         await sub.close()
     try:

@@ -4,19 +4,25 @@ wrong and what to do, a non-zero exit code, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from common.config import FederationConfig, load_config
 from megha_cli import federation
 from megha_cli.main import INTERRUPTED, main
+from request_generator.bench import BenchOptions, _submit_all, build_workload
+from request_generator.submitter import SubmissionRefused
 from runtime.broker import TopologyMissing
 from runtime.retry import GiveUp
+from security.access import save_token
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,3 +109,37 @@ def test_bench_broker_gone_is_one_line(
     line = one_line(capsys.readouterr().err)
     assert line.startswith("megha bench: submitter: connect to the broker: gave up")
     assert "megha status" in line
+
+
+# ------------------------------------------------------------- a user without a token
+def test_bench_for_a_revoked_user_says_which(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`megha user revoke u2`, then `megha bench`: the one line, before anything is sent."""
+    record_federation(tmp_path)
+    for user in ("u0", "u1"):
+        save_token(tmp_path, user, f"token-of-{user}")
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    assert main(["bench", "--state-dir", str(tmp_path), "--quiet"]) == 1
+    assert one_line(capsys.readouterr().err) == (
+        "megha bench: no token for user 'u2' (`megha user add u2`)"
+    )
+
+
+@dataclass
+class RefusingSubmitter:
+    """Refuses every job, as a Submitter without the user's token does."""
+
+    n_submitted: int = 0
+
+    async def submit(self, job: object) -> float:
+        await asyncio.sleep(0)
+        raise SubmissionRefused("no token for user 'u2' (`megha user add u2`)")
+
+
+def test_a_refused_submission_is_not_wrapped_in_a_group() -> None:
+    jobs = build_workload(load_config(None), BenchOptions(jobs=5, progress=False))
+    sub: Any = RefusingSubmitter()
+    opts = BenchOptions(progress=False)
+    with pytest.raises(SubmissionRefused, match="no token for user 'u2'"):
+        asyncio.run(_submit_all(sub, jobs, opts, 10))
