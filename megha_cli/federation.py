@@ -30,6 +30,7 @@ from common.errors import ConfigError, MeghaError
 from megha_cli import secure
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
+from request_generator.report import output_dir
 from runtime.retry import GiveUp
 from security.access import Access, identity_of_process, tokens_dir
 from security.files import ensure_private_dir
@@ -536,6 +537,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.base_port = 18600
     try:
         cfg = _config_for(args, fresh=True)
+        output_dir(args.out)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
         try:

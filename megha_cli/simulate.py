@@ -26,6 +26,7 @@ from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
 from request_generator.report import (
+    output_dir,
     percentile_cells,
     plot_cdfs,
     plot_components,
@@ -422,7 +423,7 @@ def _run(args: argparse.Namespace) -> int:
         args.workload = "dag"
     if args.workload is None:
         args.workload = "trace" if args.trace else "synthetic"
-    out = Path(args.out)
+    out = output_dir(args.out)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     point: PointRun = run_point
     report = _trace_report(args.quiet)

@@ -47,7 +47,7 @@ from common.metrics import (
 )
 from common.model import Task, TaskKey, TaskSpec, new_task
 from request_generator.dag_workload import scale_jobs
-from request_generator.report import TaskCsv, plot_cdfs, plot_components
+from request_generator.report import TaskCsv, output_dir, plot_cdfs, plot_components
 from request_generator.submitter import Submitter
 from request_generator.workload import (
     Job,
@@ -608,6 +608,7 @@ async def _drive(
 async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
     """Replay, wait, measure, as the operator of the federation in ``home``; returns the
     summary (also written to ``opts.out``)."""
+    output_dir(opts.out)
     sub = Submitter.operator(cfg, home, keep=False)
     jobs = build_workload(cfg, opts)
     check_tokens(sub, jobs)

@@ -7,12 +7,35 @@ Shared by ``megha simulate`` and ``megha bench``; the figures themselves
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from common.errors import ConfigError
 from common.metrics import PERCENTILE_KEYS, TASK_COLUMNS, percentiles, task_row
 from common.model import COMPONENTS, Task
+
+
+def output_dir(path: str | Path) -> Path:
+    """The directory of a run's files, made now (before any work) and writable; a
+    ``ConfigError`` saying why not (an existing file of that name, no such parent, no
+    permission)."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ConfigError(
+            f"--out {path}: cannot make the directory ({why}); choose another --out",
+            reason="bad_output_dir",
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--out {path}: the directory is not writable; choose another --out",
+            reason="bad_output_dir",
+        )
+    return out
 
 
 class TaskCsv:

@@ -143,3 +143,38 @@ def test_a_refused_submission_is_not_wrapped_in_a_group() -> None:
     opts = BenchOptions(progress=False)
     with pytest.raises(SubmissionRefused, match="no token for user 'u2'"):
         asyncio.run(_submit_all(sub, jobs, opts, 10))
+
+
+# ------------------------------------------------------------- --out that cannot be
+@pytest.mark.parametrize("command", ["simulate", "bench", "demo"])
+@pytest.mark.parametrize("kind", ["a file", "under /proc"])
+def test_an_output_directory_that_cannot_be_made_is_refused_first(
+    command: str,
+    kind: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before any work (a simulation, a federation started, a job sent)."""
+    home = tmp_path / "home"
+    record_federation(home)
+    (home / "demo").mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("kept\n")
+    out = str(afile) if kind == "a file" else "/proc/x"
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("work began")
+
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(federation, "start_federation", no_work)
+    monkeypatch.setattr("request_generator.bench.Submitter.operator", no_work)
+    monkeypatch.setattr("megha_cli.simulate.run_point", no_work)
+    code = main(
+        [command, "--out", out, "--quiet", *(["--state-dir", str(home)] * (command != "simulate"))]
+    )
+    assert code != 0
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"megha {command}: --out {out}: cannot make the directory (")
+    assert line.endswith("choose another --out")
+    assert afile.read_text() == "kept\n"
