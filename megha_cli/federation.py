@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from common.config import FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
+from megha_cli.ports import port_free, port_number
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
 from request_generator.report import output_dir
@@ -61,11 +62,6 @@ def broker_reachable(url: str, timeout: float = 2.0) -> bool:
         except OSError:
             continue
     return False
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex((host, port)) != 0
 
 
 def _health(url: str) -> bool:
@@ -735,7 +731,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         if name == "up":
             p.add_argument(
                 "--dashboard-port",
-                type=int,
+                type=port_number,
                 help="also serve `megha dashboard` on this port (stopped by `megha down`)",
             )
         if "purge" in extras:

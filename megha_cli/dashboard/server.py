@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -30,6 +31,7 @@ from aiohttp import web
 
 from common.config import FederationConfig, load_config
 from megha_cli.dashboard.aggregate import Board, Layout
+from megha_cli.ports import port_free, port_number
 from security.access import Access, identity_of_process
 
 log = logging.getLogger("megha.dashboard")
@@ -244,7 +246,7 @@ def serve(home: Path, host: str, port: int, interval_s: float) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=8099, help="port of the page (default 8099)")
+    p.add_argument("--port", type=port_number, default=8099, help="port of the page (default 8099)")
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -275,7 +277,16 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if not (home / "federation.toml").exists():
         print(f"megha dashboard: no federation recorded in {home} (start one with `megha up`)")
         return 1
-    serve(home, args.host, args.port, args.interval)
+    busy = f"megha dashboard: {args.host}:{args.port} is in use; choose another --port"
+    if not port_free(args.host, args.port):
+        print(busy, file=sys.stderr)
+        return 1
+    try:
+        serve(home, args.host, args.port, args.interval)
+    except OSError as exc:  # taken in the meantime, or not ours to listen on
+        why = exc.strerror or str(exc)
+        print(f"megha dashboard: cannot listen on {args.host}:{args.port} ({why})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,8 @@ def test_a_closed_pipe_ends_quietly() -> None:
     with subprocess.Popen(
         [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         assert proc.stdout.readline() == b"line 0\n"
         proc.stdout.close()
         err = proc.stderr.read().decode()
@@ -178,3 +180,33 @@ def test_an_output_directory_that_cannot_be_made_is_refused_first(
     assert line.startswith(f"megha {command}: --out {out}: cannot make the directory (")
     assert line.endswith("choose another --out")
     assert afile.read_text() == "kept\n"
+
+
+# ------------------------------------------------------------- dashboard ports
+def test_dashboard_on_a_port_in_use_says_so_before_announcing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_federation(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["dashboard", "--state-dir", str(tmp_path), "--port", str(port)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # no URL announced
+    assert one_line(err) == (f"megha dashboard: 127.0.0.1:{port} is in use; choose another --port")
+
+
+@pytest.mark.parametrize(
+    "argv", [["dashboard", "--port", "99999"], ["dashboard", "--port", "0"],
+             ["up", "--dashboard-port", "65536"]],
+)  # fmt: skip
+def test_a_port_out_of_range_is_a_usage_error(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--state-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "a port is in 1..65535" in err
+    assert "Traceback" not in err
