@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from common.config import FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
+from megha_cli.arguments import positive_float, positive_int
 from megha_cli.ports import port_free, port_number
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
@@ -373,7 +374,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     cfg = None
     if args.purge and (home / "federation.toml").exists():
         cfg = load_config(home / "federation.toml")
-    stop_federation(home)
+    if cfg is not None and not (home / "pids.json").exists():
+        print(f"no process of {cfg.name!r} recorded as running in {home} (stopped already)")
+    elif args.purge and cfg is None and not (home / "pids.json").exists():
+        print(f"no federation recorded in {home}: nothing to stop or purge")
+    else:
+        stop_federation(home)
     if cfg is not None:
         try:
             print(secure.purge(cfg, home))
@@ -607,14 +613,22 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     )
     p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace or job file")
     p.add_argument(
-        "--jobs-count", dest="jobs", type=int, default=jobs, help="synthetic jobs (without --trace)"
+        "--jobs-count",
+        dest="jobs",
+        type=positive_int,
+        default=jobs,
+        help="synthetic jobs (without --trace; > 0)",
     )
-    p.add_argument("--tasks-per-job", type=int, default=3)
+    p.add_argument("--tasks-per-job", type=positive_int, default=3, help="(> 0)")
     p.add_argument("--mean-duration", type=float, default=0.2, help="synthetic task seconds")
     p.add_argument("--job-rate", type=float, default=50.0, help="synthetic Poisson jobs/s")
     p.add_argument("--rate", type=float, help="submit at a fixed rate (jobs/s) instead")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times")
-    p.add_argument("--duration-scale", type=float, default=1.0, help="multiply task durations")
+    p.add_argument(
+        "--time-scale", type=positive_float, default=1.0, help="multiply arrival times (> 0)"
+    )
+    p.add_argument(
+        "--duration-scale", type=positive_float, default=1.0, help="multiply durations (> 0)"
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the end")
     p.add_argument("--out", default=out, help="directory for summary.json, tasks.csv, PNGs")
@@ -641,11 +655,27 @@ def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
     return pid
 
 
+FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
+"""The signals ``megha kill`` names in its help (any other signal's name works too)."""
+
+
+def signal_named(name: str) -> signal.Signals:
+    """``KILL``, ``sigterm``, ``SIGSTOP``...: the signal; a ConfigError naming the choices."""
+    try:
+        return signal.Signals[f"SIG{name.upper().removeprefix('SIG')}"]
+    except KeyError:
+        raise ConfigError(
+            f"no signal {name!r}: use {', '.join(FAULT_SIGNALS)} (or another signal's name, "
+            "e.g. HUP, INT, USR1)",
+            reason="bad_signal",
+        ) from None
+
+
 def cmd_kill(args: argparse.Namespace) -> int:
     try:
-        sig = signal.Signals[f"SIG{args.signal.upper().removeprefix('SIG')}"]
+        sig = signal_named(args.signal)
         pid = kill(state_dir(args.state_dir), args.service, sig)
-    except (MeghaError, KeyError) as exc:
+    except MeghaError as exc:
         print(f"megha kill: {exc}", file=sys.stderr)
         return 1
     print(f"sent {sig.name} to {args.service} (pid {pid})")

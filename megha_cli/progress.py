@@ -83,11 +83,13 @@ class Progress:
             self._task = self._bar.add_task(self.label, total=self.total, extra="")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        # a run that failed has no final count to show: its error says what happened
         if self._bar is not None:
+            self._bar.live.transient = exc_type is not None
             self._bar.stop()
             self._bar = None
-        elif not self.quiet:
+        elif not self.quiet and exc_type is None:
             self._line(final=True)
 
     def update(

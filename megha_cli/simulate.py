@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
@@ -23,6 +22,8 @@ from common.ids import GmId, LmId
 from common.metrics import PERCENTILE_KEYS, jct_stats, summarize_tasks
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from megha_cli.arguments import positive_float, positive_int
+from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
 from request_generator.report import (
@@ -49,7 +50,6 @@ from simulator.megha_sim import (
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")
-Number = TypeVar("Number", int, float)
 
 
 def _ints(text: str) -> list[int]:
@@ -64,33 +64,8 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _ranged(
-    convert: Callable[[str], Number], what: str, *, zero: bool = False, most: float = math.inf
-) -> Callable[[str], Number]:
-    """An argparse type: ``convert(text)``, finite, > 0 (>= 0 with ``zero``) and at most
-    ``most`` (``what`` names the kind)."""
-    low = ">= 0" if zero else "> 0"
-    bound = low if most == math.inf else f"in [0, {most:g}]" if zero else f"in (0, {most:g}]"
-
-    def parse(text: str) -> Number:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > most:
-            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Number]:
-    """An argparse type: ``convert(text)``, finite and > 0 (``what`` names the kind)."""
-    return _ranged(convert, what)
-
-
-_positive_int = _positive(int, "an integer")
-_positive_float = _positive(float, "a finite number")
+_positive_int = positive_int
+_positive_float = positive_float
 _count = _ranged(int, "an integer", zero=True)
 _non_negative = _ranged(float, "a finite number", zero=True)
 _probability = _ranged(float, "a probability", zero=True, most=1.0)

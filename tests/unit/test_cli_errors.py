@@ -210,3 +210,69 @@ def test_a_port_out_of_range_is_a_usage_error(
     err = capsys.readouterr().err
     assert "a port is in 1..65535" in err
     assert "Traceback" not in err
+
+
+# ------------------------------------------------------------- smaller ones
+def test_kill_with_an_unknown_signal_names_the_choices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_federation(tmp_path)
+    assert main(["kill", "gm0", "--signal", "FOO", "--state-dir", str(tmp_path)]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("megha kill: no signal 'FOO': use KILL, TERM, STOP, CONT")
+
+
+def test_down_purge_with_nothing_running_says_only_what_it_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_federation(tmp_path)
+    (tmp_path / "pids.json").unlink()  # stopped by an earlier `megha down`
+    monkeypatch.setattr(federation.secure, "purge", lambda *_: "deleted the broker vhost 'x'")
+    assert main(["down", "--purge", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no federation recorded" not in out
+    assert "stopped already" in out
+    assert "deleted the broker vhost 'x'" in out
+
+
+def test_down_purge_with_no_federation_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def purged(*_: object) -> str:
+        raise AssertionError("purged a federation that is not recorded")
+
+    monkeypatch.setattr(federation.secure, "purge", purged)
+    assert main(["down", "--purge", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == f"no federation recorded in {tmp_path}: nothing to stop or purge"
+
+
+BAD_COUNTS = [("--jobs-count", "0"), ("--jobs-count", "-3"), ("--tasks-per-job", "0")]
+BAD_SCALES = [("--time-scale", "0"), ("--duration-scale", "-1"), ("--time-scale", "nan")]
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [(c, f, v) for c in ("bench", "demo") for f, v in BAD_COUNTS + BAD_SCALES]
+    + [("simulate", f, v) for f, v in BAD_SCALES],  # simulate takes --jobs-count 0
+)
+def test_counts_and_scales_are_checked_alike(
+    command: str, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be" in err
+    assert "> 0" in err
+
+
+def test_a_failed_bench_shows_no_final_progress_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not `bench: 0/0 tasks (100.0%) wall 0:00` before the error (stderr is no terminal
+    here: the plain progress lines)."""
+    record_federation(tmp_path)
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    assert main(["bench", "--state-dir", str(tmp_path)]) == 1  # without a token for anyone
+    assert one_line(capsys.readouterr().err).startswith("megha bench: no token for user")

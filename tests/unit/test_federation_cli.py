@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from common.config import load_config
 from megha_cli.main import build_parser, main
 
 NO_BROKER = "amqp://guest:guest@127.0.0.1:1/"
@@ -19,11 +21,17 @@ def test_unreachable_broker_says_how_to_start_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("MEGHA_BROKER_URL", NO_BROKER)
+    if command == "bench":  # a federation recorded here, its broker gone
+        cfg = load_config(None)
+        assert cfg.broker_url == NO_BROKER
+        (tmp_path / "federation.toml").write_text(cfg.to_toml())
+        (tmp_path / "pids.json").write_text(json.dumps({"name": cfg.name, "processes": []}))
     assert main([command, "--state-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "RabbitMQ is not reachable" in err
     assert "rabbitmq-server -detached" in err
-    assert not (tmp_path / "pids.json").exists()
+    if command != "bench":
+        assert not (tmp_path / "pids.json").exists()
 
 
 def test_status_and_down_without_a_federation(
