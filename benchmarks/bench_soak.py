@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_min": args.warmup,
         "goal_mb_per_min": GOAL_MB_PER_MIN,
         "tasks": summary.get("tasks"),
-        "lost_tasks": summary.get("lost_tasks"),
+        "unfinished_tasks": summary.get("unfinished_tasks"),
         "duplicate_launches": summary.get("duplicate_launches"),
         "throughput_tasks_per_s": summary.get("throughput_tasks_per_s"),
         "allocation_time_s": summary.get("allocation_time_s"),
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, g in growth.items():
         print(f"{name:>14}: {g['rss_start_mb']:7.1f} -> {g['rss_end_mb']:7.1f} MB  "
               f"{g['mb_per_min']:+.3f} MB/min")  # fmt: skip
-    print(f"wrote {out / 'soak.json'}; lost {result['lost_tasks']}, "
+    print(f"wrote {out / 'soak.json'}; unfinished {result['unfinished_tasks']}, "
           f"duplicates {result['duplicate_launches']}")  # fmt: skip
     return 0
 

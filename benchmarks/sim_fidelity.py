@@ -239,7 +239,7 @@ def calibrate(args: Any) -> dict[str, Any]:
             "floor_lm_during_run_s": live["floor"]["lm_during_run_s"],
             "cpu_s": live["cpu_s"],
             "tasks": live["tasks"],
-            "lost_tasks": live["lost_tasks"],
+            "unfinished_tasks": live["unfinished_tasks"],
             "wall_s": round(live_wall, 1),
         },
         "costs": {
@@ -292,7 +292,7 @@ def predict(args: Any) -> dict[str, Any]:
             "allocation_s": live_a,
             "floor_lm_during_run_s": live["floor"]["lm_during_run_s"],
             "cpu_s": live["cpu_s"],
-            "lost_tasks": live["lost_tasks"],
+            "unfinished_tasks": live["unfinished_tasks"],
         },
         "predicted": {"allocation_s": sim_a},
         "ratio_sim_over_live": {

@@ -494,11 +494,11 @@ def bench_sections(summary: dict[str, Any]) -> list[Section]:
     alloc = Section("allocation time", ["", *PERCENTILE_KEYS], percentile_cells(rows))
     fate = Section(
         "",
-        ["tasks", "finished", "failed", "lost", "duplicate launches", "tasks/s",
+        ["tasks", "finished", "failed", "unfinished", "duplicate launches", "tasks/s",
          "floor p50 idle", "floor p50 in run"],
         [[
             str(summary["tasks"]), str(summary["tasks_finished"]), str(summary["tasks_failed"]),
-            str(summary["lost_tasks"]), str(summary["duplicate_launches"]),
+            str(summary["unfinished_tasks"]), str(summary["duplicate_launches"]),
             f"{summary['throughput_tasks_per_s']:.1f}", f"{summary['floor_rtt_s'] * 1e3:.3f}ms",
             f"{summary['floor']['lm_during_run_s']['p50'] * 1e3:.3f}ms",
         ]],
@@ -509,6 +509,26 @@ def bench_sections(summary: dict[str, Any]) -> list[Section]:
     else:
         counters = Section("counters: none", [], [])
     return [alloc, fate, counters]
+
+
+def bench_verdict(summary: dict[str, Any], args: argparse.Namespace, *, up: bool = True) -> int:
+    """Show a bench's summary and where it went; the exit code: 2 if some task did not
+    finish within --timeout or was launched twice, else 0.  ``up``: the federation still
+    runs (``megha bench``; ``megha demo`` has stopped its own)."""
+    show(bench_sections(summary), quiet=args.quiet)
+    if summary["unfinished_tasks"]:
+        users = ", ".join(f"{u} {n}" for u, n in summary["unfinished_by_user"].items())
+        where = (
+            "they may still be queued or running (`megha status`)"
+            if up
+            else "they were still queued or running when the demo stopped"
+        )
+        print(
+            f"{summary['unfinished_tasks']} tasks not finished within --timeout "
+            f"{summary['timeout_s']:g} s (by user: {users}); not known to be lost: {where}"
+        )
+    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
+    return 0 if summary["unfinished_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -526,9 +546,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except GiveUp as exc:  # the broker stayed unreachable, or the federation's queues went
         print(f"megha bench: {exc} (is the federation up? `megha status`)", file=sys.stderr)
         return 1
-    show(bench_sections(summary), quiet=args.quiet)
-    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
-    return 0 if summary["lost_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
+    return bench_verdict(summary, args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -559,9 +577,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         stop_federation(home)
         with contextlib.suppress(Exception):
             secure.purge(cfg, home)
-    show(bench_sections(summary), quiet=args.quiet)
-    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
-    return 0 if summary["lost_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
+    return bench_verdict(summary, args, up=False)
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -432,7 +432,9 @@ class _Run:
     tally: RunTally
     prefix: str
     """Every task id of the run begins so."""
-    lost: list[tuple[TaskKey, TaskSpec, float]]
+    unfinished: list[tuple[TaskKey, TaskSpec, float]]
+    """Submitted, and neither finished nor failed within the timeout (still queued or
+    running, maybe: not known to be lost)."""
     n_tasks: int
     submit_span: float
     floor_lm: list[float]
@@ -596,13 +598,15 @@ async def _drive(
     except BaseException:
         tally.close()
         raise
-    # what did not finish: the failed, then the lost (as they were submitted)
+    # what did not finish: the failed, then those not done in time (as they were submitted)
     sub.outcomes.settle()
-    lost = [(key, spec, at) for key, (spec, at) in sub.outcomes.outstanding.items()]
-    for _, spec, at in lost:
+    unfinished = [(key, spec, at) for key, (spec, at) in sub.outcomes.outstanding.items()]
+    for _, spec, at in unfinished:
         tally.add(new_task(spec, at), at)
     tally.csv.close()
-    return _Run(jobs, tally, prefix, lost, n_tasks, span, floor_lm, floor_worker, busy, states, log)
+    return _Run(
+        jobs, tally, prefix, unfinished, n_tasks, span, floor_lm, floor_worker, busy, states, log
+    )
 
 
 async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
@@ -638,7 +642,10 @@ def summarize_run(
     out = sub.outcomes
     tally = run.tally
     dup = run.launches.check.result(_OfRun(run.prefix))
-    lost = [key for key, _, _ in run.lost]
+    unfinished = [key for key, _, _ in run.unfinished]
+    by_user: dict[str, int] = {}
+    for user, _ in unfinished:
+        by_user[user] = by_user.get(user, 0) + 1
     summary = tally.tasks.summary()
     publish = tally.publish.columns()
     started = tally.tasks.started
@@ -651,8 +658,13 @@ def summarize_run(
             "tasks_failed": len(out.failed),
             "failure_reasons": _reasons(out.failed),
             "jobs_refused": dict(sub.refused),
-            "lost_tasks": len(lost),
-            "lost_task_ids": [f"{u}/{t}" for u, t in lost[:50]],
+            # not finished (nor failed) within the timeout: not lost, as far as a bench
+            # can tell (a GM that was down runs them once it is back)
+            "unfinished_tasks": len(unfinished),
+            "unfinished_task_ids": [f"{u}/{t}" for u, t in unfinished[:50]],
+            "unfinished_by_user": dict(sorted(by_user.items())),
+            "timeout_s": opts.timeout_s,
+            "lost_tasks": len(unfinished),  # the older name of unfinished_tasks
             "duplicate_launches": dup["count"],
             "duplicate_launch_ids": dup["tasks"],
             "launch_log_rows": run.launches.check.rows,

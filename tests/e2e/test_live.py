@@ -64,7 +64,7 @@ def test_workload_runs_to_completion_with_a_correct_summary(
     )  # fmt: skip
     summary = asyncio.run(run_bench(cfg, opts, home))
     assert summary["tasks"] == 120
-    assert summary["lost_tasks"] == 0
+    assert summary["unfinished_tasks"] == 0
     assert summary["tasks_finished"] + summary["tasks_failed"] == 120
     assert summary["tasks_failed"] == 0
     # the pools' launch logs were read (a start and an end per task), none found twice

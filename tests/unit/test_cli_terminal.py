@@ -53,7 +53,7 @@ def _summary(counters: dict[str, int]) -> dict[str, Any]:
     p = dict.fromkeys(("p50", "p90", "p99", "p999", "max", "mean"), 0.001)
     return {
         "allocation_time_s": p, "components_s": {"queueing": p}, "submission_s": p,
-        "tasks": 3, "tasks_finished": 3, "tasks_failed": 0, "lost_tasks": 0,
+        "tasks": 3, "tasks_finished": 3, "tasks_failed": 0, "unfinished_tasks": 0,
         "duplicate_launches": 0, "throughput_tasks_per_s": 1.0, "floor_rtt_s": 0.0003,
         "floor": {"lm_during_run_s": {"p50": 0.0004}}, "counters": counters,
     }  # fmt: skip

@@ -1,0 +1,96 @@
+"""What a bench's summary says of the tasks that did not finish in time, and of the
+federation's counters: built from a run's figures, without a federation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from common.config import load_config
+from common.model import new_task
+from megha_cli import federation
+from megha_cli.main import main
+from request_generator.bench import (
+    BenchOptions,
+    LaunchLog,
+    RunTally,
+    _Run,
+    _run_prefix,
+    build_workload,
+    summarize_run,
+)
+from request_generator.submitter import Outcomes
+from request_generator.workload import specs_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def summary_of(
+    tmp_path: Path,
+    *,
+    unfinished_users: tuple[str, ...] = (),
+    states: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run of 6 jobs x 2 tasks whose tasks of ``unfinished_users`` had no outcome by
+    the timeout (the others failed, which is enough here)."""
+    cfg = load_config(None)
+    jobs = build_workload(cfg, BenchOptions(jobs=6, tasks_per_job=2, progress=False))
+    tally = RunTally(cfg, jobs, tmp_path / "tasks.csv")
+    unfinished = []
+    for j in jobs:
+        for s in specs_of(j):
+            if s.user in unfinished_users:
+                unfinished.append(((s.user, s.task_id), s, 0.0))
+            tally.add(new_task(s, 0.0), 0.0)
+    tally.csv.close()
+    n = sum(len(j.tasks) for j in jobs)
+    run = _Run(
+        jobs, tally, _run_prefix(jobs), unfinished, n, 1.0, [], [], [], states or {},
+        LaunchLog(cfg, Any),
+    )  # fmt: skip
+    sub: Any = SimpleNamespace(outcomes=Outcomes(keep=False), refused={})
+    try:
+        return summarize_run(cfg, BenchOptions(timeout_s=20.0, progress=False), run, sub)
+    finally:
+        tally.close()
+
+
+def test_tasks_not_done_by_the_timeout_are_unfinished_by_user(tmp_path: Path) -> None:
+    s = summary_of(tmp_path, unfinished_users=("u1", "u2"))
+    assert s["unfinished_tasks"] == 8
+    assert s["unfinished_by_user"] == {"u1": 4, "u2": 4}
+    assert len(s["unfinished_task_ids"]) == 8
+    assert all(i.startswith(("u1/", "u2/")) for i in s["unfinished_task_ids"])
+    assert s["timeout_s"] == 20.0
+
+
+def test_every_task_done_is_nothing_unfinished(tmp_path: Path) -> None:
+    s = summary_of(tmp_path)
+    assert (s["unfinished_tasks"], s["unfinished_by_user"]) == (0, {})
+
+
+def test_bench_reports_unfinished_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`megha bench --timeout 20` while a GM is down: its users' tasks did not finish in
+    time; the table and the hint say so (not "lost"), and the exit code is 2."""
+    summary = summary_of(tmp_path, unfinished_users=("u1",))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "federation.toml").write_text(load_config(None).to_toml())
+    (home / "pids.json").write_text('{"name": "megha", "processes": []}')
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(federation, "run_bench_shown", lambda *_: summary)
+    argv = ["bench", "--state-dir", str(home), "--quiet", "--timeout", "20"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    out = capsys.readouterr().out
+    table = out.split("tasks not finished")[0]
+    assert "unfinished" in table
+    assert "lost" not in table
+    assert (
+        "4 tasks not finished within --timeout 20 s (by user: u1 4); not known to be lost: "
+        "they may still be queued or running (`megha status`)"
+    ) in out
