@@ -217,8 +217,7 @@ def _step(
         "components_s": s["components_s"],
         "floor_rtt_s": s["floor_rtt_s"],
         "floor": s["floor"],
-        # the services count from their start: this step's share
-        "counters": {k: v - before.get("counters", {}).get(k, 0) for k, v in s["counters"].items()},
+        "counters": s["counters"],  # this step's (bench reports a run's own)
         "traffic": _per_task(s["traffic"], before, s["tasks"]),
         # how long a GM's view still held a slot after its task ended (mean over the step)
         "end_to_gm_s": round((ends["lag_us"] - ends0["lag_us"]) / 1e6 / max(ended, 1), 6),
@@ -233,7 +232,6 @@ def _step(
     before.clear()
     before.update(s["traffic"])
     before["gm_ends"] = ends
-    before["counters"] = s["counters"]
     if profile:
         row["profile"] = _top_functions(out / "profile")
     print(

@@ -505,10 +505,14 @@ def bench_sections(summary: dict[str, Any]) -> list[Section]:
     )  # fmt: skip
     nonzero = [[k, str(v)] for k, v in summary["counters"].items() if v]
     if nonzero:
-        counters = Section("counters (not zero)", ["counter", "value"], nonzero)
+        counters = Section("this run's counters (not zero)", ["counter", "value"], nonzero)
     else:
-        counters = Section("counters: none", [], [])
-    return [alloc, fate, counters]
+        counters = Section("this run's counters: none", [], [])
+    sections = [alloc, fate, counters]
+    notes = summary.get("counters_notes", [])
+    if notes:  # a service restarted or did not answer: its counters are not the run's
+        sections.append(Section("counters: " + "; ".join(notes), [], []))
+    return sections
 
 
 def bench_verdict(summary: dict[str, Any], args: argparse.Namespace, *, up: bool = True) -> int:

@@ -22,7 +22,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -307,15 +307,65 @@ COUNTERS_LM = (
 
 
 def counters_from(states: dict[str, Any]) -> dict[str, int]:
-    """The federation's counters, summed over the GMs' and LMs' state pages."""
+    """The federation's counters, summed over the GMs' and LMs' state pages: since each
+    service started (``counters_between``: a run's)."""
     total: dict[str, int] = dict.fromkeys((*COUNTERS_GM, *COUNTERS_LM, "dead_lettered"), 0)
     for name, st in states.items():
-        c = st.get("counters", {})
-        for k in COUNTERS_GM if name.startswith("gm") else COUNTERS_LM:
-            total[k] += int(c.get(k, 0))
-        total["dead_lettered"] += int(st.get("dead_lettered", 0))
+        for k, v in _counters_of(name, st).items():
+            total[k] += v
     total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
     return total
+
+
+def _counters_of(name: str, page: dict[str, Any]) -> dict[str, int]:
+    """One service's counters of ``counters_from``, from its state page."""
+    c = page.get("counters", {})
+    out = {k: int(c.get(k, 0)) for k in (COUNTERS_GM if name.startswith("gm") else COUNTERS_LM)}
+    out["dead_lettered"] = int(page.get("dead_lettered", 0))
+    return out
+
+
+def _restarted(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """The service's process changed between two of its pages: a counter went down, or
+    (an LM) another incarnation holds it, under a new epoch."""
+    if before.get("epoch") != after.get("epoch"):
+        return True
+    was = before.get("counters", {})
+    now = after.get("counters", {})
+    return any(
+        isinstance(v, int) and isinstance(was.get(k), int) and v < was[k] for k, v in now.items()
+    ) or int(after.get("dead_lettered", 0)) < int(before.get("dead_lettered", 0))
+
+
+def counters_between(
+    before: dict[str, Any], after: dict[str, Any]
+) -> tuple[dict[str, int], list[str]]:
+    """This run's counters (``counters_from``'s, summed over the services): each
+    service's at the end less at the start; and notes on the services for which that
+    could not be: one restarted during the run (or did not answer at its start) counts
+    from its start, one that did not answer at the end is left out."""
+    total: dict[str, int] = dict.fromkeys((*COUNTERS_GM, *COUNTERS_LM, "dead_lettered"), 0)
+    notes: list[str] = []
+    for name, page in after.items():
+        if name.endswith("-workers"):  # a pool counts none of these
+            continue
+        if "error" in page:
+            notes.append(f"{name}: no answer at the end; not counted")
+            continue
+        now = _counters_of(name, page)
+        then = before.get(name, {"error": "not asked"})
+        if "error" in then:
+            notes.append(f"{name}: no answer at the start; counted from its start")
+            base = dict.fromkeys(now, 0)
+        elif _restarted(then, page):
+            notes.append(f"{name}: restarted during the run; counted since its restart")
+            base = dict.fromkeys(now, 0)
+        else:
+            base = _counters_of(name, then)
+        for k, v in now.items():
+            total[k] += v - base[k]
+    total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
+    return total, notes
 
 
 def traffic_from(states: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -442,6 +492,8 @@ class _Run:
     busy_floor: list[float]
     states: dict[str, Any]
     launches: LaunchLog
+    states_before: dict[str, Any] = field(default_factory=dict)
+    """The state pages as the run began: its counters are the difference."""
 
 
 class _OfRun:
@@ -577,6 +629,7 @@ async def _drive(
                 f"{percentiles(floor_worker)['p50'] * 1e3:.3f} ms",
             )  # fmt: skip
             busy: list[float] = []
+            before = await fetch_states(session, cfg, access)  # the counters' baseline
             log = LaunchLog(cfg, access, horizon_s=LAUNCH_HORIZON_S)
             await log.poll(session, record=False)  # from here on: what this run launches
             followers = [
@@ -605,8 +658,9 @@ async def _drive(
         tally.add(new_task(spec, at), at)
     tally.csv.close()
     return _Run(
-        jobs, tally, prefix, unfinished, n_tasks, span, floor_lm, floor_worker, busy, states, log
-    )
+        jobs, tally, prefix, unfinished, n_tasks, span, floor_lm, floor_worker, busy, states, log,
+        before,
+    )  # fmt: skip
 
 
 async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, Any]:
@@ -647,6 +701,7 @@ def summarize_run(
     for user, _ in unfinished:
         by_user[user] = by_user.get(user, 0) + 1
     summary = tally.tasks.summary()
+    counters, counter_notes = counters_between(run.states_before, run.states)
     publish = tally.publish.columns()
     started = tally.tasks.started
     first, last = (tally.first, tally.last) if started else (0.0, 0.0)
@@ -680,7 +735,9 @@ def summarize_run(
                 "worker_s": percentiles(run.floor_worker),
                 "lm_during_run_s": percentiles(run.busy_floor),
             },
-            "counters": counters_from(run.states),
+            "counters": counters,
+            "counters_are": "this run's: each service's counters at its end less at its start",
+            "counters_notes": counter_notes,
             "traffic": traffic_from(run.states),
             "services": run.states,
             "federation": {

@@ -12,7 +12,9 @@ import pytest
 from common.config import load_config
 from common.model import new_task
 from megha_cli import federation
+from megha_cli.federation import bench_sections
 from megha_cli.main import main
+from megha_cli.terminal import render_plain
 from request_generator.bench import (
     BenchOptions,
     LaunchLog,
@@ -33,6 +35,7 @@ def summary_of(
     *,
     unfinished_users: tuple[str, ...] = (),
     states: dict[str, Any] | None = None,
+    before: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A run of 6 jobs x 2 tasks whose tasks of ``unfinished_users`` had no outcome by
     the timeout (the others failed, which is enough here)."""
@@ -49,7 +52,7 @@ def summary_of(
     n = sum(len(j.tasks) for j in jobs)
     run = _Run(
         jobs, tally, _run_prefix(jobs), unfinished, n, 1.0, [], [], [], states or {},
-        LaunchLog(cfg, Any),
+        LaunchLog(cfg, Any), before or {},
     )  # fmt: skip
     sub: Any = SimpleNamespace(outcomes=Outcomes(keep=False), refused={})
     try:
@@ -94,3 +97,54 @@ def test_bench_reports_unfinished_not_lost(
         "4 tasks not finished within --timeout 20 s (by user: u1 4); not known to be lost: "
         "they may still be queued or running (`megha status`)"
     ) in out
+
+
+def gm(requeues: int, dead: int, finished: int) -> dict[str, Any]:
+    return {
+        "counters": {"requeues": requeues, "tasks_finished": finished, "failed": 0},
+        "dead_lettered": dead,
+    }
+
+
+def lm(epoch: int, preemptions: int) -> dict[str, Any]:
+    return {"epoch": epoch, "counters": {"preemptions": preemptions, "launches": 9}}
+
+
+def test_counters_are_the_runs_not_since_each_service_started(tmp_path: Path) -> None:
+    """dead_lettered 10 from an earlier run is not this run's."""
+    before = {"gm0": gm(3, 10, 100), "lm0": lm(5, 1), "lm0-workers": {"counters": {}}}
+    after = {"gm0": gm(5, 10, 160), "lm0": lm(5, 4), "lm0-workers": {"counters": {}}}
+    s = summary_of(tmp_path, states=after, before=before)
+    c = s["counters"]
+    assert (c["requeues"], c["dead_lettered"], c["preemptions"]) == (2, 0, 3)
+    assert s["counters_notes"] == []
+    assert s["counters_are"].startswith("this run's")
+
+
+def test_a_service_restarted_in_the_run_counts_since_its_restart(tmp_path: Path) -> None:
+    before = {"gm0": gm(3, 10, 100), "gm1": gm(1, 0, 50), "lm0": lm(5, 7), "lm1": lm(2, 0)}
+    after = {
+        "gm0": gm(2, 1, 20),  # restarted: its counters began again
+        "gm1": {"error": "connection refused"},
+        "lm0": lm(6, 1),  # a new incarnation (its standby took over)
+        "lm1": lm(2, 0),
+    }
+    s = summary_of(tmp_path, states=after, before=before)
+    c = s["counters"]
+    assert (c["requeues"], c["dead_lettered"], c["preemptions"]) == (2, 1, 1)
+    assert s["counters_notes"] == [
+        "gm0: restarted during the run; counted since its restart",
+        "gm1: no answer at the end; not counted",
+        "lm0: restarted during the run; counted since its restart",
+    ]
+    shown = render_plain(bench_sections(s))
+    assert "this run's counters (not zero)" in shown
+    assert "counters: gm0: restarted during the run; counted since its restart; gm1:" in shown
+
+
+def test_a_service_that_did_not_answer_at_the_start_counts_from_its_start(
+    tmp_path: Path,
+) -> None:
+    s = summary_of(tmp_path, states={"gm0": gm(4, 0, 9)}, before={"gm0": {"error": "timed out"}})
+    assert s["counters"]["requeues"] == 4
+    assert s["counters_notes"] == ["gm0: no answer at the start; counted from its start"]
