@@ -29,6 +29,7 @@ from common.config import FederationConfig, ProcessSpec, load_config, process_pl
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
 from megha_cli.arguments import positive_float, positive_int
+from megha_cli.main import INTERRUPTED
 from megha_cli.ports import port_free, port_number
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, show
@@ -535,8 +536,17 @@ def bench_verdict(summary: dict[str, Any], args: argparse.Namespace, *, up: bool
     return 0 if summary["unfinished_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
 
 
+def _kept(out: Path, began: float) -> str:
+    """What an interrupted bench left in ``out``: the rows of the tasks that ended."""
+    csv = out / "tasks.csv"
+    if csv.exists() and csv.stat().st_mtime >= began - 1:
+        return f"{csv} holds the tasks that ended before; no summary.json (the run did not end)"
+    return f"nothing written to {out}"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
+    began = time.time()
     try:
         if args.config is None:  # the federation `megha up` recorded here, as status reads it
             _recorded(home)
@@ -544,6 +554,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
         summary = run_bench_shown(cfg, args, home)
+    except KeyboardInterrupt:
+        print(f"megha bench: interrupted; {_kept(Path(args.out), began)}", file=sys.stderr)
+        return INTERRUPTED
     except MeghaError as exc:
         print(f"megha bench: {exc}", file=sys.stderr)
         return 1

@@ -276,3 +276,33 @@ def test_a_failed_bench_shows_no_final_progress_line(
     monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
     assert main(["bench", "--state-dir", str(tmp_path)]) == 1  # without a token for anyone
     assert one_line(capsys.readouterr().err).startswith("megha bench: no token for user")
+
+
+# ------------------------------------------------------------- Ctrl-C in a bench
+@pytest.mark.parametrize("wrote", [True, False])
+def test_ctrl_c_in_a_bench_says_what_was_kept(
+    wrote: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home, out = tmp_path / "home", tmp_path / "out"
+    record_federation(home)
+
+    def interrupted(*_: object) -> None:
+        if wrote:  # the tasks that ended before, as RunTally wrote them
+            out.mkdir()
+            (out / "tasks.csv").write_text("user,task_id\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(federation, "run_bench_shown", interrupted)
+    assert main(["bench", "--state-dir", str(home), "--out", str(out)]) == INTERRUPTED
+    line = one_line(capsys.readouterr().err)
+    if wrote:
+        assert line == (
+            f"megha bench: interrupted; {out}/tasks.csv holds the tasks that ended before; "
+            "no summary.json (the run did not end)"
+        )
+    else:
+        assert line == f"megha bench: interrupted; nothing written to {out}"
