@@ -48,7 +48,7 @@ from common.metrics import (
 from common.model import Task, TaskKey, TaskSpec, new_task
 from request_generator.dag_workload import scale_jobs
 from request_generator.report import TaskCsv, output_dir, plot_cdfs, plot_components
-from request_generator.submitter import Submitter
+from request_generator.submitter import Outcomes, Submitter
 from request_generator.workload import (
     Job,
     WorkloadSpec,
@@ -602,6 +602,20 @@ async def _ping_during_run(
             del out[:50_000]
 
 
+def close_tally(outcomes: Outcomes, tally: RunTally) -> list[tuple[TaskKey, TaskSpec, float]]:
+    """The run's end: the failed tasks, then those not done in time (as they were
+    submitted), to ``tasks.csv``, which closes; an outcome that comes later (a task
+    done after the timeout, until the submitter closes) goes to no file.  Returns
+    those not done."""
+    outcomes.settle()
+    unfinished = [(key, spec, at) for key, (spec, at) in outcomes.outstanding.items()]
+    for _, spec, at in unfinished:
+        tally.add(new_task(spec, at), at)
+    outcomes.sink = None
+    tally.csv.close()
+    return unfinished
+
+
 async def _drive(
     cfg: FederationConfig, opts: BenchOptions, sub: Submitter, jobs: list[Job | DagJob]
 ) -> _Run:
@@ -648,15 +662,11 @@ async def _drive(
                         await f
             states = await fetch_states(session, cfg, access)
             await log.poll(session)
-    except BaseException:
+    except BaseException:  # (Ctrl-C) outcomes still come until the submitter closes
+        sub.outcomes.sink = None
         tally.close()
         raise
-    # what did not finish: the failed, then those not done in time (as they were submitted)
-    sub.outcomes.settle()
-    unfinished = [(key, spec, at) for key, (spec, at) in sub.outcomes.outstanding.items()]
-    for _, spec, at in unfinished:
-        tally.add(new_task(spec, at), at)
-    tally.csv.close()
+    unfinished = close_tally(sub.outcomes, tally)
     return _Run(
         jobs, tally, prefix, unfinished, n_tasks, span, floor_lm, floor_worker, busy, states, log,
         before,

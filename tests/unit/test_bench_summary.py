@@ -22,6 +22,7 @@ from request_generator.bench import (
     _Run,
     _run_prefix,
     build_workload,
+    close_tally,
     summarize_run,
 )
 from request_generator.submitter import Outcomes
@@ -148,3 +149,23 @@ def test_a_service_that_did_not_answer_at_the_start_counts_from_its_start(
     s = summary_of(tmp_path, states={"gm0": gm(4, 0, 9)}, before={"gm0": {"error": "timed out"}})
     assert s["counters"]["requeues"] == 4
     assert s["counters_notes"] == ["gm0: no answer at the start; counted from its start"]
+
+
+def test_an_outcome_after_the_run_ended_goes_to_no_closed_file(tmp_path: Path) -> None:
+    """A task done after --timeout (its GM came back), before the submitter closed: its
+    outcome was written to the closed tasks.csv (a ValueError traceback per outcome)."""
+    cfg = load_config(None)
+    jobs = build_workload(cfg, BenchOptions(jobs=2, tasks_per_job=2, progress=False))
+    tally = RunTally(cfg, jobs, tmp_path / "tasks.csv")
+    out = Outcomes(keep=False, sink=tally.add)
+    specs = [s for j in jobs for s in specs_of(j)]
+    out.submitted(specs, 1.0)
+    try:
+        unfinished = close_tally(out, tally)
+        assert len(unfinished) == len(specs)
+        late = new_task(specs[0], 1.0)
+        out.record(late, True)  # no ValueError: I/O operation on closed file
+    finally:
+        tally.close()
+    rows = (tmp_path / "tasks.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(specs)
