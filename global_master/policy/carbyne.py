@@ -21,6 +21,7 @@ tasks never trigger a fairness preemption (GM core) and are the first victims of
 from __future__ import annotations
 
 import random
+from itertools import islice
 from typing import Any
 
 from common.errors import ConfigError
@@ -28,7 +29,16 @@ from common.ids import JobId
 from common.model import Task
 from global_master.policy.altruism import job_finish, must_start
 from global_master.policy.drf import job_allocations, room_left
-from global_master.policy.jobs import Ask, JobQueues, JobState, admit, job_asks, round_robin
+from global_master.policy.jobs import (
+    PLAN_WINDOW,
+    Ask,
+    JobQueues,
+    JobState,
+    admit,
+    breadth_first,
+    job_asks,
+    round_robin,
+)
 from global_master.policy.leftover import schedule_leftover
 from global_master.policy.packing import packing_node
 from global_master.policy.vectors import EPS, Vec, dominant, take
@@ -96,14 +106,28 @@ class CarbyneQueues(JobQueues):
             )
             packed = (key, latest)
             job.keep("packed", packed)
-        return [t for start, t in packed[1] if start <= now + EPS and t.task_id in job.queued]
+        queued, due = job.queued, now + EPS
+        now_due: list[Task] = []
+        for start, t in packed[1]:  # earliest latest start first
+            if start > due or len(now_due) == PLAN_WINDOW:
+                break
+            if t.task_id in queued:
+                now_due.append(t)
+        return now_due
 
     @staticmethod
     def _by_latest_start(job: JobState) -> list[Task]:
-        """The job's runnable tasks, latest start (reverse packing) earliest first."""
+        """The job's runnable tasks, latest start (reverse packing) earliest first, then
+        any the packing did not place in their order: the plan's window of them."""
         hit = job.cached.get("packed")  # the packing this plan made or kept
-        order = {t.task_id: k for k, (_, t) in enumerate(hit[3][1] if hit else ())}
-        return sorted(job.queued.values(), key=lambda t: order.get(t.task_id, len(order)))
+        packed: list[tuple[float, Task]] = hit[3][1] if hit else []
+        queued = job.queued
+        out = list(islice((t for _, t in packed if t.task_id in queued), PLAN_WINDOW))
+        if len(out) < PLAN_WINDOW and len(out) < len(queued):
+            placed = {t.task_id for _, t in packed}
+            rest = (t for t in queued.values() if t.task_id not in placed)
+            out += islice(rest, PLAN_WINDOW - len(out))
+        return out
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         # leftover yielded, in dominant share x seconds, since the previous plan
@@ -122,7 +146,7 @@ class CarbyneQueues(JobQueues):
             room = room_left(j, a)
             pools[j.job_id] = list(room)
             altruistic = self._is_altruistic()
-            tasks = self._must_start_now(j, a, now, cap) if altruistic else j.breadth_first()
+            tasks = self._must_start_now(j, a, now, cap) if altruistic else breadth_first(j)
             chosen = admit(tasks, room, force_first=not j.running)
             for t in chosen:
                 take(leftover, t.demand)

@@ -21,7 +21,15 @@ from typing import Any
 
 from common.ids import JobId, UserId
 from common.model import Task
-from global_master.policy.jobs import Ask, JobQueues, JobState, admit, job_asks, round_robin
+from global_master.policy.jobs import (
+    Ask,
+    JobQueues,
+    JobState,
+    admit,
+    breadth_first,
+    job_asks,
+    round_robin,
+)
 from global_master.policy.vectors import EPS, Vec, dominant, fits_in, give, take
 
 
@@ -84,8 +92,7 @@ def job_allocations(
     demands: list[Vec] = []
     for j in jobs:
         d = j.usage(m)
-        for t in j.queued.values():
-            give(d, t.demand)
+        give(d, j.queued_demand(m))
         demands.append(d)
         per_user[j.user] = per_user.get(j.user, 0) + 1
     weights = [shares.get(j.user, 1.0) / per_user[j.user] for j in jobs]
@@ -110,12 +117,12 @@ class DrfQueues(JobQueues):
         jobs = self.active()
         allocs = job_allocations(jobs, cap, self.shares)
         pools = {j.job_id: room_left(j, a) for j, a in zip(jobs, allocs, strict=True)}
-        asks = round_robin([job_asks(j, j.breadth_first()) for j in jobs])
+        asks = round_robin([job_asks(j, breadth_first(j)) for j in jobs])
         if self.work_conserving:
             within = [
                 t
                 for j in jobs
-                for t in admit(j.breadth_first(), list(pools[j.job_id]), force_first=not j.running)
+                for t in admit(breadth_first(j), list(pools[j.job_id]), force_first=not j.running)
             ]
             asks += [Ask(t, altruistic=True) for t in self._fill(jobs, cap, within)]
         return asks, pools
@@ -131,7 +138,7 @@ class DrfQueues(JobQueues):
             give(held[t.job_id], t.demand)
         # free only shrinks here: a task that does not fit now never will, drop it
         waiting = {
-            j.job_id: deque(t for t in j.breadth_first() if t.task_id not in chosen) for j in jobs
+            j.job_id: deque(t for t in breadth_first(j) if t.task_id not in chosen) for j in jobs
         }
         out: list[Task] = []
         while True:

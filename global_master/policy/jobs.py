@@ -39,7 +39,7 @@ No clocks: the time of a plan is the ``now`` of the last event the GM reported.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -59,6 +59,13 @@ tasks left (waiting or running); a larger job's serve ``left // PLAN_TASKS`` end
 job's size: re-planned at every end, a job of n tasks cost O(n^2 log n).  A task of the
 job arriving or coming back (a released stage, a preemption) and, for Carbyne, a change
 of its allocation re-plan at once."""
+
+PLAN_WINDOW = PLAN_TASKS
+"""A plan asks for at most this many of a job's runnable tasks, the first in the
+policy's order (``JobState.window``): what one plan can hand out of a large job is
+bounded by the room anyway, and listing every task made each plan -- one per task end --
+linear in the job's size, so a job of n tasks cost O(n^2).  A plan that ran out of asks
+after handing a window's worth out, with a job cut short, is made afresh at once."""
 
 Running = tuple[float, Resources, int]
 """A started task as the packers see it: (end time, demand, stage id)."""
@@ -90,6 +97,9 @@ class JobState:
     stages: dict[int, StageState] = field(default_factory=dict)
     stage_of: dict[TaskId, int] = field(default_factory=dict)
     queued: dict[TaskId, Task] = field(default_factory=dict)
+    """Runnable tasks (changed only through ``enqueue`` and ``dequeue``)."""
+    queued_demands: dict[Resources, int] = field(default_factory=dict)
+    """How many runnable tasks there are of each demand."""
     running: dict[TaskId, tuple[Task, float]] = field(default_factory=dict)
     version: int = 0
     """Bumped on every change of the job's tasks: keys the cached results."""
@@ -113,6 +123,62 @@ class JobState:
     _held: Vec = field(default_factory=list)
     """What the running tasks hold, kept as they start and stop (integer demands: the
     sums are exact, so they equal a fresh sum)."""
+    _work: tuple[tuple[float, int, tuple[float, ...]] | None, float] = (None, 0.0)
+    """``remaining_work`` at (now, version, capacity): a plan asks for it twice."""
+
+    def enqueue(self, task: Task) -> None:
+        """``task`` is runnable."""
+        old = self.queued.get(task.task_id)
+        if old is not None:
+            self._uncount(old.demand)
+        self.queued[task.task_id] = task
+        d = task.demand
+        self.queued_demands[d] = self.queued_demands.get(d, 0) + 1
+
+    def dequeue(self, task_id: TaskId) -> Task | None:
+        """``task_id`` is no longer runnable: the task, or None if it was not."""
+        task = self.queued.pop(task_id, None)
+        if task is not None:
+            self._uncount(task.demand)
+        return task
+
+    def _uncount(self, d: Resources) -> None:
+        n = self.queued_demands[d] - 1
+        if n:
+            self.queued_demands[d] = n
+        else:
+            del self.queued_demands[d]
+
+    def queued_demand(self, m: int) -> Vec:
+        """What the runnable tasks ask for, summed (integer demands: exact)."""
+        total = [0.0] * m
+        for d, n in self.queued_demands.items():
+            for r, x in enumerate(d):
+                total[r] += x * n
+        return total
+
+    def window(self, name: str, order: Callable[[], list[Task]]) -> list[Task]:
+        """The first ``PLAN_WINDOW`` runnable tasks in the order ``order()`` gives -- an
+        order a task's start or end does not change (only one arriving or coming back):
+        the list is kept under ``name`` (``memo``), and once more than a window of tasks
+        that left it lead it, it is kept without them."""
+        hit: list[Task] | None = self.memo(name, across_starts=True)
+        if hit is None:
+            hit = order()
+            self.keep(name, hit)
+        queued = self.queued
+        out: list[Task] = []
+        gone = 0
+        for t in hit:
+            if t.task_id in queued:
+                out.append(t)
+                if len(out) == PLAN_WINDOW:
+                    break
+            else:
+                gone += 1
+        if gone > PLAN_WINDOW:
+            self.keep(name, [t for t in hit if t.task_id in queued])
+        return out
 
     def start(self, task: Task, now: float) -> None:
         """``task`` runs from ``now``."""
@@ -168,17 +234,29 @@ class JobState:
     def remaining_work(self, now: float, capacity: Sequence[float]) -> float:
         """Work left, in dominant share x seconds: the measure of SRTF (Carbyne's
         leftover order, Tetris's remaining-work term)."""
+        key = (now, self.version, tuple(capacity))
+        if self._work[0] == key:  # asked again in the same plan
+            return self._work[1]
+        doms: dict[Resources, float] = {}
+
+        def dom(d: Resources) -> float:
+            x = doms.get(d)
+            if x is None:
+                x = doms[d] = dominant(d, capacity)
+            return x
+
         w = self.memo("waiting_work")
         if w is None:
             w = sum(
-                dominant(t.demand, capacity) * t.duration
+                dom(t.demand) * t.duration
                 for st in self.stages.values()
                 for t in st.waiting.values()
             )
             self.keep("waiting_work", w)
         total = float(w)
         for t, since in self.running.values():
-            total += dominant(t.demand, capacity) * max(0.0, since + t.duration - now)
+            total += dom(t.demand) * max(0.0, since + t.duration - now)
+        self._work = (key, total)
         return total
 
     def parents(self) -> dict[int, tuple[int, ...]]:
@@ -212,6 +290,11 @@ class JobState:
             return (level.get(s, 0), s, t.task_id)
 
         return sorted(self.queued.values(), key=key)
+
+
+def breadth_first(job: JobState) -> list[Task]:
+    """The job's plan window in breadth-first order (``JobState.breadth_first``)."""
+    return job.window("breadth_first", job.breadth_first)
 
 
 @dataclass(slots=True)
@@ -303,6 +386,10 @@ class JobQueues(UserQueues):
         """(job or None for the entitled capacity, demand) its budget cannot afford."""
         self._misses = 0
         """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
+        self._handed = 0
+        """Asks handed out since the plan was made."""
+        self._cut_short = False
+        """A job had more runnable tasks than the plan's window of it."""
         self._blocked: set[TaskId] = set()
         self._no_fit: dict[int, list[Resources]] = {}
         """Per constraint mask, the smallest demands that found no node in this epoch."""
@@ -377,7 +464,7 @@ class JobQueues(UserQueues):
 
     def push_back(self, task: Task) -> None:
         job = self._job_for(task)
-        job.queued[task.task_id] = task
+        job.enqueue(task)
         if task.task_id in self._popped:  # could not be placed: wait for a new epoch
             # the job is as it was before the pop: its cached results still hold
             ask = self._popped.pop(task.task_id)
@@ -387,7 +474,7 @@ class JobQueues(UserQueues):
                 self._refund(ask)
             self._blocked.add(task.task_id)
             self._no_node_for(task)
-            if self._never_fits(task):
+            if self._never_fits(task.demand):
                 # no budget would ever afford it in the plan: it goes to the GM as an
                 # oversize task again once the view changes (another GM's tasks may
                 # hold the nodes, and their ends make no new plan here)
@@ -402,14 +489,14 @@ class JobQueues(UserQueues):
     def push_front(self, task: Task) -> None:
         self._popped.pop(task.task_id, None)
         job = self._job_for(task)
-        job.queued[task.task_id] = task
+        job.enqueue(task)
         job.version += 1
         job.events += 1
         self._dirty = True
 
     def remove(self, task: Task) -> bool:
         job = self.jobs.get(task.job_id)
-        if job is None or job.queued.pop(task.task_id, None) is None:
+        if job is None or job.dequeue(task.task_id) is None:
             return False
         self._dirty = True
         return True
@@ -421,7 +508,7 @@ class JobQueues(UserQueues):
         if job is not None:
             job.version += 1
             for t in (task, *lost):
-                job.queued.pop(t.task_id, None)
+                job.dequeue(t.task_id)
                 st = job.stages.get(job.stage_of.get(t.task_id, -1))
                 if st is not None:
                     st.waiting.pop(t.task_id, None)
@@ -461,7 +548,7 @@ class JobQueues(UserQueues):
             self._replan()
         if self._oversize:
             return True
-        return self._misses < self.patience and self._next_ask() is not None
+        return self._misses < self.patience and self._next_ask_or_replan() is not None
 
     def pop(self) -> Task | None:
         if self._dirty:
@@ -472,9 +559,10 @@ class JobQueues(UserQueues):
                 task.altruistic = False
                 self._popped[task.task_id] = None
                 return task
-        i = self._next_ask() if self._misses < self.patience else None
+        i = self._next_ask_or_replan() if self._misses < self.patience else None
         if i is None:
             return None
+        self._handed += 1
         ask = self._plan.pop(i)
         task = ask.task
         self._take_from_queue(task)
@@ -485,7 +573,17 @@ class JobQueues(UserQueues):
 
     def _take_from_queue(self, task: Task) -> bool:
         job = self.jobs.get(task.job_id)
-        return job is not None and job.queued.pop(task.task_id, None) is not None
+        return job is not None and job.dequeue(task.task_id) is not None
+
+    def _next_ask_or_replan(self) -> int | None:
+        """``_next_ask``; a plan that ran out after handing out a window's worth of asks
+        while a job had more runnable tasks than its window is made afresh (the job's
+        next window; fewer handed out, the budgets ran out first)."""
+        i = self._next_ask()
+        if i is None and self._cut_short and self._handed >= PLAN_WINDOW:
+            self._replan()
+            i = self._next_ask()
+        return i
 
     def _next_ask(self) -> int | None:
         """Index of the first ask that may be handed out now (stale asks are dropped)."""
@@ -571,7 +669,7 @@ class JobQueues(UserQueues):
         self.now = max(self.now, now)
         self._popped.pop(task.task_id, None)
         job = self._job_for(task)
-        job.queued.pop(task.task_id, None)
+        job.dequeue(task.task_id)
         job.version += 1
         if task.task_id not in job.running:
             st = job.stages[job.stage_of[task.task_id]]
@@ -635,9 +733,17 @@ class JobQueues(UserQueues):
             self._plan, self._oversize, self._pools = [], [], {}
             return
         self.counters["plans"] += 1
+        self._handed = 0
+        self._cut_short = any(len(j.queued) > PLAN_WINDOW for j in self.jobs.values())
         # a task no share or node could ever hold goes to the GM anyway: it either
         # fails there explicitly (infeasible) or runs on what is free beyond the share
-        oversize = [t for j in self.jobs.values() for t in j.queued.values() if self._never_fits(t)]
+        oversize = [
+            t
+            for j in self.jobs.values()
+            if any(self._never_fits(d) for d in j.queued_demands)
+            for t in j.queued.values()
+            if self._never_fits(t.demand)
+        ]
         self._oversize = oversize[::-1]
         self._parked.clear()  # queued, so among them
         big = {t.task_id for t in oversize}
@@ -661,11 +767,10 @@ class JobQueues(UserQueues):
             out.append(a)
         return out
 
-    def _never_fits(self, task: Task) -> bool:
-        """No share (the entitled capacity) or node could ever hold ``task``."""
-        hit = self._oversize_memo.get(task.demand)
+    def _never_fits(self, d: Resources) -> bool:
+        """No share (the entitled capacity) or node could ever hold demand ``d``."""
+        hit = self._oversize_memo.get(d)
         if hit is None:
-            d = task.demand
             hit = not fits_in(d, self.capacity) or (
                 bool(self._node_caps) and not any(fits_in(d, c) for c in self._node_caps)
             )

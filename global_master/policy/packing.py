@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from common.ids import JobId
 from common.model import Resources, Task
-from global_master.policy.jobs import Ask, JobQueues
+from global_master.policy.jobs import PLAN_WINDOW, Ask, JobQueues
 from global_master.policy.vectors import Vec, fits_in, take
 
 if TYPE_CHECKING:
@@ -78,6 +79,6 @@ class TetrisQueues(JobQueues):
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         jobs = self.active()
-        tasks = [t for j in jobs for t in j.queued.values()]
+        tasks = [t for j in jobs for t in islice(j.queued.values(), PLAN_WINDOW)]
         # no fairness (knob f = 0): no task has a share behind it
         return [Ask(t, altruistic=True) for t in pack(tasks, self.free(cap, jobs), cap)], {}

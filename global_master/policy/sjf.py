@@ -11,11 +11,13 @@ conserving); no fairness, so every task is ALTRUISTIC: never a reason to preempt
 
 from __future__ import annotations
 
+from itertools import islice
+
 from common.dag import children_of, finish_times
 from common.ids import JobId
 from common.model import Task
 from global_master.policy.altruism import job_finish
-from global_master.policy.jobs import Ask, JobQueues, JobState
+from global_master.policy.jobs import PLAN_WINDOW, Ask, JobQueues, JobState
 from global_master.policy.vectors import Vec
 
 
@@ -31,7 +33,7 @@ def job_finish_alone(job: JobState, now: float, cap: list[float]) -> float:
 
 def critical_first(job: JobState) -> list[Task]:
     """Runnable tasks, longest remaining path to the job's end first (CPM), then
-    breadth-first."""
+    breadth-first: the plan's window of them (``PLAN_WINDOW``)."""
     hit = job.memo("critical_first")
     if hit is None:
         length = {
@@ -46,9 +48,8 @@ def critical_first(job: JobState) -> list[Task]:
             key=lambda t: (-tail.get(job.stage_of[t.task_id], 0.0), rank[t.task_id]),
         )
         job.keep("critical_first", hit)
-        return list(hit)
     queued = job.queued  # (kept a few task ends ago: some may have started since)
-    return [t for t in hit if t.task_id in queued]
+    return list(islice((t for t in hit if t.task_id in queued), PLAN_WINDOW))
 
 
 class SjfQueues(JobQueues):
