@@ -32,13 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from common.config import FederationConfig, parse_config
 from common.metrics import percentiles
 from megha_cli.federation import service_pids, start_federation, stop_federation
 from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, bench, measure_floor
+from runtime import h1
 from security.access import Access
 from security.identity import lm as lm_identity
 
@@ -256,12 +255,15 @@ async def _spaced_floor(cfg: FederationConfig, home: Path, n: int = 150) -> dict
     never do."""
     access, lm0 = Access.in_home(home, cfg), cfg.lm_ids[0]
     url, who = cfg.lm_url(lm0), lm_identity(lm0)
-    async with aiohttp.ClientSession() as session:
-        back = await measure_floor(session, url, access, who, n)
+    client = h1.Client(limit_per_host=1, timeout_s=30.0)
+    try:
+        back = await measure_floor(client, url, access, who, n)
         spaced: list[float] = []
         for _ in range(n):
-            spaced += await measure_floor(session, url, access, who, 1)
+            spaced += await measure_floor(client, url, access, who, 1)
             await asyncio.sleep(SPACING_S)
+    finally:
+        await client.close()
     return {
         "spacing_s": SPACING_S,
         "back_to_back_s": percentiles(back),

@@ -23,7 +23,6 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 
@@ -61,6 +60,7 @@ from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
 from global_master.policy import make_policy
 from runtime import broker as amqp
+from runtime import h1
 from runtime.dedup import Dedup
 from runtime.driver import Batcher, CoreDriver, Traffic
 from runtime.http import Peer, PeerRefused, service_app, service_identity, session
@@ -134,7 +134,7 @@ class GmService:
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
-        self.http: aiohttp.ClientSession | None = None
+        self.http: h1.Client | None = None
         self.lms: dict[LmId, Peer] = {}
         self._keep_ends_order: dict[LmId, asyncio.Lock] = {}
         """``KeepEnds`` to one LM leave in the order the core made them (a lock is FIFO): a
@@ -180,7 +180,7 @@ class GmService:
     # ------------------------------------------------------------ lifecycle
     async def open(self) -> None:
         await self.sup.__aenter__()
-        self.http = session(64)
+        self.http = session()
         for lm in self.cfg.lm_ids:
             self.lms[lm] = Peer(
                 lm_identity(lm), self.cfg.lm_urls(lm), self.access, self.http,

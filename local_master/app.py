@@ -20,7 +20,6 @@ import signal
 import time
 from typing import Any
 
-import aiohttp
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aiohttp import web
@@ -51,6 +50,7 @@ from common.messages import (
 from local_master import inspect
 from local_master.core import LocalMaster
 from runtime import broker as amqp
+from runtime import h1
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import (
     Peer,
@@ -103,7 +103,7 @@ class LmService:
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
-        self.http: aiohttp.ClientSession | None = None
+        self.http: h1.Client | None = None
         self.pool: Peer | None = None
         self._seq = itertools.count(1)
         self.to_pool: Batcher[str, StartTask | StopTask] = Batcher(
@@ -134,7 +134,7 @@ class LmService:
 
     async def open(self) -> None:
         await self.sup.__aenter__()
-        self.http = session(32)
+        self.http = session()
         policy = Backoff(deadline_s=self.cfg.worker_timeout_s)
         self.pool = Peer(
             workers_identity(self.lm),

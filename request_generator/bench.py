@@ -57,6 +57,7 @@ from request_generator.workload import (
     specs_of,
     synthetic_jobs,
 )
+from runtime import h1
 from runtime.http import MSGPACK
 from security.access import Access
 from security.identity import Identity
@@ -188,18 +189,17 @@ def signed(access: Access, to: Identity, method: str, path: str) -> dict[str, st
 
 
 async def measure_floor(
-    session: aiohttp.ClientSession, url: str, access: Access, to: Identity, n: int
+    client: h1.Client, url: str, access: Access, to: Identity, n: int
 ) -> list[float]:
-    """Round trips of an empty signed request over one keep-alive connection (none if
-    the service does not answer: a bench survives a service that is down)."""
+    """Round trips of an empty signed request over one keep-alive connection, by the
+    client the services' hops use (none if the service does not answer: a bench
+    survives a service that is down)."""
     rtts: list[float] = []
     for _ in range(n):
         t = time.perf_counter()
         try:
-            headers = signed(access, to, "POST", "/v1/ping")
-            async with session.post(url + "/v1/ping", data=b"", headers=headers) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
+            await client.post(url + "/v1/ping", b"", signed(access, to, "POST", "/v1/ping"))
+        except (h1.BrokenHop, TimeoutError):
             return rtts
         rtts.append(time.perf_counter() - t)
     return rtts
@@ -592,11 +592,11 @@ async def _wait_done(sub: Submitter, n_tasks: int, opts: BenchOptions) -> None:
 
 
 async def _ping_during_run(
-    session: aiohttp.ClientSession, url: str, access: Access, to: Identity, out: list[float]
+    client: h1.Client, url: str, access: Access, to: Identity, out: list[float]
 ) -> None:
     """The same empty round trip, every 20 ms while the workload runs."""
     while True:
-        out.extend(await measure_floor(session, url, access, to, 1))
+        out.extend(await measure_floor(client, url, access, to, 1))
         await asyncio.sleep(0.02)
         if len(out) > 100_000:  # bounded: a soak keeps the latest
             del out[:50_000]
@@ -625,16 +625,17 @@ async def _drive(
     sub.outcomes.sink = tally.add
     sub.outcomes.owns = _OfRun(prefix).__contains__
     access = sub.access
+    floor = h1.Client(limit_per_host=1, timeout_s=30.0)
     try:
         async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=4), timeout=aiohttp.ClientTimeout(total=30)
         ) as session:
             lm0 = cfg.lm_ids[0]
             floor_lm = await measure_floor(
-                session, cfg.lm_url(lm0), access, lm_identity(lm0), opts.floor_samples
+                floor, cfg.lm_url(lm0), access, lm_identity(lm0), opts.floor_samples
             )
             floor_worker = await measure_floor(
-                session, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
+                floor, cfg.worker_url(lm0), access, workers_identity(lm0), opts.floor_samples
             )
             _report(
                 opts, sub, n_tasks, time.time(),
@@ -648,7 +649,7 @@ async def _drive(
             await log.poll(session, record=False)  # from here on: what this run launches
             followers = [
                 asyncio.ensure_future(
-                    _ping_during_run(session, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
+                    _ping_during_run(floor, cfg.lm_url(lm0), access, lm_identity(lm0), busy)
                 ),
                 asyncio.ensure_future(log.follow(session)),
             ]
@@ -666,6 +667,8 @@ async def _drive(
         sub.outcomes.sink = None
         tally.close()
         raise
+    finally:
+        await floor.close()
     unfinished = close_tally(sub.outcomes, tally)
     return _Run(
         jobs, tally, prefix, unfinished, n_tasks, span, floor_lm, floor_worker, busy, states, log,

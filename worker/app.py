@@ -14,7 +14,6 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from common import codec
@@ -35,6 +34,7 @@ from common.messages import (
     WorkerReport,
     WorkerReports,
 )
+from runtime import h1
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import (
     MSGPACK,
@@ -79,7 +79,7 @@ class WorkerService:
         self.driver = CoreDriver(self.core, self.sup)
         policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
         self.runner = Runner(self.driver, policy)
-        self.http: aiohttp.ClientSession | None = None
+        self.http: h1.Client | None = None
         self.lm: Peer | None = None
         self.registered = asyncio.Event()
         self.reports: Batcher[str, WorkerReport] = Batcher(
@@ -93,7 +93,7 @@ class WorkerService:
 
     async def open(self) -> None:
         await self.sup.__aenter__()
-        self.http = session(16)
+        self.http = session()
         self.lm = Peer(
             lm_identity(self.core.lm), self.cfg.lm_urls(self.core.lm), self.access, self.http,
             policy=REPORTS,

@@ -1,0 +1,255 @@
+"""runtime.h1, the services' HTTP/1.1 client: the sans-IO parser fed whole and byte by
+byte, and the client against a raw server (keep-alive, close, breaks, limits) and an
+aiohttp one (the servers the hops really meet)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from runtime import h1
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello"
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"3;ext=1\r\nhel\r\n2\r\nlo\r\n0\r\nTrailer: x\r\n\r\n"
+)
+
+
+def _parse(data: bytes, *, step: int = 0, max_body: int = 1 << 20) -> h1.ResponseParser:
+    p = h1.ResponseParser(max_body)
+    if step:
+        for i in range(0, len(data), step):
+            p.feed(data[i : i + step])
+    else:
+        p.feed(data)
+    return p
+
+
+@pytest.mark.parametrize("step", [0, 1, 7])
+def test_content_length_and_chunked_answers_whole_or_split(step: int) -> None:
+    for data in (OK, CHUNKED, b"HTTP/1.1 100 Continue\r\n\r\n" + OK):
+        p = _parse(data, step=step)
+        assert p.answer is not None
+        assert p.answer.status == 200
+        assert p.answer.body == b"hello"
+        assert p.keep_alive
+        assert not p.buf
+
+
+def test_an_answer_is_not_complete_before_its_last_byte() -> None:
+    for data in (OK, CHUNKED):
+        assert _parse(data[:-1]).answer is None
+
+
+def test_no_body_statuses_and_read_to_close() -> None:
+    p = _parse(b"HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n")
+    assert p.answer is not None
+    assert p.answer.body == b""
+    p = _parse(b"HTTP/1.1 200 OK\r\n\r\nuntil the ")
+    assert p.answer is None
+    assert not p.keep_alive
+    p.feed(b"close")
+    p.eof()
+    assert p.answer is not None
+    assert p.answer.body == b"until the close"
+
+
+def test_connection_close_and_http10_end_keep_alive() -> None:
+    assert not _parse(OK.replace(b"X-A: 1", b"Connection: close")).keep_alive
+    assert not _parse(OK.replace(b"HTTP/1.1", b"HTTP/1.0")).keep_alive
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (h1.MAX_HEAD + 10),
+    ],
+)
+def test_what_is_not_a_response_breaks_the_hop(data: bytes) -> None:
+    with pytest.raises(h1.BrokenHop):
+        _parse(data)
+
+
+def test_a_closed_connection_mid_answer_breaks_the_hop() -> None:
+    p = _parse(OK[:-2])
+    with pytest.raises(h1.BrokenHop):
+        p.eof()
+
+
+def test_a_body_over_the_limit_is_too_large_however_it_comes() -> None:
+    for data in (OK, CHUNKED, b"HTTP/1.1 200 OK\r\n\r\nhello"):
+        with pytest.raises(h1.AnswerTooLarge):
+            _parse(data, max_body=4)
+
+
+# ------------------------------------------------------------- the client
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def _raw_server(handler: Handler) -> AsyncIterator[str]:
+    writers: list[asyncio.StreamWriter] = []
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await handler(reader, writer)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for writer in writers:  # the server's ends, whatever their handlers did
+            writer.close()
+        await server.wait_closed()
+        await asyncio.sleep(0)  # the transports close on the next pass of the loop
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+def test_keep_alive_reuses_one_connection_and_close_opens_another() -> None:
+    connections: list[int] = []
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        while True:
+            try:
+                head, body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            heads.append(head)
+            close = b"x-close" in head.lower()
+            extra = b"Connection: close\r\n" if close else b""
+            writer.write(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (extra, len(body)))
+            writer.write(body)
+            await writer.drain()
+            if close:
+                break
+        writer.close()
+
+    async def main() -> None:
+        async with _raw_server(serve) as url:
+            client = h1.Client(limit_per_host=1)
+            for i in range(3):
+                answer = await client.post(url + "/a?b=1", b"x" * i, {"X-N": str(i)})
+                assert answer.body == b"x" * i
+            assert len(connections) == 1
+            await client.post(url + "/a", b"bye", {"X-Close": "1"})
+            answer = await client.post(url + "/a", b"again", {})
+            assert answer.body == b"again"
+            assert len(connections) == 2
+            await client.close()
+            with pytest.raises(h1.BrokenHop):
+                await client.post(url + "/a", b"", {})
+
+    asyncio.run(main())
+    assert heads[0].startswith(b"POST /a?b=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"X-N: 0\r\nContent-Length: 0" in heads[0]
+
+
+def test_a_server_that_hangs_up_or_says_nothing_gives_broken_hop_or_timeout() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhal")
+        await writer.drain()
+        writer.close()
+
+    released = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await released.wait()
+        writer.close()
+
+    async def main() -> None:
+        client = h1.Client(timeout_s=0.2)
+        async with _raw_server(hang_up) as url:
+            with pytest.raises(h1.BrokenHop):
+                await client.post(url + "/", b"", {})
+        async with _raw_server(silent) as url:
+            with pytest.raises(TimeoutError):
+                await client.post(url + "/", b"", {})
+            released.set()
+        with pytest.raises(h1.BrokenHop):  # nobody listens there any more
+            await client.post(url + "/", b"", {})
+        assert not client._idle.get(client._origin(url + "/")[0])  # nothing half-read kept
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_header_injection_and_other_schemes_are_refused() -> None:
+    async def main() -> None:
+        client = h1.Client()
+        with pytest.raises(ValueError, match="line break"):
+            await client.post("http://127.0.0.1:1/", b"", {"X-A": "1\r\nX-Evil: 1"})
+        with pytest.raises(ValueError, match="only http"):
+            await client.post("https://127.0.0.1:1/", b"", {})
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_against_aiohttp_answers_small_empty_chunked_and_too_large() -> None:
+    async def echo(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.path == "/empty":
+            return web.Response(status=204)
+        if request.path == "/chunked":
+            resp = web.StreamResponse()
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for part in (b"ab", b"cd", b"ef"):
+                await resp.write(part)
+            await resp.write_eof()
+            return resp
+        return web.Response(body=body, headers={"X-Len": str(len(body))})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", echo)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        url = f"http://127.0.0.1:{port}"
+        client = h1.Client(limit_per_host=2)
+        try:
+            answers = await asyncio.gather(
+                *(client.post(f"{url}/echo", bytes([i]) * 1000, {}) for i in range(20))
+            )
+            assert [a.body for a in answers] == [bytes([i]) * 1000 for i in range(20)]
+            assert answers[3].headers["x-len"] == "1000"
+            assert (await client.post(url + "/empty", b"", {})).status == 204
+            assert (await client.request("GET", url + "/chunked")).body == b"abcdef"
+            with pytest.raises(h1.AnswerTooLarge):
+                await client.post(url + "/echo", b"z" * 100, {}, max_body=50)
+            assert (await client.post(url + "/echo", b"ok", {})).body == b"ok"
+            assert len(client._open) <= 2
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    asyncio.run(main())
