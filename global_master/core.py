@@ -347,6 +347,9 @@ class GlobalMaster:
         """Where the next round-robin walk of internal (True) / external partitions starts."""
         self._next_request = 0
         self._snapshot_wanted: set[LmId] = set()
+        self._restart_counted: dict[LmId, int] = {}
+        """The newest epoch of each LM counted in ``lm_restarts_seen``: an incarnation is
+        counted once, however many of its updates come before its snapshot."""
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
         self._capacity: list[int] = []
         self._node_caps: frozenset[tuple[int, ...]] = frozenset()
@@ -1400,8 +1403,10 @@ class GlobalMaster:
             if delta.epoch < view.epoch:  # from an incarnation that has been replaced
                 self.counters.stale_updates += 1
                 return []
-            self.counters.lm_restarts_seen += 1  # the LM restarted: its versions began anew
-            return self._want_snapshot(delta.lm)
+            if self._restart_counted.get(delta.lm, view.epoch) < delta.epoch:
+                self._restart_counted[delta.lm] = delta.epoch  # the LM restarted
+                self.counters.lm_restarts_seen += 1
+            return self._want_snapshot(delta.lm)  # its versions began anew
         changed, gap = view.apply(delta)
         self.counters.updates_applied += 1
         if changed:

@@ -321,3 +321,20 @@ def test_a_dag_held_past_the_lms_retention_runs_nothing_again_after_a_gm_restart
     again.node[b.task_id] = run.node[b.task_id]
     again.finish(b, 403.0)
     assert again.place(404.0) == [c.task_id]
+
+
+def test_an_lm_restart_is_counted_once_however_many_updates_precede_its_snapshot() -> None:
+    old = make_lm("lm0", nodes=[(4, 4)])
+    gm = GlobalMaster(GmId("gm0"), [old.lm_id], [UserConfig(user=U0, gm=GmId("gm0"), share=1.0)])
+    gm.handle(old.snapshot(gm.gm_id), 0.0)
+    new = make_lm("lm0", nodes=[(4, 4)])
+    new.epoch = old.epoch + 1  # the same LM, restarted
+    beat = new.snapshot(gm.gm_id).state
+    asked = [gm.handle(StateUpdated(delta=beat), 1.0 + i) for i in range(5)]
+    assert gm.counters.lm_restarts_seen == 1
+    assert [len(a) for a in asked] == [1, 0, 0, 0, 0]  # one snapshot asked for
+    gm.handle(new.snapshot(gm.gm_id), 7.0)
+    newer = make_lm("lm0", nodes=[(4, 4)])
+    newer.epoch = old.epoch + 2
+    gm.handle(StateUpdated(delta=newer.snapshot(gm.gm_id).state), 8.0)
+    assert gm.counters.lm_restarts_seen == 2
