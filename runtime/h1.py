@@ -13,8 +13,10 @@ Scope, and its invariants:
   federation has no TLS); one request at a time per connection, no pipelining.
 - A response is read whole: ``Content-Length``, chunked, or (without either) up to
   the connection's close; 1xx, 204 and 304 have no body.  A header block over 64 KiB
-  breaks the connection (``BrokenHop``); so does a response larger than ``max_body``
-  (``AnswerTooLarge``: not worth another try).
+  (however it comes) breaks the connection (``BrokenHop``), and so does a status or
+  ``Content-Length`` that is not plain ASCII digits; a response larger than
+  ``max_body`` gives ``AnswerTooLarge`` (not worth another try).  The parser raises
+  nothing else.
 - A connection goes back to the idle pool only after a whole response without
   ``Connection: close``; anything else (an error, a timeout, a cancelled caller)
   closes it, so a late answer can never be read as the next request's.
@@ -94,7 +96,7 @@ class ResponseParser:
         while True:
             if self._headers is None:
                 end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
+                if end < 0 or end > MAX_HEAD:
                     if len(self.buf) > MAX_HEAD:
                         raise BrokenHop("answer head too long")
                     return
@@ -123,9 +125,10 @@ class ResponseParser:
         """Read the status line and headers; False for an interim (1xx) answer."""
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        code = parts[1] if len(parts) > 1 else b""
+        if not parts[0].startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
             raise BrokenHop(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-        status = int(parts[1])
+        status = int(code)
         if 100 <= status < 200:
             return False
         headers: CIMultiDict[str] = CIMultiDict()
@@ -146,7 +149,7 @@ class ResponseParser:
             self._length = -1
         elif "Content-Length" in headers:
             lengths = set(headers.getall("Content-Length"))
-            if len(lengths) != 1 or not (text := lengths.pop()).isdigit():
+            if len(lengths) != 1 or not _digits(text := lengths.pop(), 18):
                 raise BrokenHop("bad Content-Length")
             self._length = int(text)
             if self._length > self.max_body:
@@ -184,6 +187,12 @@ class ResponseParser:
     def _finish(self, body: bytes) -> None:
         assert self._headers is not None
         self.answer = Answer(self._status, CIMultiDictProxy(self._headers), body)
+
+
+def _digits(text: str, most: int) -> bool:
+    """Only ASCII digits, at most ``most`` of them (``str.isdigit`` takes '²', and
+    ``int`` refuses over 4300 digits: either would raise ValueError, not ``BrokenHop``)."""
+    return 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 
 # --------------------------------------------------------------- connection

@@ -75,7 +75,14 @@ def test_connection_close_and_http10_end_keep_alive() -> None:
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * (h1.MAX_HEAD + 10),
+        # numbers Python reads but HTTP does not (they raised ValueError, not BrokenHop)
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",  # latin-1 superscript two
+        b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+        b"HTTP/1.1 " + b"2" * 5000 + b" OK\r\n\r\n",
+        # a head over the limit that comes whole, in one read
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (h1.MAX_HEAD + 10) + b"\r\nContent-Length: 0\r\n\r\n",
     ],
+    ids=lambda data: repr(data if len(data) < 80 else data[:40] + b"..." + data[-30:]),
 )
 def test_what_is_not_a_response_breaks_the_hop(data: bytes) -> None:
     with pytest.raises(h1.BrokenHop):
