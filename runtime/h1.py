@@ -24,6 +24,8 @@ Scope, and its invariants:
   longer), so a reused one is normally open; if the server closed it anyway the
   request fails with ``BrokenHop`` and the caller's retry policy decides, exactly as
   with aiohttp (a POST is never re-sent behind the caller's back).
+- A chunked body is read only as framed: hex sizes, each chunk's data ended by CRLF
+  (anything else is ``BrokenHop``, never a body cut elsewhere).
 - Header names and values may not hold CR or LF (no header injection).
 """
 
@@ -166,10 +168,10 @@ class ResponseParser:
             if end < 0:
                 return False
             size_text = bytes(self.buf[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise BrokenHop(f"bad chunk size {size_text[:20]!r}") from None
+            # HEXDIG only: int(..., 16) also takes '-3', '+3', '0x3' and '0_3'
+            if not 0 < len(size_text) <= 16 or size_text.strip(b"0123456789abcdefABCDEF"):
+                raise BrokenHop(f"bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 trailers_end = self.buf.find(b"\r\n\r\n", end)
                 if trailers_end < 0:
@@ -179,6 +181,8 @@ class ResponseParser:
                 return True
             if len(self.buf) < end + 2 + size + 2:
                 return False
+            if self.buf[end + 2 + size : end + 4 + size] != b"\r\n":
+                raise BrokenHop("chunk data not followed by CRLF")
             self._chunks += self.buf[end + 2 : end + 2 + size]
             if len(self._chunks) > self.max_body:
                 raise AnswerTooLarge(f"answer over {self.max_body} bytes")

@@ -81,6 +81,13 @@ def test_connection_close_and_http10_end_keep_alive() -> None:
         b"HTTP/1.1 " + b"2" * 5000 + b" OK\r\n\r\n",
         # a head over the limit that comes whole, in one read
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * (h1.MAX_HEAD + 10) + b"\r\nContent-Length: 0\r\n\r\n",
+        # chunk sizes int(..., 16) takes but are not HEX digits, data not ended by CRLF
+        *(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\nabc\r\n0\r\n\r\n" % size
+            for size in (b"-3", b"+3", b"0x3", b"0_3", b"")
+        ),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n",
     ],
     ids=lambda data: repr(data if len(data) < 80 else data[:40] + b"..." + data[-30:]),
 )
