@@ -15,8 +15,9 @@ Scope, and its invariants:
   the connection's close; 1xx, 204 and 304 have no body.  A header block over 64 KiB
   (however it comes) breaks the connection (``BrokenHop``), and so does a status or
   ``Content-Length`` that is not plain ASCII digits; a response larger than
-  ``max_body`` gives ``AnswerTooLarge`` (not worth another try).  The parser raises
-  nothing else.
+  ``max_body`` gives ``AnswerTooLarge`` (not worth another try) as soon as its
+  ``Content-Length`` or a chunk's size says so, before its data is buffered.  A chunk
+  size line or trailers over 64 KiB break it too.  The parser raises nothing else.
 - A connection goes back to the idle pool only after a whole response without
   ``Connection: close``; anything else (an error, a timeout, a cancelled caller)
   closes it, so a late answer can never be read as the next request's.
@@ -166,6 +167,8 @@ class ResponseParser:
         while True:
             end = self.buf.find(b"\r\n")
             if end < 0:
+                if len(self.buf) > MAX_HEAD:
+                    raise BrokenHop("chunk size line too long")
                 return False
             size_text = bytes(self.buf[:end]).split(b";", 1)[0].strip()
             # HEXDIG only: int(..., 16) also takes '-3', '+3', '0x3' and '0_3'
@@ -175,17 +178,19 @@ class ResponseParser:
             if size == 0:
                 trailers_end = self.buf.find(b"\r\n\r\n", end)
                 if trailers_end < 0:
+                    if len(self.buf) > MAX_HEAD:
+                        raise BrokenHop("trailers too long")
                     return False
                 del self.buf[: trailers_end + 4]
                 self._finish(bytes(self._chunks))
                 return True
+            if len(self._chunks) + size > self.max_body:  # before its data is buffered
+                raise AnswerTooLarge(f"answer over {self.max_body} bytes")
             if len(self.buf) < end + 2 + size + 2:
                 return False
             if self.buf[end + 2 + size : end + 4 + size] != b"\r\n":
                 raise BrokenHop("chunk data not followed by CRLF")
             self._chunks += self.buf[end + 2 : end + 2 + size]
-            if len(self._chunks) > self.max_body:
-                raise AnswerTooLarge(f"answer over {self.max_body} bytes")
             del self.buf[: end + 2 + size + 2]
 
     def _finish(self, body: bytes) -> None:

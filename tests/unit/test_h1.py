@@ -108,6 +108,15 @@ def test_a_body_over_the_limit_is_too_large_however_it_comes() -> None:
             _parse(data, max_body=4)
 
 
+def test_a_chunk_over_the_limit_is_refused_before_it_is_read_and_chunk_lines_are_bounded() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with pytest.raises(h1.AnswerTooLarge):  # not buffered whole first
+        _parse(head + b"4\r\nabcd\r\n40000000\r\nxx", max_body=10)
+    for endless in (b"1" * (h1.MAX_HEAD + 10), b"0\r\nX: " + b"a" * (h1.MAX_HEAD + 10)):
+        with pytest.raises(h1.BrokenHop):  # a chunk size line, or trailers, with no end
+            _parse(head + endless)
+
+
 # ------------------------------------------------------------- the client
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
