@@ -12,7 +12,8 @@ Scope, and its invariants:
 - ``POST`` (and ``GET``) with a ``Content-Length`` body over plain TCP (the
   federation has no TLS); one request at a time per connection, no pipelining.
 - A response is read whole: ``Content-Length``, chunked, or (without either) up to
-  the connection's close; 1xx, 204 and 304 have no body.  A header block over 64 KiB
+  the connection's close (the peer's FIN: a reset or this side's close cuts it short,
+  ``BrokenHop``); 1xx, 204 and 304 have no body.  A header block over 64 KiB
   (however it comes) breaks the connection (``BrokenHop``), and so does a status or
   ``Content-Length`` that is not plain ASCII digits; a response larger than
   ``max_body`` gives ``AnswerTooLarge`` (not worth another try) as soon as its
@@ -232,24 +233,25 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_result(self.parser.answer)
 
     def eof_received(self) -> bool:
-        self._on_end()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._on_end()
-
-    def _on_end(self) -> None:
+        """The peer's end: it completes a body read to the close."""
         self.closed = True
         if self.parser is None or self.waiter is None or self.waiter.done():
-            return
+            return False
         try:
             self.parser.eof()
         except BrokenHop as exc:
             self._fail(exc)
-            return
+            return False
         assert self.parser.answer is not None
         self.waiter.set_result(self.parser.answer)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """A reset, or this side's close (without the peer's end first): an answer
+        still awaited is cut short, even one read to the close."""
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(BrokenHop(f"connection lost: {exc!r}"))
 
     def _fail(self, exc: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():

@@ -276,3 +276,72 @@ def test_against_aiohttp_answers_small_empty_chunked_and_too_large() -> None:
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    """Let the loop run until ``cond()`` holds (at most about 5 s)."""
+    for _ in range(5000):
+        if cond():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the condition never held")
+
+
+class _Transport(asyncio.Transport):
+    """What a ``_Connection`` writes to, by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def write(self, data: object) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_only_the_peers_end_completes_a_body_read_to_the_close() -> None:
+    async def cut(exc: Exception | None, *, eof: bool) -> h1.Answer:
+        conn = h1._Connection()
+        conn.connection_made(_Transport())
+        waiter = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100))
+        conn.data_received(b"HTTP/1.1 200 OK\r\n\r\npart")
+        if eof:
+            conn.eof_received()
+        conn.connection_lost(exc)
+        return await waiter
+
+    async def main() -> None:
+        assert (await cut(None, eof=True)).body == b"part"  # the server's FIN: the whole body
+        for exc in (ConnectionResetError(), None):  # a reset, or this side's close: cut short
+            with pytest.raises(h1.BrokenHop):
+                await cut(exc, eof=False)
+
+    asyncio.run(main())
+
+
+def test_closing_the_client_mid_answer_read_to_the_close_breaks_the_hop() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nthe first half")
+        await writer.drain()
+        if b"x-whole" in head.lower():
+            writer.close()
+        else:
+            await reader.read()  # until the client hangs up
+
+    async def main() -> None:
+        async with _raw_server(serve) as url:
+            client = h1.Client()
+            assert (await client.post(url + "/", b"", {"X-Whole": "1"})).body == b"the first half"
+            task = asyncio.create_task(client.post(url + "/", b"", {}))
+            await _until(lambda: any(c.parser is not None and c.parser.buf for c in client._open))
+            await client.close()
+            with pytest.raises(h1.BrokenHop):
+                await task
+
+    asyncio.run(main())
