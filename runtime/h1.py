@@ -344,7 +344,8 @@ class Client:
             return answer
 
     async def close(self) -> None:
-        """Close every connection; later requests fail."""
+        """Close every connection; requests in flight, waiting or later fail, and open
+        none."""
         self.closed = True
         for conn in self._open:
             conn.close()
@@ -377,13 +378,23 @@ class Client:
         return None
 
     async def _connect(self, origin: _Origin) -> _Connection:
+        self._refuse_if_closed()  # closed while this request waited for a slot
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(_Connection, origin.host, origin.port)
         except OSError as exc:
             raise BrokenHop(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+        if self.closed:  # closed while it connected: nothing would ever close this one
+            conn.close()
+            raise BrokenHop("client closed")
         self._open.add(conn)
         return conn
+
+    def _refuse_if_closed(self) -> None:
+        """``BrokenHop`` once closed (a call: an ``if`` would leave mypy sure that
+        ``self.closed`` is still False after the await that follows)."""
+        if self.closed:
+            raise BrokenHop("client closed")
 
 
 def _request_bytes(

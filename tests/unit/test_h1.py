@@ -345,3 +345,45 @@ def test_closing_the_client_mid_answer_read_to_the_close_breaks_the_hop() -> Non
                 await task
 
     asyncio.run(main())
+
+
+def test_a_request_connecting_or_queued_when_the_client_closes_leaves_nothing_open() -> None:
+    connections: list[int] = []
+    release = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            await release.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def main() -> None:
+        async with _raw_server(serve) as url:
+            client = h1.Client(limit_per_host=1)
+            connecting = asyncio.create_task(client.post(url + "/", b"", {}))
+            await asyncio.sleep(0)  # in create_connection
+            await client.close()
+            release.set()
+            with pytest.raises(h1.BrokenHop):
+                await connecting
+            assert not client._open
+
+            release.clear()
+            client = h1.Client(limit_per_host=1)
+            busy = asyncio.create_task(client.post(url + "/", b"", {}))
+            queued = asyncio.create_task(client.post(url + "/", b"", {}))  # waits for a slot
+            await _until(lambda: len(connections) == 2)
+            await client.close()
+            release.set()
+            for task in (busy, queued):
+                with pytest.raises(h1.BrokenHop):
+                    await task
+            assert not client._open
+            assert len(connections) == 2  # the queued request opened none
+
+    asyncio.run(main())
