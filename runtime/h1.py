@@ -142,9 +142,11 @@ class ResponseParser:
                 raise BrokenHop(f"bad header line {line[:80]!r}")
             headers.add(name.decode("latin-1"), value.strip().decode("latin-1"))
         self._status, self._headers = status, headers
-        if "close" in headers.get("Connection", "").lower() or parts[0] == b"HTTP/1.0":
+        # every line of a header counts: "chunked" then "gzip" is a gzipped body
+        connection = ", ".join(headers.getall("Connection", ())).lower()
+        if "close" in connection or parts[0] == b"HTTP/1.0":
             self.keep_alive = False
-        coding = headers.get("Transfer-Encoding", "").lower()
+        coding = ", ".join(headers.getall("Transfer-Encoding", ())).lower()
         if self.head_only or status in (204, 304):
             self._length = 0
         elif coding:

@@ -62,6 +62,9 @@ def test_no_body_statuses_and_read_to_close() -> None:
 def test_connection_close_and_http10_end_keep_alive() -> None:
     assert not _parse(OK.replace(b"X-A: 1", b"Connection: close")).keep_alive
     assert not _parse(OK.replace(b"HTTP/1.1", b"HTTP/1.0")).keep_alive
+    assert not _parse(
+        OK.replace(b"X-A: 1", b"Connection: keep-alive\r\nConnection: close")
+    ).keep_alive
 
 
 @pytest.mark.parametrize(
@@ -88,6 +91,8 @@ def test_connection_close_and_http10_end_keep_alive() -> None:
         ),
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n",
+        # a coding after chunked on a second Transfer-Encoding line (only the first was read)
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n",
     ],
     ids=lambda data: repr(data if len(data) < 80 else data[:40] + b"..." + data[-30:]),
 )
