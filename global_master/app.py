@@ -9,8 +9,9 @@ the broker redelivers the job and LM snapshots say which of its tasks already ru
 Stateless: on start (and after the broker connection recovers) the GM asks every LM
 for a snapshot; it consumes jobs once it has a view of every LM.
 GET /health, /v1/state, /metrics; for operators GET /v1/inspect (users' queues,
-shares, wait reasons) and /v1/tasks/{user}/{task_id} (one task's timeline and why it
-waits), answered by ``global_master.inspect``.
+shares, wait reasons), /v1/tasks/{user}/{task_id} (one task's timeline and why it
+waits) and /v1/find/{id} (the tasks and jobs of that id, of any user), answered by
+``global_master.inspect``.
 """
 
 from __future__ import annotations
@@ -554,8 +555,18 @@ def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Applicatio
             return web.json_response({"error": "unknown_task", "detail": detail}, status=404)
         return web.json_response(answer)
 
+    async def find(request: web.Request) -> web.Response:
+        ident = request.match_info["id"]
+        answer = inspect.find(svc.core, ident)
+        if answer is None:
+            detail = f"{svc.core.gm_id} knows no task or job {ident!r} (now or lately)"
+            body = {"error": "not_found", "gm": svc.core.gm_id, "id": ident, "detail": detail}
+            return web.json_response(body, status=404)
+        return web.json_response(answer)
+
     app.router.add_get("/v1/inspect", overview)
     app.router.add_get("/v1/tasks/{user}/{task_id}", task)
+    app.router.add_get("/v1/find/{id}", find)
     return app
 
 

@@ -1,5 +1,6 @@
 """Answers to an operator's questions about one GM: where a task is and why it waits
-(``GET /v1/tasks/{user}/{task_id}``), and each user's queue (``GET /v1/inspect``).
+(``GET /v1/tasks/{user}/{task_id}``), what it knows under a task or job id of any user
+(``GET /v1/find/{id}``), and each user's queue (``GET /v1/inspect``).
 
 Pure functions of a ``GlobalMaster`` (read only): the reasons are the ones the core
 records as it decides (``WaitReason`` counts per task and per GM, see
@@ -8,15 +9,20 @@ records as it decides (``WaitReason`` counts per task and per GM, see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from common.ids import JobId, TaskId
 from common.model import COMPONENTS, Task, TaskKey, WaitReason
 from global_master.core import GlobalMaster
 from global_master.journal import EndedTask, Trail
 
 Record = Task | EndedTask
 """A task this GM holds, or what it kept of one that ended."""
+
+FIND_LIMIT = 200
+"""``find`` answers at most this many tasks in full (a job of 100,000 tasks is counted
+beyond it): the first of its job's tasks, in the job's order."""
 
 STATES = ("queued", "waiting", "in_flight", "running", "finished", "failed")
 """queued: in its user's queue; waiting: its DAG's parent stages have not finished;
@@ -49,7 +55,13 @@ def _state(core: GlobalMaster, key: TaskKey, task: Task) -> str:
     return "waiting" if core.queues.held_back(task) else "queued"
 
 
-def _why(core: GlobalMaster, key: TaskKey, task: Task, state: str) -> list[str]:
+QueuedOf = Callable[[GlobalMaster, str], int]
+"""How many tasks of a user are queued at a GM."""
+
+
+def _why(
+    core: GlobalMaster, key: TaskKey, task: Task, state: str, queued_of: QueuedOf
+) -> list[str]:
     """Why a task has not started (yet): its position, then the reasons counted."""
     lines: list[str] = []
     if state == "waiting":
@@ -59,7 +71,7 @@ def _why(core: GlobalMaster, key: TaskKey, task: Task, state: str) -> list[str]:
         kind = "preemption" if fl.node < 0 else ("repartition" if fl.repartition else "launch")
         lines.append(f"a {kind} request to {fl.lm} is unanswered (attempt {fl.task.attempt})")
     elif state == "queued":
-        lines.append(f"in {task.user}'s queue ({_queued_of(core, task.user)} tasks queued there)")
+        lines.append(f"in {task.user}'s queue ({queued_of(core, task.user)} tasks queued there)")
         if task.user in core.queues and core.queues.parked(task.user):
             lines.append(
                 "its user's queue is parked: tasks in a row could not be placed since the "
@@ -99,9 +111,12 @@ def _answer(core: GlobalMaster, task: Record, state: str, trail: Trail) -> dict[
     }
 
 
-def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
+def task_answer(
+    core: GlobalMaster, key: TaskKey, queued_of: QueuedOf = _queued_of
+) -> dict[str, Any] | None:
     """Where task ``key`` of this GM's users is, its timeline and why it waits (None:
-    this GM does not know it -- never submitted here, or ended too long ago)."""
+    this GM does not know it -- never submitted here, or ended too long ago).
+    ``queued_of`` counts a user's queued tasks (a walk over every task held)."""
     journal = core.journal
     task = core.live.get(key)
     if task is not None:
@@ -109,7 +124,7 @@ def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
         trail = journal.trail(key) if journal is not None else Trail()
         out = _answer(core, task, state, trail)
         out["reason"] = ""
-        out["why"] = _why(core, key, task, state)
+        out["why"] = _why(core, key, task, state, queued_of)
         return out
     ended = journal.ended.get(key) if journal is not None else None
     if ended is not None:
@@ -127,6 +142,84 @@ def task_answer(core: GlobalMaster, key: TaskKey) -> dict[str, Any] | None:
             "reason": core.failed.get(key, ""), "why": [], "timeline": [], "timeline_dropped": 0,
         }  # fmt: skip
     return None
+
+
+def _known(core: GlobalMaster, key: TaskKey) -> bool:
+    journal = core.journal
+    return (
+        key in core.live
+        or (journal is not None and key in journal.ended)
+        or key in core.failed
+        or key in core.finished
+    )
+
+
+def _jobs_named(core: GlobalMaster, job_id: JobId) -> tuple[list[dict[str, Any]], list[TaskKey]]:
+    """The jobs of id ``job_id`` (of any user) this GM holds, and their tasks' keys."""
+    jobs: list[dict[str, Any]] = []
+    keys: list[TaskKey] = []
+    for user in core.users:
+        jk = (user, job_id)
+        rec = core.jobs.get(jk)
+        if rec is not None:
+            jobs.append({
+                "user": user, "job_id": job_id, "state": "settled" if rec.settled else "active",
+                "tasks": len(rec.tasks), "left": rec.left, "unsettled": len(rec.unsettled),
+            })  # fmt: skip
+            keys.extend(rec.tasks)
+        adm = core.admitting.get(jk)
+        if adm is not None:
+            jobs.append({
+                "user": user, "job_id": job_id, "state": "admitting", "at": adm.at,
+                "tasks": len(adm.job.tasks), "checked": adm.checked, "queued": adm.queued,
+            })  # fmt: skip
+        for admit, at in core.held_admissions.get(user, ()):
+            if admit.job.job_id == job_id:
+                jobs.append({"user": user, "job_id": job_id, "state": "held", "at": at,
+                             "tasks": len(admit.job.tasks)})  # fmt: skip
+    return jobs, keys
+
+
+def find(core: GlobalMaster, ident: str, limit: int = FIND_LIMIT) -> dict[str, Any] | None:
+    """What this GM knows under ``ident``, for any of its users: the task of that id,
+    the jobs of that id and their tasks (each as ``task_answer`` gives it; the first
+    ``limit`` of them, in time order).  None: nothing here has that id.
+
+    Walks every task this GM holds (a task adopted after a restart, or returned to its
+    queue, may have no job record), as ``overview`` does."""
+    jobs, job_keys = _jobs_named(core, JobId(ident))
+    found: dict[TaskKey, None] = dict.fromkeys(job_keys)
+    for user in core.users:
+        key = (user, TaskId(ident))
+        if _known(core, key):
+            found[key] = None
+    for key, task in core.live.items():
+        if task.job_id == ident:
+            found[key] = None
+    journal = core.journal
+    if journal is not None:
+        for key, ended in journal.ended.items():
+            if ended.job_id == ident:
+                found[key] = None
+    if not found and not jobs:
+        return None
+    counts: dict[str, int] = {}
+
+    def queued_of(c: GlobalMaster, user: str) -> int:
+        if user not in counts:
+            counts[user] = _queued_of(c, user)
+        return counts[user]
+
+    tasks = [a for k in list(found)[:limit] if (a := task_answer(core, k, queued_of)) is not None]
+    tasks.sort(key=lambda a: (float(a.get("submitted_at", 0.0)), a["user"], a["task_id"]))
+    return {
+        "gm": core.gm_id,
+        "id": ident,
+        "jobs": jobs,
+        "tasks": tasks,
+        "tasks_found": len(found),
+        "tasks_shown": len(tasks),
+    }
 
 
 def overview(core: GlobalMaster) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """``megha why | top``: an operator asks the running federation's services.
 
 ``why USER TASK_ID`` asks the GM of the task's user (``GET /v1/tasks/{user}/{task_id}``,
-signed as the operator) where the task is, what happened to it and why it waits.
+signed as the operator) where the task is, what happened to it and why it waits;
+``why ID`` asks every GM what it knows under a task or job id (``GET /v1/find/{id}``)
+and prints one timeline of everything found, in time order.
 ``top`` watches every GM's and LM's ``/v1/inspect`` and the broker's queue depths,
 refreshed every second: a live ``rich`` table on a terminal, plain tables otherwise.
 The answers are computed by the services (``global_master.inspect``,
@@ -37,14 +39,17 @@ def _federation(args: argparse.Namespace) -> tuple[FederationConfig, Access]:
 
 
 # ------------------------------------------------------------------- why
-def task_ids(args: argparse.Namespace) -> tuple[str, str]:
-    """(user, task id) from ``USER TASK_ID`` or ``TASK_ID --user USER``."""
+def task_ids(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(user, task id) from ``USER TASK_ID`` or ``TASK_ID --user USER``; (None, id)
+    from a lone ``TASK_OR_JOB_ID`` (looked for on every GM)."""
     ids: list[str] = args.ids
     if len(ids) == 2 and args.user is None:
         return ids[0], ids[1]
-    if len(ids) == 1 and args.user is not None:
+    if len(ids) == 1:
         return args.user, ids[0]
-    raise ConfigError("give USER TASK_ID, or TASK_ID --user USER", reason="bad_arguments")
+    raise ConfigError(
+        "give TASK_OR_JOB_ID, USER TASK_ID, or TASK_ID --user USER", reason="bad_arguments"
+    )
 
 
 def _clock(at: float) -> str:
@@ -99,10 +104,142 @@ def why_sections(answer: dict[str, Any]) -> list[Section]:
     ]
 
 
+Found = tuple[list[dict[str, Any]], dict[str, str]]
+"""The GMs' answers that found an id, and the GMs that did not answer (name: why)."""
+
+
+def find_everywhere(cfg: FederationConfig, access: Access, ident: str) -> Found:
+    """Every GM's ``GET /v1/find/{ident}``: the answers that found something, and the
+    GMs that did not answer (a 404 ``not_found`` is an answer: nothing there)."""
+    found: list[dict[str, Any]] = []
+    unanswered: dict[str, str] = {}
+    for gm in cfg.gm_ids:
+        page = operator_get(cfg, access, gm, f"/v1/find/{quote(ident, safe='')}")
+        if "error" not in page:
+            found.append(page)
+        elif page.get("status") != 404 or page["error"] != "not_found":
+            unanswered[gm] = str(page.get("detail") or page["error"])
+    return found, unanswered
+
+
+def merged_timeline(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every step of every task found, each with its GM, user and task, in time order
+    (steps at the same time keep each task's own order)."""
+    steps = [
+        {**step, "gm": page["gm"], "user": task["user"], "task_id": task["task_id"]}
+        for page in found
+        for task in page["tasks"]
+        for step in task.get("timeline", [])
+    ]
+    steps.sort(key=lambda s: float(s["at"]))
+    return steps
+
+
+def _state_of(task: dict[str, Any]) -> str:
+    state = str(task["state"]).replace("_", " ")
+    return f"{state}: {task['reason']}" if task.get("reason") else state
+
+
+def find_sections(ident: str, found: list[dict[str, Any]]) -> list[Section]:
+    """What the GMs know under ``ident``: one task's full story (``why_sections``), or the
+    jobs and tasks found, their merged timeline and why the unfinished ones wait."""
+    tasks = [t for page in found for t in page["tasks"]]
+    jobs = [{**j, "gm": page["gm"]} for page in found for j in page["jobs"]]
+    if len(tasks) == 1 and not jobs:
+        return why_sections(tasks[0])
+    steps = merged_timeline(found)
+    t0 = min((float(s["at"]) for s in steps), default=0.0)
+    shown = sum(int(p["tasks_shown"]) for p in found)
+    total = sum(int(p["tasks_found"]) for p in found)
+    gms = ", ".join(p["gm"] for p in found)
+    head = [f"job(s): {len(jobs)}, task(s): {total}, on {gms}"]
+    if t0 > 0:
+        head.append(f"first step {_clock(t0)}; times below are after it")
+    if shown < total:
+        head.append(f"{shown} of the {total} tasks are shown (a GM answers the first of a job's)")
+    job_rows = [
+        [j["gm"], j["user"], j["job_id"], j["state"], str(j["tasks"]),
+         str(j.get("left", "")), str(j.get("unsettled", ""))]
+        for j in jobs
+    ]  # fmt: skip
+    task_rows = [
+        [t["gm"], t["user"], t["task_id"], _state_of(t), str(t.get("attempt", "")), t.get("lm", "")]
+        for t in tasks
+    ]
+    rows = []
+    for step in steps:
+        count = int(step.get("count", 1))
+        node = step.get("node")
+        rows.append(
+            [
+                _rel(step["at"], t0), step["gm"], step["task_id"], step["what"], step.get("lm", ""),
+                "" if node is None else str(node), step.get("partition", ""),
+                step.get("detail", ""),
+                f"x{count} until {_rel(step['last_at'], t0)}" if count > 1 else "",
+            ]
+        )  # fmt: skip
+    waiting = [
+        f"- {t['task_id']}: {t['why'][0]}"
+        for t in tasks
+        if t["state"] not in ("finished", "failed") and t.get("why")
+    ]
+    sections = [Section(f"{ident}", [], [], head)]
+    if jobs:
+        sections.append(
+            Section(
+                "jobs", ["GM", "user", "job", "state", "tasks", "left", "not accepted"], job_rows
+            )
+        )
+    if tasks:
+        sections.append(
+            Section("tasks", ["GM", "user", "task", "state", "attempt", "LM"], task_rows)
+        )
+    sections.append(
+        Section(
+            "timeline",
+            ["at", "GM", "task", "step", "LM", "node", "partition", "detail", "repeats"],
+            rows,
+        )
+    )
+    if waiting:
+        sections.append(Section("why", [], [], waiting))
+    return sections
+
+
+def not_found_line(ident: str, unanswered: dict[str, str]) -> str:
+    """What ``why`` says when no GM knows ``ident``."""
+    if not unanswered:
+        return f"{ident}: not found on any GM"
+    missing = "; ".join(f"{g}: {why}" for g, why in sorted(unanswered.items()))
+    return f"{ident}: not found on any GM that answered (no answer from {missing})"
+
+
+def cmd_find(args: argparse.Namespace, cfg: FederationConfig, access: Access, ident: str) -> int:
+    """``why ID``: ask every GM, print what they know."""
+    found, unanswered = find_everywhere(cfg, access, ident)
+    if args.json:
+        doc = {"id": ident, "found": found, "unanswered": unanswered,
+               "timeline": merged_timeline(found)}  # fmt: skip
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    if not found:
+        print(f"megha why: {not_found_line(ident, unanswered)}", file=sys.stderr)
+        return 1
+    if args.json:
+        return 0
+    sections = find_sections(ident, found)
+    if unanswered:
+        missing = [f"- {g}: {why}" for g, why in sorted(unanswered.items())]
+        sections.append(Section("GMs that did not answer (they may know more)", [], [], missing))
+    show(sections, quiet=args.quiet)
+    return 0
+
+
 def cmd_why(args: argparse.Namespace) -> int:
     try:
         cfg, access = _federation(args)
         user, task_id = task_ids(args)
+        if user is None:
+            return cmd_find(args, cfg, access, task_id)
         gm = next((u.gm for u in cfg.user_configs if u.user == user), None)
         if gm is None:
             known = ", ".join(u.user for u in cfg.user_configs)
@@ -263,17 +400,32 @@ def cmd_top(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     why = sub.add_parser(
         "why",
-        help="why a task waits: its state, timeline and reasons, from its GM",
-        description="Ask the GM of USER (signed as the operator) about one task: its state "
-        "(queued, waiting, in flight, running, finished, failed), its timeline (placement "
-        "attempts with LM, node and partition, refusals with the LM's reason, preemptions, "
-        "start, end) and the reasons it waited, with counts. Finished tasks are remembered "
-        "(the GM keeps the latest 4096 that ended).",
+        help="what happened to a task or a job: its timeline and why it waits",
+        description="With a lone TASK_OR_JOB_ID: ask every GM (GET /v1/find/ID, signed as "
+        "the operator) for the task of that id and the jobs of that id, of any user, and "
+        "print one timeline of all their steps in time order (submitted, decisions that "
+        "did not place them and why, launches with LM, node and partition, refusals with "
+        "the LM's reason, accepted, started, preempted, requeued, finished or failed); "
+        "exit 1 with 'not found on any GM' when none knows it. With USER TASK_ID (or "
+        "TASK_ID --user USER): ask only the user's GM about that task. A task's state "
+        "is queued, waiting, in flight, running, finished or failed; the reasons it "
+        "waited come with counts. Ended tasks are remembered (each GM keeps the latest "
+        "4096 that ended).",
     )
-    why.add_argument("ids", nargs="+", metavar="ID", help="USER TASK_ID, or TASK_ID with --user")
+    why.add_argument(
+        "ids",
+        nargs="+",
+        metavar="ID",
+        help="TASK_OR_JOB_ID (looked for on every GM), or USER TASK_ID, or TASK_ID with --user",
+    )
     why.add_argument("--user", help="the task's user (with a lone TASK_ID)")
     why.add_argument("--state-dir", help="the federation's state ($MEGHA_HOME or ./.megha)")
-    why.add_argument("--json", action="store_true", help="print the GM's answer as JSON")
+    why.add_argument(
+        "--json",
+        action="store_true",
+        help="print the answer as JSON: the GM's, or with a lone ID every GM's that found it "
+        "(found), those that did not answer (unanswered) and the merged timeline",
+    )
     why.add_argument("--quiet", action="store_true", help="plain text (also when not a TTY)")
     why.set_defaults(run=cmd_why)
     top = sub.add_parser(

@@ -415,8 +415,9 @@ class ReplayCache:
 # -------------------------------------------------------- access policy
 ANY_SERVICE = frozenset({Role.GM, Role.LM, Role.WORKERS})
 ADMIN_PATHS = frozenset({"/v1/state", "/v1/ping", "/metrics", "/v1/launches"})
-GM_INSPECT_PATHS = frozenset({"/v1/inspect", "/v1/tasks/{user}/{task_id}"})
-"""What an operator asks a GM: its users' queues, and why one task waits."""
+GM_INSPECT_PATHS = frozenset({"/v1/inspect", "/v1/tasks/{user}/{task_id}", "/v1/find/{id}"})
+"""What an operator asks a GM: its users' queues, why one task waits, and what it
+knows under a task or job id."""
 LM_INSPECT_PATHS = frozenset({"/v1/inspect"})
 """What an operator asks an LM: its partitions, free bits and repartitions."""
 
@@ -476,7 +477,8 @@ ACCESS_POLICY: tuple[Rule, ...] = (
     _rule([Role.WORKERS], "POST", ["/v1/start", "/v1/stop"], Role.LM, same_name=True),
     # The operator reads state and metrics and pings every service.
     _rule(ANY_SERVICE, "GET POST", ADMIN_PATHS, Role.OPERATOR),
-    # ... and inspects GMs (queues, one task's timeline) and LMs (partitions).
+    # ... and inspects GMs (queues, one task's timeline, a task or job by id) and LMs
+    # (partitions).
     _rule([Role.GM], "GET", GM_INSPECT_PATHS, Role.OPERATOR),
     _rule([Role.LM], "GET", LM_INSPECT_PATHS, Role.OPERATOR),
 )

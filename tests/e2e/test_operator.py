@@ -1,11 +1,12 @@
-"""An operator questions a live federation: ``megha why`` about a finished task, the GMs'
-and LMs' ``/v1/inspect`` counts after a workload, ``megha top`` printing its tables,
+"""An operator questions a live federation: ``megha why`` about a finished task and about
+a job found on any GM (``/v1/find/{id}``), the GMs' and LMs' ``/v1/inspect`` counts after a workload, ``megha top`` printing its tables,
 and the inspection endpoints refusing anyone but the operator."""
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -61,6 +62,46 @@ def test_why_tells_a_finished_tasks_timeline(
     assert "knows no task 'no-such-task'" in capsys.readouterr().err
 
 
+def test_why_finds_a_job_on_any_gm_and_says_when_none_knows_an_id(
+    ran: tuple[FederationConfig, Path, list[dict[str, str]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, home, tasks = ran
+    t = tasks[0]
+    assert main(["why", t["job_id"], "--json", "--state-dir", str(home)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["unanswered"] == {}
+    ((page),) = doc["found"]
+    assert page["gm"] == t["gm"]
+    mine = sorted(
+        r["task_id"] for r in tasks if (r["user"], r["job_id"]) == (t["user"], t["job_id"])
+    )
+    assert sorted(x["task_id"] for x in page["tasks"]) == mine
+    assert all(x["state"] == "finished" for x in page["tasks"])
+    ats = [s["at"] for s in doc["timeline"]]
+    assert ats == sorted(ats)
+    assert [s["what"] for s in doc["timeline"]].count("finished") == len(mine)
+    assert main(["why", t["task_id"], "--state-dir", str(home)]) == 0
+    assert f"{t['user']}/{t['task_id']} (job {t['job_id']}) at {t['gm']}: finished" in (
+        capsys.readouterr().out
+    )
+    assert main(["why", "no-such-id", "--state-dir", str(home)]) == 1
+    assert capsys.readouterr().err.strip() == "megha why: no-such-id: not found on any GM"
+    answer = signed_get_status(cfg, home, "gm0", "/v1/find/no-such-id")
+    assert answer == (404, {"error": "not_found", "gm": "gm0", "id": "no-such-id",
+                            "detail": "gm0 knows no task or job 'no-such-id' (now or lately)"})  # fmt: skip
+
+
+def signed_get_status(
+    cfg: FederationConfig, home: Path, name: str, path: str
+) -> tuple[int, dict[str, object]]:
+    """``GET path`` signed as the operator: the status and JSON body, a refusal too."""
+    try:
+        return 200, signed_get(cfg, home, name, path)
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
 def test_inspect_counts_match_the_workload(
     ran: tuple[FederationConfig, Path, list[dict[str, str]]],
 ) -> None:
@@ -105,6 +146,7 @@ def test_inspection_is_for_the_operator_only(
     for url in (
         cfg.url("gm0") + "/v1/inspect",
         cfg.url("gm0") + f"/v1/tasks/{tasks[0]['user']}/{tasks[0]['task_id']}",
+        cfg.url("gm0") + f"/v1/find/{tasks[0]['job_id']}",
         cfg.url("lm0") + "/v1/inspect",
     ):
         with pytest.raises(urllib.error.HTTPError) as err:

@@ -216,6 +216,53 @@ def test_without_a_journal_the_ledger_still_answers() -> None:
     assert [s[0] for s in steps(answer)] == ["submitted"]
 
 
+# ------------------------------------------------------- find: any user, any id
+def test_find_answers_a_job_by_its_id_with_each_task_and_a_task_of_any_user() -> None:
+    lmc = make_lm(nodes=[(4, 4)])
+    core = journaled(users=[("u0", "gm0", 0.5), ("u1", "gm0", 0.5)])
+    net = Network({GM0: core}, {LM0: lmc})
+    net.start(0.0)
+    ran, waits = make_task(3, 3, job="j17"), make_task(3, 3, job="j17")
+    other = make_task(1, 1, user="u1", task_id="solo", job="j18")
+    net.submit(GM0, [ran, waits], 0.0)
+    net.submit(GM0, [other], 0.5)
+    net.decide(GM0, 1.0, max_tasks=3)
+    net.run(1.0)
+    net.work_all(2.0)
+    net.run(2.0)
+    net.finish(ran.task_id, 3.0)
+    net.run(3.0)
+    found = gm_inspect.find(core, "j17")
+    assert found is not None
+    assert (found["gm"], found["id"], found["tasks_found"], found["tasks_shown"]) == (
+        "gm0", "j17", 2, 2,
+    )  # fmt: skip
+    ((job),) = found["jobs"]
+    assert (job["user"], job["job_id"], job["tasks"], job["left"]) == ("u0", "j17", 2, 1)
+    states = {t["task_id"]: t["state"] for t in found["tasks"]}
+    assert states[ran.task_id] == "finished"
+    assert states[waits.task_id] in ("queued", "in_flight", "running")
+    finished = next(t for t in found["tasks"] if t["task_id"] == ran.task_id)
+    assert [s["what"] for s in finished["timeline"]][-2:] == ["started", "finished"]
+    # a task id alone, whatever its user; the job of that task is another id
+    solo = gm_inspect.find(core, "solo")
+    assert solo is not None
+    assert [(t["user"], t["job_id"]) for t in solo["tasks"]] == [("u1", "j18")]
+    assert solo["jobs"] == []
+    assert gm_inspect.find(core, "nothing-here") is None
+
+
+def test_find_lists_a_large_job_by_count_beyond_its_limit() -> None:
+    core = journaled()
+    sync_views(core, make_lm(nodes=[(4, 4)]))
+    submit(core, [make_task(job="big") for _ in range(5)], 0.0)
+    found = gm_inspect.find(core, "big", limit=3)
+    assert found is not None
+    assert (found["tasks_found"], found["tasks_shown"], len(found["tasks"])) == (5, 3, 3)
+    assert all(t["state"] == "queued" for t in found["tasks"])
+    assert found["tasks"][0]["why"][0] == "in u0's queue (5 tasks queued there)"
+
+
 # -------------------------------------------------------------- overview
 def test_overview_counts_states_reasons_and_shares_per_user() -> None:
     lmc = make_lm(nodes=[(4, 4)])
@@ -283,6 +330,10 @@ def test_recent_repartitions_are_bounded() -> None:
     [
         (gm("gm0"), "/v1/tasks/u0/t1", True),
         (gm("gm0"), "/v1/inspect", True),
+        (gm("gm0"), "/v1/find/j17", True),
+        (gm("gm0"), "/v1/find/", False),
+        (gm("gm0"), "/v1/find/a/b", False),
+        (lm("lm0"), "/v1/find/j17", False),
         (gm("gm0"), "/v1/tasks/u0", False),
         (gm("gm0"), "/v1/tasks/u0/t1/x", False),
         (gm("gm0"), "/v1/tasks//t1", False),
