@@ -46,10 +46,42 @@ def _choose_gm(store: TokenStore, gms: list[str] | None, asked: str | None) -> s
     return min(gms, key=lambda g: (load[g], gms.index(g)))
 
 
-def issue_token(home: Path, name: str, gm: str | None = None, share: float | None = None) -> str:
+SHARE_TOLERANCE = 1e-9
+"""Shares closer than this are the same share (``0.1 + 0.2`` is ``0.3``)."""
+
+
+def _differs(
+    name: str, has: tuple[str, float], asked: tuple[str | None, float | None], where: str
+) -> MeghaError | None:
+    """The refusal of ``megha user add`` asking ``name`` for another GM or share than
+    the ones it ``has`` (from ``where``); None if what is asked is what it has."""
+    gm, share = asked
+    if (gm is None or gm == has[0]) and (share is None or abs(share - has[1]) <= SHARE_TOLERANCE):
+        return None
+    wanted = ", ".join(
+        part
+        for part in (
+            f"GM {gm}" if gm is not None else "",
+            f"share {share:g}" if share is not None else "",
+        )
+        if part
+    )
+    return MeghaError(
+        f"user {name!r} exists with GM {has[0]} and share {has[1]:g} ({where}), not {wanted}",
+        reason="user_differs",
+    )
+
+
+def issue_token(
+    home: Path, name: str, gm: str | None = None, share: float | None = None
+) -> str | None:
     """A new token for ``name`` (revoked before, or new): recorded hashed, kept for the
-    operator in ``tokens/<name>``; its GM and share from the federation's config."""
+    operator in ``tokens/<name>``; its GM and share from the federation's config.  None
+    when ``name`` holds a live token with that GM and share already (nothing changes);
+    ``MeghaError`` (``user_differs``) when it exists with another GM or share."""
     store = TokenStore.in_home(home)
+    held = store.get(name)
+    live = held if held is not None and not held.revoked else None
     path = home / "federation.toml"
     if path.exists():
         cfg = load_config(path)
@@ -60,10 +92,20 @@ def issue_token(home: Path, name: str, gm: str | None = None, share: float | Non
                 "and start the federation again",
                 reason="unknown_user",
             )
+        where = "in the federation's config: change it there and run `megha up` again"
+        refusal = _differs(name, (conf.gm, conf.share), (gm, share), where)
+        if refusal is not None:
+            raise refusal
         gm, share = conf.gm, conf.share
-    else:
-        gm = _choose_gm(store, None, gm)
-        share = store.free_share() if share is None else share
+    elif live is not None:
+        where = f"to change them, `megha user revoke {name}` and add it again"
+        refusal = _differs(name, (live.gm, live.share), (gm, share), where)
+        if refusal is not None:
+            raise refusal
+    if live is not None:
+        return None
+    gm = _choose_gm(store, None, gm)
+    share = store.free_share() if share is None else share
     if share <= 0:
         raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
     token = store.add(name, gm=gm, share=share, now=time.time())
@@ -87,6 +129,11 @@ def cmd_add(args: argparse.Namespace) -> int:
         return 1
     rec = TokenStore.in_home(home).get(args.name)
     assert rec is not None
+    if token is None:
+        print(f"user {args.name!r} exists already with GM {rec.gm} and share {rec.share:g}: "
+              f"nothing changed (its token: {tokens_dir(home) / args.name}; a new one: "
+              f"`megha user revoke {args.name}` first)")  # fmt: skip
+        return 0
     print(f"user {args.name!r}: a new token (GM {rec.gm}, share {rec.share:g}).")
     print("Its token, shown this once (only a hash is kept; the operator's copy is in "
           f"{tokens_dir(home) / args.name}):")  # fmt: skip
@@ -140,9 +187,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a = users.add_parser(
         "add",
         help="add a user and print its new token once",
-        description="Issue a new token for user NAME (a user of the federation's config; "
-        "revoke the old token first) and print it. Only a hash is stored; the operator's "
-        "copy is kept in $MEGHA_HOME/tokens/NAME (0600).",
+        description="Issue a new token for user NAME (a user of the federation's config, "
+        "whose GM and share it takes) and print it. Only a hash is stored; the operator's "
+        "copy is kept in $MEGHA_HOME/tokens/NAME (0600). A user that has a token already "
+        "is left as it is (exit 0) when --gm and --share are its own or not given, and "
+        "refused (exit 1, naming its GM and share) when they differ; revoke it first for "
+        "a new token.",
     )
     a.add_argument("name", metavar="NAME", help="1-64 of [A-Za-z0-9_-]")
     a.add_argument(

@@ -217,8 +217,9 @@ def test_cli_issues_tokens_to_the_users_of_the_recorded_federation(
     kept = tmp_path / "tokens" / "alice"
     assert kept.read_text().strip() == token
     assert kept.stat().st_mode & 0o077 == 0
-    assert main(["user", "add", "alice", *home]) == 1  # revoke first
-    assert "revoke it first" in capsys.readouterr().err
+    assert main(["user", "add", "alice", *home]) == 0  # it has a token: nothing changes
+    assert "`megha user revoke alice` first" in capsys.readouterr().out
+    assert kept.read_text().strip() == token
     assert main(["user", "revoke", "alice", *home]) == 0
     assert not kept.exists()
     assert main(["user", "add", "alice", *home]) == 0
