@@ -756,7 +756,8 @@ COMMANDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      ("shape",)),
     ("down", "stop the federation started by `megha up`",
      "SIGTERM every recorded process (SIGKILL after a grace period); with --purge, "
-     "also delete the federation's broker vhost, users, queues and exchanges.",
+     "also delete the federation's broker vhost, queues and exchanges, and its broker "
+     "users, those of parties an older config had too (<federation>.<role>.<party>).",
      ("purge",)),
     ("status", "show GMs, LMs, nodes, queues and running tasks",
      "Query every GM's and LM's /v1/state and the broker's queue depths.", ()),
@@ -801,7 +802,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             p.add_argument(
                 "--purge",
                 action="store_true",
-                help="also delete its broker vhost, users, queues and exchanges",
+                help="also delete its broker vhost, queues, exchanges and broker users (those "
+                "left by older configs too)",
             )
         if "bench" in extras:
             _workload(p, jobs=200, out="results/bench")

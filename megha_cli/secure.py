@@ -147,7 +147,8 @@ def purge(cfg: FederationConfig, home: Path) -> str:
     """Remove what ``prepare`` made on the broker: the vhost and every broker user (or,
     without broker users, the topology on the config's broker)."""
     if (home / CREDENTIALS_FILENAME).exists():
-        teardown(BrokerLayout.from_config(cfg), _rabbitmqctl(cfg))
-        return f"deleted the broker vhost {cfg.name!r} and its users"
+        left = teardown(BrokerLayout.from_config(cfg), _rabbitmqctl(cfg))
+        older = f", and {len(left)} left by older configs ({', '.join(left)})" if left else ""
+        return f"deleted the broker vhost {cfg.name!r} and its users{older}"
     asyncio.run(delete_topology(cfg))
     return f"deleted the queues and exchanges of {cfg.name!r}"

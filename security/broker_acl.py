@@ -665,6 +665,10 @@ class Rabbitmqctl:
     def users_with_access(self, vhost: str) -> list[str]:
         return [str(r["user"]) for r in self.json("list_permissions", "-p", vhost)]
 
+    def users(self) -> list[str]:
+        """Every user of the broker, by name."""
+        return [str(r["user"]) for r in self.json("list_users")]
+
 
 @contextlib.contextmanager
 def _readable_by_broker() -> Iterator[Path]:
@@ -722,10 +726,26 @@ def remove_party(layout: BrokerLayout, identity: Identity, ctl: Rabbitmqctl) -> 
     ctl.run("delete_user", layout.broker_user(identity), absent_ok=True)
 
 
-def teardown(layout: BrokerLayout, ctl: Rabbitmqctl) -> None:
-    """``megha down --purge``: delete the vhost (queues, exchanges, permissions) and
-    every broker user of ``layout``; what is absent already is skipped."""
-    ctl.run("delete_vhost", layout.vhost, absent_ok=True)
-    ctl.run_all(
-        [["delete_user", layout.broker_user(i)] for i in layout.identities()], absent_ok=True
+def is_party_user(federation: str, name: str) -> bool:
+    """Is broker user ``name`` one ``provision`` makes for a party of ``federation``
+    (``<federation>.<role>.<party>``), whether or not the party is still configured?
+    A federation's name has no dot, so no other federation's user is one."""
+    parts = name.split(".")
+    return (
+        len(parts) == 3
+        and parts[0] == federation
+        and parts[1] in {r.value for r in Role}
+        and is_valid_name(parts[2])
     )
+
+
+def teardown(layout: BrokerLayout, ctl: Rabbitmqctl) -> list[str]:
+    """``megha down --purge``: delete the vhost (queues, exchanges, permissions), every
+    broker user of ``layout``, and the users of parties of the same federation that
+    ``layout`` no longer has (left by an older config: ``provision`` only took their
+    access); what is absent already is skipped.  Returns those left-over users."""
+    ctl.run("delete_vhost", layout.vhost, absent_ok=True)
+    ours = [layout.broker_user(i) for i in layout.identities()]
+    left = sorted(u for u in set(ctl.users()) - set(ours) if is_party_user(layout.federation, u))
+    ctl.run_all([["delete_user", u] for u in ours + left], absent_ok=True)
+    return left

@@ -781,6 +781,25 @@ def test_provision_refuses_a_taken_vhost_reprovisions_and_tears_down() -> None:
 
 
 @needs_broker
+def test_teardown_deletes_the_users_an_older_config_left() -> None:
+    """`megha up` on a config without user `gone` only took its access; `megha down
+    --purge` deletes its broker user too, and every other one of the federation."""
+    fed = f"megha-sectest-{secrets.token_hex(4)}"
+    older = BrokerLayout(fed, ("gm0",), ("lm0",), (("u", "gm0"), ("gone", "gm0")))
+    now = BrokerLayout(fed, ("gm0",), ("lm0",), (("u", "gm0"),))
+    ctl = Rabbitmqctl()
+    try:
+        provision(older, make_credentials(older, ADMIN_URL), ctl)
+        provision(now, make_credentials(now, ADMIN_URL), ctl, allow_existing=True)
+        assert f"{fed}.user.gone" not in ctl.users_with_access(fed)
+        assert f"{fed}.user.gone" in ctl.users()
+    finally:
+        left = teardown(now, ctl)
+    assert left == [f"{fed}.user.gone"]
+    assert not [n for n in ctl.users() if n.startswith(f"{fed}.")]
+
+
+@needs_broker
 def test_declaring_again_keeps_a_queue_made_with_other_arguments(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
