@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from urllib.parse import quote
 from common.config import FederationConfig, load_config
 from common.errors import ConfigError, MeghaError
 from megha_cli.federation import depth_queues, operator_get, queue_depths, state_dir
-from megha_cli.terminal import Section, plain, render_plain, render_rich, show
+from megha_cli.terminal import LiveTables, Section, plain, render_plain, show
 from security.access import Access
 
 
@@ -348,13 +349,13 @@ async def _top(args: argparse.Namespace, cfg: FederationConfig, access: Access) 
     conn: Any = None
     with contextlib.suppress(Exception):  # the table says the broker is unreachable
         conn, _ = await broker.connect_any(access.broker_urls())
-    live: Any = None
-    as_text = plain(args.quiet)
-    if not as_text:
-        from rich.live import Live
-
-        live = Live(refresh_per_second=4)
+    live: LiveTables | None = None
+    loop = asyncio.get_running_loop()
+    if not plain(args.quiet):
+        live = LiveTables()
         live.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGWINCH, live.redraw)  # resized: redraw now
     try:
         n = 0
         while True:
@@ -368,7 +369,7 @@ async def _top(args: argparse.Namespace, cfg: FederationConfig, access: Access) 
             header = f"megha top: federation {cfg.name!r} at {stamp}"
             sections = top_sections(pages, depths, header)
             if live is not None:
-                live.update(render_rich(sections))
+                live.update(sections)
             else:
                 print(render_plain(sections) + "\n", flush=True)
             n += 1
@@ -377,6 +378,8 @@ async def _top(args: argparse.Namespace, cfg: FederationConfig, access: Access) 
             await asyncio.sleep(max(0.0, args.interval - (time.monotonic() - t)))
     finally:
         if live is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGWINCH)
             live.stop()
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -434,7 +437,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="A table refreshed every --interval seconds from every GM's and LM's "
         "/v1/inspect and the broker: GMs (queued, waiting, in flight, running, dominant share "
         "against share per user), LMs (nodes alive, free nodes, running tasks, free resources, "
-        "each partition's free nodes, repartitions), queue depths. Live on a terminal; plain "
+        "each partition's free nodes, repartitions), queue depths. Live on a terminal, at "
+        "its width (COLUMNS, else the terminal's; followed when it is resized); plain "
         "tables, one per refresh, when not a TTY or with --quiet. Ctrl-C stops it.",
     )
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")

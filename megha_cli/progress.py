@@ -12,6 +12,8 @@ import sys
 import time
 from typing import IO, Any
 
+from megha_cli.terminal import console
+
 
 def eta(done: int, total: int, wall_s: float) -> float | None:
     """Seconds left at the rate so far (None before anything is done)."""
@@ -56,7 +58,6 @@ class Progress:
     def __enter__(self) -> Progress:
         self._t0 = time.perf_counter()
         if self.rich:
-            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -77,7 +78,7 @@ class Progress:
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
-                console=Console(file=self.stream),
+                console=console(self.stream),
             )
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self.total, extra="")

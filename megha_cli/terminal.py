@@ -4,14 +4,24 @@ otherwise (or with ``--quiet``), from the same rows.
 A command builds ``Section`` values (a title, column headers, rows of strings) once;
 ``show`` prints them either way.  ``plain`` decides: plain text when asked, or when
 the stream is not a terminal (a pipe, a file, a test's capture).
+
+``rich`` is always given the terminal's real size (``terminal_size``): left to itself it
+takes 80 x 25 whenever ``TERM`` is ``dumb`` or ``unknown`` (an IDE's terminal, some
+``ssh`` and ``screen`` set-ups), and wraps every wide table there.  ``LiveTables`` (``megha
+top``) reads the size again at each refresh, so it follows a resized terminal.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+FALLBACK_SIZE = (80, 24)
+"""Columns and lines when neither the environment nor any terminal says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,32 @@ def plain(quiet: bool, stream: IO[str] | None = None) -> bool:
     """Plain text: asked for (``--quiet``), or ``stream`` (stdout) is not a terminal."""
     s = stream if stream is not None else sys.stdout
     return quiet or not s.isatty()
+
+
+def terminal_size(stream: IO[str] | None = None) -> os.terminal_size:
+    """The terminal's columns and lines: ``COLUMNS`` and ``LINES`` where set, else the
+    size of the terminal stdout is on (``shutil.get_terminal_size``), else of the one
+    ``stream`` is on, else ``FALLBACK_SIZE``."""
+    cols, lines = shutil.get_terminal_size((0, 0))
+    if (cols <= 0 or lines <= 0) and stream is not None:
+        try:
+            real = os.get_terminal_size(stream.fileno())
+        except (AttributeError, ValueError, OSError):  # not a terminal (a test's capture)
+            pass
+        else:
+            cols, lines = cols if cols > 0 else real.columns, lines if lines > 0 else real.lines
+    return os.terminal_size(
+        (cols if cols > 0 else FALLBACK_SIZE[0], lines if lines > 0 else FALLBACK_SIZE[1])
+    )
+
+
+def console(stream: IO[str] | None = None) -> Any:
+    """A ``rich`` console on ``stream`` (stdout) at the terminal's real size."""
+    from rich.console import Console
+
+    out = stream if stream is not None else sys.stdout
+    cols, lines = terminal_size(out)
+    return Console(file=out, width=cols, height=lines)
 
 
 def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -97,6 +133,46 @@ def show(
     if plain(quiet, out):
         print(render_plain(sections), file=out, flush=True)
         return
-    from rich.console import Console
+    console(out).print(render_rich(sections))
 
-    Console(file=out).print(render_rich(sections))
+
+class LiveTables:
+    """Sections shown live on a terminal (``rich.live.Live``), redrawn in place at the
+    terminal's size as it is at each ``update`` or ``redraw`` (call it on ``SIGWINCH``):
+    a resized terminal gets tables of its new width, not of the size it had at start.
+    A terminal that cannot move its cursor (``TERM=dumb``), where ``Live`` would show
+    nothing until it stops, gets the tables printed one set after another instead."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        from rich.live import Live
+
+        self.stream = stream if stream is not None else sys.stdout
+        self.console = console(self.stream)
+        self.in_place = not self.console.is_dumb_terminal
+        self.live = Live(console=self.console, refresh_per_second=4) if self.in_place else None
+
+    def start(self) -> None:
+        if self.live is not None:
+            self.live.start()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def refit(self) -> None:
+        """Take the terminal's current size."""
+        self.console.size = terminal_size(self.stream)
+
+    def update(self, sections: Sequence[Section]) -> None:
+        self.refit()
+        if self.live is None:
+            self.console.print(render_rich(sections))
+            self.console.print()
+            return
+        self.live.update(render_rich(sections), refresh=True)
+
+    def redraw(self) -> None:
+        """Draw the last sections again at the terminal's current size (in place only)."""
+        self.refit()
+        if self.live is not None:
+            self.live.refresh()

@@ -4,12 +4,15 @@ lines, a bench summary's counters, ``megha top`` with a service down."""
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
+
+import pytest
 
 from megha_cli.federation import bench_sections
 from megha_cli.ops import top_sections, why_sections
 from megha_cli.progress import Progress, eta
-from megha_cli.terminal import Section, columns, render_plain, show
+from megha_cli.terminal import LiveTables, Section, columns, render_plain, show, terminal_size
 
 
 def test_plain_columns_right_align_numbers_and_left_align_text() -> None:
@@ -104,3 +107,94 @@ def test_why_shows_steps_relative_to_submission_with_repeats() -> None:
     assert ["+0.500s", "waits", "no_free_resources", "x3", "until", "+1.250s"] in rows
     assert ["+2.000s", "launch", "lm1", "4", "gm1"] in rows
     assert "  - a launch request to lm1 is unanswered (attempt 2)" in text
+
+
+# ------------------------------------------------------- the terminal's real width
+class FakeTerminal(io.StringIO):
+    """A stream that says it is a terminal (no file descriptor: its size is the
+    environment's)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+WIDE = [Section("wide", [f"column {i}" for i in range(12)], [[f"cell {i:03d}" for i in range(12)]])]
+"""A table of about 130 columns."""
+
+
+def _longest(text: str) -> int:
+    return max(len(ln.rstrip()) for ln in text.splitlines())
+
+
+def test_rich_tables_take_the_terminals_width_even_when_term_is_dumb(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TERM", "dumb")  # rich alone would take 80 columns
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("LINES", "50")
+    out = FakeTerminal()
+    show(WIDE, stream=out)
+    assert 120 < _longest(out.getvalue()) <= 200
+    assert _rows_of_cells(out.getvalue()) == 1  # not wrapped
+
+
+def test_the_terminal_size_is_the_environments_then_the_terminals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "123")
+    monkeypatch.setenv("LINES", "45")
+    assert tuple(terminal_size()) == (123, 45)
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.delenv("LINES")
+    monkeypatch.setattr(os, "get_terminal_size", lambda *_: os.terminal_size((150, 40)))
+    assert tuple(terminal_size()) == (150, 40)
+
+    def no_terminal(*_: object) -> os.terminal_size:
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    assert tuple(terminal_size()) == (80, 24)
+
+
+def _rows_of_cells(text: str) -> int:
+    """Rows holding the wide table's first cell (1: not wrapped)."""
+    return len([ln for ln in text.splitlines() if "cell 000" in ln and "cell 011" in ln])
+
+
+def test_live_tables_follow_a_resized_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("LINES", "40")
+    monkeypatch.setenv("COLUMNS", "100")
+    out = FakeTerminal()
+    live = LiveTables(out)
+    assert live.in_place
+    live.start()
+    try:
+        live.update(WIDE)
+        assert live.console.size == (100, 40)
+        assert _rows_of_cells(out.getvalue()) == 0  # 100 columns: wrapped
+        monkeypatch.setenv("COLUMNS", "180")  # the window grew
+        live.redraw()  # as on SIGWINCH
+        assert live.console.size == (180, 40)
+        before = len(out.getvalue())
+        live.update(WIDE)
+        drawn = out.getvalue()[before:]
+    finally:
+        live.stop()
+    assert _rows_of_cells(drawn) == 1
+
+
+def test_live_tables_on_a_dumb_terminal_print_each_refresh_at_its_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TERM", "dumb")  # no cursor moves: rich.Live would show nothing
+    monkeypatch.setenv("LINES", "40")
+    monkeypatch.setenv("COLUMNS", "180")
+    out = FakeTerminal()
+    live = LiveTables(out)
+    assert not live.in_place
+    live.start()
+    live.update(WIDE)
+    live.update(WIDE)
+    live.stop()
+    assert _rows_of_cells(out.getvalue()) == 2
