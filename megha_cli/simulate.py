@@ -80,7 +80,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
             "the live services. A trace is replayed as written: the live GM's admission cap on "
             "task duration (max_task_duration_s) does not apply. "
-            "Writes summary.json, tasks-<scheduler>.csv and PNG plots to --out."
+            "Writes summary.json, tasks-<scheduler>.csv (DAG workloads: tasks-<policy>.csv) "
+            "and PNG plots to --out."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -405,7 +406,7 @@ def _run(args: argparse.Namespace) -> int:
     files = "summary.json, tasks-*.csv, allocation_cdf.png, components.png"
     if args.workload == "dag":
         point, report = _dag_point, _dag_report(args.quiet)
-        files = "summary.json, shares-*.png"
+        files = "summary.json, tasks-*.csv, shares-*.png"
     points = list(itertools.product(args.workers, args.gms, args.lms))
     summaries = []
     for workers, g, lm in points:

@@ -30,6 +30,7 @@ from common.metrics import jain, jct_stats, summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
 from request_generator.dag_workload import dag_stats, scale_jobs, synthetic_dag_jobs
+from request_generator.report import write_records_csv
 from simulator.megha_sim import (
     MeghaSimulation,
     SimConfig,
@@ -201,8 +202,9 @@ def run_policies(
     """Run ``jobs`` once per policy; returns ``{"schedulers": {policy: figures},
     "timing": {policy: cost of the run}}``.
 
-    With ``out``, writes ``shares-<policy>.png`` there; ``runner(policy, sim)`` runs
-    each simulation (e.g. with a progress bar), ``sim.run()`` by default.
+    With ``out``, writes ``tasks-<policy>.csv`` (one row per task, as trace runs write
+    ``tasks-<scheduler>.csv``) and ``shares-<policy>.png`` there; ``runner(policy, sim)``
+    runs each simulation (e.g. with a progress bar), ``sim.run()`` by default.
     """
     for p in policies:
         if p not in POLICIES:
@@ -249,6 +251,7 @@ def run_policies(
         }
         schedulers[policy] = figures
         if out is not None:
+            write_records_csv(out / f"tasks-{policy}.csv", res.tasks)
             plot_shares(out / f"shares-{policy}.png", res, users, f"dominant share: {policy}")
     return {"schedulers": schedulers, "timing": timing}
 
@@ -272,7 +275,7 @@ def run_point(
     args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path, runner: Runner
 ) -> dict[str, Any]:
     """``megha simulate --workload dag`` at one federation size: every policy on the
-    same jobs, each run by ``runner``; writes ``out/summary.json`` and share plots,
+    same jobs, each run by ``runner``; writes ``out/summary.json``, task CSVs and share plots,
     returns the summary (with each policy's ``timing``, as trace runs give it)."""
     gm_ids = [GmId(f"gm{i}") for i in range(n_gms)]
     users = parse_users(args.users, gm_ids)
