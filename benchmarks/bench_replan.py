@@ -7,8 +7,19 @@ Per policy and N: wall time of the run, plans made, time per plan, wall time per
 and the growth of the wall time from one N to the next as a ratio (1.0 per doubling of
 N per task is linear; quadratic doubles it).  Writes the figures to a JSON file.
 
+``--many-jobs N,N,...`` measures the other axis: N small jobs (two stages of 1-4 and 1-2
+tasks, 1-10 s, three sizes; seeded) from several users, all at t = 0 on one GM, so the GM
+holds hundreds to thousands of queued jobs and every task end re-plans all of them.  Per
+policy and N: CPU time per task (process time: the machine may be shared; wall time
+beside it).  With ``--before REF`` the same runs are also made with
+the code of git ref REF (checked out in a temporary ``git worktree``, run in a
+subprocess), for a side-by-side ratio; both must make the same decisions (makespan and
+mean JCT are compared).
+
     python benchmarks/bench_replan.py --sizes 1000,2000,5000 --out results/bench_replan.json
     python benchmarks/bench_replan.py --shape varied --sizes 2000,4000,8000 --policies carbyne
+    python benchmarks/bench_replan.py --many-jobs 200,600,2000 --policies drf,carbyne \\
+        --before main --out results/many_jobs.json
 """
 
 from __future__ import annotations
@@ -16,8 +27,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -82,6 +96,173 @@ def run_one(policy: str, n: int, nodes: int, lms: int, shape: str = "uniform") -
     }
 
 
+MANY_SIZES = [(8000, 2048), (16000, 4096), (4000, 1024)]
+"""Task demands of the many-jobs workload (of a node's (64000, 16384))."""
+
+
+def many_jobs(n: int, users: int, seed: int = 0) -> list[DagJob]:
+    """``n`` small two-stage jobs of ``users`` users (round-robin), all arriving at 0."""
+    rng = random.Random(f"many:{seed}:{n}")
+    jobs = []
+    for k in range(n):
+        first = [
+            (rng.choice(MANY_SIZES), round(rng.uniform(1.0, 10.0), 2))
+            for _ in range(rng.randint(1, 4))
+        ]
+        after = [
+            (rng.choice(MANY_SIZES), round(rng.uniform(1.0, 10.0), 2))
+            for _ in range(rng.randint(1, 2))
+        ]
+        jobs.append(make_job(f"j{k}", f"u{k % users}", 0.0, [(0, first, []), (1, after, [0])]))
+    return jobs
+
+
+def run_many(policy: str, n: int, users: int, nodes: int, lms: int) -> dict[str, Any]:
+    """Wall time per task of ``n`` small jobs of ``users`` users on one GM."""
+    gm = GmId("gm0")
+    cfgs = [UserConfig(UserId(f"u{k}"), gm, 1.0 / users) for k in range(users)]
+    jobs = many_jobs(n, users)
+    tasks = sum(len(j.tasks) for j in jobs)
+    per = nodes // lms
+    cap = DAG_NODE_CAPACITY[2]
+    clusters = [
+        ClusterSpec(LmId(f"lm{k}"), [NodeSpec(cap) for _ in range(per)], [gm] * per)
+        for k in range(lms)
+    ]
+    _PLANS.update(count=0, seconds=0.0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = run_policies(jobs, clusters, [gm], cfgs, [policy], SimConfig(), 1)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    plans = int(_PLANS["count"])
+    figures = run["schedulers"][policy]
+    return {
+        "jobs": n,
+        "tasks": tasks,
+        "wall_s": wall,
+        "wall_per_task_ms": 1000 * wall / tasks,
+        "cpu_s": cpu,
+        "cpu_per_task_ms": 1000 * cpu / tasks,
+        "plans": plans,
+        "plan_ms": 1000 * _PLANS["seconds"] / max(1, plans),
+        "makespan_s": figures["makespan_s"],
+        "jct_mean_s": figures["jct_s"]["mean"],
+    }
+
+
+def _many_rows(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    sizes = [int(x) for x in args.many_jobs.split(",") if x]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in [x for x in args.policies.split(",") if x]:
+        out[p] = []
+        for n in sizes:
+            best: dict[str, Any] | None = None
+            for _ in range(max(1, args.repeat)):  # the fastest of the repeats
+                row = run_many(p, n, args.users, args.nodes, args.lms)
+                if best is None or row["cpu_s"] < best["cpu_s"]:
+                    best = row
+            assert best is not None
+            out[p].append(best)
+            print(
+                f"{args.label or 'this tree'} {p} jobs={n}: {best['tasks']} tasks, "
+                f"{best['wall_s']:.2f} s wall, {best['cpu_per_task_ms']:.3f} CPU ms/task, "
+                f"{best['plans']} plans, {best['plan_ms']:.3f} ms/plan",
+                file=sys.stderr,
+            )
+    return out
+
+
+def _before(ref: str, argv: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The many-jobs rows of git ref ``ref``: this script run on that tree's code."""
+    root = Path(__file__).resolve().parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
+    tree = tmp / "tree"
+    subprocess.run(
+        ["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        rows = tmp / "rows.json"
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+        cmd += ["--rows-only", str(rows), "--label", ref]
+        subprocess.run(cmd, check=True, env=env, cwd=str(tree))
+        data: dict[str, list[dict[str, Any]]] = json.loads(rows.read_text())
+        return data
+    finally:
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+            check=False,
+            capture_output=True,
+        )
+
+
+def _strip_before(argv: list[str]) -> list[str]:
+    """``argv`` without ``--before REF`` and ``--out PATH``."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--before", "--out"):
+            skip = True
+            continue
+        if a.startswith(("--before=", "--out=")):
+            continue
+        out.append(a)
+    return out
+
+
+def main_many(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--many-jobs``: this tree's rows, and with ``--before`` REF's beside them."""
+    import common  # where the policy code comes from (PYTHONPATH)
+
+    code = str(Path(common.__file__).resolve().parent.parent)
+    if args.rows_only:
+        Path(args.rows_only).write_text(json.dumps(_many_rows(args)))
+        return 0
+    before = _before(args.before, _strip_before(argv)) if args.before else None
+    after = _many_rows(args)
+    config = {k: v for k, v in vars(args).items() if k not in ("rows_only", "label")}
+    out: dict[str, Any] = {"config": config, "code": code, "many_jobs": {}}
+    same = True
+    for p, rows in after.items():
+        entry: dict[str, Any] = {"after": rows}
+        if before is not None:
+            entry["before"] = before[p]
+            entry["after_over_before"] = []
+            for b, a in zip(before[p], rows, strict=True):
+                decided_alike = (b["makespan_s"], b["jct_mean_s"]) == (
+                    a["makespan_s"],
+                    a["jct_mean_s"],
+                )
+                same = same and decided_alike
+                entry["after_over_before"].append(
+                    {
+                        "jobs": a["jobs"],
+                        "cpu_ms_per_task": [b["cpu_per_task_ms"], a["cpu_per_task_ms"]],
+                        "ratio": a["cpu_per_task_ms"] / b["cpu_per_task_ms"],
+                        "same_makespan_and_jct": decided_alike,
+                    }
+                )
+                print(
+                    f"{p} jobs={a['jobs']}: {b['cpu_per_task_ms']:.2f} -> "
+                    f"{a['cpu_per_task_ms']:.2f} CPU ms/task ({args.before} -> this tree), "
+                    f"x{b['cpu_per_task_ms'] / a['cpu_per_task_ms']:.2f}, "
+                    f"same makespan and JCT: {decided_alike}",
+                    file=sys.stderr,
+                )
+        out["many_jobs"][p] = entry
+    if before is not None:
+        out["same_decisions"] = same
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0 if same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="500,1000,2000,5000")
@@ -95,8 +276,24 @@ def main(argv: list[str] | None = None) -> int:
         help="the job: one stage of identical tasks, or two of varied tasks",
     )
     ap.add_argument("--out", default="results/bench_replan.json")
+    ap.add_argument(
+        "--many-jobs",
+        default="",
+        metavar="N,N,...",
+        help="instead: N small jobs of --users users on one GM, per N (ms per task)",
+    )
+    ap.add_argument("--users", type=int, default=4, help="--many-jobs: users")
+    ap.add_argument("--repeat", type=int, default=1, help="--many-jobs: fastest of R runs")
+    ap.add_argument(
+        "--before", default="", metavar="REF", help="--many-jobs: also measure git ref REF"
+    )
+    ap.add_argument("--rows-only", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     _timed_replan()
+    if args.many_jobs:
+        return main_many(args, argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     out: dict[str, Any] = {"config": vars(args), "policies": {}}
     for p in [x for x in args.policies.split(",") if x]:
