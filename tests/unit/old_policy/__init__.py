@@ -1,0 +1,87 @@
+# Frozen copy of global_master/policy/__init__.py at ac0bb2b, before the many-jobs work:
+# the reference tests/unit/test_many_jobs.py holds the new code to.  Do not edit.
+"""Queue policies for a GM's user queues: FIFO, DRF, Tetris, SJF and Carbyne.
+
+One module per idea; the GM calls the policy, the policy never calls the GM:
+
+* ``jobs``     -- per-job state, the plan, the hooks the GM core calls (``JobQueues``);
+* ``vectors``  -- resource-vector arithmetic (dominant share, fit);
+* ``drf``      -- weighted DRF by progressive filling (``DrfQueues``);
+* ``packing``  -- Tetris's alignment score, packing, node choice (``TetrisQueues``);
+* ``sjf``      -- shortest job first by critical path (``SjfQueues``);
+* ``altruism`` -- Carbyne intra-job: forward packing for ``T_k``, reverse packing;
+* ``leftover`` -- Carbyne's leftover scheduling: SRTF or packing first;
+* ``carbyne``  -- Pseudocode 1: the three steps together (``CarbyneQueues``).
+
+``make_policy`` builds a ``queues_factory`` for the simulator and the live GM.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from common.config import QUEUE_POLICIES
+from common.errors import ConfigError
+from common.ids import GmId, UserId
+from common.model import UserConfig
+from global_master.queues import UserQueues
+from tests.unit.old_policy.carbyne import CarbyneQueues
+from tests.unit.old_policy.drf import DrfQueues
+from tests.unit.old_policy.jobs import JobQueues
+from tests.unit.old_policy.packing import TetrisQueues
+from tests.unit.old_policy.sjf import SjfQueues
+
+__all__ = [
+    "POLICIES",
+    "CarbyneQueues",
+    "DrfQueues",
+    "JobQueues",
+    "QueuesFactory",
+    "SjfQueues",
+    "TetrisQueues",
+    "make_policy",
+]
+
+POLICIES = QUEUE_POLICIES
+
+QueuesFactory = Callable[[GmId, list[UserId]], UserQueues]
+
+
+def make_policy(
+    name: str,
+    users: Sequence[UserConfig],
+    *,
+    p_altruism: float | dict[GmId, float] = 1.0,
+    seed: int = 0,
+    patience: int = 8,
+) -> QueuesFactory:
+    """A ``queues_factory`` for the simulator and the live GM, by policy name."""
+    if name not in POLICIES:
+        raise ConfigError(
+            f"unknown queue policy {name!r} (known: {', '.join(POLICIES)})",
+            reason="unknown_policy",
+        )
+    shares = {u.user: u.share for u in users}
+
+    def factory(gm: GmId, mine: list[UserId]) -> UserQueues:
+        mine_shares = {u: shares.get(u, 1.0) for u in mine}
+        if name == "fifo":
+            return UserQueues(mine, patience=patience)
+        if name in ("drf", "drf-wc"):
+            return DrfQueues(mine, shares=mine_shares, work_conserving=name == "drf-wc")
+        if name == "tetris":
+            return TetrisQueues(mine, shares=mine_shares)
+        if name == "sjf":
+            return SjfQueues(mine, shares=mine_shares)
+        p = p_altruism.get(gm, 1.0) if isinstance(p_altruism, dict) else p_altruism
+        rng = random.Random(f"{seed}:{gm}")
+        return CarbyneQueues(
+            mine,
+            shares=mine_shares,
+            p_altruism=p,
+            packing_first=name == "carbyne-pack",
+            rng=rng,
+        )
+
+    return factory

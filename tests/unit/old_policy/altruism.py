@@ -1,0 +1,336 @@
+# Frozen copy of global_master/policy/altruism.py at ac0bb2b, before the many-jobs work:
+# the reference tests/unit/test_many_jobs.py holds the new code to.  Do not edit.
+"""Carbyne's intra-job scheduler (seed §3.3, Pseudocode 1 lines 17-24).
+
+Given a job's allocation ``A_k``:
+
+* **forward packing** (``forward_pack``) list-schedules the job's remaining DAG in
+  time within ``A_k`` -- at each completion, start the ready tasks that fit, longest
+  first -- and returns ``T_k``, when the job would finish;
+* **reverse packing** (``must_start``) reverses the DAG (children first) and packs the
+  tasks as close to ``T_k`` as ``A_k`` allows; a runnable task's latest start is
+  ``T_k`` minus its reverse finish.  The tasks whose latest start is now *must* start
+  now (DEFAULT); every other runnable task may wait (ALTRUISTIC), and what ``A_k``
+  holds beyond the DEFAULT tasks is the job's **leftover**.
+
+Both are one list scheduler (``_pack_in_time``) run in opposite directions; running
+tasks hold their resources until they end (forward: from now; reverse: at the end).
+Pure functions of their arguments: no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+
+from common.dag import children_of
+from common.ids import TaskId
+from common.model import Resources, Task
+from tests.unit.old_policy.jobs import JobState, Running, StageState
+from tests.unit.old_policy.vectors import EPS, dominant, give, take
+
+_Packed = tuple[float, int, Resources, int]
+"""A task packed in time: (end, tie-breaker, demand, stage id)."""
+
+
+def _fits(
+    in_use: Sequence[float], d: Resources, cap: Sequence[float], held: Sequence[float] | None
+) -> bool:
+    for r in range(len(cap)):
+        x = in_use[r] + d[r] + (held[r] if held is not None else 0.0)
+        if x > cap[r] + EPS:
+            return False
+    return True
+
+
+def _fits_at(
+    d: Resources,
+    duration: float,
+    *,
+    clock: float,
+    in_use: Sequence[float],
+    cap: Sequence[float],
+    held: Callable[[float], Sequence[float]] | None,
+    failed: set[Resources],
+) -> bool:
+    """``d`` fits for ``duration`` from ``clock``; a demand that did not fit is not
+    asked again (room only shrinks until the next completion)."""
+    if d in failed:
+        return False
+    if _fits(in_use, d, cap, held(clock + duration - EPS) if held is not None else None):
+        return True
+    failed.add(d)
+    return False
+
+
+def _stretch(d: Resources, cap: Sequence[float]) -> float:
+    """How much longer a task larger than the allocation takes when it time-shares
+    it: an allocation of ``cap`` holds a task of ``d`` for ``cap / d`` of the time."""
+    return max((x / c if c > EPS else float("inf")) for x, c in zip(d, cap, strict=True) if x > 0)
+
+
+class _Ready:
+    """The ready tasks, longest first, then largest dominant share, then first ready.
+
+    Tasks are grouped by demand (a stage's tasks share one): what fits is decided per
+    group, so a list-scheduling step costs the number of groups, not of tasks.
+    """
+
+    __slots__ = ("_dom", "_groups", "_seq", "capacity")
+
+    def __init__(self, capacity: Sequence[float]) -> None:
+        self.capacity = capacity
+        self._groups: dict[Resources, list[tuple[float, int, Task, int]]] = {}
+        self._dom: dict[Resources, float] = {}
+        self._seq = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    def add(self, tasks: Iterable[Task], stage: int) -> None:
+        for t in tasks:
+            d = t.demand
+            g = self._groups.get(d)
+            if g is None:
+                g = self._groups[d] = []
+                self._dom[d] = dominant(d, self.capacity)
+            heapq.heappush(g, (-t.duration, self._seq, t, stage))
+            self._seq += 1
+
+    def _key(self, d: Resources) -> tuple[float, float, int]:
+        head = self._groups[d][0]
+        return (head[0], -self._dom[d], head[1])
+
+    def first(self, fits: Callable[[Resources, float], bool]) -> Resources | None:
+        """The demand whose next task comes first among those that ``fits(demand,
+        duration)``; None if none does."""
+        best: tuple[float, float, int] | None = None
+        found: Resources | None = None
+        for d in self._groups:
+            key = self._key(d)
+            if (best is None or key < best) and fits(d, -key[0]):
+                best, found = key, d
+        return found
+
+    def first_any(self) -> Resources:
+        return min(self._groups, key=self._key)
+
+    def pop(self, d: Resources) -> tuple[Task, int]:
+        g = self._groups[d]
+        _, _, t, s = heapq.heappop(g)
+        if not g:
+            del self._groups[d]
+        return t, s
+
+
+def _pack_in_time(
+    stages: Mapping[int, StageState],
+    left: dict[int, int],
+    waiting_on: Mapping[int, Iterable[int]],
+    cap: Sequence[float],
+    capacity: Sequence[float],
+    start: float,
+    heap: list[_Packed],
+    in_use: list[float],
+    held: Callable[[float], Sequence[float]] | None = None,
+    started: Callable[[float, float, Task], None] | None = None,
+    *,
+    stretch: bool = True,
+) -> float:
+    """List scheduling in time: at ``start`` and at each completion, start the ready
+    tasks that fit in ``cap`` (beside ``in_use`` and ``held(end)``), longest first.
+
+    A stage is ready once every stage it waits on (``left[...] == 0``) is done;
+    ``waiting_on[s]`` are the stages that wait on ``s``.  A task bigger than ``cap``
+    starts alone; with ``stretch`` it time-shares the allocation and takes ``_stretch``
+    times longer (a job whose fair share is smaller than one of its tasks gets that
+    task for a fraction of the time, as DRF's processor sharing gives it), without it
+    it runs at full speed.  Returns the last completion time; ``started(time, length,
+    task)`` sees every task packed.
+    """
+    blocked = dict.fromkeys(stages, 0)
+    for s in stages:
+        for n in waiting_on.get(s, ()):
+            if left[s] > 0:
+                blocked[n] += 1
+    ready = _Ready(capacity)
+    for s, st in stages.items():
+        if blocked[s] == 0:
+            ready.add(st.waiting.values(), s)
+    seq = len(heap)
+    clock = finish = start
+    while ready or heap:
+        fits = partial(_fits_at, clock=clock, in_use=in_use, cap=cap, held=held, failed=set())
+        while ready:
+            d = ready.first(fits)
+            length = 1.0
+            if d is None:
+                if heap or any(u > EPS for u in in_use):
+                    break  # nothing more starts before the next completion
+                d = ready.first_any()
+                length = _stretch(d, cap) if stretch else 1.0
+            task, s = ready.pop(d)
+            length *= task.duration
+            heapq.heappush(heap, (clock + length, seq, d, s))
+            seq += 1
+            give(in_use, d)
+            if started is not None:
+                started(clock, length, task)
+        if not heap:
+            break
+        # every packed task ending at the next completion time frees its resources
+        # and releases the stages that waited only on the stages just finished
+        clock = heap[0][0]
+        while heap and heap[0][0] <= clock + EPS:
+            _, _, d, s = heapq.heappop(heap)
+            take(in_use, d)
+            left[s] -= 1
+            if left[s] == 0:
+                for n in waiting_on.get(s, ()):
+                    blocked[n] -= 1
+                    if blocked[n] == 0:
+                        ready.add(stages[n].waiting.values(), n)
+        finish = max(finish, clock)
+    return finish
+
+
+def forward_pack(
+    now: float,
+    cap: Sequence[float],
+    capacity: Sequence[float],
+    stages: dict[int, StageState],
+    running: Sequence[Running],
+) -> float:
+    """T_k: when the job's remaining DAG would finish, given the allocation ``cap``.
+
+    ``running`` are ``(end, demand, stage)`` of started tasks.
+    """
+    left = {s: len(st.waiting) + st.running for s, st in stages.items()}
+    heap: list[_Packed] = []
+    in_use = [0.0] * len(cap)
+    for k, (end, d, s) in enumerate(running):
+        heapq.heappush(heap, (max(end, now), k, d, s))
+        give(in_use, d)
+    children = children_of({s: st.parents for s, st in stages.items()})
+    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+
+
+def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job: JobState) -> float:
+    """``forward_pack`` of ``job`` (the same float), without walking the running tasks
+    the packing only watches end.
+
+    While no stage is ready, forward packing only pops completions until the batch in
+    which a stage with children finishes; every batch before it starts nothing and
+    frees nothing that matters.  So the packing starts at that batch, from the job's
+    running tasks kept in end order (``JobState.by_end``): one stage of N running
+    tasks costs the last batch, not N."""
+    stages = job.stages
+    children = children_of({s: st.parents for s, st in stages.items()})
+    rest = _from_last_release(now, stages, children, job.by_end)
+    if rest is None:
+        return forward_pack(now, cap, capacity, stages, job.running_list())
+    left = {s: len(st.waiting) for s, st in stages.items()}
+    in_use = [0.0] * len(cap)
+    heap: list[_Packed] = []
+    for k, (end, _, d, s) in enumerate(rest):  # by (end, stamp): already a heap
+        heap.append((end, k, d, s))
+        left[s] += 1
+        give(in_use, d)
+    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+
+
+def _from_last_release(
+    now: float,
+    stages: Mapping[int, StageState],
+    children: Mapping[int, list[int]],
+    by_end: Sequence[tuple[float, int, Resources, int]],
+) -> Sequence[tuple[float, int, Resources, int]] | None:
+    """The running tasks from the first completion batch of ``_pack_in_time`` that may
+    release a stage; None if that is the first batch (nothing to skip) or a stage is
+    ready from the start."""
+    m = len(by_end)
+    if m == 0:
+        return None
+    busy = {s for s, st in stages.items() if st.waiting or st.running}
+    blocked = {n for s in busy for n in children.get(s, ())}
+    if any(st.waiting and s not in blocked for s, st in stages.items()):
+        return None  # a stage is ready now: the packing starts tasks from the start
+    # the stages whose last completion releases their children
+    need = {s for s, st in stages.items() if not st.waiting and st.running and children.get(s)}
+    first = bisect.bisect_right(by_end, (now, float("inf")))  # ends <= now count as now
+    j = m - 1
+    k = m - 1
+    while need and k >= first:
+        s = by_end[k][3]
+        if s in need:
+            need.discard(s)
+            j = k
+        k -= 1
+    if need:
+        return None  # released among the tasks already due: no batch to skip
+
+    def at(i: int) -> float:
+        return by_end[i][0] if i >= first else now
+
+    # batches chain while ends are within EPS of each other: find where j's chain
+    # starts (a gap beyond EPS always starts a batch), then batch forward to j
+    i = j
+    while i > 0:
+        if i < first:
+            i = 0
+            break
+        if at(i) > at(i - 1) + EPS:
+            break
+        i -= 1
+    while True:
+        nxt = bisect.bisect_right(by_end, (at(i) + EPS, float("inf")), lo=i)
+        if nxt > j:
+            break
+        i = nxt
+    return by_end[i:] if i > 0 else None
+
+
+def must_start(
+    now: float,
+    horizon_end: float,
+    cap: Sequence[float],
+    capacity: Sequence[float],
+    stages: dict[int, StageState],
+    running: Sequence[Running],
+    runnable: set[TaskId],
+) -> list[tuple[float, Task]]:
+    """Reverse packing from ``T_k`` (= ``horizon_end``): the latest start of each
+    runnable task that still meets ``T_k`` (absolute times, earliest first); the tasks
+    whose latest start is now must start now.
+
+    A task larger than ``cap`` is packed alone at full speed: the job need not
+    time-share it from now on (as the forward packing that gave ``T_k`` assumed) but
+    may run it whole later, when the leftover of others or its own share returns it
+    -- the area it is owed is the same."""
+    m = len(cap)
+    # held(x): what running tasks hold at reverse time x (they sit at the end)
+    reserved = sorted((horizon_end - max(end, now), d) for end, d, _ in running)
+    starts = [x for x, _ in reserved]
+    prefix: list[list[float]] = [[0.0] * m]
+    for _, d in reserved:
+        prefix.append([a + b for a, b in zip(prefix[-1], d, strict=True)])
+
+    def held(x: float) -> list[float]:
+        return prefix[bisect.bisect_right(starts, x)]
+
+    latest: list[tuple[float, Task]] = []
+
+    def started(tau: float, length: float, task: Task) -> None:
+        if task.task_id in runnable:
+            latest.append((horizon_end - tau - length, task))
+
+    # reversed: a stage waits for its children; running tasks count as done
+    left = {s: len(st.waiting) for s, st in stages.items()}
+    parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
+    _pack_in_time(
+        stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started, stretch=False
+    )
+    latest.sort(key=lambda p: p[0])
+    return latest

@@ -1,0 +1,797 @@
+# Frozen copy of global_master/policy/jobs.py at ac0bb2b, before the many-jobs work:
+# the reference tests/unit/test_many_jobs.py holds the new code to.  Do not edit.
+"""Job-aware user queues: the per-job state and the plan every DAG policy shares.
+
+Theory of operation (seed ``carbyne-paper.txt`` §3; SPEC §2 "Carbyne"):
+
+* A policy is a ``UserQueues``: the GM core pops tasks from it and runs Megha's
+  decision path on each (match, repartition, fairness).  The policy decides only
+  *which* runnable tasks may be tried now and in what order; placement stays in the
+  GM core, so the simulator and the live GM run the same code.
+* The policy never reads the GM.  The GM tells it what the federation holds
+  (``set_cluster``: total capacity and the distinct node capacities) whenever its
+  view is rebuilt from a snapshot, and reports every task's fate through the hooks
+  (``on_dispatched``, ``on_finished``, ``on_returned``, ``abandon``).
+* Per job (``JobState``) the queues own: the DAG's stages not yet finished (their
+  waiting tasks and how many run), the runnable (queued) tasks, the running tasks
+  and since when.
+* At each scheduling event -- job arrival, task completion, a task coming back --
+  the queues are *dirty* and the next ``pop`` builds a **plan**: every runnable task
+  as an ``Ask``, in the policy's order, with the budgets it spends -- what the entitled
+  capacity has free and, for a task within its job's fair share, the job's
+  allocation ``A_k`` left.  ``pop`` hands out the first ask its budgets afford, so the
+  plan is work conserving within what the policy allows.  ``version`` and ``events``
+  (``JobState``) say which cached results still hold.
+* A task the GM could not place (no node fits it in the GM's view) gets its budgets
+  back and is *blocked* until the view changes (``new_epoch``); until then so is every
+  task with the same constraints and a demand at least as large (it cannot fit
+  either).  The budgets it gave back go to the next asks: a large task stuck on
+  fragmented nodes never holds the room that smaller ones could use.  As plain FIFO
+  queues park, ``patience`` such misses in a row end the plan's turn until the view
+  changes (each miss costs the GM a decision; the next completion changes the view).
+* An ask with no fair share behind it (Carbyne's ALTRUISTIC tasks, the tasks of
+  policies without fairness, work-conserving extras) is handed out as ``altruistic``:
+  it uses only what is free, so the GM never preempts for it.
+* The capacity a GM's users are **entitled** to is the federation's capacity times
+  the sum of their configured shares (at most all of it).
+
+No clocks: the time of a plan is the ``now`` of the last event the GM reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from common.dag import DagJob, DagProgress, finish_times, levels
+from common.ids import JobId, TaskId, UserId
+from common.model import Resources, Task
+from global_master.queues import UserQueues
+from tests.unit.old_policy.vectors import Vec, dominant, fits_in, give, take
+
+T = TypeVar("T")
+
+PLAN_TASKS = 256
+"""A job's plans (Carbyne's packings, SJF's finish time and order, its remaining work)
+are made afresh at every one of its task ends while it has fewer than twice this many
+tasks left (waiting or running); a larger job's serve ``left // PLAN_TASKS`` ends
+(``JobState.stride``), so a task end costs about this many tasks' planning whatever the
+job's size: re-planned at every end, a job of n tasks cost O(n^2 log n).  A task of the
+job arriving or coming back (a released stage, a preemption) and, for Carbyne, a change
+of its allocation re-plan at once."""
+
+PLAN_WINDOW = PLAN_TASKS
+"""A plan asks for at most this many of a job's runnable tasks, the first in the
+policy's order (``JobState.window``): what one plan can hand out of a large job is
+bounded by the room anyway, and listing every task made each plan -- one per task end --
+linear in the job's size, so a job of n tasks cost O(n^2).  A plan that ran out of asks
+after handing a window's worth out, with a job cut short, is made afresh at once."""
+
+Running = tuple[float, Resources, int]
+"""A started task as the packers see it: (end time, demand, stage id)."""
+
+Started = tuple[float, int, Resources, int]
+"""A started task in ``JobState.by_end``: (end time, start stamp, demand, stage id)."""
+
+
+@dataclass(slots=True)
+class StageState:
+    """One unfinished stage of a job."""
+
+    parents: tuple[int, ...]
+    waiting: dict[TaskId, Task]
+    """Not started: runnable, or not yet released by the parent stages (in the order
+    they came; a task id, not a list scan, says whether one is here)."""
+    running: int
+    """Tasks of this stage still running."""
+
+
+@dataclass(slots=True)
+class JobState:
+    """What a job-aware policy knows about one job."""
+
+    job_id: JobId
+    user: UserId
+    arrival: float
+    progress: DagProgress | None
+    stages: dict[int, StageState] = field(default_factory=dict)
+    stage_of: dict[TaskId, int] = field(default_factory=dict)
+    queued: dict[TaskId, Task] = field(default_factory=dict)
+    """Runnable tasks (changed only through ``enqueue`` and ``dequeue``)."""
+    queued_demands: dict[Resources, int] = field(default_factory=dict)
+    """How many runnable tasks there are of each demand."""
+    running: dict[TaskId, tuple[Task, float]] = field(default_factory=dict)
+    version: int = 0
+    """Bumped on every change of the job's tasks: keys the cached results."""
+    events: int = 0
+    """Bumped when a task of the job ends, comes back or arrives -- the events at which
+    Carbyne re-plans a job (seed §3.3), not when one starts as planned."""
+    ended: int = 0
+    """Tasks of the job that finished (each also an event)."""
+    deadline: tuple[float, int] | None = None
+    """Carbyne's T_k and how many jobs had arrived when it was promised: until another
+    job arrives, a job's own altruism never moves T_k later."""
+    cached: dict[str, tuple[int, int, int, Any]] = field(default_factory=dict)
+    """Per name: (version, events other than ends, ends, value) when it was made."""
+    level: dict[int, int] = field(default_factory=dict)
+    """Each stage's depth in the whole DAG (0: a root)."""
+    by_end: list[Started] = field(default_factory=list)
+    """The running tasks, earliest end first, then in the order they started (the
+    order of ``running``): kept as tasks start and stop, never re-sorted."""
+    _started: dict[TaskId, Started] = field(default_factory=dict)
+    _stamps: int = 0
+    _held: Vec = field(default_factory=list)
+    """What the running tasks hold, kept as they start and stop (integer demands: the
+    sums are exact, so they equal a fresh sum)."""
+    _work: tuple[tuple[float, int, tuple[float, ...]] | None, float] = (None, 0.0)
+    """``remaining_work`` at (now, version, capacity): a plan asks for it twice."""
+
+    def enqueue(self, task: Task) -> None:
+        """``task`` is runnable."""
+        old = self.queued.get(task.task_id)
+        if old is not None:
+            self._uncount(old.demand)
+        self.queued[task.task_id] = task
+        d = task.demand
+        self.queued_demands[d] = self.queued_demands.get(d, 0) + 1
+
+    def dequeue(self, task_id: TaskId) -> Task | None:
+        """``task_id`` is no longer runnable: the task, or None if it was not."""
+        task = self.queued.pop(task_id, None)
+        if task is not None:
+            self._uncount(task.demand)
+        return task
+
+    def _uncount(self, d: Resources) -> None:
+        n = self.queued_demands[d] - 1
+        if n:
+            self.queued_demands[d] = n
+        else:
+            del self.queued_demands[d]
+
+    def queued_demand(self, m: int) -> Vec:
+        """What the runnable tasks ask for, summed (integer demands: exact)."""
+        total = [0.0] * m
+        for d, n in self.queued_demands.items():
+            for r, x in enumerate(d):
+                total[r] += x * n
+        return total
+
+    def window(self, name: str, order: Callable[[], list[Task]]) -> list[Task]:
+        """The first ``PLAN_WINDOW`` runnable tasks in the order ``order()`` gives -- an
+        order a task's start or end does not change (only one arriving or coming back):
+        the list is kept under ``name`` (``memo``), and once more than a window of tasks
+        that left it lead it, it is kept without them."""
+        hit: list[Task] | None = self.memo(name, across_starts=True)
+        if hit is None:
+            hit = order()
+            self.keep(name, hit)
+        queued = self.queued
+        out: list[Task] = []
+        gone = 0
+        for t in hit:
+            if t.task_id in queued:
+                out.append(t)
+                if len(out) == PLAN_WINDOW:
+                    break
+            else:
+                gone += 1
+        if gone > PLAN_WINDOW:
+            self.keep(name, [t for t in hit if t.task_id in queued])
+        return out
+
+    def start(self, task: Task, now: float) -> None:
+        """``task`` runs from ``now``."""
+        self.running[task.task_id] = (task, now)
+        entry = (now + task.duration, self._stamps, task.demand, self.stage_of[task.task_id])
+        self._stamps += 1
+        self._started[task.task_id] = entry
+        bisect.insort(self.by_end, entry)
+        if not self._held:
+            self._held = [0.0] * len(task.demand)
+        give(self._held, task.demand)
+
+    def stop(self, task_id: TaskId) -> Task | None:
+        """``task_id`` no longer runs: the task, or None if it was not running."""
+        hit = self.running.pop(task_id, None)
+        if hit is None:
+            return None
+        entry = self._started.pop(task_id)
+        del self.by_end[bisect.bisect_left(self.by_end, entry)]
+        take(self._held, entry[2])
+        return hit[0]
+
+    def stride(self) -> int:
+        """How many of this job's task ends one of its plans serves (``PLAN_TASKS``;
+        1: every end re-plans)."""
+        left = len(self.running) + sum(len(st.waiting) for st in self.stages.values())
+        return max(1, left // PLAN_TASKS)
+
+    def memo(self, name: str, *, across_starts: bool = False) -> Any:
+        """A value kept under ``name`` (``keep``) that still holds, or None: one made at
+        the current version -- or, for a large job (``stride`` > 1) or one whose value
+        holds ``across_starts``, one made since the last task of the job arrived or came
+        back and fewer than ``stride`` task ends ago (a list of tasks in it may then
+        name tasks that have started since)."""
+        hit = self.cached.get(name)
+        if hit is None:
+            return None
+        version, others, ended, value = hit
+        if version == self.version:
+            return value
+        if self.events - self.ended != others:
+            return None
+        stride = self.stride()
+        return value if (stride > 1 or across_starts) and self.ended - ended < stride else None
+
+    def keep(self, name: str, value: Any) -> None:
+        self.cached[name] = (self.version, self.events - self.ended, self.ended, value)
+
+    def usage(self, m: int) -> Vec:
+        """What the job's running tasks hold (a fresh list)."""
+        return list(self._held) if self._held else [0.0] * m
+
+    def remaining_work(self, now: float, capacity: Sequence[float]) -> float:
+        """Work left, in dominant share x seconds: the measure of SRTF (Carbyne's
+        leftover order, Tetris's remaining-work term)."""
+        key = (now, self.version, tuple(capacity))
+        if self._work[0] == key:  # asked again in the same plan
+            return self._work[1]
+        doms: dict[Resources, float] = {}
+
+        def dom(d: Resources) -> float:
+            x = doms.get(d)
+            if x is None:
+                x = doms[d] = dominant(d, capacity)
+            return x
+
+        w = self.memo("waiting_work")
+        if w is None:
+            w = sum(
+                dom(t.demand) * t.duration
+                for st in self.stages.values()
+                for t in st.waiting.values()
+            )
+            self.keep("waiting_work", w)
+        total = float(w)
+        for t, since in self.running.values():
+            total += dom(t.demand) * max(0.0, since + t.duration - now)
+        self._work = (key, total)
+        return total
+
+    def parents(self) -> dict[int, tuple[int, ...]]:
+        return {s: st.parents for s, st in self.stages.items()}
+
+    def critical_path(self, now: float) -> float:
+        """Longest remaining chain of stage durations (running tasks end when they end)."""
+        ends: dict[int, float] = {}
+        for t, since in self.running.values():
+            s = self.stage_of[t.task_id]
+            ends[s] = max(ends.get(s, now), since + t.duration)
+        length = {
+            s: max((t.duration for t in st.waiting.values()), default=0.0)
+            for s, st in self.stages.items()
+        }
+        finish = finish_times(self.parents(), length, start=now, not_before=ends)
+        return max(finish.values(), default=now) - now
+
+    def running_list(self) -> list[Running]:
+        return [
+            (since + t.duration, t.demand, self.stage_of[t.task_id])
+            for t, since in self.running.values()
+        ]
+
+    def breadth_first(self) -> list[Task]:
+        """Runnable tasks, shallowest stage of the DAG first (Tez's default order)."""
+        level, stage_of = self.level, self.stage_of
+
+        def key(t: Task) -> tuple[int, int, TaskId]:
+            s = stage_of[t.task_id]
+            return (level.get(s, 0), s, t.task_id)
+
+        return sorted(self.queued.values(), key=key)
+
+
+def breadth_first(job: JobState) -> list[Task]:
+    """The job's plan window in breadth-first order (``JobState.breadth_first``)."""
+    return job.window("breadth_first", job.breadth_first)
+
+
+@dataclass(slots=True)
+class Ask:
+    """A runnable task in a plan (YARN's ask, as Carbyne extends it, seed §4.2)."""
+
+    task: Task
+    job: JobId | None = None
+    """Charged to this job's allocation A_k as well (DEFAULT); None: only to what the
+    entitled capacity has free."""
+    altruistic: bool = False
+    """ALTRUISTIC: no fair share behind it, it only uses what is free."""
+    force: bool = False
+    """May exceed its job's allocation: the first task of a job that holds nothing."""
+
+
+def job_asks(job: JobState, tasks: Iterable[Task]) -> list[Ask]:
+    """DEFAULT asks charged to ``job``'s allocation; the first is forced if the job holds
+    nothing (whatever its share, a job must be able to start)."""
+    return [Ask(t, job.job_id, force=k == 0 and not job.running) for k, t in enumerate(tasks)]
+
+
+def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> list[Task]:
+    """Tasks that fit in ``room`` (first fit, in order); ``room`` is consumed.
+
+    ``force_first`` admits the first task even if it does not fit (a job that holds
+    nothing must be able to start, whatever its share).
+    """
+    out: list[Task] = []
+    for t in tasks:
+        if fits_in(t.demand, room) or (force_first and not out):
+            out.append(t)
+            take(room, t.demand)
+        force_first = False
+    return out
+
+
+def round_robin(lists: Sequence[list[T]]) -> list[T]:
+    """One item of each list in turn."""
+    out: list[T] = []
+    k = 0
+    while True:
+        added = False
+        for lst in lists:
+            if k < len(lst):
+                out.append(lst[k])
+                added = True
+        if not added:
+            return out
+        k += 1
+
+
+class JobQueues(UserQueues):
+    """Job-aware queues: the shared bookkeeping of every policy but plain FIFO."""
+
+    name = "job"
+
+    def __init__(
+        self,
+        users: Iterable[UserId],
+        *,
+        shares: dict[UserId, float] | None = None,
+        capacity: Sequence[int] | None = None,
+        patience: int = 8,
+    ) -> None:
+        super().__init__(users, patience=patience)
+        self.jobs: dict[JobId, JobState] = {}
+        self.arrivals = 0
+        """Jobs that have arrived so far (Carbyne: a new one may move every T_k later)."""
+        self.shares: dict[UserId, float] = dict(shares or {})
+        self._capacity: list[float] = []
+        self._node_caps: set[Resources] = set()
+        self._oversize_memo: dict[Resources, bool] = {}
+        self.now = 0.0
+        self._dirty = True
+        self._plan: list[Ask] = []
+        self._oversize: list[Task] = []
+        self._parked: list[Task] = []
+        """Oversize tasks that found no node: back to ``_oversize`` at the next epoch."""
+        self._room: Vec = []
+        """What the entitled capacity has free for this plan's asks."""
+        self._pools: dict[JobId, Vec] = {}
+        """Per job: its allocation A_k minus what it holds and what this plan handed out."""
+        self._scan = 0
+        """Asks before this index cannot be handed out until a refund or a new epoch."""
+        self._spent = False
+        self._idle = False
+        self._short: set[tuple[JobId | None, Resources]] = set()
+        """(job or None for the entitled capacity, demand) its budget cannot afford."""
+        self._misses = 0
+        """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
+        self._handed = 0
+        """Asks handed out since the plan was made."""
+        self._cut_short = False
+        """A job had more runnable tasks than the plan's window of it."""
+        self._blocked: set[TaskId] = set()
+        self._no_fit: dict[int, list[Resources]] = {}
+        """Per constraint mask, the smallest demands that found no node in this epoch."""
+        self._fit_memo: dict[tuple[int, Resources], bool] = {}
+        self._popped: dict[TaskId, Ask | None] = {}
+        """Tasks handed to the GM (or back from an LM) whose fate is not known yet."""
+        self.counters: dict[str, float] = {
+            "plans": 0,
+            "default_started": 0,
+            "altruistic_started": 0,
+            "leftover_yielded": 0.0,
+            "leftover_reused": 0.0,
+        }
+        if capacity:
+            self.set_cluster(capacity, ())
+
+    # ------------------------------------------------------------ the seam
+    def set_cluster(
+        self, capacity: Sequence[int], node_capacities: Collection[tuple[int, ...]]
+    ) -> None:
+        """The federation's total capacity and its distinct node capacities."""
+        frac = min(1.0, sum(self.shares.get(u, 1.0) for u in self.queues))
+        self._capacity = [x * frac for x in capacity]
+        self._node_caps = set(node_capacities)
+        self._oversize_memo.clear()
+        self._dirty = True
+
+    @property
+    def capacity(self) -> list[float]:
+        """What this GM's users are entitled to: federation capacity x their shares."""
+        return self._capacity
+
+    def __len__(self) -> int:
+        return sum(len(j.queued) for j in self.jobs.values())
+
+    def __iter__(self) -> Iterator[Task]:
+        for j in self.jobs.values():
+            yield from j.queued.values()
+
+    def _job_for(self, task: Task) -> JobState:
+        job = self.jobs.get(task.job_id)
+        if job is None:  # a plain job: one stage, its tasks arrive through submit
+            job = self.jobs[task.job_id] = JobState(task.job_id, task.user, self.now, None)
+            self.arrivals += 1
+        if task.task_id not in job.stage_of:
+            sid = 0
+            if job.progress is not None:
+                found = job.progress.stage_of(task.task_id)
+                sid = found if found is not None else 0
+            st = job.stages.get(sid)
+            if st is None:
+                st = job.stages[sid] = StageState((), {}, 0)
+            st.waiting[task.task_id] = task
+            job.stage_of[task.task_id] = sid
+        return job
+
+    def add_job(self, job: DagJob, now: float, started: Collection[TaskId] = ()) -> None:
+        self.now = max(self.now, now)
+        progress = DagProgress(job, started)
+        state = JobState(job.job_id, job.user, now, progress)
+        state.level = levels({s.stage_id: s.parents for s in job.stages})
+        for s in job.stages:
+            state.stages[s.stage_id] = StageState(s.parents, {t.task_id: t for t in s.tasks}, 0)
+            for t in s.tasks:
+                state.stage_of[t.task_id] = s.stage_id
+        self.jobs[job.job_id] = state
+        self.arrivals += 1
+        self._dags[job.job_id] = progress
+        for t in progress.roots():
+            t.submit(now)
+            self.push_back(t)
+
+    def push_back(self, task: Task) -> None:
+        job = self._job_for(task)
+        job.enqueue(task)
+        if task.task_id in self._popped:  # could not be placed: wait for a new epoch
+            # the job is as it was before the pop: its cached results still hold
+            ask = self._popped.pop(task.task_id)
+            if ask is None:
+                ask = Ask(task, altruistic=task.altruistic)
+            else:
+                self._refund(ask)
+            self._blocked.add(task.task_id)
+            self._no_node_for(task)
+            if self._never_fits(task.demand):
+                # no budget would ever afford it in the plan: it goes to the GM as an
+                # oversize task again once the view changes (another GM's tasks may
+                # hold the nodes, and their ends make no new plan here)
+                self._parked.append(task)
+            else:
+                self._plan.append(ask)
+        else:
+            job.version += 1
+            job.events += 1
+            self._dirty = True
+
+    def push_front(self, task: Task) -> None:
+        self._popped.pop(task.task_id, None)
+        job = self._job_for(task)
+        job.enqueue(task)
+        job.version += 1
+        job.events += 1
+        self._dirty = True
+
+    def remove(self, task: Task) -> bool:
+        job = self.jobs.get(task.job_id)
+        if job is None or job.dequeue(task.task_id) is None:
+            return False
+        self._dirty = True
+        return True
+
+    def abandon(self, task: Task, now: float) -> list[Task]:
+        lost = super().abandon(task, now)
+        self._popped.pop(task.task_id, None)
+        job = self._unrun(task)  # a task that failed on its worker was running
+        if job is not None:
+            job.version += 1
+            for t in (task, *lost):
+                job.dequeue(t.task_id)
+                st = job.stages.get(job.stage_of.get(t.task_id, -1))
+                if st is not None:
+                    st.waiting.pop(t.task_id, None)
+            for sid in [s for s, st in job.stages.items() if not st.waiting and not st.running]:
+                del job.stages[sid]
+            self._forget_if_done(job)
+        self._dirty = True
+        return lost
+
+    def may_preempt_for(self, task: Task) -> bool:
+        """Never: a job-aware policy keeps fair shares by what it admits (each job's
+        ``A_k``), as the paper's YARN schedulers do; killing running work to place a
+        task costs the work lost and buys nothing the next completion does not."""
+        del task
+        return False
+
+    def new_epoch(self) -> None:
+        if self._parked:
+            self._oversize[:0] = self._parked[::-1]
+            self._parked.clear()
+        self._blocked.clear()
+        self._no_fit.clear()
+        self._fit_memo.clear()
+        self._scan = 0
+        self._misses = 0
+
+    def failed(self, user: UserId) -> None:
+        del user
+        self._misses += 1
+
+    def placed(self, user: UserId) -> None:
+        del user
+        self._misses = 0
+
+    def has_work(self) -> bool:
+        if self._dirty:
+            self._replan()
+        if self._oversize:
+            return True
+        return self._misses < self.patience and self._next_ask_or_replan() is not None
+
+    def pop(self) -> Task | None:
+        if self._dirty:
+            self._replan()
+        while self._oversize:
+            task = self._oversize.pop()
+            if self._take_from_queue(task):
+                task.altruistic = False
+                self._popped[task.task_id] = None
+                return task
+        i = self._next_ask_or_replan() if self._misses < self.patience else None
+        if i is None:
+            return None
+        self._handed += 1
+        ask = self._plan.pop(i)
+        task = ask.task
+        self._take_from_queue(task)
+        self._spend(ask)
+        task.altruistic = ask.altruistic
+        self._popped[task.task_id] = ask
+        return task
+
+    def _take_from_queue(self, task: Task) -> bool:
+        job = self.jobs.get(task.job_id)
+        return job is not None and job.dequeue(task.task_id) is not None
+
+    def _next_ask_or_replan(self) -> int | None:
+        """``_next_ask``; a plan that ran out after handing out a window's worth of asks
+        while a job had more runnable tasks than its window is made afresh (the job's
+        next window; fewer handed out, the budgets ran out first)."""
+        i = self._next_ask()
+        if i is None and self._cut_short and self._handed >= PLAN_WINDOW:
+            self._replan()
+            i = self._next_ask()
+        return i
+
+    def _next_ask(self) -> int | None:
+        """Index of the first ask that may be handed out now (stale asks are dropped)."""
+        plan = self._plan
+        i = self._scan
+        while i < len(plan):
+            ask = plan[i]
+            task = ask.task
+            job = self.jobs.get(task.job_id)
+            if job is None or task.task_id not in job.queued:
+                del plan[i]  # dispatched, removed or abandoned meanwhile
+                continue
+            if (
+                task.task_id not in self._blocked
+                and not self._cannot_fit(task)
+                and self._affordable(ask)
+            ):
+                self._scan = i
+                return i
+            i += 1
+        self._scan = i
+        return None
+
+    def _cannot_fit(self, task: Task) -> bool:
+        """A demand at least as large as one that found no node this epoch."""
+        key = (task.constraints, task.demand)
+        hit = self._fit_memo.get(key)
+        if hit is None:
+            d = task.demand
+            hit = self._fit_memo[key] = any(
+                all(x >= y for x, y in zip(d, f, strict=True))
+                for f in self._no_fit.get(task.constraints, ())
+            )
+        return hit
+
+    def _no_node_for(self, task: Task) -> None:
+        """``task`` found no node: keep the smallest such demands per constraint mask."""
+        d = task.demand
+        failed = self._no_fit.setdefault(task.constraints, [])
+        if any(all(x >= y for x, y in zip(d, f, strict=True)) for f in failed):
+            return
+        failed[:] = [f for f in failed if not all(x >= y for x, y in zip(f, d, strict=True))]
+        failed.append(d)
+        memo = self._fit_memo
+        for key in [k for k, v in memo.items() if not v and k[0] == task.constraints]:
+            memo[key] = all(x >= y for x, y in zip(key[1], d, strict=True))
+
+    def _affordable(self, ask: Ask) -> bool:
+        """Its budgets hold its demand (budgets only shrink between refunds: a demand
+        found too large stays too large until then)."""
+        d = ask.task.demand
+        short = self._short
+        if (None, d) in short:
+            return False
+        if not fits_in(d, self._room) and (self._spent or not self._idle):
+            short.add((None, d))
+            return False
+        if ask.job is None or ask.force:
+            return True
+        key = (ask.job, d)
+        if key in short:
+            return False
+        if fits_in(d, self._pools[ask.job]):
+            return True
+        short.add(key)
+        return False
+
+    def _spend(self, ask: Ask) -> None:
+        self._spent = True
+        take(self._room, ask.task.demand)
+        if ask.job is not None:
+            take(self._pools[ask.job], ask.task.demand)
+
+    def _refund(self, ask: Ask) -> None:
+        give(self._room, ask.task.demand)
+        pool = self._pools.get(ask.job) if ask.job is not None else None
+        if pool is not None:
+            give(pool, ask.task.demand)
+        self._short.clear()
+        self._scan = 0
+
+    def on_dispatched(self, task: Task, now: float) -> None:
+        self.now = max(self.now, now)
+        self._popped.pop(task.task_id, None)
+        job = self._job_for(task)
+        job.dequeue(task.task_id)
+        job.version += 1
+        if task.task_id not in job.running:
+            st = job.stages[job.stage_of[task.task_id]]
+            if st.waiting.pop(task.task_id, None) is not None:
+                st.running += 1
+            job.start(task, now)
+            self.counters["altruistic_started" if task.altruistic else "default_started"] += 1
+            if task.altruistic:
+                self.counters["leftover_reused"] += self._dom(task.demand) * task.duration
+
+    def _unrun(self, task: Task) -> JobState | None:
+        job = self.jobs.get(task.job_id)
+        if job is not None:
+            job.version += 1
+            job.events += 1
+        if job is None or job.stop(task.task_id) is None:
+            return job
+        job.stages[job.stage_of[task.task_id]].running -= 1
+        return job
+
+    def on_returned(self, task: Task, now: float) -> None:
+        self.now = max(self.now, now)
+        job = self._unrun(task)
+        if job is not None and task.task_id in job.stage_of:
+            st = job.stages[job.stage_of[task.task_id]]
+            st.waiting.setdefault(task.task_id, task)
+        self._popped[task.task_id] = None
+        self._dirty = True
+
+    def on_finished(self, task: Task, now: float) -> None:
+        self.now = max(self.now, now)
+        job = self._unrun(task)
+        self.release_children(task, now)
+        if job is not None:
+            job.ended += 1
+            sid = job.stage_of.get(task.task_id)
+            if sid is not None:
+                st = job.stages[sid]
+                st.waiting.pop(task.task_id, None)  # it ended unseen (a GM restarted)
+                if not st.waiting and not st.running:
+                    del job.stages[sid]
+            self._forget_if_done(job)
+        self._dirty = True
+
+    def _forget_if_done(self, job: JobState) -> None:
+        if not job.stages and not job.queued and not job.running:
+            del self.jobs[job.job_id]
+
+    # ------------------------------------------------------------- planning
+    def _dom(self, demand: Sequence[float]) -> float:
+        cap = self.capacity
+        return dominant(demand, cap) if cap else 0.0
+
+    def _replan(self) -> None:
+        self._dirty = False
+        self._scan = 0
+        self._short.clear()
+        self._spent = False
+        cap = self.capacity
+        if not cap:
+            self._plan, self._oversize, self._pools = [], [], {}
+            return
+        self.counters["plans"] += 1
+        self._handed = 0
+        self._cut_short = any(len(j.queued) > PLAN_WINDOW for j in self.jobs.values())
+        # a task no share or node could ever hold goes to the GM anyway: it either
+        # fails there explicitly (infeasible) or runs on what is free beyond the share
+        oversize = [
+            t
+            for j in self.jobs.values()
+            if any(self._never_fits(d) for d in j.queued_demands)
+            for t in j.queued.values()
+            if self._never_fits(t.demand)
+        ]
+        self._oversize = oversize[::-1]
+        self._parked.clear()  # queued, so among them
+        big = {t.task_id for t in oversize}
+        asks, self._pools = self.plan(self.now, cap)
+        self._plan = self._within_pools([a for a in asks if a.task.task_id not in big])
+        # never hand out more than the entitled capacity, whatever the policy
+        self._room = self.free(cap, self.jobs.values())
+        self._idle = not oversize and not any(j.running for j in self.jobs.values())
+
+    def _within_pools(self, asks: list[Ask]) -> list[Ask]:
+        """The asks that do not exceed their job's allocation, first fit in plan order
+        (a job's allocation only grows back when one of its own tasks finds no node)."""
+        left = {j: list(v) for j, v in self._pools.items()}
+        out: list[Ask] = []
+        for a in asks:
+            if a.job is not None:
+                room = left[a.job]
+                if not a.force and not fits_in(a.task.demand, room):
+                    continue
+                take(room, a.task.demand)
+            out.append(a)
+        return out
+
+    def _never_fits(self, d: Resources) -> bool:
+        """No share (the entitled capacity) or node could ever hold demand ``d``."""
+        hit = self._oversize_memo.get(d)
+        if hit is None:
+            hit = not fits_in(d, self.capacity) or (
+                bool(self._node_caps) and not any(fits_in(d, c) for c in self._node_caps)
+            )
+            self._oversize_memo[d] = hit
+        return hit
+
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
+        """Every runnable task as an ask, in the order to hand them out, and each job's
+        budget (its allocation left) for the asks charged to it."""
+        raise NotImplementedError
+
+    def active(self) -> list[JobState]:
+        """Jobs with a runnable or a running task."""
+        return [j for j in self.jobs.values() if j.queued or j.running]
+
+    @staticmethod
+    def free(cap: Sequence[float], jobs: Iterable[JobState]) -> Vec:
+        """``cap`` minus what the running tasks of ``jobs`` hold."""
+        free = list(cap)
+        for j in jobs:
+            take(free, j.usage(len(cap)))
+        return free

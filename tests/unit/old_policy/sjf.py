@@ -1,0 +1,67 @@
+# Frozen copy of global_master/policy/sjf.py at ac0bb2b, before the many-jobs work:
+# the reference tests/unit/test_many_jobs.py holds the new code to.  Do not edit.
+"""Shortest job first (Carbyne's JCT upper bound, seed §5.1).
+
+A job's length is found by the critical path method run with its resources: its
+remaining DAG list-scheduled alone on the entitled capacity (``job_finish``; on an
+idle cluster of unbounded size this is the plain critical path, on a real one it also
+counts a wide stage's tasks that cannot all run at once).  Jobs go shortest remaining
+first, ties by arrival; within a job the tasks on its longest remaining path first
+(CPM), then breadth-first.  Every runnable task is an ask against what is free (work
+conserving); no fairness, so every task is ALTRUISTIC: never a reason to preempt.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from common.dag import children_of, finish_times
+from common.ids import JobId
+from common.model import Task
+from tests.unit.old_policy.altruism import job_finish
+from tests.unit.old_policy.jobs import PLAN_WINDOW, Ask, JobQueues, JobState
+from tests.unit.old_policy.vectors import Vec
+
+
+def job_finish_alone(job: JobState, now: float, cap: list[float]) -> float:
+    """When the job's remaining DAG would end if it had ``cap`` to itself (kept until
+    one of its tasks changes; a large job's, ``JobState.memo``)."""
+    hit = job.memo("finish_alone")
+    if hit is None:
+        hit = job_finish(now, cap, cap, job)
+        job.keep("finish_alone", hit)
+    return float(hit)
+
+
+def critical_first(job: JobState) -> list[Task]:
+    """Runnable tasks, longest remaining path to the job's end first (CPM), then
+    breadth-first: the plan's window of them (``PLAN_WINDOW``)."""
+    hit = job.memo("critical_first")
+    if hit is None:
+        length = {
+            s: max((t.duration for t in st.waiting.values()), default=0.0)
+            for s, st in job.stages.items()
+        }
+        # on the reversed DAG, a stage's finish time is its longest path to the end
+        tail = finish_times(children_of(job.parents()), length)
+        rank = {t.task_id: k for k, t in enumerate(job.breadth_first())}
+        hit = sorted(
+            job.queued.values(),
+            key=lambda t: (-tail.get(job.stage_of[t.task_id], 0.0), rank[t.task_id]),
+        )
+        job.keep("critical_first", hit)
+    queued = job.queued  # (kept a few task ends ago: some may have started since)
+    return list(islice((t for t in hit if t.task_id in queued), PLAN_WINDOW))
+
+
+class SjfQueues(JobQueues):
+    """Shortest remaining job first by resource-aware critical path; CPM within a job."""
+
+    name = "sjf"
+
+    def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
+        jobs = sorted(
+            self.active(), key=lambda j: (job_finish_alone(j, now, cap), j.arrival, j.job_id)
+        )
+        # no fairness: no task has a share behind it
+        return [Ask(t, altruistic=True) for j in jobs for t in critical_first(j)], {}
