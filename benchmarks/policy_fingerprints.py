@@ -89,7 +89,7 @@ def run_one(out: Path, simulate_args: list[str]) -> int:
         (out / f"exact-{label}.txt").write_text("\n".join(lines) + "\n")
         return result
 
-    simulate._with_progress = keeping  # type: ignore[assignment]
+    simulate._with_progress = keeping
     return cli.main(["simulate", *simulate_args, "--out", str(out), "--quiet"])
 
 
