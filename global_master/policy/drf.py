@@ -27,7 +27,7 @@ from global_master.policy.jobs import (
     JobState,
     admit,
     breadth_first,
-    job_asks,
+    breadth_first_asks,
     round_robin,
 )
 from global_master.policy.vectors import EPS, Vec, dominant, fits_in, give, take
@@ -44,12 +44,22 @@ def drf_allocation(
     resource it uses fills up.  Events in order: O(n log n + n m) for n jobs, m
     resources.
     """
-    n, m = len(demands), len(capacity)
-    dirs: list[Vec] = []
-    share = [0.0] * n
+    m = len(capacity)
     caps = [dominant(d, capacity) for d in demands]
-    for k, d in enumerate(demands):
-        dirs.append([x / caps[k] for x in d] if caps[k] > 0 else [0.0] * m)
+    dirs = [[x / c for x in d] if c > 0 else [0.0] * m for d, c in zip(demands, caps, strict=True)]
+    return _fill(capacity, caps, dirs, weights)
+
+
+def _fill(
+    capacity: Sequence[float],
+    caps: Sequence[float],
+    dirs: Sequence[Vec],
+    weights: Sequence[float],
+) -> list[Vec]:
+    """``drf_allocation`` given each job's dominant share of its demand (``caps``) and
+    its demand per unit of dominant share (``dirs``)."""
+    n, m = len(caps), len(capacity)
+    share = [0.0] * n
     order = sorted((caps[k] / weights[k], k) for k in range(n) if caps[k] > 0 and weights[k] > 0)
     active = {k for _, k in order}
     rate = [sum(weights[k] * dirs[k][r] for k in active) for r in range(m)]
@@ -89,19 +99,30 @@ def job_allocations(
     evenly among its jobs."""
     m = len(cap)
     per_user: dict[UserId, int] = {}
-    demands: list[Vec] = []
+    caps: list[float] = []
+    dirs: list[Vec] = []
     for j in jobs:
-        d = j.usage(m)
-        give(d, j.queued_demand(m))
-        demands.append(d)
+        # the job's demand, its dominant share and direction: the same floats as
+        # drf_allocation makes of them, kept until the job's tasks change
+        hit = j.kept("drf_direction")
+        if hit is None or hit[0] != cap:
+            d = j.demand(m)
+            c = dominant(d, cap)
+            hit = (list(cap), c, [x / c for x in d] if c > 0 else [0.0] * m)
+            j.keep_for_stamp("drf_direction", hit)
+        caps.append(hit[1])
+        dirs.append(hit[2])
         per_user[j.user] = per_user.get(j.user, 0) + 1
     weights = [shares.get(j.user, 1.0) / per_user[j.user] for j in jobs]
-    return drf_allocation(cap, demands, weights)
+    return _fill(cap, caps, dirs, weights)
 
 
 def room_left(job: JobState, alloc: Sequence[float]) -> Vec:
-    """``A_k`` minus what the job already holds."""
-    return [a - u for a, u in zip(alloc, job.usage(len(alloc)), strict=True)]
+    """``A_k`` minus what the job already holds (holding nothing: ``a - 0.0`` is ``a``)."""
+    held = job._held
+    if not held:
+        return list(alloc)
+    return [a - u for a, u in zip(alloc, held, strict=True)]
 
 
 class DrfQueues(JobQueues):
@@ -117,7 +138,7 @@ class DrfQueues(JobQueues):
         jobs = self.active()
         allocs = job_allocations(jobs, cap, self.shares)
         pools = {j.job_id: room_left(j, a) for j, a in zip(jobs, allocs, strict=True)}
-        asks = round_robin([job_asks(j, breadth_first(j)) for j in jobs])
+        asks = round_robin([breadth_first_asks(j) for j in jobs])
         if self.work_conserving:
             within = [
                 t

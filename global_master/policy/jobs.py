@@ -125,12 +125,19 @@ class JobState:
     sums are exact, so they equal a fresh sum)."""
     _work: tuple[tuple[float, int, tuple[float, ...]] | None, float] = (None, 0.0)
     """``remaining_work`` at (now, version, capacity): a plan asks for it twice."""
+    stamp: int = 0
+    """Bumped whenever ``queued`` or ``running`` changes: keys what a plan reads of the
+    job that depends on nothing else (``per_stamp``), so a GM holding many jobs does not
+    rebuild it for every job at every plan, only for the jobs that changed."""
+    per_stamp: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    """Per name: (``stamp`` when it was made, value)."""
 
     def enqueue(self, task: Task) -> None:
         """``task`` is runnable."""
         old = self.queued.get(task.task_id)
         if old is not None:
             self._uncount(old.demand)
+        self.stamp += 1
         self.queued[task.task_id] = task
         d = task.demand
         self.queued_demands[d] = self.queued_demands.get(d, 0) + 1
@@ -139,6 +146,7 @@ class JobState:
         """``task_id`` is no longer runnable: the task, or None if it was not."""
         task = self.queued.pop(task_id, None)
         if task is not None:
+            self.stamp += 1
             self._uncount(task.demand)
         return task
 
@@ -156,6 +164,25 @@ class JobState:
             for r, x in enumerate(d):
                 total[r] += x * n
         return total
+
+    def demand(self, m: int) -> Vec:
+        """What the job runs plus what is runnable (DRF's demand): ``usage`` with
+        ``queued_demand`` added, kept until ``stamp`` changes.  Shared: do not change it."""
+        hit = self.per_stamp.get("demand")
+        if hit is not None and hit[0] == self.stamp and len(hit[1]) == m:
+            return hit[1]  # type: ignore[no-any-return]
+        d = self.usage(m)
+        give(d, self.queued_demand(m))
+        self.per_stamp["demand"] = (self.stamp, d)
+        return d
+
+    def kept(self, name: str) -> Any:
+        """The value kept under ``name`` at the current ``stamp``, or None."""
+        hit = self.per_stamp.get(name)
+        return hit[1] if hit is not None and hit[0] == self.stamp else None
+
+    def keep_for_stamp(self, name: str, value: Any) -> None:
+        self.per_stamp[name] = (self.stamp, value)
 
     def window(self, name: str, order: Callable[[], list[Task]]) -> list[Task]:
         """The first ``PLAN_WINDOW`` runnable tasks in the order ``order()`` gives -- an
@@ -182,6 +209,7 @@ class JobState:
 
     def start(self, task: Task, now: float) -> None:
         """``task`` runs from ``now``."""
+        self.stamp += 1
         self.running[task.task_id] = (task, now)
         entry = (now + task.duration, self._stamps, task.demand, self.stage_of[task.task_id])
         self._stamps += 1
@@ -196,6 +224,7 @@ class JobState:
         hit = self.running.pop(task_id, None)
         if hit is None:
             return None
+        self.stamp += 1
         entry = self._started.pop(task_id)
         del self.by_end[bisect.bisect_left(self.by_end, entry)]
         take(self._held, entry[2])
@@ -293,8 +322,14 @@ class JobState:
 
 
 def breadth_first(job: JobState) -> list[Task]:
-    """The job's plan window in breadth-first order (``JobState.breadth_first``)."""
-    return job.window("breadth_first", job.breadth_first)
+    """The job's plan window in breadth-first order (``JobState.breadth_first``): the
+    first ``PLAN_WINDOW`` runnable tasks in that order, a function of ``queued`` alone,
+    so kept until ``stamp`` changes.  Shared between plans: do not change the list."""
+    hit: list[Task] | None = job.kept("breadth_first")
+    if hit is None:
+        hit = job.window("breadth_first", job.breadth_first)
+        job.keep_for_stamp("breadth_first", hit)
+    return hit
 
 
 @dataclass(slots=True)
@@ -317,6 +352,16 @@ def job_asks(job: JobState, tasks: Iterable[Task]) -> list[Ask]:
     return [Ask(t, job.job_id, force=k == 0 and not job.running) for k, t in enumerate(tasks)]
 
 
+def breadth_first_asks(job: JobState) -> list[Ask]:
+    """``job_asks`` of the job's breadth-first window, kept until ``stamp`` changes (an
+    ask is never changed once made).  Shared between plans: do not change the list."""
+    hit: list[Ask] | None = job.kept("breadth_first_asks")
+    if hit is None:
+        hit = job_asks(job, breadth_first(job))
+        job.keep_for_stamp("breadth_first_asks", hit)
+    return hit
+
+
 def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> list[Task]:
     """Tasks that fit in ``room`` (first fit, in order); ``room`` is consumed.
 
@@ -334,17 +379,14 @@ def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> lis
 
 def round_robin(lists: Sequence[list[T]]) -> list[T]:
     """One item of each list in turn."""
-    out: list[T] = []
-    k = 0
-    while True:
-        added = False
-        for lst in lists:
-            if k < len(lst):
-                out.append(lst[k])
-                added = True
-        if not added:
-            return out
+    out = [lst[0] for lst in lists if lst]
+    longer = [lst for lst in lists if len(lst) > 1]
+    k = 1
+    while longer:
+        out += [lst[k] for lst in longer]
         k += 1
+        longer = [lst for lst in longer if len(lst) > k]
+    return out
 
 
 class JobQueues(UserQueues):
@@ -589,16 +631,22 @@ class JobQueues(UserQueues):
         """Index of the first ask that may be handed out now (stale asks are dropped)."""
         plan = self._plan
         i = self._scan
+        jobs, blocked, fit_memo, short = self.jobs, self._blocked, self._fit_memo, self._short
         while i < len(plan):
             ask = plan[i]
-            task = ask.task
-            job = self.jobs.get(task.job_id)
-            if job is None or task.task_id not in job.queued:
+            spec = ask.task.spec
+            tid = spec.task_id
+            job = jobs.get(spec.job_id)
+            if job is None or tid not in job.queued:
                 del plan[i]  # dispatched, removed or abandoned meanwhile
                 continue
+            # (the tests of _cannot_fit and _affordable that fail, read first from
+            # their memos: the same answers, without the calls)
             if (
-                task.task_id not in self._blocked
-                and not self._cannot_fit(task)
+                tid not in blocked
+                and fit_memo.get((spec.constraints, spec.demand)) is not True
+                and (None, spec.demand) not in short
+                and not self._cannot_fit(ask.task)
                 and self._affordable(ask)
             ):
                 self._scan = i
@@ -734,36 +782,48 @@ class JobQueues(UserQueues):
             return
         self.counters["plans"] += 1
         self._handed = 0
-        self._cut_short = any(len(j.queued) > PLAN_WINDOW for j in self.jobs.values())
+        jobs = self.jobs.values()
+        self._cut_short = any(len(j.queued) > PLAN_WINDOW for j in jobs)
         # a task no share or node could ever hold goes to the GM anyway: it either
         # fails there explicitly (infeasible) or runs on what is free beyond the share
-        oversize = [
-            t
-            for j in self.jobs.values()
-            if any(self._never_fits(d) for d in j.queued_demands)
-            for t in j.queued.values()
-            if self._never_fits(t.demand)
-        ]
+        oversize: list[Task] = []
+        memo, never_fits = self._oversize_memo, self._never_fits
+        for j in jobs:
+            for d in j.queued_demands:
+                hit = memo.get(d)
+                if hit is None:
+                    hit = never_fits(d)
+                if hit:
+                    oversize += [t for t in j.queued.values() if never_fits(t.demand)]
+                    break
         self._oversize = oversize[::-1]
         self._parked.clear()  # queued, so among them
-        big = {t.task_id for t in oversize}
         asks, self._pools = self.plan(self.now, cap)
-        self._plan = self._within_pools([a for a in asks if a.task.task_id not in big])
+        if oversize:
+            big = {t.task_id for t in oversize}
+            asks = [a for a in asks if a.task.task_id not in big]
+        self._plan = self._within_pools(asks)
         # never hand out more than the entitled capacity, whatever the policy
-        self._room = self.free(cap, self.jobs.values())
-        self._idle = not oversize and not any(j.running for j in self.jobs.values())
+        self._room = self.free(cap, jobs)
+        self._idle = not oversize and not any(j.running for j in jobs)
 
     def _within_pools(self, asks: list[Ask]) -> list[Ask]:
         """The asks that do not exceed their job's allocation, first fit in plan order
         (a job's allocation only grows back when one of its own tasks finds no node)."""
-        left = {j: list(v) for j, v in self._pools.items()}
+        pools = self._pools
+        left: dict[JobId, Vec] = {}
         out: list[Ask] = []
         for a in asks:
-            if a.job is not None:
-                room = left[a.job]
-                if not a.force and not fits_in(a.task.demand, room):
+            jid = a.job
+            if jid is not None:
+                room = left.get(jid)
+                if room is None:
+                    room = left[jid] = list(pools[jid])
+                d = a.task.spec.demand
+                if not a.force and not fits_in(d, room):
                     continue
-                take(room, a.task.demand)
+                for r, x in enumerate(d):
+                    room[r] -= x
             out.append(a)
         return out
 
@@ -788,8 +848,12 @@ class JobQueues(UserQueues):
 
     @staticmethod
     def free(cap: Sequence[float], jobs: Iterable[JobState]) -> Vec:
-        """``cap`` minus what the running tasks of ``jobs`` hold."""
+        """``cap`` minus what the running tasks of ``jobs`` hold (a job that holds nothing
+        takes nothing: ``x - 0.0`` is ``x``)."""
         free = list(cap)
         for j in jobs:
-            take(free, j.usage(len(cap)))
+            held = j._held
+            if held:
+                for r, x in enumerate(held):
+                    free[r] -= x
         return free

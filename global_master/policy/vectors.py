@@ -14,12 +14,25 @@ Vec = list[float]
 
 
 def dominant(demand: Sequence[float], capacity: Sequence[float]) -> float:
-    """The largest fraction of any resource that ``demand`` takes of ``capacity`` (DRF)."""
-    return max((d / c for d, c in zip(demand, capacity, strict=True) if c > 0), default=0.0)
+    """The largest fraction of any resource that ``demand`` takes of ``capacity`` (DRF).
+
+    ``max`` of the fractions as a loop (called for every job at every plan): the first
+    largest, as ``max`` keeps it, and 0.0 if no resource has a capacity."""
+    out: float | None = None
+    for d, c in zip(demand, capacity, strict=True):
+        if c > 0:
+            x = d / c
+            if out is None or x > out:
+                out = x
+    return 0.0 if out is None else out
 
 
 def fits_in(demand: Sequence[float], room: Sequence[float]) -> bool:
-    return all(d <= r + EPS for d, r in zip(demand, room, strict=True))
+    # a loop, not all() over a generator: the same answer, at a fraction of the cost
+    for d, r in zip(demand, room, strict=True):  # noqa: SIM110
+        if not d <= r + EPS:
+            return False
+    return True
 
 
 def take(room: Vec, demand: Sequence[float]) -> None:
