@@ -36,6 +36,7 @@ from global_master.policy.jobs import (
     JobState,
     admit,
     breadth_first,
+    breadth_first_asks,
     job_asks,
     round_robin,
 )
@@ -88,7 +89,7 @@ class CarbyneQueues(JobQueues):
         large job's: every ``JobState.stride`` ends) or arrives or comes back, or its
         allocation changes (a task starting as planned changes neither).  ``T_k`` never
         moves later than a previous plan put it unless a job arrived since."""
-        key = tuple(round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True))
+        key = tuple([round(x * 1000 / c) for x, c in zip(alloc, cap, strict=True)])
         packed = job.memo("packed", across_starts=True)
         if packed is None or packed[0] != key:
             t_k = job_finish(now, alloc, cap, job)
@@ -121,13 +122,33 @@ class CarbyneQueues(JobQueues):
         any the packing did not place in their order: the plan's window of them."""
         hit = job.cached.get("packed")  # the packing this plan made or kept
         packed: list[tuple[float, Task]] = hit[3][1] if hit else []
+        # a function of that packing and of ``queued``: kept while both are the same
+        kept = job.kept("by_latest_start")
+        if kept is not None and kept[0] is packed:
+            return kept[1]  # type: ignore[no-any-return]
         queued = job.queued
         out = list(islice((t for _, t in packed if t.task_id in queued), PLAN_WINDOW))
         if len(out) < PLAN_WINDOW and len(out) < len(queued):
             placed = {t.task_id for _, t in packed}
             rest = (t for t in queued.values() if t.task_id not in placed)
             out += islice(rest, PLAN_WINDOW - len(out))
+        job.keep_for_stamp("by_latest_start", (packed, out))
         return out
+
+    @staticmethod
+    def _asks(job: JobState, tasks: list[Task]) -> list[Ask]:
+        """``job_asks(job, tasks)``, the list of the previous plan if ``tasks`` and the
+        job are the same (an ask is never changed once made)."""
+        kept = job.kept("due_asks")
+        if (
+            kept is not None
+            and len(kept[0]) == len(tasks)
+            and all(a is b for a, b in zip(kept[0], tasks, strict=True))
+        ):
+            return kept[1]  # type: ignore[no-any-return]
+        asks = job_asks(job, tasks)
+        job.keep_for_stamp("due_asks", (tasks, asks))
+        return asks
 
     def plan(self, now: float, cap: list[float]) -> tuple[list[Ask], dict[JobId, Vec]]:
         # leftover yielded, in dominant share x seconds, since the previous plan
@@ -151,13 +172,13 @@ class CarbyneQueues(JobQueues):
             for t in chosen:
                 take(leftover, t.demand)
             if not altruistic:
-                fair.append(job_asks(j, tasks))
+                fair.append(breadth_first_asks(j))  # = job_asks(j, tasks)
                 continue
             self.last_yield[j.job_id] = [max(0.0, x) for x in room]
             rate += dominant(self.last_yield[j.job_id], cap)
             if not j.queued:
                 continue  # no ask, no candidate: where it would sort changes no order
-            urgent.append((j.remaining_work(now, cap), j.arrival, job_asks(j, tasks)))
+            urgent.append((j.remaining_work(now, cap), j.arrival, self._asks(j, tasks)))
             picked = {t.task_id for t in chosen}
             candidates.append((j, [t for t in self._by_latest_start(j) if t.task_id not in picked]))
         self._yield_rate = rate
