@@ -70,11 +70,12 @@ def _job(n: int, shape: str) -> DagJob:
     return make_job("j1", "alice", 0.0, [(0, first, []), (1, after, [0])])
 
 
-def run_one(policy: str, n: int, nodes: int, lms: int, shape: str = "uniform") -> dict[str, Any]:
-    """Wall time and plans of one job of ``n`` tasks under ``policy``."""
+def _timed_run(
+    policy: str, jobs: list[DagJob], users: list[UserConfig], nodes: int, lms: int
+) -> tuple[dict[str, Any], float, float, int]:
+    """``jobs`` under ``policy`` on ``lms`` LMs of ``nodes`` nodes in all, one GM:
+    the policy's figures, wall and CPU seconds, and how many plans it made."""
     gm = GmId("gm0")
-    users = [UserConfig(UserId("alice"), gm, 1.0)]
-    job = _job(n, shape)
     per = nodes // lms
     cap = DAG_NODE_CAPACITY[2]
     clusters = [
@@ -82,14 +83,20 @@ def run_one(policy: str, n: int, nodes: int, lms: int, shape: str = "uniform") -
         for k in range(lms)
     ]
     _PLANS.update(count=0, seconds=0.0)
-    t0 = time.perf_counter()
-    run = run_policies([job], clusters, [gm], users, [policy], SimConfig(), 1)
-    wall = time.perf_counter() - t0
-    plans = int(_PLANS["count"])
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = run_policies(jobs, clusters, [gm], users, [policy], SimConfig(), 1)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return run["schedulers"][policy], wall, cpu, int(_PLANS["count"])
+
+
+def run_one(policy: str, n: int, nodes: int, lms: int, shape: str = "uniform") -> dict[str, Any]:
+    """Wall time and plans of one job of ``n`` tasks under ``policy``."""
+    users = [UserConfig(UserId("alice"), GmId("gm0"), 1.0)]
+    figures, wall, _, plans = _timed_run(policy, [_job(n, shape)], users, nodes, lms)
     return {
         "tasks": n,
         "wall_s": wall,
-        "makespan_s": run["schedulers"][policy]["makespan_s"],
+        "makespan_s": figures["makespan_s"],
         "plans": plans,
         "plan_ms": 1000 * _PLANS["seconds"] / max(1, plans),
         "wall_per_task_ms": 1000 * wall / n,
@@ -119,22 +126,10 @@ def many_jobs(n: int, users: int, seed: int = 0) -> list[DagJob]:
 
 def run_many(policy: str, n: int, users: int, nodes: int, lms: int) -> dict[str, Any]:
     """Wall time per task of ``n`` small jobs of ``users`` users on one GM."""
-    gm = GmId("gm0")
-    cfgs = [UserConfig(UserId(f"u{k}"), gm, 1.0 / users) for k in range(users)]
+    cfgs = [UserConfig(UserId(f"u{k}"), GmId("gm0"), 1.0 / users) for k in range(users)]
     jobs = many_jobs(n, users)
     tasks = sum(len(j.tasks) for j in jobs)
-    per = nodes // lms
-    cap = DAG_NODE_CAPACITY[2]
-    clusters = [
-        ClusterSpec(LmId(f"lm{k}"), [NodeSpec(cap) for _ in range(per)], [gm] * per)
-        for k in range(lms)
-    ]
-    _PLANS.update(count=0, seconds=0.0)
-    t0, c0 = time.perf_counter(), time.process_time()
-    run = run_policies(jobs, clusters, [gm], cfgs, [policy], SimConfig(), 1)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    plans = int(_PLANS["count"])
-    figures = run["schedulers"][policy]
+    figures, wall, cpu, plans = _timed_run(policy, jobs, cfgs, nodes, lms)
     return {
         "jobs": n,
         "tasks": tasks,

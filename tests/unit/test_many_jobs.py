@@ -1,6 +1,8 @@
 """A GM holding many jobs: the job-aware policies keep what a plan reads of each job
 across plans instead of rebuilding it for every job at every event -- with the same
-decisions, to the bit, as the code before (``tests/unit/old_policy``, a frozen copy).
+decisions, to the bit, as the code before: ``global_master/policy`` as it was at
+``REFERENCE``, taken from the repository's history when the test runs (a frozen copy
+in the tree would be 1,800 lines written twice).
 
 Both are driven through the same random history -- jobs of several users arriving,
 tasks handed out and dispatched or found no node for, tasks ending, coming back,
@@ -9,8 +11,17 @@ order, with the same ALTRUISTIC flags, the same budgets and counters.  No event 
 
 from __future__ import annotations
 
+import functools
+import importlib
+import io
 import random
+import subprocess
+import sys
+import tarfile
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,9 +33,39 @@ from common.ids import GmId, UserId
 from common.model import Task, UserConfig
 from global_master.policy import make_policy
 from global_master.policy.jobs import JobQueues
-from tests.unit import old_policy
 
 POLICIES = ["drf", "drf-wc", "carbyne", "carbyne-pack", "sjf", "tetris"]
+REFERENCE = "bd1d10a"
+"""main before the many-jobs work (its policy code is that of every later commit up to
+it)."""
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def reference() -> ModuleType:
+    """``global_master.policy`` at ``REFERENCE``, importable as ``reference_policy``."""
+    try:
+        tar = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", REFERENCE, "global_master/policy"],
+            capture_output=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:  # a tarball, or a shallow clone
+        pytest.skip(f"needs the repository's history back to {REFERENCE}: {exc}")
+    out = Path(tempfile.mkdtemp(prefix="reference-policy-"))
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(out, filter="data")
+    package = out / "reference_policy"
+    (out / "global_master" / "policy").rename(package)
+    for module in package.glob("*.py"):
+        text = module.read_text().replace("global_master.policy", "reference_policy")
+        module.write_text(text)
+    sys.path.insert(0, str(out))
+    try:
+        return importlib.import_module("reference_policy")
+    finally:
+        sys.path.remove(str(out))
+
+
 GM = GmId("gm0")
 DEMANDS = [(1, 1), (2, 1), (1, 2), (3, 2), (4, 4), (9, 9)]
 
@@ -95,7 +136,7 @@ def run_both(policy: str, seed: int, jobs: list[JobSpec], ops: list[tuple[int, i
     users = [UserConfig(UserId(f"u{k}"), GM, share) for k, share in enumerate((0.5, 0.3, 0.2))]
     ids = [u.user for u in users]
     new = make_policy(policy, users, seed=seed)(GM, ids)
-    old = old_policy.make_policy(policy, users, seed=seed)(GM, ids)
+    old = reference().make_policy(policy, users, seed=seed)(GM, ids)
     assert isinstance(new, JobQueues)
     sides = [Side(new), Side(old)]  # type: ignore[arg-type]
     rng = random.Random(seed)
