@@ -404,6 +404,14 @@ class Network:
     def decide(self, gm: GmId, now: float, max_tasks: int = 1) -> None:
         self.send(decide(self.gms[gm], now, max_tasks), now, src_gm=gm)
 
+    def place_and_start(self, gm: GmId, now: float, started: float, max_tasks: int = 1) -> None:
+        """``gm`` decides on up to ``max_tasks`` at ``now``, its LMs validate, and the
+        pools start what was placed at ``started``; every answer delivered."""
+        self.decide(gm, now, max_tasks)
+        self.run(now)
+        self.work_all(started)
+        self.run(started)
+
     def heartbeat(self, lm: LmId, now: float) -> None:
         self.send(heartbeat(self.lms[lm], now), now, src_lm=lm)
 

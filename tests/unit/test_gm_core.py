@@ -425,10 +425,7 @@ def test_task_events_move_tasks_between_states_and_tell_the_user() -> None:
     net.start(0.0)
     a, b = make_task(), make_task()
     net.submit(GM0, [a, b], 0.0)
-    net.decide(GM0, 1.0, max_tasks=2)
-    net.run(1.0)
-    net.work_all(2.0)
-    net.run(2.0)
+    net.place_and_start(GM0, 1.0, 2.0, max_tasks=2)
     net.finish(a.task_id, 3.0)
     net.finish(b.task_id, 3.0, kind="failed")
     net.run(3.0)
@@ -447,10 +444,7 @@ def test_a_lost_worker_without_room_returns_its_task_to_the_front() -> None:
     net.start(0.0)
     t, later = make_task(), make_task(job="j1")
     net.submit(GM0, [t], 0.0)
-    net.decide(GM0, 1.0)
-    net.run(1.0)
-    net.work_all(1.0)
-    net.run(1.0)
+    net.place_and_start(GM0, 1.0, 1.0)
     net.submit(GM0, [later], 1.5)
     net.lose_node(LM0, NodeIndex(0))
     net.send(check_workers(lm, 10.0, timeout=5.0), 10.0, src_lm=LM0)
@@ -673,10 +667,7 @@ def test_a_preempted_task_counts_its_lost_run_and_its_second_wait() -> None:
     net.start(0.0)
     t = make_task(4, 4)
     net.submit(GM0, [t], 0.0)
-    net.decide(GM0, 1.0)
-    net.run(1.0)
-    net.work_all(2.0)  # starts at 2
-    net.run(2.0)
+    net.place_and_start(GM0, 1.0, 2.0)  # starts at 2
     a = lm.active[key(t)]
     ev = TaskEvent(
         kind=EventKind.PREEMPTED, lm=LM0, gm=GM0, user=t.user, task_id=t.task_id,
@@ -686,10 +677,7 @@ def test_a_preempted_task_counts_its_lost_run_and_its_second_wait() -> None:
     lm.active.clear()
     lm.free[0] = [4, 4]
     gm.handle(as_events(LM0, [ev]), 5.0)
-    net.decide(GM0, 6.0)
-    net.run(6.0)
-    net.work_all(7.0)
-    net.run(7.0)
+    net.place_and_start(GM0, 6.0, 7.0)
     net.finish(t.task_id, 9.0)
     net.run(9.0)
     task = net.outcomes[key(t)].task
