@@ -399,6 +399,11 @@ class Client:
             raise BrokenHop("client closed")
 
 
+_OWN_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+"""Headers this client writes itself: a caller's second copy would let the two ends
+frame the request differently (a smuggled request behind the body)."""
+
+
 def _request_bytes(
     method: str, target: str, host: bytes, body: bytes, headers: Mapping[str, str]
 ) -> bytes:
@@ -406,6 +411,8 @@ def _request_bytes(
     for name, value in headers.items():
         if any(c in name for c in "\r\n:") or "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} holds a line break or colon")
+        if name.strip().lower() in _OWN_HEADERS:
+            raise ValueError(f"header {name!r} is the client's own (framing, keep-alive)")
         lines.append(f"{name}: {value}".encode("latin-1"))
     if body or method in ("POST", "PUT"):
         lines.append(b"Content-Length: %d" % len(body))

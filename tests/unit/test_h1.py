@@ -232,6 +232,10 @@ def test_header_injection_and_other_schemes_are_refused() -> None:
         client = h1.Client()
         with pytest.raises(ValueError, match="line break"):
             await client.post("http://127.0.0.1:1/", b"", {"X-A": "1\r\nX-Evil: 1"})
+        # a second framing header would let the two ends read the request differently
+        for own in ("Content-Length", "transfer-encoding", "Host", "CONNECTION"):
+            with pytest.raises(ValueError, match="client's own"):
+                await client.post("http://127.0.0.1:1/", b"ab", {own: "0"})
         with pytest.raises(ValueError, match="only http"):
             await client.post("https://127.0.0.1:1/", b"", {})
         await client.close()
