@@ -647,6 +647,19 @@ class Rabbitmqctl:
         if failure is not None:
             raise failure
 
+    def delete_users(self, names: Sequence[str]) -> None:
+        """Delete these broker users (one that is absent is skipped), in one VM start-up
+        where the broker's own internal-user API answers through ``eval`` (what
+        ``delete_user`` calls: permissions go, connections close); else, or if that
+        fails part-way, one ``delete_user`` each.  Each ``rabbitmqctl`` costs about a
+        CPU-second: a federation's dozen users took 10 s one by one."""
+        if not names:
+            return
+        with contextlib.suppress(ConfigError):
+            if self.run("eval", _erlang_delete_users(names)).strip() == "true":
+                return
+        self.run_all([["delete_user", u] for u in names], absent_ok=True)
+
     def json(self, *args: str) -> list[dict[str, Any]]:
         out = self.run(*args, "--formatter", "json").strip()
         rows: list[dict[str, Any]] = json.loads(out) if out else []
@@ -668,6 +681,24 @@ class Rabbitmqctl:
     def users(self) -> list[str]:
         """Every user of the broker, by name."""
         return [str(r["user"]) for r in self.json("list_users")]
+
+
+def _erlang_binary(text: str) -> str:
+    """``text`` as an Erlang binary of its UTF-8 bytes, written as numbers: nothing in
+    a name can end the literal."""
+    return "<<" + ",".join(str(b) for b in text.encode()) + ">>"
+
+
+def _erlang_delete_users(names: Sequence[str]) -> str:
+    """An expression that deletes the users that exist of ``names`` and prints
+    ``true`` when each deletion answered ``ok``."""
+    users = ", ".join(_erlang_binary(n) for n in names)
+    m = "rabbit_auth_backend_internal"
+    return (
+        f"lists:all(fun(U) -> case {m}:exists(U) of "
+        f"true -> {m}:delete_user(U, {_erlang_binary('megha')}) =:= ok; false -> true end "
+        f"end, [{users}])."
+    )
 
 
 @contextlib.contextmanager
@@ -747,5 +778,5 @@ def teardown(layout: BrokerLayout, ctl: Rabbitmqctl) -> list[str]:
     ctl.run("delete_vhost", layout.vhost, absent_ok=True)
     ours = [layout.broker_user(i) for i in layout.identities()]
     left = sorted(u for u in set(ctl.users()) - set(ours) if is_party_user(layout.federation, u))
-    ctl.run_all([["delete_user", u] for u in ours + left], absent_ok=True)
+    ctl.delete_users(ours + left)
     return left

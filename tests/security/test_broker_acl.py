@@ -780,6 +780,48 @@ def test_provision_refuses_a_taken_vhost_reprovisions_and_tears_down() -> None:
     assert not names & {lay.broker_user(i) for i in lay.identities()}
 
 
+def _logging_ctl(log: Path, script: str) -> Rabbitmqctl:
+    """A rabbitmqctl stand-in that appends each call's arguments to ``log``, then runs
+    ``script`` (``$@``: the arguments after ``-q``)."""
+    return Rabbitmqctl(("/bin/sh", "-c", f'echo "$*" >> {log}; shift; {script}', "sh"))
+
+
+def test_deleting_users_falls_back_to_one_delete_user_each(tmp_path: Path) -> None:
+    """A broker whose ``eval`` fails or does not answer ``true`` (another version, a
+    deletion that failed part-way) still gets every user deleted, one by one."""
+    for eval_does in ("exit 70", "echo false"):
+        log = tmp_path / "calls"
+        log.unlink(missing_ok=True)
+        ctl = _logging_ctl(log, f'[ "$1" = eval ] && {{ {eval_does}; exit 0; }}; exit 0')
+        ctl.delete_users(["a.gm.gm0", "a.user.u"])
+        calls = log.read_text().splitlines()
+        assert calls[0].startswith("-q eval lists:all(")
+        assert sorted(calls[1:]) == ["-q delete_user a.gm.gm0", "-q delete_user a.user.u"]
+    log.unlink()
+    _logging_ctl(log, "exit 0").delete_users([])
+    assert not log.exists()  # nothing to delete: no VM started
+
+
+@needs_broker
+def test_users_are_deleted_in_one_call_whatever_their_names(tmp_path: Path) -> None:
+    """One ``rabbitmqctl`` for all of them; a name that would end an Erlang string or
+    binary literal is data, not code; an absent user is skipped."""
+    real = shutil.which("rabbitmqctl")
+    assert real is not None
+    odd = f'megha-sectest-{secrets.token_hex(4)}">>, exit(injected), <<"'
+    plain = f"megha-sectest-{secrets.token_hex(4)}.user.u"
+    ctl = Rabbitmqctl()
+    for name in (odd, plain):
+        ctl.run("add_user", name, secrets.token_hex(8))
+    log = tmp_path / "calls"
+    try:
+        _logging_ctl(log, f'exec {real} -q "$@"').delete_users([odd, plain, "megha-absent"])
+        assert len(log.read_text().splitlines()) == 1
+    finally:
+        ctl.run_all([["delete_user", n] for n in (odd, plain)], absent_ok=True)
+    assert not {odd, plain} & set(ctl.users())
+
+
 @needs_broker
 def test_teardown_deletes_the_users_an_older_config_left() -> None:
     """`megha up` on a config without user `gone` only took its access; `megha down
