@@ -32,6 +32,9 @@ from runtime.retry import Backoff, GiveUp
 from security.access import Access, load_tokens
 from security.identity import OPERATOR
 
+DEAD_LETTER_QUEUE_HEADER = "x-megha-queue"
+"""The queue a service took a message from, set by the service on its dead letter
+(``runtime.broker.Broker.dead_letter``)."""
 PUBLISH_PATIENCE = Backoff(first_s=0.05, cap_s=2.0, deadline_s=30.0)
 """How long a submission is retried while the broker cannot take it (a failover, a
 quorum queue electing its leader) before it counts as refused."""
@@ -242,14 +245,34 @@ class Submitter:
             self.refused[notice.job_id] = notice.reason
             out.changed.set()
 
+    def _refused_by_a_service(self, headers: Mapping[str, object], user: str) -> bool:
+        """A dead letter a GM made of a job it took from ``user``'s own queue.
+
+        Its body is what the publisher sent, and so are headers the broker dead-lettered
+        on its own (a message that expired in the queue -- a user sets its TTL --, or a
+        rejected one): a user could name another user's job in the body and forge any
+        ``x-megha-*`` header.  A service's dead letter sets ``x-megha-queue`` itself to the
+        queue it took the job from, and the broker's own dead-lettering always adds
+        ``x-death`` (which a service's never gets unless its publisher forged one)."""
+        queue = headers.get(DEAD_LETTER_QUEUE_HEADER)
+        if isinstance(queue, bytes):
+            queue = queue.decode("utf-8", "replace")
+        return queue == self.cfg.user_queue(user) and "x-death" not in headers
+
     async def _on_dead(self, msg: AbstractIncomingMessage) -> None:
-        """A refused submission: its tasks end as failed, with the GM's reason."""
-        reason = str((msg.headers or {}).get(amqp.REASON_HEADER, "dead-lettered"))
+        """A refused submission of this submitter: its tasks end as failed, with the GM's
+        reason.  Only a GM's refusal of a job from its own user's queue counts: anyone
+        can have a message of any body dead-lettered (see ``_refused_by_a_service``)."""
+        headers = msg.headers or {}
+        reason = str(headers.get(amqp.REASON_HEADER, "dead-lettered"))[:200]
         try:
             job = codec.decode(msg.body, expect=SubmitJob)
         except MeghaError:
             return
+        if not self._refused_by_a_service(headers, job.user):
+            return
         out = self.outcomes
+        mine = False
         for s in job.tasks:
             key = (s.user, s.task_id)
             task = Task(spec=s, submitted_at=job.submitted_at)
@@ -257,10 +280,13 @@ class Submitter:
                 out.failed[key] = f"refused: {reason}"
                 out.failed_tasks[key] = task
                 out.outstanding.pop(key, None)
+                mine = True
             elif not out.keep and key in out.outstanding:
                 out.record(task, False, f"refused: {reason}")
-        self.refused[job.job_id] = reason
-        out.changed.set()
+                mine = True
+        if mine:  # (not every job anyone had refused: the list would grow without end)
+            self.refused[job.job_id] = reason
+            out.changed.set()
 
     async def _on_outcomes(self, msg: AbstractIncomingMessage) -> None:
         out = self.outcomes
