@@ -15,8 +15,9 @@ Every call but ``GET /health`` is signed (``security.signing``): the caller's
 identity, a timestamp, a nonce and the body's digest under the key of the channel
 caller -> service.  The server checks it (freshness, replays, who may call which
 endpoint) before any handler runs -- all but the body's digest before it reads any of
-the body -- and signs its answer, bound to the request's nonce; a ``Peer`` checks that
-signature.
+the body -- and signs its answer, bound to the request's nonce, a refusal as any other;
+a ``Peer`` checks that signature, and takes an answer without it (a 4xx too: anyone on
+the path may have written it) for no answer.
 
 Client: a ``Peer`` posts one message to one service over a keep-alive connection and
 decodes one answer, retrying transient failures with the runtime's backoff; every
@@ -107,18 +108,26 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     """Every refused input: a precise status and reason, logged and counted."""
     try:
         return await handler(request)
-    except MeghaError as exc:
+    except (MeghaError, web.HTTPClientError, web.RequestPayloadError) as exc:
+        return refusal_response(request, exc)
+
+
+def refusal_response(
+    request: web.Request, exc: MeghaError | web.HTTPClientError | web.RequestPayloadError
+) -> web.Response:
+    """The JSON answer to a refused request, logged and counted."""
+    if isinstance(exc, MeghaError):
         _count_refusal(request, exc.reason)
         # every part may come from the client: %r escapes newlines and control
         # characters, so no refusal can forge a line of the log
         log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), exc.reason)
         return error_response(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
         _count_refusal(request, "too_large")
         return web.json_response(
             {"error": "too_large", "detail": exc.text or "body too large"}, status=413
         )
-    except web.HTTPClientError as exc:  # a path or method no route of this service takes
+    if isinstance(exc, web.HTTPClientError):  # a path or method no route of this service takes
         reason = ROUTING_REASONS.get(exc.status, "bad_request")
         _count_refusal(request, reason)
         log.info("refused %r %r: %r", request.method, request.path, reason)
@@ -128,10 +137,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             status=exc.status,
             headers=allow,
         )
-    except web.RequestPayloadError as exc:  # a body aiohttp cannot decode (its Content-Encoding)
-        _count_refusal(request, "bad_http_body")
-        log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), "bad_http_body")
-        return web.json_response({"error": "bad_http_body", "detail": str(exc)[:300]}, status=400)
+    # a body aiohttp cannot decode (its Content-Encoding)
+    _count_refusal(request, "bad_http_body")
+    log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), "bad_http_body")
+    return web.json_response({"error": "bad_http_body", "detail": str(exc)[:300]}, status=400)
 
 
 # ------------------------------------------------- requests no middleware sees
@@ -243,7 +252,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     now = time.time()
     caller = signing.verify_body(claim, body, now, replays)
     request[CALLER_KEY] = caller
-    resp = await handler(request)
+    try:
+        resp = await handler(request)
+    except (MeghaError, web.HTTPClientError) as exc:
+        # a refusal of a proven caller is signed as any answer: unsigned, anyone on the
+        # path could have written it, and its caller takes it for a guess (``Peer.post``)
+        resp = refusal_response(request, exc)
     if isinstance(resp, web.Response):
         out = resp.body if isinstance(resp.body, bytes) else b""
         nonce = request.headers[signing.HEADER_NONCE]
@@ -453,7 +467,8 @@ def service_identity(role: str) -> tuple[FederationConfig, str, Access]:
 
 # ---------------------------------------------------------------------- peers
 class PeerRefused(MeghaError):
-    """The peer answered 4xx: it will not take this request, however often it is sent."""
+    """The peer answered 4xx, signed: it will not take this request, however often it
+    is sent."""
 
     def __init__(self, status: int, reason: str, detail: str) -> None:
         super().__init__(f"{status} {reason}: {detail}", reason=reason)
@@ -512,8 +527,9 @@ class Peer:
     ) -> M | None:
         """Post ``msg`` (encoded once) and decode the answer (None for 204).
 
-        Retries transient failures; raises ``PeerRefused`` on a 4xx and
-        ``runtime.retry.GiveUp`` when the policy's deadline passes.
+        Retries transient failures (an answer not signed by the peer is one, a 4xx
+        too); raises ``PeerRefused`` on a signed 4xx and ``runtime.retry.GiveUp`` when
+        the policy's deadline passes.
         """
         body = codec.encode(msg)
         extra = (
@@ -538,16 +554,22 @@ class Peer:
             if status >= 500:
                 self._next(at)
                 raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
-            if status >= 400:
-                raise PeerRefused(status, *_error_of(data))
             try:
                 signing.verify_response(
                     answer.headers, status, data, headers[signing.HEADER_NONCE], to,
                     access.http_key(to, access.me), time.time(),
                 )  # fmt: skip
             except Unauthorized as exc:  # altered on the way, or not from the peer
+                # a refusal too: a peer signs its refusals of a proven caller, and one
+                # anyone on the path could have written (a launch "refused" that the LM
+                # took, a pool's "stale_epoch" that makes its LM step down) is no answer.
+                # Unsigned are only refusals of the request's credentials (a clock out
+                # of step, a misconfigured access list): asked again, signed afresh.
                 self._next(at)
-                raise _Transient(f"{self.name}{path}: answer refused ({exc.reason})") from exc
+                got = f"{status} {_error_of(data)[0]}" if status >= 400 else str(status)
+                raise _Transient(f"{self.name}{path}: answer {got} refused ({exc.reason})") from exc
+            if status >= 400:
+                raise PeerRefused(status, *_error_of(data))
             self.rtts.append(time.perf_counter() - t0)
             if status == 204 or not data:
                 return None
@@ -578,8 +600,8 @@ class Peer:
 
 
 def _error_of(data: bytes) -> tuple[str, str]:
-    """The reason and detail of a 4xx answer (not signed: anyone on the path may have
-    written it), escaped so that logging them cannot forge a log line."""
+    """The reason and detail of a 4xx answer (signed, or quoted in a log line only),
+    escaped so that logging them cannot forge a log line."""
     try:
         doc: Any = json.loads(data)
         reason, detail = str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
