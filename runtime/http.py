@@ -27,6 +27,7 @@ afresh.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -159,17 +160,56 @@ def parser_reason(exc: HttpProcessingError) -> str:
     )
 
 
+HEAD_TIMEOUT_S = 10.0
+"""A new connection's first request must have come whole (its request line and headers)
+within this: one that has not is answered 408 ``request_timeout`` and closed.  aiohttp
+holds it, idle or trickling a header a byte at a time, for the whole keep-alive (300 s,
+for the peers' connections)."""
+MAX_HEADERS = 32
+"""Header lines a request may have (a signed call has about ten).  aiohttp takes 128 of
+up to 8 KiB each, and held ~1.6 MiB per connection of them, before any credentials
+were checked: 300 connections grew an LM by 480 MiB, which it kept."""
+
+
 class _Connection(web.RequestHandler):
     """aiohttp's handler of one connection, except that a request its parser cannot read
     is refused as every other refusal is (JSON, its reason, counted, one log line):
     aiohttp answers it before any middleware runs, in plain text, and logs a traceback
-    at ERROR for each.  A 5xx (a server bug) stays aiohttp's."""
+    at ERROR for each.  A 5xx (a server bug) stays aiohttp's.  A connection whose first
+    request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408)."""
 
-    __slots__ = ("_metrics",)
+    __slots__ = ("_head_timer", "_metrics")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._metrics = manager.metrics
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._head_overdue)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if self._request_count or transport is None or transport.is_closing():
+            return  # a request came (its caller answered as any), or the client went
+        _count(self._metrics, "request_timeout")
+        log.info("refused a connection from %r: %r", self.peername, "request_timeout")
+        body = json.dumps(
+            {"error": "request_timeout", "detail": f"no whole request in {HEAD_TIMEOUT_S:g} s"}
+        ).encode()
+        transport.write(  # no request to answer through aiohttp: the answer as it writes one
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.force_close()
 
     def handle_error(
         self,
@@ -224,6 +264,10 @@ class ServiceRunner(web.AppRunner):
 
     __slots__ = ()
 
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        kwargs.setdefault("max_headers", MAX_HEADERS)
+        super().__init__(app, **kwargs)
+
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # the app started and frozen
         return _Server(made, self.app.get(METRICS_KEY))
@@ -236,21 +280,32 @@ REPLAYS_KEY = web.AppKey("replays", signing.ReplayCache)
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Who calls, checked before any handler runs; the answer signed for the caller."""
+    """Who calls, checked before any handler runs; the answer signed for the caller.
+    Only a proven caller keeps its connection: anyone else's (a public page, a refusal)
+    is closed with the answer, so that no one holds a service's connections -- its file
+    descriptors -- for the peers' keep-alive without credentials."""
     if signing.is_public(request.method, request.path):
-        return await handler(request)
+        public = await handler(request)
+        public.force_close()
+        return public
     access = request.app[ACCESS_KEY]
     replays = request.app[REPLAYS_KEY]
-    # Nothing of the body is read until the headers prove a caller allowed here: an
-    # unsigned 15 MiB POST costs its headers, not 15 MiB of memory.
-    _check_length(request)
-    claim = signing.verify_headers(
-        request.headers, request.method, request.raw_path, access.keyring, time.time(), replays
-    )
-    signing.authorize(claim.identity, access.me, request.method, request.path)
-    body = await request.read()  # whole, up to client_max_size (413 beyond it)
-    now = time.time()
-    caller = signing.verify_body(claim, body, now, replays)
+    try:
+        # Nothing of the body is read until the headers prove a caller allowed here: an
+        # unsigned 15 MiB POST costs its headers, not 15 MiB of memory.
+        _check_length(request)
+        claim = signing.verify_headers(
+            request.headers, request.method, request.raw_path, access.keyring, time.time(),
+            replays,
+        )  # fmt: skip
+        signing.authorize(claim.identity, access.me, request.method, request.path)
+        body = await request.read()  # whole, up to client_max_size (413 beyond it)
+        now = time.time()
+        caller = signing.verify_body(claim, body, now, replays)
+    except (MeghaError, web.HTTPClientError, web.RequestPayloadError) as exc:
+        refused = refusal_response(request, exc)
+        refused.force_close()
+        return refused
     request[CALLER_KEY] = caller
     try:
         resp = await handler(request)
