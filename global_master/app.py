@@ -83,6 +83,14 @@ DECODE_OFF_LOOP = 1 << 20
 (8.5 MB) takes 0.5-1.5 s to decode, which would hold every other request that long;
 off the loop, only msgpack's C part (about a third) holds the interpreter."""
 
+MAX_DAG_EDGES = 100_000
+"""Parent references a DAG job may hold in all (ten a stage at ``MAX_STAGES``).  The
+schema bounds stages and parents per stage, not their product: a 2,000-stage job with
+every stage after all before it (2 M references, 5.5 MB on the wire, 2,000 tasks: far
+within ``max_user_tasks``) took ~90 MB of a GM's memory until it ended (ten of them
+grew a GM from 57 to 951 MB), a second of its loop to admit, and under Carbyne seconds
+of every plan made while it lived (``common.dag.children_of`` on each)."""
+
 log = logging.getLogger("megha.gm")
 
 ROUTES: dict[type, tuple[str, type]] = {
@@ -308,6 +316,16 @@ class GmService:
 
     async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
         self._check_submitter(user, job, msg)
+        too_many = dag_edges_error(job)
+        if too_many is not None:  # before the core holds any of it
+            self.refused_jobs += 1
+            await self.broker.dead_letter(msg, self.cfg.user_queue(user), *too_many)
+            if job.resumes is None:  # an authenticated user's: told on its stream
+                notice = JobRefusal(gm=self.core.gm_id, user=job.user, job_id=job.job_id,
+                                    submitted_at=job.submitted_at, reason=too_many[0],
+                                    detail=too_many[1])  # fmt: skip
+                self.sup.spawn(self._publish_refusal(notice), "job refusal notice")
+            return
         key = (job.user, job.job_id, job.resumes is not None)
         held = self.deliveries.get(key)
         if held is not None:
@@ -520,6 +538,19 @@ class GmService:
             "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
+
+
+def dag_edges_error(job: SubmitJob) -> tuple[str, str] | None:
+    """Why ``job``'s stages are too many edges for a GM to hold (None: they are not)."""
+    if job.stages is None:
+        return None
+    edges = sum(len(s.parents) for s in job.stages)
+    if edges <= MAX_DAG_EDGES:
+        return None
+    return "too_many_edges", (
+        f"job {job.job_id!r}: its stages name {edges} parents in all, "
+        f"more than {MAX_DAG_EDGES} (MAX_DAG_EDGES)"
+    )
 
 
 async def _ack(msg: AbstractIncomingMessage) -> None:

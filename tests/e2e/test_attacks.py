@@ -38,6 +38,7 @@ from common.messages import (
     LaunchRequest,
     Placement,
     SnapshotRequest,
+    StageSpec,
     StateDelta,
     StateUpdated,
     SubmitJob,
@@ -361,6 +362,42 @@ async def _submissions(cfg: FederationConfig, home: Path, tokens: dict[str, str]
         await asyncio.sleep(0.1)
     await sub.close()
     return dead
+
+
+def test_a_dag_of_more_edges_than_a_gm_holds_is_refused(fed: Federation) -> None:
+    """Stages and parents per stage are bounded, not their product: 2,000 stages each
+    after all before it (5.5 MB, 2,000 tasks) took ~90 MB of a GM's memory until the
+    job ended; ten grew a GM from 57 to 951 MB.  Refused before the core holds it."""
+    cfg, home = fed
+    assert asyncio.run(_dense_dag(cfg, home, load_tokens(home)["u0"])) == "too_many_edges"
+
+
+async def _dense_dag(cfg: FederationConfig, home: Path, token: str) -> str:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    dead: list[str] = []
+
+    async def on_dead(msg: Any) -> None:
+        if (msg.headers or {}).get("x-attack") == "dense":
+            dead.append(str(msg.headers["x-megha-reason"]))
+
+    await listen_dead_letters(sub, cfg, on_dead)
+    n = 450  # 101,025 parents in all
+    jid = JobId(f"dense-{MARK}")
+    job = SubmitJob(
+        job_id=jid, user=UserId("u0"), token=token, submitted_at=time.time(),
+        tasks=tuple(TaskSpec(task_id=TaskId(f"{jid}.t{i}"), job_id=jid, user=UserId("u0"),
+                             demand=(1,), duration=0.05) for i in range(n)),
+        stages=tuple(StageSpec(stage_id=i, parents=tuple(range(i)), count=1) for i in range(n)),
+    )  # fmt: skip
+    msg = aio_pika.Message(codec.encode(job), delivery_mode=2, headers={"x-attack": "dense"})
+    await sub.broker.publish("submit", names.submit_key("u0"), msg)
+    for _ in range(150):
+        if dead:
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return dead[0] if dead else "not refused"
 
 
 def test_a_job_with_properties_the_gm_cannot_read_is_dead_lettered(fed: Federation) -> None:
