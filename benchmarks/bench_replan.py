@@ -1,7 +1,8 @@
 """What a queue policy's plans cost as a job grows, simulated on 20 nodes, 1 GM, 2 LMs:
 one job of N tasks, either one stage of N identical tasks ([4, 1], 1 s; ``--shape
 uniform``) or a stage of N tasks of three sizes and durations of 1-10 s (seeded) with a
-stage of N/4 tasks after it (``--shape varied``: every task end re-packs the DAG).
+stage of N/4 tasks after it (``--shape varied``: every task end re-packs the DAG), or
+N/2 stages of 2 tasks, each after the 50 stages before it (``--shape dense``).
 
 Per policy and N: wall time of the run, plans made, time per plan, wall time per task,
 and the growth of the wall time from one N to the next as a ratio (1.0 per doubling of
@@ -60,9 +61,19 @@ def _timed_replan() -> None:
     JobQueues._replan = replan  # type: ignore[method-assign]
 
 
+DENSE_PARENTS = 50
+"""``--shape dense``: each stage is after the previous 50 (a DAG of ~50 N edges)."""
+
+
 def _job(n: int, shape: str) -> DagJob:
     if shape == "uniform":
         return make_job("j1", "alice", 0.0, [(0, [((4, 1), 1.0)] * n, [])])
+    if shape == "dense":
+        stages = [
+            (s, [((4, 1), 1.0)] * 2, list(range(max(0, s - DENSE_PARENTS), s)))
+            for s in range(n // 2)
+        ]
+        return make_job("j1", "alice", 0.0, stages)
     rng = random.Random(n)
     sizes = [(4, 1), (8, 2), (16, 4)]
     first = [(rng.choice(sizes), round(rng.uniform(1.0, 10.0), 2)) for _ in range(n)]
@@ -266,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lms", type=int, default=2)
     ap.add_argument(
         "--shape",
-        choices=("uniform", "varied"),
+        choices=("uniform", "varied", "dense"),
         default="uniform",
-        help="the job: one stage of identical tasks, or two of varied tasks",
+        help="the job: one stage of identical tasks, two of varied tasks, or N/2 stages "
+        "of 2 tasks, each stage after the 50 before it (~25 N edges: every plan walks them)",
     )
     ap.add_argument("--out", default="results/bench_replan.json")
     ap.add_argument(

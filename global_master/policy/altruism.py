@@ -200,10 +200,12 @@ def forward_pack(
     capacity: Sequence[float],
     stages: dict[int, StageState],
     running: Sequence[Running],
+    children: Mapping[int, list[int]] | None = None,
 ) -> float:
     """T_k: when the job's remaining DAG would finish, given the allocation ``cap``.
 
-    ``running`` are ``(end, demand, stage)`` of started tasks.
+    ``running`` are ``(end, demand, stage)`` of started tasks; ``children``, the
+    stages' (``common.dag.children_of``), if known.
     """
     left = {s: len(st.waiting) + st.running for s, st in stages.items()}
     heap: list[_Packed] = []
@@ -211,7 +213,8 @@ def forward_pack(
     for k, (end, d, s) in enumerate(running):
         heapq.heappush(heap, (max(end, now), k, d, s))
         give(in_use, d)
-    children = children_of({s: st.parents for s, st in stages.items()})
+    if children is None:
+        children = children_of({s: st.parents for s, st in stages.items()})
     return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
 
 
@@ -225,10 +228,10 @@ def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job:
     running tasks kept in end order (``JobState.by_end``): one stage of N running
     tasks costs the last batch, not N."""
     stages = job.stages
-    children = children_of({s: st.parents for s, st in stages.items()})
+    children = job.children()
     rest = _from_last_release(now, stages, children, job.by_end)
     if rest is None:
-        return forward_pack(now, cap, capacity, stages, job.running_list())
+        return forward_pack(now, cap, capacity, stages, job.running_list(), children)
     left = {s: len(st.waiting) for s, st in stages.items()}
     in_use = [0.0] * len(cap)
     heap: list[_Packed] = []
@@ -298,6 +301,7 @@ def must_start(
     stages: dict[int, StageState],
     running: Sequence[Running],
     runnable: set[TaskId],
+    parents: Mapping[int, list[int]] | None = None,
 ) -> list[tuple[float, Task]]:
     """Reverse packing from ``T_k`` (= ``horizon_end``): the latest start of each
     runnable task that still meets ``T_k`` (absolute times, earliest first); the tasks
@@ -326,7 +330,8 @@ def must_start(
 
     # reversed: a stage waits for its children; running tasks count as done
     left = {s: len(st.waiting) for s, st in stages.items()}
-    parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
+    if parents is None:  # (``JobState.live_parents``)
+        parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
     _pack_in_time(
         stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started, stretch=False
     )

@@ -100,11 +100,12 @@ class CarbyneQueues(JobQueues):
                 t_k = min(t_k, job.deadline[0])
             job.deadline = (t_k, self.arrivals)
             # reverse packing gives latest starts of runnable tasks only: with none, none
-            latest = (
-                must_start(now, t_k, alloc, cap, job.stages, job.running_list(), set(job.queued))
-                if job.queued
-                else []
-            )
+            latest = []
+            if job.queued:
+                latest = must_start(
+                    now, t_k, alloc, cap, job.stages, job.running_list(), set(job.queued),
+                    job.live_parents(),
+                )  # fmt: skip
             packed = (key, latest)
             job.keep("packed", packed)
         queued, due = job.queued, now + EPS

@@ -43,7 +43,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.dag import DagJob, DagProgress, finish_times, levels
+from common.dag import DagJob, DagProgress, children_of, finish_times, levels
 from common.ids import JobId, TaskId, UserId
 from common.model import Resources, Task
 from global_master.policy.vectors import Vec, dominant, fits_in, give, take
@@ -123,6 +123,8 @@ class JobState:
     _held: Vec = field(default_factory=list)
     """What the running tasks hold, kept as they start and stop (integer demands: the
     sums are exact, so they equal a fresh sum)."""
+    _edges: tuple[tuple[int, ...], dict[int, list[int]], dict[int, list[int]]] | None = None
+    """(the stages left, in order; ``children``; ``live_parents``) -- see ``children``."""
     _work: tuple[tuple[float, int, tuple[float, ...]] | None, float] = (None, 0.0)
     """``remaining_work`` at (now, version, capacity): a plan asks for it twice."""
     stamp: int = 0
@@ -290,6 +292,26 @@ class JobState:
 
     def parents(self) -> dict[int, tuple[int, ...]]:
         return {s: st.parents for s, st in self.stages.items()}
+
+    def children(self) -> dict[int, list[int]]:
+        """``common.dag.children_of`` the stages left: stage -> stages left waiting on
+        it.  Kept while the stages left are the same ones (a stage's parents never
+        change): Carbyne packs the job at every plan, and rebuilding it walked every
+        edge of the DAG each time.  Shared: do not change it."""
+        return self._edges_now()[1]
+
+    def live_parents(self) -> dict[int, list[int]]:
+        """Each stage left's parents that are left too (kept as ``children`` is)."""
+        return self._edges_now()[2]
+
+    def _edges_now(self) -> tuple[tuple[int, ...], dict[int, list[int]], dict[int, list[int]]]:
+        key = tuple(self.stages)
+        hit = self._edges
+        if hit is None or hit[0] != key:
+            stages = self.stages
+            parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
+            hit = self._edges = (key, children_of(self.parents()), parents)
+        return hit
 
     def critical_path(self, now: float) -> float:
         """Longest remaining chain of stage durations (running tasks end when they end)."""

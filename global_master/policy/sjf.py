@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from common.dag import children_of, finish_times
+from common.dag import finish_times
 from common.ids import JobId
 from common.model import Task
 from global_master.policy.altruism import job_finish
@@ -41,7 +41,7 @@ def critical_first(job: JobState) -> list[Task]:
             for s, st in job.stages.items()
         }
         # on the reversed DAG, a stage's finish time is its longest path to the end
-        tail = finish_times(children_of(job.parents()), length)
+        tail = finish_times(job.children(), length)
         rank = {t.task_id: k for k, t in enumerate(job.breadth_first())}
         hit = sorted(
             job.queued.values(),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.dag import make_job
+from common.dag import children_of, make_job
 from common.ids import JobId, TaskId, UserId
 from common.model import Task, TaskSpec
 from global_master.policy import CarbyneQueues, DrfQueues, JobQueues, SjfQueues
@@ -134,6 +134,33 @@ def test_job_finish_skips_the_completions_that_release_nothing() -> None:
     assert [e[3] for e in rest] == [0, 1]  # the wide stage's last task, then stage 1's
     straight = forward_pack(0.2, (4.0, 4.0), (20, 20), job.stages, job.running_list())
     assert job_finish(0.2, (4.0, 4.0), (20, 20), job) == straight == pytest.approx(5.399)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parents=st.lists(st.lists(st.integers(0, 11), max_size=4), min_size=1, max_size=12),
+    changes=st.lists(
+        st.tuples(st.integers(0, 11), st.one_of(st.none(), st.integers(0, 11))), max_size=12
+    ),
+)
+def test_the_kept_edges_are_those_of_the_stages_left(
+    parents: list[list[int]], changes: list[tuple[int, int | None]]
+) -> None:
+    """``children`` and ``live_parents`` are kept between plans; as stages finish (and,
+    in the same step, a returning task's stage comes back) they are those of the stages
+    left, to the order of each list."""
+    job = JobState(JobId("j"), U, 0.0, None)
+    for sid, ps in enumerate(parents):
+        job.stages[sid] = StageState(tuple(p for p in ps if p < sid), {}, 0)
+    for gone, back in changes:
+        job.stages.pop(gone, None)
+        if back is not None:
+            job.stages.setdefault(back, StageState(tuple(parents[back % len(parents)]), {}, 0))
+        left = job.stages
+        assert job.children() == children_of({s: x.parents for s, x in left.items()})
+        assert job.live_parents() == {
+            s: [p for p in x.parents if p in left] for s, x in left.items()
+        }
 
 
 def test_a_ready_stage_packs_from_the_start() -> None:
