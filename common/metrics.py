@@ -159,6 +159,8 @@ class LmCounters(Counters):
     """Attempts that ended while no LM took their reports, learnt at registration."""
     pauses: int = 0
     """Liveness checks skipped because the LM itself had not run for a timeout."""
+    stale_keep_ends: int = 0
+    """``KeepEnds`` to keep a job's ends that came after its GM let them go (ignored)."""
 
 
 @dataclass(slots=True)

@@ -224,6 +224,11 @@ class LocalMaster:
         """Jobs (GM, user, job) whose GM asked that their ended attempts be kept."""
         self.kept: dict[JobKeyAt, dict[TaskKey, tuple[GmId, EndedRow, float]]] = {}
         """Ended attempts of those jobs past ``retain_s``, until their GM lets them go."""
+        self.let_go: OrderedDict[JobKeyAt, float] = OrderedDict()
+        """Jobs whose GM let their ends go in the last ``retain_s`` seconds (when).  A GM
+        keeps a job's ends once and lets them go once: a keep that comes after the
+        let-go was held back on the way (within its signature's freshness, far shorter
+        than ``retain_s``) and is ignored -- applied, it would keep them for ever."""
         self.report_starts = report_starts
         self.victims_younger_than_wait = victims_younger_than_wait
         """Preempt only tasks that ran for less time than the requester waited
@@ -657,18 +662,26 @@ class LocalMaster:
         return [Reply(self.snapshot(req.gm))]
 
     def _on_keep_ends(self, msg: KeepEnds, now: float) -> list[Effect]:
-        """A GM keeps (or lets go) the ended attempts of one of its jobs past ``retain_s``."""
-        del now
+        """A GM keeps (or lets go) the ended attempts of one of its jobs past ``retain_s``
+        (a keep after the job's let-go is late: ``let_go``)."""
         if msg.lm != self.lm_id:
             return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
         if msg.gm not in self.gms:
             return [Reply(Refused(reason="unknown_gm", detail=f"{msg.gm} is not a GM here"))]
         job = (msg.gm, msg.user, msg.job_id)
+        let_go = self.let_go
+        while let_go and next(iter(let_go.values())) < now - self.retain_s:
+            let_go.popitem(last=False)
         if msg.keep:
-            self.keep_ends.add(job)
+            if job in let_go:
+                self.counters.stale_keep_ends += 1
+            else:
+                self.keep_ends.add(job)
         else:
             self.keep_ends.discard(job)
             self.kept.pop(job, None)
+            let_go[job] = now
+            let_go.move_to_end(job)
         return []
 
     # ---------------------------------------------------------------- workers

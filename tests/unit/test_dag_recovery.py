@@ -208,9 +208,9 @@ def test_a_gm_killed_mid_dag_finds_the_parents_ended_and_the_child_running(polic
 
 
 # ------------------------------------------------- ends kept while a job is held
-def keep(lm: LocalMaster, job: str, on: bool, gm: str = "gm0") -> list[object]:
+def keep(lm: LocalMaster, job: str, on: bool, gm: str = "gm0", at: float = 0.0) -> list[object]:
     msg = KeepEnds(gm=GmId(gm), lm=lm.lm_id, user=U0, job_id=JobId(job), keep=on)
-    return lm.handle(msg, 0.0)  # type: ignore[return-value]
+    return lm.handle(msg, at)  # type: ignore[return-value]
 
 
 def snapshot_ends(lm: LocalMaster) -> set[str]:
@@ -233,6 +233,28 @@ def test_an_lm_keeps_the_ends_of_a_job_its_gm_holds_past_its_retention() -> None
     assert snapshot_ends(lm) == set()
     assert not lm.keep_ends
     assert not lm.kept
+
+
+def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
+    """A GM keeps a job's ends once, then lets them go once: a keep that comes after
+    the let-go (held back on the way while its signature was still fresh) would keep
+    the job's ends for ever.  It is ignored while the let-go is remembered
+    (``retain_s``); the memory of let-gos is bounded by that too."""
+    lm = make_lm(nodes=[(4, 4)])
+    lm.retain_s = 10.0
+    spec = make_task(job="j")
+    lm.handle(launch_req(spec, 0), 0.0)
+    lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, 0, 1.0), 1.0)
+    assert keep(lm, "j", False, at=2.0) == []
+    assert keep(lm, "j", True, at=3.0) == []  # the late keep
+    assert not lm.keep_ends
+    assert lm.counters.stale_keep_ends == 1
+    lm.handle(Heartbeat(), 20.0)
+    assert snapshot_ends(lm) == set()  # gone after its retention, as any other job's
+    keep(lm, "k", True, at=30.0)  # anything after the let-go's memory: taken as it is
+    assert not lm.let_go
+    assert keep(lm, "j", True, at=31.0) == []
+    assert lm.keep_ends == {(GmId("gm0"), U0, JobId("j")), (GmId("gm0"), U0, JobId("k"))}
 
 
 def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> None:
