@@ -11,10 +11,8 @@ connection's first request must come whole within ``HEAD_TIMEOUT_S`` (else 408
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -27,6 +25,7 @@ from security.access import Access
 from security.identity import OPERATOR, lm
 from security.secret import Secret
 from tests import raw_http
+from tests.served import refused, served
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 CFG = FederationConfig().validate()
@@ -41,24 +40,6 @@ def lm0_app() -> web.Application:
 
     app.router.add_get("/health", health)
     return app
-
-
-def refused(app: web.Application, reason: str) -> float:
-    metrics = app[http.METRICS_KEY]
-    return metrics.registry.get_sample_value("megha_lm_refused_total", {"reason": reason}) or 0.0
-
-
-@contextlib.asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[int]:
-    """``app`` served as gunicorn serves it (``runtime.gunicorn_worker``): its port."""
-    runner = http.ServiceRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
 
 
 def signed_ping(last: bool = False) -> bytes:

@@ -12,9 +12,7 @@ Now a service signs every refusal of a proven caller, and a ``Peer`` takes an un
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -30,24 +28,12 @@ from security import signing
 from security.access import Access
 from security.identity import gm, lm
 from security.secret import Secret
+from tests.served import served
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 CFG = FederationConfig().validate()
 QUICK = Backoff(first_s=0.01, cap_s=0.02, jitter=0.0, deadline_s=0.3)
 ASK = SnapshotRequest(gm=GmId("gm0"), lm=LmId("lm0"))
-
-
-@contextlib.asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[str]:
-    """``app`` served as gunicorn serves it: its URL."""
-    runner = http.ServiceRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
 
 
 async def gm0_asks(url: str, path: str, secret: Secret = SECRET) -> tuple[str, str, int]:
@@ -84,7 +70,8 @@ def on_the_path(status: int, reason: str) -> web.Application:
 )
 def test_a_refusal_nobody_signed_is_no_answer(status: int, reason: str) -> None:
     async def run() -> tuple[str, str, int]:
-        async with served(on_the_path(status, reason)) as url:
+        async with served(on_the_path(status, reason)) as port:
+            url = f"http://127.0.0.1:{port}"
             return await gm0_asks(url, "/v1/snapshot")
 
     what, detail, sent = asyncio.run(run())
@@ -130,7 +117,8 @@ def test_a_proven_caller_s_refusals_are_signed_and_final() -> None:
     """Raised (a bad field) or aiohttp's own (no such route): signed, taken at once."""
 
     async def run() -> list[object]:
-        async with served(lm0_app()) as url:
+        async with served(lm0_app()) as port:
+            url = f"http://127.0.0.1:{port}"
             return [
                 await signed_refusal(url, "/v1/launch"),
                 await signed_refusal(url, "/v1/snapshot"),
@@ -152,7 +140,8 @@ def test_a_refusal_of_credentials_is_asked_again_signed_afresh() -> None:
     other = Secret.from_text("fedcba9876543210fedcba9876543210-test", "test")
 
     async def run() -> tuple[str, str, int]:
-        async with served(lm0_app()) as url:
+        async with served(lm0_app()) as port:
+            url = f"http://127.0.0.1:{port}"
             return await gm0_asks(url, "/v1/launch", other)
 
     what, detail, sent = asyncio.run(run())

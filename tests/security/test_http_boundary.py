@@ -5,7 +5,6 @@ parser cannot read."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -26,6 +25,7 @@ from security.access import Access
 from security.identity import OPERATOR, Identity, gm, lm, workers
 from security.secret import Secret
 from tests import raw_http
+from tests.served import refused, served
 from worker.app import WorkerService, launches_handler
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
@@ -248,24 +248,6 @@ def metered_lm0_app() -> web.Application:
     app = lm0_app()
     app[http.METRICS_KEY] = ServiceMetrics("megha_lm", dict, dict)
     return app
-
-
-def refused(app: web.Application, reason: str) -> float:
-    metrics = app[http.METRICS_KEY]
-    return metrics.registry.get_sample_value("megha_lm_refused_total", {"reason": reason}) or 0.0
-
-
-@contextlib.asynccontextmanager
-async def served(app: web.Application) -> AsyncIterator[int]:
-    """``app`` served as gunicorn serves it (``runtime.gunicorn_worker``): its port."""
-    runner = http.ServiceRunner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
 
 
 def _ping(headers: dict[str, str], body: bytes = b"") -> bytes:
