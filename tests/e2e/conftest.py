@@ -71,9 +71,13 @@ def make_federation(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., Federation]]:
     """Start federations on demand; stop them and delete their topology at module end."""
-    started: list[Federation] = []
+    started: list[tuple[FederationConfig, Path, bool]] = []
 
-    def make(*, insecure_dev: bool = False, **overrides: object) -> Federation:
+    def make(
+        *, insecure_dev: bool = False, purge_after: bool = True, **overrides: object
+    ) -> Federation:
+        """``purge_after=False``: a federation on a private broker that goes with its
+        sandbox (deleting its quorum queues with a member down waits long for nothing)."""
         base = FederationConfig()
         if not broker_reachable(base.broker_url):
             pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
@@ -85,14 +89,15 @@ def make_federation(
         ).validate()
         home = tmp_path_factory.mktemp(cfg.name)
         start_federation(cfg, home, quiet=True, insecure_dev=insecure_dev)
-        started.append((cfg, home))
+        started.append((cfg, home, purge_after))
         return cfg, home
 
     yield make
-    for cfg, home in started:
+    for cfg, home, purge_after in started:
         stop_federation(home, quiet=True)
-        with contextlib.suppress(Exception):  # a private broker may be gone already
-            purge(cfg, home)
+        if purge_after:
+            with contextlib.suppress(Exception):  # a private broker may be gone already
+                purge(cfg, home)
 
 
 def operator(cfg: FederationConfig, home: Path) -> Access:

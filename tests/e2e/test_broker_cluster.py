@@ -40,7 +40,7 @@ def cluster() -> Iterator[RabbitCluster]:
 def test_the_federation_survives_the_loss_of_a_broker_node(
     cluster: RabbitCluster, make_federation: Callable[..., Federation]
 ) -> None:
-    cfg, home = make_federation(insecure_dev=True,
+    cfg, home = make_federation(insecure_dev=True, purge_after=False,
         gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5,
         broker_url=",".join(cluster.urls), queue_type="quorum",
     )  # fmt: skip
