@@ -31,9 +31,12 @@ Job file format (JSON, UTF-8)::
   ``demand`` and ``duration``; stage ids are unique integers within a job.
 * ``parents`` name stage ids of the same job; cycles are refused.
 * Task ids are ``"<job id>.s<stage id>.t<i>"``; job ids are unique within a file.
+* A job holds at most ``MAX_JOB_TASKS`` tasks in at most ``MAX_STAGES`` stages, as a
+  live GM admits (``common.messages``).
 
-:func:`load_jobs` is strict: unknown keys, wrong types, negative values, unknown
-parents, cycles and duplicate ids raise ``ConfigError`` naming the job and stage.
+:func:`load_jobs` is strict: unknown keys, a key given twice in one object, wrong
+types, negative or non-finite values, unknown parents, cycles, duplicate ids and jobs
+larger than the limits raise ``ConfigError`` naming the job and stage.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 
 from common.errors import ConfigError
 from common.ids import JobId, TaskId, UserId
+from common.messages import MAX_JOB_TASKS, MAX_STAGES
 from common.model import N_CONSTRAINTS, Resources, Task, TaskSpec
 
 FORMAT = "megha-dag/1"
@@ -347,9 +351,15 @@ def _fail(where: str, what: str) -> ConfigError:
 
 
 def _number(x: Any, where: str, name: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+    if isinstance(x, bool) or not isinstance(x, int | float):
         raise _fail(where, f"{name} must be a non-negative number, got {x!r}")
-    return float(x)
+    try:
+        v = float(x)  # a JSON integer past 1e308 has no float
+    except OverflowError:
+        raise _fail(where, f"{name} must be a finite number, got an integer past 1e308") from None
+    if not math.isfinite(v) or v < 0:
+        raise _fail(where, f"{name} must be a finite non-negative number, got {x!r}")
+    return v
 
 
 def _demand(x: Any, width: int, where: str) -> Resources:
@@ -376,8 +386,9 @@ def _keys(obj: Any, allowed: set[str], required: set[str], where: str) -> dict[s
 
 
 def _stage(
-    obj: Any, job_id: str, user: str, width: int, k: int
+    obj: Any, job_id: str, user: str, width: int, k: int, room: int
 ) -> tuple[int, list[Task], tuple[int, ...]]:
+    """Stage ``#k`` of a job; ``room``: how many more tasks the job may hold."""
     where = f"job {job_id} stage #{k}"
     st = _keys(obj, _STAGE_KEYS, {"id"}, where)
     sid = st["id"]
@@ -395,6 +406,10 @@ def _stage(
             raise _fail(where, "give either tasks or count/demand/duration, not both")
         if not isinstance(st["tasks"], list) or not st["tasks"]:
             raise _fail(where, "tasks must be a non-empty list")
+        if len(st["tasks"]) > room:
+            raise _fail(
+                where, f"{len(st['tasks'])} tasks take the job past {MAX_JOB_TASKS:,} tasks"
+            )
         for i, tobj in enumerate(st["tasks"]):
             tw = f"{where} task {i}"
             t = _keys(tobj, _TASK_KEYS, {"demand", "duration"}, tw)
@@ -415,6 +430,8 @@ def _stage(
         count = st["count"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise _fail(where, f"count must be a positive integer, got {count!r}")
+        if count > room:
+            raise _fail(where, f"count {count} takes the job past {MAX_JOB_TASKS:,} tasks")
         d = _demand(st["demand"], width, where)
         dur = _number(st["duration"], where, "duration")
         specs = [(d, dur, 0)] * count
@@ -452,30 +469,65 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
         arrival = _number(j["arrival"], f"job {jid}", "arrival")
         if not isinstance(j["stages"], list) or not j["stages"]:
             raise _fail(f"job {jid}", "stages must be a non-empty list")
-        stages = [
-            Stage(sid, tasks, parents)
-            for sid, tasks, parents in (
-                _stage(s, jid, user, len(names), i) for i, s in enumerate(j["stages"])
-            )
-        ]
+        if len(j["stages"]) > MAX_STAGES:
+            raise _fail(f"job {jid}", f"{len(j['stages'])} stages, at most {MAX_STAGES:,}")
+        stages: list[Stage] = []
+        room = MAX_JOB_TASKS
+        for i, s in enumerate(j["stages"]):
+            sid, tasks, parents = _stage(s, jid, user, len(names), i, room)
+            room -= len(tasks)
+            stages.append(Stage(sid, tasks, parents))
         jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
     jobs.sort(key=lambda job: job.arrival)
     return tuple(names), jobs
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: ``json`` keeps the last of a repeated key,
+    which would drop the jobs (or stages, or a duration) given first without a word."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            named = obj.get("id", dict(pairs).get("id"))
+            where = f" (in the object with id {named!r})" if isinstance(named, str | int) else ""
+            raise _DuplicateKey(f"key {key!r} appears twice in one object{where}")
+        obj[key] = value
+    return obj
+
+
 def load_jobs(path: str | Path) -> tuple[tuple[str, ...], list[DagJob]]:
-    """Read a job file (see the module docstring); ``ConfigError`` says what is wrong."""
+    """Read a job file (see the module docstring); ``ConfigError`` says what is wrong.
+    UTF-8, with or without a byte-order mark."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read job file {p}: {exc}", reason="bad_job_file") from None
     try:
-        doc = json.loads(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{p}: not UTF-8 text (line {line}: {exc.reason})", reason="bad_job_file"
+        ) from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{p}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
             reason="bad_job_file",
+        ) from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{p}: {exc}", reason="bad_job_file") from None
+    except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits()
+        raise ConfigError(f"{p}: not a job file ({exc})", reason="bad_job_file") from None
+    except RecursionError:  # the decoder recurses once per level of [ or {
+        raise ConfigError(
+            f"{p}: arrays or objects nested too deeply for a job file", reason="bad_job_file"
         ) from None
     return parse_jobs(doc)
 
