@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,10 @@ class TraceJob:
 def read_trace(path: str | Path, *, limit_jobs: int | None = None) -> list[TraceJob]:
     """Parse a trace file: one job a line, ``arrival n mean d_1 .. d_n`` separated by
     blanks (exactly ``n`` durations; ``#`` starts a comment, blank lines are
-    skipped).  Numbers are finite, durations and the arrival non-negative, ``n`` a
-    positive integer; ``mean`` is checked but not used (the durations are).  The first
+    skipped).  Numbers are finite decimals as C's ``strtod`` reads them (ASCII digits,
+    an optional exponent: not Python's ``1_000`` nor other scripts' digits),
+    durations and the arrival non-negative, ``n`` a positive integer; ``mean`` is
+    checked but not used (the durations are).  A file without a job is an error.  The first
     ``limit_jobs`` jobs of the file are kept, and the file is read no further (it is
     read a line at a time: a long trace is never held whole).  A malformed line is a
     ``ConfigError`` naming it and what is wrong (reason ``bad_trace``)."""
@@ -72,16 +75,27 @@ def read_trace(path: str | Path, *, limit_jobs: int | None = None) -> list[Trace
                         return sorted(jobs, key=lambda j: j.arrival)
     except OSError as exc:
         raise ConfigError(f"cannot read trace {p}: {exc}", reason="trace_unreadable") from exc
+    if not jobs:
+        raise ConfigError(
+            f"{p}: no jobs ({lineno} line(s), each blank or a comment)", reason="bad_trace"
+        )
     jobs.sort(key=lambda j: j.arrival)
     return jobs
 
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?").fullmatch
+_WHOLE = re.compile(r"[+-]?[0-9]+").fullmatch
+_NOT_FINITE = {"inf", "infinity", "nan"}
+
+
 def _number(text: str, what: str) -> float:
-    """A finite, non-negative number, or a ``ValueError`` saying which field is wrong."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise ValueError(f"{what} {text!r} is not a number") from None
+    """A finite, non-negative number, or a ``ValueError`` saying which field is wrong.
+    ``float`` alone also took ``1_000`` (1000) and digits of any script (``\u0661``)."""
+    if _DECIMAL(text) is None:
+        if text.lstrip("+-").lower() in _NOT_FINITE:
+            raise ValueError(f"{what} {text!r} is not a finite non-negative number")
+        raise ValueError(f"{what} {text!r} is not a number")
+    x = float(text)
     if not math.isfinite(x) or x < 0:
         raise ValueError(f"{what} {text!r} is not a finite non-negative number")
     return x
@@ -95,6 +109,8 @@ def _trace_line(fields: Sequence[str]) -> TraceJob:
         )
     arrival = _number(fields[0], "arrival")
     try:
+        if _WHOLE(fields[1]) is None:
+            raise ValueError
         n = int(fields[1])
     except ValueError:
         raise ValueError(f"task count {fields[1]!r} is not a whole number") from None
