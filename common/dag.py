@@ -452,8 +452,8 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
         or len(set(names)) != len(names)
     ):
         raise _fail("file", f"resources must be a list of distinct names, got {names!r}")
-    if not isinstance(top["jobs"], list):
-        raise _fail("file", "jobs must be a list")
+    if not isinstance(top["jobs"], list) or not top["jobs"]:
+        raise _fail("file", "jobs must be a non-empty list")
     jobs: list[DagJob] = []
     seen: set[str] = set()
     for k, jobj in enumerate(top["jobs"]):

@@ -135,3 +135,9 @@ def test_too_many_stages_is_refused_naming_the_job() -> None:
     stages = [_stage(i, [i - 1] if i else []) for i in range(MAX_STAGES + 1)]
     with pytest.raises(ConfigError, match=f"job a: {MAX_STAGES + 1} stages, at most"):
         _parse(_job("a", stages))
+
+
+def test_a_file_without_a_job_is_an_error() -> None:
+    """It ran every policy on nothing and wrote JCTs and makespans of 0 s."""
+    with pytest.raises(ConfigError, match="file: jobs must be a non-empty list"):
+        _parse()
