@@ -48,6 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -214,14 +215,66 @@ compared would not see the same workload.  Nor is the cap on a user's tasks held
 def _advance(t: float, step: float, until: float) -> tuple[float, int, float]:
     """Step a tick grid from tick ``t`` to its first tick at or after ``until``, as the
     loop does (``t += step``: the same floats as ticking); how many ticks were passed,
-    and the last of them (``t`` if none)."""
+    and the last of them (``t`` if none).
+
+    A long span (a task of days at a 10-s heartbeat, a gap of years between arrivals)
+    is not stepped tick by tick: inside one binade of floats, [2**(e-1), 2**e), every
+    ``t + step`` rounds to ``t`` plus the same whole number of ulps (``_stride``), so
+    ``n`` ticks are one multiplication, exact; a binade's last ticks, and the first
+    one on a tie, are stepped.  A ``step`` too small to move ``t`` is a ``ValueError``
+    (ticking there never ends)."""
     k = 0
     last = t
     while t < until:
-        last = t
-        t += step
+        jump = _stride(t, step, until)
+        if jump is not None:
+            n, r, ulp = jump
+            grid = round(t / ulp)
+            last = (grid + (n - 1) * r) * ulp
+            t = (grid + n * r) * ulp
+            k += n
+            continue
+        nxt = t + step
+        if nxt == t:
+            raise ValueError(f"a tick of {step!r} s cannot move time past {t!r} s")
+        last, t = t, nxt
         k += 1
     return t, k, last
+
+
+def _stride(t: float, step: float, until: float) -> tuple[int, int, float] | None:
+    """``(n, r, ulp)``: the next ``n >= 2`` ticks from ``t`` each add ``r`` ulps, stay
+    in ``t``'s binade and below ``until``; None when fewer (the caller steps one).
+
+    In the binade of ``t`` (normal, > 0) every float is ``T * ulp`` with ``T`` a whole
+    number below ``2**53``, and ``t + step`` is ``T + step/ulp`` rounded to the nearest
+    whole number, ties to even -- while that sum stays below ``2**53``.  Off a tie
+    that adds ``round(step/ulp)`` every time; on a tie (``step/ulp`` = a + 1/2) it
+    adds whichever of a, a+1 is even once ``T`` is even, which it is after one tick."""
+    if t < sys.float_info.min:  # zero or subnormal: no fixed ulp
+        return None
+    ulp = math.ulp(t)
+    s = step / ulp  # exact: ulp is a power of two
+    if not s < 2.0**52:  # one tick leaves the binade
+        return None
+    a = math.floor(s)
+    frac = s - a
+    grid = round(t / ulp)
+    if frac < 0.5:
+        r = a
+    elif frac > 0.5:
+        r = a + 1
+    elif grid % 2:
+        return None
+    else:
+        r = a if a % 2 == 0 else a + 1
+    if r == 0:
+        return None
+    x = until / ulp
+    below = (math.ceil(x) - 1 - grid) // r if x < 2.0**60 else 1 << 60
+    inside = (2**53 - a - 2 - grid) // r + 1 if grid <= 2**53 - a - 2 else 0
+    n = min(below, inside)
+    return (n, r, ulp) if n >= 2 else None
 
 
 class MeghaSimulation:
