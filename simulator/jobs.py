@@ -10,12 +10,43 @@ has no completion time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from common.dag import DagJob
+from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task, TaskKey, TaskSpec, new_task
 from request_generator.workload import Job, specs_of
+
+HORIZON_S = 2.0**32
+"""The latest virtual time a job may arrive or a task may end (about 136 years, past
+any arrival in seconds since 1970).  Times are floats: at 2**32 s one step of a
+float is 2**-20 s (1 us), the resolution the modelled costs need (a GM decision is
+a few us, a hop half a ms); much later, a hop or a decision rounds to nothing and a
+1-s task to 0 s, and past 2**53 periods a clock ticking that period stops moving."""
+
+
+def check_horizon(job: Job | DagJob) -> None:
+    """``ConfigError`` if ``job`` arrives, or one of its tasks could end, past
+    ``HORIZON_S`` (as scaled: ``--time-scale``, ``--duration-scale``)."""
+    arrival = job.arrival
+    if isinstance(job, DagJob):
+        longest = job.critical_path()
+    else:
+        longest = max((t.duration for t in job.tasks), default=0.0)
+    if not math.isfinite(arrival) or arrival > HORIZON_S:
+        what = f"arrives at {arrival:g} s"
+    elif not math.isfinite(longest) or arrival + longest > HORIZON_S:
+        what = f"arrives at {arrival:g} s and runs for {longest:g} s"
+    else:
+        return
+    raise ConfigError(
+        f"job {job.job_id} {what}: past {HORIZON_S:.4g} s (2**32), where simulated "
+        "times lose their microseconds; subtract the first arrival, or give arrivals "
+        "and durations in seconds (--time-scale / --duration-scale 0.001 for ms)",
+        reason="past_horizon",
+    )
 
 
 @dataclass(slots=True)
@@ -41,6 +72,7 @@ class JobBook:
         self.last_finish = 0.0
 
     def add(self, job: Job | DagJob) -> None:
+        check_horizon(job)
         specs = specs_of(job)
         self._jobs[job.job_id] = specs
         for s in specs:
