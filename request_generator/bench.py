@@ -52,6 +52,7 @@ from request_generator.submitter import Outcomes, Submitter
 from request_generator.workload import (
     Job,
     WorkloadSpec,
+    check_submittable,
     jobs_from_trace,
     read_trace,
     specs_of,
@@ -130,7 +131,7 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJ
             duration_scale=opts.duration_scale,
             limit_jobs=opts.limit_jobs,
         )
-        return _stamp_run(list(dags), opts)
+        return _submittable(_stamp_run(list(dags), opts), cfg)
     spec = WorkloadSpec(
         profile=cfg.profile,
         constraints=cfg.constraints,
@@ -152,7 +153,14 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJ
             users=cfg.user_configs,
             rng=rng,
         )
-    return _stamp_run(list(jobs), opts)
+    return _submittable(_stamp_run(list(jobs), opts), cfg)
+
+
+def _submittable(jobs: list[Job | DagJob], cfg: FederationConfig) -> list[Job | DagJob]:
+    """Every job, once checked whole against the wire before any is sent."""
+    for j in jobs:
+        check_submittable(j, cfg.max_body)
+    return jobs
 
 
 def _stamp_run(jobs: list[Job | DagJob], opts: BenchOptions) -> list[Job | DagJob]:

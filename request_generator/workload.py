@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import codec
 from common.cluster import ResourceProfile, profile
 from common.dag import DagJob, stage_layout
-from common.errors import ConfigError
+from common.errors import ConfigError, InvalidInput
 from common.ids import JobId, TaskId, UserId
 from common.messages import StageSpec, SubmitJob
 from common.model import N_CONSTRAINTS, Task, TaskSpec, UserConfig
@@ -169,6 +170,23 @@ def to_submission(job: Job | DagJob, token: str, submitted_at: float) -> SubmitJ
         tasks=tuple(specs_of(job)),
         stages=stages,
     )
+
+
+def check_submittable(job: Job | DagJob, max_body: int) -> None:
+    """``ConfigError`` naming the job and field unless a live GM can decode its
+    submission: ids of ``[A-Za-z0-9._:@+-]``, 1..200 characters; at most
+    ``MAX_JOB_TASKS`` tasks and ``MAX_STAGES`` stages (``common.messages``), in at most
+    ``max_body`` bytes.  A simulation runs such a job; a GM dead-letters it,
+    undecodable, and the submitter cannot read it back to fail its tasks: ``megha
+    bench`` waited out its timeout and called them unfinished."""
+    body = codec.encode(to_submission(job, "-", 0.0))
+    try:
+        codec.decode(body, expect=SubmitJob, max_size=max_body)
+    except InvalidInput as exc:
+        raise ConfigError(
+            f"job {job.job_id} cannot be submitted to a federation: {exc}",
+            reason="unsubmittable",
+        ) from None
 
 
 @dataclass(frozen=True)
