@@ -27,7 +27,7 @@ from common.cluster import ResourceProfile, profile
 from common.dag import DagJob, stage_layout
 from common.errors import ConfigError, InvalidInput
 from common.ids import JobId, TaskId, UserId
-from common.messages import StageSpec, SubmitJob
+from common.messages import MAX_JOB_TASKS, StageSpec, SubmitJob
 from common.model import N_CONSTRAINTS, Task, TaskSpec, UserConfig
 
 
@@ -179,6 +179,13 @@ def check_submittable(job: Job | DagJob, max_body: int) -> None:
     ``max_body`` bytes.  A simulation runs such a job; a GM dead-letters it,
     undecodable, and the submitter cannot read it back to fail its tasks: ``megha
     bench`` waited out its timeout and called them unfinished."""
+    n = len(job.tasks)
+    if n > MAX_JOB_TASKS:  # before encoding them all
+        raise ConfigError(
+            f"job {job.job_id} cannot be submitted to a federation: {n:,} tasks, "
+            f"a job holds at most {MAX_JOB_TASKS:,}",
+            reason="unsubmittable",
+        )
     body = codec.encode(to_submission(job, "-", 0.0))
     try:
         codec.decode(body, expect=SubmitJob, max_size=max_body)

@@ -35,7 +35,7 @@ def test_a_trace_job_over_the_task_limit_is_refused_naming_it(tmp_path: Path) ->
     assert "tasks" in str(err.value)
 
 
-@pytest.mark.parametrize("job_id", ["j\u00f6b", "a b", "x" * 300])
+@pytest.mark.parametrize("job_id", ["j\u00f6b", "a b", "x" * 300], ids=["unicode", "blank", "long"])
 def test_a_job_file_id_the_wire_cannot_carry_is_refused(tmp_path: Path, job_id: str) -> None:
     stage = {"id": 0, "count": 2, "demand": [1], "duration": 1.0}
     doc = {
