@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 from common.config import FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
-from megha_cli.arguments import positive_float, positive_int
+from megha_cli.arguments import positive_float, positive_int, ranged
 from megha_cli.main import INTERRUPTED
 from megha_cli.ports import port_free, port_number
 from megha_cli.progress import Progress
@@ -446,6 +446,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _bench_options(args: argparse.Namespace) -> Any:
     from request_generator.bench import BenchOptions
 
+    if args.trace and args.jobs_file:  # the trace was dropped without a word
+        raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
     return BenchOptions(
         trace=args.trace,
         jobs_file=args.jobs_file,
@@ -639,12 +641,17 @@ def _shape(p: argparse.ArgumentParser) -> None:
     )
 
 
+_seconds = ranged(float, "a finite number", zero=True)
+
+
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--trace", help="replay this trace (../shared/traces format)")
     p.add_argument(
         "--jobs", dest="jobs_file", help="submit the DAG jobs of this file (see README: DAG jobs)"
     )
-    p.add_argument("--limit-jobs", type=int, help="only the first N jobs of the trace or job file")
+    p.add_argument(
+        "--limit-jobs", type=positive_int, help="only the first N jobs of the trace or job file"
+    )
     p.add_argument(
         "--jobs-count",
         dest="jobs",
@@ -653,9 +660,15 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
         help="synthetic jobs (without --trace; > 0)",
     )
     p.add_argument("--tasks-per-job", type=positive_int, default=3, help="(> 0)")
-    p.add_argument("--mean-duration", type=float, default=0.2, help="synthetic task seconds")
-    p.add_argument("--job-rate", type=float, default=50.0, help="synthetic Poisson jobs/s")
-    p.add_argument("--rate", type=float, help="submit at a fixed rate (jobs/s) instead")
+    p.add_argument(
+        "--mean-duration", type=_seconds, default=0.2, help="synthetic task seconds (>= 0)"
+    )
+    p.add_argument(
+        "--job-rate", type=positive_float, default=50.0, help="synthetic Poisson jobs/s (> 0)"
+    )
+    p.add_argument(
+        "--rate", type=positive_float, help="submit at a fixed rate (jobs/s, > 0) instead"
+    )
     p.add_argument(
         "--time-scale", type=positive_float, default=1.0, help="multiply arrival times (> 0)"
     )
@@ -663,7 +676,9 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
         "--duration-scale", type=positive_float, default=1.0, help="multiply durations (> 0)"
     )
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the end")
+    p.add_argument(
+        "--timeout", type=positive_float, default=300.0, help="seconds to wait for the end"
+    )
     p.add_argument("--out", default=out, help="directory for summary.json, tasks.csv, PNGs")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr; plain-text summary")
 

@@ -394,11 +394,24 @@ def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
     return report
 
 
+def _workload_kind(args: argparse.Namespace) -> str:
+    """The workload ``--workload``, ``--trace`` and ``--jobs`` name together; a source
+    given beside another kind is an error (it was dropped without a word)."""
+    if args.trace and args.jobs:
+        raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
+    implied = "dag" if args.jobs else "trace" if args.trace else None
+    if implied and args.workload not in (None, implied):
+        flag = "--jobs" if args.jobs else "--trace"
+        raise ConfigError(
+            f"{flag} is a {implied} workload: it does not go with --workload {args.workload}",
+            reason="two_workloads",
+        )
+    kind: str = args.workload or implied or "synthetic"
+    return kind
+
+
 def _run(args: argparse.Namespace) -> int:
-    if args.jobs:
-        args.workload = "dag"
-    if args.workload is None:
-        args.workload = "trace" if args.trace else "synthetic"
+    args.workload = _workload_kind(args)
     out = output_dir(args.out)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     point: PointRun = run_point
