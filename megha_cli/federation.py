@@ -650,7 +650,9 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
         "--jobs", dest="jobs_file", help="submit the DAG jobs of this file (see README: DAG jobs)"
     )
     p.add_argument(
-        "--limit-jobs", type=positive_int, help="only the first N jobs of the trace or job file"
+        "--limit-jobs",
+        type=positive_int,
+        help="only the first N jobs: a trace's first N lines, a job file's N earliest arrivals",
     )
     p.add_argument(
         "--jobs-count",

@@ -97,7 +97,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     src.add_argument(
         "--limit-jobs",
         type=_positive_int,
-        help="replay only the first N (>= 1) jobs of the trace or job file (default: all)",
+        help="replay only the first N (>= 1) jobs: a trace's first N lines, a job file's N "
+        "earliest arrivals (default: all)",
     )
     src.add_argument(
         "--jobs-count", type=_count, default=200, help="synthetic / DAG: number of jobs"
