@@ -169,6 +169,12 @@ MAX_HEADERS = 32
 """Header lines a request may have (a signed call has about ten).  aiohttp takes 128 of
 up to 8 KiB each, and held ~1.6 MiB per connection of them, before any credentials
 were checked: 300 connections grew an LM by 480 MiB, which it kept."""
+MAX_UNPROVEN = 256
+"""Connections a service holds at once that have not yet carried a call whose signature
+checked out: a new one beyond it closes the oldest of them (503 ``too_many_connections``).
+Without it, one client opening connections faster than ``HEAD_TIMEOUT_S`` closes them
+held every file descriptor the service may open, and with them its peers' calls and its
+broker connection.  A proven caller's connection never counts: a peer's calls go on."""
 
 
 class _Connection(web.RequestHandler):
@@ -178,36 +184,59 @@ class _Connection(web.RequestHandler):
     at ERROR for each.  A 5xx (a server bug) stays aiohttp's.  A connection whose first
     request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408)."""
 
-    __slots__ = ("_head_timer", "_metrics")
+    __slots__ = ("_head_timer", "_metrics", "_unproven")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._metrics = manager.metrics
+        self._unproven = manager.unproven
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._head_overdue)
+        unproven = self._unproven
+        while len(unproven) >= MAX_UNPROVEN:
+            oldest = next(iter(unproven))
+            del unproven[oldest]
+            oldest._refuse(
+                503, "Service Unavailable", "too_many_connections",
+                f"more than {MAX_UNPROVEN} connections without a proven caller",
+            )  # fmt: skip
+        unproven[self] = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._unproven.pop(self, None)
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         super().connection_lost(exc)
 
+    def proven(self) -> None:
+        """A call on this connection came from a caller whose signature checked out."""
+        self._unproven.pop(self, None)
+
     def _head_overdue(self) -> None:
         self._head_timer = None
+        if self._request_count:
+            return  # a request came: its caller was answered as any
+        self._refuse(
+            408, "Request Timeout", "request_timeout", f"no whole request in {HEAD_TIMEOUT_S:g} s"
+        )
+
+    def _refuse(self, status: int, phrase: str, reason: str, detail: str) -> None:
+        """Answer ``reason`` and close, outside any request (none came whole, or one is
+        being read: its answer would never be read after this one)."""
         transport = self.transport
-        if self._request_count or transport is None or transport.is_closing():
-            return  # a request came (its caller answered as any), or the client went
-        _count(self._metrics, "request_timeout")
-        log.info("refused a connection from %r: %r", self.peername, "request_timeout")
-        body = json.dumps(
-            {"error": "request_timeout", "detail": f"no whole request in {HEAD_TIMEOUT_S:g} s"}
-        ).encode()
+        if transport is None or transport.is_closing():
+            return  # the client went
+        _count(self._metrics, reason)
+        log.info("refused a connection from %r: %r", self.peername, reason)
+        body = json.dumps({"error": reason, "detail": detail}).encode()
         transport.write(  # no request to answer through aiohttp: the answer as it writes one
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json; charset=utf-8\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (status, phrase.encode(), len(body), body)
         )
         self.force_close()
 
@@ -252,6 +281,8 @@ class _Server(web.Server):
             handler_cancellation=made.handler_cancellation, **made._kwargs,
         )  # fmt: skip
         self.metrics = metrics
+        self.unproven: dict[_Connection, None] = {}
+        """Open connections without a proven caller yet, oldest first."""
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, loop=self._loop, **self._kwargs)
@@ -307,6 +338,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         refused.force_close()
         return refused
     request[CALLER_KEY] = caller
+    if isinstance(request.protocol, _Connection):
+        request.protocol.proven()
     try:
         resp = await handler(request)
     except (MeghaError, web.HTTPClientError) as exc:

@@ -6,7 +6,10 @@ checked a credential, kept them ~1.6 MiB per connection (300 connections grew an
 for the whole keep-alive (300 s for the peers), as it did one that had been refused or
 had asked for ``/health``.  Now a request has at most ``MAX_HEADERS`` header lines, a
 connection's first request must come whole within ``HEAD_TIMEOUT_S`` (else 408
-``request_timeout``), and only a proven caller keeps its connection open."""
+``request_timeout``), only a proven caller keeps its connection open, and a service
+holds at most ``MAX_UNPROVEN`` connections without one (the oldest goes, 503
+``too_many_connections``): two clients holding 24,000 idle connections took all 20,000
+of an LM's file descriptors before (``benchmarks/bench_flood.py``)."""
 
 from __future__ import annotations
 
@@ -167,3 +170,65 @@ def test_only_a_proven_caller_keeps_its_connection() -> None:
     assert health.status == 200
     assert (unsigned.status, unsigned.json()["error"]) == (401, "missing_credentials")
     assert kept == [200, 200]
+
+
+def test_connections_without_a_proven_caller_are_capped_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One client opening connections faster than ``HEAD_TIMEOUT_S`` closes them held
+    every file descriptor of the service: beyond ``MAX_UNPROVEN`` the oldest such
+    connection is answered 503 ``too_many_connections`` and closed, while a proven
+    caller's connection stays and new callers are served."""
+    monkeypatch.setattr(http, "MAX_UNPROVEN", 4)
+
+    def flood(port: int) -> tuple[list[int], list[raw_http.Answer], list[bool], int]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10.0) as peer:
+            statuses = [send_ping(peer)]  # proven: it never counts
+            idle = [socket.create_connection(("127.0.0.1", port), timeout=10.0) for _ in range(6)]
+            try:
+                # the two oldest went when the fifth and sixth came
+                evicted = [read_to_close(s) for s in idle[:2]]
+                statuses.append(send_ping(peer))
+                new = raw_http.exchange(port, signed_ping(True))  # a new caller: served
+                evicted.append(read_to_close(idle[2]))  # ... and the oldest left went
+                still_open = [is_open(s) for s in idle[3:]]
+            finally:
+                for s in idle:
+                    s.close()
+            statuses.append(send_ping(peer))
+        return statuses, evicted, still_open, new.status
+
+    app = lm0_app()
+
+    async def run() -> tuple[list[int], list[raw_http.Answer], list[bool], int]:
+        async with served(app) as port:
+            return await asyncio.to_thread(flood, port)
+
+    statuses, evicted, still_open, new = asyncio.run(run())
+    assert statuses == [200, 200, 200]
+    assert new == 200
+    for got in evicted:
+        assert (got.status, got.json()["error"]) == (503, "too_many_connections")
+    assert still_open == [True, True, True]
+    assert refused(app, "too_many_connections") == 3
+
+
+def send_ping(sock: socket.socket) -> int:
+    sock.sendall(signed_ping())
+    return read_one(sock).status
+
+
+def read_to_close(sock: socket.socket) -> raw_http.Answer:
+    got = bytearray()
+    while chunk := sock.recv(65536):
+        got += chunk
+    return parse(bytes(got))
+
+
+def is_open(sock: socket.socket) -> bool:
+    """Nothing comes on ``sock`` for a while, and it is not closed."""
+    sock.settimeout(0.3)
+    try:
+        return bool(sock.recv(1)) and False
+    except TimeoutError:
+        return True
