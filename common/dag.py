@@ -32,7 +32,7 @@ Job file format (JSON, UTF-8)::
 * ``parents`` name stage ids of the same job; cycles are refused.
 * Task ids are ``"<job id>.s<stage id>.t<i>"``; job ids are unique within a file.
 * A job holds at most ``MAX_JOB_TASKS`` tasks in at most ``MAX_STAGES`` stages, as a
-  live GM admits (``common.messages``).
+  live GM admits (``common.messages``); a file at most ``MAX_FILE_TASKS`` in all.
 
 :func:`load_jobs` is strict: unknown keys, a key given twice in one object, wrong
 types, negative or non-finite values, unknown parents, cycles, duplicate ids and jobs
@@ -54,6 +54,11 @@ from common.messages import MAX_JOB_TASKS, MAX_STAGES
 from common.model import N_CONSTRAINTS, Resources, Task, TaskSpec
 
 FORMAT = "megha-dag/1"
+MAX_FILE_TASKS = 5_000_000
+"""Tasks a job file may hold in all.  ``count`` makes a file of a few hundred bytes hold
+any number of tasks: 10,000 jobs of 100,000 tasks each ran the loader out of memory.
+Each task costs ~0.45 KB once read (~2.2 GB here), more once simulated: split a larger
+workload into several files."""
 
 
 @dataclass(slots=True)
@@ -456,6 +461,7 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
         raise _fail("file", "jobs must be a non-empty list")
     jobs: list[DagJob] = []
     seen: set[str] = set()
+    total = 0
     for k, jobj in enumerate(top["jobs"]):
         j = _keys(jobj, _JOB_KEYS, _JOB_KEYS, f"job #{k}")
         jid, user = j["id"], j["user"]
@@ -476,6 +482,13 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
         for i, s in enumerate(j["stages"]):
             sid, tasks, parents = _stage(s, jid, user, len(names), i, room)
             room -= len(tasks)
+            total += len(tasks)
+            if total > MAX_FILE_TASKS:
+                raise _fail(
+                    f"job {jid} stage {sid}",
+                    f"the file's jobs hold more than {MAX_FILE_TASKS:,} tasks in all "
+                    "(split the workload into several files)",
+                )
             stages.append(Stage(sid, tasks, parents))
         jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
     jobs.sort(key=lambda job: job.arrival)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from common import dag
 from common.dag import load_jobs, parse_jobs
 from common.errors import ConfigError
 from common.messages import MAX_JOB_TASKS, MAX_STAGES
@@ -121,6 +122,19 @@ def test_the_job_limit_counts_every_stage() -> None:
     half = MAX_JOB_TASKS // 2 + 1
     with pytest.raises(ConfigError, match=f"job a stage 1: count {half} takes the job past"):
         _parse(_job("a", [_stage(0, count=half), _stage(1, [0], count=half)]))
+
+
+def test_the_file_limit_counts_every_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``count`` lets a file of a few hundred bytes hold any number of tasks: 10,000 jobs
+    of 100,000 tasks each ran the loader out of memory.  A file holds at most
+    ``MAX_FILE_TASKS`` in all (5,000,000; 10 here), refused at the stage past it."""
+    monkeypatch.setattr(dag, "MAX_FILE_TASKS", 10)
+    doc = {"format": "megha-dag/1", "resources": ["cpu"]}
+    jobs = [_job("a", [_stage(0, count=6)]), _job("b", [_stage(0, count=4), _stage(1, [0])])]
+    with pytest.raises(ConfigError, match="job b stage 1: the file's jobs hold more than 10 "):
+        parse_jobs({**doc, "jobs": jobs})
+    _, loaded = parse_jobs({**doc, "jobs": [jobs[0], _job("b", [_stage(0, count=4)])]})
+    assert sum(len(j.tasks) for j in loaded) == 10
 
 
 def test_a_job_of_exactly_the_limit_loads() -> None:
