@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -339,6 +339,8 @@ class GlobalMaster:
         self.jobs: dict[JobKey, JobRecord] = {}
         self._recent_jobs: OrderedDict[JobKey, None] = OrderedDict()
         self._launches: dict[int, tuple[LmId, list[TaskKey]]] = {}
+        self._open_launches: Counter[LmId] = Counter()
+        """Requests of ``_launches`` per LM (the launch window's count)."""
         self._preempts: dict[int, TaskKey] = {}
         self.max_retries = max_retries
         self._retries: dict[TaskKey, int] = {}
@@ -986,7 +988,15 @@ class GlobalMaster:
         window = self.overload.launch_window
         if not window:
             return False
-        return sum(1 for to, _ in self._launches.values() if to == lm) >= window
+        return self._open_launches[lm] >= window
+
+    def _launch_answered(self, request_id: int) -> tuple[LmId, list[TaskKey]] | None:
+        """The launch request ``request_id`` is answered (or will never be): what it
+        asked of which LM, if it was open."""
+        sent = self._launches.pop(request_id, None)
+        if sent is not None:
+            self._open_launches[sent[0]] -= 1
+        return sent
 
     def _rep_busy(self, lm: LmId, now: float) -> bool:
         """A repartition request to ``lm`` is unanswered, or went out too lately."""
@@ -1017,6 +1027,7 @@ class GlobalMaster:
             self.inflight[key].request_id = rid
             keys.append(key)
         self._launches[rid] = (lm, keys)
+        self._open_launches[lm] += 1
         effects.append(
             ToLm(
                 lm,
@@ -1448,10 +1459,10 @@ class GlobalMaster:
         self.views[lm] = view
         self._shares = None
         self._feasible.clear()
-        totals = [v.total_capacity() for v in self.views.values()]
+        totals = [v.capacity_total for v in self.views.values() if v.n]
         self._capacity = [sum(col) for col in zip(*totals, strict=True)]
         self.inflight.rescale()
-        self._node_caps = frozenset(c for v in self.views.values() for c in v.capacity)
+        self._node_caps = frozenset().union(*(v.capacity_kinds for v in self.views.values()))
         self.queues.set_cluster(self._capacity, self._node_caps)
         self._snapshot_wanted.discard(lm)
         effects: list[Effect] = []
@@ -1533,7 +1544,7 @@ class GlobalMaster:
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
         is refreshed from the response and the decision retried at once."""
-        sent = self._launches.pop(resp.request_id, None)
+        sent = self._launch_answered(resp.request_id)
         effects: list[Effect] = []
         retry: list[Task] = []
         if sent is not None and sent[0] == resp.lm:
@@ -1609,7 +1620,7 @@ class GlobalMaster:
     def _on_request_failed(self, msg: RequestFailed, now: float) -> list[Effect]:
         """No answer will come: everything the request asked for is refused."""
         retry: list[Task] = []
-        sent = self._launches.pop(msg.request_id, None)
+        sent = self._launch_answered(msg.request_id)
         keys = list(sent[1]) if sent is not None and sent[0] == msg.lm else []
         pre = self._preempts.pop(msg.request_id, None)
         if pre is not None:

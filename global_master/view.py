@@ -32,6 +32,8 @@ class LmView:
         "_eligible",
         "avail",
         "capacity",
+        "capacity_kinds",
+        "capacity_total",
         "constraint_vectors",
         "epoch",
         "free",
@@ -51,23 +53,20 @@ class LmView:
         self.lm: LmId = layout.lm
         n = self.n = len(layout.capacity)
         self.capacity: list[Resources] = list(layout.capacity)
+        self.capacity_total: tuple[int, ...] = tuple(map(sum, zip(*self.capacity, strict=True)))
+        """The cluster's capacity in each resource (fixed with the layout)."""
+        self.capacity_kinds: frozenset[Resources] = frozenset(self.capacity)
+        """The distinct node capacities of the cluster."""
         self.node_masks: list[int] = list(layout.constraints)
         self.home: list[GmId] = list(layout.home)
-        self.constraint_vectors: list[bitarray] = []
-        for c in range(N_CONSTRAINTS):
-            v = bitarray(n, endian="little")
-            v.setall(0)
-            for i, m in enumerate(self.node_masks):
-                if m >> c & 1:
-                    v[i] = 1
-            self.constraint_vectors.append(v)
-        self.partitions: dict[GmId, bitarray] = {}
-        for i, g in enumerate(self.home):
-            part = self.partitions.get(g)
-            if part is None:
-                part = self.partitions[g] = bitarray(n, endian="little")
-                part.setall(0)
-            part[i] = 1
+        masks = self.node_masks
+        self.constraint_vectors: list[bitarray] = [
+            bitarray([m >> c & 1 for m in masks], endian="little") for c in range(N_CONSTRAINTS)
+        ]
+        self.partitions: dict[GmId, bitarray] = {
+            g: bitarray([h == g for h in self.home], endian="little")
+            for g in dict.fromkeys(self.home)
+        }
         self.free: list[list[int]] = [[0] * len(c) for c in self.capacity]
         self.pending: list[list[int] | None] = [None] * n
         self.node_version: list[int] = [-1] * n
@@ -192,10 +191,3 @@ class LmView:
             self.pending[i] = None
         self.freed.add(i)
         self._set_avail(i)
-
-    def total_capacity(self) -> list[int]:
-        tot = [0] * len(self.capacity[0])
-        for c in self.capacity:
-            for r, x in enumerate(c):
-                tot[r] += x
-        return tot

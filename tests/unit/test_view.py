@@ -135,5 +135,22 @@ def test_an_old_delta_never_takes_a_node_back() -> None:
     assert not changed
 
 
-def test_total_capacity_sums_every_node() -> None:
-    assert make_view([(4, 2), (1, 8)], [0, 0]).total_capacity() == [5, 10]
+def test_capacity_total_sums_every_node_and_kinds_are_distinct() -> None:
+    view = make_view([(4, 2), (1, 8), (4, 2)], [0, 0, 0])
+    assert view.capacity_total == (9, 12)
+    assert view.capacity_kinds == {(4, 2), (1, 8)}
+
+
+def test_partitions_and_constraint_vectors_follow_the_layout() -> None:
+    layout = ClusterLayout(
+        lm="lm0",
+        capacity=((1,),) * 4,
+        constraints=(0b01, 0b10, 0b11, 0),
+        home=("g1", "g0", "g1", "g2"),
+    )
+    view = LmView(layout)
+    assert list(view.partitions) == ["g1", "g0", "g2"]  # in the order they first appear
+    assert [view.partitions[g].to01() for g in ("g0", "g1", "g2")] == ["0100", "1010", "0001"]
+    assert view.constraint_vectors[0].to01() == "1010"
+    assert view.constraint_vectors[1].to01() == "0110"
+    assert all(v.to01() == "0000" for v in view.constraint_vectors[2:])
