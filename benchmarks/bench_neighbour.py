@@ -4,8 +4,8 @@ Starts its own federation (1 GM, 1 LM, 40 nodes; gunicorn processes, the real br
 two users of equal share on that GM.  User ``u0`` publishes ``--burst`` one-task jobs
 at once, from a process and broker connection of its own, as another client would;
 meanwhile user ``u1`` publishes one one-task job every 50 ms (``--jobs`` of them).
-For ``u1``'s tasks: publication -> its GM's queue (the ingress: the GM reads the burst's
-deliveries, which come first on its broker connection), and publication -> start.
+For ``u1``'s tasks: publication -> its GM's queue (the ingress, while the broker takes
+in the burst and the GM reads it), and publication -> start.
 
     python benchmarks/bench_neighbour.py --out results/bench_neighbour.json
 
