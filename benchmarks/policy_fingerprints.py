@@ -77,7 +77,7 @@ def run_one(out: Path, simulate_args: list[str]) -> int:
 
     def keeping(label: str, total: int, outstanding: Any, run: Any, quiet: bool) -> Any:
         result = inner(label, total, outstanding, run, quiet)
-        write_records_csv(out / f"tasks-{label}.csv", result.tasks)
+        write_records_csv(out / f"tasks-{label}.csv", result.tasks, result.failed)
         lines = []
         for t in sorted(result.tasks, key=lambda t: (t.user, t.task_id)):
             times = [t.submitted_at, t.first_started_at, t.started_at, t.finished_at]

@@ -185,13 +185,25 @@ TASK_COLUMNS: tuple[str, ...] = (
     *(f"{name}_s" for name in COMPONENTS),
     "attempt", "decisions",
     *(f"waits_{reason.name.lower()}" for reason in WaitReason),
+    "state", "failure",
 )  # fmt: skip
 """The columns of ``tasks.csv``, in order (``task_row``)."""
 
 
-def task_row(task: Task) -> list[Any]:
+def task_state(task: Task, failure: str | None) -> str:
+    """How a task ended: ``failed`` (refused, or failed on its worker: ``failure`` says
+    why), ``finished``, or ``unfinished`` (not done when the run ended)."""
+    if failure is not None:
+        return "failed"
+    if task.started_at >= 0 and task.finished_at >= task.started_at:
+        return "finished"
+    return "unfinished"
+
+
+def task_row(task: Task, failure: str | None = None) -> list[Any]:
     """One CSV row per task, in ``TASK_COLUMNS`` order: identity, timestamps,
-    allocation time and its split, decisions and waits."""
+    allocation time and its split, decisions and waits, how it ended and why it failed
+    (``failure``: None unless it failed)."""
     started = task.started_at
     return [
         task.task_id, task.job_id, task.user, task.gm or "",
@@ -202,6 +214,7 @@ def task_row(task: Task) -> list[Any]:
         *(round(value, 9) for value in task.components()),
         task.attempt, task.decisions,
         *task.waits,
+        task_state(task, failure), failure or "",
     ]  # fmt: skip
 
 

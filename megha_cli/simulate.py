@@ -324,7 +324,7 @@ def run_point(
         "schedulers": {name: scheduler_summary(r) for name, r in results.items()},
     }
     for name, r in results.items():
-        write_records_csv(out / f"tasks-{name}.csv", r.tasks)
+        write_records_csv(out / f"tasks-{name}.csv", r.tasks, r.failed)
     title = f"{workers} workers, {n_gms} GMs x {n_lms} LMs"
     plot_cdfs(out / "allocation_cdf.png", allocation_series(results), f"Allocation time: {title}")
     plot_components(

@@ -437,9 +437,10 @@ class RunTally:
         """Each job's latest task end once every task of it ended (NaN: not all did)."""
         self._open: dict[int, list[float]] = {}  # job -> [tasks left, latest end, all ended]
 
-    def add(self, task: Task, published_at: float) -> None:
-        """A task that ended (or never will), submitted at ``published_at``."""
-        self.csv.write(task)
+    def add(self, task: Task, published_at: float, failure: str | None = None) -> None:
+        """A task that ended (or never will), submitted at ``published_at``;
+        ``failure``: why it failed, None unless it did."""
+        self.csv.write(task, failure)
         self.tasks.add(task)
         if task.started_at >= 0:
             self.publish.add(task.submitted_at - published_at, task.started_at - published_at)
@@ -610,6 +611,13 @@ async def _ping_during_run(
             del out[:50_000]
 
 
+def sink_into(tally: RunTally, outcomes: Outcomes) -> Callable[[Task, float], None]:
+    """What ``outcomes`` hands ``tally``: each task that ended, with why it failed if it
+    did (``outcomes.failed`` holds a failed task's reason until it finishes after all)."""
+    failed = outcomes.failed
+    return lambda task, at: tally.add(task, at, failed.get(task.key))
+
+
 def close_tally(outcomes: Outcomes, tally: RunTally) -> list[tuple[TaskKey, TaskSpec, float]]:
     """The run's end: the failed tasks, then those not done in time (as they were
     submitted), to ``tasks.csv``, which closes; an outcome that comes later (a task
@@ -630,7 +638,7 @@ async def _drive(
     n_tasks = sum(len(j.tasks) for j in jobs)
     prefix = _run_prefix(jobs)
     tally = RunTally(cfg, jobs, Path(opts.out) / "tasks.csv")
-    sub.outcomes.sink = tally.add
+    sub.outcomes.sink = sink_into(tally, sub.outcomes)
     sub.outcomes.owns = _OfRun(prefix).__contains__
     access = sub.access
     floor = h1.Client(limit_per_host=1, timeout_s=30.0)

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from common.errors import ConfigError
 from common.metrics import PERCENTILE_KEYS, TASK_COLUMNS, percentiles, task_row
-from common.model import COMPONENTS, Task
+from common.model import COMPONENTS, Task, TaskKey
 
 
 def output_dir(path: str | Path) -> Path:
@@ -51,8 +51,9 @@ class TaskCsv:
         self._writer.writerow(TASK_COLUMNS)
         self._flush_every = max(1, flush_every)
 
-    def write(self, task: Task) -> None:
-        self._writer.writerow(task_row(task))
+    def write(self, task: Task, failure: str | None = None) -> None:
+        """``task``'s row; ``failure``: why it failed, None unless it did."""
+        self._writer.writerow(task_row(task, failure))
         self.rows += 1
         if self.rows % self._flush_every == 0:
             self._fh.flush()
@@ -67,10 +68,14 @@ class TaskCsv:
         self.close()
 
 
-def write_records_csv(path: Path, tasks: Iterable[Task]) -> None:
+def write_records_csv(
+    path: Path, tasks: Iterable[Task], failed: Mapping[TaskKey, str] | None = None
+) -> None:
+    """``tasks`` to ``path``; ``failed``: why each task that failed did."""
+    why = failed or {}
     with TaskCsv(path) as out:
         for t in tasks:
-            out.write(t)
+            out.write(t, why.get(t.key))
 
 
 def _pyplot() -> Any:

@@ -251,7 +251,7 @@ def run_policies(
         }
         schedulers[policy] = figures
         if out is not None:
-            write_records_csv(out / f"tasks-{policy}.csv", res.tasks)
+            write_records_csv(out / f"tasks-{policy}.csv", res.tasks, res.failed)
             plot_shares(out / f"shares-{policy}.png", res, users, f"dominant share: {policy}")
     return {"schedulers": schedulers, "timing": timing}
 

@@ -3,6 +3,7 @@ compact columns, and the summary is what the whole list of tasks would have give
 
 from __future__ import annotations
 
+import csv
 import gc
 import random
 from pathlib import Path
@@ -26,6 +27,7 @@ from request_generator.bench import (
     build_workload,
     job_metrics,
     job_metrics_of,
+    sink_into,
 )
 from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from request_generator.report import write_records_csv
@@ -61,7 +63,8 @@ def test_a_run_keeps_no_task_and_summarizes_as_the_whole_list(tmp_path: Path) ->
     for j in jobs:
         j.arrival += T0
     tally = RunTally(cfg, jobs, tmp_path / "tasks.csv", spill_rows=16)
-    out = Outcomes(keep=False, sink=tally.add, owns=_OfRun(_run_prefix(jobs)).__contains__)
+    out = Outcomes(keep=False, owns=_OfRun(_run_prefix(jobs)).__contains__)
+    out.sink = sink_into(tally, out)
     for j in jobs:
         out.submitted(specs_of(j), j.arrival)
     lost_at, failed_at, late_at = 5, 11, 17  # never heard of; failed; failed, then finished
@@ -125,11 +128,19 @@ def test_a_run_keeps_no_task_and_summarizes_as_the_whole_list(tmp_path: Path) ->
     assert job_metrics_of(cfg, jobs, tally.job_end, tally.spans()) == whole
     assert 0 < whole["jobs_completed"] < len(jobs)
     # tasks.csv: every task's row, as write_records_csv writes them
-    write_records_csv(tmp_path / "all.csv", tasks)
+    failed_key = (specs[failed_at][1].user, specs[failed_at][1].task_id)
+    write_records_csv(tmp_path / "all.csv", tasks, {failed_key: "worker_lost"})
     streamed = (tmp_path / "tasks.csv").read_text().splitlines()
     full = (tmp_path / "all.csv").read_text().splitlines()
     assert streamed[0] == full[0]
     assert sorted(streamed[1:]) == sorted(full[1:])
+    # ... each saying how it ended: the failed one with why, the late one finished
+    with (tmp_path / "tasks.csv").open() as fh:
+        ended = {r["task_id"]: (r["state"], r["failure"]) for r in csv.DictReader(fh)}
+    assert ended[specs[failed_at][1].task_id] == ("failed", "worker_lost")
+    assert ended[specs[late_at][1].task_id] == ("finished", "")
+    assert ended[specs[lost_at][1].task_id] == ("unfinished", "")
+    assert sum(state == "finished" for state, _ in ended.values()) == len(specs) - 2
     tally.close()
 
 

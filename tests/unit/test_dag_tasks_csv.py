@@ -29,3 +29,29 @@ def test_a_dag_simulation_writes_tasks_per_policy(
         assert tuple(rows[0]) == TASK_COLUMNS
         assert len(rows) - 1 == summary["tasks"]
         assert len({r[TASK_COLUMNS.index("task_id")] for r in rows[1:]}) == summary["tasks"]
+
+
+def test_each_row_says_how_the_task_ended_and_why_it_failed(tmp_path: Path) -> None:
+    """A refused task had -1 for every time, as a task the run left unfinished: the
+    ``state`` and ``failure`` columns tell them apart."""
+    stage = {"id": 0, "count": 2, "demand": [1], "duration": 1.0}
+    jobs = {
+        "format": "megha-dag/1",
+        "resources": ["cpu"],
+        "jobs": [
+            {"id": "ok", "user": "u0", "arrival": 0, "stages": [stage]},
+            {"id": "big", "user": "u0", "arrival": 0,
+             "stages": [{**stage, "count": 1, "demand": [10**6]}]},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps(jobs))
+    args = ["simulate", "--jobs", str(path), "--workers", "10", "--gms", "1", "--lms", "1"]
+    assert main([*args, "--policies", "drf", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    with (tmp_path / "out" / "tasks-drf.csv").open() as fh:
+        ended = {r["task_id"]: (r["state"], r["failure"]) for r in csv.DictReader(fh)}
+    assert ended == {
+        "ok.s0.t0": ("finished", ""),
+        "ok.s0.t1": ("finished", ""),
+        "big.s0.t0": ("failed", "refused: impossible_resources"),
+    }
