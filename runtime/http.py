@@ -231,7 +231,9 @@ class _Connection(web.RequestHandler):
         if transport is None or transport.is_closing():
             return  # the client went
         _count(self._metrics, reason)
-        log.info("refused a connection from %r: %r", self.peername, reason)
+        # a flood closes thousands a second: counted, and in the log only at debug
+        level = logging.DEBUG if reason == "too_many_connections" else logging.INFO
+        log.log(level, "refused a connection from %r: %r", self.peername, reason)
         body = json.dumps({"error": reason, "detail": detail}).encode()
         transport.write(  # no request to answer through aiohttp: the answer as it writes one
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\n"
