@@ -20,7 +20,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import tempfile
 import time
 import urllib.parse
 from dataclasses import replace
@@ -31,8 +30,7 @@ from common.config import parse_config
 from common.ids import JobId, TaskId, UserId
 from common.metrics import duplicate_launches, percentiles
 from common.model import TaskSpec
-from megha_cli.federation import signed_get, start_federation, stop_federation
-from megha_cli.secure import purge
+from megha_cli.federation import running_federation, signed_get
 from request_generator.submitter import Submitter
 from request_generator.workload import Job
 
@@ -176,19 +174,14 @@ def main() -> int:
         users="u0:0.5@gm0,u1:0.5@gm0",
         base_port=args.base_port,
     ).validate()
-    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
     load1 = os.getloadavg()
-    start_federation(cfg, home)
-    try:
+    with running_federation(cfg, quiet=False) as home:
         result = asyncio.run(_run(cfg, home, args.tasks, args.timeout))
         rows: list[dict[str, Any]] = []
         for lm in cfg.lm_ids:
             rows.extend(signed_get(cfg, home, f"{lm}-workers", "/v1/launches")["launches"])
         result["duplicate_launches"] = duplicate_launches(rows)["count"]
         result["gm_gc"] = signed_get(cfg, home, cfg.gm_ids[0], "/v1/state").get("gc", {})
-    finally:
-        stop_federation(home)
-        purge(cfg, home)
     result["machine"] = {
         "cpus": os.cpu_count(),
         "loadavg_before": load1,

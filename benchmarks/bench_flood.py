@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import os
 import resource
 import socket
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig, parse_config
-from megha_cli.federation import service_pids, start_federation, stop_federation
-from megha_cli.secure import purge
-from request_generator.bench import signed
+from megha_cli.federation import running_federation, service_pids
+from request_generator.bench import measure_floor
 from runtime import h1
 from security.access import Access
 from security.identity import lm as lm_identity
@@ -82,18 +79,14 @@ def _descriptors(pid: int) -> int:
 
 
 async def _ping(cfg: FederationConfig, access: Access) -> float | str:
+    """The operator's signed ping to the LM on a new connection: its round trip in
+    seconds, or ``"no answer"``."""
     client = h1.Client(limit_per_host=1, timeout_s=2.0)
-    url = cfg.lm_url("lm0")
-    t = time.perf_counter()
     try:
-        await client.post(
-            url + "/v1/ping", b"", signed(access, lm_identity("lm0"), "POST", "/v1/ping")
-        )
-        return time.perf_counter() - t
-    except (h1.BrokenHop, TimeoutError) as exc:
-        return repr(exc)[:120]
+        rtts = await measure_floor(client, cfg.lm_url("lm0"), access, lm_identity("lm0"), 1)
     finally:
         await client.close()
+    return rtts[0] if rtts else "no answer"
 
 
 def main() -> int:
@@ -112,11 +105,8 @@ def main() -> int:
         parse_config({}), name=f"bench-flood-{os.getpid()}", gms=1, lms=1, nodes_per_lm=10,
         base_port=args.base_port,
     ).validate()  # fmt: skip
-    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
-    start_federation(cfg, home, quiet=True)
     rows: list[dict[str, Any]] = []
-    limit = 0
-    try:
+    with running_federation(cfg) as home:
         access = Access.in_home(home, cfg)
         lm_pid = service_pids(home)["lm0"]
         limit = _descriptor_limit(lm_pid)
@@ -146,10 +136,6 @@ def main() -> int:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    finally:
-        stop_federation(home, quiet=True)
-        with contextlib.suppress(Exception):
-            purge(cfg, home)
     failed = sum(1 for r in rows if not isinstance(r["ping"], float))
     result = {
         "clients": args.clients,

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,8 +29,7 @@ from common.config import FederationConfig, load_config, parse_config
 from common.ids import JobId, TaskId, UserId
 from common.metrics import percentiles
 from common.model import Task, TaskSpec
-from megha_cli.federation import start_federation, stop_federation
-from megha_cli.secure import purge
+from megha_cli.federation import running_federation
 from request_generator.submitter import Submitter
 from request_generator.workload import Job
 
@@ -120,14 +118,8 @@ def main() -> int:
         parse_config({}), name=f"bench-neighbour-{os.getpid()}", gms=1, lms=1,
         nodes_per_lm=40, base_port=args.base_port, users="u0:0.5@gm0,u1:0.5@gm0",
     ).validate()  # fmt: skip
-    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
-    start_federation(cfg, home, quiet=True)
-    try:
+    with running_federation(cfg) as home:
         result = asyncio.run(_measure(cfg, home, args.burst, args.jobs, args.timeout))
-    finally:
-        stop_federation(home, quiet=True)
-        with contextlib.suppress(Exception):
-            purge(cfg, home)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

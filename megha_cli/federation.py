@@ -17,9 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -234,6 +236,23 @@ def _alive(pid: int) -> bool:
         if done == pid:
             return False
     return True
+
+
+@contextlib.contextmanager
+def running_federation(cfg: FederationConfig, *, quiet: bool = True) -> Iterator[Path]:
+    """A federation of ``cfg`` for the ``with`` block, recorded in a new temporary
+    directory (yielded): started, then stopped and its broker vhost, users or queues
+    deleted, whatever the block did (the benchmarks' own federations)."""
+    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
+    start_federation(cfg, home, quiet=quiet)
+    try:
+        yield home
+    finally:
+        stop_federation(home, quiet=True)
+        try:
+            secure.purge(cfg, home)
+        except (MeghaError, OSError, subprocess.SubprocessError) as exc:
+            print(f"could not delete {cfg.name!r} from the broker: {exc}", file=sys.stderr)
 
 
 def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False) -> int:
