@@ -1,0 +1,196 @@
+"""A service's write-ahead journal on local disk: what must outlive every process of a host.
+
+An LM's active task list and retained ends, and a worker pool's running attempts and
+unreported ends, exist only in process memory; a restart of the whole federation (a
+host reboot, ``megha down`` then ``up``, ``docker compose down && up``) would lose them.
+Each such service appends what changed to its journal before it answers anyone, and
+reads the journal back at its next start.
+
+Layout in the service's state directory (``NAME`` is the service):
+
+* ``NAME.lock`` -- an exclusive ``flock`` held for the life of the process: a second
+  process (a standby, a leftover) cannot write the same journal (``JournalBusy``);
+* ``NAME.snap`` -- the compacted state: a header frame naming its generation ``G``,
+  then one frame per record;
+* ``NAME.G.log`` -- the records appended since that snapshot, in order.
+
+A frame is ``length (4 bytes, big-endian) | crc32 (4) | payload``.  A torn or corrupt
+frame ends the file: what follows is dropped and the log is truncated there (a record
+is written whole by one ``write`` before anything depends on it).  ``rewrite`` makes a
+new generation atomically (snapshot written, fsynced and renamed, then a new empty log),
+so a crash at any point leaves either the old generation or the new one, never a mix.
+
+Durability: ``append`` puts records in the kernel's page cache, which survives the death
+of the process (SIGKILL, OOM, ``docker kill``); ``sync`` (``fdatasync``) makes them survive
+the host losing power.  How often to sync is the service's choice (``journal_sync_s``).
+Payloads are opaque bytes here: the service encodes its records (``common.codec``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import zlib
+from pathlib import Path
+
+_FRAME = struct.Struct(">II")
+_MAGIC = b"megha-journal/1 gen="
+MAX_RECORD = 16 << 20
+"""A record larger than this is taken as corruption (no service writes one)."""
+
+
+class JournalBusy(RuntimeError):
+    """Another live process holds this journal's lock."""
+
+
+def frame(payload: bytes) -> bytes:
+    """One record as written on disk."""
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def read_frames(data: bytes) -> tuple[list[bytes], int]:
+    """The whole frames at the start of ``data`` and the offset where they end (a torn or
+    corrupt frame, or the end of the data)."""
+    out: list[bytes] = []
+    at, end = 0, len(data)
+    while at + _FRAME.size <= end:
+        n, crc = _FRAME.unpack_from(data, at)
+        start = at + _FRAME.size
+        if n > MAX_RECORD or start + n > end:
+            break
+        payload = data[start : start + n]
+        if zlib.crc32(payload) != crc:
+            break
+        out.append(payload)
+        at = start + n
+    return out, at
+
+
+class Journal:
+    """An append-only record log with compaction into a snapshot (see the module doc)."""
+
+    def __init__(self, directory: Path | str, name: str) -> None:
+        self.dir = Path(directory)
+        self.name = name
+        self.generation = 0
+        self.log_bytes = 0
+        """Bytes appended to the current log (what compaction would save)."""
+        self.records_logged = 0
+        self.torn_bytes = 0
+        """Bytes dropped at ``open`` after a torn or corrupt frame."""
+        self._lock_fd = -1
+        self._log_fd = -1
+        self._dirty = False
+
+    # ------------------------------------------------------------ open / read
+    def open(self) -> list[bytes]:
+        """Lock the journal and return every record it holds, snapshot first, in order."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock()
+        records = self._read_snapshot()
+        log = self._log_path(self.generation)
+        data = log.read_bytes() if log.exists() else b""
+        logged, end = read_frames(data)
+        self.torn_bytes = len(data) - end
+        records.extend(logged)
+        self._log_fd = os.open(log, os.O_WRONLY | os.O_CREAT, 0o600)
+        if self.torn_bytes:
+            os.ftruncate(self._log_fd, end)
+        os.lseek(self._log_fd, end, os.SEEK_SET)
+        self.log_bytes = end
+        self.records_logged = len(logged)
+        self._drop_other_logs()
+        return records
+
+    def _lock(self) -> None:
+        fd = os.open(self.dir / f"{self.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalBusy(f"{self.dir / self.name} is held by another process") from None
+        self._lock_fd = fd
+
+    def _read_snapshot(self) -> list[bytes]:
+        snap = self.dir / f"{self.name}.snap"
+        if not snap.exists():
+            self.generation = 0
+            return []
+        frames, _ = read_frames(snap.read_bytes())
+        if not frames or not frames[0].startswith(_MAGIC):
+            # a snapshot is renamed into place only once whole: this is not ours
+            raise ValueError(f"{snap} is not a journal snapshot")
+        self.generation = int(frames[0][len(_MAGIC) :])
+        return frames[1:]
+
+    def _log_path(self, generation: int) -> Path:
+        return self.dir / f"{self.name}.{generation}.log"
+
+    def _drop_other_logs(self) -> None:
+        keep = self._log_path(self.generation).name
+        for p in self.dir.glob(f"{self.name}.*.log"):
+            if p.name != keep:
+                p.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- write
+    def append(self, payloads: list[bytes]) -> None:
+        """Append records (one ``write``): in the page cache when this returns."""
+        if not payloads:
+            return
+        data = b"".join(frame(p) for p in payloads)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._log_fd, view)
+            view = view[n:]
+        self.log_bytes += len(data)
+        self.records_logged += len(payloads)
+        self._dirty = True
+
+    @property
+    def dirty(self) -> bool:
+        """Records were appended since the last ``sync``."""
+        return self._dirty
+
+    def sync(self) -> None:
+        """``fdatasync`` what was appended (blocking: call it off the event loop)."""
+        if self._dirty and self._log_fd >= 0:
+            self._dirty = False
+            os.fdatasync(self._log_fd)
+
+    def rewrite(self, payloads: list[bytes]) -> None:
+        """Replace everything by ``payloads`` (the service's whole state): a new
+        generation, made atomically; the old log goes."""
+        gen = self.generation + 1
+        tmp = self.dir / f"{self.name}.snap.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as f:
+            f.write(frame(_MAGIC + str(gen).encode()))
+            f.write(b"".join(frame(p) for p in payloads))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / f"{self.name}.snap")
+        new_fd = os.open(self._log_path(gen), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fsync_dir()
+        old_fd, self._log_fd = self._log_fd, new_fd
+        if old_fd >= 0:
+            os.close(old_fd)
+        self._log_path(self.generation).unlink(missing_ok=True)
+        self.generation = gen
+        self.log_bytes = 0
+        self.records_logged = 0
+        self._dirty = False
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Release the files and the lock (records stay as written)."""
+        for fd in (self._log_fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._log_fd = self._lock_fd = -1
