@@ -34,6 +34,14 @@ BROKER_ENV = "MEGHA_BROKER_URL"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
+SANDBOX_UID_FIRST = 1_000_000_000
+SANDBOX_UIDS_PER_POOL = 1024
+"""Task uids (``[federation.sandbox]`` ``uid_first``, ``uids_per_pool``): the pool of
+LM j leases ``uid_first + j * uids_per_pool`` onwards, one uid per running task; high,
+above the accounts and the container uid ranges (subuids) hosts usually give out."""
+_LAST_UID = 2**32 - 2
+_NOBODY = 65534
+
 QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
 """How a GM may order its user queues (``global_master.policy`` implements each)."""
 
@@ -112,7 +120,9 @@ class FederationConfig:
     its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""
     sandbox: dict[str, Any] = field(default_factory=dict)
     """``[sandbox]``: how commands run (``security.sandbox.SandboxPolicy``: the
-    allow-list of executables, the unprivileged uid/gid, rlimits, timeout)."""
+    allow-list of executables, the range of task uids, scratch sizes, the network,
+    rlimits, timeout).  The uid range of every pool is checked here; the rest, and
+    the pool's own uid and the host's accounts, by each pool when it starts."""
     seed: int = 1
     queue_policy: str = "fifo"
     """How each GM orders its user queues: fifo (Megha), drf, tetris, sjf, carbyne, ..."""
@@ -317,7 +327,37 @@ class FederationConfig:
         if not 0.0 <= self.p_altruism <= 1.0:
             raise ConfigError("p_altruism must be in [0, 1]")
         profile(self.profile)
+        self._check_task_uids()
         return self
+
+    def _check_task_uids(self) -> None:
+        """Every pool's slice of the task uids: never root, nobody, or past the last uid."""
+        box = self.sandbox
+        first = box.get("uid_first", SANDBOX_UID_FIRST)
+        per_pool = box.get("uids_per_pool", SANDBOX_UIDS_PER_POOL)
+        gone = sorted({"uid", "gid", "dedicated_uid"} & set(box))
+        if gone:
+            raise ConfigError(
+                f"sandbox.{', sandbox.'.join(gone)}: gone; each task runs as a uid of its "
+                "own from sandbox.uid_first and sandbox.uids_per_pool",
+                reason="bad_sandbox",
+            )
+        for key, value in (("uid_first", first), ("uids_per_pool", per_pool)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"sandbox.{key}: an integer, not {value!r}", reason="bad_sandbox")
+        if first < 1:
+            raise ConfigError(
+                "sandbox.uid_first: the task uids include root (0); commands never run as root",
+                reason="root_uid",
+            )
+        last = first + self.lms * per_pool - 1
+        if per_pool < 1 or last > _LAST_UID or first <= _NOBODY <= last:
+            raise ConfigError(
+                f"sandbox: task uids {first}-{last} ({self.lms} pools of uids_per_pool "
+                f"{per_pool}): at least one uid a pool, none past {_LAST_UID}, and not "
+                f"nobody ({_NOBODY}), which many programs share",
+                reason="bad_sandbox",
+            )
 
     def to_toml(self) -> str:
         """The config as a TOML file, without the secret (which lives in its own file)."""

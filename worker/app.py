@@ -50,7 +50,7 @@ from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
 from security.access import Access
 from security.identity import lm as lm_identity
-from security.sandbox import SandboxPolicy
+from security.sandbox import Sandbox, SandboxPolicy
 from worker.core import WorkerPool
 from worker.runner import Runner
 
@@ -71,14 +71,16 @@ class WorkerService:
     def __init__(self, cfg: FederationConfig, lm: LmId, access: Access) -> None:
         self.cfg = cfg
         self.access = access
-        n_nodes = len(cfg.clusters[cfg.lm_ids.index(lm)].nodes)
+        index = cfg.lm_ids.index(lm)
+        n_nodes = len(cfg.clusters[index].nodes)
         self.core = WorkerPool(
             lm, n_nodes, commands=cfg.task_commands, lease_s=LEASE_SHARE * cfg.worker_timeout_s
         )
         self.sup = Supervisor(f"{lm}-workers")
         self.driver = CoreDriver(self.core, self.sup)
         policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
-        self.runner = Runner(self.driver, policy)
+        self.sandbox = Sandbox(policy, pool=index)  # a range holding root or our uid: refused
+        self.runner = Runner(self.driver, self.sandbox)
         self.http: h1.Client | None = None
         self.lm: Peer | None = None
         self.registered = asyncio.Event()
@@ -98,13 +100,15 @@ class WorkerService:
             lm_identity(self.core.lm), self.cfg.lm_urls(self.core.lm), self.access, self.http,
             policy=REPORTS,
         )  # fmt: skip
+        if self.sandbox.policy.enabled:  # a dead incarnation's commands end before any start
+            await self.sandbox.uids.open()
         self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
         lease = CheckLease(lease=LEASE_SHARE * self.cfg.worker_timeout_s)
         self.driver.every(self.cfg.heartbeat_s, lambda: lease, "lease")
 
     async def close(self) -> None:
-        self.runner.close()
+        await self.runner.close()
         await self.sup.__aexit__(None, None, None)
         if self.http is not None:
             await self.http.close()
@@ -177,6 +181,10 @@ class WorkerService:
                 log.debug("heartbeat not delivered: %s", exc)
             await asyncio.sleep(self.cfg.heartbeat_s)
 
+    def counters(self) -> dict[str, float]:
+        """The core's counters and the sandbox's (uid leases, refusals, orphans)."""
+        return {**self.core.counters.as_dict(), **self.sandbox.uids.counters}
+
     def ident(self) -> str:
         return f"{self.core.lm}-workers"
 
@@ -201,7 +209,8 @@ class WorkerService:
             "epoch": self.core.epoch,
             "running": len(self.core.running),
             "registered": self.registered.is_set(),
-            "counters": self.core.counters.as_dict(),
+            "counters": self.counters(),
+            "sandbox": self.sandbox.uids.gauges(),
             "reports_pending": self.reports.pending(),
             "batches": {"reports": self.reports.traffic()},
             "at": time.time(),
@@ -239,7 +248,9 @@ async def launches_handler(request: web.Request) -> web.Response:
 def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Application:
     svc = WorkerService(cfg, lm, access)
     metrics = ServiceMetrics(
-        "megha_worker", lambda: svc.core.counters, lambda: {"running_tasks": len(svc.core.running)}
+        "megha_worker",
+        svc.counters,
+        lambda: {"running_tasks": len(svc.core.running), **svc.sandbox.uids.gauges()},
     )
     app = service_app(cfg, svc, metrics, access, {"/v1/start": StartTasks, "/v1/stop": StopTasks})
     app.router.add_get("/v1/launches", launches_handler)

@@ -1,12 +1,13 @@
 """The only place in a worker pool that runs processes: a task's command, sandboxed.
 
 The core asks (``RunCommand``, ``KillCommand``); the runner runs the command through
-``security.sandbox.run_command`` -- only allow-listed executables, as the unprivileged
-uid the operator configured, with rlimits, a timeout, a scrubbed environment and a
-private work directory -- and tells the core what happened (``CommandStarted``,
+``security.sandbox.Sandbox.run`` -- only allow-listed executables, each running task as
+a uid of its own from the pool's slice of the configured range, in namespaces of its
+own (private scratch, no network unless allowed), with rlimits, a timeout and a
+scrubbed environment -- and tells the core what happened (``CommandStarted``,
 ``CommandExited``, with the sandbox's reason when it refused or stopped the command)
-through the driver.  A stopped attempt's run is cancelled: its process group is
-killed.
+through the driver.  A stopped attempt's run is cancelled: its process group and every
+process of its uid are killed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from common.effects import KillCommand, RunCommand
 from common.messages import CommandExited, CommandStarted
 from common.model import TaskKey
 from runtime.driver import CoreDriver
-from security.sandbox import Outcome, SandboxPolicy, run_command
+from security.sandbox import Outcome, Sandbox
 
 log = logging.getLogger("megha.worker.runner")
 
@@ -26,9 +27,9 @@ log = logging.getLogger("megha.worker.runner")
 class Runner:
     """Sandboxed processes for the tasks that carry a command."""
 
-    def __init__(self, driver: CoreDriver, policy: SandboxPolicy) -> None:
+    def __init__(self, driver: CoreDriver, sandbox: Sandbox) -> None:
         self.driver = driver
-        self.policy = policy
+        self.sandbox = sandbox
         self._runs: dict[tuple[TaskKey, int], asyncio.Task[None]] = {}
 
     def run(self, eff: RunCommand) -> None:
@@ -46,8 +47,8 @@ class Runner:
 
         ok, detail = False, ""
         try:
-            result = await run_command(spec.command, self.policy, on_start=started)
-        except asyncio.CancelledError:  # stopped: the sandbox killed its process group
+            result = await self.sandbox.run(spec.command, on_start=started)
+        except asyncio.CancelledError:  # stopped: the sandbox killed its processes
             raise
         except Exception as exc:  # the sandbox itself failed: the attempt fails, said so
             log.exception("command of %s/%s failed to run", user, tid)
@@ -67,7 +68,12 @@ class Runner:
         if task is not None:
             task.cancel()
 
-    def close(self) -> None:
-        for task in self._runs.values():
-            task.cancel()
+    async def close(self) -> None:
+        """Stop every run and wait (a few seconds at most) until each has killed its
+        processes and given its uid back."""
+        runs = list(self._runs.values())
         self._runs.clear()
+        for task in runs:
+            task.cancel()
+        if runs:
+            await asyncio.wait(runs, timeout=5.0)

@@ -544,8 +544,13 @@ def test_task_commands_run_sandboxed_or_not_at_all(fed: Federation) -> None:
     mark = Path("/tmp") / f"{MARK}-{uuid.uuid4().hex[:6]}"
     outcomes = asyncio.run(_commands(cfg, home, mark))
     assert outcomes["allowed"] == (True, "")
-    assert mark.exists()
-    assert mark.stat().st_uid == 65534  # as nobody, never as the service's (root's) uid
+    assert not mark.exists()  # touched in the task's own /tmp, gone with it
+    ok, why = outcomes["not-root"]  # root would have met the read-only file system
+    assert not ok
+    assert "Permission denied" in why
+    pools = [service_state(cfg, home, f"{lm}-workers") for lm in cfg.lm_ids]
+    assert sum(p["counters"]["sandbox_uid_leases"] for p in pools) == 3  # a uid each
+    assert all(p["sandbox"]["sandbox_uids_leased"] == 0 for p in pools)  # all given back
     ok, why = outcomes["shell"]
     assert not ok
     assert "not_allowed" in why
@@ -555,7 +560,6 @@ def test_task_commands_run_sandboxed_or_not_at_all(fed: Federation) -> None:
     ok, why = outcomes["too-long"]
     assert not ok
     assert "timeout" in why
-    mark.unlink()
 
 
 async def _commands(cfg: FederationConfig, home: Path, mark: Path) -> dict[str, tuple[bool, str]]:
@@ -563,6 +567,7 @@ async def _commands(cfg: FederationConfig, home: Path, mark: Path) -> dict[str, 
     await sub.open()
     cmds = {
         "allowed": ("/usr/bin/touch", str(mark)),
+        "not-root": ("/usr/bin/touch", f"/root/{mark.name}"),
         "shell": ("/bin/sh", "-c", f"id > {mark}.sh"),
         "escape": ("../../usr/bin/touch", f"{mark}.rel"),
         "too-long": ("/usr/bin/sleep", "60"),
