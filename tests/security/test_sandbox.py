@@ -80,15 +80,19 @@ def _spare(first: int, count: int) -> bool:
     return not accounts & set(block) and not uid_leases.scan(block)
 
 
-@pytest.fixture
-def task_uids() -> int:
-    """The first of ``BLOCK`` uids of no account and no process: safe to count and kill
+def spare_block(count: int) -> int:
+    """The first of ``count`` uids of no account and no process: safe to count and kill
     every process of each."""
     for _ in range(100):
-        first = random.randrange(61_000, 65_000, BLOCK)
-        if _spare(first, BLOCK):
+        first = random.randrange(61_000, 65_500 - count, BLOCK)
+        if _spare(first, count):
             return first
     pytest.skip("no spare block of uids")
+
+
+@pytest.fixture
+def task_uids() -> int:
+    return spare_block(BLOCK)
 
 
 @pytest.fixture
@@ -768,3 +772,31 @@ def test_a_uid_locked_by_another_pool_is_skipped(pol: SandboxPolicy) -> None:
     a, b, c = asyncio.run(two_pools())
     assert {a, b} == set(one.uids(0))
     assert c is None
+
+
+@spawns
+def test_a_command_starts_while_many_run(pol: SandboxPolicy) -> None:
+    """More commands running than the default executor has threads, and one more still
+    starts: a running command holds no thread (the pool used to wait for each in one,
+    so a new command waited for one of them to end)."""
+    threads = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
+    many = replace(pol, uid_first=spare_block(threads + 1), uids_per_pool=threads + 1)
+
+    async def all_started() -> int:
+        box = Sandbox(many)
+        started = asyncio.Semaphore(0)
+        runs = []
+        for n in range(threads + 1):
+            runs.append(asyncio.create_task(box.run([SLEEP, "60"], on_start=started.release)))
+            if n == threads - 1:  # the first ones run: then the last one
+                for _ in range(threads):
+                    await asyncio.wait_for(started.acquire(), 30)
+        await asyncio.wait_for(started.acquire(), 30)
+        running = box.uids.gauges()["sandbox_uids_leased"]
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        return running
+
+    assert asyncio.run(all_started()) == threads + 1
+    assert block_is_empty(many)
