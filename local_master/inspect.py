@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from local_master.core import LocalMaster, Repartition
+from local_master.core import LocalMaster
+from local_master.nodes import Repartition
 
 
 def bits(flags: list[bool]) -> str:
@@ -56,7 +57,7 @@ def overview(core: LocalMaster) -> dict[str, Any]:
         "running_tasks": len(core.active),
         "partitions": partitions,
         "repartitions_total": core.counters.repartitions,
-        "recent_repartitions": [_repartition(r) for r in reversed(core.recent_repartitions)],
+        "recent_repartitions": [_repartition(r) for r in reversed(core.nodes.recent_repartitions)],
     }
 
 

@@ -292,7 +292,7 @@ class Federation(RuleBasedStateMachine):
         """A dead node stays silent until its LM gives up what it held."""
         lm, node = sorted(self.dead)[pick % len(self.dead)]
         self._silence(lm, self.lost_after + TIMEOUT)
-        assert not self.lms[lm].on_node[node]
+        assert not self.lms[lm].nodes.on_node[node]
 
     @precondition(lambda self: self.dead)
     @rule(pick=st.integers(0, 10_000))
@@ -322,16 +322,16 @@ class Federation(RuleBasedStateMachine):
                 assert all(0 <= f <= c for f, c in zip(free, cap, strict=True)), (lm.lm_id, n)
                 if not lm.alive[n]:  # dead: nothing placed; held only if this run holds
                     assert not any(free), (lm.lm_id, n)
-                    assert self.lost_after > 0 or not lm.on_node[n]
+                    assert self.lost_after > 0 or not lm.nodes.on_node[n]
                     continue
                 held = [0] * len(cap)
-                for k in lm.on_node[n]:
+                for k in lm.nodes.on_node[n]:
                     a = lm.active[k]
                     assert a.node == n
                     for r, d in enumerate(a.spec.demand):
                         held[r] += d
                 assert [f + h for f, h in zip(free, held, strict=True)] == list(cap)
-            assert sum(len(s) for s in lm.on_node) == len(lm.active)
+            assert sum(len(s) for s in lm.nodes.on_node) == len(lm.active)
 
     @invariant()
     def each_task_in_exactly_one_state(self) -> None:

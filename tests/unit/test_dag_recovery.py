@@ -219,7 +219,7 @@ def snapshot_ends(lm: LocalMaster) -> set[str]:
 
 def test_an_lm_keeps_the_ends_of_a_job_its_gm_holds_past_its_retention() -> None:
     lm = make_lm(nodes=[(4, 4)] * 2)
-    lm.retain_s = 10.0
+    lm.ends.retain_s = 10.0
     held, other = make_task(job="held"), make_task(job="other")
     assert keep(lm, "held", True) == []
     for n, spec in enumerate((held, other)):
@@ -241,7 +241,7 @@ def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
     the job's ends for ever.  It is ignored while the let-go is remembered
     (``retain_s``); the memory of let-gos is bounded by that too."""
     lm = make_lm(nodes=[(4, 4)])
-    lm.retain_s = 10.0
+    lm.ends.retain_s = 10.0
     spec = make_task(job="j")
     lm.handle(launch_req(spec, 0), 0.0)
     lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, 0, 1.0), 1.0)
@@ -252,7 +252,7 @@ def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
     lm.handle(Heartbeat(), 20.0)
     assert snapshot_ends(lm) == set()  # gone after its retention, as any other job's
     keep(lm, "k", True, at=30.0)  # anything after the let-go's memory: taken as it is
-    assert not lm.let_go
+    assert not lm.ends.let_go
     assert keep(lm, "j", True, at=31.0) == []
     assert lm.keep_ends == {(GmId("gm0"), U0, JobId("j")), (GmId("gm0"), U0, JobId("k"))}
 

@@ -100,10 +100,10 @@ def conserved(lm: LocalMaster) -> None:
     for n in range(lm.n_nodes):
         if not lm.alive[n]:
             assert lm.free[n] == [0, 0]
-            assert not lm.on_node[n]
+            assert not lm.nodes.on_node[n]
             continue
         held = [0, 0]
-        for k in lm.on_node[n]:
+        for k in lm.nodes.on_node[n]:
             for r, d in enumerate(lm.active[k].spec.demand):
                 held[r] += d
         assert [f + h for f, h in zip(lm.free[n], held, strict=True)] == list(lm.capacity[n])
@@ -218,7 +218,7 @@ def test_launches_are_idempotent_by_attempt() -> None:
     assert (resp.results[0].reason, resp.results[0].attempt) == ("finished", 1)
     assert rest == []
     # ... until the finished attempt is forgotten (retain_s): nothing outlives its task
-    lm.handle(Heartbeat(), 2.0 + lm.retain_s + 1)
+    lm.handle(Heartbeat(), 2.0 + lm.ends.retain_s + 1)
     assert lm.done == {}
 
 

@@ -1,0 +1,341 @@
+"""The node table of one LM: its worker nodes, what holds them, and the log of changes.
+
+Invariants (checked by tests/property):
+
+* For every node ``0 <= free <= capacity`` componentwise and, while the node is alive,
+  ``free + sum(demand of the attempts on it) == capacity``; a dead node has nothing free
+  (no placement goes there) yet keeps what it held.
+* ``active`` holds each task at most once (one attempt, on one node); ``on_node[n]`` is
+  exactly the keys of the attempts on ``n``; ``usage[u]`` is the sum of user ``u``'s
+  active demands and holds no all-zero row.
+* Every node has a *home* GM (its partition).  An attempt placed for another GM holds a
+  *logical node* carved out of its physical node (a repartition, §IV-B4): the node
+  stays in its home partition and its resources return when the attempt goes.
+* ``version`` grows by one on every change of any node and ``node_version[n]`` is the
+  version of ``n``'s last change; ``_log`` names the node of every version since
+  ``_log_base`` (halved when over its limit), which is what ``delta_since`` reads.
+
+The table owns this state: only its methods change it.  It decides nothing (the core
+does) and returns values: deltas, layouts, events and effects' messages.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from common.ids import GmId, LmId, NodeIndex
+from common.messages import (
+    ClusterLayout,
+    EventKind,
+    HeldTask,
+    ReportKind,
+    StartTask,
+    StateDelta,
+    StopTask,
+    TaskEvent,
+    WorkerReport,
+)
+from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
+
+RECENT_REPARTITIONS = 64
+NO_ROOM = ("insufficient_resources", "node_down")
+"""``check``'s refusals another node could avoid (rerouting); a broken placement is not."""
+_REPORT_EVENT = {ReportKind.FINISHED: EventKind.FINISHED, ReportKind.FAILED: EventKind.FAILED}
+
+
+@dataclass(frozen=True, slots=True)
+class Repartition:
+    """A logical node carved for ``gm`` out of node ``node`` of ``home``'s partition."""
+
+    at: float
+    task: TaskKey
+    attempt: int
+    node: NodeIndex
+    home: GmId
+    gm: GmId
+    demand: Resources
+
+
+@dataclass(slots=True)
+class ActiveTask:
+    """An entry of the active task list: one attempt of one task, on one node."""
+
+    spec: TaskSpec
+    attempt: int
+    node: NodeIndex
+    gm: GmId
+    logical: bool
+    """Placed on a logical node carved out of another GM's partition (a repartition)."""
+    altruistic: bool = False
+    accepted_at: float = 0.0
+    """When this LM accepted it (its own clock: victim choice never depends on hearsay)."""
+    worker_at: float = -1.0
+    started_at: float = -1.0
+    queued_at: float = -1.0
+
+    def held(self, ended_at: float = -1.0, ok: bool = True) -> HeldTask:
+        """What a GM learns of it (ended at ``ended_at`` if that is not -1)."""
+        return HeldTask(
+            spec=self.spec,
+            attempt=self.attempt,
+            queued_at=self.queued_at,
+            accepted_at=self.accepted_at,
+            worker_at=self.worker_at,
+            started_at=self.started_at,
+            ended_at=ended_at,
+            ok=ok,
+        )
+
+    def start(self) -> StartTask:
+        """The command its worker pool runs it by."""
+        return StartTask(
+            node=self.node, spec=self.spec, attempt=self.attempt, gm=self.gm,
+            altruistic=self.altruistic, queued_at=self.queued_at,
+        )  # fmt: skip
+
+    def stop(self) -> StopTask:
+        """The command its worker pool stops it by."""
+        s = self.spec
+        return StopTask(
+            node=self.node, user=s.user, task_id=s.task_id, attempt=self.attempt, gm=self.gm
+        )
+
+
+class NodeTable:
+    """The truth about one cluster's nodes: capacity, free resources, liveness,
+    partitions, the active task list, and the versions GMs follow it by."""
+
+    def __init__(
+        self,
+        lm: LmId,
+        epoch: int,
+        nodes: Sequence[NodeSpec],
+        home: Sequence[GmId],
+        *,
+        alive: bool,
+        log_limit: int | None = None,
+    ) -> None:
+        if len(nodes) != len(home):
+            raise ValueError("every node needs a home partition")
+        if not nodes:
+            raise ValueError("an LM needs at least one node")
+        self.lm = lm
+        self.epoch = epoch
+        self.capacity: list[Resources] = [n.capacity for n in nodes]
+        self.constraints: list[int] = [n.constraints for n in nodes]
+        self.home: list[GmId] = list(home)
+        self.n_resources = len(self.capacity[0])
+        self.free: list[list[int]] = [list(c) if alive else [0] * len(c) for c in self.capacity]
+        self.alive: list[bool] = [alive] * len(nodes)
+        self.last_seen: list[float] = [0.0] * len(nodes)
+        self.node_version: list[int] = [0] * len(nodes)
+        self.version = 0
+        self.active: dict[TaskKey, ActiveTask] = {}
+        self.on_node: list[set[TaskKey]] = [set() for _ in nodes]
+        self.usage: dict[Any, list[int]] = {}
+        self.recent_repartitions: deque[Repartition] = deque(maxlen=RECENT_REPARTITIONS)
+        """The latest repartitions (for operators: ``local_master.inspect``)."""
+        self._partition: dict[GmId, tuple[list[int], list[int]]] = {}
+        """Per GM: the nodes of its partition, and the others (rerouting's order)."""
+        self._log: list[int] = []
+        self._log_base = 0
+        self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.capacity)
+
+    def _touch(self, node: int) -> None:
+        self.version += 1
+        self.node_version[node] = self.version
+        self._log.append(node)
+        if len(self._log) > self._log_limit:
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_base += drop
+
+    # ------------------------------------------------------------- what GMs read
+    def layout(self) -> ClusterLayout:
+        """The cluster's shape: capacity, constraints and home partition of every node."""
+        return ClusterLayout(
+            lm=self.lm,
+            capacity=tuple(self.capacity),
+            constraints=tuple(self.constraints),
+            home=tuple(self.home),
+        )
+
+    def delta_since(self, base: int) -> StateDelta:
+        """Every node changed after version ``base`` (all nodes if the log is too short)."""
+        if base >= self.version:
+            nodes: Iterable[int] = ()
+        elif base < self._log_base:
+            base = -1  # a full state: applies to any view
+            nodes = range(self.n_nodes)
+        else:
+            nodes = sorted(set(self._log[base - self._log_base :]))
+        idx = tuple(NodeIndex(i) for i in nodes)
+        free = self.free
+        nv = self.node_version
+        return StateDelta(
+            lm=self.lm,
+            epoch=self.epoch,
+            version=self.version,
+            base_version=base,
+            nodes=idx,
+            free=tuple(tuple(free[i]) for i in idx),
+            node_versions=tuple(nv[i] for i in idx),
+            usage={u: tuple(v) for u, v in self.usage.items()},
+        )
+
+    def event(self, kind: EventKind, a: ActiveTask, at: float, detail: str = "") -> TaskEvent:
+        """What ``a``'s GM hears of it, with its node's fresh state."""
+        return TaskEvent(
+            kind=kind, lm=self.lm, gm=a.gm, user=a.spec.user, task_id=a.spec.task_id,
+            attempt=a.attempt, node=a.node, node_free=tuple(self.free[a.node]),
+            node_version=self.node_version[a.node], at=at, worker_at=a.worker_at,
+            started_at=a.started_at, detail=detail, job_id=a.spec.job_id,
+            queued_at=a.queued_at,
+        )  # fmt: skip
+
+    def report_event(self, rep: WorkerReport) -> TaskEvent:
+        """What the GM of an attempt this LM does not hold hears of its report: its end,
+        or that it must be placed again."""
+        return TaskEvent(
+            kind=_REPORT_EVENT.get(rep.kind, EventKind.REQUEUED), lm=self.lm, gm=rep.gm,
+            user=rep.user, task_id=rep.task_id, attempt=rep.attempt, node=rep.node,
+            node_free=tuple(self.free[rep.node]), node_version=self.node_version[rep.node],
+            at=rep.at, worker_at=rep.worker_at, started_at=rep.started_at, detail=rep.detail,
+            job_id=rep.job_id, queued_at=rep.queued_at,
+        )  # fmt: skip
+
+    def held(self, gm: GmId) -> tuple[HeldTask, ...]:
+        """The attempts held for ``gm``."""
+        return tuple(a.held() for a in self.active.values() if a.gm == gm)
+
+    def logical_nodes(self) -> list[tuple[TaskKey, NodeIndex, GmId, Resources]]:
+        """Logical nodes created by repartition: (task, physical node, GM, resources)."""
+        return [(k, a.node, a.gm, a.spec.demand) for k, a in self.active.items() if a.logical]
+
+    def holds(self, node: int) -> bool:
+        """Whether an attempt is held on ``node``."""
+        return bool(self.on_node[node])
+
+    # ---------------------------------------------------------------- placement
+    def has(self, node: int) -> bool:
+        """Whether ``node`` is a node of this cluster."""
+        return 0 <= node < len(self.capacity)
+
+    def check(self, spec: TaskSpec, node: int) -> str:
+        """Whether ``spec`` fits on ``node`` now: ``"ok"``, or the reason it does not."""
+        if not 0 <= node < len(self.capacity):
+            return "unknown_node"
+        if not self.alive[node]:
+            return "node_down"
+        if not satisfies(self.constraints[node], spec.constraints):
+            return "constraints_unmet"
+        if len(spec.demand) != self.n_resources:  # a pool's listing is not checked before
+            return "wrong_resources"
+        free = self.free[node]
+        for r, d in enumerate(spec.demand):
+            if free[r] < d:
+                return "insufficient_resources"
+        return "ok"
+
+    def first_fit(self, spec: TaskSpec, gm: GmId, *, elsewhere: bool = True) -> int:
+        """The first node that fits ``spec`` now, in ``gm``'s partition first, then (if
+        ``elsewhere``) in the others; -1 if none does."""
+        order = self._partition.get(gm)
+        if order is None:
+            mine = [i for i, h in enumerate(self.home) if h == gm]
+            order = self._partition[gm] = (mine, [i for i, h in enumerate(self.home) if h != gm])
+        for nodes in order if elsewhere else order[:1]:
+            for i in nodes:
+                if self.check(spec, i) == "ok":
+                    return i
+        return -1
+
+    def place(
+        self,
+        spec: TaskSpec,
+        attempt: int,
+        node: int,
+        gm: GmId,
+        altruistic: bool,
+        now: float,
+        queued_at: float = -1.0,
+    ) -> ActiveTask:
+        """Take ``spec.demand`` from ``node`` for attempt ``attempt`` of ``gm``'s task
+        (a logical node if ``node`` is in another GM's partition); the caller checked it
+        fits."""
+        free = self.free[node]
+        for r, d in enumerate(spec.demand):
+            free[r] -= d
+        use = self.usage.get(spec.user)
+        if use is None:
+            use = self.usage[spec.user] = [0] * self.n_resources
+        for r, d in enumerate(spec.demand):
+            use[r] += d
+        logical = self.home[node] != gm
+        key = (spec.user, spec.task_id)
+        a = self.active[key] = ActiveTask(
+            spec, attempt, NodeIndex(node), gm, logical, altruistic, accepted_at=now,
+            queued_at=queued_at,
+        )  # fmt: skip
+        self.on_node[node].add(key)
+        self._touch(node)
+        if logical:
+            self.recent_repartitions.append(
+                Repartition(now, key, attempt, NodeIndex(node), self.home[node], gm, spec.demand)
+            )
+        return a
+
+    def release(self, key: TaskKey) -> ActiveTask | None:
+        """Give back what task ``key``'s attempt holds; the attempt, or None."""
+        a = self.active.pop(key, None)
+        if a is None:
+            return None
+        node = a.node
+        self.on_node[node].discard(key)
+        if self.alive[node]:
+            free = self.free[node]
+            for r, d in enumerate(a.spec.demand):
+                free[r] += d
+        user = a.spec.user
+        use = self.usage[user]
+        for r, d in enumerate(a.spec.demand):
+            use[r] -= d
+        if not any(use):
+            del self.usage[user]
+        self._touch(node)
+        return a
+
+    # ----------------------------------------------------------------- liveness
+    def seen(self, nodes: Iterable[int], now: float) -> int:
+        """Their pool says these nodes live: a dead one comes back with what it still
+        holds.  Returns how many attempts were held through a silence."""
+        held = 0
+        for node in nodes:
+            self.last_seen[node] = now
+            if not self.alive[node]:
+                self.alive[node] = True
+                free = list(self.capacity[node])
+                for key in self.on_node[node]:
+                    held += 1
+                    for r, d in enumerate(self.active[key].spec.demand):
+                        free[r] -= d
+                self.free[node] = free
+                self._touch(node)
+        return held
+
+    def seen_all(self, now: float) -> None:
+        """Give every node a fresh timeout (the silence was the LM's own)."""
+        self.last_seen = [now] * self.n_nodes
+
+    def lose(self, node: int) -> None:
+        """``node`` is dead: nothing is placed on it; its attempts stay held."""
+        self.alive[node] = False
+        self.free[node] = [0] * self.n_resources
+        self._touch(node)
