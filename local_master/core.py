@@ -5,7 +5,8 @@ Theory of operation (Megha paper §IV-A, §IV-B4, §IV-B6, §IV-C, §IV-D):
 * One entry: ``handle(message, now) -> effects``.  GM requests are answered with a
   ``Reply`` (a request it will not take: ``Reply(Refused(reason))``); worker reports,
   worker heartbeats and the driver's timers (``Heartbeat``, ``CheckWorkers``) are
-  messages too.
+  messages too.  Every handler that takes a message addressed to an LM passes one
+  address guard first (``validation.refuse_address``).
 * The LM owns the truth about its worker nodes (``nodes.NodeTable``: capacity, free
   resources, constraints, liveness, the *active task list*, versions and the delta
   log).  The cluster is split into one partition per GM; a **repartition** carves
@@ -75,6 +76,7 @@ from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec
 from local_master.ends import Ended, Ends, JobKeyAt
 from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
+from local_master.validation import ASK_LATER, REGISTER_FIRST, refuse_address, refuse_request
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -141,6 +143,15 @@ class LocalMaster:
         except KeyError:
             raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
         return handler(msg, now)
+
+    def _refuse(
+        self, to: LmId, gm: GmId | None = None, unready: tuple[str, str] | None = None
+    ) -> Refused | None:
+        """The address guard: why a message to LM ``to`` (from GM ``gm``) is not for this
+        one now, or None (``unready``: the refusal until the pool registers)."""
+        return refuse_address(
+            self.lm_id, to, gm=gm, gms=self.gms, registered=self.registered, unready=unready
+        )
 
     # ------------------------------------------------ state (drivers, operators)
     @property
@@ -226,37 +237,15 @@ class LocalMaster:
         a = self.nodes.active.get((s.spec.user, s.spec.task_id))
         return a is not None and a.attempt == s.attempt and a.node == s.node
 
-    def _refuse_request(self, gm: GmId, lm: LmId, specs: Iterable[TaskSpec]) -> Refused | None:
-        """Why a whole GM request is not for this LM (now), or None."""
-        if lm != self.lm_id:
-            return Refused(reason="wrong_lm", detail=f"this is {self.lm_id}, not {lm}")
-        if not self.registered:  # it may hold the task without knowing yet: ask again later
-            return Refused(reason="not_ready", detail=f"{self.lm_id} awaits its workers")
-        if gm not in self.gms:
-            return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
-        seen: set[TaskKey] = set()
-        for spec in specs:
-            if len(spec.demand) != self.nodes.n_resources:
-                return Refused(
-                    reason="wrong_resources",
-                    detail=f"task {spec.task_id}: {len(spec.demand)} resource amounts, "
-                    f"this cluster has {self.nodes.n_resources}",
-                )
-            key = (spec.user, spec.task_id)
-            if key in seen:
-                return Refused(
-                    reason="duplicate_task_id", detail=f"task {spec.task_id} twice in one request"
-                )
-            seen.add(key)
-        return None
-
     # --------------------------------------------------------------- requests
     def _on_launch(self, req: LaunchRequest, now: float) -> list[Effect]:
         """Validate and enforce a batch of launches (internal) and repartitions (external).
 
         Partial acceptance: each placement is judged alone, in order.
         """
-        refused = self._refuse_request(req.gm, req.lm, (p.spec for p in req.placements))
+        refused = self._refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
+            (p.spec for p in req.placements), self.nodes.n_resources
+        )
         if refused is not None:
             self.counters.refused_requests += 1
             return [Reply(refused)]
@@ -333,7 +322,9 @@ class LocalMaster:
         Refused when the victim has nothing here that would make room; when the room is
         free already, the task is placed without preempting anyone.
         """
-        refused = self._refuse_request(req.gm, req.lm, (req.spec,))
+        refused = self._refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
+            (req.spec,), self.nodes.n_resources
+        )
         if refused is not None:
             self.counters.refused_requests += 1
             return [Reply(refused)]
@@ -392,22 +383,16 @@ class LocalMaster:
 
     def _on_snapshot_request(self, req: SnapshotRequest, now: float) -> list[Effect]:
         """A GM (new, restarted, or one that saw a gap) asks for the full state."""
-        if not self.registered:
-            return [Reply(Refused(reason="not_ready", detail=f"{self.lm_id} awaits its workers"))]
-        if req.lm != self.lm_id:
-            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
-        if req.gm not in self.gms:
-            return [Reply(Refused(reason="unknown_gm", detail=f"{req.gm} is not a GM here"))]
+        if (refused := self._refuse(req.lm, req.gm, ASK_LATER)) is not None:
+            return [Reply(refused)]
         return [Reply(self.snapshot(req.gm))]
 
     def _on_keep_ends(self, msg: KeepEnds, now: float) -> list[Effect]:
         """A GM keeps (or lets go) the ended attempts of one of its jobs past
         ``retain_s``; taken before the pool registers (a keep after the job's let-go is
         late and ignored: ``Ends.keep``)."""
-        if msg.lm != self.lm_id:
-            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
-        if msg.gm not in self.gms:
-            return [Reply(Refused(reason="unknown_gm", detail=f"{msg.gm} is not a GM here"))]
+        if (refused := self._refuse(msg.lm, msg.gm)) is not None:
+            return [Reply(refused)]
         if not self.ends.keep((msg.gm, msg.user, msg.job_id), msg.keep, now):
             self.counters.stale_keep_ends += 1
         return []
@@ -418,10 +403,8 @@ class LocalMaster:
 
     def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:
         """Worker reports: a task started, finished or failed on a node."""
-        if msg.lm != self.lm_id:
-            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
-        if not self.registered:
-            return [Reply(Refused(reason="register_first", detail=f"{self.lm_id} restarted"))]
+        if (refused := self._refuse(msg.lm, None, REGISTER_FIRST)) is not None:
+            return [Reply(refused)]
         effects: list[Effect] = []
         for rep in msg.reports:
             if not self.nodes.has(rep.node):
@@ -473,8 +456,8 @@ class LocalMaster:
     def _on_register(self, msg: RegisterWorkers, now: float) -> list[Effect]:
         """The worker pool says which nodes live and what runs on them: this incarnation
         takes it as the truth (§IV-D: the workers hold what runs)."""
-        if msg.lm != self.lm_id:
-            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
+        if (refused := self._refuse(msg.lm)) is not None:
+            return [Reply(refused)]
         has = self.nodes.has
         bad = next((n for n in msg.nodes if not has(n)), None)
         if bad is None:
@@ -581,10 +564,8 @@ class LocalMaster:
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes
         back with what it still held."""
-        if msg.lm != self.lm_id:
-            return [Reply(Refused(reason="wrong_lm", detail=f"this is {self.lm_id}"))]
-        if not self.registered:
-            return [Reply(Refused(reason="register_first", detail=f"{self.lm_id} restarted"))]
+        if (refused := self._refuse(msg.lm, None, REGISTER_FIRST)) is not None:
+            return [Reply(refused)]
         bad = next((n for n in msg.nodes if not self.nodes.has(n)), None)
         if bad is not None:
             return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]

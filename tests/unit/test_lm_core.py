@@ -13,6 +13,7 @@ from common.messages import (
     CheckWorkers,
     EventKind,
     Heartbeat,
+    KeepEnds,
     LaunchRequest,
     LaunchResponse,
     PlacedRef,
@@ -27,6 +28,8 @@ from common.messages import (
     StateSnapshot,
     StopTask,
     TaskEvent,
+    WorkerHeartbeat,
+    WorkerReports,
 )
 from common.model import NodeSpec, TaskSpec
 from local_master.core import LocalMaster
@@ -158,6 +161,58 @@ def test_refusals_name_their_reason_and_count_as_internal_inconsistencies() -> N
         "unknown_node",
     ]
     assert lm.counters.refused_internal == 3
+
+
+def addressed(lm: str, gm: str) -> list[object]:
+    """One message of each kind sent to an LM: a GM's four, then its pool's three."""
+    t, to, by = make_task(), LmId(lm), GmId(gm)
+    place = (Placement(spec=t, attempt=1, node=N0),)
+    return [
+        LaunchRequest(gm=by, lm=to, request_id=1, placements=place, known_version=-1),
+        PreemptRequest(gm=by, lm=to, request_id=1, spec=t, attempt=1, victim=UserId("u1"),
+                       known_version=-1),
+        SnapshotRequest(gm=by, lm=to),
+        KeepEnds(gm=by, lm=to, user=t.user, job_id=t.job_id, keep=True),
+        WorkerReports(lm=to, reports=()),
+        WorkerHeartbeat(lm=to, nodes=(N0,), at=1.0),
+        RegisterWorkers(lm=to, nodes=(N0,), at=1.0),
+    ]  # fmt: skip
+
+
+def reasons(lm: LocalMaster, msgs: list[object]) -> list[str]:
+    """The refusal reason of each message, or the type of the first answer ("" if none)."""
+    out = []
+    for msg in msgs:
+        effects = lm.handle(msg, 1.0)
+        first = effects[0].msg if effects and isinstance(effects[0], Reply) else None
+        if isinstance(first, Refused):
+            out.append(first.reason)
+        else:
+            out.append(type(first).__name__ if first is not None else "")
+    return out
+
+
+def test_every_message_to_an_lm_passes_one_address_guard() -> None:
+    """The wrong LM first, in the same words whatever the message; then, before its pool
+    registered, the sender's own reason (a GM asks again later, a pool registers first;
+    a keep and a registration are taken); then a GM not of the federation."""
+    for msg in addressed("lm9", "gm0"):
+        unready = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], awaiting_workers=True)
+        for lm in (make_lm(), unready):
+            (reply,) = lm.handle(msg, 1.0)
+            assert reply == Reply(Refused(reason="wrong_lm", detail="this is lm0, not lm9"))
+    unready = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], awaiting_workers=True)
+    assert reasons(unready, addressed("lm0", "gm9")) == [
+        "not_ready", "not_ready", "not_ready", "unknown_gm",
+        "register_first", "register_first", "Registered",
+    ]  # fmt: skip
+    (refused,) = make_lm().handle(addressed("lm0", "gm9")[2], 1.0)
+    assert refused == Reply(
+        Refused(reason="unknown_gm", detail="gm9 is not a GM of this federation")
+    )
+    assert reasons(make_lm(), addressed("lm0", "gm9")) == [
+        "unknown_gm", "unknown_gm", "unknown_gm", "unknown_gm", "", "", "Registered",
+    ]  # fmt: skip
 
 
 def test_a_request_that_is_not_for_this_lm_is_refused_whole() -> None:

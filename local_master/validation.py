@@ -1,0 +1,71 @@
+"""Whether a message is for this LM at all, and a GM request well formed: the checks
+before any placement in it is judged against the node table.
+
+Invariants:
+
+* One address guard for every message a GM or a worker pool sends, in one order: the
+  wrong LM (``wrong_lm``), then an LM whose pool has not registered yet (the sender's
+  own reason: ``not_ready``, ask again later, for a GM; ``register_first`` for a pool),
+  then a GM not of the federation (``unknown_gm``).
+* A GM request is refused whole when a task in it has the wrong number of resource
+  amounts (``wrong_resources``) or comes twice (``duplicate_task_id``); otherwise each
+  placement is judged alone.
+* Reasons are the wire's (``runtime.http`` maps them to statuses, the worker pool
+  registers on ``register_first``): never renamed here.
+
+Pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from common.ids import GmId, LmId
+from common.messages import Refused
+from common.model import TaskKey, TaskSpec
+
+ASK_LATER = ("not_ready", "awaits its workers")
+"""A GM's request before the pool registered: the LM may hold the task without knowing
+yet, so the GM asks again later (503)."""
+REGISTER_FIRST = ("register_first", "restarted")
+"""A pool's message before it registered: it tells this incarnation what runs first."""
+
+
+def refuse_address(
+    here: LmId,
+    to: LmId,
+    *,
+    gm: GmId | None = None,
+    gms: frozenset[GmId] = frozenset(),
+    registered: bool = True,
+    unready: tuple[str, str] | None = None,
+) -> Refused | None:
+    """Why a message sent to LM ``to`` (by GM ``gm``, if a GM sent it) is not for LM
+    ``here`` now, or None.  ``unready``: the refusal while the pool has not registered
+    (None: taken before)."""
+    if to != here:
+        return Refused(reason="wrong_lm", detail=f"this is {here}, not {to}")
+    if unready is not None and not registered:
+        return Refused(reason=unready[0], detail=f"{here} {unready[1]}")
+    if gm is not None and gm not in gms:
+        return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
+    return None
+
+
+def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | None:
+    """Why a GM request of these tasks is refused whole, or None."""
+    seen: set[TaskKey] = set()
+    for spec in specs:
+        if len(spec.demand) != n_resources:
+            return Refused(
+                reason="wrong_resources",
+                detail=f"task {spec.task_id}: {len(spec.demand)} resource amounts, "
+                f"this cluster has {n_resources}",
+            )
+        key = (spec.user, spec.task_id)
+        if key in seen:
+            return Refused(
+                reason="duplicate_task_id", detail=f"task {spec.task_id} twice in one request"
+            )
+        seen.add(key)
+    return None
