@@ -6,7 +6,7 @@ Theory of operation (Megha paper §IV-A, §IV-B4, §IV-B6, §IV-C, §IV-D):
   ``Reply`` (a request it will not take: ``Reply(Refused(reason))``); worker reports,
   worker heartbeats and the driver's timers (``Heartbeat``, ``CheckWorkers``) are
   messages too.  Every handler that takes a message addressed to an LM passes one
-  address guard first (``validation.refuse_address``).
+  address guard first (``validation.Address.refuse``).
 * The LM owns the truth about its worker nodes (``nodes.NodeTable``: capacity, free
   resources, constraints, liveness, the *active task list*, versions and the delta
   log).  The cluster is split into one partition per GM; a **repartition** carves
@@ -76,7 +76,7 @@ from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec
 from local_master.ends import Ended, Ends, JobKeyAt
 from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
-from local_master.validation import ASK_LATER, REGISTER_FIRST, refuse_address, refuse_request
+from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -102,15 +102,13 @@ class LocalMaster:
         reroute: bool = False,
     ) -> None:
         self.lm_id = lm_id
-        self.registered: bool = not awaiting_workers
-        """Whether the worker pool has told this incarnation what runs; until it has, no
-        node is alive (a restarted LM must not count a running task's resources as free)."""
         self.nodes = NodeTable(
-            lm_id, epoch, nodes, home, alive=self.registered, log_limit=log_limit
+            lm_id, epoch, nodes, home, alive=not awaiting_workers, log_limit=log_limit
         )
         self.ends = Ends(retain_s)
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
+        self.address = Address(lm_id, self.gms, registered=not awaiting_workers)
         self.stopping: dict[tuple[TaskKey, int], ActiveTask] = {}
         """Preempted attempts (released) whose stop the pool has not confirmed yet."""
         self.report_starts = report_starts
@@ -144,15 +142,6 @@ class LocalMaster:
             raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
         return handler(msg, now)
 
-    def _refuse(
-        self, to: LmId, gm: GmId | None = None, unready: tuple[str, str] | None = None
-    ) -> Refused | None:
-        """The address guard: why a message to LM ``to`` (from GM ``gm``) is not for this
-        one now, or None (``unready``: the refusal until the pool registers)."""
-        return refuse_address(
-            self.lm_id, to, gm=gm, gms=self.gms, registered=self.registered, unready=unready
-        )
-
     # ------------------------------------------------ state (drivers, operators)
     @property
     def epoch(self) -> int:
@@ -162,6 +151,12 @@ class LocalMaster:
     @epoch.setter
     def epoch(self, epoch: int) -> None:
         self.nodes.epoch = epoch
+
+    @property
+    def registered(self) -> bool:
+        """Whether the worker pool has told this incarnation what runs; until it has, no
+        node is alive (a restarted LM must not count a running task's resources as free)."""
+        return self.address.registered
 
     @property
     def n_nodes(self) -> int:
@@ -243,7 +238,7 @@ class LocalMaster:
 
         Partial acceptance: each placement is judged alone, in order.
         """
-        refused = self._refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
+        refused = self.address.refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
             (p.spec for p in req.placements), self.nodes.n_resources
         )
         if refused is not None:
@@ -322,7 +317,7 @@ class LocalMaster:
         Refused when the victim has nothing here that would make room; when the room is
         free already, the task is placed without preempting anyone.
         """
-        refused = self._refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
+        refused = self.address.refuse(req.lm, req.gm, ASK_LATER) or refuse_request(
             (req.spec,), self.nodes.n_resources
         )
         if refused is not None:
@@ -383,7 +378,7 @@ class LocalMaster:
 
     def _on_snapshot_request(self, req: SnapshotRequest, now: float) -> list[Effect]:
         """A GM (new, restarted, or one that saw a gap) asks for the full state."""
-        if (refused := self._refuse(req.lm, req.gm, ASK_LATER)) is not None:
+        if (refused := self.address.refuse(req.lm, req.gm, ASK_LATER)) is not None:
             return [Reply(refused)]
         return [Reply(self.snapshot(req.gm))]
 
@@ -391,19 +386,16 @@ class LocalMaster:
         """A GM keeps (or lets go) the ended attempts of one of its jobs past
         ``retain_s``; taken before the pool registers (a keep after the job's let-go is
         late and ignored: ``Ends.keep``)."""
-        if (refused := self._refuse(msg.lm, msg.gm)) is not None:
+        if (refused := self.address.refuse(msg.lm, msg.gm)) is not None:
             return [Reply(refused)]
         if not self.ends.keep((msg.gm, msg.user, msg.job_id), msg.keep, now):
             self.counters.stale_keep_ends += 1
         return []
 
     # ---------------------------------------------------------------- workers
-    def _event(self, kind: EventKind, a: ActiveTask, now: float, detail: str = "") -> ToGm:
-        return ToGm(a.gm, self.nodes.event(kind, a, now, detail))
-
     def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:
         """Worker reports: a task started, finished or failed on a node."""
-        if (refused := self._refuse(msg.lm, None, REGISTER_FIRST)) is not None:
+        if (refused := self.address.refuse(msg.lm, None, REGISTER_FIRST)) is not None:
             return [Reply(refused)]
         effects: list[Effect] = []
         for rep in msg.reports:
@@ -429,7 +421,7 @@ class LocalMaster:
             a.started_at = rep.started_at
         if rep.kind == ReportKind.STARTED:
             if self.report_starts:
-                effects.append(self._event(EventKind.STARTED, a, rep.at))
+                effects.append(ToGm(a.gm, nodes.event(EventKind.STARTED, a, rep.at)))
             return
         nodes.release(key)
         if rep.kind == ReportKind.LOST:  # its pool stopped it: placed again (new attempt)
@@ -438,7 +430,7 @@ class LocalMaster:
         ok = rep.kind == ReportKind.FINISHED
         self.ends.retire(key, a.gm, a.held(ended_at=rep.at, ok=ok), now)
         kind = EventKind.FINISHED if ok else EventKind.FAILED
-        effects.append(self._event(kind, a, rep.at, rep.detail))
+        effects.append(ToGm(a.gm, nodes.event(kind, a, rep.at, rep.detail)))
 
     def _stale_report(self, rep: WorkerReport, unheld: bool, effects: list[Effect]) -> None:
         """A report of an attempt this LM does not hold (preempted, superseded,
@@ -456,7 +448,7 @@ class LocalMaster:
     def _on_register(self, msg: RegisterWorkers, now: float) -> list[Effect]:
         """The worker pool says which nodes live and what runs on them: this incarnation
         takes it as the truth (§IV-D: the workers hold what runs)."""
-        if (refused := self._refuse(msg.lm)) is not None:
+        if (refused := self.address.refuse(msg.lm)) is not None:
             return [Reply(refused)]
         has = self.nodes.has
         bad = next((n for n in msg.nodes if not has(n)), None)
@@ -485,7 +477,7 @@ class LocalMaster:
             self._adopt(s, started.get((s.spec.user, s.spec.task_id, s.attempt)), now, effects)
         for e in msg.ended:
             self._learn_ended(e, now, effects)
-        self.registered = True
+        self.address.register()
         return effects
 
     def _adopt(
@@ -564,7 +556,7 @@ class LocalMaster:
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes
         back with what it still held."""
-        if (refused := self._refuse(msg.lm, None, REGISTER_FIRST)) is not None:
+        if (refused := self.address.refuse(msg.lm, None, REGISTER_FIRST)) is not None:
             return [Reply(refused)]
         bad = next((n for n in msg.nodes if not self.nodes.has(n)), None)
         if bad is not None:
@@ -628,7 +620,7 @@ class LocalMaster:
         if victim is None:
             self.counters.stale_reports += 1
             return
-        effects.append(self._event(EventKind.PREEMPTED, victim, now))
+        effects.append(ToGm(victim.gm, self.nodes.event(EventKind.PREEMPTED, victim, now)))
 
     def _confirm_stops(
         self, gone: Callable[[tuple[TaskKey, int], ActiveTask], bool], now: float,
@@ -649,7 +641,7 @@ class LocalMaster:
             target = nodes.first_fit(a.spec, a.gm, elsewhere=False)
             if target < 0:
                 self.counters.returned_to_gm += 1
-                effects.append(self._event(EventKind.REQUEUED, a, now, "worker lost"))
+                effects.append(ToGm(a.gm, nodes.event(EventKind.REQUEUED, a, now, "worker lost")))
                 continue
             self.counters.relaunched += 1
             lost = nodes.event(EventKind.RELAUNCHED, a, now, "worker lost")

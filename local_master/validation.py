@@ -13,7 +13,7 @@ Invariants:
 * Reasons are the wire's (``runtime.http`` maps them to statuses, the worker pool
   registers on ``register_first``): never renamed here.
 
-Pure functions of their arguments.
+``Address`` owns the LM's identity and registration; the rest are pure functions.
 """
 
 from __future__ import annotations
@@ -31,25 +31,35 @@ REGISTER_FIRST = ("register_first", "restarted")
 """A pool's message before it registered: it tells this incarnation what runs first."""
 
 
-def refuse_address(
-    here: LmId,
-    to: LmId,
-    *,
-    gm: GmId | None = None,
-    gms: frozenset[GmId] = frozenset(),
-    registered: bool = True,
-    unready: tuple[str, str] | None = None,
-) -> Refused | None:
-    """Why a message sent to LM ``to`` (by GM ``gm``, if a GM sent it) is not for LM
-    ``here`` now, or None.  ``unready``: the refusal while the pool has not registered
-    (None: taken before)."""
-    if to != here:
-        return Refused(reason="wrong_lm", detail=f"this is {here}, not {to}")
-    if unready is not None and not registered:
-        return Refused(reason=unready[0], detail=f"{here} {unready[1]}")
-    if gm is not None and gm not in gms:
-        return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
-    return None
+class Address:
+    """Who this LM is, the GMs whose requests it takes, and whether its pool has
+    registered: the one address guard (``refuse``)."""
+
+    __slots__ = ("gms", "lm", "registered")
+
+    def __init__(self, lm: LmId, gms: frozenset[GmId], *, registered: bool) -> None:
+        self.lm = lm
+        self.gms = gms
+        self.registered = registered
+
+    def register(self) -> None:
+        """The pool has told this incarnation what runs: messages that waited for it are
+        taken from now on."""
+        self.registered = True
+
+    def refuse(
+        self, to: LmId, gm: GmId | None = None, unready: tuple[str, str] | None = None
+    ) -> Refused | None:
+        """Why a message sent to LM ``to`` (by GM ``gm``, if a GM sent it) is not for this
+        LM now, or None.  ``unready``: the refusal while the pool has not registered
+        (None: taken before)."""
+        if to != self.lm:
+            return Refused(reason="wrong_lm", detail=f"this is {self.lm}, not {to}")
+        if unready is not None and not self.registered:
+            return Refused(reason=unready[0], detail=f"{self.lm} {unready[1]}")
+        if gm is not None and gm not in self.gms:
+            return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
+        return None
 
 
 def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | None:
