@@ -143,6 +143,7 @@ class LocalMaster:
         return handler(msg, now)
 
     # ------------------------------------------------ state (drivers, operators)
+    # What the service (app.py), the simulator, inspect and tests read; the pieces own it.
     @property
     def epoch(self) -> int:
         """This LM's incarnation (its deltas carry it: ``NodeTable.epoch``)."""
