@@ -19,9 +19,10 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from common.cluster import ClusterSpec
 from common.dag import DagJob, load_jobs

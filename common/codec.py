@@ -1,28 +1,58 @@
 """The wire envelope: ``[tag, schema version, fields]`` in msgpack.
 
-This module and ``common.schema`` are the only ones that know the wire form; this
-is the only one that imports msgpack.  ``fields`` is the message's map as the
-schema derives it from the declaration in ``common.messages``.  Decoding is strict:
-the body size and every msgpack container are bounded, unknown tags and versions
-raise ``DecodeError``, and every field is checked by the schema (``ValidationError``
-naming the field).  Each message is encoded once per hop and decoded once.
+This module and ``common.schema`` are the only ones that know the wire form.
+``fields`` is the message's map, in declaration order, as msgspec encodes the struct
+declared in ``common.messages``.  Decoding is strict: the body size is bounded, unknown
+tags and versions raise ``DecodeError``, and every field is checked against its
+declaration (``ValidationError`` naming the field).  Each message is encoded once per
+hop and decoded once.
+
+Decoding takes msgspec's fast path: the envelope, then the fields straight into the
+struct, in C.  Only a body msgspec refuses takes the explaining path, which answers it
+exactly as the codec always has: msgpack-python unpacks it with the same limits as
+before (a body it cannot read is ``malformed_body``), the envelope is checked part by
+part, and ``common.schema.explain`` names the reason and the field.  msgspec and the
+explaining path read the same declarations; the tests hold them to the same verdicts
+(``tests/unit/test_wire_refusals.py``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar, overload
 
 import msgpack
+import msgspec
 
 from common import messages as _messages  # noqa: F401 - registers every message
 from common.errors import DecodeError, ValidationError
-from common.schema import REGISTRY, TAGS, decoder_of, encoder_of
+from common.schema import REGISTRY, TAGS, explain
 
 SCHEMA_VERSION = 2
 MAX_BODY = 8 * 1024 * 1024
 """Largest body any endpoint or consumer accepts (bytes), unless configured lower."""
 
 M = TypeVar("M")
+
+
+class _Envelope(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """``[tag, version, fields]``, the fields left undecoded until the tag is known."""
+
+    tag: str
+    version: int
+    fields: msgspec.Raw
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_ENVELOPE = msgspec.msgpack.Decoder(_Envelope)
+_DECODERS: dict[type, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def _decoder(cls: type) -> msgspec.msgpack.Decoder[Any]:
+    dec = _DECODERS.get(cls)
+    if dec is None:
+        dec = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
+    return dec
 
 
 def tag_of(msg: object) -> str:
@@ -34,11 +64,38 @@ def tag_of(msg: object) -> str:
 
 def encode(msg: object) -> bytes:
     """One message, enveloped."""
-    cls = type(msg)
-    out: bytes = msgpack.packb(
-        [tag_of(msg), SCHEMA_VERSION, encoder_of(cls)(msg)], use_bin_type=True
-    )
-    return out
+    return _ENCODER.encode((tag_of(msg), SCHEMA_VERSION, msg))
+
+
+@overload
+def decode(data: bytes, *, expect: type[M], max_size: int = MAX_BODY) -> M: ...
+@overload
+def decode(
+    data: bytes, *, expect: tuple[type, ...] | None = None, max_size: int = MAX_BODY
+) -> Any: ...
+def decode(
+    data: bytes, *, expect: type | tuple[type, ...] | None = None, max_size: int = MAX_BODY
+) -> Any:
+    """One message; ``expect`` restricts which types are acceptable here."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError("body is not bytes")
+    if len(data) > max_size:
+        raise DecodeError(f"body of {len(data)} bytes exceeds {max_size}", reason="too_large")
+    if not data:
+        raise DecodeError("empty body", reason="empty_body")
+    try:
+        env = _ENVELOPE.decode(data)
+        cls = REGISTRY.get(env.tag)
+        if (
+            cls is not None
+            and env.version == SCHEMA_VERSION
+            and (expect is None or issubclass(cls, expect))
+        ):
+            return _decoder(cls).decode(env.fields)
+        refusal = None
+    except msgspec.MsgspecError as exc:
+        refusal = exc
+    return _explain(data, expect, refusal)
 
 
 def _unpack(data: bytes, max_size: int) -> Any:
@@ -63,17 +120,11 @@ def _unpack(data: bytes, max_size: int) -> Any:
         raise DecodeError(f"not valid msgpack: {type(exc).__name__}: {exc}") from None
 
 
-@overload
-def decode(data: bytes, *, expect: type[M], max_size: int = MAX_BODY) -> M: ...
-@overload
-def decode(
-    data: bytes, *, expect: tuple[type, ...] | None = None, max_size: int = MAX_BODY
-) -> Any: ...
-def decode(
-    data: bytes, *, expect: type | tuple[type, ...] | None = None, max_size: int = MAX_BODY
+def _explain(
+    data: bytes, expect: type | tuple[type, ...] | None, refusal: msgspec.MsgspecError | None
 ) -> Any:
-    """One message; ``expect`` restricts which types are acceptable here."""
-    obj = _unpack(data, max_size)
+    """The explaining path: the body the fast path did not take, checked part by part."""
+    obj = _unpack(data, len(data))
     if not isinstance(obj, list) or len(obj) != 3 or not isinstance(obj[0], str):
         raise DecodeError("expected [tag, version, fields]", reason="bad_envelope")
     tag, version, fields = obj
@@ -88,9 +139,23 @@ def decode(
     if expect is not None and not issubclass(cls, expect):
         raise DecodeError(f"unexpected message {tag!r} here", reason="unexpected_message")
     try:
-        return decoder_of(cls)(fields)
-    except ValidationError as exc:
-        raise exc.at(tag) from None
+        # msgspec refused the bytes but may take the map msgpack made of them (a key
+        # given twice: the last one counts, as it always has)
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as exc:
+        refusal = exc
+    err = explain(cls, fields) or _as_validation_error(refusal)
+    raise err.at(tag) from None
+
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+
+
+def _as_validation_error(exc: msgspec.MsgspecError | None) -> ValidationError:
+    """msgspec's own words, for a refusal ``explain`` has no name for (none is known)."""
+    text = str(exc)
+    m = _AT.search(text)
+    return ValidationError(text[: m.start()] if m else text, path=m.group(1) if m else "")
 
 
 def pack_plain(obj: object) -> bytes:
@@ -105,12 +170,11 @@ def unpack_plain(data: bytes, max_size: int = MAX_BODY) -> Any:
 
 
 def compile_all() -> int:
-    """Build every registered message's decoder and encoder now (a service calls this
-    at start): built on first use, they cost the first tasks after a start 10-20 ms.
-    Returns how many message types there are."""
+    """Build every registered message's decoder now (a service calls this at start, so
+    the first task after a start does not pay for it).  Returns how many message types
+    there are."""
     for cls in REGISTRY.values():
-        decoder_of(cls)
-        encoder_of(cls)
+        _decoder(cls)
     return len(REGISTRY)
 
 

@@ -1,10 +1,11 @@
 """Every message between users, GMs, LMs and worker pools, declared once.
 
 Commands are imperative (``LaunchRequest``, ``Decide``), facts are in the past tense
-(``StateUpdated``, ``TaskEvent`` kinds).  All are frozen, slotted, keyword-only
-dataclasses; ``common.schema`` derives their msgpack form and strict decoders from
-these declarations, and ``common.codec`` adds the envelope.  A message registered
-with ``@message`` may stand alone on the wire; the others travel inside one.
+(``StateUpdated``, ``TaskEvent`` kinds).  All are frozen, keyword-only msgspec
+structs (``common.schema.Wire``) whose annotations carry every bound: msgspec encodes
+and strictly decodes them from these declarations, and ``common.codec`` adds the
+envelope.  A message registered with ``@message`` may stand alone on the wire; the
+others travel inside one.  Change one with ``msgspec.structs.replace``.
 
 Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
 
@@ -27,15 +28,14 @@ snapshot.  ``epoch`` is the LM's incarnation: a restarted LM's versions start ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Annotated
 
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.model import Resources, Seconds, Task, TaskSpec, Time
-from common.schema import Length, Range, message
+from common.schema import Map, Seq, Text, UInt, Wire, in_range, message, n_items
 
-Version = Annotated[int, Range(-1, None)]
+Version = Annotated[int, in_range(-1, None)]
 """An LM state version (``-1``: nothing known yet)."""
 MAX_JOB_TASKS = 100_000
 MAX_STAGES = 10_000
@@ -63,47 +63,43 @@ class ReportKind(IntEnum):
 
 
 # -------------------------------------------------------------------- state
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StateDelta:
+class StateDelta(Wire, frozen=True, kw_only=True):
     """What changed in an LM's cluster between ``base_version`` and ``version``."""
 
     lm: LmId
-    epoch: int = 0
+    epoch: UInt = 0
     version: Version
     base_version: Version
-    nodes: tuple[NodeIndex, ...]
-    free: tuple[Resources, ...]
-    node_versions: tuple[int, ...]
-    usage: dict[UserId, Resources] = field(default_factory=dict)
+    nodes: Seq[NodeIndex]
+    free: Seq[Resources]
+    node_versions: Seq[UInt]
+    usage: Map[UserId, Resources] = {}
     """Resources in use per user on this LM's cluster (all users, every time)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterLayout:
+class ClusterLayout(Wire, frozen=True, kw_only=True):
     """The static part of an LM's cluster: what a GM needs once, in a full snapshot."""
 
     lm: LmId
-    capacity: tuple[Resources, ...]
-    constraints: tuple[Annotated[int, Range(0, None)], ...]
-    home: tuple[GmId, ...]
+    capacity: Seq[Resources]
+    constraints: Seq[UInt]
+    home: Seq[GmId]
     """The GM whose partition each physical node belongs to."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacedRef:
+class PlacedRef(Wire, frozen=True, kw_only=True):
     """A task an LM holds for a GM: which attempt, where."""
 
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeldTask:
+class HeldTask(Wire, frozen=True, kw_only=True):
     """A task an LM holds (or held lately) for a GM, with what the LM knows of it."""
 
     spec: TaskSpec
-    attempt: int
+    attempt: UInt
     queued_at: Time = -1.0
     """When it entered its GM's queue (the GM said so in the placement)."""
     accepted_at: Time = -1.0
@@ -115,29 +111,26 @@ class HeldTask:
 
 
 @message("snapshot")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StateSnapshot:
+class StateSnapshot(Wire, frozen=True, kw_only=True):
     """A full snapshot: layout plus a delta from version 0."""
 
     layout: ClusterLayout
     state: StateDelta
-    held: tuple[HeldTask, ...] = ()
+    held: Seq[HeldTask] = ()
     """Tasks of the receiving GM this LM runs, or ended in the last few minutes: a
     restarted, stateless GM adopts the running ones (their events and outcomes come to
     it) and never runs an ended one again when its job is redelivered."""
 
 
 @message("state_updated")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StateUpdated:
+class StateUpdated(Wire, frozen=True, kw_only=True):
     """Periodic LM heartbeat, fanned out to all GMs."""
 
     delta: StateDelta
 
 
 @message("snapshot_request")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SnapshotRequest:
+class SnapshotRequest(Wire, frozen=True, kw_only=True):
     gm: GmId
     lm: LmId
 
@@ -149,8 +142,7 @@ again.  A job whose delivery is held longer than a fraction of this is ``KeepEnd
 
 
 @message("keep_ends")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KeepEnds:
+class KeepEnds(Wire, frozen=True, kw_only=True):
     """GM -> every LM: keep (or, ``keep`` False, stop keeping) the ended attempts of one
     of its jobs past ``ENDS_RETAINED_S``.  Its delivery is still held, so the job comes
     back if the GM dies, possibly long after some of its tasks (a DAG's first stages, a
@@ -164,13 +156,12 @@ class KeepEnds:
 
 
 # --------------------------------------------------------------- placement
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
+class Placement(Wire, frozen=True, kw_only=True):
     """Launch attempt ``attempt`` of a task on ``node``; ``repartition`` when the node
     is in another GM's partition (it becomes a logical node of the requester's)."""
 
     spec: TaskSpec
-    attempt: int
+    attempt: UInt
     node: NodeIndex
     repartition: bool = False
     altruistic: bool = False
@@ -179,40 +170,37 @@ class Placement:
 
 
 @message("launch")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchRequest:
+class LaunchRequest(Wire, frozen=True, kw_only=True):
     gm: GmId
     lm: LmId
-    request_id: int
-    placements: Annotated[tuple[Placement, ...], Length(1, MAX_JOB_TASKS)]
+    request_id: UInt
+    placements: Annotated[tuple[Placement, ...], n_items(1, MAX_JOB_TASKS)]
     known_version: Version
     sent_at: Time = -1.0
     """When the request left the GM (stamped by its driver; echoed in the response)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacementResult:
+class PlacementResult(Wire, frozen=True, kw_only=True):
     """The LM's verdict on one placement, in request order."""
 
     accepted: bool
-    reason: str = "ok"
+    reason: Text = "ok"
     """``ok``; ``duplicate`` (the LM already holds this or a newer attempt: idempotent),
     ``finished`` / ``failed`` (that attempt already ended here); ``rerouted`` (placed
     on ``node`` instead: the one asked for had no room); ``insufficient_resources``,
     ``constraints_unmet``, ``node_down``, ``unknown_node``."""
-    attempt: int = 0
+    attempt: UInt = 0
     """For a duplicate: the attempt the LM holds (or held), which the GM takes on."""
-    node: Annotated[int, Range(-1, None)] = -1
+    node: Annotated[int, in_range(-1, None)] = -1
     """For ``rerouted`` (the node asked for had no room): the node the LM used."""
 
 
 @message("launch_response")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchResponse:
+class LaunchResponse(Wire, frozen=True, kw_only=True):
     gm: GmId
     lm: LmId
-    request_id: int
-    results: tuple[PlacementResult, ...]
+    request_id: UInt
+    results: Seq[PlacementResult]
     delta: StateDelta
     request_sent_at: Time = -1.0
     received_at: Time = 0.0
@@ -222,16 +210,15 @@ class LaunchResponse:
 
 
 @message("preempt")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PreemptRequest:
+class PreemptRequest(Wire, frozen=True, kw_only=True):
     """Free room for attempt ``attempt`` of ``spec`` by preempting tasks of ``victim``,
     then launch it."""
 
     gm: GmId
     lm: LmId
-    request_id: int
+    request_id: UInt
     spec: TaskSpec
-    attempt: int
+    attempt: UInt
     victim: UserId
     known_version: Version
     sent_at: Time = -1.0
@@ -239,16 +226,15 @@ class PreemptRequest:
 
 
 @message("preempt_response")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PreemptResponse:
+class PreemptResponse(Wire, frozen=True, kw_only=True):
     gm: GmId
     lm: LmId
-    request_id: int
+    request_id: UInt
     accepted: bool
-    reason: str
+    reason: Text
     node: NodeIndex | None
-    preempted: tuple[PlacedRef, ...]
-    attempt: int = 0
+    preempted: Seq[PlacedRef]
+    attempt: UInt = 0
     """For a duplicate: the attempt the LM holds (or held)."""
     delta: StateDelta
     request_sent_at: Time = -1.0
@@ -257,19 +243,17 @@ class PreemptResponse:
 
 
 @message("request_failed")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestFailed:
+class RequestFailed(Wire, frozen=True, kw_only=True):
     """A GM's driver could not get an answer to request ``request_id`` (the LM refused
     it with a 4xx): the core treats it as a refusal of everything it asked for."""
 
     lm: LmId
-    request_id: int
-    reason: str
+    request_id: UInt
+    reason: Text
 
 
 # -------------------------------------------------------------- task events
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskEvent:
+class TaskEvent(Wire, frozen=True, kw_only=True):
     """LM -> the GM that placed attempt ``attempt`` of a task.
 
     ``node_free`` piggybacks the node's fresh free resources so the placing GM learns
@@ -283,14 +267,14 @@ class TaskEvent:
     gm: GmId
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
     node: NodeIndex
     node_free: Resources
-    node_version: int
+    node_version: UInt
     at: Time
     worker_at: Time = -1.0
     started_at: Time = -1.0
-    detail: str = ""
+    detail: Text = ""
     job_id: JobId | None = None
     """The task's job and when it entered its GM's queue, as the LM holds them: a GM
     that restarted and has no record of the task can still tell its user of its end."""
@@ -298,39 +282,35 @@ class TaskEvent:
 
 
 @message("task_events")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskEvents:
+class TaskEvents(Wire, frozen=True, kw_only=True):
     """The task events one LM has for one GM, batched per loop turn."""
 
     lm: LmId
-    epoch: int = 0
+    epoch: UInt = 0
     """The LM incarnation that sent them (node states of an older one are not taken)."""
-    events: Annotated[tuple[TaskEvent, ...], Length(1, MAX_JOB_TASKS)]
+    events: Annotated[tuple[TaskEvent, ...], n_items(1, MAX_JOB_TASKS)]
 
 
 @message("task_outcome")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskOutcome:
+class TaskOutcome(Wire, frozen=True, kw_only=True):
     """GM -> the task's user: it finished, or failed for good (with the reason).
     Carries the whole ledger: what the user's reports are made of."""
 
     task: Task
     finished: bool
-    reason: str = ""
+    reason: Text = ""
 
 
 @message("task_outcomes")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskOutcomes:
+class TaskOutcomes(Wire, frozen=True, kw_only=True):
     """The outcomes one GM has for one user, batched per loop turn."""
 
     gm: GmId
-    outcomes: Annotated[tuple[TaskOutcome, ...], Length(1, MAX_JOB_TASKS)]
+    outcomes: Annotated[tuple[TaskOutcome, ...], n_items(1, MAX_JOB_TASKS)]
 
 
 @message("job_refusal")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobRefusal:
+class JobRefusal(Wire, frozen=True, kw_only=True):
     """GM -> a job's user, on the user's outcome stream: the job was refused whole, none
     of its tasks queued, for ``reason`` (the dead letter's).  Only for a job whose
     submitter the GM has authenticated: a forged job gets no word to anyone."""
@@ -341,44 +321,41 @@ class JobRefusal:
     submitted_at: Time
     """The refused job's own ``submitted_at``: a client that submitted a job of that id
     again tells the two apart."""
-    reason: str
-    detail: str = ""
+    reason: Text
+    detail: Text = ""
 
 
 # ------------------------------------------------------------------ jobs
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageSpec:
+class StageSpec(Wire, frozen=True, kw_only=True):
     """One stage of a DAG job: its id, the stages it waits for, how many tasks."""
 
-    stage_id: int
-    parents: Annotated[tuple[int, ...], Length(0, MAX_STAGES)] = ()
-    count: Annotated[int, Range(1, None)]
+    stage_id: UInt
+    parents: Annotated[tuple[UInt, ...], n_items(0, MAX_STAGES)] = ()
+    count: Annotated[int, in_range(1, None)]
 
 
 @message("submit_job")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitJob:
+class SubmitJob(Wire, frozen=True, kw_only=True):
     """A job into its user's queue; ``token`` is the user's credential.  A DAG job
     lists its tasks stage by stage and ``stages`` gives the layout."""
 
     job_id: JobId
     user: UserId
-    token: str
+    token: Text
     submitted_at: Time
-    tasks: Annotated[tuple[TaskSpec, ...], Length(1, MAX_JOB_TASKS, below="empty_job")]
-    stages: Annotated[tuple[StageSpec, ...], Length(1, MAX_STAGES)] | None = None
+    tasks: Annotated[tuple[TaskSpec, ...], n_items(1, MAX_JOB_TASKS, below="empty_job")]
+    stages: Annotated[tuple[StageSpec, ...], n_items(1, MAX_STAGES)] | None = None
     resumes: JobId | None = None
     """Set by a GM on tasks of an acknowledged job that came back to its queue
     (preempted, requeued): kept on the broker until they are placed again, so a GM
     killed meanwhile loses none of them."""
-    attempt: Annotated[int, Range(0, None)] = 0
+    attempt: UInt = 0
     """With ``resumes``: the attempt the returned task last ran as (a GM that queues it
     again places a newer one, which no worker has stopped yet); 0 on a user's job."""
 
 
 @message("admit_job")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitJob:
+class AdmitJob(Wire, frozen=True, kw_only=True):
     """GM driver -> core: a submission was delivered (``redelivered``: again, after a
     consumer or GM failure).  The core admits it or answers ``JobRefused``."""
 
@@ -387,8 +364,7 @@ class AdmitJob:
 
 
 @message("admit_more")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitMore:
+class AdmitMore(Wire, frozen=True, kw_only=True):
     """GM core -> itself (an ``After`` timer): admit the next slice of a large job, so
     that one submission of many tasks does not hold the GM for the whole of it."""
 
@@ -397,29 +373,26 @@ class AdmitMore:
 
 
 # --------------------------------------------------------------- workers
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StartTask:
+class StartTask(Wire, frozen=True, kw_only=True):
     """LM -> worker pool: run attempt ``attempt`` of ``spec`` on ``node``.  The pool keeps
     what the LM knows of the placement, so a restarted LM can learn it back."""
 
     node: NodeIndex
     spec: TaskSpec
-    attempt: int
+    attempt: UInt
     gm: GmId
     altruistic: bool = False
     queued_at: Time = -1.0
 
 
 @message("start_tasks")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StartTasks:
+class StartTasks(Wire, frozen=True, kw_only=True):
     lm: LmId
-    epoch: int = 0
-    tasks: Annotated[tuple[StartTask, ...], Length(1, MAX_JOB_TASKS)]
+    epoch: UInt = 0
+    tasks: Annotated[tuple[StartTask, ...], n_items(1, MAX_JOB_TASKS)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StopTask:
+class StopTask(Wire, frozen=True, kw_only=True):
     """LM -> worker pool: stop a preempted (or superseded) attempt.  The pool answers
     with a ``STOPPED`` report for each: only then does a preempted task go back to its
     GM ``gm``, so its next attempt never overlaps this one."""
@@ -427,33 +400,31 @@ class StopTask:
     node: NodeIndex
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
     gm: GmId
 
 
 @message("stop_tasks")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StopTasks:
+class StopTasks(Wire, frozen=True, kw_only=True):
     lm: LmId
-    epoch: int = 0
-    tasks: Annotated[tuple[StopTask, ...], Length(1, MAX_JOB_TASKS)]
+    epoch: UInt = 0
+    tasks: Annotated[tuple[StopTask, ...], n_items(1, MAX_JOB_TASKS)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerReport:
+class WorkerReport(Wire, frozen=True, kw_only=True):
     """Worker -> LM: attempt ``attempt`` of a task started, finished or failed."""
 
     kind: ReportKind
     node: NodeIndex
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
     gm: GmId
     """The GM that placed it: an LM that lost the task (it restarted) still tells it."""
     at: Time
     worker_at: Time
     started_at: Time = -1.0
-    detail: str = ""
+    detail: Text = ""
     job_id: JobId | None = None
     """The task's job and queue time, from its start: an LM that does not hold the task
     (it restarted) passes them on, so its GM can tell the user of its end."""
@@ -461,24 +432,21 @@ class WorkerReport:
 
 
 @message("worker_reports")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerReports:
+class WorkerReports(Wire, frozen=True, kw_only=True):
     lm: LmId
-    reports: Annotated[tuple[WorkerReport, ...], Length(0, MAX_JOB_TASKS)]
+    reports: Annotated[tuple[WorkerReport, ...], n_items(0, MAX_JOB_TASKS)]
 
 
 @message("worker_heartbeat")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerHeartbeat:
+class WorkerHeartbeat(Wire, frozen=True, kw_only=True):
     """Worker pool -> LM: these nodes are alive at ``at``."""
 
     lm: LmId
-    nodes: tuple[NodeIndex, ...]
+    nodes: Seq[NodeIndex]
     at: Time
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndedAttempt:
+class EndedAttempt(Wire, frozen=True, kw_only=True):
     """An attempt that finished or failed on a pool whose report no LM has taken yet."""
 
     start: StartTask
@@ -486,64 +454,57 @@ class EndedAttempt:
 
 
 @message("register_workers")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RegisterWorkers:
+class RegisterWorkers(Wire, frozen=True, kw_only=True):
     """Worker pool -> its LM (a new LM incarnation, or the pool just started): these
     nodes are alive and run these attempts.  An LM takes no placement on a node
     before its pool has registered it, so it never counts a running task as free."""
 
     lm: LmId
-    nodes: tuple[NodeIndex, ...]
+    nodes: Seq[NodeIndex]
     at: Time
     """When the pool took stock (what its LM accepted later may still be on its way)."""
-    running: Annotated[tuple[StartTask, ...], Length(0, MAX_JOB_TASKS)] = ()
-    started: Annotated[tuple[WorkerReport, ...], Length(0, MAX_JOB_TASKS)] = ()
+    running: Annotated[tuple[StartTask, ...], n_items(0, MAX_JOB_TASKS)] = ()
+    started: Annotated[tuple[WorkerReport, ...], n_items(0, MAX_JOB_TASKS)] = ()
     """The start reports of what runs (worker and start times)."""
-    ended: Annotated[tuple[EndedAttempt, ...], Length(0, MAX_JOB_TASKS)] = ()
+    ended: Annotated[tuple[EndedAttempt, ...], n_items(0, MAX_JOB_TASKS)] = ()
     """What ended while no LM took the reports: a new incarnation holds it as ended, so
     no GM places it again."""
 
 
 @message("registered")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Registered:
+class Registered(Wire, frozen=True, kw_only=True):
     """LM -> its pool: registration taken; ``epoch`` is the LM's incarnation."""
 
     lm: LmId
-    epoch: int
+    epoch: UInt
 
 
 @message("register_pool")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RegisterPool:
+class RegisterPool(Wire, frozen=True, kw_only=True):
     """Pool driver -> core: register with the LM (at start, or when the LM asks)."""
 
 
 # ------------------------------------------------------------------ timers
 @message("decide")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Decide:
+class Decide(Wire, frozen=True, kw_only=True):
     """GM driver -> core: make up to ``max_tasks`` decisions (launches to one LM share
     one request)."""
 
-    max_tasks: Annotated[int, Range(1, None)] = 1
+    max_tasks: Annotated[int, in_range(1, None)] = 1
 
 
 @message("request_snapshots")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestSnapshots:
+class RequestSnapshots(Wire, frozen=True, kw_only=True):
     """A (re)started GM asks every LM for a full snapshot."""
 
 
 @message("heartbeat")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat:
+class Heartbeat(Wire, frozen=True, kw_only=True):
     """LM timer: publish the state delta since the previous heartbeat to every GM."""
 
 
 @message("check_workers")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckWorkers:
+class CheckWorkers(Wire, frozen=True, kw_only=True):
     """LM timer: declare nodes silent for ``timeout`` seconds dead (nothing is placed on
     them); give up their tasks (run them again) once silent for ``lost_after`` seconds
     (at once if ``lost_after <= timeout``)."""
@@ -553,16 +514,14 @@ class CheckWorkers:
 
 
 @message("reports_taken")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReportsTaken:
+class ReportsTaken(Wire, frozen=True, kw_only=True):
     """Pool driver -> core: the LM took these reports (they need not be kept)."""
 
-    reports: tuple[WorkerReport, ...]
+    reports: Seq[WorkerReport]
 
 
 @message("lease_renewed")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseRenewed:
+class LeaseRenewed(Wire, frozen=True, kw_only=True):
     """Pool driver -> core: the LM answered (a heartbeat): the pool may go on running.
     The lease counts from ``sent``, when the answered request left (an answer read late,
     by a pool that was frozen meanwhile, renews nothing past it); -1: on receipt."""
@@ -571,53 +530,48 @@ class LeaseRenewed:
 
 
 @message("check_lease")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckLease:
+class CheckLease(Wire, frozen=True, kw_only=True):
     """Pool timer: has the pool been out of touch with its LM for longer than ``lease``?"""
 
     lease: Seconds
 
 
 @message("task_due")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskDue:
+class TaskDue(Wire, frozen=True, kw_only=True):
     """Worker timer: a synthetic task's duration has elapsed."""
 
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
 
 
 @message("command_started")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommandStarted:
+class CommandStarted(Wire, frozen=True, kw_only=True):
     """Worker runner -> core: a task's command is running."""
 
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
 
 
 @message("command_exited")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommandExited:
+class CommandExited(Wire, frozen=True, kw_only=True):
     """Worker runner -> core: a task's command ended."""
 
     user: UserId
     task_id: TaskId
-    attempt: int
+    attempt: UInt
     ok: bool
-    detail: str = ""
+    detail: Text = ""
 
 
 # ----------------------------------------------------------------- answers
 @message("refused")
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Refused:
+class Refused(Wire, frozen=True, kw_only=True):
     """A request a core will not take: the reason (machine-readable) and why."""
 
-    reason: str
-    detail: str = ""
+    reason: Text
+    detail: Text = ""
 
 
 GmInput = (

@@ -25,23 +25,25 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Annotated
 
+import msgspec
+
 from common.ids import GmId, JobId, LmId, TaskId, UserId
-from common.schema import Length, Range
+from common.schema import Text, UInt, Wire, finite, in_range, n_items
 
 N_CONSTRAINTS = 21
 """Machine/task placement constraints, as in the paper (bit i of a mask = constraint i)."""
 MAX_RESOURCES = 16
 MAX_COMMAND = 64
 
-Resources = Annotated[tuple[int, ...], Length(1, MAX_RESOURCES)]
-Mask = Annotated[int, Range(0, (1 << N_CONSTRAINTS) - 1, above="unknown_constraint")]
-Seconds = Annotated[float, Range(0, None)]
+Resources = Annotated[tuple[UInt, ...], n_items(1, MAX_RESOURCES)]
+Mask = Annotated[int, in_range(0, (1 << N_CONSTRAINTS) - 1, above="unknown_constraint")]
+Seconds = Annotated[float, finite(0)]
 """A non-negative duration."""
-Time = Annotated[float, Range(None, None)]
+Time = Annotated[float, finite()]
 """A timestamp (seconds; ``-1`` where something has not happened)."""
 
 
@@ -102,8 +104,7 @@ class WaitReason(IntEnum):
     PREEMPTION_FAILED = 4  # no victim could be verified by any LM
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TaskSpec:
+class TaskSpec(Wire, frozen=True, kw_only=True):
     """What a task needs, as its user submitted it.  Immutable; decoded once at the GM
     and carried as the same object into every placement of the task."""
 
@@ -113,7 +114,7 @@ class TaskSpec:
     demand: Resources
     duration: Seconds
     constraints: Mask = 0
-    command: Annotated[tuple[str, ...], Length(0, MAX_COMMAND)] = ()
+    command: Annotated[tuple[Text, ...], n_items(0, MAX_COMMAND)] = ()
 
 
 TaskKey = tuple[UserId, TaskId]
@@ -124,9 +125,9 @@ def key_of(spec: TaskSpec) -> TaskKey:
     return (spec.user, spec.task_id)
 
 
-@dataclass(slots=True, kw_only=True)
-class Task:
-    """A task as the GM that owns its queue knows it: spec, attempt, ledger.
+class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A task as the GM that owns its queue knows it: spec, attempt, ledger.  Mutable
+    (the GM updates it in place); on the wire inside a ``TaskOutcome``.
 
     ``attempt`` numbers placements: every launch request (and every relaunch by an LM)
     is a new attempt, and events of a superseded attempt are ignored.  ``decisions``
@@ -139,14 +140,14 @@ class Task:
     gm: GmId | None = None
     lm: LmId | None = None
     """The LM that holds its current attempt (set once an LM accepted it)."""
-    attempt: Annotated[int, Range(0, None)] = 0
+    attempt: UInt = 0
     submitted_at: Time = 0.0
     first_started_at: Time = -1.0
     started_at: Time = -1.0
     finished_at: Time = -1.0
-    marks: list[tuple[Time, Phase]] = field(default_factory=list)
-    decisions: int = 0
-    waits: Annotated[list[int], Length(len(WaitReason), len(WaitReason))] = field(
+    marks: Annotated[list[tuple[Time, Phase]], n_items()] = msgspec.field(default_factory=list)
+    decisions: UInt = 0
+    waits: Annotated[list[UInt], n_items(len(WaitReason), len(WaitReason))] = msgspec.field(
         default_factory=lambda: [0] * len(WaitReason)
     )
 

@@ -21,11 +21,11 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
+from msgspec.structs import replace
 
 from common import broker_names as names
 from common import codec

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from msgspec import structs
+
 from common.dag import from_layout
 from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError
@@ -570,7 +572,7 @@ class GlobalMaster:
                     continue
                 known = self.known_done.pop(t.key, None)
                 if known is not None:  # (the spec it was remembered with may be partial)
-                    tasks[i] = recovered_task(replace(known.held, spec=t.spec), self.gm_id)
+                    tasks[i] = recovered_task(structs.replace(known.held, spec=t.spec), self.gm_id)
                     ended.append((tasks[i], known))
         dag = None
         if job.stages is not None:
@@ -885,8 +887,8 @@ class GlobalMaster:
             # acknowledged before this GM restarted, and nothing else would tell)
             known = Ended(held, spec_known=True, reported=False)
         task = recovered_task(
-            replace(known.held, worker_at=ev.worker_at, started_at=ev.started_at, ended_at=ev.at,
-                    ok=ok),
+            structs.replace(known.held, worker_at=ev.worker_at, started_at=ev.started_at,
+                            ended_at=ev.at, ok=ok),
             self.gm_id,
         )  # fmt: skip
         why = "" if ok else (f"failed on worker: {ev.detail}" if ev.detail else "failed on worker")

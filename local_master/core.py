@@ -38,8 +38,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import Any
+
+from msgspec import structs
 
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex
@@ -649,7 +650,7 @@ class LocalMaster:
             attempt = a.attempt + 1
             b = nodes.place(a.spec, attempt, target, a.gm, a.altruistic, now, a.queued_at)
             # it names the new attempt and node, and keeps the lost one's start (work lost)
-            effects.append(ToGm(a.gm, replace(lost, attempt=attempt, node=b.node)))
+            effects.append(ToGm(a.gm, structs.replace(lost, attempt=attempt, node=b.node)))
             effects.append(ToWorker(b.start()))
         return effects
 

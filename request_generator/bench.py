@@ -22,12 +22,13 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import uvloop
+from msgspec.structs import replace
 
 from common import codec
 from common.cluster import profile

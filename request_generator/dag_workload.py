@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from common.dag import DagJob, levels, make_job
 from common.errors import ConfigError

@@ -21,8 +21,10 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from common import codec
 from common.cluster import PROFILES, make_federation

@@ -52,8 +52,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from msgspec.structs import replace
 
 from common.cluster import ClusterSpec
 from common.dag import DagJob

@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
 
 from common import codec
 from common.effects import (

@@ -101,7 +101,7 @@ def _walk(value: Any, seen: set[str], path: Path_ = ()) -> Iterator[tuple[Path_,
             yield from _walk(value[i], seen, (*path, i))
 
 
-def _set(root: Any, path: Path_, value: Any) -> Any:
+def replaced_at(root: Any, path: Path_, value: Any) -> Any:
     if not path:
         return value
     out = copy.deepcopy(root)
@@ -112,7 +112,7 @@ def _set(root: Any, path: Path_, value: Any) -> Any:
     return out
 
 
-def _drop(root: Any, path: Path_) -> Any:
+def dropped_at(root: Any, path: Path_) -> Any:
     out = copy.deepcopy(root)
     node = out
     for step in path[:-1]:
@@ -134,13 +134,13 @@ def cases() -> Iterator[tuple[str, str, bytes]]:
             for label, new in {**_ANY, **_by_kind(value)}.items():
                 if isinstance(new, int) and not -(2**63) <= new < 2**64:
                     continue  # msgpack has no such integer
-                yield where, label, msgpack.packb(_set(plain, path, new), use_bin_type=True)
+                yield where, label, msgpack.packb(replaced_at(plain, path, new), use_bin_type=True)
             if isinstance(value, dict):
                 for k in value:
-                    yield where, f"drop:{k}", msgpack.packb(_drop(plain, (*path, k)))
-                extra = _set(plain, path, {**value, "evil": 1})
+                    yield where, f"drop:{k}", msgpack.packb(dropped_at(plain, (*path, k)))
+                extra = replaced_at(plain, path, {**value, "evil": 1})
                 yield where, "unknown_key", msgpack.packb(extra, use_bin_type=True)
-                yield where, "int_key", msgpack.packb(_set(plain, path, {**value, 1: 1}))
+                yield where, "int_key", msgpack.packb(replaced_at(plain, path, {**value, 1: 1}))
 
 
 def answer(body: bytes) -> str:

@@ -8,12 +8,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+from msgspec.structs import replace
 
 from common import codec
 from common.config import FederationConfig

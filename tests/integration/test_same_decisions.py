@@ -17,6 +17,7 @@ import random
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 
 from common import codec
@@ -24,7 +25,6 @@ from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users
 from common.effects import Effect
 from common.ids import GmId
 from common.model import UserConfig
-from common.schema import encoder_of
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from request_generator.workload import WorkloadSpec, synthetic_jobs
@@ -37,8 +37,8 @@ GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]
 
 
 def _plain(x: Any) -> Any:
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return (type(x).__name__, _plain(encoder_of(type(x))(x)))
+    if isinstance(x, msgspec.Struct):
+        return (type(x).__name__, _plain(msgspec.to_builtins(x)))
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):

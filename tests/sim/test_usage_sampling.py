@@ -8,10 +8,10 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from common.cluster import ClusterSpec
 from common.dag import DagJob

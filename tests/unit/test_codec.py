@@ -1,81 +1,72 @@
 """The wire form: every message round-trips; every kind of bad body is refused precisely.
 
-The Hypothesis strategies are derived from the same declarations the schema compiles,
-so a message added to ``common.messages`` is covered without touching this file.
+The Hypothesis strategies are derived from the same declarations msgspec decodes
+(``msgspec.inspect``), so a message added to ``common.messages`` is covered without
+touching this file.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import types
-import typing
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec import inspect as mi
 
 from common import codec
 from common.errors import DecodeError, ValidationError
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import LaunchRequest, SnapshotRequest, SubmitJob
 from common.model import N_CONSTRAINTS, TaskSpec
-from common.schema import MAX_ID_LEN, REGISTRY, encoder_of, unwrap
+from common.schema import MAX_ID_LEN, REGISTRY
 
 ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@+-"
 
 
-def strategy(tp: Any) -> st.SearchStrategy[Any]:
-    """Values the schema accepts for a field of type ``tp``."""
-    base, rng, length = unwrap(tp)
-    if dataclasses.is_dataclass(base) and isinstance(base, type):
-        hints = typing.get_type_hints(base, include_extras=True)
-        fields = {f.name: strategy(hints[f.name]) for f in dataclasses.fields(base) if f.init}
-        return st.builds(base, **fields)
-    if isinstance(base, typing.NewType):
-        if base.__supertype__ is str:
-            return st.text(ID_CHARS, min_size=1, max_size=12).map(base)
-        return st.integers(0, 2**31).map(base)
-    origin = typing.get_origin(base)
-    args = typing.get_args(base)
-    if origin in (typing.Union, types.UnionType):
-        return st.one_of(*(st.none() if a is type(None) else strategy(a) for a in args))
-    if isinstance(base, type) and issubclass(base, enum.IntEnum):
-        return st.sampled_from(list(base))
-    if base is bool:
+def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
+    """Values the schema accepts for a field of msgspec type ``t``."""
+    if isinstance(t, mi.Metadata):
+        return strategy(t.type)
+    if isinstance(t, mi.StructType):
+        return st.builds(t.cls, **{f.name: strategy(f.type) for f in t.fields})
+    if isinstance(t, mi.UnionType):
+        return st.one_of(*(strategy(a) for a in t.types))
+    if isinstance(t, mi.NoneType):
+        return st.none()
+    if isinstance(t, mi.EnumType):
+        return st.sampled_from(list(t.cls))
+    if isinstance(t, mi.BoolType):
         return st.booleans()
-    if base is int:
-        lo = 0 if rng is None else rng.lo
-        hi = 2**40 if rng is None or rng.hi is None else rng.hi
-        return st.integers(int(lo) if lo is not None else -(2**40), int(hi))
-    if base is float:
-        lo = None if rng is None else rng.lo
-        return st.floats(
-            min_value=-1.0 if lo is None else float(lo),
-            max_value=2e9,
-            allow_nan=False,
-            allow_infinity=False,
-        )
-    if base is str:
+    if isinstance(t, mi.IntType):
+        lo = -(2**40) if t.ge is None else t.ge
+        return st.integers(lo, 2**40 if t.le is None else t.le)
+    if isinstance(t, mi.FloatType):
+        lo = -1.0 if t.ge is None or t.ge < -1.0 else float(t.ge)
+        return st.floats(min_value=lo, max_value=2e9, allow_nan=False, allow_infinity=False)
+    if isinstance(t, mi.StrType):
+        if t.pattern is not None:
+            return st.text(ID_CHARS, min_size=1, max_size=12)
         return st.text(max_size=20)
-    if base is bytes:
-        return st.binary(max_size=20)
-    lo_n = 0 if length is None else length.lo
-    hi_n = 3 if length is None else min(length.hi, lo_n + 3)
-    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        return st.tuples(*(strategy(a) for a in args))
-    if origin is tuple:
-        return st.lists(strategy(args[0]), min_size=lo_n, max_size=hi_n).map(tuple)
-    if origin is list:
-        return st.lists(strategy(args[0]), min_size=lo_n, max_size=hi_n)
-    if origin is dict:
-        return st.dictionaries(strategy(args[0]), strategy(args[1]), max_size=3)
-    raise TypeError(f"no strategy for {tp!r}")
+    if isinstance(t, mi.TupleType):
+        return st.tuples(*(strategy(a) for a in t.item_types))
+    if isinstance(t, mi.VarTupleType | mi.ListType):
+        lo_n = t.min_length or 0
+        hi_n = lo_n + 3 if t.max_length is None else min(t.max_length, lo_n + 3)
+        items = st.lists(strategy(t.item_type), min_size=lo_n, max_size=hi_n)
+        return items.map(tuple) if isinstance(t, mi.VarTupleType) else items
+    if isinstance(t, mi.DictType):
+        return st.dictionaries(strategy(t.key_type), strategy(t.value_type), max_size=3)
+    raise TypeError(f"no strategy for {t!r}")
 
 
-messages = st.sampled_from(sorted(REGISTRY)).flatmap(lambda tag: strategy(REGISTRY[tag]))
+def of(cls: type) -> st.SearchStrategy[Any]:
+    return strategy(mi.type_info(cls))
+
+
+messages = st.sampled_from(sorted(REGISTRY)).flatmap(lambda tag: of(REGISTRY[tag]))
 
 
 @settings(max_examples=400, deadline=None)
@@ -89,7 +80,7 @@ def test_each_message_type_round_trips(tag: str) -> None:
     """Every registered type, at least once (the sampled strategy may miss a rare one)."""
 
     @settings(max_examples=20, deadline=None)
-    @given(strategy(REGISTRY[tag]))
+    @given(of(REGISTRY[tag]))
     def check(msg: object) -> None:
         assert codec.decode(codec.encode(msg)) == msg
 
@@ -102,7 +93,7 @@ SPEC = TaskSpec(task_id=TaskId("t1"), job_id=JobId("j1"), user=UserId("u0"), dem
 
 
 def _job_fields(**task_over: object) -> dict[str, object]:
-    task = dict(encoder_of(TaskSpec)(SPEC))
+    task = msgspec.to_builtins(SPEC)
     task.update(task_over)
     return {"job_id": "j1", "user": "u0", "token": "", "submitted_at": 0.0, "tasks": [task]}
 
@@ -169,10 +160,10 @@ def test_invalid_fields_name_the_field(fields: dict[str, object], reason: str, w
 def _defaults(cls: type) -> dict[str, object]:
     """The fields of ``cls`` a sender may leave out, with the values they then take."""
     out: dict[str, object] = {}
-    for f in dataclasses.fields(cls):
-        if f.init and f.default is not dataclasses.MISSING:
+    for f in msgspec.structs.fields(cls):
+        if f.default is not msgspec.NODEFAULT:
             out[f.name] = f.default
-        elif f.init and f.default_factory is not dataclasses.MISSING:
+        elif f.default_factory is not msgspec.NODEFAULT:
             out[f.name] = f.default_factory()
     return out
 
@@ -185,9 +176,9 @@ def test_a_field_left_out_takes_its_default(tag: str) -> None:
     defaults = _defaults(cls)
 
     @settings(max_examples=5, deadline=None)
-    @given(strategy(cls))
+    @given(of(cls))
     def check(msg: Any) -> None:
-        msg = dataclasses.replace(msg, **defaults)
+        msg = msgspec.structs.replace(msg, **defaults)
         fields = msgpack.unpackb(codec.encode(msg))[2]
         for name in defaults:
             del fields[name]
@@ -238,13 +229,10 @@ def test_compile_all_builds_every_message_codec_before_first_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Services call it at start, so no task pays for building a codec."""
-    from common import schema
-
-    fresh = schema._Compiler()  # what this process built so far does not count
-    monkeypatch.setattr(schema, "_COMPILER", fresh)
+    fresh: dict[type, Any] = {}  # what this process built so far does not count
+    monkeypatch.setattr(codec, "_DECODERS", fresh)
     assert codec.compile_all() == len(REGISTRY)
-    built_dec, built_enc = set(fresh.dec), set(fresh.enc)
-    assert set(REGISTRY.values()) <= built_dec
-    assert set(REGISTRY.values()) <= built_enc
+    built = set(fresh)
+    assert set(REGISTRY.values()) <= built
     codec.decode(codec.encode(SnapshotRequest(gm=GmId("gm0"), lm=LmId("lm0"))))
-    assert set(fresh.dec) == built_dec  # nothing new was built on use
+    assert set(fresh) == built  # nothing new was built on use

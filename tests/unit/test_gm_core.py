@@ -6,9 +6,9 @@ test, and every input goes through ``handle``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from common.effects import Effect, JobRefused, JobSettled, Reply, ToLm
 from common.ids import GmId, LmId, NodeIndex, UserId

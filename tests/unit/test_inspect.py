@@ -5,9 +5,9 @@ functions over cores driven by hand; no event loop, no sleeps."""
 from __future__ import annotations
 
 import gc
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 
 from common.effects import Effect, Reply, ToLm
 from common.ids import GmId, LmId, TaskId, UserId

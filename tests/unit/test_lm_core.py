@@ -5,7 +5,8 @@ No event loop, no sleeps; every input goes through ``handle``."""
 from __future__ import annotations
 
 import gc
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec import structs
 
 from common.effects import Effect, Reply, ToAllGms, ToLm
 from common.ids import GmId, LmId, UserId
@@ -355,9 +356,9 @@ def test_altruistic_victims_go_first_even_if_older() -> None:
     lm = make_lm(nodes=[(2, 2)])
     alt, plain = make_task(1, 1, user="a"), make_task(1, 1, user="a")
     lm.handle(
-        replace(
+        structs.replace(
             launch_req(alt),
-            placements=(replace(launch_req(alt).placements[0], altruistic=True),),
+            placements=(structs.replace(launch_req(alt).placements[0], altruistic=True),),
         ),
         0.0,
     )
@@ -384,7 +385,7 @@ def test_repartitions_to_one_lm_are_batched_while_one_is_unanswered() -> None:
     assert gm.counters.repartition_messages == 1
     answer = [
         e.msg
-        for e in lm.handle(replace(req, sent_at=1.0), 1.2)
+        for e in lm.handle(structs.replace(req, sent_at=1.0), 1.2)
         if isinstance(e, Reply)  # the LM's answer
     ]
     effects = gm.handle(answer[0], 1.3)
@@ -418,13 +419,13 @@ def test_a_paying_preemption_spares_tasks_that_ran_longer_than_the_requester_wai
     occupy(lm, old, 0, 0.0)
     lm.handle(report(LM0, ReportKind.STARTED, old, 0, 0.0), 0.0)
     asker = make_task(1, 1, user="b")
-    req = replace(preempt_req(asker, "a"), queued_at=50.0)  # waited 50 s at t=100
+    req = structs.replace(preempt_req(asker, "a"), queued_at=50.0)  # waited 50 s at t=100
     resp = answer(lm.handle(req, 100.0))
     assert not resp.accepted
     assert resp.reason == "no_victim"
     occupy(lm, young, 1, 80.0)
     lm.handle(report(LM0, ReportKind.STARTED, young, 1, 80.0), 80.0)
-    resp = answer(lm.handle(replace(req, attempt=2), 100.0))
+    resp = answer(lm.handle(structs.replace(req, attempt=2), 100.0))
     assert resp.accepted
     assert [r.task_id for r in resp.preempted] == [young.task_id]
     assert lm.counters.preempted_work_s == 20.0

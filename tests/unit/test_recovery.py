@@ -5,7 +5,7 @@ No event loop, no sleeps."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from common import codec
 from common.effects import Reply, ToGm, ToLm, ToUser, ToWorker
