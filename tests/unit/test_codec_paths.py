@@ -136,3 +136,25 @@ def test_trailing_bytes_are_a_malformed_body() -> None:
     with pytest.raises(DecodeError) as err:
         codec.decode(msgpack.packb(["decide", 2, {}]) + b"\x00")
     assert err.value.reason == "malformed_body"
+
+
+def _task(i: int, **over: object) -> dict[str, object]:
+    return {"task_id": f"t{i}", "job_id": "j", "user": "u", "demand": [1], "duration": 1.0,
+            **over}  # fmt: skip
+
+
+def test_a_bad_task_deep_in_a_large_job_is_named_by_its_index() -> None:
+    """The explaining path finds it in C (msgspec), then explains that one task."""
+    tasks = [_task(i) for i in range(20_000)]
+    tasks[17_345] = _task(17_345, duration=-1.0)
+    job = {"job_id": "j", "user": "u", "token": "", "submitted_at": 0.0, "tasks": tasks}
+    err = _refusal("submit_job", job)
+    assert (err.reason, err.path) == ("negative_value", "submit_job.tasks[17345].duration")
+
+
+def test_a_bad_field_after_a_large_array_of_good_tasks_is_named() -> None:
+    tasks = [_task(i) for i in range(20_000)]
+    job = {"job_id": "j", "user": "u", "token": "", "submitted_at": 0.0, "tasks": tasks,
+           "stages": [{"stage_id": 0, "count": 0}]}  # fmt: skip
+    err = _refusal("submit_job", job)
+    assert (err.reason, err.path) == ("out_of_range", "submit_job.stages[0].count")
