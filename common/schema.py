@@ -39,7 +39,23 @@ from msgspec import inspect as mi
 from common.errors import ValidationError
 from common.ids import MAX_ID_LEN
 
-__all__ = ["MAX_ID_LEN", "Map", "Seq", "Text", "UInt", "Wire", "explain", "message"]
+__all__ = [
+    "MAX_ID_LEN",
+    "MAX_ITEMS",
+    "MAX_TEXT",
+    "REGISTRY",
+    "TAGS",
+    "Map",
+    "Seq",
+    "Text",
+    "UInt",
+    "Wire",
+    "explain",
+    "finite",
+    "in_range",
+    "message",
+    "n_items",
+]
 
 MAX_TEXT = 4096
 MAX_ITEMS = 1 << 20
@@ -79,7 +95,7 @@ def n_items(lo: int = 0, hi: int = MAX_ITEMS, *, below: str = "too_small") -> Me
 
 
 UInt = Annotated[int, Meta(ge=0)]
-"""A count, attempt, version or request id: an integer ``>= 0``."""
+"""A count, attempt, epoch or request id: an integer ``>= 0``."""
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 """Free text (a reason, a detail, a command argument)."""
 Seq = Annotated[tuple[T, ...], Meta(max_length=MAX_ITEMS)]
