@@ -139,6 +139,15 @@ class KillCommand:
     attempt: int
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Write these records to the service's journal (``runtime.journal``) before any
+    other effect of the same message leaves the process: an LM's or pool's state that
+    must outlive a restart of every process (``common.messages`` ``Journal*``)."""
+
+    records: tuple[object, ...]
+
+
 Effect = (
     Reply
     | ToLm
@@ -152,6 +161,7 @@ Effect = (
     | Persist
     | RunCommand
     | KillCommand
+    | Record
 )
 
 __all__ = [
@@ -161,6 +171,7 @@ __all__ = [
     "JobSettled",
     "KillCommand",
     "Persist",
+    "Record",
     "Reply",
     "RunCommand",
     "ToAllGms",

@@ -161,6 +161,10 @@ class LmCounters(Counters):
     """Liveness checks skipped because the LM itself had not run for a timeout."""
     stale_keep_ends: int = 0
     """``KeepEnds`` to keep a job's ends that came after its GM let them go (ignored)."""
+    journal_restored: int = 0
+    """Attempts (held, stopping, ended) a new incarnation took back from its journal."""
+    journal_skipped: int = 0
+    """Journal records of nodes or GMs the federation no longer has (ignored)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +179,8 @@ class WorkerCounters(Counters):
     """Attempts the pool stopped itself when its lease on the LM expired."""
     stopped_before_start: int = 0
     """Starts refused because their stop had come first (reordered or batched)."""
+    journal_restored: int = 0
+    """Unreported ends a new pool process took back from its journal."""
 
 
 # ---------------------------------------------------------------- summaries

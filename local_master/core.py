@@ -36,13 +36,12 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from msgspec import structs
 
-from common.effects import Effect, Reply, ToAllGms, ToGm, ToWorker
+from common.effects import Effect, Record, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     ENDS_RETAINED_S,
@@ -51,6 +50,9 @@ from common.messages import (
     EventKind,
     Heartbeat,
     HeldTask,
+    JournalEnded,
+    JournalHeld,
+    JournalKeep,
     KeepEnds,
     LaunchRequest,
     LaunchResponse,
@@ -75,7 +77,8 @@ from common.messages import (
 )
 from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec
-from local_master.ends import Ended, Ends, JobKeyAt
+from local_master import durable
+from local_master.ends import Ends
 from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
 from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
 from local_master.victims import choose
@@ -101,6 +104,7 @@ class LocalMaster:
         awaiting_workers: bool = False,
         victims_younger_than_wait: bool = False,
         reroute: bool = False,
+        durable: bool = False,
     ) -> None:
         self.lm_id = lm_id
         self.nodes = NodeTable(
@@ -110,8 +114,6 @@ class LocalMaster:
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
         self.address = Address(lm_id, self.gms, registered=not awaiting_workers)
-        self.stopping: dict[tuple[TaskKey, int], ActiveTask] = {}
-        """Preempted attempts (released) whose stop the pool has not confirmed yet."""
         self.report_starts = report_starts
         self.victims_younger_than_wait = victims_younger_than_wait
         """Preempt only tasks that ran for less time than the requester waited
@@ -122,6 +124,10 @@ class LocalMaster:
         self._heartbeat_version = 0
         self._last_check = -1.0
         self.counters = LmCounters()
+        self._journal: list[object] | None = [] if durable else None
+        """``durable``: what changed in the active and stopping lists and the ends, for
+        the driver to write to the journal before anything leaves (a ``Record``)."""
+        self.nodes.journal = self.ends.journal = self._journal
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             LaunchRequest: self._on_launch,
             PreemptRequest: self._on_preempt,
@@ -141,7 +147,12 @@ class LocalMaster:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
-        return handler(msg, now)
+        effects = handler(msg, now)
+        journal = self._journal
+        if journal:
+            effects.append(Record(tuple(journal)))
+            journal.clear()
+        return effects
 
     # ------------------------------------------------ state (drivers, operators)
     # What the service (app.py), the simulator, inspect and tests read; the pieces own it.
@@ -165,20 +176,8 @@ class LocalMaster:
         return self.nodes.n_nodes
 
     @property
-    def n_resources(self) -> int:
-        return self.nodes.n_resources
-
-    @property
     def version(self) -> int:
         return self.nodes.version
-
-    @property
-    def capacity(self) -> list[Resources]:
-        return self.nodes.capacity
-
-    @property
-    def home(self) -> list[GmId]:
-        return self.nodes.home
 
     @property
     def free(self) -> list[list[int]]:
@@ -191,22 +190,6 @@ class LocalMaster:
     @property
     def active(self) -> dict[TaskKey, ActiveTask]:
         return self.nodes.active
-
-    @property
-    def usage(self) -> dict[Any, list[int]]:
-        return self.nodes.usage
-
-    @property
-    def done(self) -> OrderedDict[TaskKey, Ended]:
-        return self.ends.done
-
-    @property
-    def keep_ends(self) -> set[JobKeyAt]:
-        return self.ends.keep_ends
-
-    @property
-    def kept(self) -> dict[JobKeyAt, dict[TaskKey, Ended]]:
-        return self.ends.kept
 
     def idle_nodes(self) -> int:
         """Nodes free of any attempt this LM holds, counting one attempt per node (a
@@ -360,10 +343,9 @@ class LocalMaster:
         pool confirms the stop (a STOPPED report), so the next attempt cannot start
         while this one still runs."""
         key = (victim.spec.user, victim.spec.task_id)
-        self.nodes.release(key)
+        self.nodes.stop(key)
         self.counters.preemptions += 1
         effects.append(ToWorker(victim.stop()))
-        self.stopping[(key, victim.attempt)] = victim
         return PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt)
 
     def _preempt_response(
@@ -412,7 +394,7 @@ class LocalMaster:
         nodes.last_seen[rep.node] = now
         key = (rep.user, rep.task_id)
         if rep.kind == ReportKind.STOPPED:
-            self._preempted(self.stopping.pop((key, rep.attempt), None), now, effects)
+            self._preempted(self.nodes.stopped((key, rep.attempt)), now, effects)
             return
         a = nodes.active.get(key)
         if a is None or a.node != rep.node or a.attempt != rep.attempt:
@@ -462,11 +444,18 @@ class LocalMaster:
         effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
         # what this LM holds on those nodes and the pool no longer runs (the pool
         # restarted) is lost; what it accepted after the pool spoke may still be on its way
+        # (an attempt it reports ended is settled by that report below, not run again)
         runs = {(s.spec.user, s.spec.task_id, s.attempt) for s in msg.running}
+        settled = runs | {
+            (e.report.user, e.report.task_id, e.report.attempt)
+            for e in msg.ended
+            if e.report.kind in ENDS
+        }
         nodes = set(msg.nodes)
         gone = [
             a for k, a in self.nodes.active.items()
-            if a.node in nodes and (k[0], k[1], a.attempt) not in runs and a.accepted_at < msg.at
+            if a.node in nodes and (k[0], k[1], a.attempt) not in settled
+            and a.accepted_at < msg.at
         ]  # fmt: skip
         for a in gone:
             self.nodes.release((a.spec.user, a.spec.task_id))
@@ -603,7 +592,7 @@ class LocalMaster:
         return effects
 
     def _holds(self, node: int) -> bool:
-        return self.nodes.holds(node) or any(a.node == node for a in self.stopping.values())
+        return self.nodes.holds(node)
 
     def _give_up(self, node: int, now: float) -> list[Effect]:
         """Silent for ``lost_after``: its tasks run again elsewhere (its pool fenced
@@ -629,9 +618,9 @@ class LocalMaster:
         effects: list[Effect],
     ) -> None:  # fmt: skip
         """Preempted attempts known to run no more without their pool's report."""
-        for k, a in list(self.stopping.items()):
+        for k, a in list(self.nodes.stopping.items()):
             if gone(k, a):
-                self._preempted(self.stopping.pop(k), now, effects)
+                self._preempted(self.nodes.stopped(k), now, effects)
 
     def _relaunch(self, orphans: list[ActiveTask], now: float) -> list[Effect]:
         """Attempts that no worker runs any more (released already): each goes, as a new
@@ -662,3 +651,45 @@ class LocalMaster:
         self._heartbeat_version = self.nodes.version
         self.ends.expire(now)
         return [ToAllGms(StateUpdated(delta=delta))]
+
+    # ---------------------------------------------------------------- journal
+    def records(self) -> list[object]:
+        """This LM's durable state as journal records (a compacted journal): what its
+        active and stopping lists hold, and its ends and keeps."""
+        return [*self.nodes.records(), *self.ends.records()]
+
+    def restore(self, records: Iterable[object], now: float) -> None:
+        """Take back what a former incarnation wrote to its journal, before anything
+        else reaches this one: the attempts it held (on nodes not alive until their pool
+        registers: an attempt the pool no longer runs is then run again), the preempted
+        ones whose stop was not confirmed, and the ends and keeps."""
+        journal, self._journal = self._journal, None
+        self.nodes.journal = self.ends.journal = None
+        restored = durable.fold(records)
+        for e in restored.ends:
+            if isinstance(e, JournalKeep):
+                self.ends.keep((e.gm, e.user, e.job_id), e.keep, e.at)
+            else:
+                self._restore_end(e)
+        for h in (*restored.held.values(), *restored.stopping.values()):
+            if self._restorable(h):
+                self.nodes.restore(h)
+        self.ends.expire(now)
+        self._journal = journal
+        self.nodes.journal = self.ends.journal = journal
+
+    def _restorable(self, r: JournalHeld) -> bool:
+        ok = self.nodes.has(r.start.node) and r.start.gm in self.gms
+        if ok:
+            self.counters.journal_restored += 1
+        else:
+            self.counters.journal_skipped += 1
+        return ok
+
+    def _restore_end(self, r: JournalEnded) -> None:
+        if r.gm not in self.gms:
+            self.counters.journal_skipped += 1
+            return
+        s = r.held.spec
+        self.ends.retire((s.user, s.task_id), r.gm, r.held, r.learnt_at)
+        self.counters.journal_restored += 1

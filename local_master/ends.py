@@ -23,7 +23,7 @@ from collections import OrderedDict
 from typing import Any
 
 from common.ids import GmId, JobId, UserId
-from common.messages import ENDS_RETAINED_S, HeldTask
+from common.messages import ENDS_RETAINED_S, HeldTask, JournalEnded, JournalKeep
 from common.model import TaskKey, TaskSpec
 
 JobKeyAt = tuple[GmId, UserId, JobId]
@@ -74,6 +74,9 @@ class Ends:
         """Ended attempts of those jobs past ``retain_s``, until their GM lets them go."""
         self.let_go: OrderedDict[JobKeyAt, float] = OrderedDict()
         """Jobs whose GM let their ends go in the last ``retain_s`` seconds (when)."""
+        self.journal: list[object] | None = None
+        """Where a durable LM's ends and keeps go (``JournalEnded``, ``JournalKeep``);
+        None: not durable.  Expiry writes nothing: it follows from the times recorded."""
 
     def __contains__(self, key: object) -> bool:
         return key in self.done
@@ -82,6 +85,8 @@ class Ends:
         """Task ``key``'s attempt ``held`` (for ``gm``) ended; this LM learnt it ``now``."""
         self.done[key] = (gm, ended_row(held), now)
         self.done.move_to_end(key)
+        if self.journal is not None:
+            self.journal.append(JournalEnded(gm=gm, held=held, learnt_at=now))
 
     def covering(self, key: TaskKey, job: JobId, attempt: int) -> tuple[int, bool] | None:
         """(attempt, ok) of task ``key``'s end here lately if it is attempt ``attempt``
@@ -128,9 +133,30 @@ class Ends:
             if job in let_go:
                 return False
             self.keep_ends.add(job)
-            return True
-        self.keep_ends.discard(job)
-        self.kept.pop(job, None)
-        let_go[job] = now
-        let_go.move_to_end(job)
+        else:
+            self.keep_ends.discard(job)
+            self.kept.pop(job, None)
+            let_go[job] = now
+            let_go.move_to_end(job)
+        if self.journal is not None:
+            gm, user, job_id = job
+            self.journal.append(JournalKeep(gm=gm, user=user, job_id=job_id, keep=keep, at=now))
         return True
+
+    def records(self) -> list[object]:
+        """Everything kept here as journal records (a compacted journal's ends): the
+        keeps and let-gos first, then every end oldest first, kept ones included."""
+        out: list[object] = [
+            JournalKeep(gm=g, user=u, job_id=j, keep=True, at=0.0) for g, u, j in self.keep_ends
+        ]
+        out.extend(
+            JournalKeep(gm=g, user=u, job_id=j, keep=False, at=at)
+            for (g, u, j), at in self.let_go.items()
+        )
+        ended = [e for kept in self.kept.values() for e in kept.items()]
+        ended.extend(self.done.items())
+        ended.sort(key=lambda item: item[1][2])
+        out.extend(
+            JournalEnded(gm=gm, held=held_of(row), learnt_at=at) for _, (gm, row, at) in ended
+        )
+        return out

@@ -29,11 +29,11 @@ def overview(core: LocalMaster) -> dict[str, Any]:
     carved_from: dict[str, int] = {}
     for _, node, gm, _ in core.logical_nodes():
         carved_for[gm] = carved_for.get(gm, 0) + 1
-        home = core.home[node]
+        home = core.nodes.home[node]
         carved_from[home] = carved_from.get(home, 0) + 1
     partitions: dict[str, dict[str, Any]] = {}
-    for gm in sorted(set(core.home) | core.gms):
-        members = [h == gm for h in core.home]
+    for gm in sorted(set(core.nodes.home) | core.gms):
+        members = [h == gm for h in core.nodes.home]
         mine = [m and f for m, f in zip(members, free, strict=True)]
         partitions[gm] = {
             "nodes": sum(members),
@@ -43,7 +43,7 @@ def overview(core: LocalMaster) -> dict[str, Any]:
             "logical_nodes_held": carved_for.get(gm, 0),
             "logical_nodes_lent": carved_from.get(gm, 0),
         }
-    width = core.n_resources
+    width = core.nodes.n_resources
     return {
         "lm": core.lm_id,
         "epoch": core.epoch,
@@ -53,7 +53,7 @@ def overview(core: LocalMaster) -> dict[str, Any]:
         "nodes_alive": sum(core.alive),
         "nodes_free": sum(free),
         "free_total": [sum(f[r] for f in core.free) for r in range(width)],
-        "capacity_total": [sum(c[r] for c in core.capacity) for r in range(width)],
+        "capacity_total": [sum(c[r] for c in core.nodes.capacity) for r in range(width)],
         "running_tasks": len(core.active),
         "partitions": partitions,
         "repartitions_total": core.counters.repartitions,

@@ -5,6 +5,10 @@ Invariants (checked by tests/property):
 * For every node ``0 <= free <= capacity`` componentwise and, while the node is alive,
   ``free + sum(demand of the attempts on it) == capacity``; a dead node has nothing free
   (no placement goes there) yet keeps what it held.
+* ``stopping`` holds preempted attempts (released: they hold nothing) until their pool
+  confirms the stop; a node that holds one is not given up in silence.
+* With a ``journal``, every change of ``active`` and ``stopping`` is written there as it
+  happens (``JournalHeld``, ``JournalDropped``); ``restore`` takes them back.
 * ``active`` holds each task at most once (one attempt, on one node); ``on_node[n]`` is
   exactly the keys of the attempts on ``n``; ``usage[u]`` is the sum of user ``u``'s
   active demands and holds no all-zero row.
@@ -31,6 +35,8 @@ from common.messages import (
     ClusterLayout,
     EventKind,
     HeldTask,
+    JournalDropped,
+    JournalHeld,
     ReportKind,
     StartTask,
     StateDelta,
@@ -135,6 +141,8 @@ class NodeTable:
         self.version = 0
         self.active: dict[TaskKey, ActiveTask] = {}
         self.on_node: list[set[TaskKey]] = [set() for _ in nodes]
+        self.stopping: dict[tuple[TaskKey, int], ActiveTask] = {}
+        """Preempted attempts (released) whose stop their pool has not confirmed yet."""
         self.usage: dict[Any, list[int]] = {}
         self.recent_repartitions: deque[Repartition] = deque(maxlen=RECENT_REPARTITIONS)
         """The latest repartitions (for operators: ``local_master.inspect``)."""
@@ -143,6 +151,10 @@ class NodeTable:
         self._log: list[int] = []
         self._log_base = 0
         self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
+        self.journal: list[object] | None = None
+        """Where a durable LM's changes to the active task list go (``JournalHeld``,
+        ``JournalDropped``), for its driver to write before anything leaves; None: not
+        durable (the simulator)."""
 
     @property
     def n_nodes(self) -> int:
@@ -220,8 +232,8 @@ class NodeTable:
         return [(k, a.node, a.gm, a.spec.demand) for k, a in self.active.items() if a.logical]
 
     def holds(self, node: int) -> bool:
-        """Whether an attempt is held on ``node``."""
-        return bool(self.on_node[node])
+        """Whether an attempt is held on ``node``, or being stopped there."""
+        return bool(self.on_node[node]) or any(a.node == node for a in self.stopping.values())
 
     # ---------------------------------------------------------------- placement
     def has(self, node: int) -> bool:
@@ -286,6 +298,8 @@ class NodeTable:
         )  # fmt: skip
         self.on_node[node].add(key)
         self._touch(node)
+        if self.journal is not None:
+            self.journal.append(JournalHeld(start=a.start(), accepted_at=now))
         if logical:
             self.recent_repartitions.append(
                 Repartition(now, key, attempt, NodeIndex(node), self.home[node], gm, spec.demand)
@@ -297,6 +311,8 @@ class NodeTable:
         a = self.active.pop(key, None)
         if a is None:
             return None
+        if self.journal is not None:
+            self.journal.append(JournalDropped(user=key[0], task_id=key[1], attempt=a.attempt))
         node = a.node
         self.on_node[node].discard(key)
         if self.alive[node]:
@@ -311,6 +327,63 @@ class NodeTable:
             del self.usage[user]
         self._touch(node)
         return a
+
+    def stop(self, key: TaskKey) -> ActiveTask | None:
+        """Preempt task ``key``'s attempt: released, and held as stopping until its pool
+        confirms the stop (``stopped``)."""
+        a = self.release(key)
+        if a is not None:
+            self.stopping[(key, a.attempt)] = a
+            if self.journal is not None:
+                self.journal.append(
+                    JournalHeld(start=a.start(), accepted_at=a.accepted_at, stopping=True)
+                )
+        return a
+
+    def stopped(self, k: tuple[TaskKey, int]) -> ActiveTask | None:
+        """A preempted attempt's stop is confirmed: it leaves the stopping list."""
+        a = self.stopping.pop(k, None)
+        if a is not None and self.journal is not None:
+            (user, task_id), attempt = k
+            self.journal.append(
+                JournalDropped(user=user, task_id=task_id, attempt=attempt, stopping=True)
+            )
+        return a
+
+    def records(self) -> list[JournalHeld]:
+        """The attempts held and stopping, as journal records (a compacted journal)."""
+        out = [
+            JournalHeld(start=a.start(), accepted_at=a.accepted_at) for a in self.active.values()
+        ]
+        out.extend(
+            JournalHeld(start=a.start(), accepted_at=a.accepted_at, stopping=True)
+            for a in self.stopping.values()
+        )
+        return out
+
+    def restore(self, row: JournalHeld) -> None:
+        """Hold again an attempt a former incarnation held or was stopping (from its
+        journal).  The nodes are not alive yet (their pool has not registered): what
+        the attempt holds is counted when its node comes back (``seen``)."""
+        s = row.start
+        key = (s.spec.user, s.spec.task_id)
+        a = ActiveTask(
+            s.spec, s.attempt, s.node, s.gm, self.home[s.node] != s.gm, s.altruistic,
+            accepted_at=row.accepted_at, queued_at=s.queued_at,
+        )  # fmt: skip
+        if row.stopping:
+            self.stopping[(key, s.attempt)] = a
+            return
+        self.active[key] = a
+        self.on_node[s.node].add(key)
+        use = self.usage.setdefault(s.spec.user, [0] * self.n_resources)
+        for r, d in enumerate(s.spec.demand):
+            use[r] += d
+        if self.alive[s.node]:
+            free = self.free[s.node]
+            for r, d in enumerate(s.spec.demand):
+                free[r] -= d
+        self._touch(s.node)
 
     # ----------------------------------------------------------------- liveness
     def seen(self, nodes: Iterable[int], now: float) -> int:

@@ -368,7 +368,7 @@ class MeghaSimulation:
     def _capacity_totals(self) -> list[int]:
         tot: list[int] = []
         for lm in self.lms.values():
-            for cap in lm.capacity:
+            for cap in lm.nodes.capacity:
                 if not tot:
                     tot = [0] * len(cap)
                 for r, x in enumerate(cap):
@@ -710,7 +710,7 @@ class MeghaSimulation:
         """Each user's dominant share of the federation now."""
         used: dict[UserId, list[int]] = {}
         for lm in self.lms.values():
-            for u, res in lm.usage.items():
+            for u, res in lm.nodes.usage.items():
                 acc = used.setdefault(u, [0] * len(res))
                 for r, x in enumerate(res):
                     acc[r] += x

@@ -32,6 +32,12 @@ from common.messages import (
     Heartbeat,
     HeldTask,
     JobRefusal,
+    JournalDropped,
+    JournalEnded,
+    JournalHeld,
+    JournalKeep,
+    JournalTaken,
+    JournalUnreported,
     KeepEnds,
     LaunchRequest,
     LaunchResponse,
@@ -191,6 +197,24 @@ def samples() -> dict[str, object]:
             submitted_at=1_700_000_000.125,
             reason="duration_too_long",
             detail=LONG_TEXT,
+        ),
+        "journal_dropped": JournalDropped(user=USER, task_id=TaskId("t.0001"), attempt=3),
+        "journal_dropped.stopping": JournalDropped(
+            user=USER, task_id=TaskId("t.0001"), attempt=3, stopping=True
+        ),
+        "journal_ended": JournalEnded(
+            gm=GM,
+            held=HeldTask(spec=SPEC_FULL, attempt=2, accepted_at=1.5, ended_at=9.0, ok=False),
+            learnt_at=9.25,
+        ),
+        "journal_held": JournalHeld(start=START, accepted_at=1_700_000_000.5),
+        "journal_held.stopping": JournalHeld(start=START, accepted_at=3.0, stopping=True),
+        "journal_keep": JournalKeep(gm=GM, user=USER, job_id=JOB, keep=True, at=12.0),
+        "journal_taken": JournalTaken(
+            attempts=(PlacedRef(user=USER, task_id=TaskId("t.0001"), attempt=1),)
+        ),
+        "journal_unreported": JournalUnreported(
+            ended=EndedAttempt(start=START, report=REPORT_FULL)
         ),
         "keep_ends": KeepEnds(gm=GM, lm=LM, user=USER, job_id=JOB, keep=False),
         "launch": LaunchRequest(

@@ -37,18 +37,21 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from common.effects import After, Effect, KillCommand, Reply, RunCommand, ToLm
+from common.effects import After, Effect, KillCommand, Record, Reply, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
     CheckLease,
     CommandExited,
     CommandStarted,
     EndedAttempt,
+    JournalTaken,
+    JournalUnreported,
     LeaseRenewed,
+    PlacedRef,
     Refused,
     Registered,
     RegisterPool,
@@ -94,7 +97,13 @@ class WorkerPool:
     """The tasks on the nodes of one LM's cluster hosted by this pool."""
 
     def __init__(
-        self, lm: LmId, n_nodes: int, *, commands: bool = True, lease_s: float | None = None
+        self,
+        lm: LmId,
+        n_nodes: int,
+        *,
+        commands: bool = True,
+        lease_s: float | None = None,
+        durable: bool = False,
     ) -> None:
         self.lm = lm
         self.lease_s = lease_s
@@ -119,6 +128,10 @@ class WorkerPool:
         self.launch_seq = 0
         """How many rows were ever logged: the number of the newest row."""
         self.counters = WorkerCounters()
+        self._journal: list[object] | None = [] if durable else None
+        """``durable``: unreported ends as they come and go, for the driver to write to
+        the journal before the report leaves (a ``Record``): a pool killed with the rest
+        of the federation still tells its LM what ended, so nothing ended runs again."""
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             StartTasks: self._on_start,
             StopTasks: self._on_stop,
@@ -147,8 +160,20 @@ class WorkerPool:
         if self.lease_s is not None and type(msg) is not LeaseRenewed:
             fenced = self._fence(now, self.lease_s)
             if fenced:
-                return fenced + handler(msg, now)
-        return handler(msg, now)
+                return self._recorded(fenced + handler(msg, now))
+        return self._recorded(handler(msg, now))
+
+    def _recorded(self, effects: list[Effect]) -> list[Effect]:
+        journal = self._journal
+        if journal:
+            effects.append(Record(tuple(journal)))
+            journal.clear()
+        return effects
+
+    def _unreported(self, key: TaskKey, ended: EndedAttempt) -> None:
+        self.unreported[(key, ended.report.attempt)] = ended
+        if self._journal is not None:
+            self._journal.append(JournalUnreported(ended=ended))
 
     def _accept_epoch(self, lm: LmId, epoch: int) -> Refused | None:
         """A command from this pool's LM, of its newest incarnation (or a refusal)."""
@@ -245,9 +270,32 @@ class WorkerPool:
         return [ToLm(self.lm, msg_)]
 
     def _on_reports_taken(self, msg: ReportsTaken, now: float) -> list[Effect]:
-        for rep in msg.reports:
-            self.unreported.pop(((rep.user, rep.task_id), rep.attempt), None)
+        taken = [
+            PlacedRef(user=rep.user, task_id=rep.task_id, attempt=rep.attempt)
+            for rep in msg.reports
+            if self.unreported.pop(((rep.user, rep.task_id), rep.attempt), None) is not None
+        ]
+        if taken and self._journal is not None:
+            self._journal.append(JournalTaken(attempts=tuple(taken)))
         return []
+
+    # ---------------------------------------------------------------- journal
+    def records(self) -> list[object]:
+        """This pool's durable state as journal records (a compacted journal)."""
+        return [JournalUnreported(ended=e) for e in self.unreported.values()]
+
+    def restore(self, records: Iterable[object]) -> None:
+        """Take back the ends a former process of this pool had not had taken: they go
+        to the LM with this process's registration.  (What it ran died with it: its LM
+        runs those attempts again.)"""
+        for r in records:
+            if isinstance(r, JournalUnreported):
+                rep = r.ended.report
+                self.unreported[((rep.user, rep.task_id), rep.attempt)] = r.ended
+            elif isinstance(r, JournalTaken):
+                for t in r.attempts:
+                    self.unreported.pop(((t.user, t.task_id), t.attempt), None)
+        self.counters.journal_restored += len(self.unreported)
 
     def _on_registered(self, msg: Registered, now: float) -> list[Effect]:
         if msg.lm == self.lm:
@@ -295,7 +343,7 @@ class WorkerPool:
             lost = self._report(ReportKind.LOST, r, at, "lease lost")
             # kept until an LM takes it: a new incarnation that never held the task
             # learns from the registration that it must run again
-            self.unreported[(key, r.attempt)] = EndedAttempt(start=r.start, report=lost)
+            self._unreported(key, EndedAttempt(start=r.start, report=lost))
             effects.append(ToLm(self.lm, lost))
         return effects
 
@@ -359,9 +407,7 @@ class WorkerPool:
             self.counters.failed += 1
         kind = ReportKind.FINISHED if ok else ReportKind.FAILED
         report = self._report(kind, r, now, detail)
-        self.unreported[((r.spec.user, r.spec.task_id), r.attempt)] = EndedAttempt(
-            start=r.start, report=report
-        )
+        self._unreported((r.spec.user, r.spec.task_id), EndedAttempt(start=r.start, report=report))
         return [ToLm(self.lm, report)]
 
     def _report(self, kind: ReportKind, r: Running, now: float, detail: str = "") -> WorkerReport:

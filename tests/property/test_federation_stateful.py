@@ -318,7 +318,7 @@ class Federation(RuleBasedStateMachine):
     def nodes_conserve_resources(self) -> None:
         for lm in self.lms.values():
             for n in range(lm.n_nodes):
-                free, cap = lm.free[n], lm.capacity[n]
+                free, cap = lm.free[n], lm.nodes.capacity[n]
                 assert all(0 <= f <= c for f, c in zip(free, cap, strict=True)), (lm.lm_id, n)
                 if not lm.alive[n]:  # dead: nothing placed; held only if this run holds
                     assert not any(free), (lm.lm_id, n)

@@ -243,7 +243,7 @@ def test_the_gm_tells_the_policy_its_cluster_and_the_policy_never_reads_the_gm()
     assert queues.capacity == []  # nothing known before the first snapshot
     lm = make_lm()
     sync_views(gm, lm)
-    total = [sum(c[r] for c in lm.capacity) for r in range(2)]
+    total = [sum(c[r] for c in lm.nodes.capacity) for r in range(2)]
     assert queues.capacity == pytest.approx([0.25 * x for x in total])
     assert not any(v is gm for v in vars(queues).values())
 

@@ -231,8 +231,8 @@ def test_an_lm_keeps_the_ends_of_a_job_its_gm_holds_past_its_retention() -> None
     assert snapshot_ends(lm) == {held.task_id}
     assert keep(lm, "held", False) == []  # settled: let go at once
     assert snapshot_ends(lm) == set()
-    assert not lm.keep_ends
-    assert not lm.kept
+    assert not lm.ends.keep_ends
+    assert not lm.ends.kept
 
 
 def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
@@ -247,14 +247,14 @@ def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
     lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, 0, 1.0), 1.0)
     assert keep(lm, "j", False, at=2.0) == []
     assert keep(lm, "j", True, at=3.0) == []  # the late keep
-    assert not lm.keep_ends
+    assert not lm.ends.keep_ends
     assert lm.counters.stale_keep_ends == 1
     lm.handle(Heartbeat(), 20.0)
     assert snapshot_ends(lm) == set()  # gone after its retention, as any other job's
     keep(lm, "k", True, at=30.0)  # anything after the let-go's memory: taken as it is
     assert not lm.ends.let_go
     assert keep(lm, "j", True, at=31.0) == []
-    assert lm.keep_ends == {(GmId("gm0"), U0, JobId("j")), (GmId("gm0"), U0, JobId("k"))}
+    assert lm.ends.keep_ends == {(GmId("gm0"), U0, JobId("j")), (GmId("gm0"), U0, JobId("k"))}
 
 
 def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> None:
@@ -265,7 +265,7 @@ def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> Non
         (lm.handle(other, 0.0), "wrong_lm"),
     ):
         assert msg == [Reply(Refused(reason=reason, detail=msg[0].msg.detail))]  # type: ignore[attr-defined]
-    assert not lm.keep_ends
+    assert not lm.ends.keep_ends
 
 
 def keeps(effects: Sequence[object]) -> list[tuple[str, str, bool]]:

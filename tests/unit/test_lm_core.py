@@ -110,8 +110,8 @@ def conserved(lm: LocalMaster) -> None:
         for k in lm.nodes.on_node[n]:
             for r, d in enumerate(lm.active[k].spec.demand):
                 held[r] += d
-        assert [f + h for f, h in zip(lm.free[n], held, strict=True)] == list(lm.capacity[n])
-        assert all(0 <= f <= c for f, c in zip(lm.free[n], lm.capacity[n], strict=True))
+        assert [f + h for f, h in zip(lm.free[n], held, strict=True)] == list(lm.nodes.capacity[n])
+        assert all(0 <= f <= c for f, c in zip(lm.free[n], lm.nodes.capacity[n], strict=True))
 
 
 # ------------------------------------------------------------------ launches
@@ -275,7 +275,7 @@ def test_launches_are_idempotent_by_attempt() -> None:
     assert rest == []
     # ... until the finished attempt is forgotten (retain_s): nothing outlives its task
     lm.handle(Heartbeat(), 2.0 + lm.ends.retain_s + 1)
-    assert lm.done == {}
+    assert lm.ends.done == {}
 
 
 def test_a_task_id_used_again_in_a_later_job_is_a_new_task() -> None:
@@ -300,7 +300,7 @@ def test_ended_attempts_are_kept_as_rows_the_collector_untracks() -> None:
     worker(lm, t, 0, ReportKind.FINISHED, 2.0)
     gc.collect()  # tuples of atoms are untracked as collections meet them (the inner
     gc.collect()  # one first, then the one that holds it)
-    assert not gc.is_tracked(lm.done[key(t)])
+    assert not gc.is_tracked(lm.ends.done[key(t)])
     (held,) = lm.snapshot(GM0).held  # a restarted GM still learns all of it
     assert (held.spec, held.attempt, held.ended_at, held.ok) == (t, 1, 2.0, True)
     assert held.started_at >= 0
@@ -340,7 +340,7 @@ def test_repartition_carves_a_logical_node_at_resource_granularity() -> None:
     assert lm.counters.launches == 0
     assert lm.free[1] == [5, 6]  # deducted from the physical node, not the whole node
     assert lm.logical_nodes() == [(key(t), N1, GM0, (3, 2))]
-    assert lm.home == [GM0, GM1]  # the physical node stays in gm1's partition
+    assert lm.nodes.home == [GM0, GM1]  # the physical node stays in gm1's partition
     assert isinstance(rest[0], StartTask)
     evs = worker(lm, t, 1, ReportKind.STARTED, 2.0)
     evs += worker(lm, t, 1, ReportKind.FINISHED, 3.0)
@@ -387,7 +387,7 @@ def test_preemption_frees_exactly_enough_and_launches() -> None:
     assert {(g, m.kind) for g, m in evs} == {(GM1, EventKind.PREEMPTED)}
     # the event says when the attempt started: its run is counted as thrown away
     assert [m.started_at for _, m in evs] == [3.0, 2.0]
-    assert lm.stopping == {}
+    assert lm.nodes.stopping == {}
     assert confirm_stops(lm, effects, 6.0) == []  # a repeated confirmation: nothing more
     assert lm.active.keys() == {key(old), key(want)}
     assert lm.free == [[0, 0]]
@@ -410,7 +410,7 @@ def test_an_unconfirmed_stop_is_settled_when_its_node_is_lost_or_its_pool_restar
             later = lm.handle(RegisterWorkers(lm=LM0, nodes=(N0,), at=3.0), 3.0)
         evs = [e.msg for e in later if isinstance(e, ToGm) and e.msg.task_id == victim.task_id]
         assert [(m.kind, m.attempt) for m in evs] == [(EventKind.PREEMPTED, 1)], how
-        assert lm.stopping == {}
+        assert lm.nodes.stopping == {}
         assert confirm_stops(lm, effects, 4.0) == [], how  # the late answer changes nothing
 
 

@@ -1,0 +1,52 @@
+"""What of an LM outlives every process of its host: its journal's records, folded.
+
+A durable LM writes, before anything of a message leaves it (``common.effects.Record``),
+each change of its active task list and of its list of preempted attempts whose stop
+is unconfirmed (``JournalHeld``, ``JournalDropped``), each end it learnt and each keep or
+let-go of a job's ends (``JournalEnded``, ``JournalKeep``).  A new incarnation folds
+them back (``fold``) in the order written: the last word on an attempt wins; ends and
+keeps are replayed in order by the core, as they happened.
+
+Invariants: an attempt is held at most once per task (a newer ``JournalHeld`` replaces
+it; a ``JournalDropped`` removes it only if it names that attempt); nothing here decides
+or looks at a node.  Owned here only; it returns values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from common.messages import JournalDropped, JournalEnded, JournalHeld, JournalKeep
+from common.model import TaskKey
+
+
+@dataclass(slots=True)
+class Restored:
+    """A journal, folded: what was held, what was stopping, the ends and keeps in order."""
+
+    held: dict[TaskKey, JournalHeld] = field(default_factory=dict)
+    stopping: dict[tuple[TaskKey, int], JournalHeld] = field(default_factory=dict)
+    ends: list[JournalEnded | JournalKeep] = field(default_factory=list)
+
+
+def fold(records: Iterable[object]) -> Restored:
+    """Fold an LM journal's records, oldest first (other records are not an LM's)."""
+    out = Restored()
+    held, stopping = out.held, out.stopping
+    for r in records:
+        if isinstance(r, JournalHeld):
+            key = (r.start.spec.user, r.start.spec.task_id)
+            if r.stopping:
+                stopping[(key, r.start.attempt)] = r
+            else:
+                held[key] = r
+        elif isinstance(r, JournalDropped):
+            key = (r.user, r.task_id)
+            if r.stopping:
+                stopping.pop((key, r.attempt), None)
+            elif key in held and held[key].start.attempt == r.attempt:
+                del held[key]
+        elif isinstance(r, JournalEnded | JournalKeep):
+            out.ends.append(r)
+    return out

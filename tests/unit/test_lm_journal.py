@@ -1,0 +1,259 @@
+"""A durable LM's and pool's journal records: written as state changes, read back whole.
+
+A restart of every process at once (host reboot, ``megha down``/``up``) must lose no
+accepted task and run none twice: a new LM incarnation takes back from its journal what
+the former one held, stopped and saw end, and its pool's registration settles it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common import codec
+from common.effects import Effect, Record, ToGm, ToLm, ToWorker
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.messages import (
+    EndedAttempt,
+    EventKind,
+    Heartbeat,
+    JournalDropped,
+    JournalEnded,
+    JournalHeld,
+    KeepEnds,
+    LaunchResponse,
+    PreemptRequest,
+    RegisterWorkers,
+    ReportKind,
+    ReportsTaken,
+    StartTask,
+    StartTasks,
+    TaskDue,
+    WorkerReport,
+    WorkerReports,
+)
+from common.model import NodeSpec, TaskSpec
+from local_master.core import LocalMaster
+from tests.conftest import ALL, launch_req, make_task
+from worker.core import WorkerPool
+
+LM0 = LmId("lm0")
+GM0, GM1 = GmId("gm0"), GmId("gm1")
+NODES = [NodeSpec(capacity=(4, 4), constraints=ALL)] * 3
+
+
+def durable_lm(*, epoch: int = 1, awaiting: bool = False) -> LocalMaster:
+    return LocalMaster(
+        LM0, NODES, [GM0, GM0, GM1], gms=[GM0, GM1], epoch=epoch, durable=True,
+        awaiting_workers=awaiting,
+    )  # fmt: skip
+
+
+def records(effects: Iterable[Effect]) -> list[object]:
+    """The journal records among ``effects``, as the disk gives them back (encoded)."""
+    out: list[object] = []
+    for e in effects:
+        if isinstance(e, Record):
+            out.extend(codec.decode(codec.encode(r)) for r in e.records)
+    return out
+
+
+def report(kind: ReportKind, spec: TaskSpec, node: int, attempt: int, at: float) -> WorkerReport:
+    return WorkerReport(
+        kind=kind, node=NodeIndex(node), user=spec.user, task_id=spec.task_id, attempt=attempt,
+        gm=GM0, at=at, worker_at=at, started_at=at, job_id=spec.job_id,
+    )  # fmt: skip
+
+
+def state(lm: LocalMaster) -> tuple[object, ...]:
+    """What a restart must keep: held attempts, stopping ones, ends, keeps."""
+    n = lm.nodes
+    return (
+        {k: (a.attempt, a.node, a.gm, a.accepted_at) for k, a in n.active.items()},
+        {k: (a.node, a.gm) for k, a in n.stopping.items()},
+        {k: (g, row, at) for k, (g, row, at) in lm.ends.done.items()},
+        set(lm.ends.keep_ends),
+        {j: dict(v) for j, v in lm.ends.kept.items()},
+    )
+
+
+def reborn(journal: Sequence[object], now: float) -> LocalMaster:
+    lm = durable_lm(epoch=2, awaiting=True)
+    lm.restore(journal, now)
+    return lm
+
+
+def register(lm: LocalMaster, now: float, ended: Sequence[EndedAttempt] = ()) -> list[Effect]:
+    nodes = tuple(NodeIndex(i) for i in range(len(NODES)))
+    return lm.handle(RegisterWorkers(lm=LM0, nodes=nodes, at=now, ended=tuple(ended)), now)
+
+
+def test_a_launch_and_an_end_are_written_before_anything_leaves() -> None:
+    lm = durable_lm()
+    t = make_task(job="j1")
+    effects = lm.handle(launch_req(t, node=0), 1.0)
+    assert isinstance(effects[-1], Record)
+    (held,) = records(effects)
+    assert isinstance(held, JournalHeld)
+    assert (held.start.spec, held.start.attempt, held.start.node) == (t, 1, 0)
+    effects = lm.handle(
+        WorkerReports(lm=LM0, reports=(report(ReportKind.FINISHED, t, 0, 1, 2.0),)), 2.0
+    )
+    dropped, ended = records(effects)
+    assert isinstance(dropped, JournalDropped)
+    assert dropped.attempt == 1
+    assert isinstance(ended, JournalEnded)
+    assert ended.held.ok
+    assert ended.learnt_at == 2.0
+
+
+def test_an_lm_that_is_not_durable_writes_nothing() -> None:
+    lm = LocalMaster(LM0, NODES, [GM0, GM0, GM1], gms=[GM0, GM1])
+    effects = lm.handle(launch_req(make_task(), node=0), 1.0)
+    assert not [e for e in effects if isinstance(e, Record)]
+
+
+def test_after_every_process_died_the_held_attempts_run_again_once() -> None:
+    lm = durable_lm()
+    running, finished, victim = make_task(job="j"), make_task(job="j"), make_task(user="u1")
+    journal = records(lm.handle(launch_req(running, node=0), 1.0))
+    journal += records(lm.handle(launch_req(finished, node=1), 1.0))
+    journal += records(lm.handle(launch_req(victim, node=2, gm="gm1"), 1.0))
+    rep = report(ReportKind.FINISHED, finished, 1, 1, 3.0)
+    journal += records(lm.handle(WorkerReports(lm=LM0, reports=(rep,)), 3.0))
+    big = make_task(cpu=4, mem=4, user="u0")
+    pre = PreemptRequest(
+        gm=GM1, lm=LM0, request_id=1, spec=big, attempt=1, victim=UserId("u1"), known_version=-1
+    )
+    journal += records(lm.handle(pre, 4.0))
+    assert lm.nodes.stopping  # the victim's stop is not confirmed when everything dies
+    # every process dies; the new incarnation reads the journal back
+    new = reborn(journal, 10.0)
+    assert state(new)[0].keys() == state(lm)[0].keys()
+    assert state(new)[1:3] == state(lm)[1:3]
+    refused = new.handle(launch_req(make_task(), node=0), 10.0)
+    assert "not_ready" in repr(refused)  # nothing placed before the pool registered
+    effects = register(new, 11.0)
+    evs = [e.msg for e in effects if isinstance(e, ToGm)]
+    starts = [e.msg for e in effects if isinstance(e, ToWorker) and isinstance(e.msg, StartTask)]
+    # what ran when the pool died runs again, as a newer attempt, once
+    relaunched = {(ev.task_id, ev.attempt) for ev in evs if ev.kind == EventKind.RELAUNCHED}
+    assert relaunched == {(running.task_id, 2), (big.task_id, 2)}
+    assert sorted(s.spec.task_id for s in starts) == sorted([running.task_id, big.task_id])
+    # the preempted victim goes back to its GM; the finished task is not run again
+    assert [ev.task_id for ev in evs if ev.kind == EventKind.PREEMPTED] == [victim.task_id]
+    again = new.handle(launch_req(finished, node=1), 12.0)
+    (answer,) = [e.msg for e in again if isinstance(e.msg, LaunchResponse)]
+    assert answer.results[0].reason == "finished"
+
+
+def test_an_attempt_the_pool_reports_ended_is_settled_not_run_again() -> None:
+    lm = durable_lm()
+    t = make_task(job="j")
+    journal = records(lm.handle(launch_req(t, node=0), 1.0))
+    new = reborn(journal, 5.0)
+    start = StartTask(node=NodeIndex(0), spec=t, attempt=1, gm=GM0)
+    ended = EndedAttempt(start=start, report=report(ReportKind.FINISHED, t, 0, 1, 4.0))
+    effects = register(new, 6.0, [ended])
+    evs = [e.msg for e in effects if isinstance(e, ToGm)]
+    assert [(ev.kind, ev.attempt) for ev in evs] == [(EventKind.FINISHED, 1)]
+    assert not [e for e in effects if isinstance(e, ToWorker)]
+    assert not new.nodes.active
+    assert (t.user, t.task_id) in new.ends.done
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("launch"), st.integers(0, 7), st.integers(0, 2), st.integers(1, 3)),
+        st.tuples(st.just("end"), st.integers(0, 7), st.booleans(), st.just(0)),
+        st.tuples(st.just("preempt"), st.integers(0, 7), st.integers(0, 2), st.just(0)),
+        st.tuples(st.just("stopped"), st.integers(0, 7), st.just(0), st.just(0)),
+        st.tuples(st.just("keep"), st.integers(0, 1), st.booleans(), st.just(0)),
+        st.tuples(st.just("tick"), st.integers(1, 200), st.just(0), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_the_journal_and_its_compaction_give_back_the_same_state(
+    seq: list[tuple[str, int, object, int]],
+) -> None:
+    lm = durable_lm()
+    specs = [
+        TaskSpec(
+            task_id=TaskId(f"t{i}"),
+            job_id=JobId(f"j{i % 2}"),
+            user=UserId(f"u{i % 2}"),
+            demand=(1 + i % 3, 1),
+            duration=5.0,
+        )
+        for i in range(8)
+    ]
+    now, journal = 1.0, []
+    for op, i, arg, attempt in seq:
+        now += 1.0
+        spec = specs[i % len(specs)]
+        key = (spec.user, spec.task_id)
+        if op == "launch":
+            effects = lm.handle(launch_req(spec, node=int(arg), attempt=attempt), now)  # type: ignore[call-overload]
+        elif op == "end" and key in lm.nodes.active:
+            a = lm.nodes.active[key]
+            kind = ReportKind.FINISHED if arg else ReportKind.FAILED
+            rep = report(kind, spec, a.node, a.attempt, now)
+            effects = lm.handle(WorkerReports(lm=LM0, reports=(rep,)), now)
+        elif op == "preempt":
+            big = TaskSpec(
+                task_id=TaskId(f"p{now}"), job_id=JobId("p"), user=UserId("u9"),
+                demand=(4, 4), duration=1.0,
+            )  # fmt: skip
+            req = PreemptRequest(
+                gm=GM0, lm=LM0, request_id=1, spec=big, attempt=1, victim=spec.user,
+                known_version=-1,
+            )  # fmt: skip
+            effects = lm.handle(req, now)
+        elif op == "stopped" and lm.nodes.stopping:
+            (k, att), a = next(iter(lm.nodes.stopping.items()))
+            rep = WorkerReport(
+                kind=ReportKind.STOPPED, node=a.node, user=k[0], task_id=k[1], attempt=att,
+                gm=a.gm, at=now, worker_at=now,
+            )  # fmt: skip
+            effects = lm.handle(WorkerReports(lm=LM0, reports=(rep,)), now)
+        elif op == "keep":
+            msg = KeepEnds(
+                gm=GM0, lm=LM0, user=UserId(f"u{i}"), job_id=JobId(f"j{i}"), keep=bool(arg)
+            )
+            effects = lm.handle(msg, now)
+        elif op == "tick":
+            now += i
+            effects = lm.handle(Heartbeat(), now)
+        else:
+            continue
+        journal += records(effects)
+        assert state(reborn(journal, now)) == state(lm)
+    compacted = [codec.decode(codec.encode(r)) for r in lm.records()]
+    assert state(reborn(compacted, now)) == state(lm)
+
+
+def test_a_pool_keeps_its_unreported_ends_across_its_death() -> None:
+    pool = WorkerPool(LM0, 2, commands=False, durable=True)
+    t = make_task()
+    start = StartTask(node=NodeIndex(0), spec=t, attempt=1, gm=GM0)
+    journal = records(pool.handle(StartTasks(lm=LM0, epoch=1, tasks=(start,)), 1.0))
+    assert journal == []  # what runs dies with the pool: its LM runs it again
+    effects = pool.handle(TaskDue(user=t.user, task_id=t.task_id, attempt=1), 6.0)
+    journal += records(effects)
+    (ended_report,) = [e.msg for e in effects if isinstance(e, ToLm)]
+    reborn_pool = WorkerPool(LM0, 2, commands=False, durable=True)
+    reborn_pool.restore(journal)
+    assert [e.report.task_id for e in reborn_pool.unreported.values()] == [t.task_id]
+    # the LM took it: gone from the journal too
+    journal += records(pool.handle(ReportsTaken(reports=(ended_report,)), 7.0))
+    again = WorkerPool(LM0, 2, commands=False, durable=True)
+    again.restore(journal)
+    assert again.unreported == {}
+    again.restore([codec.decode(codec.encode(r)) for r in pool.records()])
+    assert again.unreported == {}
