@@ -456,12 +456,24 @@ def jain_windows(
     return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
 
 
+_Attempt = tuple[tuple[str, str], int]
+"""(user, task id) and attempt number."""
+
+
 class DuplicateLaunches:
     """Tasks that ran twice, from the worker pools' logs read as they come (``add`` one
     row: ``what`` start, end or stop; an attempt's rows come from one pool, in order):
     two attempts of one task running at the same time (in one pool or several), the
     same attempt started twice, or a task that ended twice.  Keeps per task only its
     attempts' spans and its count of ends, not the rows.
+
+    A pool process's attempts end with it.  A row naming its ``pool`` and that pool
+    process's ``incarnation`` (``LaunchLog`` adds both), or ``heard`` (the pool
+    answered), says when the incarnation was last known alive; once a newer incarnation
+    of the pool is heard of, the older one's attempts that logged no end are taken as
+    ended then (killed with their process), not as running beside their relaunch, and
+    such an attempt may start again.  An incarnation no newer one followed keeps its
+    attempts running to the end of the log (a pool that never came back cannot say).
 
     With ``horizon_s`` (a long run), a task that ended and whose every attempt ended is
     judged once no row of it came for ``horizon_s`` (log time: the latest ``at`` seen)
@@ -475,22 +487,57 @@ class DuplicateLaunches:
         self.horizon_s = horizon_s
         self._ended: deque[tuple[float, tuple[str, str]]] = deque()
         self._latest = -math.inf
+        self._pools: dict[str, tuple[str, float]] = {}
+        """Pool -> its latest incarnation and when that was last heard of."""
+        self._running: dict[tuple[str, str], set[_Attempt]] = {}
+        """(pool, incarnation) -> its attempts started and not ended."""
+        self._died: set[_Attempt] = set()
+        """Attempts ended with their pool's incarnation."""
         self.rows = 0
         """Rows checked (a check that read nothing found nothing)."""
+        self.restarts = 0
+        """Pools heard of under a new incarnation."""
+
+    def heard(self, pool: str, incarnation: str, at: float) -> None:
+        """Pool ``pool``'s process ``incarnation`` was alive at ``at``: an older
+        incarnation's attempts ended when it was last heard of."""
+        known = self._pools.get(pool)
+        if known is not None and known[0] != incarnation:
+            self.restarts += 1
+            self._end_incarnation(pool, *known)
+            known = None
+        self._pools[pool] = (incarnation, at if known is None else max(known[1], at))
+
+    def _end_incarnation(self, pool: str, incarnation: str, last: float) -> None:
+        for task, attempt in self._running.pop((pool, incarnation), ()):
+            span = self.spans.get(task, {}).get(attempt)
+            if span is not None and span[1] == math.inf:
+                span[1] = max(span[0], last)
+                self._died.add((task, attempt))
 
     def add(self, row: Mapping[str, Any]) -> None:
         self.rows += 1
         task = (str(row["user"]), str(row["task_id"]))
         attempt, at = int(row["attempt"]), float(row["at"])
+        where = None
+        if row.get("incarnation") is not None:
+            where = (str(row["pool"]), str(row["incarnation"]))
+            self.heard(*where, at)
         spans = self.spans.setdefault(task, {})
         if row["what"] == "start":
             if attempt in spans:
-                self.twice.add(task)
+                if (task, attempt) not in self._died or _overlap(spans):
+                    self.twice.add(task)
+                self._died.discard((task, attempt))
             spans[attempt] = [at, math.inf]
+            if where is not None:
+                self._running.setdefault(where, set()).add((task, attempt))
         else:
             span = spans.get(attempt)
             if span is not None and span[1] == math.inf:
                 span[1] = at
+            if where is not None:
+                self._running.get(where, set()).discard((task, attempt))
             if row["what"] == "end":
                 n = self.ends[task] = self.ends.get(task, 0) + 1
                 if n > 1:
@@ -517,6 +564,8 @@ class DuplicateLaunches:
                 continue
             if _overlap(spans):
                 self.twice.add(task)
+            for attempt in spans:
+                self._died.discard((task, attempt))
             del self.spans[task]
             self.ends.pop(task, None)
 

@@ -217,8 +217,9 @@ async def measure_floor(
 class LaunchLog:
     """The worker pools' logs of starts, ends and stops, followed as they grow (each
     pool keeps only its latest rows): ``poll`` fetches what is new since the last
-    call into ``check`` (or ``rows`` with ``keep``); ``missed`` counts rows a pool
-    dropped before they were read."""
+    call into ``check`` (or ``rows`` with ``keep``), each row with its ``pool`` and
+    that pool process's ``incarnation``; ``missed`` counts rows a pool dropped before
+    they were read."""
 
     def __init__(
         self,
@@ -234,6 +235,7 @@ class LaunchLog:
         self.check = DuplicateLaunches(horizon_s)
         self.missed = 0
         self._after: dict[LmId, int] = {}
+        self._incarnation: dict[LmId, object] = {}
 
     async def poll(self, session: aiohttp.ClientSession, *, record: bool = True) -> None:
         """What each pool logged since the last poll (a pool that is down says nothing);
@@ -242,18 +244,30 @@ class LaunchLog:
             after = self._after.get(lm, 0)
             try:
                 page = await self._page(session, lm, after)
-                if int(page["next"]) < after:  # the pool restarted: its log began anew
+                if after and self._restarted(lm, page, after):  # its log began anew
                     page = await self._page(session, lm, 0)
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, DecodeError):
                 continue
             self._after[lm] = int(page["next"])
+            pool, incarnation = f"{lm}-workers", page.get("incarnation")
+            self._incarnation[lm] = incarnation
+            if incarnation is not None:
+                self.check.heard(pool, str(incarnation), float(page["at"]))
             if not record:
                 continue
             self.missed += int(page["missed"])
             for row in page["launches"]:
+                row["pool"], row["incarnation"] = pool, incarnation
                 self.check.add(row)
             if self.keep:
                 self.rows.extend(page["launches"])
+
+    def _restarted(self, lm: LmId, page: Any, after: int) -> bool:
+        """Another process of the pool answered (or, from a pool that does not name
+        its incarnation, one whose log is shorter than what was read)."""
+        if page.get("incarnation") is not None and lm in self._incarnation:
+            return bool(page["incarnation"] != self._incarnation[lm])
+        return int(page["next"]) < after
 
     async def _page(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> Any:
         path = f"/v1/launches?after={after}"
@@ -754,6 +768,7 @@ def summarize_run(
             "duplicate_launch_ids": dup["tasks"],
             "launch_log_rows": run.launches.check.rows,
             "launch_log_rows_missed": run.launches.missed,
+            "launch_log_pool_restarts": run.launches.check.restarts,
             "duplicate_outcomes": out.duplicates,
             "throughput_tasks_per_s": started / (last - first) if last > first else 0.0,
             "offered_tasks_per_s": tally.tasks.tasks / run.submit_span

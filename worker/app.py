@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -84,6 +85,8 @@ class WorkerService:
         self.http: h1.Client | None = None
         self.lm: Peer | None = None
         self.registered = asyncio.Event()
+        self.incarnation = uuid.uuid4().hex
+        """This process: its launch log began with it, and its tasks end with it."""
         self.reports: Batcher[str, WorkerReport] = Batcher(
             self.sup, self._send_reports, "reports to the LM", max_items=2000,
             linger_s=cfg.linger_s, headroom=lambda: self.core.idle_nodes(),
@@ -223,7 +226,9 @@ LAUNCH_FIELDS = ("what", "user", "task_id", "attempt", "node", "at")
 async def launches_handler(request: web.Request) -> web.Response:
     """The pool's latest starts, ends and stops (operators; the fault suite):
     ``?after=N`` for the rows numbered above N; ``next`` is the cursor for the next
-    call, ``missed`` the rows above N the bounded log no longer holds."""
+    call, ``missed`` the rows above N the bounded log no longer holds; ``incarnation``
+    names this process (a restarted pool's log begins anew, and what ran in the old
+    one ended with it), ``at`` is its clock as it answers."""
     svc = request.app[SERVICE_KEY]
     assert isinstance(svc, WorkerService)
     try:
@@ -239,6 +244,8 @@ async def launches_handler(request: web.Request) -> web.Response:
         "launches": [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in rows],
         "next": svc.core.launch_seq,
         "missed": missed,
+        "incarnation": svc.incarnation,
+        "at": time.time(),
     }
     if request.headers.get("Accept") == MSGPACK:  # the bench polls it while it measures
         return web.Response(body=codec.pack_plain(page), content_type=MSGPACK)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from dataclasses import replace
+from typing import Any, cast
 
+import pytest
+
+from common.config import load_config
 from common.metrics import DuplicateLaunches, duplicate_launches
+from request_generator.bench import LaunchLog
 
 
 def row(what: str, task: str, attempt: int, at: float, user: str = "u0") -> dict[str, Any]:
@@ -71,3 +77,107 @@ def test_without_a_horizon_nothing_is_forgotten() -> None:
         check.add(row("start", f"t{i}", 1, i * 10.0))
         check.add(row("end", f"t{i}", 1, i * 10.0 + 1))
     assert len(check.spans) == 100
+
+
+def pool_row(what: str, task: str, attempt: int, at: float, pool: str, inc: str) -> dict[str, Any]:
+    """A row as ``LaunchLog`` hands it on: with its pool and that pool process."""
+    return {**row(what, task, attempt, at), "pool": pool, "incarnation": inc}
+
+
+def test_attempts_of_a_killed_pool_end_with_it() -> None:
+    """The outside run of issue 32: lm2-workers SIGKILLed with attempt 1 running (no end
+    row), back 2 s later under a new process, attempt 2 relaunched there 5 s later.
+    Not a duplicate: the attempt died with its process."""
+    log = [
+        pool_row("start", "a", 1, 10.0, "lm2-workers", "p1"),
+        pool_row("start", "b", 1, 10.5, "lm2-workers", "p1"),
+        pool_row("end", "b", 1, 11.0, "lm2-workers", "p1"),
+        pool_row("start", "a", 2, 16.0, "lm2-workers", "p2"),
+        pool_row("end", "a", 2, 17.0, "lm2-workers", "p2"),
+        # the same attempt again (the LM re-sent its start): it died too
+        pool_row("start", "c", 1, 10.2, "lm2-workers", "p1"),
+        pool_row("start", "c", 1, 16.1, "lm2-workers", "p2"),
+        pool_row("end", "c", 1, 17.1, "lm2-workers", "p2"),
+    ]
+    assert duplicate_launches(log) == {"count": 0, "tasks": []}
+    # read as the bench reads it: the new process answered before it logged anything,
+    # and the relaunch of "a" was on another pool
+    check = DuplicateLaunches(horizon_s=5.0)
+    check.heard("lm2-workers", "p1", 9.0)
+    check.add(log[0])
+    check.heard("lm2-workers", "p1", 12.0)  # its last answer; killed after
+    check.heard("lm2-workers", "p2", 15.0)  # back, under another process
+    check.add(pool_row("start", "a", 2, 16.0, "lm0-workers", "q1"))
+    check.add(pool_row("end", "a", 2, 17.0, "lm0-workers", "q1"))
+    assert check.result() == {"count": 0, "tasks": []}
+    assert check.restarts == 1
+
+
+def test_a_pool_restart_hides_no_real_duplicate() -> None:
+    """Two attempts both running, or both ending finished, are still found, whatever
+    pool restarted in between."""
+    log = [
+        # attempt 1 runs on in lm0-workers (never restarted) beside attempt 2
+        pool_row("start", "both", 1, 1.0, "lm0-workers", "q1"),
+        pool_row("start", "both", 2, 2.0, "lm1-workers", "r1"),
+        pool_row("end", "both", 2, 3.0, "lm1-workers", "r1"),
+        # attempt 1 finished before its pool died; attempt 2 finished in the new process
+        pool_row("start", "ended", 1, 1.0, "lm2-workers", "p1"),
+        pool_row("end", "ended", 1, 2.0, "lm2-workers", "p1"),
+        pool_row("start", "ended", 2, 6.0, "lm2-workers", "p2"),
+        pool_row("end", "ended", 2, 7.0, "lm2-workers", "p2"),
+        # relaunched elsewhere while the first process still answered: both ran
+        pool_row("start", "early", 1, 1.0, "lm2-workers", "p1"),
+        pool_row("start", "early", 2, 3.0, "lm1-workers", "r1"),
+        pool_row("end", "early", 2, 3.5, "lm1-workers", "r1"),
+        pool_row("start", "late", 1, 4.0, "lm2-workers", "p1"),  # p1 heard of at 4.0
+        pool_row("start", "z", 1, 6.5, "lm2-workers", "p2"),
+    ]
+    found = duplicate_launches(log)
+    assert found == {"count": 3, "tasks": ["u0/both", "u0/early", "u0/ended"]}
+
+
+class FakePool:
+    """``LaunchLog._page`` of pools whose process may change: ``rows`` numbered from 1."""
+
+    def __init__(self) -> None:
+        self.incarnation = "p1"
+        self.rows: list[dict[str, Any]] = []
+        self.now = 0.0
+
+    def restart(self, now: float) -> None:
+        self.incarnation, self.rows, self.now = self.incarnation + "'", [], now
+
+    async def page(self, _session: object, _lm: object, after: int) -> dict[str, Any]:
+        return {
+            "launches": [dict(r) for r in self.rows[after:]],
+            "next": len(self.rows),
+            "missed": 0,
+            "incarnation": self.incarnation,
+            "at": self.now,
+        }
+
+
+def test_the_bench_tells_a_restarted_pool_by_its_incarnation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pool back under a new process whose log already grew past the bench's cursor
+    (the old test, "next went down", misses it): its log is read from its start, and
+    the attempt that died with the old process is no duplicate of its relaunch."""
+    cfg = replace(load_config(None), lms=1)
+    pool = FakePool()
+    log = LaunchLog(cfg, cast(Any, None), horizon_s=120.0)
+    monkeypatch.setattr(log, "_page", pool.page)
+
+    async def run() -> None:
+        await log.poll(cast(Any, None), record=False)
+        pool.rows, pool.now = [row("start", "a", 1, 1.0), row("start", "b", 1, 1.1)], 1.5
+        await log.poll(cast(Any, None))
+        pool.restart(now=8.0)  # killed; back; the LM relaunched both at once
+        pool.rows = [row("start", "b", 2, 8.1), row("start", "a", 2, 8.2), row("end", "a", 2, 9)]
+        await log.poll(cast(Any, None))
+
+    asyncio.run(run())
+    assert log.check.rows == 5  # all of the new process's rows, none skipped
+    assert log.check.restarts == 1
+    assert log.check.result() == {"count": 0, "tasks": []}
