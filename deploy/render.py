@@ -4,7 +4,12 @@
 each starts; this module turns a federation TOML into the files that run those
 processes elsewhere, so ``megha up``, compose and Kubernetes cannot drift apart:
 
-* ``docker-compose.yml`` from ``deploy/compose/federation.toml``;
+* ``docker-compose.yml`` from ``deploy/compose/federation.toml``: containers on a
+  bridge network, reached by service name, ports published (a normal Docker host);
+* ``docker-compose.host.yml`` and ``deploy/compose/federation.host.toml`` from the same
+  TOML, for a host where containers may only share the host's network: every container
+  ``network_mode: host``, each process on its own 127.0.0.1 port, the broker on ports
+  of its own (``HOST_BROKER``), beside any broker the machine runs;
 * ``deploy/kubernetes/overlays/<name>/megha.yaml`` from that overlay's
   ``federation.toml``: one Deployment per GM, one StatefulSet (active + standby) per
   LM, one Deployment per LM's worker pool, their Services, disruption budgets and the
@@ -37,6 +42,8 @@ import os
 import secrets
 import subprocess
 import sys
+import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +54,7 @@ from common.config import (
     FederationConfig,
     ProcessSpec,
     load_config,
+    parse_config,
     process_plan,
 )
 from common.errors import ConfigError
@@ -69,6 +77,8 @@ Manifest = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_CONFIG = ROOT / "deploy" / "compose" / "federation.toml"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+COMPOSE_HOST_CONFIG = ROOT / "deploy" / "compose" / "federation.host.toml"
+COMPOSE_HOST_FILE = ROOT / "docker-compose.host.yml"
 OVERLAYS = ROOT / "deploy" / "kubernetes" / "overlays"
 
 CONFIG_PATH = "/etc/megha/config/federation.toml"
@@ -77,7 +87,11 @@ SECRET_ENV = "MEGHA_SECRET_FILE"
 HOME_ENV = "MEGHA_HOME"
 INSTANCE_ENV = "MEGHA_INSTANCE"
 RABBITMQ_IMAGE = "rabbitmq:4.1-management"
-"""4.1 or later: its Kubernetes peer discovery needs no access to the Kubernetes API."""
+"""Kubernetes (deploy/kubernetes/base): 4.1 or later, whose Kubernetes peer discovery
+needs no access to the Kubernetes API."""
+COMPOSE_RABBITMQ_IMAGE = "${MEGHA_RABBITMQ_IMAGE:-megha-rabbitmq:dev}"
+"""compose: built from Debian's rabbitmq-server (deploy/images/rabbitmq), so the whole
+federation builds with no registry."""
 AMQP_PORT = 5672
 MEGHA_UID = 10001
 """The Dockerfile's ``USER``; the pods run as it."""
@@ -177,7 +191,10 @@ def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
     if not cookie.exists():
         write_private(cookie, (secrets.token_hex(32) + "\n").encode())
     made.append(cookie)
-    env = f"MEGHA_SECRETS={directory}\nMEGHA_UID={os.getuid()}\nMEGHA_GID={os.getgid()}\n"
+    env = (
+        f"MEGHA_SECRETS={directory}\nMEGHA_UID={os.getuid()}\nMEGHA_GID={os.getgid()}\n"
+        f"COMPOSE_PROJECT_NAME={cfg.name}\n"
+    )
     write_private(directory / COMPOSE_ENV_FILENAME, env.encode())
     text = yaml.safe_dump(secrets_kustomization(cfg, directory), sort_keys=False)
     write_private(directory / KUSTOMIZATION_FILENAME, (KUSTOMIZATION_HEADER + text).encode())
@@ -236,8 +253,17 @@ def _mounts(private: Manifest) -> list[Manifest]:
 
 
 def _health_test(port: int) -> list[str]:
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=2)"
-    return ["CMD", "python3", "-c", probe]
+    """``GET /health`` answered 200, asked by bash over ``/dev/tcp``: a probe runs every
+    interval in every container for as long as it runs, and a Python interpreter per
+    probe cost ~15x the CPU (3.3 s against 0.7 s of wall time for 5 ``docker exec``s at a
+    load average of 21 here)."""
+    ask = (
+        f"exec 3<>/dev/tcp/127.0.0.1/{port}"
+        ' && printf "GET /health HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nConnection: close\\r\\n\\r\\n" >&3'
+        " && read -r status <&3"
+        ' && [[ $$status == "HTTP/"*" 200 "* ]]'
+    )
+    return ["CMD", "bash", "-c", ask]
 
 
 def _compose_secrets(cfg: FederationConfig) -> dict[str, Manifest]:
@@ -254,9 +280,147 @@ def _compose_secrets(cfg: FederationConfig) -> dict[str, Manifest]:
     return out
 
 
-def compose(cfg: FederationConfig) -> Manifest:
-    """The compose project: the broker, every process of the plan, and a bench profile."""
-    plan = process_plan(cfg, CONFIG_PATH)
+NETWORKS = ("bridge", "host")
+"""The compose files' network modes: ``docker-compose.yml`` and ``docker-compose.host.yml``."""
+HOST_BROKER = {"amqp": 5673, "epmd": 4370, "dist": 25673}
+"""The host-network broker's ports, on 127.0.0.1: not 5672, 4369 and 25672, which a
+broker of the machine's own may hold (Debian's rabbitmq-server does)."""
+HOST_NODENAME = "megha@localhost"
+"""The host-network broker's Erlang node (the machine's broker is ``rabbit@localhost``)."""
+STATE_DIR = "/var/lib/megha"
+"""Where each LM and worker pool has a named volume of its own (``NAME-state``), which
+outlives its container and ``docker compose down`` (but not ``down -v``): the place for
+what such a process must keep across a restart of the whole federation (issue 30).  The
+image makes it writable by any uid, as compose runs the processes as the secrets' owner."""
+RABBITMQ_CONF = "./deploy/compose/rabbitmq/rabbitmq.conf"
+HEALTH_INTERVAL = "3s"
+"""How often every container is probed, from start to end (compose 1.x knows no
+``start_interval``): a service that depends on another starts up to this much after it
+is healthy."""
+
+
+def compose_config_file(network: str) -> Path:
+    """The federation TOML the compose file of ``network`` mounts into every container."""
+    return COMPOSE_CONFIG if network == "bridge" else COMPOSE_HOST_CONFIG
+
+
+def host_network(cfg: FederationConfig) -> FederationConfig:
+    """``cfg`` for containers that share the host's network: every process binds and is
+    reached on 127.0.0.1 at the port it has in ``cfg``; the broker is on its own ports."""
+    addresses = {name: f"127.0.0.1:{cfg.address(name)[1]}" for name in cfg.process_names}
+    return replace(
+        cfg,
+        host="127.0.0.1",
+        listen="127.0.0.1",
+        addresses=addresses,
+        broker_url=f"amqp://127.0.0.1:{HOST_BROKER['amqp']}/",
+    ).validate()
+
+
+def host_network_toml(path: Path) -> str:
+    """``host_network`` of the TOML at ``path`` as a TOML: that file's own keys, with the
+    host network's interface, addresses and broker (a default changed in common.config
+    changes neither file)."""
+    table = tomllib.loads(path.read_text())["federation"]
+    host = host_network(parse_config({"federation": table}, env={}))
+    table.update(
+        host=host.host, listen=host.listen, broker_url=host.broker_url, addresses=host.addresses
+    )
+    lines = ["[federation]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for key, sub in table.items():
+        if isinstance(sub, dict):
+            lines += ["", f"[federation.{key}]"]
+            lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in sorted(sub.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
+
+
+def _rabbitmq_service(network: str) -> Manifest:
+    """The broker: Debian's RabbitMQ, importing the secrets' definitions at boot."""
+    port = AMQP_PORT if network == "bridge" else HOST_BROKER["amqp"]
+    svc: Manifest = {
+        "image": COMPOSE_RABBITMQ_IMAGE,
+        # as the owner of the definitions (0600); the image's data directory is
+        # writable by any uid (mode 1777), so a fresh volume is too
+        "user": COMPOSE_USER,
+        "secrets": [{"source": "rabbitmq-definitions", "target": "/etc/rabbitmq/definitions.json"}],
+        "volumes": [
+            "rabbitmq-data:/var/lib/rabbitmq",
+            f"{RABBITMQ_CONF}:/etc/rabbitmq/conf.d/20-megha.conf:ro",
+        ],
+        # Its listeners open once the boot (the definitions' import included) is done.
+        # Not rabbitmq-diagnostics: each run starts an Erlang VM (~1 s of CPU, every
+        # interval, for as long as the broker runs).
+        "healthcheck": {
+            "test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"],
+            "interval": HEALTH_INTERVAL,
+            "timeout": "3s",
+            "retries": 60,
+            "start_period": "10s",
+        },
+        "restart": "unless-stopped",
+    }
+    if network == "bridge":
+        svc["hostname"] = "rabbitmq"
+        svc["ports"] = [f"{AMQP_PORT}:{AMQP_PORT}"]
+        return svc
+    svc["network_mode"] = "host"
+    svc["environment"] = {
+        "RABBITMQ_NODENAME": HOST_NODENAME,
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(HOST_BROKER["dist"]),
+        "ERL_EPMD_PORT": str(HOST_BROKER["epmd"]),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+    }
+    return svc
+
+
+def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Manifest:
+    """Process ``p`` of the plan: its command, keys, broker login, health, dependencies."""
+    env = {k: v for k, v in p.env.items() if p.role in BROKER_ROLES or k != BROKER_ENV}
+    env[SECRET_ENV] = f"{RUN_SECRETS}/megha-secret"
+    mounts: list[Manifest | str] = ["megha-secret"]
+    depends: dict[str, Manifest] = {}
+    if p.role in BROKER_ROLES:
+        env[CREDENTIALS_ENV] = f"{RUN_SECRETS}/megha-broker"
+        mounts.append({"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"})
+        depends["rabbitmq"] = {"condition": "service_healthy"}
+    if p.role == "gm":
+        env[USERS_FILE_ENV] = f"{RUN_SECRETS}/megha-users"
+        mounts.append("megha-users")
+        depends.update({lm: {"condition": "service_healthy"} for lm in cfg.lm_ids})
+    svc: Manifest = {**base, "command": p.argv, "environment": env, "secrets": mounts}
+    if p.role != "gm":
+        svc["volumes"] = [*base["volumes"], f"{p.name}-state:{STATE_DIR}"]
+    if "network_mode" not in base:
+        svc["ports"] = [f"{p.port}:{p.port}"]
+    svc["healthcheck"] = {
+        "test": _health_test(p.port),
+        "interval": HEALTH_INTERVAL,
+        "timeout": "3s",
+        "retries": 30,
+        "start_period": "5s",
+    }
+    if depends:
+        svc["depends_on"] = depends
+    return svc
+
+
+def compose(cfg: FederationConfig, network: str = "bridge") -> Manifest:
+    """The compose project: the broker, every process of the plan, and a bench profile;
+    ``network`` "bridge" (service names, published ports) or "host" (``cfg`` as
+    ``host_network`` made it: every container on the host's network)."""
+    config_file = f"./{compose_config_file(network).relative_to(ROOT)}"
     megha: Manifest = {
         "image": "${MEGHA_IMAGE:-megha:dev}",
         "user": COMPOSE_USER,
@@ -264,64 +428,16 @@ def compose(cfg: FederationConfig) -> Manifest:
         "tmpfs": ["/tmp"],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
-        "configs": [{"source": "megha-config", "target": CONFIG_PATH}],
+        # a bind mount, not a compose config: docker-compose 1.x (Debian's) ignores configs
+        "volumes": [f"{config_file}:{CONFIG_PATH}:ro"],
         "restart": "unless-stopped",
     }
-    services: dict[str, Manifest] = {
-        "rabbitmq": {
-            "image": RABBITMQ_IMAGE,
-            "hostname": "rabbitmq",
-            # as the owner of the definitions (0600); the image's data directory is
-            # writable by any uid (mode 1777), so a fresh volume is too
-            "user": COMPOSE_USER,
-            "ports": [f"{AMQP_PORT}:{AMQP_PORT}"],
-            "configs": [
-                {"source": "rabbitmq-conf", "target": "/etc/rabbitmq/conf.d/20-megha.conf"}
-            ],
-            "secrets": [
-                {"source": "rabbitmq-definitions", "target": "/etc/rabbitmq/definitions.json"}
-            ],
-            "volumes": ["rabbitmq-data:/var/lib/rabbitmq"],
-            "healthcheck": {
-                "test": ["CMD", "rabbitmq-diagnostics", "-q", "check_port_connectivity"],
-                "interval": "5s",
-                "timeout": "10s",
-                "retries": 12,
-                "start_period": "20s",
-            },
-            "restart": "unless-stopped",
-        }
-    }
+    if network == "host":
+        megha["network_mode"] = "host"
+    services: dict[str, Manifest] = {"rabbitmq": _rabbitmq_service(network)}
+    plan = process_plan(cfg, CONFIG_PATH)
     for p in plan:
-        env = {k: v for k, v in p.env.items() if p.role in BROKER_ROLES or k != BROKER_ENV}
-        env[SECRET_ENV] = f"{RUN_SECRETS}/megha-secret"
-        mounts: list[Manifest | str] = ["megha-secret"]
-        depends: dict[str, Manifest] = {}
-        if p.role in BROKER_ROLES:
-            env[CREDENTIALS_ENV] = f"{RUN_SECRETS}/megha-broker"
-            mounts.append({"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"})
-            depends["rabbitmq"] = {"condition": "service_healthy"}
-        if p.role == "gm":
-            env[USERS_FILE_ENV] = f"{RUN_SECRETS}/megha-users"
-            mounts.append("megha-users")
-            depends.update({lm: {"condition": "service_healthy"} for lm in cfg.lm_ids})
-        svc: Manifest = {
-            **megha,
-            "command": p.argv,
-            "environment": env,
-            "secrets": mounts,
-            "ports": [f"{p.port}:{p.port}"],
-            "healthcheck": {
-                "test": _health_test(p.port),
-                "interval": "2s",
-                "timeout": "3s",
-                "retries": 30,
-                "start_period": "5s",
-            },
-        }
-        if depends:
-            svc["depends_on"] = depends
-        services[p.name] = svc
+        services[p.name] = _megha_service(cfg, p, megha)
     services["bench"] = {
         **megha,
         "profiles": ["bench"],
@@ -332,18 +448,19 @@ def compose(cfg: FederationConfig) -> Manifest:
             HOME_ENV: "/run/megha-home",
             "MPLCONFIGDIR": "/tmp/matplotlib",  # the plots' font cache; the root is read-only
         },
-        "volumes": [f"{SECRETS_VAR}:/run/megha-home:ro", "./results:/app/results"],
+        "volumes": [
+            *megha["volumes"],
+            f"{SECRETS_VAR}:/run/megha-home:ro",
+            "./results:/app/results",
+        ],
         "depends_on": {g: {"condition": "service_healthy"} for g in cfg.gm_ids},
     }
+    volumes: dict[str, Manifest] = {"rabbitmq-data": {}}
+    volumes.update({f"{p.name}-state": {} for p in plan if p.role != "gm"})
     return {
-        "name": "megha",
         "services": services,
-        "configs": {
-            "megha-config": {"file": "./deploy/compose/federation.toml"},
-            "rabbitmq-conf": {"file": "./deploy/compose/rabbitmq/rabbitmq.conf"},
-        },
         "secrets": _compose_secrets(cfg),
-        "volumes": {"rabbitmq-data": {}},
+        "volumes": volumes,
     }
 
 
@@ -351,12 +468,38 @@ COMPOSE_HEADER = """\
 # Generated by `python -m deploy.render` from deploy/compose/federation.toml and
 # common.config.process_plan: the same commands as `megha up`.  Edit those, not this file
 # (tests/deploy checks that it is up to date and valid against the compose spec).
+# Containers on a bridge network, reached by service name; docker-compose.host.yml is
+# the same federation where only host networking is allowed.
 # No secret is in it or in the repository: make them first, outside git.
 #   python -m deploy.render secrets deploy/compose/federation.toml ~/megha-secrets
 #   docker build -t megha:dev .
+#   docker build -t megha-rabbitmq:dev deploy/images/rabbitmq
 #   docker compose --env-file ~/megha-secrets/compose.env up -d     # broker, 3 GMs, 3 LMs, 3 pools
 #   docker compose --env-file ~/megha-secrets/compose.env --profile bench run --rm bench
-# deploy/README.md explains the rest (several hosts, users' tokens, the image).
+# deploy/README.md explains the rest (several hosts, users' tokens, the images).
+"""
+
+COMPOSE_HOST_HEADER = """\
+# Generated by `python -m deploy.render` from deploy/compose/federation.toml (through
+# deploy/compose/federation.host.toml) and common.config.process_plan.  Edit those, not
+# this file (tests/deploy checks it).  The federation of docker-compose.yml for a host
+# where containers may only share the host's network: every container network_mode:
+# host, each process on its own 127.0.0.1 port, the broker on 127.0.0.1:5673 (epmd 4370,
+# distribution 25673), beside any broker of the machine's own on 5672.
+#   python -m deploy.render secrets deploy/compose/federation.host.toml ~/megha-secrets
+#   docker build --network host -t megha:dev .
+#   docker build --network host -t megha-rabbitmq:dev deploy/images/rabbitmq
+#   docker compose -f docker-compose.host.yml --env-file ~/megha-secrets/compose.env up -d
+#   MEGHA_HOME=~/megha-secrets megha bench --config deploy/compose/federation.host.toml
+# scripts/compose-e2e does all of it on a machine with no image registry.
+"""
+
+HOST_CONFIG_HEADER = """\
+# Generated by `python -m deploy.render` from deploy/compose/federation.toml (edit that,
+# not this file): the same federation for docker-compose.host.yml, where every container
+# shares the host's network, so each process binds and is reached on 127.0.0.1 at its
+# port, and the broker listens on 127.0.0.1:5673.  `megha bench --config` this file drives
+# that federation from the host.
 """
 
 
@@ -809,7 +952,13 @@ def dump(docs: list[Manifest], header: str) -> str:
 
 def outputs() -> dict[Path, str]:
     """Every checked-in generated file and what it should contain."""
-    out = {COMPOSE_FILE: dump([compose(load_config(COMPOSE_CONFIG))], COMPOSE_HEADER)}
+    cfg = load_config(COMPOSE_CONFIG)
+    host = host_network(cfg)
+    out = {
+        COMPOSE_FILE: dump([compose(cfg)], COMPOSE_HEADER),
+        COMPOSE_HOST_CONFIG: HOST_CONFIG_HEADER + host_network_toml(COMPOSE_CONFIG),
+        COMPOSE_HOST_FILE: dump([compose(host, "host")], COMPOSE_HOST_HEADER),
+    }
     for toml in sorted(OVERLAYS.glob("*/federation.toml")):
         out[toml.with_name("megha.yaml")] = dump(kubernetes(load_config(toml)), KUBERNETES_HEADER)
     return out

@@ -38,9 +38,29 @@ pytestmark = pytest.mark.deploy
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compose_file() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+FILES = {"bridge": ROOT / "docker-compose.yml", "host": ROOT / "docker-compose.host.yml"}
+
+
+def compose_file(network: str = "bridge") -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(FILES[network].read_text())
     return data
+
+
+@pytest.fixture(params=render.NETWORKS)
+def network(request: pytest.FixtureRequest) -> str:
+    """Each compose file: docker-compose.yml (a bridge), docker-compose.host.yml."""
+    name: str = request.param
+    return name
+
+
+def bind_mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """A service's files of the checkout it mounts: container path -> host path."""
+    out = {}
+    for volume in svc.get("volumes", []):
+        source, target, *_ = volume.split(":")
+        if source.startswith("./"):
+            out[target] = source
+    return out
 
 
 def compose_validator() -> jsonschema.protocols.Validator:
@@ -99,9 +119,19 @@ def test_generated_files_are_up_to_date() -> None:
     assert render.stale() == [], "run: python -m deploy.render"
 
 
-def test_compose_file_follows_the_compose_spec() -> None:
-    errors = [e.message for e in compose_validator().iter_errors(compose_file())]
+def test_compose_file_follows_the_compose_spec(network: str) -> None:
+    errors = [e.message for e in compose_validator().iter_errors(compose_file(network))]
     assert errors == []
+
+
+def test_compose_files_need_nothing_compose_1_ignores_or_refuses(network: str) -> None:
+    """Debian's docker-compose 1.29 refuses a top-level ``name`` and ignores ``configs``
+    (a warning, and the file is never mounted): neither is used; the project's name
+    comes from compose.env."""
+    compose = compose_file(network)
+    assert set(compose) == {"services", "secrets", "volumes"}
+    for svc in compose["services"].values():
+        assert "configs" not in svc
 
 
 def test_the_compose_schema_refuses_a_broken_file() -> None:
@@ -115,41 +145,56 @@ def test_the_compose_schema_refuses_a_broken_file() -> None:
     }
 
 
-def test_every_service_and_the_broker_have_a_healthcheck() -> None:
-    services = compose_file()["services"]
+def test_every_service_and_the_broker_have_a_healthcheck(network: str) -> None:
+    services = compose_file(network)["services"]
     for name, svc in services.items():
         if "bench" in svc.get("profiles", []):
             continue  # a run-to-completion job, not a service
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD", name
-        assert name == "rabbitmq" or any("/health" in part for part in test), name
+        assert any("/dev/tcp/127.0.0.1/" in part for part in test), name
+        assert name == "rabbitmq" or any("GET /health" in part for part in test), name
     for name, svc in services.items():
         for dep, cond in svc.get("depends_on", {}).items():
             assert dep in services, (name, dep)
             assert cond["condition"] == "service_healthy", (name, dep)
 
 
-def test_every_mounted_config_and_secret_is_declared_and_exists(secrets_dir: Path) -> None:
-    compose = compose_file()
+def test_every_mounted_file_and_secret_is_declared_and_exists(
+    secrets_dir: Path, network: str
+) -> None:
+    compose = compose_file(network)
     env = compose_env(secrets_dir)
-    for kind in ("configs", "secrets"):
-        declared = compose[kind]
-        for item in declared.values():
-            path = Path(interpolate(item["file"], env))
-            assert (ROOT / path).is_file(), item["file"]
-            if kind == "secrets":  # made by the render step, outside git, private
-                assert path.is_relative_to(secrets_dir), item["file"]
-                assert path.stat().st_mode & 0o077 == 0, path
-        for name, svc in compose["services"].items():
-            for ref in svc.get(kind, []):
-                source = ref if isinstance(ref, str) else ref["source"]
-                assert source in declared, (name, source)
+    declared = compose["secrets"]
+    for item in declared.values():
+        path = Path(interpolate(item["file"], env))
+        assert path.is_file(), item["file"]
+        assert path.is_relative_to(secrets_dir), item["file"]  # made outside git, private
+        assert path.stat().st_mode & 0o077 == 0, path
+    for name, svc in compose["services"].items():
+        for ref in svc.get("secrets", []):
+            source = ref if isinstance(ref, str) else ref["source"]
+            assert source in declared, (name, source)
+        for target, source in bind_mounts(svc).items():
+            if target != "/app/results":  # the bench's output (README: mkdir -p results)
+                assert (ROOT / source).exists(), (name, source)
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source.startswith(("./", "$")) or source in compose["volumes"], (name, volume)
 
 
-def test_compose_refuses_to_start_before_the_secrets_are_made() -> None:
+def test_every_megha_process_reads_its_network_s_federation(network: str) -> None:
+    config = f"./{render.compose_config_file(network).relative_to(ROOT)}"
+    for name, svc in compose_file(network)["services"].items():
+        if name != "rabbitmq":
+            assert bind_mounts(svc)[render.CONFIG_PATH] == config, name
+            assert f"{config}:{render.CONFIG_PATH}:ro" in svc["volumes"], name
+
+
+def test_compose_refuses_to_start_before_the_secrets_are_made(network: str) -> None:
     """Every secret path and the containers' user need the variables of DIR/compose.env;
     without them compose stops with a message saying how to make them."""
-    compose = compose_file()
+    compose = compose_file(network)
     for item in compose["secrets"].values():
         with pytest.raises(ConfigError, match=r"python -m deploy\.render secrets"):
             interpolate(item["file"], {})
@@ -162,22 +207,23 @@ def test_compose_refuses_to_start_before_the_secrets_are_made() -> None:
                     interpolate(volume, {})
 
 
-def test_containers_run_as_the_owner_of_the_secrets(secrets_dir: Path) -> None:
+def test_containers_run_as_the_owner_of_the_secrets(secrets_dir: Path, network: str) -> None:
     """A bind mount keeps the host file's owner and mode (0600): the process reads it, and
     load_secret's single-host rule holds, only if it runs as that owner."""
     env = compose_env(secrets_dir)
     owner = secrets_dir.joinpath("secret").stat()
     assert (int(env["MEGHA_UID"]), int(env["MEGHA_GID"])) == (owner.st_uid, owner.st_gid)
-    for name, svc in compose_file()["services"].items():
+    assert env["COMPOSE_PROJECT_NAME"] == "megha"  # compose 1.x takes no name from the file
+    for name, svc in compose_file(network)["services"].items():
         assert interpolate(svc["user"], env) == f"{owner.st_uid}:{owner.st_gid}", name
 
 
 def test_each_process_starts_with_its_own_keys_and_broker_login(
-    secrets_dir: Path, tmp_path: Path
+    secrets_dir: Path, tmp_path: Path, network: str
 ) -> None:
-    compose = compose_file()
+    compose = compose_file(network)
     env = compose_env(secrets_dir)
-    cfg = load_config(render.COMPOSE_CONFIG)
+    cfg = load_config(render.compose_config_file(network))
     definitions = json.loads((secrets_dir / render.DEFINITIONS_FILENAME).read_text())
     for p in process_plan(cfg, render.CONFIG_PATH):
         svc = compose["services"][p.name]
@@ -223,13 +269,14 @@ def test_the_broker_definitions_are_those_of_megha_up(secrets_dir: Path) -> None
     assert "guest" not in {u["name"] for u in made["users"]}
 
 
-def test_rabbitmq_loads_the_definitions_it_is_given() -> None:
-    compose = compose_file()
-    rabbit = compose["services"]["rabbitmq"]
+def test_rabbitmq_loads_the_definitions_it_is_given(network: str) -> None:
+    rabbit = compose_file(network)["services"]["rabbitmq"]
     (definitions,) = [s["target"] for s in rabbit["secrets"]]
-    (conf,) = [c["source"] for c in rabbit["configs"]]
-    text = (ROOT / compose["configs"][conf]["file"]).read_text()
+    conf = bind_mounts(rabbit)["/etc/rabbitmq/conf.d/20-megha.conf"]
+    text = (ROOT / conf).read_text()
     assert f"definitions.local.path = {definitions}" in text
+    assert rabbit["image"] == render.COMPOSE_RABBITMQ_IMAGE
+    assert "rabbitmq-data:/var/lib/rabbitmq" in rabbit["volumes"]
 
 
 def test_kubernetes_render_refuses_a_config_pods_cannot_use() -> None:

@@ -1,28 +1,38 @@
-"""docker-compose.yml runs exactly what `megha up` runs (there is no Docker engine here)."""
+"""docker-compose.yml and docker-compose.host.yml run exactly what `megha up` runs, each
+for its federation TOML (scripts/compose-e2e brings the host one up for real)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from common.config import BROKER_ENV, load_config, process_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "deploy" / "compose" / "federation.toml"
+FILES = {  # each compose file and the federation TOML it mounts
+    "docker-compose.yml": ROOT / "deploy" / "compose" / "federation.toml",
+    "docker-compose.host.yml": ROOT / "deploy" / "compose" / "federation.host.toml",
+}
 IN_CONTAINER = "/etc/megha/config/federation.toml"
 
+each_file = pytest.mark.parametrize("name", sorted(FILES))
 
-def services() -> dict[str, dict[str, Any]]:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+def services(name: str) -> dict[str, dict[str, Any]]:
+    compose = yaml.safe_load((ROOT / name).read_text())
     result: dict[str, dict[str, Any]] = compose["services"]
     return result
 
 
-def test_compose_services_match_the_process_plan() -> None:
-    svcs = services()
-    cfg = load_config(CONFIG)
+@each_file
+def test_compose_services_match_the_process_plan(name: str) -> None:
+    svcs = services(name)
+    cfg = load_config(FILES[name])
+    config = f"./{FILES[name].relative_to(ROOT)}"
     plan = process_plan(cfg, IN_CONTAINER)
     assert {p.name for p in plan} | {"rabbitmq", "bench"} == set(svcs)
     for p in plan:
@@ -43,17 +53,21 @@ def test_compose_services_match_the_process_plan() -> None:
             assert {"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"} in svc[
                 "secrets"
             ]
-        # Others reach it by its address: the service name, on the port it binds.
+        # Others reach it by its address: the service name on a bridge, 127.0.0.1 on the
+        # host's network, on the port it binds.
         host, port = cfg.address(p.name)
-        assert host == p.name
-        assert f"0.0.0.0:{port}" in p.argv
-        assert svc["configs"] == [{"source": "megha-config", "target": IN_CONTAINER}]
-        assert f"http://127.0.0.1:{port}/health" in " ".join(svc["healthcheck"]["test"])
+        assert host == (p.name if "host" not in name else "127.0.0.1")
+        assert f"{cfg.listen}:{port}" in p.argv
+        assert f"{config}:{IN_CONTAINER}:ro" in svc["volumes"]
+        probe = " ".join(svc["healthcheck"]["test"])
+        assert f"/dev/tcp/127.0.0.1/{port}" in probe
+        assert "GET /health" in probe
 
 
-def test_dependencies_follow_who_talks_to_whom() -> None:
-    svcs = services()
-    cfg = load_config(CONFIG)
+@each_file
+def test_dependencies_follow_who_talks_to_whom(name: str) -> None:
+    svcs = services(name)
+    cfg = load_config(FILES[name])
     for p in process_plan(cfg, IN_CONTAINER):
         depends = svcs[p.name].get("depends_on", {})
         if p.role == "worker":
@@ -65,9 +79,11 @@ def test_dependencies_follow_who_talks_to_whom() -> None:
             assert set(cfg.lm_ids) <= set(depends)
 
 
-def test_broker_has_a_healthcheck_and_bench_is_a_profile() -> None:
-    svcs = services()
-    assert "rabbitmq-diagnostics" in svcs["rabbitmq"]["healthcheck"]["test"]
+@each_file
+def test_broker_has_a_healthcheck_and_bench_is_a_profile(name: str) -> None:
+    svcs = services(name)
+    port = urlsplit(load_config(FILES[name]).broker_url).port
+    assert f"exec 3<>/dev/tcp/127.0.0.1/{port}" in svcs["rabbitmq"]["healthcheck"]["test"]
     bench = svcs["bench"]
     assert bench["profiles"] == ["bench"]
     assert bench["command"][:2] == ["megha", "bench"]
