@@ -483,7 +483,10 @@ class DuplicateLaunches:
     def __init__(self, horizon_s: float | None = None) -> None:
         self.spans: dict[tuple[str, str], dict[int, list[float]]] = {}
         self.ends: dict[tuple[str, str], int] = {}
-        self.twice: set[tuple[str, str]] = set()
+        self.twice: dict[tuple[str, str], str] = {}
+        """Tasks found to have run twice, and how."""
+        self._first_end: dict[tuple[str, str], tuple[str, str]] = {}
+        """Task -> the pool process that logged its (first) end."""
         self.horizon_s = horizon_s
         self._ended: deque[tuple[float, tuple[str, str]]] = deque()
         self._latest = -math.inf
@@ -526,8 +529,10 @@ class DuplicateLaunches:
         spans = self.spans.setdefault(task, {})
         if row["what"] == "start":
             if attempt in spans:
-                if (task, attempt) not in self._died or _overlap(spans):
-                    self.twice.add(task)
+                if (task, attempt) not in self._died:
+                    self.twice.setdefault(task, f"attempt {attempt} started twice")
+                elif _overlap(spans):
+                    self.twice.setdefault(task, "two attempts at once")
                 self._died.discard((task, attempt))
             spans[attempt] = [at, math.inf]
             if where is not None:
@@ -541,7 +546,9 @@ class DuplicateLaunches:
             if row["what"] == "end":
                 n = self.ends[task] = self.ends.get(task, 0) + 1
                 if n > 1:
-                    self.twice.add(task)
+                    self.twice.setdefault(task, self._ended_twice(task))
+                elif where is not None:
+                    self._first_end[task] = where
                 if self.horizon_s is not None:
                     self._ended.append((at, task))
         if self.horizon_s is not None:
@@ -562,21 +569,33 @@ class DuplicateLaunches:
             if last >= before:  # heard of since: later
                 ended.append((last, task))
                 continue
-            if _overlap(spans):
-                self.twice.add(task)
+            if _overlap(spans):  # the graver finding
+                self.twice[task] = "two attempts at once"
             for attempt in spans:
                 self._died.discard((task, attempt))
             del self.spans[task]
             self.ends.pop(task, None)
+            self._first_end.pop(task, None)
+
+    def _ended_twice(self, task: tuple[str, str]) -> str:
+        first = self._first_end.get(task)
+        if first is None or self._pools[first[0]][0] == first[1]:
+            return "ended twice"
+        # e.g. a pool killed after a task's end, before its LM took the report
+        return f"ended twice, first in a process of {first[0]} that has been replaced since"
 
     def result(self, only: Container[tuple[str, str]] | None = None) -> dict[str, Any]:
-        """``count`` and (the first 50) ``tasks``, among ``only`` if given."""
-        dup = set(self.twice)
+        """``count`` and (the first 50) ``tasks``, among ``only`` if given; when there
+        are any, ``why`` says how each of those ran twice."""
+        dup = dict(self.twice)
         for task, by_attempt in self.spans.items():
-            if _overlap(by_attempt):
-                dup.add(task)
+            if _overlap(by_attempt):  # the graver finding
+                dup[task] = "two attempts at once"
         found = sorted(t for t in dup if only is None or t in only)
-        return {"count": len(found), "tasks": [f"{u}/{t}" for u, t in found[:50]]}
+        out: dict[str, Any] = {"count": len(found), "tasks": [f"{u}/{t}" for u, t in found[:50]]}
+        if found:
+            out["why"] = {f"{u}/{t}": dup[(u, t)] for u, t in found[:50]}
+        return out
 
 
 def _overlap(by_attempt: Mapping[int, list[float]]) -> bool:

@@ -766,6 +766,7 @@ def summarize_run(
             "lost_tasks": len(unfinished),  # the older name of unfinished_tasks
             "duplicate_launches": dup["count"],
             "duplicate_launch_ids": dup["tasks"],
+            "duplicate_launch_reasons": dup.get("why", {}),
             "launch_log_rows": run.launches.check.rows,
             "launch_log_rows_missed": run.launches.missed,
             "launch_log_pool_restarts": run.launches.check.restarts,
