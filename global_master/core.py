@@ -309,11 +309,9 @@ class GlobalMaster:
         self.limits = limits or AdmissionLimits()
         self.overload = overload or OverloadPolicy()
         self.waiting = self.queues.waiting
-        self._index = self.overload.wait_index and type(self.queues).push_back is (
-            UserQueues.push_back
-        )
+        self._index = self.overload.wait_index and self.queues.kind == "fifo"
         """Plain FIFO queues: tasks that found no room wait in the index (job-aware
-        policies override ``push_back`` and keep blocked tasks themselves)."""
+        policies keep blocked tasks themselves)."""
         self._starved: dict[UserId, float] = {}
         """Users below their share with tasks waiting for room, since when."""
         self._grace_check = 0.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from common.dag import DagJob, DagProgress
 from common.ids import JobId, TaskId, UserId
@@ -28,10 +28,17 @@ if TYPE_CHECKING:
 NodeChooser = Callable[["LmView", Any, Resources], int]
 """(view, eligible bit-vector, demand) -> node index or -1; None means first fit."""
 
+QueueKind = Literal["fifo", "job_aware"]
+"""What a policy does with a task that found no room: ``fifo`` hands it to the GM's
+waiting index (``WaitingTasks``) until resources free; ``job_aware`` keeps it itself
+(its ``push_back`` parks it until the next epoch)."""
+
 
 class UserQueues:
     """Round-robin over FIFO user queues, with per-epoch parking."""
 
+    kind: ClassVar[QueueKind] = "fifo"
+    """Declared by each policy (``global_master.policy.jobs.JobQueues``: job_aware)."""
     choose_node: NodeChooser | None = None
     """A policy's node choice (Carbyne: packing score); None: the GM's first fit."""
 

@@ -415,6 +415,7 @@ class JobQueues(UserQueues):
     """Job-aware queues: the shared bookkeeping of every policy but plain FIFO."""
 
     name = "job"
+    kind = "job_aware"
 
     def __init__(
         self,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from common.ids import UserId
-from common.model import Task
+import pytest
+
+from common.ids import GmId, UserId
+from common.model import Task, UserConfig
+from global_master.policy import POLICIES, make_policy
 from global_master.queues import UserQueues
 from tests.conftest import make_task
 
@@ -96,3 +99,15 @@ def test_fifo_queues_let_the_gm_preempt_for_default_tasks_only() -> None:
     assert q.may_preempt_for(t)
     t.altruistic = True
     assert not q.may_preempt_for(t)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_each_policy_declares_who_keeps_its_blocked_tasks(name: str) -> None:
+    """The GM reads a policy's kind, never its methods: a policy whose ``push_back``
+    keeps blocked tasks itself declares ``job_aware``; plain FIFO queues hand them to
+    the GM's waiting index (``fifo``)."""
+    users = [UserConfig(UserId("u0"), GmId("gm0"), 1.0)]
+    q = make_policy(name, users)(GmId("gm0"), [UserId("u0")])
+    keeps_them = type(q).push_back is not UserQueues.push_back
+    assert q.kind == ("job_aware" if keeps_them else "fifo")
+    assert (q.kind == "fifo") == (name == "fifo")
