@@ -48,19 +48,16 @@ No clocks, sockets or global randomness: ``now`` is an argument, effects are ret
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections import Counter, OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from msgspec import structs
-
 from common.dag import from_layout
 from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
 from common.errors import ConfigError
-from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
     AdmitJob,
@@ -92,7 +89,6 @@ from common.model import (
     Resources,
     Task,
     TaskKey,
-    TaskSpec,
     TaskState,
     UserConfig,
     WaitReason,
@@ -100,129 +96,21 @@ from common.model import (
     new_task,
 )
 from common.overload import OverloadPolicy
-from common.schema import MAX_ID_LEN
 from global_master.journal import Journal
+from global_master.ledger import InFlight, JobKey, Ledger
+from global_master.outbox import Outbox
 from global_master.queues import UserQueues
+from global_master.recovery import (
+    Ended,
+    Recovery,
+    Redelivered,
+    left_behind,
+    recovered_task,
+    resume_job,
+)
 from global_master.view import LmView
 
-JobKey = tuple[UserId, JobId]
 _MISSING = PlacementResult(accepted=False, reason="missing_result")
-
-
-@dataclass(slots=True)
-class InFlight:
-    """A task whose request to an LM has not been answered yet."""
-
-    task: Task
-    lm: LmId
-    node: int  # -1 for a preemption request (the LM picks the node)
-    repartition: bool
-    request_id: int = 0
-
-
-class InFlightTable(dict[TaskKey, InFlight]):
-    """The GM's unanswered requests, by task, with each user's in-flight demands
-    counted as they come and go (fairness asks for them at every decision that does
-    not place its task; summing them over the table made overload quadratic)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.demands: dict[UserId, dict[Resources, int]] = {}
-        self._shares: dict[UserId, float] = {}
-        """``share`` per user, until its requests change (or the cluster: ``rescale``)."""
-
-    def __setitem__(self, key: TaskKey, fl: InFlight) -> None:
-        if key in self:
-            self._forget(self[key])
-        super().__setitem__(key, fl)
-        self._shares.pop(fl.task.user, None)
-        per = self.demands.setdefault(fl.task.user, {})
-        d = tuple(fl.task.demand)
-        per[d] = per.get(d, 0) + 1
-
-    def __delitem__(self, key: TaskKey) -> None:
-        self._forget(self[key])
-        super().__delitem__(key)
-
-    def pop(self, key: TaskKey, *default: Any) -> Any:
-        if key in self:
-            self._forget(self[key])
-        return super().pop(key, *default)
-
-    def _forget(self, fl: InFlight) -> None:
-        self._shares.pop(fl.task.user, None)
-        per = self.demands[fl.task.user]
-        d = tuple(fl.task.demand)
-        if per[d] == 1:
-            del per[d]
-            if not per:
-                del self.demands[fl.task.user]
-        else:
-            per[d] -= 1
-
-    def share(self, user: UserId, share_of: Callable[[Sequence[int]], float]) -> float:
-        """The sum of ``user``'s in-flight requests' shares."""
-        got = self._shares.get(user)
-        if got is None:
-            per = self.demands.get(user, {})
-            got = self._shares[user] = sum(n * share_of(d) for d, n in per.items())
-        return got
-
-    def rescale(self) -> None:
-        """The cluster's capacity changed: every share is computed afresh."""
-        self._shares.clear()
-
-
-class LiveTable(dict[TaskKey, Task]):
-    """The tasks a GM holds, with how many each user holds (admission reads it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.per_user: dict[UserId, int] = {}
-
-    def __setitem__(self, key: TaskKey, task: Task) -> None:
-        if key not in self:
-            self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
-        super().__setitem__(key, task)
-
-    def __delitem__(self, key: TaskKey) -> None:
-        self._forget(key)
-        super().__delitem__(key)
-
-    def pop(self, key: TaskKey, *default: Any) -> Any:
-        if key in self:
-            self._forget(key)
-        return super().pop(key, *default)
-
-    def _forget(self, key: TaskKey) -> None:
-        n = self.per_user[key[0]] - 1
-        if n:
-            self.per_user[key[0]] = n
-        else:
-            del self.per_user[key[0]]
-
-
-@dataclass(slots=True)
-class JobRecord:
-    """A job of this GM's users: which tasks still keep its delivery unacknowledged."""
-
-    unsettled: set[TaskKey]
-    left: int
-    """Tasks not yet finished or failed."""
-    settled: bool = False
-    tasks: list[TaskKey] = field(default_factory=list)
-    keeps_ends: bool = False
-    """The LMs were asked to keep its ended attempts (``KeepEnds``) until it settles."""
-
-
-@dataclass(slots=True)
-class Ended:
-    """A task known to have ended that this GM holds no job record for (it restarted,
-    or its job was acknowledged before): what is known, and whether its user was told."""
-
-    held: HeldTask
-    spec_known: bool
-    reported: bool
 
 
 @dataclass(slots=True)
@@ -289,12 +177,6 @@ class GlobalMaster:
         self.gm_id = gm_id
         self.admit_slice = admit_slice
         """Tasks of one job checked or queued per step (larger jobs take several)."""
-        self.keep_ends_after_s = keep_ends_after_s
-        """A job whose delivery is held this long has its LMs keep its ended attempts
-        (``KeepEnds``) until it settles: well within what they keep anyway
-        (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
-        self._keep_due: deque[tuple[float, JobKey]] = deque()
-        """Jobs by when their ends are to be kept (in admission order)."""
         self.admitting: dict[JobKey, Admission] = {}
         """Jobs admitted in slices, not yet wholly queued."""
         self.held_admissions: dict[UserId, deque[tuple[AdmitJob, float]]] = {}
@@ -307,7 +189,17 @@ class GlobalMaster:
         mine = [u.user for u in users if u.gm == gm_id]
         self.queues = queues if queues is not None else UserQueues(mine, patience=patience)
         self.limits = limits or AdmissionLimits()
+        # the pieces, each with its own state (the tables drivers read are named here)
+        self.ledger = ledger = Ledger(
+            recent_jobs=self.limits.recent_jobs, keep_ends_after_s=keep_ends_after_s
+        )
+        self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
+        self.finished, self.failed, self.jobs = ledger.finished, ledger.failed, ledger.jobs
+        self.recovery = Recovery(gm_id, limit=self.limits.recent_jobs)
+        self.known_done = self.recovery.known_done
         self.overload = overload or OverloadPolicy()
+        self.outbox = Outbox(self.overload)
+        self._held = self.outbox.held
         self.waiting = self.queues.waiting
         self._index = self.overload.wait_index and self.queues.kind == "fifo"
         """Plain FIFO queues: tasks that found no room wait in the index (job-aware
@@ -316,38 +208,15 @@ class GlobalMaster:
         """Users below their share with tasks waiting for room, since when."""
         self._grace_check = 0.0
         self._preempts_sent: dict[LmId, deque[float]] = {}
-        self._rep_sent: dict[LmId, tuple[float, int]] = {}
-        self._deferred: dict[LmId, list[Placement]] = {}
         self._shares: dict[UserId, float] | None = None
         self._no_victim: dict[tuple[UserId, LmId], float] = {}
         """(victim, LM) pairs an LM lately found nothing to preempt in, until when."""
         self.views: dict[LmId, LmView] = {}
-        self.inflight = InFlightTable()
-        self.placed: dict[TaskKey, Task] = {}
-        self.live = LiveTable()
-        """Every task this GM holds: queued (or waiting for its DAG parents), in flight or
-        placed; a task leaves when it has ended."""
-        self.finished: set[TaskKey] = set()
-        self.failed: dict[TaskKey, str] = {}
-        self.known_done: dict[TaskKey, Ended] = {}
-        self._orphans: dict[TaskKey, TaskEvent] = {}
-        self._resumes: dict[JobKey, set[TaskKey]] = {}
-        """Persisted returns (see ``_persist``) still waiting to be placed again."""
-        self._resume_of: dict[TaskKey, JobKey] = {}
-        """Tasks that ended lately on an LM, unknown to this GM (it restarted): a
-        redelivered job reports them instead of running them twice."""
-        self.jobs: dict[JobKey, JobRecord] = {}
-        self._recent_jobs: OrderedDict[JobKey, None] = OrderedDict()
-        self._launches: dict[int, tuple[LmId, list[TaskKey]]] = {}
-        self._open_launches: Counter[LmId] = Counter()
-        """Requests of ``_launches`` per LM (the launch window's count)."""
-        self._preempts: dict[int, TaskKey] = {}
         self.max_retries = max_retries
         self._retries: dict[TaskKey, int] = {}
         self._preempt_tried: dict[TaskKey, set[tuple[UserId, LmId]]] = {}
         self._rr: dict[bool, int] = {True: 0, False: 0}
         """Where the next round-robin walk of internal (True) / external partitions starts."""
-        self._next_request = 0
         self._snapshot_wanted: set[LmId] = set()
         self._restart_counted: dict[LmId, int] = {}
         """The newest epoch of each LM counted in ``lm_restarts_seen``: an incarnation is
@@ -386,33 +255,26 @@ class GlobalMaster:
             for v in self.views.values():
                 if v.freed:
                     v.freed.clear()
-        if self._deferred:
-            self._flush_deferred(now, effects)
+        if self._held:  # placements held back may leave now
+            for lm, placements in self.outbox.release_held(now):
+                self._send_launch(lm, placements, effects, now)
         return effects
 
     # ------------------------------------------------------------ bookkeeping
+    @property
+    def keep_ends_after_s(self) -> float:
+        """A job whose delivery is held this long has its LMs keep its ended attempts
+        (``KeepEnds``) until it settles: well within what they keep anyway
+        (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
+        return self.ledger.keep_ends_after_s
+
     def state_of(self, key: TaskKey) -> TaskState | None:
         """Where a task is, as this GM sees it (None: never heard of it)."""
-        if key in self.inflight:
-            return TaskState.DISPATCHED
-        if key in self.placed:
-            return TaskState.PLACED
-        if key in self.finished:
-            return TaskState.FINISHED
-        if key in self.failed:
-            return TaskState.FAILED
-        if key in self.live:
-            return TaskState.QUEUED
-        return None
+        return self.ledger.state_of(key)
 
     def knows(self, key: TaskKey) -> bool:
-        return (
-            key in self.inflight
-            or key in self.placed
-            or key in self.finished
-            or key in self.failed
-            or key in self.known_done
-        )
+        """The task is in flight, placed, or known to have ended."""
+        return self.ledger.holds(key) or key in self.known_done
 
     @property
     def ready(self) -> bool:
@@ -431,22 +293,18 @@ class GlobalMaster:
         Such an update applies an empty delta; then ``handle`` wakes waiting tasks, of
         which the freed nodes wake none (nothing freed) and the preemption grace
         (``_grace_due``) wakes none before ``_grace_check``, and none at all while no user
-        is starved; and it flushes held launches (``_deferred``), which repartition
+        is starved; and it flushes held launches (``Outbox.held``), which repartition
         batching may let go by time alone: -inf then.  ``math.inf``: no work driven by
         time; a time at or before now: the next update may act.  An update also asks
         the LMs to keep the ends of jobs held long (``_keep_ends_due``): from the first
         such job's time.
         """
-        if self._deferred:
+        if self._held:
             return -math.inf
-        keep = self._keep_due[0][0] if self._keep_due else math.inf
+        keep = self.ledger.next_keep_due()
         if self._index and self.waiting and self._starved:
             return min(keep, self._grace_check)
         return keep
-
-    def _request_id(self) -> int:
-        self._next_request += 1
-        return self._next_request
 
     def _known_version(self, lm: LmId) -> int:
         v = self.views.get(lm)
@@ -470,7 +328,7 @@ class GlobalMaster:
         if job.resumes is not None:
             return self._on_resume(job, msg.redelivered, now)
         record = self.jobs.get(jk)
-        if record is not None or jk in self._recent_jobs or jk in self.admitting:
+        if record is not None or self.ledger.is_recent(jk) or jk in self.admitting:
             if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
                 if jk in self.admitting:
                     return []  # settled once admitted and placed
@@ -547,31 +405,17 @@ class GlobalMaster:
             tasks, adm.built = adm.built, []
         else:
             tasks = [new_task(spec, adm.at, gm=self.gm_id) for spec in specs]
-        adopted: list[Task] = []
-        kept: set[TaskKey] = set()
-        sent: list[Task] = []
-        ended: list[tuple[Task, Ended]] = []
+        found = Redelivered(tasks)
         if adm.redelivered:  # after a restart some of its tasks may run, or have run
-            for i, t in enumerate(tasks):
-                held = self.live.get(t.key)
-                if held is not None and t.key not in self.placed:
-                    tasks[i] = held  # persisted and queued again already: keep that one
-                    if t.key in self.inflight:
-                        sent.append(held)
-                    elif job.stages is not None:  # queued by its DAG, in its turn
-                        self.queues.remove(held)
-                        continue
-                    kept.add(t.key)
-                    continue
-                running = held or self._orphan_running(t)
-                if running is not None:
-                    tasks[i] = running
-                    adopted.append(running)
-                    continue
-                known = self.known_done.pop(t.key, None)
-                if known is not None:  # (the spec it was remembered with may be partial)
-                    tasks[i] = recovered_task(structs.replace(known.held, spec=t.spec), self.gm_id)
-                    ended.append((tasks[i], known))
+            found = self.recovery.sort_redelivered(
+                tasks, job.stages is not None, self.live, self.placed, self.inflight
+            )
+            for t in found.unqueue:
+                self.queues.remove(t)
+            for t in found.found_running:
+                self.placed[t.key] = t
+                self.counters.tasks_adopted += 1
+        adopted, sent, ended = found.adopted, found.sent, found.ended
         dag = None
         if job.stages is not None:
             try:
@@ -586,14 +430,8 @@ class GlobalMaster:
                 return [self._refuse(job, "bad_dag", str(exc))]
         if adm.queued == 0:
             keys = [(spec.user, spec.task_id) for spec in job.tasks]
-            record = JobRecord(unsettled=set(keys), left=len(keys))
-            record.tasks = keys
-            self.jobs[jk] = record
+            self.ledger.open_job(jk, keys, now, adm.redelivered)
             self.counters.jobs_admitted += 1
-            if adm.redelivered:  # it came back: its ends are kept from the next update on
-                self._keep_due.appendleft((now, jk))  # (no later than any due left there)
-            else:
-                self._keep_due.append((now + self.keep_ends_after_s, jk))
             if end < len(keys):
                 adm.pending = set(keys[end:])
         else:
@@ -608,15 +446,14 @@ class GlobalMaster:
             for t in sent:
                 self.queues.on_dispatched(t, now)
         else:
-            skip = {t.key for t in adopted} | {t.key for t, _ in ended} | kept
+            skip = {t.key for t in adopted} | {t.key for t, _ in ended} | found.kept
             for t in tasks:
                 if t.key not in skip:
                     self.queues.push_back(t)
         return self._resume(adopted, ended, dag is not None, now)
 
-    def _keep_ends(self, jk: JobKey, record: JobRecord, keep: bool = True) -> list[Effect]:
+    def _keep_ends(self, jk: JobKey, keep: bool = True) -> list[Effect]:
         """Ask every LM to keep (or let go) the ended attempts of job ``jk``."""
-        record.keeps_ends = keep
         if keep:
             self.counters.jobs_keeping_ends += 1
         user, job_id = jk
@@ -624,17 +461,6 @@ class GlobalMaster:
             ToLm(lm, KeepEnds(gm=self.gm_id, lm=lm, user=user, job_id=job_id, keep=keep))
             for lm in self.lms
         ]
-
-    def _keep_ends_due(self, now: float) -> list[Effect]:
-        """Jobs held ``keep_ends_after_s`` and not settled: their LMs keep their ends."""
-        due = self._keep_due
-        effects: list[Effect] = []
-        while due and due[0][0] <= now:
-            _, jk = due.popleft()
-            record = self.jobs.get(jk)
-            if record is not None and not record.settled and not record.keeps_ends:
-                effects += self._keep_ends(jk, record)
-        return effects
 
     def _resume(
         self, adopted: list[Task], ended: list[tuple[Task, Ended]], dag: bool, now: float
@@ -735,7 +561,8 @@ class GlobalMaster:
             why = f"{job.user!r} has no queue here"
             return [replace(self._refuse(job, "unknown_user", why), resume=True)]
         jk: JobKey = (job.user, job.job_id)
-        if jk in self._resumes:  # the same message again: its delivery is rebound
+        recovery = self.recovery
+        if recovery.resuming(jk):  # the same message again: its delivery is rebound
             return []
         waiting: set[TaskKey] = set()
         effects: list[Effect] = []
@@ -745,7 +572,7 @@ class GlobalMaster:
                 continue
             if key in self.live:  # still waiting here: acknowledged once placed
                 waiting.add(key)
-                self._resume_of[key] = jk
+                recovery.follow(key, jk)
                 continue
             if self.knows(key):
                 continue
@@ -762,48 +589,28 @@ class GlobalMaster:
             self.live[key] = task
             self.queues.push_front(task)
             waiting.add(key)
-            self._resume_of[key] = jk
-        if not waiting:
+            recovery.follow(key, jk)
+        if not recovery.bind(jk, waiting):
             return [*effects, JobSettled(job.job_id, job.user, resume=True)]
-        self._resumes[jk] = waiting
         return effects
 
     def _persist(self, task: Task, now: float, effects: list[Effect]) -> None:
         """A task back in the queue whose job was acknowledged: keep it on the broker."""
         rec = self.jobs.get((task.user, task.job_id))
-        if rec is not None and not rec.settled:
-            return  # its job's delivery is still held: that keeps it
-        job = SubmitJob(
-            job_id=resume_id(task.task_id, task.attempt),
-            user=task.user,
-            token="",
-            submitted_at=now,
-            tasks=(task.spec,),
-            resumes=task.job_id,
-            attempt=task.attempt,
-        )
-        effects.append(Persist(job))
+        if rec is None or rec.settled:  # (held, its job's delivery keeps it)
+            effects.append(Persist(resume_job(task, now)))
 
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
-        rk = self._resume_of.pop(task.key, None)
+        rk = self.recovery.settle(task.key)
         if rk is not None:
-            waiting = self._resumes.get(rk)
-            if waiting is not None:
-                waiting.discard(task.key)
-                if not waiting:
-                    del self._resumes[rk]
-                    effects.append(JobSettled(rk[1], rk[0], resume=True))
-        rec = self.jobs.get((task.user, task.job_id))
-        if rec is None or rec.settled:
-            return
-        rec.unsettled.discard(task.key)
-        if not rec.unsettled:
-            rec.settled = True
+            effects.append(JobSettled(rk[1], rk[0], resume=True))
+        settled = self.ledger.settle(task)
+        if settled is not None:
             self.counters.jobs_settled += 1
             effects.append(JobSettled(task.job_id, task.user))
-            if rec.keeps_ends:  # acknowledged: it cannot come back
-                effects += self._keep_ends((task.user, task.job_id), rec, keep=False)
+            if settled[1]:  # its LMs kept its ends: acknowledged, it cannot come back
+                effects += self._keep_ends(settled[0], keep=False)
 
     def _ended(
         self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True
@@ -811,17 +618,15 @@ class GlobalMaster:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
         key = task.key
-        self.live.pop(key, None)
+        self.ledger.end(task, finished=finished, reason=reason)
         if self.journal is not None:
             at = task.finished_at
             if at < 0:  # failed before it ran (infeasible, a parent failed): its last mark
                 at = task.marks[-1][0] if task.marks else task.submitted_at
             self.journal.close(task, at, finished=finished, reason=reason)
         if finished:
-            self.finished.add(key)
             self.counters.tasks_finished += 1
         else:
-            self.failed[key] = reason
             self.counters.failed += 1
         self._forget(key)
         if tell:
@@ -833,94 +638,21 @@ class GlobalMaster:
         if rec is None or (adm is not None and key in adm.pending):
             # adopted after a restart: its job may still be redelivered, or still have
             # this task's slice to queue (which then finds it ended)
-            self._remember_done(task, finished)
+            self.recovery.remember_done(task, finished)
             return
         if not finished:
             self._settle(task, effects)
-        rec.left -= 1
-        if rec.left <= 0:
-            for k in rec.tasks:
-                self.finished.discard(k)
-                self.failed.pop(k, None)
-            del self.jobs[jk]
-            self._recent_jobs[jk] = None
-            while len(self._recent_jobs) > self.limits.recent_jobs:
-                self._recent_jobs.popitem(last=False)
+        self.ledger.count_end(jk, rec)
 
     def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
-        """An event about a task of this GM's users that it does not hold (it restarted,
-        and the task's job has not come back yet): kept, bounded, for that job."""
-        key = (ev.user, ev.task_id)
-        if ev.user not in self.queues or key in self.live:
+        """An event about a task of this GM's users that it does not hold: recovery
+        keeps it for the task's job; an end may be told to its user now."""
+        if ev.user not in self.queues or (ev.user, ev.task_id) in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
-        if ev.kind not in (EventKind.FINISHED, EventKind.FAILED):
-            self._orphans[key] = ev
-        else:
-            self._orphans.pop(key, None)
-            self._orphan_ended(key, ev, effects)
-        while len(self._orphans) > self.limits.recent_jobs:
-            del self._orphans[next(iter(self._orphans))]
-
-    def _orphan_ended(self, key: TaskKey, ev: TaskEvent, effects: list[Effect]) -> None:
-        """A task ended that this GM holds no record of.  If its LM said whose job it is
-        (the event, or a snapshot), its user is told now (its job may have been
-        acknowledged already: nothing else would tell); otherwise a redelivered job, or
-        the LM's snapshot, will."""
-        ok = ev.kind == EventKind.FINISHED
-        known = self.known_done.get(key)
-        if known is not None and known.reported:
-            return
-        if ev.job_id is not None and (ev.user, ev.job_id) in self._recent_jobs:
-            return  # its job ended here: each of its tasks was told already
-        if known is None or not known.spec_known:
-            spec = TaskSpec(task_id=ev.task_id, job_id=ev.job_id or JobId("unknown"),
-                            user=ev.user, demand=(0,), duration=0.0)  # fmt: skip
-            held = HeldTask(spec=spec, attempt=ev.attempt, queued_at=ev.queued_at,
-                            worker_at=ev.worker_at, started_at=ev.started_at, ended_at=ev.at,
-                            ok=ok)  # fmt: skip
-            if ev.job_id is None:  # a pool's word: its LM (a snapshot) will say whose job
-                self.known_done[key] = Ended(held, spec_known=False, reported=False)
-                return
-            # its LM knew its job: the user is told now (that job may have been
-            # acknowledged before this GM restarted, and nothing else would tell)
-            known = Ended(held, spec_known=True, reported=False)
-        task = recovered_task(
-            structs.replace(known.held, worker_at=ev.worker_at, started_at=ev.started_at,
-                            ended_at=ev.at, ok=ok),
-            self.gm_id,
-        )  # fmt: skip
-        why = "" if ok else (f"failed on worker: {ev.detail}" if ev.detail else "failed on worker")
-        self._ended(task, effects, finished=ok, reason=why)
-
-    def _orphan_running(self, task: Task) -> Task | None:
-        """A redelivered task an orphan event says runs (or ran and came back)."""
-        ev = self._orphans.pop(task.key, None)
-        if ev is None:
-            return None
-        task.attempt = max(task.attempt, ev.attempt)
-        if ev.kind in (EventKind.STARTED, EventKind.RELAUNCHED):
-            if ev.worker_at >= 0:
-                task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
-            if ev.started_at >= 0:
-                task.start(ev.started_at)
-            task.lm = ev.lm
-            self.placed[task.key] = task
-            self.counters.tasks_adopted += 1
-            return task
-        return None  # preempted or requeued: it waits in the queue like the others
-
-    def _remember_done(self, task: Task, ok: bool) -> None:
-        held = HeldTask(
-            spec=task.spec,
-            attempt=task.attempt,
-            queued_at=task.submitted_at,
-            started_at=task.started_at,
-            ended_at=task.finished_at,
-            ok=ok,
-        )
-        self.known_done[task.key] = Ended(held, spec_known=True, reported=True)
-        while len(self.known_done) > self.limits.recent_jobs:
-            del self.known_done[next(iter(self.known_done))]
+        recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
+        end = self.recovery.orphan(ev, recent)
+        if end is not None:
+            self._ended(end.task, effects, finished=end.finished, reason=end.reason)
 
     # -------------------------------------------------------------- deciding
     def _on_decide(self, msg: Decide, now: float) -> list[Effect]:
@@ -955,79 +687,21 @@ class GlobalMaster:
     def _flush(
         self, batches: dict[LmId, list[Placement]], effects: list[Effect], now: float
     ) -> None:
-        """One launch request per LM.  With a ``launch_window``, at most that many
-        unanswered per LM: placements decided meanwhile wait and share the next one.
-        Repartitions (with ``repartition_batching``): one request in flight per LM, at
-        most one per ``repartition_period_s``; those decided meanwhile travel together
-        in the next."""
-        for lm, placements in batches.items():
-            held = self._deferred.pop(lm, None)
-            self._launch_or_hold(lm, held + placements if held else placements, effects, now)
-
-    def _launch_or_hold(
-        self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
-    ) -> None:
-        """Send ``placements`` to ``lm`` now, or hold (in ``_deferred``) those the launch
-        window or the repartition batching does not let go yet."""
-        if self._window_full(lm):
-            self._deferred[lm] = placements
-            return
-        if (
-            self.overload.repartition_batching
-            and self._rep_busy(lm, now)
-            and any(p.repartition for p in placements)
-        ):
-            self._deferred[lm] = [p for p in placements if p.repartition]
-            placements = [p for p in placements if not p.repartition]
-            if not placements:
-                return
-        self._send_launch(lm, placements, effects, now)
-
-    def _window_full(self, lm: LmId) -> bool:
-        """``lm`` has as many launch requests of this GM unanswered as the window allows."""
-        window = self.overload.launch_window
-        if not window:
-            return False
-        return self._open_launches[lm] >= window
-
-    def _launch_answered(self, request_id: int) -> tuple[LmId, list[TaskKey]] | None:
-        """The launch request ``request_id`` is answered (or will never be): what it
-        asked of which LM, if it was open."""
-        sent = self._launches.pop(request_id, None)
-        if sent is not None:
-            self._open_launches[sent[0]] -= 1
-        return sent
-
-    def _rep_busy(self, lm: LmId, now: float) -> bool:
-        """A repartition request to ``lm`` is unanswered, or went out too lately."""
-        sent = self._rep_sent.get(lm)
-        if sent is None:
-            return False
-        at, rid = sent
-        return rid in self._launches or now - at < self.overload.repartition_period_s
-
-    def _flush_deferred(self, now: float, effects: list[Effect]) -> None:
-        """Placements held back (the window, repartition batching): one request per LM
-        that may take one now."""
-        for lm in list(self._deferred):
-            if not self._window_full(lm):
-                self._launch_or_hold(lm, self._deferred.pop(lm), effects, now)
+        """One launch request per LM, unless the outbox holds its placements back (the
+        launch window, repartition batching: they leave with the next one)."""
+        for lm, placements in self.outbox.release(batches, now):
+            self._send_launch(lm, placements, effects, now)
 
     def _send_launch(
         self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
     ) -> None:
-        rid = self._request_id()
+        rid = self.outbox.launched(lm, placements, now)
         self.counters.launch_requests += 1
         if any(p.repartition for p in placements):
             self.counters.repartition_messages += 1
-            self._rep_sent[lm] = (now, rid)
-        keys = []
+        inflight = self.inflight
         for p in placements:
-            key = (p.spec.user, p.spec.task_id)
-            self.inflight[key].request_id = rid
-            keys.append(key)
-        self._launches[rid] = (lm, keys)
-        self._open_launches[lm] += 1
+            inflight[(p.spec.user, p.spec.task_id)].request_id = rid
         effects.append(
             ToLm(
                 lm,
@@ -1131,7 +805,7 @@ class GlobalMaster:
         self.counters.preemption_attempts += 1
         self._preempts_sent.setdefault(req.lm, deque()).append(now)
         self.inflight[task.key] = InFlight(task, req.lm, -1, False, req.request_id)
-        self._preempts[req.request_id] = task.key
+        self.outbox.preempt_sent(req.request_id, task.key)
         self.queues.on_dispatched(task, now)
         if self.journal is not None:
             self.journal.note(task.key, now, "preempt_request", lm=req.lm,
@@ -1392,7 +1066,7 @@ class GlobalMaster:
                 return PreemptRequest(
                     gm=self.gm_id,
                     lm=lm,
-                    request_id=self._request_id(),
+                    request_id=self.outbox.request_id(),
                     spec=task.spec,
                     attempt=task.attempt,
                     victim=victim,
@@ -1479,15 +1153,10 @@ class GlobalMaster:
         its workers told it.  A task this GM placed there that it does not hold was
         lost with the old incarnation (accepted, never started): back to the front of
         its queue, as a new attempt.  One that ended meanwhile has its outcome now."""
-        by_key = {(h.spec.user, h.spec.task_id): h for h in held}
-        for key, task in list(self.placed.items()):
-            if task.lm != lm:
-                continue
-            h = by_key.get(key)
-            if h is not None and h.attempt >= task.attempt:
-                if h.ended_at < 0:
-                    continue  # it runs there
-                del self.placed[key]
+        for task, h in left_behind(lm, held, self.placed):
+            key = task.key
+            del self.placed[key]
+            if h is not None:
                 task.finished_at = h.ended_at
                 if h.ok:
                     self.queues.on_finished(task, now)
@@ -1495,7 +1164,6 @@ class GlobalMaster:
                 else:
                     self._fail(task, "failed on worker", effects)
                 continue
-            del self.placed[key]
             self.counters.lost_with_lm += 1
             if self.journal is not None:
                 self.journal.note(key, now, "lost_with_lm", lm=lm)
@@ -1513,16 +1181,14 @@ class GlobalMaster:
         would tell) and remembered, so a redelivered job does not run it again."""
         if not held:
             return
+        ledger = self.ledger
         for h in held:
             spec = h.spec
             key = (spec.user, spec.task_id)
             if spec.user not in self.queues:
                 continue
             if h.ended_at >= 0:
-                known = self.known_done.get(key)
-                unknown = not self.knows(key) or (known is not None and not known.spec_known)
-                if unknown and key not in self.live:
-                    self.known_done.pop(key, None)
+                if key not in self.live and self.recovery.unknown_end(key, ledger.holds(key)):
                     why = "" if h.ok else "failed on worker"
                     self._ended(recovered_task(h, self.gm_id), effects, finished=h.ok, reason=why)
                 continue
@@ -1536,15 +1202,16 @@ class GlobalMaster:
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
         effects = self._apply(msg.delta)
-        if self._keep_due and self._keep_due[0][0] <= now:
-            effects += self._keep_ends_due(now)
+        if self.ledger.next_keep_due() <= now:  # held long: their LMs keep their ends
+            for jk in self.ledger.keep_ends_due(now):
+                effects += self._keep_ends(jk)
         return effects
 
     # --------------------------------------------------------------- answers
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
         is refreshed from the response and the decision retried at once."""
-        sent = self._launch_answered(resp.request_id)
+        sent = self.outbox.answered(resp.request_id)
         effects: list[Effect] = []
         retry: list[Task] = []
         if sent is not None and sent[0] == resp.lm:
@@ -1620,9 +1287,9 @@ class GlobalMaster:
     def _on_request_failed(self, msg: RequestFailed, now: float) -> list[Effect]:
         """No answer will come: everything the request asked for is refused."""
         retry: list[Task] = []
-        sent = self._launch_answered(msg.request_id)
+        sent = self.outbox.answered(msg.request_id)
         keys = list(sent[1]) if sent is not None and sent[0] == msg.lm else []
-        pre = self._preempts.pop(msg.request_id, None)
+        pre = self.outbox.preempt_answered(msg.request_id)
         if pre is not None:
             keys.append(pre)
         effects: list[Effect] = []
@@ -1667,7 +1334,7 @@ class GlobalMaster:
     def _on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
         """Accepted: the task is placed (victims come back to their own GMs).
         Refused: failed verification, try the next victim (Alg. 2)."""
-        key = self._preempts.pop(resp.request_id, None)
+        key = self.outbox.preempt_answered(resp.request_id)
         effects = self._apply(resp.delta)
         fl = self.inflight.get(key) if key is not None else None
         if key is None or fl is None or fl.request_id != resp.request_id:
@@ -1709,35 +1376,18 @@ class GlobalMaster:
         return effects
 
     def _current(self, ev: TaskEvent) -> Task | None:
-        """The task an event is about, if the event is about its current attempt or a
-        newer one its LM made (a relaunch whose event is still on its way); an event
-        that overtook the LM's answer to its request settles that request."""
-        key = (ev.user, ev.task_id)
-        fl = self.inflight.get(key)
+        """The task an event is about (``Ledger.current``); a request it settled is
+        forgotten everywhere."""
+        task, fl = self.ledger.current(ev)
         if fl is not None:
-            if ev.attempt < fl.task.attempt or fl.lm != ev.lm:
-                return None
-            fl.task.attempt = ev.attempt  # newer: the LM relaunched it meanwhile
-            del self.inflight[key]
+            key = fl.task.key
             self._forget(key)
             self._release_victim(key)
             if fl.node < 0:
-                self._preempts.pop(fl.request_id, None)
+                self.outbox.preempt_answered(fl.request_id)
             view = self.views.get(fl.lm)
             if view is not None and fl.node >= 0:
                 view.release(fl.node, fl.task.demand)
-            self.placed[key] = fl.task
-            fl.task.lm = fl.lm
-            return fl.task
-        task = self.placed.get(key)
-        if task is None or ev.attempt < task.attempt:
-            return None
-        if ev.attempt > task.attempt:
-            # only its LM makes newer attempts (a relaunch): this event overtook the
-            # RELAUNCHED one, which will come as stale
-            if ev.lm != task.lm:
-                return None
-            task.attempt = ev.attempt
         return task
 
     def _on_task_event(
@@ -1822,45 +1472,11 @@ class GlobalMaster:
     def awaits(self, request_id: int) -> bool:
         """Whether a task still waits in flight for the answer to request
         ``request_id`` (an event, or the LM's new incarnation, may have settled it)."""
-        sent = self._launches.get(request_id)
-        keys = list(sent[1]) if sent is not None else []
-        pre = self._preempts.get(request_id)
-        if pre is not None:
-            keys.append(pre)
+        keys = self.outbox.asked(request_id)
         return any(
             (fl := self.inflight.get(k)) is not None and fl.request_id == request_id for k in keys
         )
 
     def tasks_of(self, keys: Iterable[TaskKey]) -> list[Task]:
         """The tasks this GM holds for ``keys`` (queued, in flight or placed)."""
-        return [t for k in keys if (t := self.live.get(k)) is not None]
-
-
-def resume_id(task_id: TaskId, attempt: int) -> JobId:
-    """The id of the one-task job that keeps a returned task on the broker: one per
-    task and attempt (task ids are a user's own: two tasks of a job returned at once
-    each get theirs), a valid id (as the codec checks) whatever the task id's length.
-    It may equal a user's own job id: GMs tell the two apart by ``resumes``."""
-    suffix = f"+r{attempt}"
-    name = str(task_id)
-    if len(name) + len(suffix) > MAX_ID_LEN:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-        name = f"{name[: MAX_ID_LEN - len(suffix) - 17]}.{digest}"
-    return JobId(f"{name}{suffix}")
-
-
-def recovered_task(h: HeldTask, gm: GmId) -> Task:
-    """A task rebuilt from what its LM knew (its GM restarted): the ledger keeps the
-    LM's times; the GM-side split before the LM accepted it is lost (queueing)."""
-    queued = h.queued_at if h.queued_at >= 0 else h.accepted_at
-    task = new_task(h.spec, queued, gm=gm)
-    task.attempt = h.attempt
-    if h.accepted_at >= 0:
-        task.mark(Phase.COMMUNICATION, h.accepted_at)
-    if h.worker_at >= 0:
-        task.mark(Phase.WORKER_QUEUEING, h.worker_at)
-    if h.started_at >= 0:
-        task.start(h.started_at)
-    if h.ended_at >= 0:
-        task.finished_at = h.ended_at
-    return task
+        return self.ledger.tasks_of(keys)

@@ -24,8 +24,9 @@ from common.messages import (
     TaskEvents,
 )
 from common.model import TaskSpec, TaskState, UserConfig
-from global_master.core import GlobalMaster, resume_id
+from global_master.core import GlobalMaster
 from global_master.policy import POLICIES, make_policy
+from global_master.recovery import resume_id
 from local_master.core import LocalMaster
 from tests.conftest import (
     decide,

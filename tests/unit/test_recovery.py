@@ -246,7 +246,7 @@ def test_a_returned_task_the_federation_can_no_longer_take_fails_explicitly() ->
     GM placed nothing for anyone.  It fails with its reason; its message is settled."""
     from common.effects import JobSettled
     from common.messages import AdmitJob
-    from global_master.core import resume_id
+    from global_master.recovery import resume_id
 
     gm = make_gm()
     sync_views(gm, LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0]))
@@ -361,7 +361,7 @@ def test_a_pool_out_of_touch_with_its_lm_stops_its_tasks_before_they_run_elsewhe
 
 def test_the_id_of_a_returned_task_s_job_is_always_a_valid_id() -> None:
     from common.ids import TaskId
-    from global_master.core import resume_id
+    from global_master.recovery import resume_id
 
     for jid in ("j0", "a" * 200, "x.y:z@w+1-" * 18):
         rid = resume_id(TaskId(jid), 12)
