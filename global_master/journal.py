@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from common.messages import EventKind, TaskEvent
 from common.model import Task, TaskKey
 
 PER_TASK = 32
@@ -183,6 +184,21 @@ class Journal:
         if trail is not None and any(s.what == "started" and s.at == at for s in trail.steps):
             return
         self.note(key, at, "started", lm=lm, node=node)
+
+    def event(self, key: TaskKey, ev: TaskEvent) -> None:
+        """An LM's event about task ``key`` (an end is noted when the task ends)."""
+        if ev.started_at >= 0:
+            self.started(key, ev.started_at, ev.lm, ev.node)
+        if ev.kind not in (EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED):
+            self.note(key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
+
+    def close_task(self, task: Task, *, finished: bool, reason: str) -> None:
+        """``task`` ended: ``close`` at its end, or, if it failed before it ran
+        (infeasible, a parent failed), at its last mark."""
+        at = task.finished_at
+        if at < 0:
+            at = task.marks[-1][0] if task.marks else task.submitted_at
+        self.close(task, at, finished=finished, reason=reason)
 
     def close(self, task: Task, at: float, *, finished: bool, reason: str) -> None:
         """``task`` ended: its timeline moves to the ring of ended tasks."""

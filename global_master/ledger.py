@@ -19,8 +19,9 @@ Invariants:
   reads them at every decision that does not place its task) and each user's live tasks
   (admission reads them).
 
-Who changes what: the ledger moves tasks between its tables and answers questions; it
-sends nothing and calls no other piece of the GM.
+Who changes what: the ledger moves tasks between its tables, stamps the times an LM's
+answers and events carry into each task's allocation-time ledger (``took``,
+``round_trip``) and answers questions; it sends nothing and calls no other piece.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import ConfigError
 from common.ids import JobId, LmId, UserId
-from common.messages import TaskEvent
-from common.model import Resources, Task, TaskKey, TaskState
+from common.messages import ENDS_RETAINED_S, EventKind, TaskEvent
+from common.model import Phase, Resources, Task, TaskKey, TaskState
 
 JobKey = tuple[UserId, JobId]
 
@@ -146,7 +148,11 @@ class JobRecord:
 class Ledger:
     """Every task of this GM's users that it holds, and every job it has a record of."""
 
-    def __init__(self, *, recent_jobs: int, keep_ends_after_s: float) -> None:
+    def __init__(self, recent_jobs: int, keep_ends_after_s: float) -> None:
+        if not 0.0 <= keep_ends_after_s < ENDS_RETAINED_S:
+            raise ConfigError(
+                f"keep_ends_after_s must be in [0, {ENDS_RETAINED_S:g}), got {keep_ends_after_s}"
+            )
         self.inflight = InFlightTable()
         self.placed: dict[TaskKey, Task] = {}
         self.live = LiveTable()
@@ -160,7 +166,8 @@ class Ledger:
         """Ended jobs remembered (so a reused id is refused): at most this many."""
         self.keep_ends_after_s = keep_ends_after_s
         """A job whose delivery is held this long has its LMs keep its ended attempts
-        (``KeepEnds``) until it settles."""
+        (``KeepEnds``) until it settles: well within what they keep anyway
+        (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
         self._keep_due: deque[tuple[float, JobKey]] = deque()
         """Jobs by when their ends are to be kept (in admission order)."""
 
@@ -284,3 +291,42 @@ class Ledger:
                 return None, None
             task.attempt = ev.attempt
         return task, None
+
+    def relaunched(self, ev: TaskEvent) -> Task | None:
+        """Its LM relaunched a placed task (its worker was lost) as a newer attempt: the
+        task, so updated (None: stale, not placed or not newer)."""
+        task = self.placed.get((ev.user, ev.task_id))
+        if task is None or ev.attempt <= task.attempt:
+            return None
+        if ev.started_at >= 0:
+            task.start(ev.started_at)
+        task.mark(Phase.COMMUNICATION, ev.at)
+        task.attempt = ev.attempt
+        task.lm = ev.lm
+        return task
+
+    def took(self, task: Task, ev: TaskEvent, now: float) -> None:
+        """An event about ``task``'s current attempt (``current``): its times; a task
+        that ended or came back (preempted, requeued) leaves ``placed``."""
+        if ev.worker_at >= 0:
+            task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
+        if ev.started_at >= 0:
+            task.start(ev.started_at)
+        kind = ev.kind
+        if kind == EventKind.STARTED:
+            return
+        del self.placed[task.key]
+        if kind == EventKind.FINISHED or kind == EventKind.FAILED:
+            task.finished_at = ev.at
+            return
+        task.mark(Phase.COMMUNICATION, ev.at)
+        task.mark(Phase.QUEUEING, now)
+
+
+def round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
+    """A request's trip, in the task's allocation-time ledger: on the wire, validated
+    at the LM, on the wire back."""
+    if request_sent >= 0:
+        task.mark(Phase.COMMUNICATION, request_sent)
+    task.mark(Phase.PROCESSING, received)
+    task.mark(Phase.COMMUNICATION, sent)

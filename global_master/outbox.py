@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from common.ids import LmId
-from common.messages import Placement
-from common.model import TaskKey
+from common.ids import GmId, LmId, UserId
+from common.messages import LaunchRequest, Placement, PreemptRequest
+from common.model import Task, TaskKey
 from common.overload import OverloadPolicy
 
 Release = tuple[LmId, list[Placement]]
@@ -36,7 +36,8 @@ Release = tuple[LmId, list[Placement]]
 class Outbox:
     """This GM's requests to LMs: those unanswered, and placements held back."""
 
-    def __init__(self, overload: OverloadPolicy) -> None:
+    def __init__(self, gm: GmId, overload: OverloadPolicy) -> None:
+        self.gm = gm
         self.launch_window = overload.launch_window
         self.batching = overload.repartition_batching
         self.period = overload.repartition_period_s
@@ -102,14 +103,17 @@ class Outbox:
         at, rid = sent
         return rid in self._launches or now - at < self.period
 
-    def launched(self, lm: LmId, placements: list[Placement], now: float) -> int:
-        """A launch request with ``placements`` leaves for ``lm``: its id."""
+    def launch(
+        self, lm: LmId, placements: list[Placement], now: float, known_version: int
+    ) -> LaunchRequest:
+        """The launch request with ``placements`` that leaves for ``lm`` now."""
         rid = self.request_id()
         if any(p.repartition for p in placements):
             self._rep_sent[lm] = (now, rid)
         self._launches[rid] = (lm, [(p.spec.user, p.spec.task_id) for p in placements])
         self._open_launches[lm] += 1
-        return rid
+        return LaunchRequest(gm=self.gm, lm=lm, request_id=rid, placements=tuple(placements),
+                             known_version=known_version)  # fmt: skip
 
     def answered(self, request_id: int) -> tuple[LmId, list[TaskKey]] | None:
         """The launch request ``request_id`` is answered (or will never be): what it
@@ -120,9 +124,14 @@ class Outbox:
         return sent
 
     # ------------------------------------------------------------ preemptions
-    def preempt_sent(self, request_id: int, key: TaskKey) -> None:
-        """A preemption request for task ``key`` left."""
-        self._preempts[request_id] = key
+    def preempt(self, task: Task, victim: UserId, lm: LmId, known_version: int) -> PreemptRequest:
+        """The preemption request for ``task`` (its attempt counted already) that leaves
+        for ``lm`` now: make room by preempting tasks of ``victim``."""
+        rid = self.request_id()
+        self._preempts[rid] = task.key
+        return PreemptRequest(gm=self.gm, lm=lm, request_id=rid, spec=task.spec,
+                              attempt=task.attempt, victim=victim, known_version=known_version,
+                              queued_at=task.submitted_at)  # fmt: skip
 
     def preempt_answered(self, request_id: int) -> TaskKey | None:
         """The preemption request ``request_id`` is answered (or will never be): the

@@ -27,7 +27,7 @@ end, tasks found running, a job to persist); the core applies them to the ledger
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from msgspec import structs
@@ -58,6 +58,18 @@ class Ending:
     task: Task
     finished: bool
     reason: str
+
+
+@dataclass(slots=True)
+class Resumed:
+    """What a persisted return's message (``resume_job``) names, after ``resume``."""
+
+    waiting: set[TaskKey] = field(default_factory=set)
+    """Tasks held here (or queued again now) that it is bound to."""
+    queued: list[Task] = field(default_factory=list)
+    """Tasks lost with a predecessor of this GM: to the front of their queues."""
+    failed: list[tuple[Task, str]] = field(default_factory=list)
+    """Tasks that cannot run as they were (the federation changed meanwhile)."""
 
 
 @dataclass(slots=True)
@@ -224,18 +236,45 @@ class Recovery:
         """The persisted return ``rk`` is bound already (its message came again)."""
         return rk in self.resumes
 
-    def follow(self, key: TaskKey, rk: ResumeKey) -> None:
-        """Task ``key``, held here, is one the persisted return ``rk`` names."""
-        self._resume_of[key] = rk
-
-    def bind(self, rk: ResumeKey, keys: set[TaskKey]) -> bool:
-        """Bind the persisted return ``rk`` to the tasks it names that are held here
-        (``follow``): acknowledged once they are placed again.  False: none is held,
-        it is settled now."""
-        if not keys:
-            return False
-        self.resumes[rk] = keys
-        return True
+    def resume(
+        self,
+        job: SubmitJob,
+        now: float,
+        placed: Container[TaskKey],
+        live: Container[TaskKey],
+        known: Container[TaskKey],
+        width: int,
+    ) -> Resumed:
+        """A persisted return's message came (``job``; not bound yet: ``resuming``).
+        The tasks it names that this GM holds (``live``, not ``placed``) are bound to
+        it; those it does not hold nor ``known`` to have ended (a predecessor of this
+        GM had them) are made again, as the newer attempt it names."""
+        rk = (job.user, job.job_id)
+        out = Resumed()
+        seen: set[TaskKey] = set()
+        for spec in job.tasks:
+            key = (spec.user, spec.task_id)
+            if key in seen or key in placed or spec.user != job.user:
+                continue
+            seen.add(key)
+            if key not in live:
+                if key in known:
+                    continue
+                task = new_task(spec, now, gm=self.gm)  # lost with a predecessor: queue it
+                if width and len(spec.demand) != width:  # the federation changed meanwhile
+                    why = (
+                        f"wrong_resources: {len(spec.demand)} resource amounts, "
+                        f"the federation has {width}"
+                    )
+                    out.failed.append((task, why))
+                    continue
+                task.attempt = job.attempt  # placed again as a newer attempt than it ran as
+                out.queued.append(task)
+            out.waiting.add(key)  # acknowledged once placed
+            self._resume_of[key] = rk
+        if out.waiting:
+            self.resumes[rk] = out.waiting
+        return out
 
     def settle(self, key: TaskKey) -> ResumeKey | None:
         """Task ``key`` was accepted by an LM or failed: the persisted return it was bound

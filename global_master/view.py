@@ -14,6 +14,12 @@ The matching itself (AND of constraint vectors, then a first-fit scan of the nod
 whose bit survives) lives here because it is the hot path: eligibility vectors are
 cached per constraint mask (machine constraints and homes never change), and an
 ``avail`` vector (every resource > 0) skips full nodes without touching them.
+
+``Views`` holds a GM's view of every LM: a view is made from an LM's snapshot (which
+keeps the GM's pending reservations) and follows that LM incarnation's updates
+(``epoch``); an update of an older incarnation is stale, one of a newer incarnation
+or one after a gap asks for a snapshot (once until it comes).  The GM decides only
+once it has a view of every LM.  ``Views`` counts what it sees in the GM's counters.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from __future__ import annotations
 from bitarray import bitarray
 
 from common.ids import GmId, LmId, UserId
-from common.messages import ClusterLayout, StateDelta
+from common.messages import ClusterLayout, SnapshotRequest, StateDelta, StateSnapshot, TaskEvent
+from common.metrics import GmCounters
 from common.model import N_CONSTRAINTS, Resources
 
 
@@ -191,3 +198,94 @@ class LmView:
             self.pending[i] = None
         self.freed.add(i)
         self._set_avail(i)
+
+
+class Views:
+    """A GM's views of every LM of the federation, and what they add up to."""
+
+    def __init__(self, gm: GmId, lms: list[LmId], counters: GmCounters) -> None:
+        self.gm = gm
+        self.lms = lms
+        self.counters = counters
+        self.by_lm: dict[LmId, LmView] = {}
+        self.capacity: list[int] = []
+        """The federation's capacity in each resource (from the views' layouts)."""
+        self.node_caps: frozenset[Resources] = frozenset()
+        """The distinct node capacities of the federation."""
+        self._wanted: set[LmId] = set()
+        """LMs asked for a snapshot that has not come yet."""
+        self._restart_counted: dict[LmId, int] = {}
+        """The newest epoch of each LM counted in ``lm_restarts_seen``: an incarnation is
+        counted once, however many of its updates come before its snapshot."""
+
+    def version_of(self, lm: LmId) -> int:
+        """The version of ``lm``'s state this GM's view holds (-1: none)."""
+        v = self.by_lm.get(lm)
+        return -1 if v is None else v.version
+
+    def want_snapshot(self, lm: LmId) -> list[SnapshotRequest]:
+        """A request for ``lm``'s snapshot, unless one is awaited (or it is no LM here)."""
+        if lm in self._wanted or lm not in self.lms:
+            return []
+        self._wanted.add(lm)
+        return [SnapshotRequest(gm=self.gm, lm=lm)]
+
+    def apply(self, delta: StateDelta) -> tuple[bool, list[SnapshotRequest]]:
+        """An LM's update: whether it changed the view, and a snapshot to ask for (an
+        LM without a view yet, a new incarnation, a gap in the versions)."""
+        view = self.by_lm.get(delta.lm)
+        if view is None:
+            return False, self.want_snapshot(delta.lm)
+        if delta.epoch != view.epoch:
+            if delta.epoch < view.epoch:  # from an incarnation that has been replaced
+                self.counters.stale_updates += 1
+                return False, []
+            if self._restart_counted.get(delta.lm, view.epoch) < delta.epoch:
+                self._restart_counted[delta.lm] = delta.epoch  # the LM restarted
+                self.counters.lm_restarts_seen += 1
+            return False, self.want_snapshot(delta.lm)  # its versions began anew
+        changed, gap = view.apply(delta)
+        self.counters.updates_applied += 1
+        if gap:
+            self.counters.gaps += 1
+            return changed, self.want_snapshot(delta.lm)
+        return changed, []
+
+    def take_snapshot(self, snap: StateSnapshot) -> bool | None:
+        """An LM's snapshot becomes its view (this GM's reservations kept), and the
+        federation's capacity is added up again.  None: not taken (no LM of this
+        federation, or an older incarnation); True: a newer incarnation than the view
+        it replaces (the LM restarted, or its standby took over)."""
+        lm = snap.layout.lm
+        if lm not in self.lms:
+            return None
+        old = self.by_lm.get(lm)
+        if old is not None and snap.state.epoch < old.epoch:
+            self.counters.stale_updates += 1
+            return None
+        view = LmView(snap.layout)
+        view.epoch = snap.state.epoch
+        if old is not None:  # keep this GM's in-flight reservations
+            for i, pend in enumerate(old.pending):
+                if pend is not None and i < view.n:
+                    view.pending[i] = list(pend)
+        view.apply(snap.state)
+        self.by_lm[lm] = view
+        totals = [v.capacity_total for v in self.by_lm.values() if v.n]
+        self.capacity = [sum(col) for col in zip(*totals, strict=True)]
+        self.node_caps = frozenset().union(*(v.capacity_kinds for v in self.by_lm.values()))
+        self._wanted.discard(lm)
+        return old is not None and snap.state.epoch > old.epoch
+
+    def node_event(self, ev: TaskEvent, fresh: bool) -> bool | None:
+        """A task event carries its node's state: taken if the event is from the LM's
+        current incarnation (``fresh``) and newer.  True: the node changed; None: the
+        event is not from an LM of this federation as it is (stale)."""
+        view = self.by_lm.get(ev.lm)
+        if view is None:
+            # before this (restarted) GM's first snapshot of that LM: the node's state
+            # comes with the snapshot, the task's end must not be lost meanwhile
+            return False if ev.lm in self.lms else None
+        if not 0 <= ev.node < view.n or len(ev.node_free) != len(self.capacity):
+            return None
+        return fresh and view.set_node(ev.node, ev.node_free, ev.node_version)

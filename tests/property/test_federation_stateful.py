@@ -411,9 +411,9 @@ class Federation(RuleBasedStateMachine):
                 per[tuple(fl.task.demand)] = per.get(tuple(fl.task.demand), 0) + 1
             assert gm.inflight.demands == want
             for user in want:  # the cached share is the sum's
-                got = gm.inflight.share(user, gm._share_of)
+                got = gm.inflight.share(user, gm.fairness.share_of)
                 assert got == pytest.approx(
-                    sum(gm._share_of(fl.task.demand) for fl in gm.inflight.values()
+                    sum(gm.fairness.share_of(fl.task.demand) for fl in gm.inflight.values()
                         if fl.task.user == user)
                 )  # fmt: skip
 

@@ -265,7 +265,7 @@ def test_a_task_of_a_redelivered_job_ending_before_its_slice_is_queued_runs_once
 # ------------------------------------------------------------ a user's task limit
 def two_users(limit: int, admit_slice: int = 1000) -> GlobalMaster:
     gm = make_gm(users=(("u0", "gm0", 0.5), ("u1", "gm0", 0.5)), admit_slice=admit_slice)
-    gm.limits = AdmissionLimits(max_user_tasks=limit)
+    gm.admission.limits = AdmissionLimits(max_user_tasks=limit)
     sync_views(gm, make_lm(nodes=[(4, 4)] * 2))
     return gm
 

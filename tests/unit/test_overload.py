@@ -251,8 +251,8 @@ def _gm_state(gm: GlobalMaster) -> tuple[object, ...]:
     return (
         counters,
         [t.key for t in gm.waiting],
-        dict(gm._starved),
-        gm._grace_check,
+        dict(gm.fairness.starved),
+        gm.fairness.grace_check,
         gm.has_work(),
         list(gm.wait_reasons),
         [(t.decisions, list(t.waits)) for t in gm.waiting],
