@@ -124,7 +124,9 @@ class GlobalMaster:
         self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
         self.finished, self.failed, self.jobs = ledger.finished, ledger.failed, ledger.jobs
         self.known_done = self.recovery.known_done
-        self._held = self.outbox.held
+        # what the hot paths look at before asking a piece (empty: nothing to ask)
+        self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
+        self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             AdmitJob: lambda msg, now: self._admit_job(msg, now, now),
             AdmitMore: self._on_admit_more,
@@ -364,7 +366,7 @@ class GlobalMaster:
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
-        rk = self.recovery.settle(task.key)
+        rk = self.recovery.settle(task.key) if self._resume_of else None
         if rk is not None:
             effects.append(JobSettled(rk[1], rk[0], resume=True))
         settled = self.ledger.settle(task)
@@ -412,7 +414,6 @@ class GlobalMaster:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
         key = task.key
-        self.ledger.end(task, finished=finished, reason=reason)
         if self.journal is not None:
             self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
@@ -425,20 +426,23 @@ class GlobalMaster:
             effects.append(ToUser(task.user, outcome))
         jk = (task.user, task.job_id)
         rec = self.jobs.get(jk)
-        if rec is None or self.admission.pending(jk, key):
+        if rec is None or (self.admitting and self.admission.pending(jk, key)):
             # adopted after a restart: its job may still be redelivered, or still have
             # this task's slice to queue (which then finds it ended)
+            self.ledger.end(key, finished=finished, reason=reason)
             self.recovery.remember_done(task, finished)
             return
         if not finished:
             self._settle(task, effects)
-        self.ledger.count_end(jk, rec)
+        self.ledger.end(key, finished=finished, reason=reason, job=(jk, rec))
 
     def _forget(self, key: TaskKey) -> None:
         """Task ``key`` was placed, went back to its queue, or ended: no retries held,
         no victims tried."""
-        self.placer.forget(key)
-        self.fairness.forget(key)
+        if self._retries:
+            self.placer.forget(key)
+        if self._tried:
+            self.fairness.forget(key)
 
     # -------------------------------------------------------------- deciding
     def decide(self, now: float, max_tasks: int = 1) -> list[Effect]:
@@ -460,22 +464,28 @@ class GlobalMaster:
         """A round of decisions is over: the next one starts its walk at the next LM
         (``Placer.match``); each LM's placements leave in one launch request, unless
         the outbox holds them back (the launch window, repartition batching)."""
-        if batches:
-            self.placer.next_round()
-        for lm, placements in self.outbox.release(batches, now):
+        if not batches:
+            return effects
+        self.placer.next_round()
+        outbox = self.outbox
+        for lm, placements in (
+            batches.items() if outbox.passes_all else outbox.release(batches, now)
+        ):
             self._send_launch(lm, placements, effects, now)
         return effects
 
     def _send_launch(
         self, lm: LmId, placements: list[Placement], effects: list[Effect], now: float
     ) -> None:
-        req = self.outbox.launch(lm, placements, now, self.lm_views.version_of(lm))
+        keys = [(p.spec.user, p.spec.task_id) for p in placements]
+        rep = any(p.repartition for p in placements)
+        req = self.outbox.launch(lm, placements, keys, rep, now, self.lm_views.version_of(lm))
         self.counters.launch_requests += 1
-        if any(p.repartition for p in placements):
+        if rep:
             self.counters.repartition_messages += 1
-        inflight = self.inflight
-        for p in placements:
-            inflight[(p.spec.user, p.spec.task_id)].request_id = req.request_id
+        inflight, rid = self.inflight, req.request_id
+        for key in keys:
+            inflight[key].request_id = rid
         effects.append(ToLm(lm, req))
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
@@ -853,41 +863,45 @@ class GlobalMaster:
         if seen:
             self.queues.new_epoch()
         kind = ev.kind
-        task = self.ledger.relaunched(ev) if kind == EventKind.RELAUNCHED else self._current(ev)
+        if kind == EventKind.RELAUNCHED:
+            task = self.ledger.relaunched(ev)
+            if task is None:
+                self.counters.stale_events += 1
+            elif self.journal is not None:
+                self.journal.event(task.key, ev)
+            return
+        task, fl = self.ledger.current(ev)
+        if fl is not None:  # the event overtook its LM's answer: that request is over
+            self._forget(fl.task.key)
+            self._release(fl)
+            if fl.node < 0:
+                self.outbox.preempt_answered(fl.request_id)
         if task is None:
             self.counters.stale_events += 1
-            if kind != EventKind.RELAUNCHED:
-                self._orphan(ev, effects)
+            self._orphan(ev, effects)
             return
-        if kind != EventKind.RELAUNCHED:
-            self._settle(task, effects)
-            self.ledger.took(task, ev, now)
+        self._settle(task, effects)
+        self.ledger.took(task, ev, now)
         if self.journal is not None:
             self.journal.event(task.key, ev)
-        if kind == EventKind.STARTED or kind == EventKind.RELAUNCHED:
+        if kind == EventKind.STARTED:
             return
         if kind == EventKind.FINISHED or kind == EventKind.FAILED:
             self.counters.ends_seen += 1
             self.counters.end_lag_s += now - ev.at
-            if task.user in self.queues:
+            if task.user not in self.queues:
+                return
+            if kind == EventKind.FINISHED:
+                self.queues.on_finished(task, now)
+                self._ended(task, effects, finished=True, reason="")
+            else:
                 why = f"failed on worker: {ev.detail}" if ev.detail else "failed on worker"
-                self._end(task, kind == EventKind.FINISHED, why, now, effects)
+                self._fail(task, why, effects)
             return
         # preempted or requeued: back to the front of its own queue, never lost
         if kind == EventKind.PREEMPTED:
             self.counters.preempted_requeued += 1
         self._back_to_front(task, now, effects)
-
-    def _current(self, ev: TaskEvent) -> Task | None:
-        """The task an event is about (``Ledger.current``); a request it settled is
-        forgotten everywhere."""
-        task, fl = self.ledger.current(ev)
-        if fl is not None:
-            self._forget(fl.task.key)
-            self._release(fl)
-            if fl.node < 0:
-                self.outbox.preempt_answered(fl.request_id)
-        return task
 
     def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
         """An event about a task of this GM's users that it does not hold: recovery

@@ -96,7 +96,8 @@ class Fairness:
         self._pending: dict[UserId, float] = {}
         """Shares asked of each victim by requests not yet answered."""
         self._victim_of: dict[TaskKey, tuple[UserId, float]] = {}
-        self._tried: dict[TaskKey, set[tuple[UserId, LmId]]] = {}
+        self.tried: dict[TaskKey, set[tuple[UserId, LmId]]] = {}
+        """(victim, LM) pairs asked per task (read-only outside: empty means none held)."""
 
     # ------------------------------------------------------------- shares
     def rescale(self, capacity: Sequence[int]) -> None:
@@ -244,7 +245,7 @@ class Fairness:
         if have >= mine:
             self.starved.pop(task.user, None)
             return NoVictim(WaitReason.USER_AT_SHARE)
-        tried = self._tried.setdefault(task.key, set())
+        tried = self.tried.setdefault(task.key, set())
         limited = False
         for victim in self._violators(task.user, shares, (have + need) / mine, need):
             ranked = sorted(
@@ -308,4 +309,4 @@ class Fairness:
 
     def forget(self, key: TaskKey) -> None:
         """Task ``key`` was placed, went back to its queue, or ended: no victims tried."""
-        self._tried.pop(key, None)
+        self.tried.pop(key, None)

@@ -120,8 +120,13 @@ class LiveTable(dict[TaskKey, Task]):
         super().__delitem__(key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
-        if key in self:
-            self._forget(key)
+        if key in self:  # (as _forget, inline: every task that ends passes here)
+            user = key[0]
+            n = self.per_user[user] - 1
+            if n:
+                self.per_user[user] = n
+            else:
+                del self.per_user[user]
         return super().pop(key, *default)
 
     def _forget(self, key: TaskKey) -> None:
@@ -225,17 +230,24 @@ class Ledger:
         kept, rec.keeps_ends = rec.keeps_ends, False
         return jk, kept
 
-    def end(self, task: Task, *, finished: bool, reason: str) -> None:
-        """``task`` finished or failed for good: it leaves the live tables."""
-        key = task.key
+    def end(
+        self,
+        key: TaskKey,
+        *,
+        finished: bool,
+        reason: str,
+        job: tuple[JobKey, JobRecord] | None = None,
+    ) -> None:
+        """Task ``key`` finished or failed for good: it leaves the live tables.  With its
+        ``job`` (key and record): counted there (the last of its tasks retires it)."""
         self.live.pop(key, None)
         if finished:
             self.finished.add(key)
         else:
             self.failed[key] = reason
-
-    def count_end(self, jk: JobKey, rec: JobRecord) -> None:
-        """One more task of job ``jk`` ended; the last retires its record."""
+        if job is None:
+            return
+        jk, rec = job
         rec.left -= 1
         if rec.left > 0:
             return

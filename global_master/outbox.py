@@ -41,6 +41,9 @@ class Outbox:
         self.launch_window = overload.launch_window
         self.batching = overload.repartition_batching
         self.period = overload.repartition_period_s
+        self.passes_all = not self.launch_window and not self.batching
+        """No window, no batching: every placement leaves at once (``release`` is the
+        identity, nothing is ever held)."""
         self.held: dict[LmId, list[Placement]] = {}
         """Placements decided but held back (the window, repartition batching), per LM."""
         self._next_request = 0
@@ -104,13 +107,20 @@ class Outbox:
         return rid in self._launches or now - at < self.period
 
     def launch(
-        self, lm: LmId, placements: list[Placement], now: float, known_version: int
+        self,
+        lm: LmId,
+        placements: list[Placement],
+        keys: list[TaskKey],
+        repartition: bool,
+        now: float,
+        known_version: int,
     ) -> LaunchRequest:
-        """The launch request with ``placements`` that leaves for ``lm`` now."""
+        """The launch request with ``placements`` (of tasks ``keys``; ``repartition``:
+        some of them are) that leaves for ``lm`` now."""
         rid = self.request_id()
-        if any(p.repartition for p in placements):
+        if repartition:
             self._rep_sent[lm] = (now, rid)
-        self._launches[rid] = (lm, [(p.spec.user, p.spec.task_id) for p in placements])
+        self._launches[rid] = (lm, keys)
         self._open_launches[lm] += 1
         return LaunchRequest(gm=self.gm, lm=lm, request_id=rid, placements=tuple(placements),
                              known_version=known_version)  # fmt: skip

@@ -48,7 +48,8 @@ class Placer:
         self.rr: dict[bool, int] = {True: 0, False: 0}
         """Where the next round-robin walk of internal (True) / external partitions starts."""
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
-        self._retries: dict[TaskKey, int] = {}
+        self.retries: dict[TaskKey, int] = {}
+        """Inconsistency retries per task (read-only outside: empty means none held)."""
 
     def match(
         self,
@@ -95,15 +96,15 @@ class Placer:
 
     def retry(self, key: TaskKey) -> bool:
         """May task ``key``, refused by an LM, be decided again at once?  (Counted.)"""
-        n = self._retries.get(key, 0) + 1
+        n = self.retries.get(key, 0) + 1
         if n > self.max_retries:
             return False
-        self._retries[key] = n
+        self.retries[key] = n
         return True
 
     def forget(self, key: TaskKey) -> None:
         """Task ``key`` was placed, went back to its queue, or ended: no retries held."""
-        self._retries.pop(key, None)
+        self.retries.pop(key, None)
 
 
 def woken(

@@ -122,7 +122,8 @@ class UserQueues:
 
     def on_finished(self, task: Task, now: float) -> None:
         """A task of these queues finished (its children may become runnable)."""
-        self.release_children(task, now)
+        if self._dags:  # (no DAG job held: no child to release)
+            self.release_children(task, now)
 
     def add_job(self, job: DagJob, now: float, started: Collection[TaskId] = ()) -> None:
         """A DAG job: root stages are queued now, others when their parent stages finish;

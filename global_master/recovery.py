@@ -104,7 +104,8 @@ class Recovery:
         redelivered job takes them as they are instead of running them twice."""
         self.resumes: dict[ResumeKey, set[TaskKey]] = {}
         """Persisted returns (see ``resume_job``) still waiting to be placed again."""
-        self._resume_of: dict[TaskKey, ResumeKey] = {}
+        self.resume_of: dict[TaskKey, ResumeKey] = {}
+        """The persisted return each task is bound to (read-only outside)."""
 
     # ------------------------------------------------------------- ends
     def remember_done(self, task: Task, ok: bool) -> None:
@@ -271,7 +272,7 @@ class Recovery:
                 task.attempt = job.attempt  # placed again as a newer attempt than it ran as
                 out.queued.append(task)
             out.waiting.add(key)  # acknowledged once placed
-            self._resume_of[key] = rk
+            self.resume_of[key] = rk
         if out.waiting:
             self.resumes[rk] = out.waiting
         return out
@@ -279,7 +280,7 @@ class Recovery:
     def settle(self, key: TaskKey) -> ResumeKey | None:
         """Task ``key`` was accepted by an LM or failed: the persisted return it was bound
         to, if that was its last task (it may be acknowledged now)."""
-        rk = self._resume_of.pop(key, None)
+        rk = self.resume_of.pop(key, None)
         if rk is None:
             return None
         waiting = self.resumes.get(rk)

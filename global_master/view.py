@@ -134,9 +134,8 @@ class LmView:
         return any(all(c >= d for c, d in zip(cap[i], demand, strict=True)) for i in v.search(1))
 
     # ------------------------------------------------------------- updates
-    def _set_avail(self, i: int) -> None:
-        self.avail[i] = all(x > 0 for x in self.free[i])
-
+    # ``avail[i]``: node i has some of every resource free, all(x > 0 for x in free[i])
+    # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths)
     def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
         """Take a reported value if it is newer than what the view holds."""
         if node_version <= self.node_version[i]:
@@ -152,7 +151,7 @@ class LmView:
             if a > b:
                 self.freed.add(i)
                 break
-        self._set_avail(i)
+        self.avail[i] = not new or min(new) > 0
         return True
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
@@ -177,6 +176,7 @@ class LmView:
         return changed, gap
 
     def reserve(self, i: int, demand: Resources) -> None:
+        """This GM asked for ``demand`` on node ``i``: pending until the answer."""
         pend = self.pending[i]
         if pend is None:
             pend = self.pending[i] = [0] * len(demand)
@@ -184,9 +184,10 @@ class LmView:
         for r, d in enumerate(demand):
             pend[r] += d
             f[r] -= d
-        self._set_avail(i)
+        self.avail[i] = not f or min(f) > 0
 
     def release(self, i: int, demand: Resources) -> None:
+        """The answer came (or never will): ``demand`` on node ``i`` is no longer pending."""
         pend = self.pending[i]
         if pend is None:
             return
@@ -197,7 +198,7 @@ class LmView:
         if not any(pend):
             self.pending[i] = None
         self.freed.add(i)
-        self._set_avail(i)
+        self.avail[i] = not f or min(f) > 0
 
 
 class Views:
