@@ -51,6 +51,7 @@ import yaml
 
 from common.config import (
     BROKER_ENV,
+    STATE_ENV,
     FederationConfig,
     ProcessSpec,
     load_config,
@@ -402,6 +403,7 @@ def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Man
     svc: Manifest = {**base, "command": p.argv, "environment": env, "secrets": mounts}
     if p.role != "gm":
         svc["volumes"] = [*base["volumes"], f"{p.name}-state:{STATE_DIR}"]
+        env[STATE_ENV] = STATE_DIR
     if "network_mode" not in base:
         svc["ports"] = [f"{p.port}:{p.port}"]
     svc["healthcheck"] = {

@@ -26,8 +26,8 @@ from aiohttp import web
 
 from common import broker_names as names
 from common import codec
-from common.config import FederationConfig
-from common.effects import ToAllGms, ToGm, ToWorker
+from common.config import STATE_ENV, FederationConfig
+from common.effects import Record, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId
 from common.messages import (
     CheckWorkers,
@@ -60,6 +60,7 @@ from runtime.http import (
     service_identity,
     session,
 )
+from runtime.journal import DurableState, JournalBusy
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -99,6 +100,12 @@ class LmService:
         self.lm = lm
         self.access = access
         self.sealer: Sealer | None = None
+        state_root = os.environ.get(STATE_ENV)
+        self.state: DurableState | None = None
+        """This LM's journal (``$MEGHA_STATE_DIR/<lm>``, shared with its standby, which
+        takes it over with the lead): what it holds outlives every process."""
+        if state_root:
+            self.state = DurableState(os.path.join(state_root, lm), "lm", sync_s=cfg.journal_sync_s)
         self.sup = Supervisor(lm)
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
@@ -129,7 +136,7 @@ class LmService:
             self.lm, cluster.nodes, cluster.home, gms=self.cfg.gm_ids, epoch=epoch,
             awaiting_workers=True,
             victims_younger_than_wait=self.cfg.victims_younger_than_wait,
-            reroute=self.cfg.reroute_at_lm,
+            reroute=self.cfg.reroute_at_lm, durable=self.state is not None,
         )  # fmt: skip
 
     async def open(self) -> None:
@@ -179,8 +186,12 @@ class LmService:
         epoch = await self._next_epoch()
         self.sealer = self.access.sealer(epoch)
         self.core = self._new_core(epoch)
+        if self.state is not None:
+            self.core.restore(await self._take_journal(), time.time())
+            self.sup.run_forever(self.state.sync_forever(), "journal sync")
         self.driver = CoreDriver(self.core, self.sup)
         d = self.driver
+        d.on(Record, self._record)
         d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
         d.on(ToGm, self._event_to_gm)
         d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
@@ -192,6 +203,29 @@ class LmService:
         d.every(self.cfg.heartbeat_s, lambda: check, "liveness")
         self.active = True
         log.info("%s active, epoch %d", self.lm, epoch)
+
+    async def _take_journal(self) -> list[object]:
+        """This LM's journal, once no other process of it holds it (a standby taking
+        the lead waits for the former leader's process to be gone)."""
+        assert self.state is not None
+        for attempt in itertools.count():
+            try:
+                records = self.state.open()
+            except JournalBusy:
+                if attempt % 20 == 0:
+                    log.warning("%s waits for its journal: another process holds it", self.lm)
+                await asyncio.sleep(self.cfg.heartbeat_s / 2)
+                continue
+            log.info("%s read %d journal records", self.lm, len(records))
+            return records
+        raise AssertionError("unreachable")
+
+    def _record(self, eff: Record) -> None:
+        """Journal records go to disk before anything else of their message leaves."""
+        assert self.state is not None
+        self.state.record(eff)
+        if self.state.needs_compaction:
+            self.state.compact(self.core.records())
 
     async def _next_epoch(self) -> int:
         """One more than any incarnation of this LM took (or the time in ms, if later),
@@ -229,6 +263,8 @@ class LmService:
 
     async def close(self) -> None:
         await self.sup.__aexit__(None, None, None)
+        if self.state is not None:
+            self.state.close()
         await self.broker.close()
         if self.http is not None:
             await self.http.close()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from common.config import FederationConfig, ProcessSpec, load_config, process_plan
+from common.config import STATE_ENV, FederationConfig, ProcessSpec, load_config, process_plan
 from common.errors import ConfigError, MeghaError
 from megha_cli import secure
 from megha_cli.arguments import positive_float, positive_int, ranged
@@ -95,7 +95,12 @@ def start_federation(
     """Make the federation's secret, broker users and tokens (``megha_cli.secure``),
     start every process of the plan; return (spec, pid) once all are healthy."""
     if (home / "pids.json").exists():
-        raise ConfigError(f"a federation is already recorded in {home}: run `megha down` first")
+        recorded = json.loads((home / "pids.json").read_text())["processes"]
+        if any(_alive(p["pid"]) and _is_ours(p["pid"]) for p in recorded):
+            raise ConfigError(f"a federation is already recorded in {home}: run `megha down` first")
+        # none of its processes is left (the host restarted, or all were killed):
+        # it comes back with what its journals and the broker kept
+        (home / "pids.json").unlink()
     if not broker_reachable(cfg.broker_url):
         raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url), reason="broker_unreachable")
     ensure_private_dir(home)
@@ -143,7 +148,12 @@ def launch(spec: ProcessSpec, home: Path) -> int:
     with (home / "logs" / f"{spec.name}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
-            env={**os.environ, **spec.env, **secure.environment(home)},
+            env={
+                **os.environ,
+                **spec.env,
+                **secure.environment(home),
+                STATE_ENV: str(home / "state"),
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -287,20 +297,27 @@ def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False)
     return len(pids)
 
 
+SHAPE_OPTIONS = (
+    "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
+    "p_altruism", "lm_standby", "queue_type", "broker_url",
+)  # fmt: skip
+"""``megha up``'s options that shape a federation (the rest say how to run it)."""
+
+
 def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
-    """``--config`` (or the recorded federation's, for commands that talk to it)."""
+    """``--config`` (or the recorded federation's, for commands that talk to it, and for
+    ``megha up`` given no shape: the federation ``megha down`` stopped comes back whole,
+    its journals and queues included)."""
     home = state_dir(args.state_dir)
-    if not fresh and args.config is None and (home / "federation.toml").exists():
-        return load_config(home / "federation.toml")
-    cfg = load_config(args.config)
     overrides: dict[str, Any] = {}
-    for key in (
-        "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
-        "p_altruism", "lm_standby", "queue_type", "broker_url",
-    ):  # fmt: skip
+    for key in SHAPE_OPTIONS:
         v = getattr(args, key, None)
         if v is not None:
             overrides[key] = v
+    recorded = home / "federation.toml"
+    if args.config is None and recorded.exists() and (not fresh or not overrides):
+        return load_config(recorded)
+    cfg = load_config(args.config)
     if args.config is None and fresh:
         overrides["secret"] = secrets.token_hex(16)
     return replace(cfg, **overrides).validate() if overrides else cfg

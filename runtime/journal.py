@@ -28,11 +28,17 @@ Payloads are opaque bytes here: the service encodes its records (``common.codec`
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
+
+from common import codec
+from common.effects import Record
+from common.errors import ConfigError, MeghaError
 
 _FRAME = struct.Struct(">II")
 _MAGIC = b"megha-journal/1 gen="
@@ -82,6 +88,8 @@ class Journal:
         self._lock_fd = -1
         self._log_fd = -1
         self._dirty = False
+        self._files = threading.Lock()
+        """Held by ``sync`` (which may run in a thread) and by what swaps or closes files."""
 
     # ------------------------------------------------------------ open / read
     def open(self) -> list[bytes]:
@@ -154,9 +162,10 @@ class Journal:
 
     def sync(self) -> None:
         """``fdatasync`` what was appended (blocking: call it off the event loop)."""
-        if self._dirty and self._log_fd >= 0:
-            self._dirty = False
-            os.fdatasync(self._log_fd)
+        with self._files:
+            if self._dirty and self._log_fd >= 0:
+                self._dirty = False
+                os.fdatasync(self._log_fd)
 
     def rewrite(self, payloads: list[bytes]) -> None:
         """Replace everything by ``payloads`` (the service's whole state): a new
@@ -172,9 +181,10 @@ class Journal:
         os.replace(tmp, self.dir / f"{self.name}.snap")
         new_fd = os.open(self._log_path(gen), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         self._fsync_dir()
-        old_fd, self._log_fd = self._log_fd, new_fd
-        if old_fd >= 0:
-            os.close(old_fd)
+        with self._files:
+            old_fd, self._log_fd = self._log_fd, new_fd
+            if old_fd >= 0:
+                os.close(old_fd)
         self._log_path(self.generation).unlink(missing_ok=True)
         self.generation = gen
         self.log_bytes = 0
@@ -190,7 +200,69 @@ class Journal:
 
     def close(self) -> None:
         """Release the files and the lock (records stay as written)."""
-        for fd in (self._log_fd, self._lock_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._log_fd = self._lock_fd = -1
+        with self._files:
+            for fd in (self._log_fd, self._lock_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._log_fd = self._lock_fd = -1
+
+
+COMPACT_BYTES = 8 << 20
+"""A log past this many bytes is compacted into a snapshot of the service's state."""
+
+
+class DurableState:
+    """A service's journal as its driver uses it: the records read back (decoded) at the
+    start, each ``Record`` effect written before the rest of its message's effects leave,
+    an ``fdatasync`` every ``sync_s`` (0: at once), compaction when the log grows."""
+
+    def __init__(self, directory: Path | str, name: str, *, sync_s: float) -> None:
+        self.journal = Journal(directory, name)
+        self.sync_s = sync_s
+        self.records_written = 0
+        self.compactions = 0
+
+    def open(self) -> list[object]:
+        """Lock the journal and decode what it holds (``JournalBusy``: another process
+        of this service holds it)."""
+        out: list[object] = []
+        for payload in self.journal.open():
+            try:
+                out.append(codec.decode(payload))
+            except MeghaError as exc:
+                raise ConfigError(
+                    f"{self.journal.dir / self.journal.name}: a record this version cannot "
+                    f"read ({exc}); move the journal away to start without it",
+                    reason="bad_journal",
+                ) from exc
+        return out
+
+    def record(self, eff: Record) -> None:
+        """Write ``eff``'s records (in the page cache when this returns; on disk too when
+        ``sync_s`` is 0)."""
+        self.journal.append([codec.encode(r) for r in eff.records])
+        self.records_written += len(eff.records)
+        if self.sync_s == 0:
+            self.journal.sync()
+
+    @property
+    def needs_compaction(self) -> bool:
+        return self.journal.log_bytes > COMPACT_BYTES
+
+    def compact(self, records: list[object]) -> None:
+        """Replace the journal by ``records``: the service's whole state now."""
+        self.journal.rewrite([codec.encode(r) for r in records])
+        self.compactions += 1
+
+    async def sync_forever(self) -> None:
+        """``fdatasync`` what was written, every ``sync_s`` (off the event loop)."""
+        if self.sync_s == 0:
+            return
+        while True:
+            await asyncio.sleep(self.sync_s)
+            if self.journal.dirty:
+                await asyncio.to_thread(self.journal.sync)
+
+    def close(self) -> None:
+        self.journal.sync()
+        self.journal.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from common import codec
-from common.config import FederationConfig
-from common.effects import KillCommand, RunCommand, ToLm
+from common.config import STATE_ENV, FederationConfig
+from common.effects import KillCommand, Record, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
     CheckLease,
@@ -46,6 +47,7 @@ from runtime.http import (
     service_identity,
     session,
 )
+from runtime.journal import DurableState
 from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -74,9 +76,18 @@ class WorkerService:
         self.access = access
         index = cfg.lm_ids.index(lm)
         n_nodes = len(cfg.clusters[index].nodes)
+        state_root = os.environ.get(STATE_ENV)
+        self.state: DurableState | None = None
+        """This pool's journal (``$MEGHA_STATE_DIR/<lm>-workers``): the ends it has not had
+        taken outlive its process, so a task that ended is never run again."""
+        if state_root:
+            self.state = DurableState(
+                os.path.join(state_root, f"{lm}-workers"), "pool", sync_s=cfg.journal_sync_s
+            )
         self.core = WorkerPool(
-            lm, n_nodes, commands=cfg.task_commands, lease_s=LEASE_SHARE * cfg.worker_timeout_s
-        )
+            lm, n_nodes, commands=cfg.task_commands, lease_s=LEASE_SHARE * cfg.worker_timeout_s,
+            durable=self.state is not None,
+        )  # fmt: skip
         self.sup = Supervisor(f"{lm}-workers")
         self.driver = CoreDriver(self.core, self.sup)
         policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
@@ -93,6 +104,7 @@ class WorkerService:
         )  # fmt: skip
         d = self.driver
         d.on(ToLm, self._report)
+        d.on(Record, self._record)
         d.on(RunCommand, self.runner.run)
         d.on(KillCommand, self.runner.kill)
 
@@ -105,6 +117,9 @@ class WorkerService:
         )  # fmt: skip
         if self.sandbox.policy.enabled:  # a dead incarnation's commands end before any start
             await self.sandbox.uids.open()
+        if self.state is not None:  # a pool's journal has one writer: its LM's pool
+            self.core.restore(self.state.open())
+            self.sup.run_forever(self.state.sync_forever(), "journal sync")
         self.driver.feed(RegisterPool())
         self.sup.run_forever(self._heartbeats(), "heartbeats")
         lease = CheckLease(lease=LEASE_SHARE * self.cfg.worker_timeout_s)
@@ -113,8 +128,17 @@ class WorkerService:
     async def close(self) -> None:
         await self.runner.close()
         await self.sup.__aexit__(None, None, None)
+        if self.state is not None:
+            self.state.close()
         if self.http is not None:
             await self.http.close()
+
+    def _record(self, eff: Record) -> None:
+        """Journal records go to disk before the report they go with leaves."""
+        assert self.state is not None
+        self.state.record(eff)
+        if self.state.needs_compaction:
+            self.state.compact(self.core.records())
 
     def _report(self, eff: ToLm) -> None:
         if isinstance(eff.msg, RegisterWorkers):
@@ -135,6 +159,9 @@ class WorkerService:
                 continue
             if reply is not None:
                 self.driver.feed(reply)
+                # the LM settled the ends the registration told (their events are out)
+                if msg.ended:
+                    self.driver.feed(ReportsTaken(reports=tuple(e.report for e in msg.ended)))
                 self.registered.set()
             return
 
