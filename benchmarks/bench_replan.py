@@ -42,8 +42,8 @@ from common.dag import DagJob, make_job
 from common.ids import GmId, LmId, UserId
 from common.model import NodeSpec, UserConfig
 from global_master.policy.jobs import JobQueues
+from simulator.config import SimConfig
 from simulator.dag_run import DAG_NODE_CAPACITY, run_policies
-from simulator.megha_sim import SimConfig
 
 _PLANS = {"count": 0, "seconds": 0.0}
 

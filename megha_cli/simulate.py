@@ -40,13 +40,8 @@ from request_generator.workload import (
     read_trace,
     synthetic_jobs,
 )
-from simulator.megha_sim import (
-    MeghaSimulation,
-    SimConfig,
-    SimResult,
-    config_from_args,
-    timing_of,
-)
+from simulator.config import SimConfig, config_from_args
+from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 
 BASELINES = ("sparrow", "centralized")

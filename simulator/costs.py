@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -49,9 +49,7 @@ from common.model import TaskSpec, UserConfig
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from request_generator.workload import task_constraints
-
-if TYPE_CHECKING:
-    from simulator.megha_sim import SimConfig
+from simulator.config import SimConfig
 
 
 @dataclass(frozen=True, slots=True)

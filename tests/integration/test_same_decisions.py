@@ -30,7 +30,8 @@ from local_master.core import LocalMaster
 from request_generator.workload import WorkloadSpec, synthetic_jobs
 from runtime.driver import CoreDriver
 from runtime.supervisor import Supervisor
-from simulator.megha_sim import MeghaSimulation, SimConfig
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation
 from worker.core import WorkerPool
 
 GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]

@@ -9,7 +9,8 @@ import pytest
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation, SimResult
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId, JobId
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
-from simulator.megha_sim import MeghaSimulation, SimConfig, _advance
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation, _advance
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -11,7 +11,8 @@ from common.ids import GmId, JobId, TaskId, UserId
 from common.model import TaskSpec, UserConfig
 from common.overload import OVERLOAD_DEFAULTS
 from request_generator.workload import Job, WorkloadSpec, synthetic_jobs
-from simulator.megha_sim import MeghaSimulation, SimConfig
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -18,7 +18,8 @@ from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.policy import make_policy
 from global_master.queues import UserQueues
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation, SimResult
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -14,7 +14,8 @@ from common.metrics import summarize_tasks
 from common.model import UserConfig
 from megha_cli.main import main
 from request_generator.workload import WorkloadSpec, synthetic_jobs
-from simulator.megha_sim import MeghaSimulation, SimConfig, SimResult
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation, SimResult
 from simulator.sparrow import SparrowSimulation
 
 GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]

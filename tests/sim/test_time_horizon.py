@@ -19,8 +19,9 @@ from common.errors import ConfigError
 from common.ids import GmId
 from megha_cli.main import main
 from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
+from simulator.config import SimConfig
 from simulator.jobs import HORIZON_S, JobBook
-from simulator.megha_sim import MeghaSimulation, SimConfig
+from simulator.megha_sim import MeghaSimulation
 
 GMS = [GmId("gm0"), GmId("gm1")]
 
