@@ -32,7 +32,7 @@ from common.metrics import duplicate_launches, percentiles
 from common.model import TaskSpec
 from megha_cli.federation import running_federation, signed_get
 from request_generator.submitter import Submitter
-from request_generator.workload import Job
+from workload.jobs import Job
 
 SMALL_EVERY_S = 0.05
 HEALTH_EVERY_S = 0.02

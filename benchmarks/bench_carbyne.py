@@ -28,7 +28,6 @@ from common.cluster import ClusterSpec
 from common.dag import DagJob, load_jobs
 from common.ids import GmId, LmId, UserId
 from common.model import NodeSpec, UserConfig
-from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from simulator.config import SimConfig
 from simulator.dag_run import (
     ARRIVALS,
@@ -38,6 +37,7 @@ from simulator.dag_run import (
     versus_best,
     with_arrivals,
 )
+from workload.dags import dag_stats, synthetic_dag_jobs
 
 GOALS: dict[str, tuple[str, str, str, float]] = {
     # name: (arrivals, measure, comparison, bound) -- issue 12, the paper's §5.2

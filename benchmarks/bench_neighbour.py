@@ -31,7 +31,7 @@ from common.metrics import percentiles
 from common.model import Task, TaskSpec
 from megha_cli.federation import running_federation
 from request_generator.submitter import Submitter
-from request_generator.workload import Job
+from workload.jobs import Job
 
 TASK_S = 0.05
 

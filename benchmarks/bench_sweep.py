@@ -21,7 +21,7 @@ from typing import Any
 
 from megha_cli.main import build_parser
 from megha_cli.simulate import run_point
-from request_generator.workload import read_trace
+from workload.traces import read_trace
 
 LOADS = (0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
 TRACES = {"YH1": "YH1_sub.tr", "synthetic_FB": "synthetic_FB_sub_2000jobs.tr"}

@@ -36,10 +36,11 @@ from common.config import FederationConfig
 from common.ids import GmId
 from common.metrics import percentiles
 from common.model import UserConfig
-from request_generator.workload import Job, WorkloadSpec, synthetic_jobs
 from simulator.config import SimConfig
 from simulator.costs import CoreCosts, fit_service, measure
 from simulator.megha_sim import MeghaSimulation, SimResult
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 LIVE_GMS, LIVE_LMS, LIVE_NODES = 3, 3, 120
 CLK_TCK = os.sysconf("SC_CLK_TCK")

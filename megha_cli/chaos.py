@@ -62,12 +62,13 @@ from megha_cli.federation import (
 )
 from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, bench, fetch_launches, fetch_states
-from request_generator.dag_workload import DagShape, synthetic_dag
 from request_generator.submitter import Submitter
-from request_generator.workload import Job, WorkloadSpec, specs_of, synthetic_jobs, to_submission
 from security.access import Access
 from testbed.netns import Testbed
 from testbed.rabbit import RabbitCluster, RabbitNode, RabbitSandbox
+from workload.dags import DagShape, synthetic_dag
+from workload.jobs import Job, specs_of, to_submission
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 DEFAULT_SCENARIOS = Path(__file__).resolve().parent.parent / "config" / "chaos.toml"
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}

@@ -33,16 +33,12 @@ from request_generator.report import (
     plot_components,
     write_records_csv,
 )
-from request_generator.workload import (
-    Job,
-    WorkloadSpec,
-    jobs_from_trace,
-    read_trace,
-    synthetic_jobs,
-)
 from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.sparrow import SparrowConfig, SparrowSimulation
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
+from workload.traces import read_trace
 
 BASELINES = ("sparrow", "centralized")
 

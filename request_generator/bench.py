@@ -47,18 +47,8 @@ from common.metrics import (
     usage_samples,
 )
 from common.model import Task, TaskKey, TaskSpec, new_task
-from request_generator.dag_workload import scale_jobs
 from request_generator.report import TaskCsv, output_dir, plot_cdfs, plot_components
 from request_generator.submitter import Outcomes, Submitter
-from request_generator.workload import (
-    Job,
-    WorkloadSpec,
-    check_submittable,
-    jobs_from_trace,
-    read_trace,
-    specs_of,
-    synthetic_jobs,
-)
 from runtime import h1
 from runtime.http import MSGPACK
 from security.access import Access
@@ -66,6 +56,10 @@ from security.identity import Identity
 from security.identity import gm as gm_identity
 from security.identity import lm as lm_identity
 from security.identity import workers as workers_identity
+from workload.dags import scale_jobs
+from workload.jobs import Job, check_submittable, specs_of
+from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
+from workload.traces import read_trace
 
 
 @dataclass(frozen=True)

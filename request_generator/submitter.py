@@ -26,11 +26,11 @@ from common.dag import DagJob
 from common.errors import MeghaError
 from common.messages import JobRefusal, SubmitJob, TaskOutcomes
 from common.model import Task, TaskKey, TaskSpec
-from request_generator.workload import Job, to_submission
 from runtime import broker as amqp
 from runtime.retry import Backoff, GiveUp
 from security.access import Access, load_tokens
 from security.identity import OPERATOR
+from workload.jobs import Job, to_submission
 
 DEAD_LETTER_QUEUE_HEADER = "x-megha-queue"
 """The queue a service took a message from, set by the service on its dead letter

@@ -48,8 +48,8 @@ from common.messages import (
 from common.model import TaskSpec, UserConfig
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
-from request_generator.workload import task_constraints
 from simulator.config import SimConfig
+from workload.synthetic import task_constraints
 
 
 @dataclass(frozen=True, slots=True)

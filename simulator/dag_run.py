@@ -29,10 +29,10 @@ from common.ids import GmId, UserId
 from common.metrics import jain, jct_stats, summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
-from request_generator.dag_workload import dag_stats, scale_jobs, synthetic_dag_jobs
 from request_generator.report import write_records_csv
 from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
+from workload.dags import dag_stats, scale_jobs, synthetic_dag_jobs
 
 JAIN_WINDOW_S = 60.0
 Runner = Callable[[str, MeghaSimulation], SimResult]

@@ -17,7 +17,7 @@ from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task, TaskKey, TaskSpec, new_task
-from request_generator.workload import Job, specs_of
+from workload.jobs import Job, specs_of
 
 HORIZON_S = 2.0**32
 """The latest virtual time a job may arrive or a task may end (about 136 years, past

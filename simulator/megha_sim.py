@@ -98,13 +98,13 @@ from common.model import Task, TaskKey, UserConfig
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.queues import UserQueues
 from local_master.core import LocalMaster
-from request_generator.workload import Job, to_submission
 from simulator import costs
 from simulator.config import SimConfig
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from simulator.usage import UsageSeries
 from worker.core import WorkerPool
+from workload.jobs import Job, to_submission
 
 
 @dataclass

@@ -35,10 +35,10 @@ from bitarray import bitarray
 from common.cluster import ClusterSpec
 from common.metrics import Counters
 from common.model import N_CONSTRAINTS, Phase, Task, fits, new_task, satisfies
-from request_generator.workload import Job
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from simulator.megha_sim import SimResult
+from workload.jobs import Job
 
 
 @dataclass(slots=True)

@@ -35,8 +35,8 @@ from megha_cli.federation import (
 )
 from megha_cli.secure import purge
 from request_generator.submitter import Submitter
-from request_generator.workload import specs_of
 from security.access import Access
+from workload.jobs import specs_of
 
 
 def _free_base(host: str = "127.0.0.1") -> int:

@@ -50,13 +50,13 @@ from common.model import TaskSpec
 from megha_cli import secure
 from megha_cli.users import revoke_user
 from request_generator.submitter import Submitter
-from request_generator.workload import Job
 from security import sealing
 from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
 from tests import raw_http
 from tests.e2e.conftest import listen_dead_letters, post, service_state
+from workload.jobs import Job
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,6 @@ from common.messages import SubmitJob
 from common.model import TaskSpec
 from global_master.app import DECODE_OFF_LOOP
 from request_generator.submitter import Submitter
-from request_generator.workload import Job, to_submission
 from security.access import Access, load_tokens
 from security.identity import user
 from tests.e2e.conftest import (
@@ -34,6 +33,7 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.jobs import Job, to_submission
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from common.config import FederationConfig
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from testbed.rabbit import RabbitCluster, RabbitSandbox
 from tests.e2e.conftest import (
     assert_all_done,
@@ -23,6 +22,7 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.rabbit]
 

@@ -13,7 +13,6 @@ import pytest
 from common.config import FederationConfig
 from common.ids import JobId, TaskId, UserId
 from common.model import TaskSpec
-from request_generator.workload import Job, WorkloadSpec, synthetic_jobs
 from tests.e2e.conftest import (
     assert_all_done,
     assert_each_ran_once,
@@ -23,6 +22,8 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 pytestmark = pytest.mark.e2e
 

@@ -317,7 +317,7 @@ async def _submit_bad(
         await sub.publish_raw("mallory", job("e", [task("e.t0", "e", user="mallory")], "mallory"))
     await asyncio.wait_for(got_all.wait(), timeout=30)
     # the GM keeps serving: a good job still runs
-    from request_generator.workload import Job
+    from workload.jobs import Job
 
     good = Job(JobId("good"), UserId("u0"), 0.0, [task("good.t0", "good")])
     await sub.submit(good)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from common.config import FederationConfig
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from tests.e2e.conftest import (
     assert_all_done,
     assert_each_ran_once,
@@ -20,6 +19,7 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from tests.e2e.conftest import (
     assert_all_done,
     assert_each_ran_once,
@@ -24,6 +23,7 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 pytestmark = pytest.mark.e2e
 

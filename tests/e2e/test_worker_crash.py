@@ -18,7 +18,6 @@ from common.config import FederationConfig
 from common.ids import GmId, LmId, NodeIndex, TaskId
 from common.messages import StopTask, StopTasks
 from megha_cli.federation import restart
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from security.access import Access
 from security.identity import lm, workers
 from tests.e2e.conftest import (
@@ -30,6 +29,7 @@ from tests.e2e.conftest import (
     service_state,
     submit_with_fault,
 )
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 pytestmark = pytest.mark.e2e
 

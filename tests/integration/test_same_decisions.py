@@ -27,12 +27,12 @@ from common.ids import GmId
 from common.model import UserConfig
 from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from runtime.driver import CoreDriver
 from runtime.supervisor import Supervisor
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation
 from worker.core import WorkerPool
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]
 

@@ -12,10 +12,10 @@ from common.dag import DagJob, make_job
 from common.ids import GmId, JobId, LmId, UserId
 from common.model import NodeSpec, UserConfig
 from global_master.policy import CarbyneQueues, make_policy
-from request_generator.dag_workload import carbyne_fig2_jobs, synthetic_dag_jobs
 from simulator.config import SimConfig
 from simulator.dag_run import run_policies, with_arrivals
 from simulator.megha_sim import MeghaSimulation
+from workload.dags import carbyne_fig2_jobs, synthetic_dag_jobs
 
 GM = GmId("gm0")
 USERS = [UserConfig(UserId("u1"), GM, 0.5), UserConfig(UserId("u2"), GM, 0.5)]

@@ -9,10 +9,11 @@ import pytest
 from common.cluster import ClusterSpec, make_federation, profile
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.model import NodeSpec, TaskSpec, UserConfig
-from request_generator.workload import Job, WorkloadSpec, synthetic_jobs
 from simulator.config import SimConfig
 from simulator.costs import fit_service
 from simulator.megha_sim import MeghaSimulation
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 GM = GmId("gm0")
 U = UserId("u0")

@@ -15,7 +15,7 @@ from common.dag import DagJob, make_job, write_jobs
 from common.errors import ConfigError
 from megha_cli.main import main
 from request_generator.bench import BenchOptions, build_workload
-from request_generator.dag_workload import scale_jobs
+from workload.dags import scale_jobs
 
 
 def _jobs() -> list[DagJob]:

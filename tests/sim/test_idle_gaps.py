@@ -8,9 +8,10 @@ import pytest
 
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId
-from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
+from workload.synthetic import WorkloadSpec, jobs_from_trace
+from workload.traces import TraceJob
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -6,10 +6,10 @@ from common.cluster import ClusterSpec
 from common.dag import make_job
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.model import NodeSpec, TaskSpec, UserConfig, new_task
-from request_generator.workload import Job
 from simulator.config import SimConfig
 from simulator.dag_run import run_policies
 from simulator.jobs import JobBook
+from workload.jobs import Job
 
 GM = GmId("gm0")
 USERS = [UserConfig(UserId("u1"), GM, 1.0)]

@@ -8,8 +8,8 @@ import random
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId, JobId, TaskId, UserId
 from common.model import TaskSpec
-from request_generator.workload import Job
 from simulator.megha_sim import MeghaSimulation, SimResult
+from workload.jobs import Job
 
 GMS = [GmId("gm0")]
 

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from common.cluster import PROFILES, default_users, make_federation
 from common.ids import GmId, JobId
-from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, _advance
+from workload.synthetic import WorkloadSpec, jobs_from_trace
+from workload.traces import TraceJob
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

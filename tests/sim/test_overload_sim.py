@@ -10,9 +10,10 @@ from common.cluster import PROFILES, make_federation
 from common.ids import GmId, JobId, TaskId, UserId
 from common.model import TaskSpec, UserConfig
 from common.overload import OVERLOAD_DEFAULTS
-from request_generator.workload import Job, WorkloadSpec, synthetic_jobs
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -17,9 +17,10 @@ from common.ids import GmId
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.policy import make_policy
 from global_master.queues import UserQueues
-from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
+from workload.synthetic import WorkloadSpec, jobs_from_trace
+from workload.traces import TraceJob
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -13,10 +13,10 @@ from common.ids import GmId
 from common.metrics import summarize_tasks
 from common.model import UserConfig
 from megha_cli.main import main
-from request_generator.workload import WorkloadSpec, synthetic_jobs
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
 from simulator.sparrow import SparrowSimulation
+from workload.synthetic import WorkloadSpec, synthetic_jobs
 
 GMS = [GmId("gm0"), GmId("gm1"), GmId("gm2")]
 

@@ -11,9 +11,9 @@ import pytest
 from common.cluster import ClusterSpec
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.model import NodeSpec, Resources, TaskSpec
-from request_generator.workload import Job
 from simulator.megha_sim import SimResult
 from simulator.sparrow import SparrowSimulation
+from workload.jobs import Job
 
 USER = UserId("u0")
 

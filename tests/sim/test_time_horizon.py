@@ -18,10 +18,11 @@ from common.dag import make_job
 from common.errors import ConfigError
 from common.ids import GmId
 from megha_cli.main import main
-from request_generator.workload import TraceJob, WorkloadSpec, jobs_from_trace
 from simulator.config import SimConfig
 from simulator.jobs import HORIZON_S, JobBook
 from simulator.megha_sim import MeghaSimulation
+from workload.synthetic import WorkloadSpec, jobs_from_trace
+from workload.traces import TraceJob
 
 GMS = [GmId("gm0"), GmId("gm1")]
 

@@ -19,10 +19,10 @@ from common.ids import GmId, LmId, UserId
 from common.metrics import jain
 from common.model import NodeSpec, UserConfig
 from global_master.policy import make_policy
-from request_generator.dag_workload import synthetic_dag_jobs
 from simulator.config import SimConfig
 from simulator.dag_run import JAIN_WINDOW_S, jain_windows, run_policies
 from simulator.megha_sim import MeghaSimulation, SimResult
+from workload.dags import synthetic_dag_jobs
 
 GMS = [GmId("gm0"), GmId("gm1")]
 USERS = [

@@ -26,7 +26,7 @@ from request_generator.bench import (
     summarize_run,
 )
 from request_generator.submitter import Outcomes
-from request_generator.workload import specs_of
+from workload.jobs import specs_of
 
 pytestmark = pytest.mark.timeout(60)
 

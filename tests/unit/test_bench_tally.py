@@ -29,10 +29,10 @@ from request_generator.bench import (
     job_metrics_of,
     sink_into,
 )
-from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
 from request_generator.report import write_records_csv
 from request_generator.submitter import Outcomes
-from request_generator.workload import specs_of
+from workload.dags import dag_stats, synthetic_dag_jobs
+from workload.jobs import specs_of
 
 T0 = 1_700_000_000.0
 

@@ -25,8 +25,6 @@ from global_master.policy import (
 from global_master.policy.altruism import forward_pack, must_start
 from global_master.policy.drf import drf_allocation
 from global_master.policy.jobs import StageState
-from request_generator.dag_workload import carbyne_fig2_jobs
-from request_generator.workload import to_submission
 from tests.conftest import (
     decide,
     failures,
@@ -40,6 +38,8 @@ from tests.conftest import (
     sync_views,
     task_of,
 )
+from workload.dags import carbyne_fig2_jobs
+from workload.jobs import to_submission
 
 A, B = UserId("A"), UserId("B")
 

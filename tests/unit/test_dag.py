@@ -16,7 +16,7 @@ from common.errors import ConfigError
 from common.ids import GmId, UserId
 from common.model import UserConfig
 from global_master.queues import UserQueues
-from request_generator.dag_workload import dag_stats, synthetic_dag_jobs
+from workload.dags import dag_stats, synthetic_dag_jobs
 
 
 def _doc(**job: Any) -> dict[str, Any]:

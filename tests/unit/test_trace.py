@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from request_generator.workload import TraceJob, read_trace
+from workload.traces import TraceJob, read_trace
 
 
 def _trace(tmp_path: Path, text: str) -> Path:

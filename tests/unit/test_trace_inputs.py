@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.errors import ConfigError
-from request_generator.workload import TraceJob, _trace_line, read_trace
+from workload.traces import TraceJob, _trace_line, read_trace
 
 
 def _read(tmp_path: Path, text: str) -> list[TraceJob]:

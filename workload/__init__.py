@@ -1,0 +1,10 @@
+"""The workload model, pure: what the simulator replays and ``megha bench`` submits.
+
+* ``workload.traces``: trace formats, read strictly (a malformed line is an error naming it);
+* ``workload.synthetic``: a trace's jobs or synthetic ones as tasks (demands, constraints);
+* ``workload.jobs``: a job of independent tasks, its submission message;
+* ``workload.dags``: seeded synthetic DAG jobs (Carbyne's shapes), scaling, their statistics.
+
+No clock, event loop, socket or broker (``lint-imports``); the live driver is
+``request_generator``.
+"""

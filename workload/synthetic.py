@@ -1,0 +1,125 @@
+"""How a workload's jobs become tasks: a trace's jobs, or synthetic ones (Poisson
+arrivals, exponential durations), with demands from a resource profile and placement
+constraints.  One place builds what both drivers consume: the simulator and ``megha
+bench``.  The clusters they run on (profiles, machines, partitions, users) are
+``common.cluster``.
+
+* Traces (``workload.traces``) are replayed by default as the Sparrow and Megha
+  simulators do: one slot per worker, one slot per task (profile ``slots``).  Profile
+  ``paper`` gives the paper's nodes (64 cores, 16 GB) and multi-resource tasks.
+* **Task constraints** (21, after the paper's reference [19]): a task is
+  constrained with probability ``task_constraint_prob`` and then asks for one to
+  three constraints, popular ones (met by most machines) more often.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.cluster import ResourceProfile, profile
+from common.errors import ConfigError
+from common.ids import JobId, TaskId, UserId
+from common.model import N_CONSTRAINTS, TaskSpec, UserConfig
+from workload.jobs import Job
+from workload.traces import TraceJob
+
+TASK_CONSTRAINT_WEIGHTS: tuple[float, ...] = tuple(1.0 / (1 + c) for c in range(N_CONSTRAINTS))
+"""Popular constraints (low numbers, met by most machines) are asked for more often."""
+
+
+def task_constraints(rng: random.Random, prob: float) -> int:
+    if rng.random() >= prob:
+        return 0
+    k = 1 if rng.random() < 0.7 else (2 if rng.random() < 0.83 else 3)
+    mask = 0
+    for c in rng.choices(range(N_CONSTRAINTS), weights=TASK_CONSTRAINT_WEIGHTS, k=k):
+        mask |= 1 << c
+    return mask
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """How trace or synthetic jobs become tasks."""
+
+    profile: str = "slots"
+    constraints: bool = True
+    time_scale: float = 1.0
+    """Arrival times are multiplied by this (0.5 = twice the load)."""
+    duration_scale: float = 1.0
+    task_constraint_prob: float = 0.5
+
+
+def _tasks(
+    job_id: JobId,
+    user: UserId,
+    durations: Sequence[float],
+    spec: WorkloadSpec,
+    prof: ResourceProfile,
+    rng: random.Random,
+) -> list[TaskSpec]:
+    tasks = []
+    for i, d in enumerate(durations):
+        mask = task_constraints(rng, spec.task_constraint_prob) if spec.constraints else 0
+        tasks.append(
+            TaskSpec(
+                task_id=TaskId(f"{job_id}.t{i}"),
+                job_id=job_id,
+                user=user,
+                demand=prof.task_demand(rng),
+                duration=d * spec.duration_scale,
+                constraints=mask,
+            )
+        )
+    return tasks
+
+
+def jobs_from_trace(
+    trace: Sequence[TraceJob],
+    spec: WorkloadSpec,
+    users: Sequence[UserConfig],
+    rng: random.Random,
+) -> list[Job]:
+    """Trace jobs as tasks; users take jobs round-robin (a job's tasks share its user)."""
+    if not users:
+        raise ConfigError("a workload needs at least one user", reason="no_users")
+    prof = profile(spec.profile)
+    jobs = []
+    for k, tj in enumerate(trace):
+        user = users[k % len(users)].user
+        job_id = JobId(f"j{k}")
+        jobs.append(
+            Job(
+                job_id,
+                user,
+                tj.arrival * spec.time_scale,
+                _tasks(job_id, user, tj.durations, spec, prof, rng),
+            )
+        )
+    return jobs
+
+
+def synthetic_jobs(
+    n_jobs: int,
+    *,
+    rate: float,
+    tasks_per_job: int,
+    mean_duration: float,
+    spec: WorkloadSpec,
+    users: Sequence[UserConfig],
+    rng: random.Random,
+) -> list[Job]:
+    """Poisson arrivals at ``rate`` jobs/s; exponential task durations (seeded)."""
+    if rate <= 0 or tasks_per_job <= 0 or mean_duration < 0:
+        raise ConfigError("rate and tasks per job must be positive", reason="bad_workload")
+    trace = []
+    t = 0.0
+    for _ in range(n_jobs):
+        t += rng.expovariate(rate)
+        durations = tuple(
+            rng.expovariate(1.0 / mean_duration) if mean_duration > 0 else 0.0
+            for _ in range(tasks_per_job)
+        )
+        trace.append(TraceJob(t, durations))
+    return jobs_from_trace(trace, spec, users, rng)
