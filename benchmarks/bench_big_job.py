@@ -30,7 +30,8 @@ from common.config import parse_config
 from common.ids import JobId, TaskId, UserId
 from common.metrics import duplicate_launches, percentiles
 from common.model import TaskSpec
-from megha_cli.federation import running_federation, signed_get
+from federation.operator import signed_get
+from federation.processes import running_federation
 from request_generator.submitter import Submitter
 from workload.jobs import Job
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig
+from federation.processes import start_dashboard, start_federation, stop_federation
+from federation.provision import purge
 from megha_cli.dashboard.aggregate import WINDOW_S
-from megha_cli.federation import start_dashboard, start_federation, stop_federation
-from megha_cli.secure import purge
 from request_generator.bench import BenchOptions, bench
 
 LOADS = (("light", 2.0), ("busy", 8.0), ("overloaded", 12.0))

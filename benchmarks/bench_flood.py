@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig, parse_config
-from megha_cli.federation import running_federation, service_pids
+from federation.processes import running_federation, service_pids
 from request_generator.bench import measure_floor
 from runtime import h1
 from security.access import Access

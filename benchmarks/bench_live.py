@@ -34,8 +34,8 @@ from typing import Any
 
 from common.config import FederationConfig, parse_config
 from common.metrics import percentiles
-from megha_cli.federation import service_pids, start_federation, stop_federation
-from megha_cli.secure import purge
+from federation.processes import service_pids, start_federation, stop_federation
+from federation.provision import purge
 from request_generator.bench import BenchOptions, bench, measure_floor
 from runtime import h1
 from security.access import Access

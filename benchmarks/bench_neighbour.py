@@ -29,7 +29,7 @@ from common.config import FederationConfig, load_config, parse_config
 from common.ids import JobId, TaskId, UserId
 from common.metrics import percentiles
 from common.model import Task, TaskSpec
-from megha_cli.federation import running_federation
+from federation.processes import running_federation
 from request_generator.submitter import Submitter
 from workload.jobs import Job
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from common.config import FederationConfig
-from megha_cli.federation import service_pids, start_federation, stop_federation
-from megha_cli.secure import purge
+from federation.processes import service_pids, start_federation, stop_federation
+from federation.provision import purge
 from request_generator.bench import BenchOptions, bench
 
 NODES = 120

@@ -1,7 +1,7 @@
 """Does the simulator predict the live federation?  (issue 12; ``bench_sim.py`` scenarios)
 
 * ``calibrate``: one synthetic workload, live (3 GMs x 3 LMs x 120 nodes, started with
-  ``megha_cli.federation`` and replayed by ``request_generator.bench``) and simulated
+  ``federation.processes`` and replayed by ``request_generator.bench``) and simulated
   with the costs measured from the live cores: ``simulator.costs.measure`` with the
   codec (decision, validation, message, update per node), the hop from the live floor
   (an empty signed request's round trip), and each service's fixed cost per message
@@ -99,8 +99,8 @@ def live_workload(args: Any) -> dict[str, Any]:
 def run_live(cfg: FederationConfig, home: Path, wl: dict[str, Any], out: Path) -> dict[str, Any]:
     """Start the federation, replay the workload, stop it; the bench summary plus the
     CPU seconds each GM and LM process spent during the replay."""
-    from megha_cli.federation import start_federation, stop_federation
-    from megha_cli.secure import purge
+    from federation.processes import start_federation, stop_federation
+    from federation.provision import purge
     from request_generator.bench import BenchOptions, bench
 
     started = start_federation(cfg, home, quiet=True)

@@ -59,7 +59,7 @@ from common.config import (
     process_plan,
 )
 from common.errors import ConfigError
-from megha_cli.secure import broker_credentials, issue_tokens, make_secret
+from federation.provision import broker_credentials, issue_tokens, make_secret
 from security.access import USERS_FILE_ENV, load_tokens, service_identity
 from security.broker_acl import (
     CREDENTIALS_ENV,

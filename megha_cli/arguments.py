@@ -1,5 +1,5 @@
 """Argument types the sub-commands share, so one flag is checked alike everywhere
-(``megha simulate`` and ``megha bench`` / ``demo``: counts, scales)."""
+(``megha simulate`` and ``megha bench`` / ``demo``: counts, scales; ports)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def positive(convert: Callable[[str], Number], what: str) -> Callable[[str], Num
 
 positive_int = positive(int, "an integer")
 positive_float = positive(float, "a finite number")
+
+
+PORT_RANGE = (1, 65535)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535."""
+    low, high = PORT_RANGE
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not low <= port <= high:
+        raise argparse.ArgumentTypeError(f"a port is in {low}..{high}, got {text!r}")
+    return port

@@ -50,17 +50,17 @@ from common.dag import DagJob
 from common.errors import ConfigError, MeghaError
 from common.metrics import duplicate_launches
 from common.model import TaskKey
-from megha_cli.federation import (
+from federation.operator import signed_get
+from federation.processes import (
     NETNS_FILE,
     broker_reachable,
     kill,
     restart,
     restart_service,
-    signed_get,
     start_federation,
     stop_federation,
 )
-from megha_cli.secure import purge
+from federation.provision import purge
 from request_generator.bench import BenchOptions, bench, fetch_launches, fetch_states
 from request_generator.submitter import Submitter
 from security.access import Access

@@ -4,22 +4,25 @@ registers itself here, so the simulator and the live federation never share a fi
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-# (module, function) pairs; each function adds its sub-commands to the parser.
-COMMAND_MODULES: tuple[str, ...] = (
-    "megha_cli.simulate",
-    "megha_cli.federation",
-    "megha_cli.users",
-    "megha_cli.ops",
-    "megha_cli.dashboard.server",
-    "megha_cli.chaos",
-)
+from megha_cli import chaos, live, ops, simulate, users
+from megha_cli.dashboard import server as dashboard
+from megha_cli.terminal import INTERRUPTED
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+REGISTRARS: tuple[Registrar, ...] = (
+    simulate.register,
+    live.register,
+    users.register,
+    ops.register,
+    dashboard.register,
+    chaos.register,
+)
+"""Each adds its sub-commands to the parser, in the order ``megha --help`` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,20 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        register: Registrar = module.register
+    for register in REGISTRARS:
         register(sub)
     return parser
-
-
-INTERRUPTED = 130
-"""The exit code of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

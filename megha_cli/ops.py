@@ -26,7 +26,8 @@ from urllib.parse import quote
 
 from common.config import FederationConfig, load_config
 from common.errors import ConfigError, MeghaError
-from megha_cli.federation import depth_queues, operator_get, queue_depths, state_dir
+from federation.operator import depth_queues, find_everywhere, gather, operator_get, queue_depths
+from federation.processes import state_dir
 from megha_cli.terminal import LiveTables, Section, plain, render_plain, show
 from security.access import Access
 
@@ -103,24 +104,6 @@ def why_sections(answer: dict[str, Any]) -> list[Section]:
         timeline,
         Section("why", [], [], [f"- {line}" for line in reasons]),
     ]
-
-
-Found = tuple[list[dict[str, Any]], dict[str, str]]
-"""The GMs' answers that found an id, and the GMs that did not answer (name: why)."""
-
-
-def find_everywhere(cfg: FederationConfig, access: Access, ident: str) -> Found:
-    """Every GM's ``GET /v1/find/{ident}``: the answers that found something, and the
-    GMs that did not answer (a 404 ``not_found`` is an answer: nothing there)."""
-    found: list[dict[str, Any]] = []
-    unanswered: dict[str, str] = {}
-    for gm in cfg.gm_ids:
-        page = operator_get(cfg, access, gm, f"/v1/find/{quote(ident, safe='')}")
-        if "error" not in page:
-            found.append(page)
-        elif page.get("status") != 404 or page["error"] != "not_found":
-            unanswered[gm] = str(page.get("detail") or page["error"])
-    return found, unanswered
 
 
 def merged_timeline(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -261,24 +244,6 @@ def cmd_why(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------- top
-def _page(cfg: FederationConfig, access: Access, names: list[str]) -> dict[str, Any]:
-    """The first of ``names`` (an LM, then its standby) that answers ``/v1/inspect``."""
-    page: dict[str, Any] = {"error": "no process"}
-    for name in names:
-        page = operator_get(cfg, access, name, "/v1/inspect", timeout_s=2.0)
-        if "error" not in page:
-            return page
-    return page
-
-
-def gather(cfg: FederationConfig, access: Access) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every GM's and LM's ``/v1/inspect`` page (``{"error": ...}`` if it did not answer)."""
-    gms: dict[str, dict[str, Any]] = {g: _page(cfg, access, [g]) for g in cfg.gm_ids}
-    lms: dict[str, dict[str, Any]] = {
-        lm: _page(cfg, access, [lm, f"{lm}-standby"] if cfg.lm_standby else [lm])
-        for lm in cfg.lm_ids
-    }
-    return {"gms": gms, "lms": lms}
 
 
 def _shares(users: dict[str, Any]) -> str:

@@ -25,14 +25,8 @@ from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from megha_cli.arguments import positive_float, positive_int
 from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
-from megha_cli.terminal import Section, show
-from request_generator.report import (
-    output_dir,
-    percentile_cells,
-    plot_cdfs,
-    plot_components,
-    write_records_csv,
-)
+from megha_cli.terminal import Section, percentile_cells, show
+from request_generator.report import output_dir, plot_cdfs, plot_components, write_records_csv
 from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.sparrow import SparrowConfig, SparrowSimulation

@@ -16,9 +16,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+from common.metrics import PERCENTILE_KEYS
+
+INTERRUPTED = 130
+"""The exit code of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it."""
 
 FALLBACK_SIZE = (80, 24)
 """Columns and lines when neither the environment nor any terminal says."""
@@ -176,3 +181,18 @@ class LiveTables:
         self.refit()
         if self.live is not None:
             self.live.refresh()
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) < 1e-3:
+        return f"{x * 1e6:.0f}us"
+    if abs(x) < 1:
+        return f"{x * 1e3:.2f}ms"
+    return f"{x:.2f}s"
+
+
+def percentile_cells(rows: Mapping[str, Mapping[str, float]]) -> list[list[str]]:
+    """One row of cells per label: the label, then each percentile with its unit."""
+    return [[label, *(_fmt(p[k]) for k in PERCENTILE_KEYS)] for label, p in rows.items()]

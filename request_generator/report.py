@@ -1,4 +1,4 @@
-"""Allocation-time reports as files: CSV rows, PNG plots, and table cells to print.
+"""Allocation-time reports as files: CSV rows and PNG plots.
 
 Shared by ``megha simulate`` and ``megha bench``; the figures themselves
 (percentiles, summaries, one definition each) are ``common.metrics``.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from common.errors import ConfigError
-from common.metrics import PERCENTILE_KEYS, TASK_COLUMNS, percentiles, task_row
+from common.metrics import TASK_COLUMNS, percentiles, task_row
 from common.model import COMPONENTS, Task, TaskKey
 
 
@@ -137,18 +137,3 @@ def plot_components(path: Path, components: Mapping[str, Mapping[str, Any]], tit
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _fmt(x: float) -> str:
-    if x == 0:
-        return "0"
-    if abs(x) < 1e-3:
-        return f"{x * 1e6:.0f}us"
-    if abs(x) < 1:
-        return f"{x * 1e3:.2f}ms"
-    return f"{x:.2f}s"
-
-
-def percentile_cells(rows: Mapping[str, Mapping[str, float]]) -> list[list[str]]:
-    """One row of cells per label: the label, then each percentile with its unit."""
-    return [[label, *(_fmt(p[k]) for k in PERCENTILE_KEYS)] for label, p in rows.items()]

@@ -30,8 +30,9 @@ import aiohttp
 from aiohttp import web
 
 from common.config import FederationConfig, load_config
+from federation.ports import port_free
+from megha_cli.arguments import port_number
 from megha_cli.dashboard.aggregate import Board, Layout
-from megha_cli.ports import port_free, port_number
 from security.access import Access, identity_of_process
 
 log = logging.getLogger("megha.dashboard")

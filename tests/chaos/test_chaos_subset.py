@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.config import FederationConfig
+from federation.processes import broker_reachable
 from megha_cli.chaos import DEFAULT_SCENARIOS, Scenario, load_scenarios, run_scenario
-from megha_cli.federation import broker_reachable
 
 pytestmark = pytest.mark.e2e
 

@@ -26,14 +26,9 @@ import pytest
 
 from common.config import FederationConfig
 from common.metrics import duplicate_launches
-from megha_cli.federation import (
-    broker_reachable,
-    restart,
-    signed_get,
-    start_federation,
-    stop_federation,
-)
-from megha_cli.secure import purge
+from federation.operator import signed_get
+from federation.processes import broker_reachable, restart, start_federation, stop_federation
+from federation.provision import purge
 from request_generator.submitter import Submitter
 from security.access import Access
 from workload.jobs import specs_of

@@ -47,7 +47,7 @@ from common.messages import (
     WorkerHeartbeat,
 )
 from common.model import TaskSpec
-from megha_cli import secure
+from federation import provision
 from megha_cli.users import revoke_user
 from request_generator.submitter import Submitter
 from security import sealing
@@ -607,10 +607,10 @@ def test_megha_up_refuses_a_published_secret(tmp_path: Path) -> None:
 
     cfg = replace(FederationConfig(), secret="change-me-before-sharing-this-machine")
     with pytest.raises(ConfigError) as err:
-        secure.make_secret(cfg, tmp_path, insecure_dev=False)
+        provision.make_secret(cfg, tmp_path, insecure_dev=False)
     assert err.value.reason == "weak_secret"
     assert not secret_path(tmp_path).exists()
-    path = secure.make_secret(cfg, tmp_path, insecure_dev=True)  # warned, allowed
+    path = provision.make_secret(cfg, tmp_path, insecure_dev=True)  # warned, allowed
     assert path.stat().st_mode & 0o077 == 0
 
 

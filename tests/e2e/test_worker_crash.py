@@ -17,7 +17,7 @@ from common import codec
 from common.config import FederationConfig
 from common.ids import GmId, LmId, NodeIndex, TaskId
 from common.messages import StopTask, StopTasks
-from megha_cli.federation import restart
+from federation.processes import restart
 from security.access import Access
 from security.identity import lm, workers
 from tests.e2e.conftest import (

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from megha_cli.federation import kill, start_dashboard, stop_federation
+from federation.processes import kill, start_dashboard, stop_federation
 from tests.e2e.conftest import Federation
 
 pytestmark = pytest.mark.e2e

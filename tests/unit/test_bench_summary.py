@@ -11,8 +11,8 @@ import pytest
 
 from common.config import load_config
 from common.model import new_task
-from megha_cli import federation
-from megha_cli.federation import bench_sections
+from megha_cli import live
+from megha_cli.live import bench_sections
 from megha_cli.main import main
 from megha_cli.terminal import render_plain
 from request_generator.bench import (
@@ -86,8 +86,8 @@ def test_bench_reports_unfinished_not_lost(
     home.mkdir()
     (home / "federation.toml").write_text(load_config(None).to_toml())
     (home / "pids.json").write_text('{"name": "megha", "processes": []}')
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
-    monkeypatch.setattr(federation, "run_bench_shown", lambda *_: summary)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "run_bench_shown", lambda *_: summary)
     argv = ["bench", "--state-dir", str(home), "--quiet", "--timeout", "20"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     out = capsys.readouterr().out

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from common.config import FederationConfig, load_config
-from megha_cli import federation
+from megha_cli import live
 from megha_cli.main import INTERRUPTED, main
 from request_generator.bench import BenchOptions, _submit_all, build_workload
 from request_generator.submitter import SubmissionRefused
@@ -34,7 +34,7 @@ def test_ctrl_c_is_one_line_and_exit_130(
     def interrupted(_: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(federation.RUNNERS, "status", interrupted)
+    monkeypatch.setitem(live.RUNNERS, "status", interrupted)
     assert main(["status"]) == INTERRUPTED == 130
     err = capsys.readouterr().err
     assert err.strip() == "megha status: interrupted"
@@ -45,7 +45,7 @@ def test_a_closed_pipe_ends_quietly() -> None:
     child = textwrap.dedent(
         """
         import sys
-        from megha_cli import federation
+        from megha_cli import live
         from megha_cli.main import main
 
         def chatty(_):
@@ -53,7 +53,7 @@ def test_a_closed_pipe_ends_quietly() -> None:
                 print(f"line {i}")
             return 0
 
-        federation.RUNNERS["status"] = chatty
+        live.RUNNERS["status"] = chatty
         sys.exit(main(["status"]))
         """
     )
@@ -105,8 +105,8 @@ def test_bench_broker_gone_is_one_line(
     def gone(*_: object) -> dict[str, object]:
         raise GiveUp("submitter: connect to the broker", 30, TopologyMissing("queue 'q' gone"))
 
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
-    monkeypatch.setattr(federation, "run_bench_shown", gone)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "run_bench_shown", gone)
     assert main(["bench", "--state-dir", str(tmp_path), "--quiet"]) == 1
     line = one_line(capsys.readouterr().err)
     assert line.startswith("megha bench: submitter: connect to the broker: gave up")
@@ -121,7 +121,7 @@ def test_bench_for_a_revoked_user_says_which(
     record_federation(tmp_path)
     for user in ("u0", "u1"):
         save_token(tmp_path, user, f"token-of-{user}")
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
     assert main(["bench", "--state-dir", str(tmp_path), "--quiet"]) == 1
     assert one_line(capsys.readouterr().err) == (
         "megha bench: no token for user 'u2' (`megha user add u2`)"
@@ -168,8 +168,8 @@ def test_an_output_directory_that_cannot_be_made_is_refused_first(
     def no_work(*_: object, **__: object) -> None:
         raise AssertionError("work began")
 
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
-    monkeypatch.setattr(federation, "start_federation", no_work)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "start_federation", no_work)
     monkeypatch.setattr("request_generator.bench.Submitter.operator", no_work)
     monkeypatch.setattr("megha_cli.simulate.run_point", no_work)
     code = main(
@@ -227,7 +227,7 @@ def test_down_purge_with_nothing_running_says_only_what_it_did(
 ) -> None:
     record_federation(tmp_path)
     (tmp_path / "pids.json").unlink()  # stopped by an earlier `megha down`
-    monkeypatch.setattr(federation.secure, "purge", lambda *_: "deleted the broker vhost 'x'")
+    monkeypatch.setattr(live.provision, "purge", lambda *_: "deleted the broker vhost 'x'")
     assert main(["down", "--purge", "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no federation recorded" not in out
@@ -241,7 +241,7 @@ def test_down_purge_with_no_federation_at_all(
     def purged(*_: object) -> str:
         raise AssertionError("purged a federation that is not recorded")
 
-    monkeypatch.setattr(federation.secure, "purge", purged)
+    monkeypatch.setattr(live.provision, "purge", purged)
     assert main(["down", "--purge", "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.strip() == f"no federation recorded in {tmp_path}: nothing to stop or purge"
@@ -273,7 +273,7 @@ def test_a_failed_bench_shows_no_final_progress_line(
     """Not `bench: 0/0 tasks (100.0%) wall 0:00` before the error (stderr is no terminal
     here: the plain progress lines)."""
     record_federation(tmp_path)
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
     assert main(["bench", "--state-dir", str(tmp_path)]) == 1  # without a token for anyone
     assert one_line(capsys.readouterr().err).startswith("megha bench: no token for user")
 
@@ -295,8 +295,8 @@ def test_ctrl_c_in_a_bench_says_what_was_kept(
             (out / "tasks.csv").write_text("user,task_id\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(federation, "broker_reachable", lambda *_: True)
-    monkeypatch.setattr(federation, "run_bench_shown", interrupted)
+    monkeypatch.setattr(live, "broker_reachable", lambda *_: True)
+    monkeypatch.setattr(live, "run_bench_shown", interrupted)
     assert main(["bench", "--state-dir", str(home), "--out", str(out)]) == INTERRUPTED
     line = one_line(capsys.readouterr().err)
     if wrote:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from megha_cli.federation import bench_sections
+from megha_cli.live import bench_sections
 from megha_cli.ops import top_sections, why_sections
 from megha_cli.progress import Progress, eta
 from megha_cli.terminal import LiveTables, Section, columns, render_plain, show, terminal_size

@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import pytest
 
 from common.ids import GmId, LmId
+from federation import operator
 from global_master import inspect as gm_inspect
 from global_master.core import GlobalMaster
 from global_master.journal import Journal
@@ -74,7 +75,9 @@ def why(
 
     def run(*argv: str, down: tuple[str, ...] = ()) -> int:
         cores = {name: None if name in down else core for name, core in two_gms.items()}
-        monkeypatch.setattr(ops, "operator_get", answering(cores))
+        get = answering(cores)
+        monkeypatch.setattr(ops, "operator_get", get)  # `megha why USER TASK`
+        monkeypatch.setattr(operator, "operator_get", get)  # a lone id, found on every GM
         return main(["why", *argv, "--state-dir", str(tmp_path)])
 
     return run

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from megha_cli import federation
+from megha_cli import live
 from megha_cli.main import build_parser, main
 
 
@@ -100,4 +100,4 @@ def test_bench_refuses_a_trace_beside_a_job_file(tmp_path: Path) -> None:
     trace, jobs = _files(tmp_path)
     args = build_parser().parse_args(["bench", "--trace", trace, "--jobs", jobs])
     with pytest.raises(ConfigError, match="give --trace or --jobs, not both"):
-        federation._bench_options(args)
+        live._bench_options(args)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from common.config import load_config
-from megha_cli import secure
+from federation import provision
 from security.broker_acl import BrokerLayout, Rabbitmqctl, is_party_user, teardown
 
 LAYOUT = BrokerLayout(
@@ -73,13 +73,13 @@ def test_down_purge_says_which_older_users_it_deleted(
     layout = BrokerLayout.from_config(cfg)
     ours = [layout.broker_user(i) for i in layout.identities()]
     ctl = FakeCtl([*ours, f"{cfg.name}.user.old"])
-    monkeypatch.setattr(secure, "_rabbitmqctl", lambda _: ctl)
-    said = secure.purge(cfg, tmp_path)
+    monkeypatch.setattr(provision, "_rabbitmqctl", lambda _: ctl)
+    said = provision.purge(cfg, tmp_path)
     assert said == (
         f"deleted the broker vhost {cfg.name!r} and its users, and 1 left by older configs "
         f"({cfg.name}.user.old)"
     )
     assert f"{cfg.name}.user.old" in ctl.deleted_users()
     ctl = FakeCtl(ours)
-    monkeypatch.setattr(secure, "_rabbitmqctl", lambda _: ctl)
-    assert secure.purge(cfg, tmp_path) == f"deleted the broker vhost {cfg.name!r} and its users"
+    monkeypatch.setattr(provision, "_rabbitmqctl", lambda _: ctl)
+    assert provision.purge(cfg, tmp_path) == f"deleted the broker vhost {cfg.name!r} and its users"

@@ -1,8 +1,9 @@
-"""``megha up | down | status | bench | demo``: a live federation on this machine.
+"""``megha up | down | status | bench | demo | kill | restart``: a live federation on
+this machine, from the command line.
 
-``up`` starts the processes of ``common.config.process_plan`` (gunicorn-served GMs,
-LMs and worker pools), waits until each answers ``/health``, and records pids,
-config and logs in a state directory (``$MEGHA_HOME`` or ``./.megha``).
+The federation's lifecycle is the library ``federation`` (processes, provisioning, the
+operator's reads); a bench is ``request_generator.bench``.  This module parses the
+options and prints.
 """
 
 from __future__ import annotations
@@ -11,291 +12,37 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from common.config import STATE_ENV, FederationConfig, ProcessSpec, load_config, process_plan
+from common.config import FederationConfig, load_config
 from common.errors import ConfigError, MeghaError
-from megha_cli import secure
-from megha_cli.arguments import positive_float, positive_int, ranged
-from megha_cli.main import INTERRUPTED
-from megha_cli.ports import port_free, port_number
+from common.metrics import PERCENTILE_KEYS
+from federation import provision
+from federation.operator import broker_queue_depths, operator_get
+from federation.processes import (
+    RABBIT_HINT,
+    alive,
+    broker_reachable,
+    kill,
+    recorded,
+    restart_service,
+    signal_named,
+    start_dashboard,
+    start_federation,
+    state_dir,
+    stop_federation,
+)
+from megha_cli.arguments import port_number, positive_float, positive_int, ranged
 from megha_cli.progress import Progress
-from megha_cli.terminal import Section, show
+from megha_cli.terminal import INTERRUPTED, Section, percentile_cells, show
 from request_generator.report import output_dir
 from runtime.retry import GiveUp
-from security.access import Access, identity_of_process, tokens_dir
-from security.files import ensure_private_dir
-
-RABBIT_HINT = (
-    "RabbitMQ is not reachable at {url}.\n"
-    "Start it with `rabbitmq-server -detached` (install: `apt-get install rabbitmq-server`),\n"
-    "or point MEGHA_BROKER_URL / broker_url in the config at a running broker."
-)
-
-
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-"""Processes this interpreter started: kept so they are reaped, not left as zombies."""
-
-
-def state_dir(arg: str | None) -> Path:
-    return Path(arg or os.environ.get("MEGHA_HOME") or ".megha").resolve()
-
-
-def broker_reachable(url: str, timeout: float = 2.0) -> bool:
-    """Whether any node of the broker (``url``: one URL or several, comma-separated)
-    accepts a TCP connection."""
-    for one in (x.strip() for x in url.split(",") if x.strip()):
-        u = urlparse(one)
-        try:
-            with socket.create_connection((u.hostname or "127.0.0.1", u.port or 5672), timeout):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _health(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _is_ours(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"gunicorn" in cmdline or b"megha_cli.dashboard" in cmdline
-
-
-def start_federation(
-    cfg: FederationConfig,
-    home: Path,
-    *,
-    timeout_s: float = 90.0,
-    quiet: bool = False,
-    insecure_dev: bool = False,
-) -> list[tuple[ProcessSpec, int]]:
-    """Make the federation's secret, broker users and tokens (``megha_cli.secure``),
-    start every process of the plan; return (spec, pid) once all are healthy."""
-    if (home / "pids.json").exists():
-        recorded = json.loads((home / "pids.json").read_text())["processes"]
-        if any(_alive(p["pid"]) and _is_ours(p["pid"]) for p in recorded):
-            raise ConfigError(f"a federation is already recorded in {home}: run `megha down` first")
-        # none of its processes is left (the host restarted, or all were killed):
-        # it comes back with what its journals and the broker kept
-        (home / "pids.json").unlink()
-    if not broker_reachable(cfg.broker_url):
-        raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url), reason="broker_unreachable")
-    ensure_private_dir(home)
-    (home / "logs").mkdir(exist_ok=True)
-    config_path = home / "federation.toml"
-    config_path.write_text(cfg.to_toml())
-    plan = process_plan(cfg, str(config_path))
-    busy = [p for p in plan if not port_free(urlparse(p.url).hostname or cfg.host, p.port)]
-    if busy:
-        raise ConfigError(
-            "ports already in use: " + ", ".join(f"{p.name}:{p.port}" for p in busy),
-            reason="port_in_use",
-        )
-    secure.prepare(cfg, home, insecure_dev=insecure_dev)
-    started: list[tuple[ProcessSpec, int]] = []
-    try:
-        for spec in plan:
-            started.append((spec, launch(spec, home)))
-            _record(home, cfg, started)
-        wait_healthy(started, home, timeout_s)
-    except BaseException:
-        stop_federation(home, quiet=True)
-        raise
-    if not quiet:
-        print(f"federation {cfg.name!r} is up ({len(started)} processes; state in {home})")
-        for s, pid in started:
-            print(f"  {s.name:<14} pid {pid:<8} {s.url}")
-        print(f"  broker         {cfg.broker_url}")
-    return started
-
-
-NETNS_FILE = "netns.json"
-"""In a state directory: process name -> the network namespace it runs in (written by
-``megha chaos`` for federations spread over ``testbed.netns`` hosts)."""
-
-
-def launch(spec: ProcessSpec, home: Path) -> int:
-    """Start one process of the plan in its own session (inside its network namespace,
-    if ``netns.json`` names one); its output goes to logs/."""
-    argv = [sys.executable if spec.argv[0] == "python3" else spec.argv[0], *spec.argv[1:]]
-    spaces = home / NETNS_FILE
-    netns = json.loads(spaces.read_text()).get(spec.name) if spaces.exists() else None
-    if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
-    with (home / "logs" / f"{spec.name}.log").open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            env={
-                **os.environ,
-                **spec.env,
-                **secure.environment(home),
-                STATE_ENV: str(home / "state"),
-            },
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    _CHILDREN[proc.pid] = proc
-    return proc.pid
-
-
-def restart(home: Path, cfg: FederationConfig, name: str, *, timeout_s: float = 60.0) -> int:
-    """Start process ``name`` again (after a crash) and wait until it is healthy."""
-    spec = next(s for s in process_plan(cfg, str(home / "federation.toml")) if s.name == name)
-    pid = launch(spec, home)
-    data = json.loads((home / "pids.json").read_text())
-    for p in data["processes"]:
-        if p["name"] == name:
-            p["pid"] = pid
-    (home / "pids.json").write_text(json.dumps(data, indent=2))
-    wait_healthy([(spec, pid)], home, timeout_s)
-    return pid
-
-
-def wait_healthy(procs: list[tuple[ProcessSpec, int]], home: Path, timeout_s: float) -> None:
-    """Poll ``/health`` until every process answers 200; fail fast if one exits."""
-    deadline = time.monotonic() + timeout_s
-    waiting = list(procs)
-    while waiting:
-        waiting = [(s, pid) for s, pid in waiting if not _health(s.url)]
-        for s, pid in waiting:
-            if not _alive(pid):
-                raise MeghaError(
-                    f"{s.name} exited during start-up; see {home / 'logs' / (s.name + '.log')}"
-                )
-        if not waiting:
-            break
-        if time.monotonic() > deadline:
-            names = ", ".join(s.name for s, _ in waiting)
-            raise MeghaError(f"not healthy after {timeout_s:.0f} s: {names} (logs in {home})")
-        time.sleep(0.2)
-
-
-def start_dashboard(cfg: FederationConfig, home: Path, port: int) -> int:
-    """Serve the dashboard (``megha_cli.dashboard``) on ``port`` from a process recorded
-    with the federation's, so ``megha down`` stops it."""
-    if not port_free(cfg.host, port):
-        raise ConfigError(f"ports already in use: dashboard:{port}", reason="port_in_use")
-    url = f"http://{cfg.host}:{port}"
-    argv = ["python3", "-m", "megha_cli.dashboard", "--state-dir", str(home), "--port", str(port)]
-    spec = ProcessSpec("dashboard", "dashboard", "dashboard", argv, {}, port, url)
-    pid = launch(spec, home)
-    data = json.loads((home / "pids.json").read_text())
-    data["processes"].append({"name": spec.name, "pid": pid, "url": url})
-    (home / "pids.json").write_text(json.dumps(data, indent=2))
-    wait_healthy([(spec, pid)], home, 30.0)
-    return pid
-
-
-def _record(home: Path, cfg: FederationConfig, started: list[tuple[ProcessSpec, int]]) -> None:
-    data = {
-        "name": cfg.name,
-        "processes": [{"name": s.name, "pid": pid, "url": s.url} for s, pid in started],
-    }
-    (home / "pids.json").write_text(json.dumps(data, indent=2))
-
-
-def service_pids(home: Path) -> dict[str, int]:
-    """Each running service's gunicorn worker process (the one that runs its core), by
-    name; the recorded master's pid where it has no child (yet).  For profilers and
-    memory probes."""
-    out: dict[str, int] = {}
-    for p in json.loads((home / "pids.json").read_text())["processes"]:
-        kids = Path(f"/proc/{p['pid']}/task/{p['pid']}/children")
-        children = kids.read_text().split() if kids.exists() else []
-        out[p["name"]] = int(children[0]) if children else int(p["pid"])
-    return out
-
-
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
-@contextlib.contextmanager
-def running_federation(cfg: FederationConfig, *, quiet: bool = True) -> Iterator[Path]:
-    """A federation of ``cfg`` for the ``with`` block, recorded in a new temporary
-    directory (yielded): started, then stopped and its broker vhost, users or queues
-    deleted, whatever the block did (the benchmarks' own federations)."""
-    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
-    start_federation(cfg, home, quiet=quiet)
-    try:
-        yield home
-    finally:
-        stop_federation(home, quiet=True)
-        try:
-            secure.purge(cfg, home)
-        except (MeghaError, OSError, subprocess.SubprocessError) as exc:
-            print(f"could not delete {cfg.name!r} from the broker: {exc}", file=sys.stderr)
-
-
-def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False) -> int:
-    """SIGTERM every recorded process (GMs first), SIGKILL what remains; returns count."""
-    path = home / "pids.json"
-    if not path.exists():
-        if not quiet:
-            print(f"no federation recorded in {home}")
-        return 0
-    procs = json.loads(path.read_text())["processes"]
-    pids = [p["pid"] for p in reversed(procs) if _is_ours(p["pid"])]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-    for pid in pids:
-        child = _CHILDREN.pop(pid, None)
-        if child is not None:
-            child.wait(timeout=5)
-    for pid, child in list(_CHILDREN.items()):  # killed or replaced earlier: reap them
-        if child.poll() is not None:
-            del _CHILDREN[pid]
-    path.unlink()
-    if not quiet:
-        print(f"stopped {len(pids)} processes")
-    return len(pids)
-
+from security.access import Access, tokens_dir
 
 SHAPE_OPTIONS = (
     "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
@@ -323,74 +70,6 @@ def _config_for(args: argparse.Namespace, *, fresh: bool) -> FederationConfig:
     return replace(cfg, **overrides).validate() if overrides else cfg
 
 
-def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
-    """``GET path`` on process ``name``, signed by the operator; the JSON answer."""
-    who = identity_of_process(cfg, name)
-    headers = Access.in_home(home, cfg).sign(who, "GET", path, b"", time.time())
-    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
-
-
-def operator_get(
-    cfg: FederationConfig, access: Access, name: str, path: str, timeout_s: float = 3.0
-) -> dict[str, Any]:
-    """``GET path`` on process ``name``, signed as the operator: the JSON answer.  A
-    refusal is its JSON body with ``status`` added; an unreachable service
-    ``{"error": ...}``."""
-    who = identity_of_process(cfg, name)
-    headers = access.sign(who, "GET", path, b"", time.time())
-    req = urllib.request.Request(cfg.url(name) + path, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            out: dict[str, Any] = json.loads(resp.read())
-            return out
-    except urllib.error.HTTPError as err:
-        with err:
-            try:
-                body = json.loads(err.read())
-            except ValueError:
-                body = {}
-        refused: dict[str, Any] = body if isinstance(body, dict) else {}
-        refused.setdefault("error", f"HTTP {err.code}")
-        refused["status"] = err.code
-        return refused
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return {"error": str(exc)}
-
-
-def depth_queues(cfg: FederationConfig) -> list[str]:
-    """The broker queues whose depth an operator watches: users' submissions, dead letters."""
-    return [cfg.user_queue(u.user) for u in cfg.user_configs] + [cfg.dead_letter_queue]
-
-
-async def queue_depths(conn: Any, names: list[str]) -> dict[str, int]:
-    """Messages ready in each queue (-1: not declared yet), on an open connection."""
-    depths: dict[str, int] = {}
-    for name in names:
-        ch = await conn.channel()
-        try:
-            q = await ch.declare_queue(name, passive=True)
-            depths[name] = q.declaration_result.message_count or 0
-        except Exception:  # not declared yet
-            depths[name] = -1
-        finally:
-            if not ch.is_closed:
-                await ch.close()
-    return depths
-
-
-async def _queue_depths(cfg: FederationConfig, access: Access) -> dict[str, int]:
-    from runtime import broker
-
-    conn, _ = await broker.connect_any(access.broker_urls())
-    try:
-        return await queue_depths(conn, depth_queues(cfg))
-    finally:
-        await conn.close()
-
-
-# ------------------------------------------------------------------ commands
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         cfg = _config_for(args, fresh=True)
@@ -419,7 +98,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         stop_federation(home)
     if cfg is not None:
         try:
-            print(secure.purge(cfg, home))
+            print(provision.purge(cfg, home))
         except MeghaError as exc:
             print(f"megha down --purge: {exc}", file=sys.stderr)
             return 1
@@ -440,7 +119,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     procs = json.loads((home / "pids.json").read_text())["processes"]
     print(f"federation {cfg.name!r}: {cfg.gms} GMs, {cfg.lms} LMs, {cfg.nodes_per_lm} nodes each")
     for p in procs:
-        up = "alive" if _alive(p["pid"]) else "DEAD"
+        up = "alive" if alive(p["pid"]) else "DEAD"
         print(f"  {p['name']:<14} pid {p['pid']:<8} {up:<6} {p['url']}")
     print("GMs:")
     for g in cfg.gm_ids:
@@ -472,7 +151,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
     if broker_reachable(cfg.broker_url):
         print("queues (messages ready):")
-        for name, n in asyncio.run(_queue_depths(cfg, access)).items():
+        for name, n in asyncio.run(broker_queue_depths(cfg, access)).items():
             print(f"  {name}: {'absent' if n < 0 else n}")
     else:
         print(RABBIT_HINT.format(url=cfg.broker_url))
@@ -522,9 +201,6 @@ def run_bench_shown(cfg: FederationConfig, args: argparse.Namespace, home: Path)
 def bench_sections(summary: dict[str, Any]) -> list[Section]:
     """A bench's summary: allocation-time percentiles and components, the tasks' fate,
     the floor, and the counters that are not zero."""
-    from common.metrics import PERCENTILE_KEYS
-    from request_generator.report import percentile_cells
-
     rows = {
         "allocation": summary["allocation_time_s"],
         **summary["components_s"],
@@ -587,7 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     began = time.time()
     try:
         if args.config is None:  # the federation `megha up` recorded here, as status reads it
-            _recorded(home)
+            recorded(home)
         cfg = _config_for(args, fresh=False)
         if not broker_reachable(cfg.broker_url):
             raise ConfigError(RABBIT_HINT.format(url=cfg.broker_url))
@@ -631,7 +307,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         stop_federation(home)
         with contextlib.suppress(Exception):
-            secure.purge(cfg, home)
+            provision.purge(cfg, home)
     return bench_verdict(summary, args, up=False)
 
 
@@ -721,42 +397,6 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr; plain-text summary")
 
 
-def _recorded(home: Path) -> dict[str, int]:
-    """The processes ``megha up`` recorded: name -> pid."""
-    path = home / "pids.json"
-    if not path.exists():
-        raise ConfigError(f"no federation recorded in {home} (start one with `megha up`)")
-    return {p["name"]: p["pid"] for p in json.loads(path.read_text())["processes"]}
-
-
-def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
-    """Send ``sig`` to service ``name`` (its whole process group: gunicorn and its worker)."""
-    procs = _recorded(home)
-    if name not in procs:
-        raise ConfigError(f"no service {name!r} here (services: {', '.join(procs)})")
-    pid = procs[name]
-    if not _is_ours(pid):
-        raise ConfigError(f"{name} (pid {pid}) is not running")
-    os.killpg(pid, sig)
-    return pid
-
-
-FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
-"""The signals ``megha kill`` names in its help (any other signal's name works too)."""
-
-
-def signal_named(name: str) -> signal.Signals:
-    """``KILL``, ``sigterm``, ``SIGSTOP``...: the signal; a ConfigError naming the choices."""
-    try:
-        return signal.Signals[f"SIG{name.upper().removeprefix('SIG')}"]
-    except KeyError:
-        raise ConfigError(
-            f"no signal {name!r}: use {', '.join(FAULT_SIGNALS)} (or another signal's name, "
-            "e.g. HUP, INT, USR1)",
-            reason="bad_signal",
-        ) from None
-
-
 def cmd_kill(args: argparse.Namespace) -> int:
     try:
         sig = signal_named(args.signal)
@@ -768,27 +408,10 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return 0
 
 
-def restart_service(home: Path, cfg: FederationConfig, name: str) -> int:
-    """Stop service ``name`` cleanly if it runs (SIGCONT first, for a stopped one; SIGKILL
-    after 15 s), start it again and wait until it is healthy; returns its new pid."""
-    pid = _recorded(home)[name]
-    if _is_ours(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGCONT)
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-    return restart(home, cfg, name)
-
-
 def cmd_restart(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
-        procs = _recorded(home)
+        procs = recorded(home)
         cfg = load_config(home / "federation.toml")
         if args.service not in procs:
             raise ConfigError(f"no service {args.service!r} here (services: {', '.join(procs)})")
