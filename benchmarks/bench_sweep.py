@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from megha_cli.main import build_parser
-from megha_cli.simulate import run_point
+from megha_cli.simulate import progress_runner
+from simulator.trace_run import run_point
 from workload.traces import read_trace
 
 LOADS = (0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
             argv.append("--no-constraints")
         sim_args = parser.parse_args(argv)
         sim_args.workload = "trace"
-        summary = run_point(sim_args, workers, args.gms, args.lms, Path(sim_args.out))
+        summary = run_point(
+            sim_args, workers, args.gms, args.lms, Path(sim_args.out), progress_runner(False)
+        )
         point = {"trace": trace, "workers": workers, "constraints": cons == "on", "load": load}
         for name in summary["schedulers"]:
             r = row(point, name, summary)

@@ -71,7 +71,7 @@ def run_one(out: Path, simulate_args: list[str]) -> int:
     an exact record (``exact-<policy>.txt``)."""
     from megha_cli import main as cli
     from megha_cli import simulate
-    from request_generator.report import write_records_csv
+    from reporting.tasks import write_records_csv
 
     inner = simulate._with_progress
 

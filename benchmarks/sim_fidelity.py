@@ -308,7 +308,7 @@ def predict(args: Any) -> dict[str, Any]:
 
 
 def _components(res: SimResult) -> dict[str, float]:
-    from common.metrics import summarize_tasks
+    from reporting.tally import summarize_tasks
 
     started = [t for t in res.tasks if t.started_at >= 0]
     comps: dict[str, float] = summarize_tasks(started)["components_s"]

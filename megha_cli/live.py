@@ -40,7 +40,7 @@ from federation.processes import (
 from megha_cli.arguments import port_number, positive_float, positive_int, ranged
 from megha_cli.progress import Progress
 from megha_cli.terminal import INTERRUPTED, Section, percentile_cells, show
-from request_generator.report import output_dir
+from reporting.files import output_dir
 from runtime.retry import GiveUp
 from security.access import Access, tokens_dir
 
@@ -246,7 +246,7 @@ def bench_verdict(summary: dict[str, Any], args: argparse.Namespace, *, up: bool
             f"{summary['unfinished_tasks']} tasks not finished within --timeout "
             f"{summary['timeout_s']:g} s (by user: {users}); not known to be lost: {where}"
         )
-    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png")
+    print(f"wrote {args.out}/summary.json, tasks.csv, allocation_cdf.png, components.png, series/")
     return 0 if summary["unfinished_tasks"] == 0 and summary["duplicate_launches"] == 0 else 2
 
 
@@ -393,7 +393,9 @@ def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument(
         "--timeout", type=positive_float, default=300.0, help="seconds to wait for the end"
     )
-    p.add_argument("--out", default=out, help="directory for summary.json, tasks.csv, PNGs")
+    p.add_argument(
+        "--out", default=out, help="directory for summary.json, tasks.csv, PNGs, series/"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr; plain-text summary")
 
 
@@ -439,7 +441,7 @@ COMMANDS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
      "Query every GM's and LM's /v1/state and the broker's queue depths.", ()),
     ("bench", "replay a workload against the running federation; report allocation tails",
      "Submit a trace or synthetic workload into the users' queues, wait for every task, "
-     "measure the floor RTT, and write summary.json, tasks.csv and PNG plots.", ("bench",)),
+     "measure the floor RTT, and write summary.json, tasks.csv, PNG plots and the services' raw series (series/).", ("bench",)),
     ("demo", "up + a small workload + tail report + down, in one command",
      "Start a small federation, replay a few hundred tasks, print the allocation-time "
      "report, write it to --out, stop everything.", ("shape", "demo")),

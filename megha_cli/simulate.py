@@ -1,40 +1,31 @@
-"""``megha simulate``: Megha, Sparrow and a centralized scheduler on one workload.
+"""``megha simulate``: Megha, Sparrow and a centralized scheduler on one workload, or
+DAG jobs under queue policies: the options, progress bars and tables.
 
-Every scheduler sees the same jobs (rebuilt from the same seed) on the same
-machines; Megha and the centralized configuration run the real GM/LM cores.
+The runs are the simulator's (``simulator.trace_run``, ``simulator.dag_run``, over
+every federation size by ``simulator.sweep``), their files ``reporting``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-import random
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.cluster import PROFILES, ClusterSpec, make_federation, parse_users, profile
+from common.cluster import PROFILES
 from common.errors import ConfigError
-from common.ids import GmId, LmId
-from common.metrics import PERCENTILE_KEYS, jct_stats, summarize_tasks
-from common.model import UserConfig
-from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from common.metrics import PERCENTILE_KEYS
 from megha_cli.arguments import positive_float, positive_int
 from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, percentile_cells, show
-from request_generator.report import output_dir, plot_cdfs, plot_components, write_records_csv
-from simulator.config import SimConfig, config_from_args
-from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
-from simulator.sparrow import SparrowConfig, SparrowSimulation
-from workload.jobs import Job
-from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
-from workload.traces import read_trace
-
-BASELINES = ("sparrow", "centralized")
+from reporting.sweep import sweep_table
+from simulator import dag_run
+from simulator.config import SimConfig
+from simulator.megha_sim import MeghaSimulation, SimResult
+from simulator.sweep import PointRun, run_points
+from simulator.trace_run import Runner, run_point
 
 
 def _ints(text: str) -> list[int]:
@@ -191,138 +182,6 @@ def _with_progress(
     return result
 
 
-def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
-    """The workload, rebuilt identically for every scheduler from the seed."""
-    rng = random.Random(args.seed)
-    spec = WorkloadSpec(
-        profile=args.profile,
-        constraints=not args.no_constraints,
-        time_scale=args.time_scale,
-        duration_scale=args.duration_scale,
-        task_constraint_prob=args.task_constraint_prob,
-    )
-    if args.workload == "trace":
-        if not args.trace:
-            raise ConfigError("--workload trace needs --trace FILE", reason="missing_trace")
-        return jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
-    return synthetic_jobs(
-        args.jobs_count,
-        rate=args.rate,
-        tasks_per_job=args.tasks_per_job,
-        mean_duration=args.mean_duration,
-        spec=spec,
-        users=users,
-        rng=rng,
-    )
-
-
-def scheduler_summary(result: SimResult) -> dict[str, Any]:
-    """One scheduler's figures: every task of the workload (``tasks``; failed ones in
-    ``failed_tasks``), JCTs of the jobs that completed (no task failed)."""
-    s = summarize_tasks(result.tasks)
-    s["jct_s"] = jct_stats(result.job_completion)
-    s["makespan_s"] = result.makespan_s
-    s["counters"] = dict(sorted(result.counters.items()))
-    s["failed_tasks"] = len(result.failed)
-    s["stuck_tasks"] = result.stuck
-    s["jobs_completed"] = len(result.job_completion)
-    s["jobs_failed"] = len(result.failed_jobs)
-    return s
-
-
-def allocation_series(results: dict[str, SimResult]) -> dict[str, list[float]]:
-    """Per scheduler, allocation time to the final start (the start that ran to
-    completion); beside it, to the first start where preemption restarted tasks."""
-    series: dict[str, list[float]] = {}
-    for name, r in results.items():
-        started = [t for t in r.tasks if t.started_at >= 0]
-        series[name] = [t.allocation_time for t in started]
-        if any(t.started_at > t.first_started_at for t in started):
-            series[f"{name} (first start)"] = [t.first_allocation_time for t in started]
-    return series
-
-
-def centralized_cluster(clusters: Sequence[ClusterSpec], gm: GmId) -> list[ClusterSpec]:
-    """The same machines as one cluster under one LM, all in one GM's partition."""
-    nodes = [n for c in clusters for n in c.nodes]
-    return [ClusterSpec(LmId("lm0"), nodes, [gm] * len(nodes), "mixed")]
-
-
-def run_point(
-    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
-) -> dict[str, Any]:
-    """One federation size: Megha and the chosen baselines, side by side."""
-    gm_ids = [GmId(f"gm{i}") for i in range(n_gms)]
-    users = parse_users(args.users, gm_ids)
-    prof = profile(args.profile)
-    clusters = make_federation(
-        workers, gm_ids, n_lms, prof, not args.no_constraints, random.Random(args.seed + 7919)
-    )
-    cfg = config_from_args(
-        args, overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy()
-    )
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    for b in baselines:
-        if b not in BASELINES:
-            raise ConfigError(f"unknown baseline {b!r} (known: {', '.join(BASELINES)})")
-    results: dict[str, SimResult] = {}
-    timing: dict[str, dict[str, float]] = {}
-
-    def record(name: str, result: SimResult) -> None:
-        results[name] = result
-        timing[name] = timing_of(result)
-
-    # Megha
-    jobs = build_jobs(args, users)
-    total = sum(len(j.tasks) for j in jobs)
-    sim = MeghaSimulation(clusters, gm_ids, users, cfg)
-    sim.add_jobs(jobs)
-    record("megha", _with_progress("megha", total, lambda: sim.outstanding, sim.run, args.quiet))
-    if "sparrow" in baselines:
-        jobs = build_jobs(args, users)
-        sp = SparrowSimulation(
-            clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
-        )
-        sp.add_jobs(jobs)
-        left = lambda: sp.book.outstanding  # noqa: E731
-        record("sparrow", _with_progress("sparrow", total, left, sp.run, args.quiet))
-    if "centralized" in baselines:
-        gm0 = GmId("gm0")
-        c_users = [UserConfig(u.user, gm0, u.share) for u in users]
-        jobs = build_jobs(args, c_users)
-        csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
-        csim.add_jobs(jobs)
-        c_left = lambda: csim.outstanding  # noqa: E731
-        record("centralized", _with_progress("centralized", total, c_left, csim.run, args.quiet))
-
-    out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {
-        "workers": workers,
-        "gms": n_gms,
-        "lms": n_lms,
-        "seed": args.seed,
-        "profile": args.profile,
-        "constraints": not args.no_constraints,
-        "tasks": total,
-        "jobs": len(jobs),
-        "users": {u.user: {"gm": u.gm, "share": u.share} for u in users},
-        "schedulers": {name: scheduler_summary(r) for name, r in results.items()},
-    }
-    for name, r in results.items():
-        write_records_csv(out / f"tasks-{name}.csv", r.tasks, r.failed)
-    title = f"{workers} workers, {n_gms} GMs x {n_lms} LMs"
-    plot_cdfs(out / "allocation_cdf.png", allocation_series(results), f"Allocation time: {title}")
-    plot_components(
-        out / "components.png",
-        {n: s["components_s"] for n, s in summary["schedulers"].items()},
-        "Allocation-time components",
-    )
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    (out / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True))
-    summary["timing"] = timing
-    return summary
-
-
 def point_sections(summary: dict[str, Any]) -> list[Section]:
     """One federation size's summary: allocation-time percentiles, then per scheduler
     jobs, JCT, failures and what the run cost."""
@@ -367,14 +226,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-PointRun = Callable[[argparse.Namespace, int, int, int, Path], dict[str, Any]]
-"""Runs one federation size (workers, GMs, LMs) into a directory; returns its summary."""
-
-
 def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
     """Shows a trace or synthetic point's tables."""
 
     def report(summary: dict[str, Any]) -> None:
+        print()
         show(point_sections(summary), quiet=quiet)
 
     return report
@@ -396,90 +252,47 @@ def _workload_kind(args: argparse.Namespace) -> str:
     return kind
 
 
+def progress_runner(quiet: bool) -> Runner:
+    """A ``simulator.trace_run.Runner`` that shows each run's progress bar."""
+
+    def runner(
+        label: str, total: int, outstanding: Callable[[], int], go: Callable[..., SimResult]
+    ) -> SimResult:
+        return _with_progress(label, total, outstanding, go, quiet)
+
+    return runner
+
+
+def _trace_point(
+    args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
+) -> dict[str, Any]:
+    """Megha and the baselines at one federation size, each with a progress bar."""
+    return run_point(args, workers, n_gms, n_lms, out, progress_runner(args.quiet))
+
+
 def _run(args: argparse.Namespace) -> int:
     args.workload = _workload_kind(args)
-    out = output_dir(args.out)
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    point: PointRun = run_point
+    point: PointRun = _trace_point
     report = _trace_report(args.quiet)
     files = "summary.json, tasks-*.csv, allocation_cdf.png, components.png"
     if args.workload == "dag":
         point, report = _dag_point, _dag_report(args.quiet)
         files = "summary.json, tasks-*.csv, shares-*.png"
-    points = list(itertools.product(args.workers, args.gms, args.lms))
-    summaries = []
-    for workers, g, lm in points:
-        target = out if len(points) == 1 else out / f"w{workers}_g{g}_l{lm}"
-        s = point(args, workers, g, lm, target)
+    summaries = run_points(args, point, report)
+    if len(summaries) > 1:
+        table = sweep_table(summaries)
+        rows = {f"{r['scheduler']} w{r['workers']} g{r['gms']} l{r['lms']}": r for r in table}
         print()
-        report(s)
-        summaries.append(s)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    if len(points) > 1:
-        _write_sweep(out, summaries, args.quiet)
-    else:
-        data = json.loads((out / "summary.json").read_text())
-        data["wall_s"], data["cpu_s"] = round(wall, 3), round(cpu, 3)
-        data["timing"] = summaries[0]["timing"]
-        (out / "summary.json").write_text(json.dumps(data, indent=2, sort_keys=True))
-    print(f"\nwrote {out}/ ({files})")
+        show([Section("Sweep: allocation time", ["run", *PERCENTILE_KEYS], percentile_cells(rows))],
+             quiet=args.quiet)  # fmt: skip
+    print(f"\nwrote {Path(args.out)}/ ({files})")
     return 0
-
-
-def _write_sweep(out: Path, summaries: list[dict[str, Any]], quiet: bool) -> None:
-    rows = {}
-    table: list[dict[str, Any]] = []
-    for s in summaries:
-        for name, sch in s["schedulers"].items():
-            label = f"{name} w{s['workers']} g{s['gms']} l{s['lms']}"
-            rows[label] = sch["allocation_time_s"]
-            table.append(
-                {
-                    "scheduler": name,
-                    "workers": s["workers"],
-                    "gms": s["gms"],
-                    "lms": s["lms"],
-                    **sch["allocation_time_s"],
-                    **s["timing"][name],
-                }
-            )
-    print()
-    show([Section("Sweep: allocation time", ["run", *PERCENTILE_KEYS], percentile_cells(rows))],
-         quiet=quiet)  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(table, indent=2, sort_keys=True))
-    _plot_sweep(out / "sweep.png", table)
-
-
-def _plot_sweep(path: Path, table: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    by_sched: dict[str, list[dict[str, Any]]] = {}
-    for row in table:
-        by_sched.setdefault(row["scheduler"], []).append(row)
-    for name, rows in by_sched.items():
-        labels = [f"{r['workers']}/{r['gms']}/{r['lms']}" for r in rows]
-        for stat, style in (("p50", "o--"), ("p99", "s-")):
-            ax.plot(labels, [max(r[stat], 1e-6) for r in rows], style, label=f"{name} {stat}")
-    ax.set_yscale("log")
-    ax.set_xlabel("workers / GMs / LMs")
-    ax.set_ylabel("allocation time (s)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _dag_point(
     args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path
 ) -> dict[str, Any]:
     """DAG jobs under the queue policies (Carbyne and its baselines), with progress."""
-    from simulator import dag_run  # the Carbyne comparison, same simulator and cores
 
     def runner(policy: str, sim: MeghaSimulation) -> SimResult:
         total = sim.book.outstanding
@@ -491,9 +304,9 @@ def _dag_point(
 
 def _dag_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
     """Prints a DAG point's policies against the best (the paper's Fig. 4/5 table)."""
-    from simulator import dag_run
 
     def report(summary: dict[str, Any]) -> None:
+        print()
         if not quiet:
             title = f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs"
             print(

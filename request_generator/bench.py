@@ -3,8 +3,9 @@
 Replays a trace, a synthetic workload or a DAG job file into the users' queues (at
 the workload's arrival times, scaled, or at a fixed rate), waits until every task
 finished or failed, and measures the floor (an empty request's round trip to an LM
-and to a worker over keep-alive HTTP) in the same run.  Writes ``summary.json``,
-``tasks.csv``, ``allocation_cdf.png`` and ``components.png`` into ``--out``.
+and to a worker over keep-alive HTTP) in the same run.  Writes ``tasks.csv`` as tasks
+end, then ``summary.json``, the plots and the services' raw series into ``--out``
+(``reporting.live``).
 
 Times: a task's allocation time runs from its entry into its GM's queue (when the
 GM takes the job from the broker) to its final start; ``submission_s`` is the time
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import random
 import sys
@@ -36,18 +36,20 @@ from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError, DecodeError, MeghaError
 from common.ids import JobId, LmId, TaskId, UserId
-from common.metrics import (
-    DuplicateLaunches,
-    FloatColumns,
-    Span,
-    TaskTally,
-    jain_windows,
-    jct_stats,
-    percentiles,
-    usage_samples,
-)
+from common.metrics import DuplicateLaunches, percentiles
 from common.model import Task, TaskKey, TaskSpec, new_task
-from request_generator.report import TaskCsv, output_dir, plot_cdfs, plot_components
+from reporting.fairness import Span
+from reporting.files import output_dir
+from reporting.live import (
+    capacity,
+    counters_between,
+    job_metrics_of,
+    service_pages,
+    traffic_from,
+    write_outputs,
+)
+from reporting.tally import FloatColumns, TaskTally
+from reporting.tasks import TaskCsv
 from request_generator.submitter import Outcomes, Submitter
 from runtime import h1
 from runtime.http import MSGPACK
@@ -57,7 +59,7 @@ from security.identity import gm as gm_identity
 from security.identity import lm as lm_identity
 from security.identity import workers as workers_identity
 from workload.dags import scale_jobs
-from workload.jobs import Job, check_submittable, specs_of
+from workload.jobs import Job, check_submittable
 from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
 from workload.traces import read_trace
 
@@ -313,98 +315,6 @@ async def fetch_states(
     return states
 
 
-COUNTERS_GM = ("internal_inconsistencies", "external_inconsistencies", "requeues", "failed")
-COUNTERS_LM = (
-    "preemptions",
-    "repartitions",
-    "refused_internal",
-    "refused_external",
-    "workers_lost",
-)
-
-
-def counters_from(states: dict[str, Any]) -> dict[str, int]:
-    """The federation's counters, summed over the GMs' and LMs' state pages: since each
-    service started (``counters_between``: a run's)."""
-    total: dict[str, int] = dict.fromkeys((*COUNTERS_GM, *COUNTERS_LM, "dead_lettered"), 0)
-    for name, st in states.items():
-        for k, v in _counters_of(name, st).items():
-            total[k] += v
-    total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
-    return total
-
-
-def _counters_of(name: str, page: dict[str, Any]) -> dict[str, int]:
-    """One service's counters of ``counters_from``, from its state page."""
-    c = page.get("counters", {})
-    out = {k: int(c.get(k, 0)) for k in (COUNTERS_GM if name.startswith("gm") else COUNTERS_LM)}
-    out["dead_lettered"] = int(page.get("dead_lettered", 0))
-    return out
-
-
-def _restarted(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    """The service's process changed between two of its pages: a counter went down, or
-    (an LM) another incarnation holds it, under a new epoch."""
-    if before.get("epoch") != after.get("epoch"):
-        return True
-    was = before.get("counters", {})
-    now = after.get("counters", {})
-    return any(
-        isinstance(v, int) and isinstance(was.get(k), int) and v < was[k] for k, v in now.items()
-    ) or int(after.get("dead_lettered", 0)) < int(before.get("dead_lettered", 0))
-
-
-def counters_between(
-    before: dict[str, Any], after: dict[str, Any]
-) -> tuple[dict[str, int], list[str]]:
-    """This run's counters (``counters_from``'s, summed over the services): each
-    service's at the end less at the start; and notes on the services for which that
-    could not be: one restarted during the run (or did not answer at its start) counts
-    from its start, one that did not answer at the end is left out."""
-    total: dict[str, int] = dict.fromkeys((*COUNTERS_GM, *COUNTERS_LM, "dead_lettered"), 0)
-    notes: list[str] = []
-    for name, page in after.items():
-        if name.endswith("-workers"):  # a pool counts none of these
-            continue
-        if "error" in page:
-            notes.append(f"{name}: no answer at the end; not counted")
-            continue
-        now = _counters_of(name, page)
-        then = before.get(name, {"error": "not asked"})
-        if "error" in then:
-            notes.append(f"{name}: no answer at the start; counted from its start")
-            base = dict.fromkeys(now, 0)
-        elif _restarted(then, page):
-            notes.append(f"{name}: restarted during the run; counted since its restart")
-            base = dict.fromkeys(now, 0)
-        else:
-            base = _counters_of(name, then)
-        for k, v in now.items():
-            total[k] += v - base[k]
-    total["inconsistencies"] = total["internal_inconsistencies"] + total["external_inconsistencies"]
-    return total, notes
-
-
-def traffic_from(states: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """Messages sent on each path of the federation and the items they carried, summed
-    over the state pages (counted from each process's start)."""
-    total: dict[str, dict[str, int]] = {}
-
-    def add(path: str, messages: int, items: int) -> None:
-        t = total.setdefault(path, {"messages": 0, "items": 0})
-        t["messages"] += messages
-        t["items"] += items
-
-    for name, st in states.items():
-        c = st.get("counters", {})
-        if name.startswith("gm"):
-            add("gm_to_lm_launches", int(c.get("launch_requests", 0)), int(c.get("decisions", 0)))
-        role = "pool" if name.endswith("-workers") else "gm" if name.startswith("gm") else "lm"
-        for what, b in st.get("batches", {}).items():
-            add(f"{role}_{what}", int(b["messages"]), int(b["items"]))
-    return total
-
-
 # ------------------------------------------------------------------- the run
 REPORT_EVERY_S = 0.5
 LAUNCH_HORIZON_S = 120.0
@@ -427,7 +337,7 @@ class RunTally:
         spill_rows: int = 16384,
     ) -> None:
         self.cfg = cfg
-        self.width = len(_capacity(cfg))
+        self.width = len(capacity(cfg))
         self.tasks = TaskTally(spill_rows=spill_rows)
         self.publish = FloatColumns(("submission", "submit_to_start"), spill_rows=spill_rows)
         self.runs = FloatColumns(
@@ -527,12 +437,6 @@ class _OfRun:
 def _run_prefix(jobs: Sequence[Job | DagJob]) -> str:
     """What ``_stamp_run`` put before every job id (and so every task id)."""
     return jobs[0].job_id.split(".", 1)[0] + "." if jobs else "\0"
-
-
-def _capacity(cfg: FederationConfig) -> list[int]:
-    return [
-        sum(col) for col in zip(*(n.capacity for c in cfg.clusters for n in c.nodes), strict=True)
-    ]
 
 
 def _report(opts: BenchOptions, sub: Submitter, n: int, t0: float, note: str = "") -> None:
@@ -715,7 +619,7 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> di
         await sub.close()
     try:
         summary = summarize_run(cfg, opts, run, sub)
-        write_outputs(Path(opts.out), summary, run.tally.tasks.allocation_times())
+        write_outputs(Path(opts.out), summary, run.tally.tasks.allocation_times(), run.states)
     finally:
         run.tally.close()
     return summary
@@ -779,7 +683,7 @@ def summarize_run(
             "counters_are": "this run's: each service's counters at its end less at its start",
             "counters_notes": counter_notes,
             "traffic": traffic_from(run.states),
-            "services": run.states,
+            "services": service_pages(run.states),
             "federation": {
                 "gms": cfg.gms,
                 "lms": cfg.lms,
@@ -808,60 +712,3 @@ def _reasons(failed: dict[TaskKey, str]) -> dict[str, int]:
     for why in failed.values():
         out[why] = out.get(why, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:20])
-
-
-def job_metrics(
-    cfg: FederationConfig, jobs: list[Job | DagJob], tasks: Sequence[Task]
-) -> dict[str, Any]:
-    """``job_metrics_of`` a list of tasks (every task of ``jobs``)."""
-    by_key = {t.key: t for t in tasks}
-    ends = array("d", [math.nan]) * len(jobs)
-    for i, j in enumerate(jobs):
-        e = [by_key[(s.user, s.task_id)].finished_at for s in specs_of(j)]
-        if e and all(x >= 0 for x in e):
-            ends[i] = max(e)
-    spans = ((t.started_at, t.finished_at, t.user, t.demand) for t in tasks)
-    return job_metrics_of(cfg, jobs, ends, spans)
-
-
-def job_metrics_of(
-    cfg: FederationConfig,
-    jobs: Sequence[Job | DagJob],
-    ends: Sequence[float],
-    spans: Iterable[Span],
-) -> dict[str, Any]:
-    """Job completion times, makespan and Jain's index over 60-s windows: ``ends`` has
-    each job's latest task end (NaN if some task did not end), ``spans`` the tasks'
-    measured runs."""
-    jct: dict[JobId, float] = {}
-    by_user: dict[Any, list[tuple[float, float]]] = {}
-    last = 0.0
-    for j, end in zip(jobs, ends, strict=True):
-        if not math.isnan(end):
-            jct[j.job_id] = end - j.arrival
-            last = max(last, end)
-        by_user.setdefault(j.user, []).append((j.arrival, j.arrival + jct.get(j.job_id, 1e18)))
-    first = min((j.arrival for j in jobs), default=0.0)
-    samples = usage_samples(spans, _capacity(cfg), first, last)
-    shares = {u.user: u.share for u in cfg.user_configs}
-    return {
-        "jct_s": jct_stats(jct),
-        "makespan_s": last - first if jct else 0.0,
-        "jobs_completed": len(jct),
-        "jain": jain_windows(samples, by_user, shares),
-    }
-
-
-# ------------------------------------------------------------------- outputs
-def write_outputs(out: Path, summary: dict[str, Any], allocation: Sequence[float]) -> None:
-    """``summary.json`` and the plots (``tasks.csv`` was written as the tasks ended);
-    ``allocation``: every started task's allocation time."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    plot_cdfs(
-        out / "allocation_cdf.png", {"allocation time": allocation},
-        "Allocation time (live federation)",
-    )  # fmt: skip
-    plot_components(
-        out / "components.png", {"live": summary["components_s"]}, "Allocation-time components"
-    )

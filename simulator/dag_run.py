@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,10 +25,13 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import GmId, UserId
-from common.metrics import jain, jct_stats, summarize_tasks
 from common.model import NodeSpec, UserConfig
 from global_master.policy import POLICIES, JobQueues, make_policy
-from request_generator.report import write_records_csv
+from reporting.fairness import jain
+from reporting.files import write_json
+from reporting.plots import plot_shares
+from reporting.tally import jct_stats, summarize_tasks
+from reporting.tasks import write_records_csv
 from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from workload.dags import dag_stats, scale_jobs, synthetic_dag_jobs
@@ -98,34 +100,6 @@ def jain_windows(
     if not idx:
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
     return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
-
-
-def plot_shares(path: Path, result: SimResult, users: Sequence[UserConfig], title: str) -> None:
-    """Each user's dominant share over time (solid) and configured share (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    # every sample, not only the corners of the step function: the same line, but
-    # matplotlib's path simplification anti-aliases a thinned path differently
-    ts = [t for t, _ in result.usage_samples]
-    for k, u in enumerate(users):
-        color = f"C{k % 10}"
-        ax.plot(ts, [s.get(u.user, 0.0) for _, s in result.usage_samples], color=color,
-                label=f"{u.user} (share {u.share:g})", linewidth=1)  # fmt: skip
-        ax.axhline(u.share, color=color, linestyle="--", linewidth=0.8)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("dominant share of the federation")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def with_arrivals(jobs: Sequence[DagJob], arrivals: str) -> list[DagJob]:
@@ -247,7 +221,9 @@ def run_policies(
         schedulers[policy] = figures
         if out is not None:
             write_records_csv(out / f"tasks-{policy}.csv", res.tasks, res.failed)
-            plot_shares(out / f"shares-{policy}.png", res, users, f"dominant share: {policy}")
+            plot_shares(
+                out / f"shares-{policy}.png", res.usage_samples, users, f"dominant share: {policy}"
+            )
     return {"schedulers": schedulers, "timing": timing}
 
 
@@ -321,7 +297,6 @@ def run_point(
         }
     )
     summary["versus_best"] = versus_best(summary["schedulers"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    write_json(out / "summary.json", summary)
     summary["timing"] = timing
     return summary

@@ -10,9 +10,9 @@ import pytest
 
 from common.cluster import PROFILES, default_users, make_federation, parse_users
 from common.ids import GmId
-from common.metrics import summarize_tasks
 from common.model import UserConfig
 from megha_cli.main import main
+from reporting.tally import summarize_tasks
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
 from simulator.sparrow import SparrowSimulation

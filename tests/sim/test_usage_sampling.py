@@ -16,9 +16,9 @@ from msgspec.structs import replace
 from common.cluster import ClusterSpec
 from common.dag import DagJob
 from common.ids import GmId, LmId, UserId
-from common.metrics import jain
 from common.model import NodeSpec, UserConfig
 from global_master.policy import make_policy
+from reporting.fairness import jain
 from simulator.config import SimConfig
 from simulator.dag_run import JAIN_WINDOW_S, jain_windows, run_policies
 from simulator.megha_sim import MeghaSimulation, SimResult

@@ -3,6 +3,8 @@ federation's counters: built from a run's figures, without a federation."""
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +17,7 @@ from megha_cli import live
 from megha_cli.live import bench_sections
 from megha_cli.main import main
 from megha_cli.terminal import render_plain
+from reporting.live import FREE_BY_NODE, RECENT_ALLOCATIONS, write_series
 from request_generator.bench import (
     BenchOptions,
     LaunchLog,
@@ -169,3 +172,35 @@ def test_an_outcome_after_the_run_ended_goes_to_no_closed_file(tmp_path: Path) -
         tally.close()
     rows = (tmp_path / "tasks.csv").read_text().splitlines()
     assert len(rows) == 1 + len(specs)
+
+
+def test_raw_series_go_to_their_own_files_not_the_summary(tmp_path: Path) -> None:
+    """Each GM's recent allocation times and each LM's free resources per node are data
+    (for the dashboard, for a plot), not a summary: summary.json names their file and
+    row count, and series/*.csv holds them, row for row."""
+    recent = [[1000.0 + i, 0.001 * i] for i in range(3000)]
+    states = {
+        "gm0": {**gm(0, 0, 3000), "allocations": {"window_s": 60.0, "recent": recent}},
+        "gm1": {"error": "timed out"},
+        "lm0": {**lm(1, 0), "free": [[1, 4], [0, 2]]},
+        "lm0-workers": {"counters": {}},
+    }
+    s = summary_of(tmp_path, states=states)
+    assert s["services"]["gm0"]["allocations"] == {
+        "window_s": 60.0,
+        "recent": {"file": RECENT_ALLOCATIONS, "rows": 3000},
+    }
+    assert s["services"]["lm0"]["free"] == {"file": FREE_BY_NODE, "rows": 2}
+    assert s["services"]["gm1"] == {"error": "timed out"}
+    assert "recent" in states["gm0"]["allocations"]  # the pages themselves are left alone
+    assert len(json.dumps(s["services"])) < 2000
+    write_series(tmp_path, states)
+    with (tmp_path / RECENT_ALLOCATIONS).open() as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["gm", "finished_at", "allocation_s"]
+    assert [[float(x) for x in r[1:]] for r in rows[1:]] == recent
+    assert {r[0] for r in rows[1:]} == {"gm0"}
+    with (tmp_path / FREE_BY_NODE).open() as fh:
+        assert list(csv.reader(fh)) == [
+            ["lm", "node", "free_0", "free_1"], ["lm0", "0", "1", "4"], ["lm0", "1", "0", "2"],
+        ]  # fmt: skip

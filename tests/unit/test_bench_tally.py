@@ -10,26 +10,20 @@ from pathlib import Path
 
 from common.config import FederationConfig
 from common.ids import GmId, JobId, TaskId, UserId
-from common.metrics import (
-    FloatColumns,
-    jct_stats,
-    nearest_rank,
-    percentiles,
-    summarize_tasks,
-    usage_from_tasks,
-)
+from common.metrics import nearest_rank, percentiles
 from common.model import Phase, Task, TaskSpec, UserConfig, new_task
+from reporting.fairness import usage_from_tasks
+from reporting.live import job_metrics, job_metrics_of
+from reporting.tally import FloatColumns, jct_stats, summarize_tasks
+from reporting.tasks import write_records_csv
 from request_generator.bench import (
     BenchOptions,
     RunTally,
     _OfRun,
     _run_prefix,
     build_workload,
-    job_metrics,
-    job_metrics_of,
     sink_into,
 )
-from request_generator.report import write_records_csv
 from request_generator.submitter import Outcomes
 from workload.dags import dag_stats, synthetic_dag_jobs
 from workload.jobs import specs_of

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from request_generator.bench import traffic_from
+from reporting.live import traffic_from
 
 
 def test_paths_are_summed_over_services_of_a_role() -> None:

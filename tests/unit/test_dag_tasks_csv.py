@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.metrics import TASK_COLUMNS
 from megha_cli.main import main
+from reporting.tasks import TASK_COLUMNS
 
 pytestmark = pytest.mark.timeout(120)
 

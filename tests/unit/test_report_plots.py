@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from request_generator.report import plot_cdfs
+from reporting.plots import plot_cdfs
 
 
 def test_a_cdf_with_no_started_task_is_drawn_and_says_so(tmp_path: Path) -> None:

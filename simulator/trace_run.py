@@ -1,0 +1,203 @@
+"""Trace and synthetic workloads under Megha and the baselines, side by side (``megha
+simulate``; DAG workloads under queue policies are ``simulator.dag_run``).
+
+Every scheduler sees the same jobs (rebuilt from the same seed) on the same machines;
+Megha and the centralized configuration (the same machines under one GM and one LM)
+run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from common.cluster import ClusterSpec, make_federation, parse_users, profile
+from common.errors import ConfigError
+from common.ids import GmId, LmId
+from common.model import UserConfig
+from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from reporting.files import write_json
+from reporting.plots import plot_cdfs, plot_components
+from reporting.tally import jct_stats, summarize_tasks
+from reporting.tasks import write_records_csv
+from simulator.config import config_from_args
+from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
+from simulator.sparrow import SparrowConfig, SparrowSimulation
+from workload.jobs import Job
+from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
+from workload.traces import read_trace
+
+Progress = Callable[[float], None]
+"""Told the virtual time as a simulation goes."""
+
+BASELINES = ("sparrow", "centralized")
+
+
+def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
+    """The workload, rebuilt identically for every scheduler from the seed."""
+    rng = random.Random(args.seed)
+    spec = WorkloadSpec(
+        profile=args.profile,
+        constraints=not args.no_constraints,
+        time_scale=args.time_scale,
+        duration_scale=args.duration_scale,
+        task_constraint_prob=args.task_constraint_prob,
+    )
+    if args.workload == "trace":
+        if not args.trace:
+            raise ConfigError("--workload trace needs --trace FILE", reason="missing_trace")
+        return jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
+    return synthetic_jobs(
+        args.jobs_count,
+        rate=args.rate,
+        tasks_per_job=args.tasks_per_job,
+        mean_duration=args.mean_duration,
+        spec=spec,
+        users=users,
+        rng=rng,
+    )
+
+
+def scheduler_summary(result: SimResult) -> dict[str, Any]:
+    """One scheduler's figures: every task of the workload (``tasks``; failed ones in
+    ``failed_tasks``), JCTs of the jobs that completed (no task failed)."""
+    s = summarize_tasks(result.tasks)
+    s["jct_s"] = jct_stats(result.job_completion)
+    s["makespan_s"] = result.makespan_s
+    s["counters"] = dict(sorted(result.counters.items()))
+    s["failed_tasks"] = len(result.failed)
+    s["stuck_tasks"] = result.stuck
+    s["jobs_completed"] = len(result.job_completion)
+    s["jobs_failed"] = len(result.failed_jobs)
+    return s
+
+
+def allocation_series(results: dict[str, SimResult]) -> dict[str, list[float]]:
+    """Per scheduler, allocation time to the final start (the start that ran to
+    completion); beside it, to the first start where preemption restarted tasks."""
+    series: dict[str, list[float]] = {}
+    for name, r in results.items():
+        started = [t for t in r.tasks if t.started_at >= 0]
+        series[name] = [t.allocation_time for t in started]
+        if any(t.started_at > t.first_started_at for t in started):
+            series[f"{name} (first start)"] = [t.first_allocation_time for t in started]
+    return series
+
+
+def centralized_cluster(clusters: Sequence[ClusterSpec], gm: GmId) -> list[ClusterSpec]:
+    """The same machines as one cluster under one LM, all in one GM's partition."""
+    nodes = [n for c in clusters for n in c.nodes]
+    return [ClusterSpec(LmId("lm0"), nodes, [gm] * len(nodes), "mixed")]
+
+
+Runner = Callable[[str, int, Callable[[], int], Callable[[Progress], SimResult]], SimResult]
+"""Runs one scheduler's simulation: ``runner(label, tasks, outstanding, run)``, where
+``outstanding()`` counts the tasks not done yet and ``run(progress)`` is the
+simulation's own (``progress(virtual_s)`` as it goes): ``megha simulate`` shows a
+progress bar."""
+
+
+def plain(
+    label: str, total: int, outstanding: Callable[[], int], run: Callable[[Progress], SimResult]
+) -> SimResult:
+    """A ``Runner`` without progress."""
+    return run(lambda _: None)
+
+
+def _baselines(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    for b in names:
+        if b not in BASELINES:
+            raise ConfigError(f"unknown baseline {b!r} (known: {', '.join(BASELINES)})")
+    return names
+
+
+def run_schedulers(
+    args: argparse.Namespace,
+    clusters: Sequence[ClusterSpec],
+    gm_ids: Sequence[GmId],
+    users: Sequence[UserConfig],
+    runner: Runner,
+) -> tuple[dict[str, SimResult], list[Job]]:
+    """Megha and the baselines of ``--baselines`` on the same jobs (rebuilt from the
+    seed for each) and machines; the results by scheduler, and the jobs."""
+    cfg = config_from_args(
+        args, overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy()
+    )
+    baselines = _baselines(args.baselines)
+    results: dict[str, SimResult] = {}
+    jobs = build_jobs(args, users)
+    total = sum(len(j.tasks) for j in jobs)
+    sim = MeghaSimulation(clusters, gm_ids, users, cfg)
+    sim.add_jobs(jobs)
+    results["megha"] = runner("megha", total, lambda: sim.outstanding, sim.run)
+    if "sparrow" in baselines:
+        jobs = build_jobs(args, users)
+        sp = SparrowSimulation(
+            clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
+        )
+        sp.add_jobs(jobs)
+        results["sparrow"] = runner("sparrow", total, lambda: sp.book.outstanding, sp.run)
+    if "centralized" in baselines:
+        gm0 = GmId("gm0")
+        c_users = [UserConfig(u.user, gm0, u.share) for u in users]
+        jobs = build_jobs(args, c_users)
+        csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
+        csim.add_jobs(jobs)
+        results["centralized"] = runner("centralized", total, lambda: csim.outstanding, csim.run)
+    return results, jobs
+
+
+def write_point(out: Path, summary: dict[str, Any], results: dict[str, SimResult]) -> None:
+    """A point's files: ``summary.json``, ``timing.json``, ``tasks-<scheduler>.csv``, the
+    allocation-time CDFs and components."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, r in results.items():
+        write_records_csv(out / f"tasks-{name}.csv", r.tasks, r.failed)
+    title = f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs"
+    plot_cdfs(out / "allocation_cdf.png", allocation_series(results), f"Allocation time: {title}")
+    plot_components(
+        out / "components.png",
+        {n: s["components_s"] for n, s in summary["schedulers"].items()},
+        "Allocation-time components",
+    )
+    write_json(out / "summary.json", summary)
+    write_json(out / "timing.json", {n: timing_of(r) for n, r in results.items()})
+
+
+def run_point(
+    args: argparse.Namespace,
+    workers: int,
+    n_gms: int,
+    n_lms: int,
+    out: Path,
+    runner: Runner = plain,
+) -> dict[str, Any]:
+    """One federation size: Megha and the chosen baselines, side by side, each run by
+    ``runner``; writes ``out`` (``write_point``), returns the summary with each
+    scheduler's ``timing``."""
+    gm_ids = [GmId(f"gm{i}") for i in range(n_gms)]
+    users = parse_users(args.users, gm_ids)
+    clusters = make_federation(
+        workers, gm_ids, n_lms, profile(args.profile), not args.no_constraints,
+        random.Random(args.seed + 7919),
+    )  # fmt: skip
+    results, jobs = run_schedulers(args, clusters, gm_ids, users, runner)
+    summary: dict[str, Any] = {
+        "workers": workers,
+        "gms": n_gms,
+        "lms": n_lms,
+        "seed": args.seed,
+        "profile": args.profile,
+        "constraints": not args.no_constraints,
+        "tasks": sum(len(j.tasks) for j in jobs),
+        "jobs": len(jobs),
+        "users": {u.user: {"gm": u.gm, "share": u.share} for u in users},
+        "schedulers": {name: scheduler_summary(r) for name, r in results.items()},
+    }
+    write_point(out, summary, results)
+    summary["timing"] = {n: timing_of(r) for n, r in results.items()}
+    return summary
