@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.drive import run_scenario
+from chaos.scenarios import DEFAULT_SCENARIOS, Scenario, load_scenarios
 from common.config import FederationConfig
 from federation.processes import broker_reachable
-from megha_cli.chaos import DEFAULT_SCENARIOS, Scenario, load_scenarios, run_scenario
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.results import table, verdict
+from chaos.scenarios import DEFAULT_SCENARIOS, load_scenarios
 from common.errors import ConfigError
-from megha_cli.chaos import DEFAULT_SCENARIOS, load_scenarios, table, verdict
 
 
 def test_the_shipped_scenarios_cover_twenty_faults_and_every_kind() -> None:

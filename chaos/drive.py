@@ -1,0 +1,341 @@
+"""A chaos scenario driven: a live federation under load, one fault per scenario, and a check
+(``megha chaos``).
+
+Each scenario of ``config/chaos.toml`` starts a fresh federation (on the shared broker,
+a private RabbitMQ node or a private 3-node cluster, ``testbed.rabbit``; optionally
+with every process in its own network namespace, ``testbed.netns``), submits a load
+(synthetic jobs or DAG jobs), applies its fault steps at their times and waits until
+every task finished.  Per scenario it records:
+
+* ``submitted``: tasks published; ``completed``: tasks whose outcome says finished;
+* ``lost``: submitted tasks that never finished (must be 0);
+* ``duplicate_launches``: tasks the worker pools' launch logs show running twice
+  (``common.metrics.duplicate_launches``; must be 0);
+* ``recovery_s``: from the fault's first step to the end of the last task that was
+  outstanding (published, not finished) when it struck.
+
+Results go to ``--out`` as ``chaos.json``, ``chaos.csv`` and ``chaos.md`` (the table
+that is also printed).  ``--netns-bench`` instead measures allocation times of a
+federation whose every process runs in its own namespace, against added latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+
+from chaos.results import verdict
+from chaos.scenarios import SIGNALS, Load, Scenario, Step
+from chaos.stage import Stage, stage
+from common import codec
+from common.cluster import profile
+from common.config import FederationConfig
+from common.dag import DagJob
+from common.errors import ConfigError, MeghaError
+from common.metrics import duplicate_launches
+from common.model import TaskKey
+from federation.processes import (
+    kill,
+    restart,
+    restart_service,
+)
+from request_generator.bench import fetch_launches, fetch_states
+from request_generator.submitter import Submitter
+from workload.dags import DagShape, synthetic_dag
+from workload.jobs import Job, specs_of, to_submission
+from workload.synthetic import WorkloadSpec, synthetic_jobs
+
+
+def build_jobs(cfg: FederationConfig, load: Load) -> list[Job | DagJob]:
+    users = [u for u in cfg.user_configs if not load.users or u.user in load.users]
+    rng = random.Random(load.seed)
+    if not load.dag:
+        spec = WorkloadSpec(profile=cfg.profile, constraints=False)
+        plain = synthetic_jobs(
+            load.jobs, rate=load.rate, tasks_per_job=load.tasks_per_job,
+            mean_duration=load.duration, spec=spec, users=users, rng=rng,
+        )  # fmt: skip
+        return list(plain)
+    shape = DagShape(
+        median_stages=4.0, p95_stages=6.0, max_stages=6, median_depth=3.0,
+        median_tasks=2.0, max_tasks=4, median_duration=load.duration,
+    )  # fmt: skip
+    capacity = profile(cfg.profile).node_capacity
+    jobs: list[Job | DagJob] = []
+    t = 0.0
+    for i in range(load.jobs):
+        t += rng.expovariate(load.rate)
+        user = users[i % len(users)].user
+        jobs.append(synthetic_dag(f"c{load.seed}d{i}", user, t, capacity, rng, shape))
+    return jobs
+
+
+class Capture:
+    """Copies of the federation's broker messages on one exchange (``replay_*``): a
+    private queue bound next to the real consumers', to publish again later."""
+
+    def __init__(self, conn: aio_pika.abc.AbstractRobustConnection, exchange: str, key: str):
+        self.conn, self.exchange, self.key = conn, exchange, key
+        self.messages: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+    async def open(self) -> None:
+        ch = await self.conn.channel()
+        q = await ch.declare_queue(exclusive=True, auto_delete=True)
+        await q.bind(self.exchange, routing_key=self.key)
+        await q.consume(self._keep, no_ack=True)
+
+    async def _keep(self, msg: aio_pika.abc.AbstractIncomingMessage) -> None:
+        self.messages.append(msg)
+
+    async def replay(self) -> int:
+        """Publish every captured message again, newest first (duplicated and reordered)."""
+        ch = await self.conn.channel()
+        ex = await ch.get_exchange(self.exchange, ensure=False)
+        taken, self.messages = self.messages, []
+        for m in reversed(taken):
+            again = aio_pika.Message(
+                m.body, headers=m.headers, message_id=m.message_id,
+                delivery_mode=m.delivery_mode or aio_pika.DeliveryMode.NOT_PERSISTENT,
+            )  # fmt: skip
+            await ex.publish(again, routing_key=m.routing_key or "")
+        await ch.close()
+        return len(taken)
+
+
+@dataclass
+class Run:
+    """What happened during one scenario."""
+
+    published: dict[TaskKey, float] = field(default_factory=dict)
+    sent: list[tuple[Job | DagJob, float]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    first_fault: float = 0.0
+
+
+def progress_line(msg: str, enabled: bool) -> None:
+    if enabled:
+        print(msg, file=sys.stderr, flush=True)
+
+
+async def _until_unacked(st: Stage, gm: str, limit_s: float = 20.0) -> None:
+    """Wait until ``gm`` holds a job that LMs accepted (tasks run) but it has not
+    acknowledged to the broker: the moment a GM crash hurts most."""
+    loop = asyncio.get_running_loop()
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        s = await loop.run_in_executor(None, st.get, gm)
+        if s["jobs_unacked"] > 0 and s["running_tasks"] > 0:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, Capture]) -> str:
+    """Apply one step; a short note of what it did."""
+    loop = asyncio.get_running_loop()
+
+    def blocking(fn: Callable[[], object]) -> Any:
+        return loop.run_in_executor(None, fn)
+
+    a, target = step.action, step.target
+    if a in SIGNALS:
+        pid = kill(st.home, target, SIGNALS[a])
+        return f"{a} {target} (pid {pid})"
+    if a == "restart":
+        return (
+            f"restarted {target} (pid {await blocking(lambda: restart(st.home, st.cfg, target))})"
+        )
+    if a == "restart_clean":
+        pid = await blocking(lambda: restart_service(st.home, st.cfg, target))
+        return f"stopped and restarted {target} (pid {pid})"
+    if a.startswith("broker_"):
+        nodes = st.cluster.nodes if st.cluster else [st.node] if st.node else []
+        node = nodes[int(step.value)]
+        await blocking(getattr(node, a.removeprefix("broker_")))
+        return f"{a} {node.nodename}"
+    if a in ("partition", "heal", "delay", "undelay"):
+        if st.bed is None:
+            raise ConfigError(f"{a} needs netns = true")
+        bed = st.bed
+        fns: dict[str, Callable[[], None]] = {
+            "partition": lambda: bed.partition(target),
+            "heal": lambda: bed.heal(target),
+            "delay": lambda: bed.set_latency(target, step.value),
+            "undelay": lambda: bed.clear_latency(target),
+        }
+        await blocking(fns[a])
+        return f"{a} {target}" + (f" {step.value:g} ms" if a == "delay" else "")
+    if a == "duplicate_jobs":  # the very bytes published before, published again
+        for job, at in list(run.sent):
+            await sub.publish_raw(
+                job.user, codec.encode(to_submission(job, sub.token(job.user), at))
+            )
+        return f"published {len(run.sent)} jobs again"
+    n = await caps[a].replay()
+    return f"{a}: {n} captured messages published again, newest first"
+
+
+async def _faults(st: Stage, sc: Scenario, sub: Submitter, run: Run, caps: dict[str, Capture],
+                  t0: float, progress: bool) -> None:  # fmt: skip
+    for step in sc.steps:
+        await asyncio.sleep(max(0.0, t0 + step.at - time.time()))
+        if step.when == "unacked":
+            await _until_unacked(st, step.target)
+        at = time.time()
+        run.first_fault = run.first_fault or at
+        note = await _act(st, step, sub, run, caps)
+        run.steps.append({"at_s": round(at - t0, 3), "action": step.action, "note": note})
+        progress_line(f"  t={at - t0:5.1f}s {note}", progress)
+
+
+async def _wait_finished(sub: Submitter, run: Run, timeout_s: float, t0: float, progress: bool) -> None:  # fmt: skip
+    """Until every task finished (or failed for another reason than a refused duplicate
+    job), at most ``timeout_s``; a progress line every second."""
+    out = sub.outcomes
+    deadline = time.time() + timeout_s
+    next_line = time.time() + 1.0
+
+    def settled(k: TaskKey) -> bool:
+        return k in out.finished or (k in out.failed and "duplicate_job_id" not in out.failed[k])
+
+    while time.time() < deadline and not all(settled(k) for k in run.published):
+        out.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(out.changed.wait(), timeout=0.5)
+        if progress and time.time() >= next_line:
+            next_line = time.time() + 1.0
+            progress_line(
+                f"  t={time.time() - t0:5.1f}s submitted {len(run.published)} "
+                f"finished {len(out.finished)}",
+                progress,
+            )
+
+
+async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
+    """Submit the load, run the faults, wait, and measure."""
+    sub = Submitter.operator(st.cfg, st.home)
+    await sub.open()
+    replays = {s.action for s in sc.steps if s.action.startswith("replay_")}
+    conn = await aio_pika.connect_robust(st.access.broker_urls()[0]) if replays else None
+    run = Run()
+    try:
+        caps: dict[str, Capture] = {}
+        if conn is not None:
+            caps["replay_events"] = Capture(conn, st.cfg.events_exchange, "gm.#")
+            caps["replay_state"] = Capture(conn, st.cfg.state_exchange, "lm.*")
+        for c in caps.values():
+            await c.open()
+        jobs = build_jobs(st.cfg, sc.load)
+        t0 = time.time()
+        faults = asyncio.ensure_future(_faults(st, sc, sub, run, caps, t0, progress))
+        for job in jobs:
+            await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
+            at = await sub.submit(job)
+            run.sent.append((job, at))
+            for s in specs_of(job):
+                run.published[(s.user, s.task_id)] = at
+        await faults
+        await _wait_finished(sub, run, sc.timeout_s, t0, progress)
+        await asyncio.sleep(0.5)  # late duplicate outcomes or launches
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            launches = await fetch_launches(session, st.cfg, st.access)
+            states = await fetch_states(session, st.cfg, st.access)
+    finally:
+        if conn is not None:
+            await conn.close()
+        await sub.close()
+    row = measure(sc, run, sub, launches, time.time() - t0)
+    row["evidence"] = evidence(states)
+    return row
+
+
+EVIDENCE = (
+    "jobs_redelivered", "redelivered_skipped", "tasks_adopted", "lm_restarts_seen",
+    "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
+    "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
+    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused",
+)  # fmt: skip
+
+
+def evidence(states: dict[str, Any]) -> dict[str, int]:
+    """The services' counters that show the fault struck and how it was absorbed
+    (summed over GMs and LMs; zeros left out), and the sealed messages they dropped."""
+    total: dict[str, int] = {}
+    for st in states.values():
+        for k in EVIDENCE:
+            total[k] = total.get(k, 0) + int(st.get("counters", {}).get(k, 0))
+        for kind, drops in st.get("dropped", {}).items():
+            if isinstance(drops, dict):
+                total[f"dropped_{kind}"] = total.get(f"dropped_{kind}", 0) + sum(drops.values())
+        if "broker" in st:
+            total["broker_reconnects"] = total.get("broker_reconnects", 0) + int(
+                st["broker"].get("reconnects", 0)
+            )
+    return {k: v for k, v in total.items() if v}
+
+
+def measure(
+    sc: Scenario, run: Run, sub: Submitter, launches: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """The scenario's row: submitted, completed, lost, duplicate launches, recovery."""
+    out = sub.outcomes
+    mine = set(run.published)
+    dup = duplicate_launches(r for r in launches if (str(r["user"]), str(r["task_id"])) in mine)
+    lost = [k for k in run.published if k not in out.finished]
+    t = run.first_fault
+    outstanding = [
+        out.finished[k].finished_at
+        for k, at in run.published.items()
+        if at < t and k in out.finished and out.finished[k].finished_at > t
+    ]
+    other_failures = {k: v for k, v in out.failed.items() if "duplicate_job_id" not in v}
+    return {
+        "scenario": sc.name,
+        "fault": sc.fault,
+        "dag": sc.load.dag,
+        "submitted": len(run.published),
+        "completed": len(mine & out.finished.keys()),
+        "lost": len(lost),
+        "duplicate_launches": dup["count"],
+        "recovery_s": round(max(outstanding) - t, 3) if outstanding else 0.0,
+        "wall_s": round(wall_s, 1),
+        "failed": len(other_failures.keys() - out.finished.keys()),
+        "duplicate_outcomes": out.duplicates,
+        "refused_duplicates": sum(1 for r in sub.refused.values() if r == "duplicate_job_id"),
+        "lost_ids": [f"{u}/{i}" for u, i in lost[:20]],
+        "duplicate_ids": dup["tasks"][:20],
+        "duplicate_log": [  # what the pools logged about those tasks, for a diagnosis
+            r for r in launches if f"{r['user']}/{r['task_id']}" in dup["tasks"][:5]
+        ],
+        "steps": run.steps,
+    }
+
+
+def run_scenario(
+    sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool, progress: bool
+) -> dict[str, Any]:
+    """One scenario from start to teardown; a row with ``error`` if it could not run."""
+    progress_line(f"chaos: {sc.name}: {sc.fault}", progress)
+    t = time.time()
+    try:
+        with stage(sc, base, root, insecure=insecure) as st:
+            row = asyncio.run(drive(st, sc, progress))
+        if verdict(row) == "ok":
+            shutil.rmtree(st.home, ignore_errors=True)
+        else:
+            row["logs"] = str(st.home / "logs")  # kept for a diagnosis
+    except (MeghaError, OSError, RuntimeError, ValueError, KeyError) as exc:
+        row = {"scenario": sc.name, "fault": sc.fault, "error": f"{type(exc).__name__}: {exc}"}
+    row["total_s"] = round(time.time() - t, 1)
+    progress_line(f"chaos: {sc.name}: {verdict(row)} ({row['total_s']} s)", progress)
+    return row
