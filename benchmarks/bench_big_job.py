@@ -32,7 +32,7 @@ from common.metrics import duplicate_launches, percentiles
 from common.model import TaskSpec
 from federation.operator import signed_get
 from federation.processes import running_federation
-from request_generator.submitter import Submitter
+from request_generator.submitter import Outcomes, Submitter
 from workload.jobs import Job
 
 SMALL_EVERY_S = 0.05
@@ -62,6 +62,75 @@ def _job(name: str, user: str, n: int, duration: float) -> Job:
         for i in range(n)
     ]  # fmt: skip
     return Job(job_id=JobId(name), user=UserId(user), arrival=0.0, tasks=tasks)
+
+
+async def _until_done(sub: Submitter, ids: list[tuple[UserId, TaskId]], timeout_s: float) -> None:
+    """Until every task of ``ids`` is done, at most ``timeout_s``; a line every tenth."""
+    deadline = time.time() + timeout_s
+    last = 0
+    while time.time() < deadline:
+        done = sum(1 for k in ids if sub.outcomes.done(k))
+        if done == len(ids):
+            break
+        if done - last >= len(ids) // 10:
+            print(f"  {done:,} of {len(ids):,} tasks done", flush=True)
+            last = done
+        await asyncio.sleep(0.5)
+
+
+def _figures(
+    out: Outcomes,
+    ids: list[tuple[UserId, TaskId]],
+    t_big: float,
+    small: list[Job],
+    published: dict[JobId, float],
+    health: list[tuple[float, float]],
+) -> dict[str, Any]:
+    """The big job's fate; the GM's /health answer times and the other user's times,
+    while the big job was placed and over the whole run."""
+    big_done = [out.finished[k] for k in ids if k in out.finished]
+    last_start = max((t.started_at for t in big_done), default=t_big)
+    window = (t_big, last_start)
+    small_tasks = [out.finished[(t.user, t.task_id)] for j in small for t in j.tasks
+                   if (t.user, t.task_id) in out.finished]  # fmt: skip
+
+    def alloc(ts: list[Any]) -> dict[str, float]:
+        return percentiles([t.started_at - t.submitted_at for t in ts])
+
+    def from_publish(ts: list[Any]) -> dict[str, float]:
+        """Published -> started: what the user waits, the broker queue included (a GM
+        that does not take deliveries leaves them there, outside allocation time)."""
+        return percentiles([t.started_at - published[t.job_id] for t in ts])
+
+    in_window = [t for t in small_tasks if window[0] <= t.submitted_at <= window[1]]
+    return {
+        "big_job": {
+            "tasks": len(ids),
+            "finished": len(big_done),
+            "lost": len(ids) - sum(1 for k in ids if out.done(k)),
+            "failed": sum(1 for k in ids if k in out.failed),
+            "last_start_after_submit_s": round(last_start - t_big, 3),
+        },
+        "gm_health_s": {
+            "while_big_job_placed": percentiles(
+                [d for t, d in health if window[0] <= t <= window[1]]
+            ),
+            "whole_run": percentiles([d for _, d in health]),
+        },
+        "other_user_allocation_s": {
+            "while_big_job_placed": alloc(in_window),
+            "whole_run": alloc(small_tasks),
+            "tasks_while_big_job_placed": len(in_window),
+        },
+        "other_user_publish_to_start_s": {
+            "while_big_job_placed": from_publish(in_window),
+            "whole_run": from_publish(small_tasks),
+        },
+        "small_jobs_lost": sum(
+            1 for j in small for t in j.tasks if not out.done((t.user, t.task_id))
+        ),
+        "duplicate_outcomes": out.duplicates,
+    }
 
 
 async def _run(cfg: Any, home: Path, n_big: int, timeout_s: float) -> dict[str, Any]:
@@ -94,16 +163,7 @@ async def _run(cfg: Any, home: Path, n_big: int, timeout_s: float) -> dict[str, 
         print(f"submitting one job of {n_big:,} tasks", flush=True)
         t_big = await sub.submit(big)
         ids = [(t.user, t.task_id) for t in big.tasks]
-        deadline = time.time() + timeout_s
-        last = 0
-        while time.time() < deadline:
-            done = sum(1 for k in ids if sub.outcomes.done(k))
-            if done == n_big:
-                break
-            if done - last >= n_big // 10:
-                print(f"  {done:,} of {n_big:,} tasks done", flush=True)
-                last = done
-            await asyncio.sleep(0.5)
+        await _until_done(sub, ids, timeout_s)
         await asyncio.sleep(1.0)  # a last second of small jobs after it
     finally:
         stop.set()
@@ -113,50 +173,7 @@ async def _run(cfg: Any, home: Path, n_big: int, timeout_s: float) -> dict[str, 
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(1.0)  # the last small jobs' outcomes
         await sub.close()
-    out = sub.outcomes
-    big_done = [out.finished[k] for k in ids if k in out.finished]
-    last_start = max((t.started_at for t in big_done), default=t_big)
-    window = (t_big, last_start)
-    small_tasks = [out.finished[(t.user, t.task_id)] for j in small for t in j.tasks
-                   if (t.user, t.task_id) in out.finished]  # fmt: skip
-
-    def alloc(ts: list[Any]) -> dict[str, float]:
-        return percentiles([t.started_at - t.submitted_at for t in ts])
-
-    def from_publish(ts: list[Any]) -> dict[str, float]:
-        """Published -> started: what the user waits, the broker queue included (a GM
-        that does not take deliveries leaves them there, outside allocation time)."""
-        return percentiles([t.started_at - published[t.job_id] for t in ts])
-
-    in_window = [t for t in small_tasks if window[0] <= t.submitted_at <= window[1]]
-    return {
-        "big_job": {
-            "tasks": n_big,
-            "finished": len(big_done),
-            "lost": n_big - sum(1 for k in ids if out.done(k)),
-            "failed": sum(1 for k in ids if k in out.failed),
-            "last_start_after_submit_s": round(last_start - t_big, 3),
-        },
-        "gm_health_s": {
-            "while_big_job_placed": percentiles(
-                [d for t, d in health if window[0] <= t <= window[1]]
-            ),
-            "whole_run": percentiles([d for _, d in health]),
-        },
-        "other_user_allocation_s": {
-            "while_big_job_placed": alloc(in_window),
-            "whole_run": alloc(small_tasks),
-            "tasks_while_big_job_placed": len(in_window),
-        },
-        "other_user_publish_to_start_s": {
-            "while_big_job_placed": from_publish(in_window),
-            "whole_run": from_publish(small_tasks),
-        },
-        "small_jobs_lost": sum(
-            1 for j in small for t in j.tasks if not out.done((t.user, t.task_id))
-        ),
-        "duplicate_outcomes": out.duplicates,
-    }
+    return _figures(sub.outcomes, ids, t_big, small, published, health)
 
 
 def main() -> int:

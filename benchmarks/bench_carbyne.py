@@ -109,7 +109,7 @@ def _jobs(args: argparse.Namespace, users: list[UserConfig]) -> tuple[list[DagJo
     ), args.resources
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200, help="synthetic DAG jobs")
     ap.add_argument("--jobs-file", help="a DAG job file instead (users mapped onto ours)")
@@ -124,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_carbyne.json")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
 
     gm = GmId("gm0")

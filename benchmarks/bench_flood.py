@@ -89,7 +89,7 @@ async def _ping(cfg: FederationConfig, access: Access) -> float | str:
     return rtts[0] if rtts else "no answer"
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench_flood.json")
     ap.add_argument("--base-port", type=int, default=21000)
@@ -98,14 +98,39 @@ def main() -> int:
         "--connections", type=int, default=12000, help="connections each client holds at most"
     )
     ap.add_argument("--seconds", type=float, default=12.0, help="how long the flood lasts")
-    args = ap.parse_args()
+    return ap
+
+
+def _watch(
+    cfg: FederationConfig, access: Access, lm_pid: int, counts: list[Any], seconds: float
+) -> list[dict[str, Any]]:
+    """Once a second for ``seconds``: connections opened, the LM's descriptors, a ping."""
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        ping = asyncio.run(_ping(cfg, access))
+        row = {
+            "t_s": round(time.monotonic() - t0, 2),
+            "opened": sum(c.value for c in counts),
+            "lm_descriptors": _descriptors(lm_pid),
+            "ping": ping,
+        }
+        rows.append(row)
+        shown = f"{ping * 1e3:.2f} ms" if isinstance(ping, float) else ping
+        print(f"t={row['t_s']:5.1f}s opened {row['opened']:6d}  LM descriptors "
+              f"{row['lm_descriptors']:6d}  ping {shown}", flush=True)  # fmt: skip
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - t0) % 1.0))
+    return rows
+
+
+def main() -> int:
+    args = _parser().parse_args()
     if args.clients < 1 or args.connections < 1 or not 0 < args.seconds <= 600:
         raise SystemExit("need --clients >= 1, --connections >= 1, 0 < --seconds <= 600")
     cfg = replace(
         parse_config({}), name=f"bench-flood-{os.getpid()}", gms=1, lms=1, nodes_per_lm=10,
         base_port=args.base_port,
     ).validate()  # fmt: skip
-    rows: list[dict[str, Any]] = []
     with running_federation(cfg) as home:
         access = Access.in_home(home, cfg)
         lm_pid = service_pids(home)["lm0"]
@@ -118,20 +143,7 @@ def main() -> int:
         ]
         for p in floods:
             p.start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < args.seconds:
-            ping = asyncio.run(_ping(cfg, access))
-            row = {
-                "t_s": round(time.monotonic() - t0, 2),
-                "opened": sum(c.value for c in counts),
-                "lm_descriptors": _descriptors(lm_pid),
-                "ping": ping,
-            }
-            rows.append(row)
-            shown = f"{ping * 1e3:.2f} ms" if isinstance(ping, float) else ping
-            print(f"t={row['t_s']:5.1f}s opened {row['opened']:6d}  LM descriptors "
-                  f"{row['lm_descriptors']:6d}  ping {shown}", flush=True)  # fmt: skip
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - t0) % 1.0))
+        rows = _watch(cfg, access, lm_pid, counts, args.seconds)
         for p in floods:
             p.join(timeout=30)
             if p.is_alive():

@@ -233,14 +233,20 @@ def _step(
     before["gm_ends"] = ends
     if profile:
         row["profile"] = _top_functions(out / "profile")
+    _say(label, row, s)
+    return row
+
+
+def _say(label: str, row: dict[str, Any], s: dict[str, Any]) -> None:
+    """A step's line: offered and placed rates, allocation p50 / p99 / max, the floor."""
     print(
-        f"{label:>14}: offered {offered:7.1f}/s  got {row['throughput_tasks_per_s']:7.1f}/s  "
+        f"{label:>14}: offered {s['offered_tasks_per_s']:7.1f}/s  got "
+        f"{row['throughput_tasks_per_s']:7.1f}/s  "
         f"p50 {s['allocation_time_s']['p50'] * 1e3:8.2f} ms  p99 "
         f"{s['allocation_time_s']['p99'] * 1e3:8.2f} ms  max "
         f"{s['allocation_time_s']['max'] * 1e3:8.2f} ms  floor {s['floor_rtt_s'] * 1e3:.3f} ms",
         flush=True,
     )
-    return row
 
 
 SPACING_S = 0.02
@@ -285,7 +291,7 @@ def sustained(row: dict[str, Any]) -> bool:
     )
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench_live.json")
     ap.add_argument("--base-port", type=int, default=18800)
@@ -304,8 +310,11 @@ def main() -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a federation config value (TOML), e.g. --set heartbeat_s=0.1; repeatable",
     )  # fmt: skip
-    args = ap.parse_args()
-    out = Path(args.out)
+    return ap
+
+
+def _config(args: argparse.Namespace) -> tuple[FederationConfig, dict[str, Any]]:
+    """The federation measured (3 GMs x 3 LMs x ``NODES``), with ``--set``'s overrides."""
     try:
         overrides = tomllib.loads("\n".join(args.set))
     except tomllib.TOMLDecodeError as exc:
@@ -319,41 +328,55 @@ def main() -> int:
         base_port=args.base_port,
         queue_type=args.queue_type,
     ).validate()
-    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))  # pids, config, service logs
-    load1 = os.getloadavg()
-    start_federation(cfg, home)
+    return cfg, overrides
+
+
+def _steps(
+    cfg: FederationConfig, home: Path, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The spaced floor, the 50% load step, then the ramp (until a rate is not sustained,
+    unless ``--no-ramp-stop``): the steps' rows and the floor."""
+    where = Path(args.out).parent / "bench_live"
     rows: list[dict[str, Any]] = []
     traffic: dict[str, dict[str, int]] = {}  # the counts after the previous step
-    try:
-        spaced = asyncio.run(_spaced_floor(cfg, home))
-        # 50% load: 120 one-slot nodes, 0.5 s tasks -> capacity 240 tasks/s; offer 120/s.
-        per_job = 4
-        mean = 0.5
-        rate = 0.5 * NODES / mean
-        rows.append(
-            _step(
-                cfg, home, out.parent / "bench_live", "load50", traffic,
-                jobs=int(rate * args.seconds / per_job), tasks_per_job=per_job,
-                mean_duration=mean, job_rate=rate / per_job,
-            )
+    spaced = asyncio.run(_spaced_floor(cfg, home))
+    # 50% load: 120 one-slot nodes, 0.5 s tasks -> capacity 240 tasks/s; offer 120/s.
+    per_job = 4
+    mean = 0.5
+    rate = 0.5 * NODES / mean
+    rows.append(
+        _step(
+            cfg, home, where, "load50", traffic,
+            jobs=int(rate * args.seconds / per_job), tasks_per_job=per_job,
+            mean_duration=mean, job_rate=rate / per_job,
+        )
+    )  # fmt: skip
+    # Ramp: short tasks (20 ms, capacity 6,000/s) so the scheduler is the limit.
+    per_job = 10
+    for r in (float(x) for x in args.rates.split(",")):
+        row = _step(
+            cfg, home, where, f"rate{int(r)}", traffic,
+            jobs=int(r * args.seconds / per_job), tasks_per_job=per_job,
+            mean_duration=0.02, rate=r / per_job, timeout_s=120.0,
+            profile=r == args.profile_rate,
         )  # fmt: skip
-        # Ramp: short tasks (20 ms, capacity 6,000/s) so the scheduler is the limit.
-        per_job = 10
-        for r in (float(x) for x in args.rates.split(",")):
-            row = _step(
-                cfg, home, out.parent / "bench_live", f"rate{int(r)}", traffic,
-                jobs=int(r * args.seconds / per_job), tasks_per_job=per_job,
-                mean_duration=0.02, rate=r / per_job, timeout_s=120.0,
-                profile=r == args.profile_rate,
-            )  # fmt: skip
-            rows.append(row)
-            if not sustained(row) and not args.no_ramp_stop:
-                break
-    finally:
-        stop_federation(home)
-        purge(cfg, home)
+        rows.append(row)
+        if not sustained(row) and not args.no_ramp_stop:
+            break
+    return rows, spaced
+
+
+def _result(
+    cfg: FederationConfig,
+    overrides: dict[str, Any],
+    rows: list[dict[str, Any]],
+    spaced: dict[str, Any],
+    load_before: tuple[float, float, float],
+) -> dict[str, Any]:
+    """``bench_live.json``: the federation, the machine, every step, what was sustained,
+    the floors and the targets."""
     ok = [r for r in rows[1:] if sustained(r)]
-    result = {
+    return {
         "federation": {
             "overrides": overrides,
             "gms": 3,
@@ -364,7 +387,7 @@ def main() -> int:
         },
         "machine": {
             "cpus": os.cpu_count(),
-            "loadavg_before": load1,
+            "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
         "load50": rows[0],
@@ -385,6 +408,21 @@ def main() -> int:
             "p99_s_at_rate": P99_AT_RATE_S,
         },
     }
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    out = Path(args.out)
+    cfg, overrides = _config(args)
+    home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))  # pids, config, service logs
+    load1 = os.getloadavg()
+    start_federation(cfg, home)
+    try:
+        rows, spaced = _steps(cfg, home, args)
+    finally:
+        stop_federation(home)
+        purge(cfg, home)
+    result = _result(cfg, overrides, rows, spaced, load1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(

@@ -60,7 +60,7 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mt) * (m - mm) for t, m in points) / var
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="how long the load runs")
     ap.add_argument("--load", type=float, default=0.7, help="offered load, share of capacity")
@@ -69,7 +69,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-port", type=int, default=18850)
     ap.add_argument("--name", default=f"soak-{os.getpid()}", help="the federation's name")
     ap.add_argument("--out", default="results/soak")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _sample_while(
+    cfg: FederationConfig, home: Path, opts: BenchOptions, every_s: float, minutes: float
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the bench in a thread and sample every process's resident memory every
+    ``every_s`` until it ends: the samples and the bench's summary."""
+    samples: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    procs = {**service_pids(home), "bench-client": os.getpid()}
+
+    def drive() -> None:
+        summary.update(bench(cfg, opts, home))
+
+    runner = threading.Thread(target=drive, name="bench", daemon=True)
+    t0 = time.monotonic()
+    runner.start()
+    while runner.is_alive():
+        now = time.monotonic() - t0
+        for name, pid in procs.items():
+            mb = rss_mb(pid)
+            if mb is not None:
+                samples.append({"t_s": round(now, 1), "process": name, "rss_mb": round(mb, 2)})
+        print(f"\r{now / 60:5.1f} / {minutes:.0f} min", end="", flush=True)
+        runner.join(timeout=every_s)
+    print()
+    return samples, summary
+
+
+def _growth(samples: list[dict[str, Any]], warmup_min: float) -> dict[str, Any]:
+    """Per process: its first and last sample and its growth per minute after the warm-up."""
+    growth: dict[str, Any] = {}
+    for name in sorted({s["process"] for s in samples}):
+        pts = [(s["t_s"], s["rss_mb"]) for s in samples if s["process"] == name]
+        fit = [(t, m) for t, m in pts if t >= warmup_min * 60]
+        growth[name] = {
+            "rss_start_mb": pts[0][1],
+            "rss_end_mb": pts[-1][1],
+            "mb_per_min": round(slope_per_min(fit or pts), 3),
+        }
+    return growth
+
+
+def _write(out: Path, result: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+    """``soak.json``, ``rss.csv`` (every sample) and ``rss.png``."""
+    (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    with (out / "rss.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["t_s", "process", "rss_mb"])
+        w.writeheader()
+        w.writerows(samples)
+    _plot(samples, out / "rss.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = replace(
@@ -89,60 +144,26 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.minutes * 60 + 600, floor_samples=50,
     )  # fmt: skip
     start_federation(cfg, home)
-    samples: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
     try:
-        procs = {**service_pids(home), "bench-client": os.getpid()}
-
-        def drive() -> None:
-            summary.update(bench(cfg, opts, home))
-
-        runner = threading.Thread(target=drive, name="bench", daemon=True)
-        t0 = time.monotonic()
-        runner.start()
-        while runner.is_alive():
-            now = time.monotonic() - t0
-            for name, pid in procs.items():
-                mb = rss_mb(pid)
-                if mb is not None:
-                    samples.append({"t_s": round(now, 1), "process": name, "rss_mb": round(mb, 2)})
-            print(f"\r{now / 60:5.1f} / {args.minutes:.0f} min", end="", flush=True)
-            runner.join(timeout=args.every)
-        print()
+        samples, summary = _sample_while(cfg, home, opts, args.every, args.minutes)
     finally:
         stop_federation(home)
         purge(cfg, home)
-    growth: dict[str, Any] = {}
-    for name in sorted({s["process"] for s in samples}):
-        pts = [(s["t_s"], s["rss_mb"]) for s in samples if s["process"] == name]
-        fit = [(t, m) for t, m in pts if t >= args.warmup * 60]
-        growth[name] = {
-            "rss_start_mb": pts[0][1],
-            "rss_end_mb": pts[-1][1],
-            "mb_per_min": round(slope_per_min(fit or pts), 3),
-        }
+    growth = _growth(samples, args.warmup)
     result = {
         "minutes": args.minutes,
         "offered_tasks_per_s": round(tasks_per_s, 1),
         "load": args.load,
         "warmup_min": args.warmup,
         "goal_mb_per_min": GOAL_MB_PER_MIN,
-        "tasks": summary.get("tasks"),
-        "unfinished_tasks": summary.get("unfinished_tasks"),
-        "duplicate_launches": summary.get("duplicate_launches"),
-        "throughput_tasks_per_s": summary.get("throughput_tasks_per_s"),
-        "allocation_time_s": summary.get("allocation_time_s"),
+        **{k: summary.get(k) for k in ("tasks", "unfinished_tasks", "duplicate_launches",
+                                        "throughput_tasks_per_s", "allocation_time_s")},
         "growth": growth,
         "worst_service_mb_per_min": max(
             (g["mb_per_min"] for n, g in growth.items() if n != "bench-client"), default=0.0
         ),
-    }
-    (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
-    with (out / "rss.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["t_s", "process", "rss_mb"])
-        w.writeheader()
-        w.writerows(samples)
-    _plot(samples, out / "rss.png")
+    }  # fmt: skip
+    _write(out, result, samples)
     for name, g in growth.items():
         print(f"{name:>14}: {g['rss_start_mb']:7.1f} -> {g['rss_end_mb']:7.1f} MB  "
               f"{g['mb_per_min']:+.3f} MB/min")  # fmt: skip

@@ -127,7 +127,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="bench_sim.py --scenario sweep",
         description=__doc__,
@@ -151,7 +151,46 @@ def main(argv: list[str] | None = None) -> None:
         metavar="DIR",
         help="only combine the sweep.json of earlier runs (e.g. one per trace) into --out",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _point(
+    args: argparse.Namespace, trace: str, cons: str, load: float, workers: int, jobs: int | None,
+    scale: float,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One trace at one load (arrivals times ``scale``), with or without constraints:
+    ``megha simulate``'s point (its files under ``--out``), a row per scheduler."""
+    parser = build_parser()
+    path = str(Path(args.trace_dir) / TRACES[trace])
+    argv = [
+        "simulate", "--trace", path, "--time-scale", f"{scale:.6g}",
+        "--workers", str(workers), "--gms", str(args.gms), "--lms", str(args.lms),
+        "--baselines", args.baselines, "--seed", str(args.seed),
+        "--out", str(Path(args.out) / f"{trace}_{cons}_{round(100 * load)}"),
+    ]  # fmt: skip
+    if jobs:
+        argv += ["--limit-jobs", str(jobs)]
+    if cons == "off":
+        argv.append("--no-constraints")
+    sim_args = parser.parse_args(argv)
+    sim_args.workload = "trace"
+    summary = run_point(
+        sim_args, workers, args.gms, args.lms, Path(sim_args.out), progress_runner(False)
+    )
+    point = {"trace": trace, "workers": workers, "constraints": cons == "on", "load": load}
+    rows = []
+    for name in summary["schedulers"]:
+        r = row(point, name, summary)
+        rows.append(r)
+        sys.stderr.write(
+            f"    {name:<12} p99 {r['alloc_p99_s']:.4g} s, JCT {r['jct_mean_s']:.4g} s, "
+            f"preemptions {r['preemptions']}, CPU {r['cpu_ms_per_task']:.3f} ms/task\n"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     if args.merge:
         merged = [r for d in args.merge for r in json.loads((Path(d) / "sweep.json").read_text())]
         write(Path(args.out), merged)
@@ -161,7 +200,6 @@ def main(argv: list[str] | None = None) -> None:
     loads = [float(x) for x in args.loads.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    parser = build_parser()
     rows: list[dict[str, Any]] = []
     points = [
         (t, c, load)
@@ -171,35 +209,12 @@ def main(argv: list[str] | None = None) -> None:
     ]
     t0 = time.perf_counter()
     for k, (trace, cons, load) in enumerate(points, 1):
-        path = str(Path(args.trace_dir) / TRACES[trace])
-        scale = time_scale(path, jobs, workers, load)
+        scale = time_scale(str(Path(args.trace_dir) / TRACES[trace]), jobs, workers, load)
         sys.stderr.write(
             f"[{k}/{len(points)}] {trace} constraints={cons} load={load:.0%} "
             f"(time scale {scale:.3f}), {time.perf_counter() - t0:,.0f} s so far\n"
         )
-        argv = [
-            "simulate", "--trace", path, "--time-scale", f"{scale:.6g}",
-            "--workers", str(workers), "--gms", str(args.gms), "--lms", str(args.lms),
-            "--baselines", args.baselines, "--seed", str(args.seed),
-            "--out", str(out / f"{trace}_{cons}_{round(100 * load)}"),
-        ]  # fmt: skip
-        if jobs:
-            argv += ["--limit-jobs", str(jobs)]
-        if cons == "off":
-            argv.append("--no-constraints")
-        sim_args = parser.parse_args(argv)
-        sim_args.workload = "trace"
-        summary = run_point(
-            sim_args, workers, args.gms, args.lms, Path(sim_args.out), progress_runner(False)
-        )
-        point = {"trace": trace, "workers": workers, "constraints": cons == "on", "load": load}
-        for name in summary["schedulers"]:
-            r = row(point, name, summary)
-            rows.append(r)
-            sys.stderr.write(
-                f"    {name:<12} p99 {r['alloc_p99_s']:.4g} s, JCT {r['jct_mean_s']:.4g} s, "
-                f"preemptions {r['preemptions']}, CPU {r['cpu_ms_per_task']:.3f} ms/task\n"
-            )
+        rows += _point(args, trace, cons, load, workers, jobs, scale)
         (out / "sweep.json").write_text(json.dumps(rows, indent=2))  # partial results too
     write(out, rows)
     print(f"({time.perf_counter() - t0:,.0f} s)")

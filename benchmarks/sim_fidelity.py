@@ -196,6 +196,18 @@ def _load(sim: MeghaSimulation, prefix: str) -> tuple[float, int]:
     return busy, handled
 
 
+def _fit_services(cpu_s: dict[str, float], sim: MeghaSimulation) -> tuple[float, float]:
+    """Each GM's and LM's fixed cost per message: the CPU their live processes spent
+    (``cpu_s``) less the busy time the cores alone took in ``sim``, per message."""
+    gm_cpu = sum(v for k, v in cpu_s.items() if k.startswith("gm"))
+    # lm0 also answers the bench's floor probes: the other LMs stand for it
+    others = [v for k, v in cpu_s.items() if k.startswith("lm") and k != "lm0"]
+    lm_cpu = sum(others) / len(others) * LIVE_LMS
+    gm_busy, gm_n = _load(sim, "gm")
+    lm_busy, lm_n = _load(sim, "lm")
+    return fit_service(gm_cpu, gm_busy, gm_n), fit_service(lm_cpu, lm_busy, lm_n)
+
+
 def calibrate(args: Any) -> dict[str, Any]:
     """Live and simulated, the same workload; their allocation p50 / p99."""
     out = Path(args.out_dir)
@@ -213,14 +225,7 @@ def calibrate(args: Any) -> dict[str, Any]:
     base = sim_config(costs, floor / 2, update_period_s=cfg.heartbeat_s, batch=cfg.decide_batch)
     # 1. the cores alone: how much busy time and how many messages per server
     res0, sim0 = simulate(clusters, cfg.gm_ids, cfg.user_configs, workload(cfg, wl), base)
-    gm_cpu = sum(v for k, v in live["cpu_s"].items() if k.startswith("gm"))
-    # lm0 also answers the bench's floor probes: the other LMs stand for it
-    others = [v for k, v in live["cpu_s"].items() if k.startswith("lm") and k != "lm0"]
-    lm_cpu = sum(others) / len(others) * LIVE_LMS
-    gm_busy, gm_n = _load(sim0, "gm")
-    lm_busy, lm_n = _load(sim0, "lm")
-    gm_service = fit_service(gm_cpu, gm_busy, gm_n)
-    lm_service = fit_service(lm_cpu, lm_busy, lm_n)
+    gm_service, lm_service = _fit_services(live["cpu_s"], sim0)
     # 2. with each service's fixed cost, and hops drawn from the round trips of an
     #    empty request to an LM measured during the replay (one way: half of one)
     hops = hop_samples(live["floor"]["lm_during_run_s"], live["floor"]["lm_s"]["p50"])

@@ -124,6 +124,23 @@ def _state_of(task: dict[str, Any]) -> str:
     return f"{state}: {task['reason']}" if task.get("reason") else state
 
 
+def _timeline_rows(steps: list[dict[str, Any]], t0: float) -> list[list[str]]:
+    """The merged timeline's rows, times after ``t0``."""
+    rows = []
+    for step in steps:
+        count = int(step.get("count", 1))
+        node = step.get("node")
+        rows.append(
+            [
+                _rel(step["at"], t0), step["gm"], step["task_id"], step["what"], step.get("lm", ""),
+                "" if node is None else str(node), step.get("partition", ""),
+                step.get("detail", ""),
+                f"x{count} until {_rel(step['last_at'], t0)}" if count > 1 else "",
+            ]
+        )  # fmt: skip
+    return rows
+
+
 def find_sections(ident: str, found: list[dict[str, Any]]) -> list[Section]:
     """What the GMs know under ``ident``: one task's full story (``why_sections``), or the
     jobs and tasks found, their merged timeline and why the unfinished ones wait."""
@@ -150,18 +167,7 @@ def find_sections(ident: str, found: list[dict[str, Any]]) -> list[Section]:
         [t["gm"], t["user"], t["task_id"], _state_of(t), str(t.get("attempt", "")), t.get("lm", "")]
         for t in tasks
     ]
-    rows = []
-    for step in steps:
-        count = int(step.get("count", 1))
-        node = step.get("node")
-        rows.append(
-            [
-                _rel(step["at"], t0), step["gm"], step["task_id"], step["what"], step.get("lm", ""),
-                "" if node is None else str(node), step.get("partition", ""),
-                step.get("detail", ""),
-                f"x{count} until {_rel(step['last_at'], t0)}" if count > 1 else "",
-            ]
-        )  # fmt: skip
+    rows = _timeline_rows(steps, t0)
     waiting = [
         f"- {t['task_id']}: {t['why'][0]}"
         for t in tasks

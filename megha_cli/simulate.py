@@ -47,20 +47,8 @@ _non_negative = _ranged(float, "a finite number", zero=True)
 _probability = _ranged(float, "a probability", zero=True, most=1.0)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="simulate Megha beside Sparrow and a centralized scheduler",
-        description=(
-            "Replay a trace or a synthetic workload in virtual time on 1,000-50,000 workers. "
-            "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
-            "the live services. A trace is replayed as written: the live GM's admission cap on "
-            "task duration (max_task_duration_s) does not apply. "
-            "Writes summary.json, tasks-<scheduler>.csv (DAG workloads: tasks-<policy>.csv) "
-            "and PNG plots to --out."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    """``megha simulate``'s workload: a trace, synthetic jobs or DAG jobs, scaled."""
     src = p.add_argument_group("workload")
     src.add_argument("--trace", help="trace file (../shared/traces format)")
     src.add_argument(
@@ -110,6 +98,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.5,
         help="probability that a task asks for placement constraints",
     )
+
+
+def _federation_args(p: argparse.ArgumentParser) -> None:
+    """The federation simulated: its sizes (a sweep), users and baselines."""
     fed = p.add_argument_group("federation")
     fed.add_argument("--workers", type=_ints, default=[10_000], help="e.g. 1000,10000,50000")
     fed.add_argument("--gms", type=_ints, default=[4], help="GMs (comma list sweeps)")
@@ -125,6 +117,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="sparrow,centralized",
         help="comma list of baselines to run beside Megha (sparrow, centralized; '' for none)",
     )
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The simulator's model: delays, the cores' costs, batching, overload."""
     model = p.add_argument_group("model")
     model.add_argument("--network-delay", type=_non_negative, default=0.0005, help="s per message")
     model.add_argument(
@@ -146,6 +142,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "placements whose node has no room "
         "(docs/overload.md); paper = Alg. 1-2 as published",
     )
+
+
+def _dag_args(p: argparse.ArgumentParser) -> None:
+    """DAG workloads: the queue policies compared, Carbyne's altruism, arrivals."""
     dag = p.add_argument_group("DAG jobs (Carbyne)")
     dag.add_argument(
         "--policies",
@@ -161,6 +161,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="DAG workloads: online = each job at its arrival time; "
         "offline = every job at time 0 (the Carbyne paper's offline case)",
     )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate Megha beside Sparrow and a centralized scheduler",
+        description=(
+            "Replay a trace or a synthetic workload in virtual time on 1,000-50,000 workers. "
+            "Megha (and the centralized 1-GM/1-LM configuration) run the same GM/LM code as "
+            "the live services. A trace is replayed as written: the live GM's admission cap on "
+            "task duration (max_task_duration_s) does not apply. "
+            "Writes summary.json, tasks-<scheduler>.csv (DAG workloads: tasks-<policy>.csv) "
+            "and PNG plots to --out."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _workload_args(p)
+    _federation_args(p)
+    _model_args(p)
+    _dag_args(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="results/simulate", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -632,16 +632,41 @@ def bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> dict[str, An
     return uvloop.run(run_bench(cfg, opts, home))
 
 
-def summarize_run(
-    cfg: FederationConfig, opts: BenchOptions, run: _Run, sub: Submitter
-) -> dict[str, Any]:
+def _fate(opts: BenchOptions, run: _Run, sub: Submitter) -> dict[str, Any]:
+    """What became of the run's tasks: finished, failed (and why), not done within the
+    timeout, launched twice."""
     out = sub.outcomes
-    tally = run.tally
     dup = run.launches.check.result(_OfRun(run.prefix))
     unfinished = [key for key, _, _ in run.unfinished]
     by_user: dict[str, int] = {}
     for user, _ in unfinished:
         by_user[user] = by_user.get(user, 0) + 1
+    return {
+        "tasks_finished": out.n_finished,
+        "tasks_failed": len(out.failed),
+        "failure_reasons": _reasons(out.failed),
+        "jobs_refused": dict(sub.refused),
+        # not finished (nor failed) within the timeout: not lost, as far as a bench
+        # can tell (a GM that was down runs them once it is back)
+        "unfinished_tasks": len(unfinished),
+        "unfinished_task_ids": [f"{u}/{t}" for u, t in unfinished[:50]],
+        "unfinished_by_user": dict(sorted(by_user.items())),
+        "timeout_s": opts.timeout_s,
+        "lost_tasks": len(unfinished),  # the older name of unfinished_tasks
+        "duplicate_launches": dup["count"],
+        "duplicate_launch_ids": dup["tasks"],
+        "duplicate_launch_reasons": dup.get("why", {}),
+        "launch_log_rows": run.launches.check.rows,
+        "launch_log_rows_missed": run.launches.missed,
+        "launch_log_pool_restarts": run.launches.check.restarts,
+        "duplicate_outcomes": out.duplicates,
+    }
+
+
+def summarize_run(
+    cfg: FederationConfig, opts: BenchOptions, run: _Run, sub: Submitter
+) -> dict[str, Any]:
+    tally = run.tally
     summary = tally.tasks.summary()
     counters, counter_notes = counters_between(run.states_before, run.states)
     publish = tally.publish.columns()
@@ -651,24 +676,7 @@ def summarize_run(
         {
             "submission_s": percentiles(publish["submission"]),
             "submit_to_start_s": percentiles(publish["submit_to_start"]),
-            "tasks_finished": out.n_finished,
-            "tasks_failed": len(out.failed),
-            "failure_reasons": _reasons(out.failed),
-            "jobs_refused": dict(sub.refused),
-            # not finished (nor failed) within the timeout: not lost, as far as a bench
-            # can tell (a GM that was down runs them once it is back)
-            "unfinished_tasks": len(unfinished),
-            "unfinished_task_ids": [f"{u}/{t}" for u, t in unfinished[:50]],
-            "unfinished_by_user": dict(sorted(by_user.items())),
-            "timeout_s": opts.timeout_s,
-            "lost_tasks": len(unfinished),  # the older name of unfinished_tasks
-            "duplicate_launches": dup["count"],
-            "duplicate_launch_ids": dup["tasks"],
-            "duplicate_launch_reasons": dup.get("why", {}),
-            "launch_log_rows": run.launches.check.rows,
-            "launch_log_rows_missed": run.launches.missed,
-            "launch_log_pool_restarts": run.launches.check.restarts,
-            "duplicate_outcomes": out.duplicates,
+            **_fate(opts, run, sub),
             "throughput_tasks_per_s": started / (last - first) if last > first else 0.0,
             "offered_tasks_per_s": tally.tasks.tasks / run.submit_span
             if run.submit_span > 0

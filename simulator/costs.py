@@ -29,7 +29,7 @@ from msgspec.structs import replace
 from common import codec
 from common.cluster import PROFILES, make_federation
 from common.effects import Effect, Reply, ToAllGms, ToGm, ToLm
-from common.ids import GmId, JobId, TaskId, UserId
+from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
     Decide,
@@ -137,35 +137,8 @@ def measure(
             for e in m.call(req, 0.0, validation, per=len(req.placements)):
                 if isinstance(e, Reply):
                     gm.handle(e.msg, 0.0)
-        # every task finishes: one worker report each at the LM, one event each at the GM
-        for req in requests:
-            for p in req.placements:
-                report = WorkerReport(
-                    kind=ReportKind.FINISHED,
-                    node=p.node,
-                    user=p.spec.user,
-                    task_id=p.spec.task_id,
-                    attempt=p.attempt,
-                    gm=gms[0],
-                    at=1.0,
-                    worker_at=1.0,
-                    started_at=0.0,
-                )
-                for e in m.call(WorkerReports(lm=cluster.lm, reports=(report,)), 1.0, lm_msg):
-                    if isinstance(e, ToGm):
-                        g.call(TaskEvents(lm=cluster.lm, events=(e.msg,)), 1.0, gm_msg)
-        # state updates that touch every node of the cluster
-        delta = lm.delta_since(-1)
-        view = gm.views[cluster.lm]
-        for _ in range(5):
-            version = view.version + 1
-            fresh = replace(
-                delta,
-                version=version,
-                base_version=view.version,
-                node_versions=(version,) * len(delta.nodes),
-            )
-            g.call(StateUpdated(delta=fresh), 2.0, per_node, per=len(delta.nodes))
+        _finish_all(g, m, requests, gms[0], gm_msg, lm_msg)
+        _update_every_node(g, lm, gm, cluster.lm, per_node)
     return CoreCosts(
         gm_decision_s=statistics.median(decision),
         lm_validation_s=statistics.median(validation),
@@ -175,6 +148,51 @@ def measure(
         partition_nodes=partition,
         wire=wire,
     )
+
+
+def _finish_all(
+    g: _Core,
+    m: _Core,
+    requests: Sequence[LaunchRequest],
+    gm_id: GmId,
+    gm_msg: list[float],
+    lm_msg: list[float],
+) -> None:
+    """Every placed task finishes: one worker report each at the LM (timed into
+    ``lm_msg``), one event each at the GM (``gm_msg``)."""
+    for req in requests:
+        for p in req.placements:
+            report = WorkerReport(
+                kind=ReportKind.FINISHED,
+                node=p.node,
+                user=p.spec.user,
+                task_id=p.spec.task_id,
+                attempt=p.attempt,
+                gm=gm_id,
+                at=1.0,
+                worker_at=1.0,
+                started_at=0.0,
+            )
+            for e in m.call(WorkerReports(lm=req.lm, reports=(report,)), 1.0, lm_msg):
+                if isinstance(e, ToGm):
+                    g.call(TaskEvents(lm=req.lm, events=(e.msg,)), 1.0, gm_msg)
+
+
+def _update_every_node(
+    g: _Core, lm: LocalMaster, gm: GlobalMaster, lm_id: LmId, per_node: list[float]
+) -> None:
+    """Five state updates that touch every node of LM ``lm_id``, timed per node."""
+    delta = lm.delta_since(-1)
+    view = gm.views[lm_id]
+    for _ in range(5):
+        version = view.version + 1
+        fresh = replace(
+            delta,
+            version=version,
+            base_version=view.version,
+            node_versions=(version,) * len(delta.nodes),
+        )
+        g.call(StateUpdated(delta=fresh), 2.0, per_node, per=len(delta.nodes))
 
 
 # ------------------------------------------------------- what the simulator charges

@@ -155,6 +155,33 @@ def format_versus_best(modes: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
     return "\n".join(rows)
 
 
+def policy_figures(
+    sim: MeghaSimulation, res: SimResult, users: Sequence[UserConfig], jobs: Sequence[DagJob]
+) -> dict[str, Any]:
+    """One policy's figures: JCTs, makespan, Jain's index, the leftover its GMs' queues
+    yielded and reused, the jobs' and tasks' fate and the allocation-time figures."""
+    yielded = reused = 0.0
+    for gm in sim.gms.values():
+        q = gm.queues
+        if isinstance(q, JobQueues):
+            yielded += q.counters["leftover_yielded"]
+            reused += q.counters["leftover_reused"]
+    return {
+        "jct_s": jct_stats(res.job_completion),
+        "makespan_s": res.makespan_s,
+        "jain": jain_windows(res, users, jobs),
+        "leftover": {"yielded_share_s": yielded, "reused_share_s": reused},
+        "jobs_completed": len(res.job_completion),
+        "jobs_failed": len(res.failed_jobs),
+        "failed_tasks": len(res.failed),
+        "stuck_tasks": res.stuck,
+        "preemptions": res.counters.get("preemptions", 0),
+        "wall_s": res.wall_s,
+        "job_jct_s": dict(res.job_completion),
+        **summarize_tasks(res.tasks),
+    }
+
+
 def run_policies(
     jobs: list[DagJob],
     clusters: Sequence[ClusterSpec],
@@ -198,26 +225,7 @@ def run_policies(
         sim.add_jobs(mine)
         res = runner(policy, sim) if runner is not None else sim.run()
         timing[policy] = timing_of(res)
-        yielded = reused = 0.0
-        for gm in sim.gms.values():
-            q = gm.queues
-            if isinstance(q, JobQueues):
-                yielded += q.counters["leftover_yielded"]
-                reused += q.counters["leftover_reused"]
-        figures: dict[str, Any] = {
-            "jct_s": jct_stats(res.job_completion),
-            "makespan_s": res.makespan_s,
-            "jain": jain_windows(res, users, mine),
-            "leftover": {"yielded_share_s": yielded, "reused_share_s": reused},
-            "jobs_completed": len(res.job_completion),
-            "jobs_failed": len(res.failed_jobs),
-            "failed_tasks": len(res.failed),
-            "stuck_tasks": res.stuck,
-            "preemptions": res.counters.get("preemptions", 0),
-            "wall_s": res.wall_s,
-            "job_jct_s": dict(res.job_completion),
-            **summarize_tasks(res.tasks),
-        }
+        figures = policy_figures(sim, res, users, mine)
         schedulers[policy] = figures
         if out is not None:
             write_records_csv(out / f"tasks-{policy}.csv", res.tasks, res.failed)

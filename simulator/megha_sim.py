@@ -244,33 +244,10 @@ class MeghaSimulation:
         self.cfg = config or SimConfig()
         self._hops = random.Random(0)
         self.loop = EventLoop()
-        lm_ids = [c.lm for c in clusters]
-        self.gms: dict[GmId, GlobalMaster] = {}
-        for g in gm_ids:
-            mine = [u.user for u in users if u.gm == g]
-            queues = queues_factory(g, mine) if queues_factory else None
-            self.gms[g] = GlobalMaster(
-                g,
-                lm_ids,
-                users,
-                max_retries=self.cfg.max_retries,
-                patience=self.cfg.patience,
-                queues=queues,
-                limits=SIM_LIMITS,
-                overload=self.cfg.overload,
-            )
-        self.lms: dict[LmId, LocalMaster] = {
-            c.lm: LocalMaster(
-                c.lm,
-                c.nodes,
-                c.home,
-                gms=gm_ids,
-                report_starts=False,
-                victims_younger_than_wait=self.cfg.overload.victims_younger_than_wait,
-                reroute=self.cfg.overload.reroute_at_lm,
-            )
-            for c in clusters
-        }
+        self.gms: dict[GmId, GlobalMaster] = self._make_gms(
+            [c.lm for c in clusters], gm_ids, users, queues_factory
+        )
+        self.lms: dict[LmId, LocalMaster] = self._make_lms(clusters, gm_ids)
         self.pools: dict[LmId, WorkerPool] = {
             c.lm: WorkerPool(c.lm, len(c.nodes), commands=False) for c in clusters
         }
@@ -306,6 +283,47 @@ class MeghaSimulation:
         for lm in self.lms.values():
             for g in self.gms:
                 self.gms[g].handle(lm.snapshot(g), 0.0)
+
+    def _make_gms(
+        self,
+        lm_ids: list[LmId],
+        gm_ids: Sequence[GmId],
+        users: Sequence[UserConfig],
+        queues_factory: QueuesFactory | None,
+    ) -> dict[GmId, GlobalMaster]:
+        """A GM core per id, each with its users' queues (``queues_factory``'s, if given)."""
+        gms: dict[GmId, GlobalMaster] = {}
+        for g in gm_ids:
+            mine = [u.user for u in users if u.gm == g]
+            queues = queues_factory(g, mine) if queues_factory else None
+            gms[g] = GlobalMaster(
+                g,
+                lm_ids,
+                users,
+                max_retries=self.cfg.max_retries,
+                patience=self.cfg.patience,
+                queues=queues,
+                limits=SIM_LIMITS,
+                overload=self.cfg.overload,
+            )
+        return gms
+
+    def _make_lms(
+        self, clusters: Sequence[ClusterSpec], gm_ids: Sequence[GmId]
+    ) -> dict[LmId, LocalMaster]:
+        """An LM core per cluster."""
+        return {
+            c.lm: LocalMaster(
+                c.lm,
+                c.nodes,
+                c.home,
+                gms=gm_ids,
+                report_starts=False,
+                victims_younger_than_wait=self.cfg.overload.victims_younger_than_wait,
+                reroute=self.cfg.overload.reroute_at_lm,
+            )
+            for c in clusters
+        }
 
     @property
     def outstanding(self) -> int:
@@ -609,6 +627,21 @@ class MeghaSimulation:
                 pass  # nothing to acknowledge or keep durable in virtual time (no GM dies)
             else:
                 raise TypeError(f"the simulator cannot carry out {type(eff).__name__}")
+        self._send_batches(at, lm_id, pool, starts, stops, events, reports)
+
+    def _send_batches(
+        self,
+        at: float,
+        lm_id: LmId | None,
+        pool: LmId | None,
+        starts: list[StartTask],
+        stops: list[StopTask],
+        events: dict[GmId, list[TaskEvent]],
+        reports: list[WorkerReport],
+    ) -> None:
+        """What ``_route`` gathered, as the live drivers batch it: an LM's starts and
+        stops to its pool, its events to each GM, a pool's reports to its LM."""
+        send = self._send
         if lm_id is not None and (starts or stops):
             if stops:
                 send(at, self._land_pool, lm_id, StopTasks(lm=lm_id, tasks=tuple(stops)))
