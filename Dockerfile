@@ -44,6 +44,11 @@ COPY runtime ./runtime
 COPY security ./security
 COPY simulator ./simulator
 COPY request_generator ./request_generator
+COPY workload ./workload
+COPY reporting ./reporting
+COPY federation ./federation
+COPY chaos ./chaos
+COPY testbed ./testbed
 COPY megha_cli ./megha_cli
 COPY config ./config
 RUN /opt/megha/bin/pip install --no-cache-dir --no-deps --no-build-isolation .
