@@ -19,7 +19,7 @@ processes elsewhere, so ``megha up``, compose and Kubernetes cannot drift apart:
 
 Nothing secret is in these files.  ``secrets CONFIG DIR`` makes a deployment's
 secrets, once, in a directory of the operator's outside git (0700, files 0600), with
-the same code as ``megha up`` (``megha_cli.secure``, ``security.broker_acl``): the
+the same code as ``megha up`` (``federation.provision``, ``security.broker_acl``): the
 federation secret, a broker user and password per party, the RabbitMQ definitions that
 provision the vhost, users, permissions and topology, the users file and each user's
 token.  The compose file reads them through ``DIR/compose.env``; a Kubernetes overlay
