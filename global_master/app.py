@@ -101,6 +101,10 @@ ROUTES: dict[type, tuple[str, type]] = {
 }
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
+EVENTS_WINDOW = 4096
+"""Sequence numbers of one LM's event batches that may arrive out of order, each once
+(``sealing.Opener``): a batch put back on the queue after a failure comes back behind
+later ones, and must still be taken."""
 
 
 def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
@@ -193,7 +197,9 @@ class GmService:
         self.tokens = TokenStore(access.users_file)
         lms = access.lm_identities()
         self.state_seals = access.opener("state", lms)
-        self.event_seals = access.opener(f"events.{gm}", lms)
+        self.event_seals = sealing.Opener(
+            sealing.keyring_for(access.secret, lms), f"events.{gm}", window=EVENTS_WINDOW
+        )
         self.resume_keys = sealing.keyring_for(access.secret, [access.me])
         self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
         self.forged = 0
@@ -282,22 +288,34 @@ class GmService:
     async def _on_events(self, msg: AbstractIncomingMessage) -> None:
         """Task events; acknowledged once what they produced is on the broker (outcomes
         to users, returned tasks made durable), so a GM killed in between gets them
-        again (outcomes are at least once; a returned task is never lost)."""
+        again (outcomes are at least once; a returned task is never lost).  A batch
+        whose handling fails before the core took it is released (its seal and id), so
+        it is taken when the consumer's guard puts it back."""
         seal = self.event_seals.open(msg.headers, msg.body)
         if isinstance(seal, sealing.Dropped):
             if seal.reason in (sealing.DropReason.STALE_SEQ, sealing.DropReason.STALE_EPOCH):
                 await msg.ack()  # seen already (redelivered), or from a replaced incarnation
                 return
             raise Unauthorized(f"task events: {seal.detail}", reason=seal.reason.value)
-        events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
-        if events.lm != seal.sender.name:
-            raise Unauthorized(
-                f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
-            )
-        self._tickets, self._persisted = {}, {}
-        if self.events_seen.first_time(msg.message_id):
-            self.events_in.note(len(events.events))
-            self.feed(events)
+        first = False
+        try:
+            events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
+            if events.lm != seal.sender.name:
+                raise Unauthorized(
+                    f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
+                )
+            self._tickets, self._persisted = {}, {}
+            first = self.events_seen.first_time(msg.message_id)
+            if first:
+                faults.strike("consumer_error")
+                self.events_in.note(len(events.events))
+                self.feed(events)
+        except Exception as exc:
+            if not isinstance(exc, MeghaError):  # it comes back: take it then
+                self.event_seals.release(seal)
+                if first:
+                    self.events_seen.forget(msg.message_id)
+            raise
         tickets, persisted = self._tickets, self._persisted
         self._tickets, self._persisted = {}, {}
         if tickets:
@@ -445,6 +463,11 @@ class GmService:
             reply = await self._ask_until_answered(peer, path, expect, msg)
             if reply is None:
                 return
+            repartitions = isinstance(msg, LaunchRequest) and any(
+                p.repartition for p in msg.placements
+            )
+            if repartitions and faults.taken("die_on_repartition"):
+                faults.die()  # the LM took it; this GM never will
         elif isinstance(msg, KeepEnds):
             async with self._keep_ends_order.setdefault(eff.lm, asyncio.Lock()):
                 await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)

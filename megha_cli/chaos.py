@@ -65,17 +65,24 @@ from request_generator.bench import BenchOptions, bench, fetch_launches, fetch_s
 from request_generator.dag_workload import DagShape, synthetic_dag
 from request_generator.submitter import Submitter
 from request_generator.workload import Job, WorkloadSpec, specs_of, synthetic_jobs, to_submission
+from runtime import faults
+from runtime.faults import FAULTS_DIR_ENV
+from security import sealing
 from security.access import Access
+from security.identity import Identity
 from testbed.netns import Testbed
-from testbed.rabbit import RabbitCluster, RabbitNode, RabbitSandbox
+from testbed.rabbit import RABBIT_BIN, RabbitCluster, RabbitNode, RabbitSandbox
 
 DEFAULT_SCENARIOS = Path(__file__).resolve().parent.parent / "config" / "chaos.toml"
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
 ACTIONS = (
     *SIGNALS, "restart", "restart_clean", "broker_stop", "broker_start", "broker_kill",
-    "partition", "heal", "delay", "undelay", "duplicate_jobs", "replay_events",
-    "replay_state",
+    "broker_alarm", "broker_unalarm", "partition", "heal", "delay", "undelay",
+    "duplicate_jobs", "replay_events", "replay_state", "consumer_error", "die_on_repartition",
 )  # fmt: skip
+FAULT_WAIT_S = 30.0
+"""How long a step waits for the fault it armed to strike (else the scenario errs: a
+fault that never struck proves nothing)."""
 BROKERS = ("shared", "private", "cluster")
 
 
@@ -120,6 +127,9 @@ class Scenario:
     netns: bool = False
     quick: bool = False
     timeout_s: float = 90.0
+    expect: list[str] = field(default_factory=list)
+    """Evidence counters that must be above 0 when the run ends: that the fault struck
+    (``jobs_redelivered`` for a kill while a job is unacknowledged...)."""
 
 
 def load_scenarios(path: Path) -> list[Scenario]:
@@ -163,6 +173,33 @@ class Stage:
     def get(self, name: str, path: str = "/v1/state") -> Any:
         return signed_get(self.cfg, self.home, name, path)
 
+    @property
+    def faults(self) -> Path:
+        """Where the federation's services look for injected faults (``runtime.faults``)."""
+        return self.home / "faults"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (what ``megha up`` and ``rabbitmqctl`` see)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _private_ctl(node: RabbitNode) -> dict[str, str]:
+    """The environment in which ``rabbitmqctl`` (the one ``megha up`` runs to provision
+    the federation's broker users) speaks to the private ``node``: its name and cookie,
+    and the CLI that does not switch to the shared node's user."""
+    return {**node.env(), "PATH": f"{RABBIT_BIN}:{os.environ.get('PATH', '')}"}
+
 
 @contextlib.contextmanager
 def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -> Iterator[Stage]:
@@ -190,11 +227,14 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
             spaces = {n: bed.host(n).netns for n in cfg.process_names}
             (home / NETNS_FILE).write_text(json.dumps(spaces))
         cfg = cfg.validate()
-        # private nodes have no federation users (rabbitmqctl provisions the shared node
-        # only); replays publish as the LMs did, which per-party broker users forbid
-        plain = box is not None or any(s.action.startswith("replay_") for s in sc.steps)
         private = box is not None
-        start_federation(cfg, home, quiet=True, insecure_dev=insecure or plain)
+        stack.enter_context(_environment({FAULTS_DIR_ENV: str(home / "faults")}))
+        # a private node's users are provisioned by rabbitmqctl pointed at that node; in a
+        # test-bed the node listens on the bed's bridge, which `megha up` does not
+        # provision (it runs rabbitmqctl only for a broker on this host's loopback)
+        first = cluster.nodes[0] if cluster else node
+        with _environment(_private_ctl(first) if first is not None else {}):
+            start_federation(cfg, home, quiet=True, insecure_dev=insecure or sc.netns)
         try:
             yield Stage(cfg, home, Access.in_home(home, cfg), node, cluster, bed)
         finally:
@@ -240,10 +280,16 @@ def build_jobs(cfg: FederationConfig, load: Load) -> list[Job | DagJob]:
 
 class Capture:
     """Copies of the federation's broker messages on one exchange (``replay_*``): a
-    private queue bound next to the real consumers', to publish again later."""
+    private queue bound next to the real consumers', to publish again later, each as
+    the party that sealed it (logged in as that party: the broker's permissions hold)."""
 
-    def __init__(self, conn: aio_pika.abc.AbstractRobustConnection, exchange: str, key: str):
+    def __init__(
+        self, conn: aio_pika.abc.AbstractRobustConnection, exchange: str, key: str,
+        url_of: Callable[[str], str],
+    ):  # fmt: skip
         self.conn, self.exchange, self.key = conn, exchange, key
+        self.url_of = url_of
+        """The broker URL of the party a seal names (``lm:lm0``)."""
         self.messages: list[aio_pika.abc.AbstractIncomingMessage] = []
 
     async def open(self) -> None:
@@ -256,17 +302,26 @@ class Capture:
         self.messages.append(msg)
 
     async def replay(self) -> int:
-        """Publish every captured message again, newest first (duplicated and reordered)."""
-        ch = await self.conn.channel()
-        ex = await ch.get_exchange(self.exchange, ensure=False)
+        """Publish every captured message again, newest first (duplicated and reordered),
+        each over a connection of the party that sent it."""
         taken, self.messages = self.messages, []
-        for m in reversed(taken):
-            again = aio_pika.Message(
-                m.body, headers=m.headers, message_id=m.message_id,
-                delivery_mode=m.delivery_mode or aio_pika.DeliveryMode.NOT_PERSISTENT,
-            )  # fmt: skip
-            await ex.publish(again, routing_key=m.routing_key or "")
-        await ch.close()
+        conns: dict[str, aio_pika.abc.AbstractConnection] = {}
+        try:
+            for m in reversed(taken):
+                sender = str((m.headers or {}).get(sealing.HEADER_SENDER, ""))
+                if sender not in conns:
+                    conns[sender] = await aio_pika.connect(self.url_of(sender))
+                ch = await conns[sender].channel()
+                ex = await ch.get_exchange(self.exchange, ensure=False)
+                again = aio_pika.Message(
+                    m.body, headers=m.headers, message_id=m.message_id,
+                    delivery_mode=m.delivery_mode or aio_pika.DeliveryMode.NOT_PERSISTENT,
+                )  # fmt: skip
+                await ex.publish(again, routing_key=m.routing_key or "")
+                await ch.close()
+        finally:
+            for c in conns.values():
+                await c.close()
         return len(taken)
 
 
@@ -287,7 +342,8 @@ def _progress(msg: str, enabled: bool) -> None:
 
 async def _until_unacked(st: Stage, gm: str, limit_s: float = 20.0) -> None:
     """Wait until ``gm`` holds a job that LMs accepted (tasks run) but it has not
-    acknowledged to the broker: the moment a GM crash hurts most."""
+    acknowledged to the broker: the moment a GM crash hurts most.  ``MeghaError`` if that
+    moment does not come within ``limit_s`` (a step at another moment tests less)."""
     loop = asyncio.get_running_loop()
     deadline = time.time() + limit_s
     while time.time() < deadline:
@@ -295,6 +351,43 @@ async def _until_unacked(st: Stage, gm: str, limit_s: float = 20.0) -> None:
         if s["jobs_unacked"] > 0 and s["running_tasks"] > 0:
             return
         await asyncio.sleep(0.02)
+    raise MeghaError(f"{gm} held no unacknowledged job with running tasks in {limit_s:g} s")
+
+
+async def _until_struck(st: Stage, party: str, fault: str) -> float:
+    """Seconds until every strike of ``fault`` armed in ``party`` was used;
+    ``MeghaError`` if they were not within ``FAULT_WAIT_S``."""
+    t0 = time.time()
+    while faults.left(st.faults, party, fault) > 0:
+        if time.time() - t0 > FAULT_WAIT_S:
+            left = faults.left(st.faults, party, fault)
+            raise MeghaError(f"{fault} in {party}: {left} strikes unused after {FAULT_WAIT_S:g} s")
+        await asyncio.sleep(0.05)
+    return time.time() - t0
+
+
+BLOCKED_STATES = ("blocked", "blocking")
+"""What ``rabbitmqctl list_connections state`` says of a connection whose publishes wait
+for an alarm to clear."""
+
+
+async def _alarm(node: RabbitNode, raise_it: bool) -> str:
+    """Raise a memory alarm on a private node (its high watermark near 0) and wait until
+    a publisher is blocked; or clear it (the default watermark) and wait until none is."""
+    loop = asyncio.get_running_loop()
+    mark = "0.000001" if raise_it else "0.4"
+    await loop.run_in_executor(None, node.ctl, "set_vm_memory_high_watermark", mark)
+    t0 = time.time()
+    while time.time() - t0 < FAULT_WAIT_S:
+        states = await loop.run_in_executor(None, node.ctl, "list_connections", "state")
+        blocked = sum(states.split().count(b) for b in BLOCKED_STATES)
+        if (blocked > 0) == raise_it:
+            what = f"{blocked} connections blocked" if raise_it else "no connection blocked"
+            return f"{what} after {time.time() - t0:.1f} s"
+        await asyncio.sleep(0.1)
+    raise MeghaError(
+        f"{node.nodename}: the alarm did not {'block' if raise_it else 'free'} publishers"
+    )
 
 
 async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, Capture]) -> str:
@@ -318,8 +411,15 @@ async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, 
     if a.startswith("broker_"):
         nodes = st.cluster.nodes if st.cluster else [st.node] if st.node else []
         node = nodes[int(step.value)]
+        if a in ("broker_alarm", "broker_unalarm"):
+            return f"{a} {node.nodename}: {await _alarm(node, a == 'broker_alarm')}"
         await blocking(getattr(node, a.removeprefix("broker_")))
         return f"{a} {node.nodename}"
+    if a in ("consumer_error", "die_on_repartition"):
+        count = max(1, int(step.value))
+        faults.inject(st.faults, target, a, count)
+        took = await _until_struck(st, target, a)
+        return f"{a} x{count} in {target}: struck within {took:.1f} s"
     if a in ("partition", "heal", "delay", "undelay"):
         if st.bed is None:
             raise ConfigError(f"{a} needs netns = true")
@@ -385,11 +485,16 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
     replays = {s.action for s in sc.steps if s.action.startswith("replay_")}
     conn = await aio_pika.connect_robust(st.access.broker_urls()[0]) if replays else None
     run = Run()
+
+    def url_of(party: str) -> str:
+        who = Identity.parse(party)
+        return Access.in_home(st.home, st.cfg, who).broker_urls()[0]
+
     try:
         caps: dict[str, Capture] = {}
         if conn is not None:
-            caps["replay_events"] = Capture(conn, st.cfg.events_exchange, "gm.#")
-            caps["replay_state"] = Capture(conn, st.cfg.state_exchange, "lm.*")
+            caps["replay_events"] = Capture(conn, st.cfg.events_exchange, "gm.#", url_of)
+            caps["replay_state"] = Capture(conn, st.cfg.state_exchange, "lm.*", url_of)
         for c in caps.values():
             await c.open()
         jobs = build_jobs(st.cfg, sc.load)
@@ -413,6 +518,7 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
         await sub.close()
     row = measure(sc, run, sub, launches, time.time() - t0)
     row["evidence"] = evidence(states)
+    row["expect"] = sc.expect
     return row
 
 
@@ -420,7 +526,8 @@ EVIDENCE = (
     "jobs_redelivered", "redelivered_skipped", "tasks_adopted", "lm_restarts_seen",
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
     "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
-    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused",
+    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused", "handler_errors",
+    "poisoned", "repartitions",
 )  # fmt: skip
 
 
@@ -502,6 +609,9 @@ def verdict(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"ERROR {row['error']}"
     ok = row["lost"] == 0 and row["duplicate_launches"] == 0
+    unseen = [k for k in row.get("expect", []) if not row.get("evidence", {}).get(k)]
+    if ok and unseen:
+        return f"FAIL (no {', '.join(unseen)}: the fault did not show)"
     return "ok" if ok else "FAIL"
 
 

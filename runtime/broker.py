@@ -13,8 +13,8 @@ forever: bad input is dead-lettered at once with its reason (and at most the fir
 ``DEAD_LETTER_BODY`` bytes of its body), as is a delivery whose AMQP properties the
 client library cannot read (``unreadable_properties``) or that are larger than
 ``MAX_PROPERTIES_BYTES`` (``headers_too_large``: never parsed, never copied); any
-other exception requeues the message once and dead-letters it when it comes back and
-fails again.  A dead letter keeps its message's own
+other exception requeues the message once and dead-letters it (``handler_error``)
+when it fails a second time in this process.  A dead letter keeps its message's own
 headers only up to ``DEAD_LETTER_HEADERS`` bytes, so it always fits one frame.
 The broker may be a cluster (``broker_url`` lists its nodes, comma-separated): a lost
 connection fails over to the next node that answers, the process's setups (queues,
@@ -48,6 +48,7 @@ from pamqp.common import FieldValue
 
 from common.config import FederationConfig
 from common.errors import InvalidInput, MeghaError
+from runtime.poison import delivery_key
 from runtime.retry import Backoff, retry
 from security.broker_acl import BrokerLayout, topology
 
@@ -160,6 +161,13 @@ TRANSIENT = (
 unroutable message, a nack -- is not one of them)."""
 CONNECT_ERRORS = (ConnectionError, OSError, aio_pika.exceptions.AMQPError, TimeoutError)
 CONNECT_TIMEOUT_S = 5.0
+HANDLER_ATTEMPTS = 5
+"""Times a handler may raise on one message before it is dead-lettered: each failure
+puts it back after ``RETRY_FIRST_S`` doubled per failure (0.05 to 0.8 s): a burst of
+failures (a peer away, a transient bug) passes, a message that always fails ends as a
+dead letter within ~1.5 s."""
+RETRY_FIRST_S = 0.05
+MAX_FAILURES_KEPT = 10_000
 
 
 Headers = Mapping[str, str | int]
@@ -334,6 +342,8 @@ class Broker:
         self.publish_errors = 0
         self.handler_errors = 0
         self.reconnects = 0
+        self._failures: dict[str, int] = {}
+        """Messages whose handler raised once in this process (by ``delivery_key``)."""
 
     @property
     def ex(self) -> Exchanges:
@@ -531,11 +541,22 @@ class Broker:
         await queue.consume(guarded, no_ack=no_ack)
 
     async def _failed(self, msg: AbstractIncomingMessage, queue: str, exc: Exception) -> None:
+        """A handler raised something other than a refusal: the message goes back to its
+        queue after a pause (longer each time); the ``HANDLER_ATTEMPTS``-th time it fails
+        here it is dead-lettered (``handler_error``).  Counted per message in this
+        process, not by the broker's ``redelivered`` flag: a message redelivered after a
+        crash gets its retries too."""
+        key = delivery_key(queue, msg.body)
+        failures = self._failures.pop(key, 0) + 1
         with contextlib.suppress(*PUBLISH_ERRORS):
-            if msg.redelivered:
+            if failures >= HANDLER_ATTEMPTS:
                 await self.dead_letter(msg, queue, "handler_error", f"{type(exc).__name__}: {exc}")
-            else:
-                await msg.nack(requeue=True)
+                return
+            self._failures[key] = failures
+            while len(self._failures) > MAX_FAILURES_KEPT:
+                del self._failures[next(iter(self._failures))]
+            await asyncio.sleep(RETRY_FIRST_S * 2 ** (failures - 1))
+            await msg.nack(requeue=True)
 
 
 def _check_properties(msg: AbstractIncomingMessage) -> None:

@@ -4,7 +4,8 @@ Off unless the service's environment names a directory (``MEGHA_FAULTS_DIR``, wh
 only ``megha chaos`` and tests set): then ``strike(name)`` raises ``InjectedFault``
 while the file ``<dir>/<party>/<name>`` holds a count above 0, one less each time (a
 plain ``RuntimeError``: what a bug in a consumer raises, not a refusal), and
-``die_on(name, value)`` kills the process while that file holds ``value``.
+``die_on(name, value)`` kills the process while that file holds ``value``; ``taken``
+uses one strike up and says whether there was one (the caller acts).
 """
 
 from __future__ import annotations
@@ -29,19 +30,30 @@ def arm(party: str) -> None:
     _dir = Path(base) / party if base else None
 
 
-def strike(name: str) -> None:
-    """Raise ``InjectedFault`` if a fault ``name`` is armed for this process."""
+def taken(name: str) -> bool:
+    """Whether a strike of fault ``name`` is armed for this process (it is used up)."""
     if _dir is None:
-        return
+        return False
     path = _dir / name
     try:
         left = int(path.read_text().strip() or 0)
     except (OSError, ValueError):
-        return
+        return False
     if left <= 0:
-        return
+        return False
     path.write_text(str(left - 1))
-    raise InjectedFault(f"injected by megha chaos: {name} ({left - 1} more)")
+    return True
+
+
+def strike(name: str) -> None:
+    """Raise ``InjectedFault`` if a fault ``name`` is armed for this process."""
+    if taken(name):
+        raise InjectedFault(f"injected by megha chaos: {name}")
+
+
+def die() -> None:
+    """This process dies at once, as the kernel's OOM killer kills it."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def die_on(name: str, value: str) -> None:
@@ -54,7 +66,7 @@ def die_on(name: str, value: str) -> None:
     except OSError:
         return
     if armed == value:
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
 
 
 def inject(directory: Path, party: str, name: str, count: int) -> Path:
@@ -63,3 +75,11 @@ def inject(directory: Path, party: str, name: str, count: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(count))
     return path
+
+
+def left(directory: Path, party: str, name: str) -> int:
+    """Strikes of fault ``name`` in ``party`` not used yet (the chaos side)."""
+    try:
+        return int((directory / party / name).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
