@@ -48,6 +48,7 @@ from common.messages import (
 )
 from common.model import TaskSpec
 from megha_cli import secure
+from megha_cli.federation import restart_service
 from megha_cli.users import revoke_user
 from request_generator.submitter import Submitter
 from request_generator.workload import Job
@@ -56,7 +57,7 @@ from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
 from tests import raw_http
-from tests.e2e.conftest import listen_dead_letters, post, service_state
+from tests.e2e.conftest import incarnation, listen_dead_letters, post, service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -482,11 +483,14 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
         raw = codec.encode(msg)
         signed = me.sign(lm("lm0"), "POST", where, raw, time.time())
         assert post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
-    # ... while in its own name it may (a job of its held long: 204, nothing to answer)
+    # ... while in its own name, bound to lm0's incarnation, it may (a job of its held
+    # long: 204, nothing to answer); unbound, or bound to another, it may not
     raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), user=UserId("u0"),
                                 job_id=JobId("j"), keep=False))  # fmt: skip
-    signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time())
-    assert post(cfg.lm_url("lm0") + "/v1/keep-ends", raw, signed)[0] == 204
+    url, bound = cfg.lm_url("lm0") + "/v1/keep-ends", incarnation(cfg.lm_url("lm0"))
+    for to, status in ((bound, 204), ("", 401), ("0" * 16, 401)):
+        signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time(), to)
+        assert post(url, raw, signed)[0] == status, to
     # a pool that reports in another LM's name
     rep = codec.encode(WorkerHeartbeat(lm=LmId("lm1"), nodes=(NodeIndex(0),), at=time.time()))
     signed = as_party(cfg, home, workers("lm0")).sign(
@@ -499,6 +503,23 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
             urllib.request.urlopen(cfg.url(name) + "/v1/state", timeout=10)
         err.value.close()
         assert err.value.code == 401
+
+
+def test_a_call_replayed_to_a_restarted_service_is_refused(fed: Federation) -> None:
+    """The replay cache is per process: a launch or a start captured in the last 30 s
+    was taken again by the process that replaced the one it was sent to.  A call names
+    the incarnation it is meant for."""
+    cfg, home = fed
+    me = as_party(cfg, home, gm("gm0"))
+    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm1"), user=UserId("u0"),
+                                job_id=JobId("replayed"), keep=False))  # fmt: skip
+    url = cfg.lm_url("lm1") + "/v1/keep-ends"
+    signed = me.sign(lm("lm1"), "POST", "/v1/keep-ends", raw, time.time(),
+                     incarnation(cfg.lm_url("lm1")))  # fmt: skip
+    assert post(url, raw, signed) == (204, "")  # taken
+    assert post(url, raw, signed) == (401, "replayed_nonce")  # by the same process
+    restart_service(home, cfg, "lm1")
+    assert post(url, raw, signed) == (401, "wrong_incarnation")  # by the next one
 
 
 def _refusals(cfg: FederationConfig, name: str) -> dict[str, float]:
