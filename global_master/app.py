@@ -266,15 +266,16 @@ class GmService:
     async def _on_state(self, msg: AbstractIncomingMessage) -> None:
         """A state update, if an LM sealed it and it is newer than what that LM sent
         before (anything else is dropped and counted: see ``state_seals.drops``)."""
-        seal = self.state_seals.open(msg.headers, msg.body)
+        seal = self.state_seals.check(msg.headers, msg.body)
         if isinstance(seal, sealing.Dropped):
             log.debug("state update dropped: %s", seal.detail)
             return
         update = codec.decode(msg.body, expect=StateUpdated, max_size=self.cfg.max_body)
-        if update.delta.lm != seal.sender.name:
+        if update.delta.lm != seal.sender.name:  # taken as no position of that LM's
             self.forged += 1
             log.warning("%s sent a state update about %s: dropped", seal.sender, update.delta.lm)
             return
+        self.state_seals.commit(seal)
         self.feed(update)
 
     def _to_user(self, eff: ToUser) -> None:
@@ -291,19 +292,20 @@ class GmService:
         again (outcomes are at least once; a returned task is never lost).  A batch
         whose handling fails before the core took it is released (its seal and id), so
         it is taken when the consumer's guard puts it back."""
-        seal = self.event_seals.open(msg.headers, msg.body)
+        seal = self.event_seals.check(msg.headers, msg.body)
         if isinstance(seal, sealing.Dropped):
             if seal.reason in (sealing.DropReason.STALE_SEQ, sealing.DropReason.STALE_EPOCH):
                 await msg.ack()  # seen already (redelivered), or from a replaced incarnation
                 return
             raise Unauthorized(f"task events: {seal.detail}", reason=seal.reason.value)
+        events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
+        if events.lm != seal.sender.name:  # refused without moving that LM's position
+            raise Unauthorized(
+                f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
+            )
+        self.event_seals.commit(seal)
         first = False
         try:
-            events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
-            if events.lm != seal.sender.name:
-                raise Unauthorized(
-                    f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
-                )
             self._tickets, self._persisted = {}, {}
             first = self.events_seen.first_time(msg.message_id)
             if first:

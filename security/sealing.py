@@ -224,27 +224,43 @@ class Opener:
 
     def open(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
         """``Opened`` if the message is authentic, for this stream, and not accepted
-        before nor older than the window allows; else ``Dropped`` with the reason (and
-        counted)."""
+        before nor older than the window allows (and then it counts as accepted); else
+        ``Dropped`` with the reason (and counted)."""
+        got = self.check(headers, body)
+        if isinstance(got, Opened):
+            self.commit(got)
+        return got
+
+    def check(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
+        """What ``open`` would say, accepting nothing: a receiver that checks the body
+        against the seal first (an LM's events must name that LM) ``commit``s only a
+        message it takes, so one it refuses moves no sender's position."""
         got = authenticate(headers, body, self._keys, self.stream)
         if isinstance(got, Dropped):
             self.drops[got.reason] += 1
             return got
         sender, epoch, seq = got.sender, got.epoch, got.seq
         last = self._last.get(sender)
+        if last is None or epoch > last[0] or (epoch == last[0] and seq > last[1]):
+            return got
+        if epoch < last[0]:
+            return self._drop(DropReason.STALE_EPOCH, f"{sender} epoch {epoch} < {last[0]}")
+        if seq <= last[1] - self.window or seq in self._taken[sender]:
+            return self._drop(DropReason.STALE_SEQ, f"{sender} ({epoch}, {seq}) <= {last}")
+        return got
+
+    def commit(self, opened: Opened) -> None:
+        """``opened`` (from ``check``, with no other message opened since) is accepted."""
+        sender, epoch, seq = opened.sender, opened.epoch, opened.seq
+        last = self._last.get(sender)
         if last is None or epoch > last[0]:
             self._last[sender], self._taken[sender] = (epoch, seq), {seq}
-        elif epoch < last[0]:
-            return self._drop(DropReason.STALE_EPOCH, f"{sender} epoch {epoch} < {last[0]}")
         elif seq > last[1]:
             self._last[sender] = (epoch, seq)
             self._take(sender, seq)
-        elif seq <= last[1] - self.window or seq in self._taken[sender]:
-            return self._drop(DropReason.STALE_SEQ, f"{sender} ({epoch}, {seq}) <= {last}")
         else:
             self._taken[sender].add(seq)
         self.opened += 1
-        return Opened(sender, epoch, seq)
 
     def _take(self, sender: Identity, seq: int) -> None:
         taken = self._taken[sender]

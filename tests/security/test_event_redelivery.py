@@ -197,3 +197,32 @@ def test_a_message_that_fails_twice_is_dead_lettered_even_if_it_came_redelivered
     assert msg.outcome == "acked"  # after its dead letter
     (letter,) = dlx.published
     assert letter.headers["x-megha-reason"] == "handler_error"
+
+
+def test_a_batch_refused_for_its_body_moves_nothing_of_its_sender_s_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sealed by lm1 at a newer epoch, about lm0: dead-lettered ``sender_mismatch``; it
+    moved lm1's position in the stream to that epoch, so lm1's own later batches were
+    dropped as ``stale_epoch``."""
+    svc = service(tmp_path, monkeypatch)
+    fed: list[object] = []
+    svc.feed = fed.append  # type: ignore[method-assign]
+    guarded = consumer(svc.broker, svc._on_events)
+    lm1 = lm("lm1")
+    key = sealing.sealing_key(SECRET, lm1)
+    about_lm0 = finished_batch(1)
+    headers = dict(sealing.seal(about_lm0.body, lm1, 2**62, 1, key, stream="events.gm0"))
+    asyncio.run(guarded(Delivery(about_lm0.body, headers, message_id="x")))
+    (letter,) = svc.broker.ex.dlx.published  # type: ignore[attr-defined]
+    assert letter.headers["x-megha-reason"] == "sender_mismatch"
+    ev = TaskEvent(
+        kind=EventKind.FINISHED, lm=LmId("lm1"), gm=GmId("gm0"), user=UserId("u0"),
+        task_id=TaskId("t2"), attempt=1, node=NodeIndex(0), node_free=(1,), node_version=1,
+        at=time.time(),
+    )  # fmt: skip
+    body = codec.encode(TaskEvents(lm=LmId("lm1"), epoch=5, events=(ev,)))
+    real = Delivery(body, dict(sealing.seal(body, lm1, 5, 1, key, stream="events.gm0")), "lm1.5.1")
+    asyncio.run(guarded(real))
+    assert real.outcome == "acked"
+    assert len(fed) == 1  # lm1's own batch was taken
