@@ -26,6 +26,7 @@ from common.config import FederationConfig
 from federation.processes import start_dashboard, start_federation, stop_federation
 from federation.provision import purge
 from megha_cli.dashboard.aggregate import WINDOW_S
+from megha_cli.dashboard.server import dashboard_token
 from request_generator.bench import BenchOptions, bench
 
 LOADS = (("light", 2.0), ("busy", 8.0), ("overloaded", 12.0))
@@ -46,8 +47,10 @@ def _config(base: int) -> FederationConfig:
     ).validate()  # fmt: skip
 
 
-def _snapshot(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/snapshot", timeout=5) as r:
+def _snapshot(port: int, home: Path) -> dict[str, Any]:
+    auth = {"Authorization": f"Bearer {dashboard_token(home)}"}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/snapshot", headers=auth)
+    with urllib.request.urlopen(req, timeout=5) as r:
         out: dict[str, Any] = json.loads(r.read())
         return out
 
@@ -74,7 +77,7 @@ def main() -> None:
                 )  # fmt: skip
                 s = bench(cfg, opts, home)
                 time.sleep(2.5)  # two more polls
-                a = _snapshot(args.dashboard_port)["allocation"]
+                a = _snapshot(args.dashboard_port, home)["allocation"]
                 measured = s["allocation_time_s"]
                 rows.append(
                     {

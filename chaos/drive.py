@@ -36,7 +36,7 @@ import aio_pika
 import aiohttp
 
 from chaos.results import verdict
-from chaos.scenarios import SIGNALS, Load, Scenario, Step
+from chaos.scenarios import FAULT_WAIT_S, SIGNALS, Load, Scenario, Step
 from chaos.stage import Stage, stage
 from common import codec
 from common.cluster import profile
@@ -52,6 +52,11 @@ from federation.processes import (
 )
 from request_generator.bench import fetch_launches, fetch_states
 from request_generator.submitter import Submitter
+from runtime import faults
+from security import sealing
+from security.access import Access
+from security.identity import Identity
+from testbed.rabbit import RabbitNode
 from workload.dags import DagShape, synthetic_dag
 from workload.jobs import Job, specs_of, to_submission
 from workload.synthetic import WorkloadSpec, synthetic_jobs
@@ -83,10 +88,16 @@ def build_jobs(cfg: FederationConfig, load: Load) -> list[Job | DagJob]:
 
 class Capture:
     """Copies of the federation's broker messages on one exchange (``replay_*``): a
-    private queue bound next to the real consumers', to publish again later."""
+    private queue bound next to the real consumers', to publish again later, each as
+    the party that sealed it (logged in as that party: the broker's permissions hold)."""
 
-    def __init__(self, conn: aio_pika.abc.AbstractRobustConnection, exchange: str, key: str):
+    def __init__(
+        self, conn: aio_pika.abc.AbstractRobustConnection, exchange: str, key: str,
+        url_of: Callable[[str], str],
+    ):  # fmt: skip
         self.conn, self.exchange, self.key = conn, exchange, key
+        self.url_of = url_of
+        """The broker URL of the party a seal names (``lm:lm0``)."""
         self.messages: list[aio_pika.abc.AbstractIncomingMessage] = []
 
     async def open(self) -> None:
@@ -99,17 +110,26 @@ class Capture:
         self.messages.append(msg)
 
     async def replay(self) -> int:
-        """Publish every captured message again, newest first (duplicated and reordered)."""
-        ch = await self.conn.channel()
-        ex = await ch.get_exchange(self.exchange, ensure=False)
+        """Publish every captured message again, newest first (duplicated and reordered),
+        each over a connection of the party that sent it."""
         taken, self.messages = self.messages, []
-        for m in reversed(taken):
-            again = aio_pika.Message(
-                m.body, headers=m.headers, message_id=m.message_id,
-                delivery_mode=m.delivery_mode or aio_pika.DeliveryMode.NOT_PERSISTENT,
-            )  # fmt: skip
-            await ex.publish(again, routing_key=m.routing_key or "")
-        await ch.close()
+        conns: dict[str, aio_pika.abc.AbstractConnection] = {}
+        try:
+            for m in reversed(taken):
+                sender = str((m.headers or {}).get(sealing.HEADER_SENDER, ""))
+                if sender not in conns:
+                    conns[sender] = await aio_pika.connect(self.url_of(sender))
+                ch = await conns[sender].channel()
+                ex = await ch.get_exchange(self.exchange, ensure=False)
+                again = aio_pika.Message(
+                    m.body, headers=m.headers, message_id=m.message_id,
+                    delivery_mode=m.delivery_mode or aio_pika.DeliveryMode.NOT_PERSISTENT,
+                )  # fmt: skip
+                await ex.publish(again, routing_key=m.routing_key or "")
+                await ch.close()
+        finally:
+            for c in conns.values():
+                await c.close()
         return len(taken)
 
 
@@ -130,7 +150,8 @@ def progress_line(msg: str, enabled: bool) -> None:
 
 async def _until_unacked(st: Stage, gm: str, limit_s: float = 20.0) -> None:
     """Wait until ``gm`` holds a job that LMs accepted (tasks run) but it has not
-    acknowledged to the broker: the moment a GM crash hurts most."""
+    acknowledged to the broker: the moment a GM crash hurts most.  ``MeghaError`` if that
+    moment does not come within ``limit_s`` (a step at another moment tests less)."""
     loop = asyncio.get_running_loop()
     deadline = time.time() + limit_s
     while time.time() < deadline:
@@ -138,6 +159,43 @@ async def _until_unacked(st: Stage, gm: str, limit_s: float = 20.0) -> None:
         if s["jobs_unacked"] > 0 and s["running_tasks"] > 0:
             return
         await asyncio.sleep(0.02)
+    raise MeghaError(f"{gm} held no unacknowledged job with running tasks in {limit_s:g} s")
+
+
+async def _until_struck(st: Stage, party: str, fault: str) -> float:
+    """Seconds until every strike of ``fault`` armed in ``party`` was used;
+    ``MeghaError`` if they were not within ``FAULT_WAIT_S``."""
+    t0 = time.time()
+    while faults.left(st.faults, party, fault) > 0:
+        if time.time() - t0 > FAULT_WAIT_S:
+            left = faults.left(st.faults, party, fault)
+            raise MeghaError(f"{fault} in {party}: {left} strikes unused after {FAULT_WAIT_S:g} s")
+        await asyncio.sleep(0.05)
+    return time.time() - t0
+
+
+BLOCKED_STATES = ("blocked", "blocking")
+"""What ``rabbitmqctl list_connections state`` says of a connection whose publishes wait
+for an alarm to clear."""
+
+
+async def _alarm(node: RabbitNode, raise_it: bool) -> str:
+    """Raise a memory alarm on a private node (its high watermark near 0) and wait until
+    a publisher is blocked; or clear it (the default watermark) and wait until none is."""
+    loop = asyncio.get_running_loop()
+    mark = "0.000001" if raise_it else "0.4"
+    await loop.run_in_executor(None, node.ctl, "set_vm_memory_high_watermark", mark)
+    t0 = time.time()
+    while time.time() - t0 < FAULT_WAIT_S:
+        states = await loop.run_in_executor(None, node.ctl, "list_connections", "state")
+        blocked = sum(states.split().count(b) for b in BLOCKED_STATES)
+        if (blocked > 0) == raise_it:
+            what = f"{blocked} connections blocked" if raise_it else "no connection blocked"
+            return f"{what} after {time.time() - t0:.1f} s"
+        await asyncio.sleep(0.1)
+    raise MeghaError(
+        f"{node.nodename}: the alarm did not {'block' if raise_it else 'free'} publishers"
+    )
 
 
 async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, Capture]) -> str:
@@ -161,8 +219,15 @@ async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, 
     if a.startswith("broker_"):
         nodes = st.cluster.nodes if st.cluster else [st.node] if st.node else []
         node = nodes[int(step.value)]
+        if a in ("broker_alarm", "broker_unalarm"):
+            return f"{a} {node.nodename}: {await _alarm(node, a == 'broker_alarm')}"
         await blocking(getattr(node, a.removeprefix("broker_")))
         return f"{a} {node.nodename}"
+    if a in ("consumer_error", "die_on_repartition"):
+        count = max(1, int(step.value))
+        faults.inject(st.faults, target, a, count)
+        took = await _until_struck(st, target, a)
+        return f"{a} x{count} in {target}: struck within {took:.1f} s"
     if a in ("partition", "heal", "delay", "undelay"):
         if st.bed is None:
             raise ConfigError(f"{a} needs netns = true")
@@ -228,11 +293,16 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
     replays = {s.action for s in sc.steps if s.action.startswith("replay_")}
     conn = await aio_pika.connect_robust(st.access.broker_urls()[0]) if replays else None
     run = Run()
+
+    def url_of(party: str) -> str:
+        who = Identity.parse(party)
+        return Access.in_home(st.home, st.cfg, who).broker_urls()[0]
+
     try:
         caps: dict[str, Capture] = {}
         if conn is not None:
-            caps["replay_events"] = Capture(conn, st.cfg.events_exchange, "gm.#")
-            caps["replay_state"] = Capture(conn, st.cfg.state_exchange, "lm.*")
+            caps["replay_events"] = Capture(conn, st.cfg.events_exchange, "gm.#", url_of)
+            caps["replay_state"] = Capture(conn, st.cfg.state_exchange, "lm.*", url_of)
         for c in caps.values():
             await c.open()
         jobs = build_jobs(st.cfg, sc.load)
@@ -256,6 +326,7 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
         await sub.close()
     row = measure(sc, run, sub, launches, time.time() - t0)
     row["evidence"] = evidence(states)
+    row["expect"] = sc.expect
     return row
 
 
@@ -263,7 +334,8 @@ EVIDENCE = (
     "jobs_redelivered", "redelivered_skipped", "tasks_adopted", "lm_restarts_seen",
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
     "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
-    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused",
+    "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused", "handler_errors",
+    "poisoned", "repartitions",
 )  # fmt: skip
 
 

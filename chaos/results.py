@@ -13,6 +13,9 @@ def verdict(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"ERROR {row['error']}"
     ok = row["lost"] == 0 and row["duplicate_launches"] == 0
+    unseen = [k for k in row.get("expect", []) if not row.get("evidence", {}).get(k)]
+    if ok and unseen:
+        return f"FAIL (no {', '.join(unseen)}: the fault did not show)"
     return "ok" if ok else "FAIL"
 
 

@@ -16,9 +16,12 @@ DEFAULT_SCENARIOS = Path(__file__).resolve().parent.parent / "config" / "chaos.t
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
 ACTIONS = (
     *SIGNALS, "restart", "restart_clean", "broker_stop", "broker_start", "broker_kill",
-    "partition", "heal", "delay", "undelay", "duplicate_jobs", "replay_events",
-    "replay_state",
+    "broker_alarm", "broker_unalarm", "partition", "heal", "delay", "undelay",
+    "duplicate_jobs", "replay_events", "replay_state", "consumer_error", "die_on_repartition",
 )  # fmt: skip
+FAULT_WAIT_S = 30.0
+"""How long a step waits for the fault it armed to strike (else the scenario errs: a
+fault that never struck proves nothing)."""
 BROKERS = ("shared", "private", "cluster")
 
 
@@ -62,6 +65,9 @@ class Scenario:
     netns: bool = False
     quick: bool = False
     timeout_s: float = 90.0
+    expect: list[str] = field(default_factory=list)
+    """Evidence counters that must be above 0 when the run ends: that the fault struck
+    (``jobs_redelivered`` for a kill while a job is unacknowledged...)."""
 
 
 def load_scenarios(path: Path) -> list[Scenario]:

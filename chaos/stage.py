@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -21,9 +22,10 @@ from federation.processes import (
     stop_federation,
 )
 from federation.provision import purge
+from runtime.faults import FAULTS_DIR_ENV
 from security.access import Access
 from testbed.netns import Testbed
-from testbed.rabbit import RabbitCluster, RabbitNode, RabbitSandbox
+from testbed.rabbit import RABBIT_BIN, RabbitCluster, RabbitNode, RabbitSandbox
 
 
 @dataclass
@@ -39,6 +41,33 @@ class Stage:
 
     def get(self, name: str, path: str = "/v1/state") -> Any:
         return signed_get(self.cfg, self.home, name, path)
+
+    @property
+    def faults(self) -> Path:
+        """Where the federation's services look for injected faults (``runtime.faults``)."""
+        return self.home / "faults"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (what ``megha up`` and ``rabbitmqctl`` see)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _private_ctl(node: RabbitNode) -> dict[str, str]:
+    """The environment in which ``rabbitmqctl`` (the one ``megha up`` runs to provision
+    the federation's broker users) speaks to the private ``node``: its name and cookie,
+    and the CLI that does not switch to the shared node's user."""
+    return {**node.env(), "PATH": f"{RABBIT_BIN}:{os.environ.get('PATH', '')}"}
 
 
 @contextlib.contextmanager
@@ -67,11 +96,14 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
             spaces = {n: bed.host(n).netns for n in cfg.process_names}
             (home / NETNS_FILE).write_text(json.dumps(spaces))
         cfg = cfg.validate()
-        # private nodes have no federation users (rabbitmqctl provisions the shared node
-        # only); replays publish as the LMs did, which per-party broker users forbid
-        plain = box is not None or any(s.action.startswith("replay_") for s in sc.steps)
         private = box is not None
-        start_federation(cfg, home, quiet=True, insecure_dev=insecure or plain)
+        stack.enter_context(_environment({FAULTS_DIR_ENV: str(home / "faults")}))
+        # a private node's users are provisioned by rabbitmqctl pointed at that node; in a
+        # test-bed the node listens on the bed's bridge, which `megha up` does not
+        # provision (it runs rabbitmqctl only for a broker on this host's loopback)
+        first = cluster.nodes[0] if cluster else node
+        with _environment(_private_ctl(first) if first is not None else {}):
+            start_federation(cfg, home, quiet=True, insecure_dev=insecure or sc.netns)
         try:
             yield Stage(cfg, home, Access.in_home(home, cfg), node, cluster, bed)
         finally:

@@ -31,7 +31,7 @@ from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
 from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
-from common.errors import ConfigError, MeghaError, Unauthorized
+from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
@@ -55,13 +55,13 @@ from common.messages import (
 )
 from common.metrics import percentiles
 from common.model import WaitReason
-from global_master import inspect
+from global_master import inspect, intake
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
 from global_master.policy import make_policy
 from runtime import broker as amqp
-from runtime import h1
+from runtime import faults, h1, poison
 from runtime.dedup import Dedup
 from runtime.driver import Batcher, CoreDriver, Traffic
 from runtime.http import Peer, PeerRefused, service_app, service_identity, session
@@ -101,6 +101,30 @@ ROUTES: dict[type, tuple[str, type]] = {
 }
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
+EVENTS_WINDOW = 4096
+"""Sequence numbers of one LM's event batches that may arrive out of order, each once
+(``sealing.Opener``): a batch put back on the queue after a failure comes back behind
+later ones, and must still be taken."""
+
+
+def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
+    mine = [u.user for u in cfg.user_configs if u.gm == gm]
+    queues = make_policy(
+        cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
+    )(gm, mine)
+    return GlobalMaster(
+        gm,
+        cfg.lm_ids,
+        cfg.user_configs,
+        queues=queues,
+        limits=AdmissionLimits(
+            max_task_duration_s=cfg.max_task_duration_s,
+            commands=cfg.task_commands,
+            max_user_tasks=cfg.max_user_tasks,
+        ),
+        journal=Journal(),
+        overload=cfg.overload,
+    )
 
 
 class GmService:
@@ -111,38 +135,15 @@ class GmService:
     def __init__(self, cfg: FederationConfig, gm: GmId, access: Access) -> None:
         self.cfg = cfg
         self.access = access
-        if access.users_file is None:
-            raise ConfigError(
-                "a GM needs the users file (MEGHA_USERS_FILE; `megha up` sets it)",
-                reason="no_users_file",
-            )
-        self.tokens = TokenStore(access.users_file)
-        lms = access.lm_identities()
-        self.state_seals = access.opener("state", lms)
-        self.event_seals = access.opener(f"events.{gm}", lms)
-        self.resume_keys = sealing.keyring_for(access.secret, [access.me])
-        self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
-        self.forged = 0
-        mine = [u.user for u in cfg.user_configs if u.gm == gm]
-        queues = make_policy(
-            cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
-        )(gm, mine)
-        self.core = GlobalMaster(
-            gm,
-            cfg.lm_ids,
-            cfg.user_configs,
-            queues=queues,
-            limits=AdmissionLimits(
-                max_task_duration_s=cfg.max_task_duration_s,
-                commands=cfg.task_commands,
-                max_user_tasks=cfg.max_user_tasks,
-            ),
-            journal=Journal(),
-            overload=cfg.overload,
-        )
+        self._open_keys(access, gm)
+        self.core = _make_core(cfg, gm)
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
+        self.poison = poison.PoisonGuard(poison.run_dir(cfg.name, gm))
+        """Records of the jobs in hand, so that one that kills this process is not handled
+        blindly again by the next."""
+        faults.arm(gm)
         self.http: h1.Client | None = None
         self.lms: dict[LmId, Peer] = {}
         self._keep_ends_order: dict[LmId, asyncio.Lock] = {}
@@ -154,10 +155,10 @@ class GmService:
         self._admission_order: dict[UserId, asyncio.Lock] = {}
         """Per user: a job decoded in a thread keeps the later ones behind it."""
         self.unread = UnreadJobs(USER_QUEUE_JOBS_OF_MAX_SIZE * cfg.max_body)
-        """Bytes of one user's deliveries this GM holds before reading them: past it (a
-        flood of large jobs arriving faster than they are decoded) a job is refused
-        (``user_backlog``), so the broker's prefetch cannot fill the GM's memory.  The
-        same bound as the user's queue at the broker."""
+        """Bytes of one user's deliveries this GM holds before reading them (bodies and
+        headers): past it (a flood of large jobs arriving faster than they are decoded)
+        a job is refused (``user_backlog``), so the broker's prefetch cannot fill the
+        GM's memory.  The same bound as the user's queue at the broker."""
         self.events_seen = Dedup()
         self.requests_in_doubt = 0
         """Launches and preemptions an LM did not answer in time, asked again."""
@@ -185,6 +186,23 @@ class GmService:
         d.on(JobSettled, self._ack)
         d.on(JobRefused, self._dead_letter)
         d.on(Persist, self._persist)
+
+    def _open_keys(self, access: Access, gm: GmId) -> None:
+        """The users' tokens, the LMs' seals, and this GM's own seal on returned tasks."""
+        if access.users_file is None:
+            raise ConfigError(
+                "a GM needs the users file (MEGHA_USERS_FILE; `megha up` sets it)",
+                reason="no_users_file",
+            )
+        self.tokens = TokenStore(access.users_file)
+        lms = access.lm_identities()
+        self.state_seals = access.opener("state", lms)
+        self.event_seals = sealing.Opener(
+            sealing.keyring_for(access.secret, lms), f"events.{gm}", window=EVENTS_WINDOW
+        )
+        self.resume_keys = sealing.keyring_for(access.secret, [access.me])
+        self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
+        self.forged = 0
 
     # ------------------------------------------------------------ lifecycle
     async def open(self) -> None:
@@ -248,15 +266,16 @@ class GmService:
     async def _on_state(self, msg: AbstractIncomingMessage) -> None:
         """A state update, if an LM sealed it and it is newer than what that LM sent
         before (anything else is dropped and counted: see ``state_seals.drops``)."""
-        seal = self.state_seals.open(msg.headers, msg.body)
+        seal = self.state_seals.check(msg.headers, msg.body)
         if isinstance(seal, sealing.Dropped):
             log.debug("state update dropped: %s", seal.detail)
             return
         update = codec.decode(msg.body, expect=StateUpdated, max_size=self.cfg.max_body)
-        if update.delta.lm != seal.sender.name:
+        if update.delta.lm != seal.sender.name:  # taken as no position of that LM's
             self.forged += 1
             log.warning("%s sent a state update about %s: dropped", seal.sender, update.delta.lm)
             return
+        self.state_seals.commit(seal)
         self.feed(update)
 
     def _to_user(self, eff: ToUser) -> None:
@@ -270,22 +289,35 @@ class GmService:
     async def _on_events(self, msg: AbstractIncomingMessage) -> None:
         """Task events; acknowledged once what they produced is on the broker (outcomes
         to users, returned tasks made durable), so a GM killed in between gets them
-        again (outcomes are at least once; a returned task is never lost)."""
-        seal = self.event_seals.open(msg.headers, msg.body)
+        again (outcomes are at least once; a returned task is never lost).  A batch
+        whose handling fails before the core took it is released (its seal and id), so
+        it is taken when the consumer's guard puts it back."""
+        seal = self.event_seals.check(msg.headers, msg.body)
         if isinstance(seal, sealing.Dropped):
             if seal.reason in (sealing.DropReason.STALE_SEQ, sealing.DropReason.STALE_EPOCH):
                 await msg.ack()  # seen already (redelivered), or from a replaced incarnation
                 return
             raise Unauthorized(f"task events: {seal.detail}", reason=seal.reason.value)
         events = codec.decode(msg.body, expect=TaskEvents, max_size=self.cfg.max_body)
-        if events.lm != seal.sender.name:
+        if events.lm != seal.sender.name:  # refused without moving that LM's position
             raise Unauthorized(
                 f"{seal.sender} sent events as {events.lm}", reason="sender_mismatch"
             )
-        self._tickets, self._persisted = {}, {}
-        if self.events_seen.first_time(msg.message_id):
-            self.events_in.note(len(events.events))
-            self.feed(events)
+        self.event_seals.commit(seal)
+        first = False
+        try:
+            self._tickets, self._persisted = {}, {}
+            first = self.events_seen.first_time(msg.message_id)
+            if first:
+                faults.strike("consumer_error")
+                self.events_in.note(len(events.events))
+                self.feed(events)
+        except Exception as exc:
+            if not isinstance(exc, MeghaError):  # it comes back: take it then
+                self.event_seals.release(seal)
+                if first:
+                    self.events_seen.forget(msg.message_id)
+            raise
         tickets, persisted = self._tickets, self._persisted
         self._tickets, self._persisted = {}, {}
         if tickets:
@@ -295,7 +327,7 @@ class GmService:
         await msg.ack()
 
     async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
-        size = len(msg.body)
+        size = len(msg.body) + amqp.properties_bytes(msg)  # its headers are held too
         shed = self.unread.take(user, size, redelivered=bool(msg.redelivered))
         if shed is not None:
             self.refused_jobs += 1
@@ -304,18 +336,42 @@ class GmService:
         try:
             # deliveries come in order, each its own task: the lock keeps them in it
             async with self._admission_order.setdefault(user, asyncio.Lock()):
-                if size >= DECODE_OFF_LOOP:
-                    job = await asyncio.to_thread(
-                        codec.decode, msg.body, expect=SubmitJob, max_size=self.cfg.max_body
-                    )
-                else:
-                    job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
-                await self._admit(user, job, msg)
+                await self._read_job(user, msg)
         finally:
             self.unread.done(user, size)
 
+    async def _read_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
+        """Who sent it, before anything is decoded; then its shape; then the job itself,
+        with a record of it on local disk (``runtime.poison``) while it is handled."""
+        queue = self.cfg.user_queue(user)
+        key = poison.delivery_key(queue, msg.body)
+        verdict = self.poison.verdict(key, redelivered=bool(msg.redelivered))
+        if verdict is poison.Verdict.POISON:
+            self.poison.settle(key)
+            self.poison.poisoned += 1
+            detail = f"{self.core.gm_id} died handling this delivery before; not handled again"
+            await self.broker.dead_letter(msg, queue, "poison", detail)
+            return
+        async with self.poison.handling(key, verdict):
+            if len(msg.body) > self.cfg.max_body:
+                raise DecodeError(f"body of {len(msg.body)} bytes exceeds {self.cfg.max_body}",
+                                  reason="too_large")  # fmt: skip
+            head = intake.peek(msg.body)
+            faults.die_on("die_on_job", head.job_id)
+            self._check_submitter(user, head, msg)
+            intake.check_containers(msg.body)
+            if len(msg.body) >= DECODE_OFF_LOOP:
+                job = await asyncio.to_thread(
+                    codec.decode, msg.body, expect=SubmitJob, max_size=self.cfg.max_body
+                )
+            else:
+                job = codec.decode(msg.body, expect=SubmitJob, max_size=self.cfg.max_body)
+            if not head.matches(job):
+                raise DecodeError("a field named twice: the job is not what was checked",
+                                  reason="ambiguous_fields")  # fmt: skip
+            await self._admit(user, job, msg)
+
     async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
-        self._check_submitter(user, job, msg)
         too_many = dag_edges_error(job)
         if too_many is not None:  # before the core holds any of it
             self.refused_jobs += 1
@@ -353,14 +409,17 @@ class GmService:
                 reason="internal_error",
             ) from exc
 
-    def _check_submitter(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
+    def _check_submitter(
+        self, user: UserId, head: intake.Head, msg: AbstractIncomingMessage
+    ) -> None:
         """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this
-        GM returned to the queue itself (sealed by it)."""
-        if job.user != user:
+        GM returned to the queue itself (sealed by it).  Read off the body's first fields
+        (``intake.peek``): nothing of an unproven sender's job is decoded."""
+        if head.user != user:
             raise Unauthorized(
-                f"job of user {job.user!r} found in the queue of {user!r}", reason="wrong_queue"
+                f"job of user {head.user!r} found in the queue of {user!r}", reason="wrong_queue"
             )
-        if job.resumes is not None:
+        if head.resumes is not None:
             stream = f"resume.{user}"
             seal = sealing.authenticate(msg.headers, msg.body, self.resume_keys, stream)
             if isinstance(seal, sealing.Dropped):
@@ -368,7 +427,7 @@ class GmService:
                                    reason=seal.reason.value)  # fmt: skip
             return
         self.tokens.refresh(time.time())
-        self.tokens.verify(job.user, job.token)
+        self.tokens.verify(user, head.token)
 
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
@@ -406,6 +465,11 @@ class GmService:
             reply = await self._ask_until_answered(peer, path, expect, msg)
             if reply is None:
                 return
+            repartitions = isinstance(msg, LaunchRequest) and any(
+                p.repartition for p in msg.placements
+            )
+            if repartitions and faults.taken("die_on_repartition"):
+                faults.die()  # the LM took it; this GM never will
         elif isinstance(msg, KeepEnds):
             async with self._keep_ends_order.setdefault(eff.lm, asyncio.Lock()):
                 await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
@@ -477,6 +541,20 @@ class GmService:
     async def durable(self, msg: object) -> None:
         """Nothing to wait for: a GM's answers carry nothing a sender keeps for it."""
 
+    def _sample(self) -> dict[str, Any]:
+        """A few of each table's entries, for a reader of ``/v1/state``."""
+        core = self.core
+        return {
+            "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
+            "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],
+            "inflight": [f"{u}/{t}" for (u, t) in list(core.inflight)[:20]],
+            "jobs": {
+                f"{u}/{j}": [r.left, len(r.unsettled), r.settled]
+                for (u, j), r in list(core.jobs.items())[:20]
+            },
+            "known_done": len(core.known_done),
+        }
+
     def state_page(self) -> dict[str, Any]:
         core = self.core
         rtts = [x for p in self.lms.values() for x in p.rtts]
@@ -494,16 +572,7 @@ class GmService:
                 "peak_per_user": self.unread.peak,
                 "limit_per_user": self.unread.limit,
             },
-            "sample": {
-                "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
-                "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],
-                "inflight": [f"{u}/{t}" for (u, t) in list(core.inflight)[:20]],
-                "jobs": {
-                    f"{u}/{j}": [r.left, len(r.unsettled), r.settled]
-                    for (u, j), r in list(core.jobs.items())[:20]
-                },
-                "known_done": len(core.known_done),
-            },
+            "sample": self._sample(),
             "jobs_unacked": len(self.deliveries),
             "allocations": {
                 "window_s": ALLOCATION_WINDOW_S,
@@ -523,6 +592,8 @@ class GmService:
                 "requests_in_doubt": self.requests_in_doubt,
                 "duplicate_events": self.events_seen.dropped,
                 "background_failures": self.sup.failures,
+                "handler_errors": self.broker.handler_errors,
+                "poisoned": self.poison.poisoned,
             },
             "batches": {
                 "events_in": self.events_in.as_dict(),

@@ -11,8 +11,11 @@ binds and consumes what.
 consumes with a bounded prefetch, and wraps every consumer so that nothing loops
 forever: bad input is dead-lettered at once with its reason (and at most the first
 ``DEAD_LETTER_BODY`` bytes of its body), as is a delivery whose AMQP properties the
-client library cannot read (``unreadable_properties``); any other exception
-requeues the message once and dead-letters it when it comes back and fails again.
+client library cannot read (``unreadable_properties``) or that are larger than
+``MAX_PROPERTIES_BYTES`` (``headers_too_large``: never parsed, never copied); any
+other exception requeues the message once and dead-letters it (``handler_error``)
+when it fails a second time in this process.  A dead letter keeps its message's own
+headers only up to ``DEAD_LETTER_HEADERS`` bytes, so it always fits one frame.
 The broker may be a cluster (``broker_url`` lists its nodes, comma-separated): a lost
 connection fails over to the next node that answers, the process's setups (queues,
 consumers) run again there, then ``on_reconnect`` (a GM asks for fresh snapshots).
@@ -45,6 +48,7 @@ from pamqp.common import FieldValue
 
 from common.config import FederationConfig
 from common.errors import InvalidInput, MeghaError
+from runtime.poison import delivery_key
 from runtime.retry import Backoff, retry
 from security.broker_acl import BrokerLayout, topology
 
@@ -60,6 +64,25 @@ queue is bounded too: ``security.broker_acl.DEFAULT_MAX_DEAD_LETTER_BYTES``)."""
 UNREADABLE_HEADER = "x-megha-unreadable"
 """Set, alone, on a delivery whose properties the AMQP client could not read; the
 consumer dead-letters it (``unreadable_properties``) without handling it."""
+TOO_LARGE_HEADER = "x-megha-properties-too-large"
+"""Set, alone, on a delivery whose properties (its header table and the rest) are larger
+than ``MAX_PROPERTIES_BYTES``: their size.  They are never parsed; the consumer
+dead-letters the delivery (``headers_too_large``) without handling it."""
+PROPERTIES_BYTES_HEADER = "x-megha-properties-bytes"
+"""Set on every delivery read (over any value a publisher gave): the bytes of its
+properties on the wire, which no body limit counts."""
+DROPPED_HEADERS = "x-megha-headers-dropped"
+"""On a dead letter: how many of its message's own headers did not fit in it."""
+MAX_PROPERTIES_BYTES = 16 * 1024
+"""The most bytes of AMQP properties a delivery may carry (a sealed message has about
+300).  The broker passes any table on unread, up to its frame (128 KiB), and counts
+none of it against a queue's byte limit: a 122 KiB table cost ~100 ms of CPU to parse,
+per delivery, before any check."""
+DEAD_LETTER_HEADERS = 8 * 1024
+"""The most bytes of a message's own headers its dead letter copies: with the reason's
+headers it fits one frame whatever the message carried (a copy of a table near the
+frame size did not, and the broker closed the connection on every redelivery)."""
+_MARKERS = frozenset({UNREADABLE_HEADER, TOO_LARGE_HEADER, PROPERTIES_BYTES_HEADER})
 log = logging.getLogger("megha.broker")
 
 _read_content_header = amqp_header.ContentHeader.unmarshal
@@ -69,30 +92,58 @@ def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -
     """``ContentHeader.unmarshal``, except that properties it cannot read -- a publisher
     may send any (a timestamp past the year 9999, arrays nested 20,000 deep, a header
     name or a message id that is not UTF-8), and the broker passes them on unread --
-    become one marker header.  Raised, they closed the whole connection, and the
-    message, requeued, closed the next one: one user's job stopped its GM taking
+    become one marker header, and so do properties larger than
+    ``MAX_PROPERTIES_BYTES``, unread.  Raised, they closed the whole connection, and
+    the message, requeued, closed the next one: one user's job stopped its GM taking
     anyone's."""
+    size = len(data) - 12  # class, weight and body size come first
+    if size > MAX_PROPERTIES_BYTES:
+        self.class_id, self.weight, self.body_size = struct.unpack(">HHQ", data[0:12])
+        self.properties = Basic.Properties(headers={TOO_LARGE_HEADER: size})
+        return
     try:
         _read_content_header(self, data)
     except Exception as exc:
         self.class_id, self.weight, self.body_size = struct.unpack(">HHQ", data[0:12])
         detail = f"{type(exc).__name__}: {exc}"[:200]
         self.properties = Basic.Properties(headers={UNREADABLE_HEADER: detail})
+        return
+    if self.properties.headers is None:
+        self.properties.headers = {}
+    self.properties.headers[PROPERTIES_BYTES_HEADER] = size
 
 
 amqp_header.ContentHeader.unmarshal = _read_content_header_or_mark  # type: ignore[method-assign]
 
 
+def properties_bytes(msg: AbstractIncomingMessage) -> int:
+    """The bytes of a delivery's AMQP properties on the wire (0 if not known)."""
+    headers = msg.headers or {}
+    size = headers.get(PROPERTIES_BYTES_HEADER, headers.get(TOO_LARGE_HEADER, 0))
+    return size if isinstance(size, int) else 0
+
+
 def _sendable(headers: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]:
-    """The headers of a delivery that can be sent again: the AMQP client reads some
-    values it cannot write (a string that is not UTF-8 comes as bytes)."""
+    """The headers of a delivery that can be sent again, up to ``DEAD_LETTER_HEADERS``
+    bytes of them (the count of the rest in ``DROPPED_HEADERS``): the AMQP client reads
+    some values it cannot write (a string that is not UTF-8 comes as bytes)."""
     out: dict[str, FieldValue] = {}
+    room, dropped = DEAD_LETTER_HEADERS, 0
     for name, value in (headers or {}).items():
-        try:
-            amqp_encode.encode_table_value(value)
-        except (TypeError, ValueError):
+        if name in _MARKERS:
             continue
+        try:
+            size = len(amqp_encode.short_string(name)) + len(amqp_encode.encode_table_value(value))
+        except (TypeError, ValueError):
+            dropped += 1
+            continue
+        if size > room:
+            dropped += 1
+            continue
+        room -= size
         out[name] = value
+    if dropped:
+        out[DROPPED_HEADERS] = dropped
     return out
 
 
@@ -110,6 +161,13 @@ TRANSIENT = (
 unroutable message, a nack -- is not one of them)."""
 CONNECT_ERRORS = (ConnectionError, OSError, aio_pika.exceptions.AMQPError, TimeoutError)
 CONNECT_TIMEOUT_S = 5.0
+HANDLER_ATTEMPTS = 5
+"""Times a handler may raise on one message before it is dead-lettered: each failure
+puts it back after ``RETRY_FIRST_S`` doubled per failure (0.05 to 0.8 s): a burst of
+failures (a peer away, a transient bug) passes, a message that always fails ends as a
+dead letter within ~1.5 s."""
+RETRY_FIRST_S = 0.05
+MAX_FAILURES_KEPT = 10_000
 
 
 Headers = Mapping[str, str | int]
@@ -284,6 +342,8 @@ class Broker:
         self.publish_errors = 0
         self.handler_errors = 0
         self.reconnects = 0
+        self._failures: dict[str, int] = {}
+        """Messages whose handler raised once in this process (by ``delivery_key``)."""
 
     @property
     def ex(self) -> Exchanges:
@@ -467,11 +527,7 @@ class Broker:
 
         async def guarded(msg: AbstractIncomingMessage) -> None:
             try:
-                unreadable = (msg.headers or {}).get(UNREADABLE_HEADER)
-                if unreadable is not None:
-                    raise InvalidInput(
-                        f"properties not readable: {unreadable!r}", reason="unreadable_properties"
-                    )
+                _check_properties(msg)
                 await handler(msg)
             except MeghaError as exc:
                 if not no_ack:
@@ -479,17 +535,44 @@ class Broker:
             except Exception as exc:
                 self.handler_errors += 1
                 log.exception("%s: consumer of %s failed", self.name, queue.name)
-                if no_ack:
-                    return
-                with contextlib.suppress(*PUBLISH_ERRORS):
-                    if msg.redelivered:
-                        await self.dead_letter(
-                            msg, queue.name, "handler_error", f"{type(exc).__name__}: {exc}"
-                        )
-                    else:
-                        await msg.nack(requeue=True)
+                if not no_ack:
+                    await self._failed(msg, queue.name, exc)
 
         await queue.consume(guarded, no_ack=no_ack)
+
+    async def _failed(self, msg: AbstractIncomingMessage, queue: str, exc: Exception) -> None:
+        """A handler raised something other than a refusal: the message goes back to its
+        queue after a pause (longer each time); the ``HANDLER_ATTEMPTS``-th time it fails
+        here it is dead-lettered (``handler_error``).  Counted per message in this
+        process, not by the broker's ``redelivered`` flag: a message redelivered after a
+        crash gets its retries too."""
+        key = delivery_key(queue, msg.body)
+        failures = self._failures.pop(key, 0) + 1
+        with contextlib.suppress(*PUBLISH_ERRORS):
+            if failures >= HANDLER_ATTEMPTS:
+                await self.dead_letter(msg, queue, "handler_error", f"{type(exc).__name__}: {exc}")
+                return
+            self._failures[key] = failures
+            while len(self._failures) > MAX_FAILURES_KEPT:
+                del self._failures[next(iter(self._failures))]
+            await asyncio.sleep(RETRY_FIRST_S * 2 ** (failures - 1))
+            await msg.nack(requeue=True)
+
+
+def _check_properties(msg: AbstractIncomingMessage) -> None:
+    """Refuse a delivery whose properties were too large or not readable (unhandled)."""
+    headers = msg.headers or {}
+    unreadable = headers.get(UNREADABLE_HEADER)
+    if unreadable is not None:
+        raise InvalidInput(
+            f"properties not readable: {unreadable!r}", reason="unreadable_properties"
+        )
+    too_large = headers.get(TOO_LARGE_HEADER)
+    if too_large is not None:
+        raise InvalidInput(
+            f"properties of {too_large!r} bytes, more than {MAX_PROPERTIES_BYTES}",
+            reason="headers_too_large",
+        )
 
 
 async def delete_topology(cfg: FederationConfig, url: str | None = None) -> None:

@@ -28,5 +28,10 @@ class Dedup:
             self._seen.popitem(last=False)
         return True
 
+    def forget(self, message_id: str | None) -> None:
+        """``message_id`` was not handled after all (it goes back to its queue)."""
+        if message_id:
+            self._seen.pop(message_id, None)
+
     def __len__(self) -> int:
         return len(self._seen)

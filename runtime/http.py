@@ -307,8 +307,11 @@ class ServiceRunner(web.AppRunner):
 
 
 CALLER_KEY = web.RequestKey("caller", Identity)
+CLAIM_KEY = web.RequestKey("claim", signing.Claim)
 ACCESS_KEY = web.AppKey("access", Access)
 REPLAYS_KEY = web.AppKey("replays", signing.ReplayCache)
+INCARNATION_KEY = web.AppKey("incarnation", str)
+"""This process's incarnation id: a service's calls name it, its answers carry it."""
 
 
 @web.middleware
@@ -340,6 +343,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         refused.force_close()
         return refused
     request[CALLER_KEY] = caller
+    request[CLAIM_KEY] = claim
     if isinstance(request.protocol, _Connection):
         request.protocol.proven()
     try:
@@ -351,10 +355,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if isinstance(resp, web.Response):
         out = resp.body if isinstance(resp.body, bytes) else b""
         nonce = request.headers[signing.HEADER_NONCE]
+        key = access.http_key(access.me, caller)
+        mine = request.app[INCARNATION_KEY]
         resp.headers.update(
-            signing.sign_response(
-                resp.status, out, nonce, access.me, access.http_key(access.me, caller), now
-            )
+            signing.sign_response(resp.status, out, nonce, access.me, key, now, mine)
         )
     return resp
 
@@ -418,6 +422,7 @@ def base_app(cfg: FederationConfig, access: Access) -> web.Application:
     app[CONFIG_KEY] = cfg
     app[ACCESS_KEY] = access
     app[REPLAYS_KEY] = signing.ReplayCache()
+    app[INCARNATION_KEY] = signing.new_incarnation()
     app.router.add_post("/v1/ping", ping_handler)
     return app
 
@@ -479,7 +484,9 @@ def message_route(kind: type | tuple[type, ...]) -> Handler:
 
     async def handle(request: web.Request) -> web.Response:
         msg: object = await read_message(request, kind)
-        check_claim(request[CALLER_KEY], msg)
+        caller = request[CALLER_KEY]
+        check_claim(caller, msg)
+        signing.check_incarnation(caller, request[CLAIM_KEY], request.app[INCARNATION_KEY])
         svc = request.app[SERVICE_KEY]
         refused = svc.refusal()
         if refused is not None:
@@ -494,10 +501,9 @@ def message_route(kind: type | tuple[type, ...]) -> Handler:
 async def health_handler(request: web.Request) -> web.Response:
     svc = request.app[SERVICE_KEY]
     status = svc.status()
-    return web.json_response(
-        {"status": status, "role": svc.role, "id": svc.ident()},
-        status=503 if status == "starting" else 200,
-    )
+    body = {"status": status, "role": svc.role, "id": svc.ident(),
+            "incarnation": request.app[INCARNATION_KEY]}  # fmt: skip
+    return web.json_response(body, status=503 if status == "starting" else 200)
 
 
 async def state_handler(request: web.Request) -> web.Response:
@@ -604,6 +610,10 @@ class Peer:
         self.policy = policy or Backoff()
         self.max_answer = max_answer
         self.errors = 0
+        self.relearned = 0
+        """Calls refused as meant for another incarnation, and asked again."""
+        self._incarnations: dict[int, str] = {}
+        """By address: the incarnation of the process that last answered there."""
         self.rtts: deque[float] = deque(maxlen=4096)
 
     async def post(
@@ -618,64 +628,80 @@ class Peer:
         """Post ``msg`` (encoded once) and decode the answer (None for 204).
 
         Retries transient failures (an answer not signed by the peer is one, a 4xx
-        too); raises ``PeerRefused`` on a signed 4xx and ``runtime.retry.GiveUp`` when
-        the policy's deadline passes.
+        too); a signed ``wrong_incarnation`` (the peer restarted, or another process
+        answers there) is asked again at once, bound to the incarnation it names.
+        Raises ``PeerRefused`` on a signed 4xx and ``runtime.retry.GiveUp`` when the
+        policy's deadline passes.
         """
         body = codec.encode(msg)
-        extra = (
-            {"Content-Type": MSGPACK, "Idempotency-Key": key} if key else {"Content-Type": MSGPACK}
-        )
-        access, to = self.access, self.to
+        extra = {"Content-Type": MSGPACK, **({"Idempotency-Key": key} if key else {})}
 
         async def once() -> M | None:
-            t0 = time.perf_counter()
-            at = self._at
-            headers = {**access.sign(to, "POST", path, body, time.time()), **extra}
-            try:
-                answer = await self.http.post(
-                    self.urls[at] + path, body, headers, max_body=self.max_answer
-                )
-            except h1.AnswerTooLarge as exc:
-                raise DecodeError(f"{self.name}{path}: {exc}", reason="too_large") from exc
-            except (h1.BrokenHop, TimeoutError) as exc:
-                self._next(at)
-                raise _Transient(f"{self.name}{path}: {exc!r}") from exc
-            status, data = answer.status, answer.body
-            if status >= 500:
-                self._next(at)
-                raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
-            try:
-                signing.verify_response(
-                    answer.headers, status, data, headers[signing.HEADER_NONCE], to,
-                    access.http_key(to, access.me), time.time(),
-                )  # fmt: skip
-            except Unauthorized as exc:  # altered on the way, or not from the peer
-                # a refusal too: a peer signs its refusals of a proven caller, and one
-                # anyone on the path could have written (a launch "refused" that the LM
-                # took, a pool's "stale_epoch" that makes its LM step down) is no answer.
-                # Unsigned are only refusals of the request's credentials (a clock out
-                # of step, a misconfigured access list): asked again, signed afresh.
-                self._next(at)
-                got = f"{status} {_error_of(data)[0]}" if status >= 400 else str(status)
-                raise _Transient(f"{self.name}{path}: answer {got} refused ({exc.reason})") from exc
-            if status >= 400:
-                raise PeerRefused(status, *_error_of(data))
-            self.rtts.append(time.perf_counter() - t0)
-            if status == 204 or not data:
-                return None
-            decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
-            return decoded
+            for _ in range(2):
+                t0 = time.perf_counter()
+                answer = await self._exchange(path, body, extra)
+                status, data = answer.status, answer.body
+                if status >= 400:
+                    reason, detail = _error_of(data)
+                    if status == 401 and reason == signing.Refusal.WRONG_INCARNATION:
+                        self.relearned += 1
+                        continue  # bound again to the incarnation the answer named
+                    raise PeerRefused(status, reason, detail)
+                self.rtts.append(time.perf_counter() - t0)
+                if status == 204 or not data:
+                    return None
+                decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
+                return decoded
+            raise _Transient(f"{self.name}{path}: its incarnation changed twice in a row")
 
         def count(_: BaseException) -> None:
             self.errors += 1
 
         return await retry(
-            once,
-            policy or self.policy,
-            what=f"{self.name}{path}",
-            retry_on=(_Transient,),
+            once, policy or self.policy, what=f"{self.name}{path}", retry_on=(_Transient,),
             on_retry=count,
-        )
+        )  # fmt: skip
+
+    async def _exchange(self, path: str, body: bytes, extra: dict[str, str]) -> h1.Answer:
+        """One signed request (bound to the incarnation last learnt at its address) and
+        its answer, whose signature is checked (the incarnation it carries learnt);
+        ``_Transient`` if there is none, a 5xx, or one not signed by the peer."""
+        access, to, at = self.access, self.to, self._at
+        now = time.time()
+        headers = {
+            **access.sign(to, "POST", path, body, now, self._incarnations.get(at, "")),
+            **extra,
+        }
+        try:
+            answer = await self.http.post(
+                self.urls[at] + path, body, headers, max_body=self.max_answer
+            )
+        except h1.AnswerTooLarge as exc:
+            raise DecodeError(f"{self.name}{path}: {exc}", reason="too_large") from exc
+        except (h1.BrokenHop, TimeoutError) as exc:
+            self._next(at)
+            raise _Transient(f"{self.name}{path}: {exc!r}") from exc
+        status, data = answer.status, answer.body
+        if status >= 500:
+            self._next(at)
+            raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
+        try:
+            incarnation = signing.verify_response(
+                answer.headers, status, data, headers[signing.HEADER_NONCE], to,
+                access.http_key(to, access.me), time.time(),
+            )  # fmt: skip
+        except Unauthorized as exc:  # altered on the way, or not from the peer
+            # a refusal too: a peer signs its refusals of a proven caller, and one
+            # anyone on the path could have written (a launch "refused" that the LM
+            # took, a pool's "stale_epoch" that makes its LM step down) is no answer.
+            # Unsigned are only refusals of the request's credentials (a clock out
+            # of step, a misconfigured access list): asked again, signed afresh.
+            self._next(at)
+            got = f"{status} {_error_of(data)[0]}" if status >= 400 else str(status)
+            raise _Transient(f"{self.name}{path}: answer {got} refused ({exc.reason})") from exc
+        if incarnation:
+            self._incarnations[at] = incarnation
+        return answer
 
     @property
     def url(self) -> str:

@@ -196,9 +196,13 @@ class Access:
         callers = signing.callers_of(self.me, parties(self.cfg))
         return {c: self.http_key(c, self.me) for c in callers}
 
-    def sign(self, to: Identity, method: str, path: str, body: bytes, now: float) -> dict[str, str]:
-        """Headers proving this party sends ``method path body`` to ``to`` now."""
-        return signing.sign(method, path, body, self.me, self.http_key(self.me, to), now)
+    def sign(
+        self, to: Identity, method: str, path: str, body: bytes, now: float, incarnation: str = ""
+    ) -> dict[str, str]:
+        """Headers proving this party sends ``method path body`` to ``to`` (its
+        incarnation ``incarnation``) now."""
+        key = self.http_key(self.me, to)
+        return signing.sign(method, path, body, self.me, key, now, incarnation=incarnation)
 
     # -------------------------------------------------------------- broker
     def sealer(self, epoch: int) -> sealing.Sealer:

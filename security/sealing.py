@@ -12,13 +12,17 @@ Guarantees of an ``Opener`` (one per receiver and stream):
   ``StateUpdated`` with version 2**62 is dropped as ``bad_mac``);
 * per sender, accepted ``(epoch, seq)`` pairs strictly increase: a replay, a
   duplicate or anything older than what it has accepted is dropped
-  (``stale_epoch``, ``stale_seq``), so a recorded message cannot roll a view back;
+  (``stale_epoch``, ``stale_seq``), so a recorded message cannot roll a view back.
+  With a ``window`` of W, a sequence number up to W below the highest accepted (same
+  epoch) is accepted too, once: a stream whose messages may be put back and come
+  again behind later ones (task events) loses none, and still takes each at most once;
 * a message sealed for one stream cannot be replayed on another (``wrong_stream``);
 * every drop is counted by reason (``drops``); nothing raises on bad input.
 
 What the receiver must still do: check that the decoded body names the
 authenticated sender (an LM's update must be about that LM), and never requeue
-a message it has opened (a redelivery comes back older and is dropped).  A
+a message it has opened unless it ``release``s it first (a stream with a window):
+a redelivery would come back as seen, and be dropped.  A
 sender must start each run with a larger epoch than any earlier run (the LM's
 fencing epoch, or its start time in milliseconds) -- ``Sealer`` takes it as given.
 """
@@ -193,14 +197,20 @@ def authenticate(
 
 class Opener:
     """Checks sealed messages of one stream for one receiver, and remembers, per
-    sender, the last ``(epoch, seq)`` it accepted."""
+    sender, the last ``(epoch, seq)`` it accepted (and, with a ``window``, which of the
+    ``window`` sequence numbers below it it accepted)."""
 
-    def __init__(self, keyring: Mapping[Identity, bytes], stream: str) -> None:
+    def __init__(self, keyring: Mapping[Identity, bytes], stream: str, *, window: int = 0) -> None:
         if not _STREAM.fullmatch(stream):
             raise ValueError(f"bad stream name {stream!r}")
+        if window < 0:
+            raise ValueError("window must be >= 0")
         self.stream = stream
+        self.window = window
         self._keys = dict(keyring)
         self._last: dict[Identity, tuple[int, int]] = {}
+        self._taken: dict[Identity, set[int]] = {}
+        """Per sender, the sequence numbers accepted within the window of the last."""
         self.opened = 0
         self.drops: Counter[DropReason] = Counter()
 
@@ -213,18 +223,55 @@ class Opener:
         return Dropped(reason, detail)
 
     def open(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
-        """``Opened`` if the message is authentic, for this stream, and newer than any
-        accepted from its sender; else ``Dropped`` with the reason (and counted)."""
+        """``Opened`` if the message is authentic, for this stream, and not accepted
+        before nor older than the window allows (and then it counts as accepted); else
+        ``Dropped`` with the reason (and counted)."""
+        got = self.check(headers, body)
+        if isinstance(got, Opened):
+            self.commit(got)
+        return got
+
+    def check(self, headers: Mapping[str, object] | None, body: bytes) -> Opened | Dropped:
+        """What ``open`` would say, accepting nothing: a receiver that checks the body
+        against the seal first (an LM's events must name that LM) ``commit``s only a
+        message it takes, so one it refuses moves no sender's position."""
         got = authenticate(headers, body, self._keys, self.stream)
         if isinstance(got, Dropped):
             self.drops[got.reason] += 1
             return got
         sender, epoch, seq = got.sender, got.epoch, got.seq
         last = self._last.get(sender)
-        if last is not None and (epoch, seq) <= last:
-            if epoch < last[0]:
-                return self._drop(DropReason.STALE_EPOCH, f"{sender} epoch {epoch} < {last[0]}")
+        if last is None or epoch > last[0] or (epoch == last[0] and seq > last[1]):
+            return got
+        if epoch < last[0]:
+            return self._drop(DropReason.STALE_EPOCH, f"{sender} epoch {epoch} < {last[0]}")
+        if seq <= last[1] - self.window or seq in self._taken[sender]:
             return self._drop(DropReason.STALE_SEQ, f"{sender} ({epoch}, {seq}) <= {last}")
-        self._last[sender] = (epoch, seq)
+        return got
+
+    def commit(self, opened: Opened) -> None:
+        """``opened`` (from ``check``, with no other message opened since) is accepted."""
+        sender, epoch, seq = opened.sender, opened.epoch, opened.seq
+        last = self._last.get(sender)
+        if last is None or epoch > last[0]:
+            self._last[sender], self._taken[sender] = (epoch, seq), {seq}
+        elif seq > last[1]:
+            self._last[sender] = (epoch, seq)
+            self._take(sender, seq)
+        else:
+            self._taken[sender].add(seq)
         self.opened += 1
-        return Opened(sender, epoch, seq)
+
+    def _take(self, sender: Identity, seq: int) -> None:
+        taken = self._taken[sender]
+        taken.add(seq)
+        if len(taken) > 2 * self.window + 1:  # forget what fell out of the window
+            self._taken[sender] = {s for s in taken if s > seq - self.window}
+
+    def release(self, opened: Opened) -> None:
+        """``opened`` was not handled after all (it goes back to its queue): accept it
+        once more when it comes again.  Only within the window (a stream without one
+        drops it then, as any message not newer than the last)."""
+        last = self._last.get(opened.sender)
+        if last is not None and last[0] == opened.epoch and opened.seq > last[1] - self.window:
+            self._taken[opened.sender].discard(opened.seq)

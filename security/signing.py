@@ -16,6 +16,13 @@ Guarantees of ``verify`` (it returns the caller's identity or raises
   forgets the oldest and refuses anything not newer than it
   (``replay_cache_full``), so it never lets a replay through to save space.
 
+* the request is bound to the receiver's incarnation (``check_incarnation``): a
+  service's call names the process it was meant for (``X-Megha-Incarnation``, MAC-ed),
+  which a restarted or standby process refuses (``wrong_incarnation``, in a signed
+  answer carrying its own): the replay cache is per process, so a launch captured in
+  the last 30 s was taken again after a restart or a fail-over.  The operator's calls
+  (reads and pings only, by ``ACCESS_POLICY``) are not bound.
+
 Any reason other than ``missing_credentials``, ``malformed_credentials``,
 ``unknown_identity`` and ``bad_signature`` implies the request was really made
 by that identity (the MAC is checked first), which is what a log wants to say.
@@ -27,7 +34,8 @@ digest and only then records the nonce.  ``verify`` is the two in a row.
 
 Keys are per channel (``Secret.channel_key(sender, receiver, "http")``): an LM's
 worker pool can check the LM's calls to it, yet cannot sign as that LM to anyone.
-Responses are signed too (``sign_response``), bound to the request's nonce.
+Responses are signed too (``sign_response``), bound to the request's nonce, with the
+answering process's incarnation (how a caller learns it).
 
 ``ACCESS_POLICY`` is the table of who may call what; ``authorize`` applies it.
 """
@@ -58,6 +66,9 @@ HEADER_NONCE = "X-Megha-Nonce"
 HEADER_DIGEST = "X-Megha-Content-SHA256"
 HEADER_SIGNATURE = "X-Megha-Signature"
 SIGNED_HEADERS = (HEADER_IDENTITY, HEADER_TIMESTAMP, HEADER_NONCE, HEADER_DIGEST, HEADER_SIGNATURE)
+HEADER_INCARNATION = "X-Megha-Incarnation"
+"""On a request: the incarnation of the receiver it is meant for; on an answer: the
+answering process's own.  MAC-ed with the rest; absent means none."""
 
 DEFAULT_MAX_AGE_S = 30.0
 DEFAULT_MAX_FUTURE_S = 5.0
@@ -67,6 +78,7 @@ _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MILLIS = re.compile(r"[0-9]{1,15}")
 _METHOD = re.compile(r"[A-Z]{1,16}")
+_INCARNATION = re.compile(r"[0-9a-f]{16,32}")
 
 Keyring = Mapping[Identity, bytes]
 """For one receiver: each caller it accepts -> the key of the channel caller -> receiver."""
@@ -85,6 +97,7 @@ class Refusal(StrEnum):
     REPLAYED = "replayed_nonce"
     REPLAY_CACHE_FULL = "replay_cache_full"
     FORBIDDEN = "forbidden_endpoint"
+    WRONG_INCARNATION = "wrong_incarnation"
 
 
 # ------------------------------------------------------------------ keys
@@ -102,12 +115,18 @@ def keyring_for(
 
 
 # ------------------------------------------------------------- signing
+def new_incarnation() -> str:
+    """A process's incarnation id: random, made once per process."""
+    return secrets.token_hex(8)
+
+
 def _canonical(
-    kind: str, method: str, path: str, identity: str, millis: str, nonce: str, digest: str
-) -> bytes:
+    kind: str, method: str, path: str, identity: str, millis: str, nonce: str, digest: str,
+    incarnation: str,
+) -> bytes:  # fmt: skip
     # Every field is newline-free (validated or hex), so the joined string is unambiguous.
     return "\n".join(
-        ("megha-http-v1", kind, method, path, identity, millis, nonce, digest)
+        ("megha-http-v2", kind, method, path, identity, millis, nonce, digest, incarnation)
     ).encode()
 
 
@@ -143,19 +162,26 @@ def _sign(
     key: bytes,
     now: float,
     nonce: str,
+    incarnation: str,
 ) -> dict[str, str]:
     if not _NONCE.fullmatch(nonce):
         raise ValueError("a nonce is 16-64 characters of [A-Za-z0-9_-]")
+    if incarnation and not _INCARNATION.fullmatch(incarnation):
+        raise ValueError("an incarnation is 16-32 lower hex digits")
     millis = str(math.floor(now * 1000))
     digest = hashlib.sha256(body).hexdigest()
     who = str(identity)
-    return {
+    canonical = _canonical(kind, method, path, who, millis, nonce, digest, incarnation)
+    out = {
         HEADER_IDENTITY: who,
         HEADER_TIMESTAMP: millis,
         HEADER_NONCE: nonce,
         HEADER_DIGEST: digest,
-        HEADER_SIGNATURE: _mac(key, _canonical(kind, method, path, who, millis, nonce, digest)),
+        HEADER_SIGNATURE: _mac(key, canonical),
     }
+    if incarnation:
+        out[HEADER_INCARNATION] = incarnation
+    return out
 
 
 def sign(
@@ -166,8 +192,10 @@ def sign(
     key: bytes,
     now: float,
     nonce: str | None = None,
+    incarnation: str = "",
 ) -> dict[str, str]:
-    """Headers that prove ``identity`` sends this request now.
+    """Headers that prove ``identity`` sends this request now, to the receiver's
+    incarnation ``incarnation`` (none: ``""``).
 
     ``path`` is the raw path with its query string, exactly as sent (aiohttp:
     ``URL.raw_path_qs`` on the client, ``request.raw_path`` on the server)."""
@@ -175,7 +203,8 @@ def sign(
     if not _METHOD.fullmatch(method):
         raise ValueError(f"bad HTTP method {method!r}")
     _check_path(path)
-    return _sign("request", method, path, body, identity, key, now, nonce or new_nonce())
+    nonce = nonce or new_nonce()
+    return _sign("request", method, path, body, identity, key, now, nonce, incarnation)
 
 
 def _refuse(reason: Refusal, message: str) -> Unauthorized:
@@ -209,6 +238,16 @@ class Claim:
     nonce: str
     digest: str
     signature: str
+    incarnation: str = ""
+
+
+def _incarnation_of(headers: Mapping[str, str]) -> str:
+    values = [v for k, v in headers.items() if k.lower() == HEADER_INCARNATION.lower()]
+    if len(values) > 1:
+        raise _refuse(Refusal.MALFORMED, f"header {HEADER_INCARNATION} given twice")
+    if values and not _INCARNATION.fullmatch(values[0]):
+        raise _refuse(Refusal.MALFORMED, f"{HEADER_INCARNATION} must be 16-32 lower hex digits")
+    return values[0] if values else ""
 
 
 def _parse(headers: Mapping[str, str]) -> Claim:
@@ -227,16 +266,17 @@ def _parse(headers: Mapping[str, str]) -> Claim:
         raise _refuse(Refusal.MALFORMED, f"{HEADER_NONCE} must be 16-64 of [A-Za-z0-9_-]")
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
-    return Claim(identity, millis, nonce, digest, signature)
+    return Claim(identity, millis, nonce, digest, signature, _incarnation_of(headers))
 
 
 def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:
     expected = _mac(
         key,
         _canonical(
-            kind, method.upper(), path, str(claim.identity), claim.millis, claim.nonce, claim.digest
+            kind, method.upper(), path, str(claim.identity), claim.millis, claim.nonce,
+            claim.digest, claim.incarnation,
         ),
-    )
+    )  # fmt: skip
     if not hmac.compare_digest(expected, claim.signature):
         raise _refuse(Refusal.BAD_SIGNATURE, f"bad signature for {claim.identity}")
 
@@ -301,13 +341,29 @@ def verify(
     return verify_body(claim, body, now, replay_cache)
 
 
+def check_incarnation(caller: Identity, claim: Claim, mine: str) -> None:
+    """Refuse a service's call meant for another incarnation than ``mine`` (or for none):
+    a replay after a restart or a fail-over (``wrong_incarnation``).  The operator's
+    calls are not bound (it may only read and ping)."""
+    if caller.role is Role.OPERATOR or claim.incarnation == mine:
+        return
+    meant = claim.incarnation or "none"
+    raise _refuse(
+        Refusal.WRONG_INCARNATION, f"{caller}'s call is for incarnation {meant}, not {mine}"
+    )
+
+
 def sign_response(
-    status: int, body: bytes, request_nonce: str, identity: Identity, key: bytes, now: float
-) -> dict[str, str]:
-    """Headers proving ``identity`` answered, with ``status`` and ``body``, the request
-    whose nonce was ``request_nonce``; ``key`` is ``signing_key(secret, identity, caller)``.
-    A response can never pass as a request, nor the reverse (a distinct kind is MAC-ed)."""
-    return _sign("response", "RESPONSE", f"/{status}", body, identity, key, now, request_nonce)
+    status: int, body: bytes, request_nonce: str, identity: Identity, key: bytes, now: float,
+    incarnation: str = "",
+) -> dict[str, str]:  # fmt: skip
+    """Headers proving ``identity`` (its incarnation ``incarnation``) answered, with
+    ``status`` and ``body``, the request whose nonce was ``request_nonce``; ``key`` is
+    ``signing_key(secret, identity, caller)``.  A response can never pass as a request,
+    nor the reverse (a distinct kind is MAC-ed)."""
+    return _sign(
+        "response", "RESPONSE", f"/{status}", body, identity, key, now, request_nonce, incarnation
+    )
 
 
 def verify_response(
@@ -320,8 +376,9 @@ def verify_response(
     now: float,
     *,
     max_age_s: float = DEFAULT_MAX_AGE_S,
-) -> None:
-    """Check an answer is ``expected``'s, to our request, unchanged, and recent."""
+) -> str:
+    """Check an answer is ``expected``'s, to our request, unchanged, and recent; the
+    answering process's incarnation (``""``: none given)."""
     claim = _parse(headers)
     if claim.identity != expected:
         raise _refuse(Refusal.UNKNOWN_IDENTITY, f"answer from {claim.identity}, not {expected}")
@@ -331,6 +388,7 @@ def verify_response(
     age = now - int(claim.millis) / 1000
     if age > max_age_s:
         raise _refuse(Refusal.STALE, f"answer {age:.1f} s old")
+    return claim.incarnation
 
 
 # -------------------------------------------------------- replay cache

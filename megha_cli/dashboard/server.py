@@ -6,6 +6,17 @@ fifth time) and opens a TCP connection to the broker; a process that does not an
 ``/`` (the page), ``/static/*``, ``/events`` (server-sent events: a snapshot at most
 once a second per view), ``/api/snapshot``, ``/api/task/{user}/{task_id}`` (the GM's
 ``/v1/tasks/{user}/{task_id}``, or "not available"), ``/health``.
+
+Who may see it (``guard``): every page but ``/health`` needs the dashboard's token
+(``$MEGHA_HOME/dashboard.token``, 0600, made once; ``megha dashboard`` prints the URL
+with it, ``$MEGHA_HOME/dashboard.url`` keeps it): ``/?token=...`` sets it as a cookie
+(HttpOnly, SameSite=Strict) and sends the page on without it in the address bar; API
+clients send ``Authorization: Bearer ...``.  A ``Host`` that is not this server's
+(``--host``, loopback, ``--allow-host``) is refused, so a DNS name rebound to 127.0.0.1
+reaches nothing, and so is a request from another origin.  At most ``MAX_STREAMS``
+``/events`` streams at once; one whose reader falls ``MAX_STREAM_BUFFER`` bytes behind,
+or takes a snapshot longer than ``WRITE_TIMEOUT_S`` to accept, is closed (the page's
+``EventSource`` opens another).
 """
 
 from __future__ import annotations
@@ -13,14 +24,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
 import os
 import re
+import secrets
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,6 +47,7 @@ from federation.ports import port_free
 from megha_cli.arguments import port_number
 from megha_cli.dashboard.aggregate import Board, Layout
 from security.access import Access, identity_of_process
+from security.files import read_private, write_private
 
 log = logging.getLogger("megha.dashboard")
 
@@ -49,6 +63,14 @@ STATIC = {
     "app.js": "text/javascript",
     "style.css": "text/css",
 }
+TOKEN_FILE = "dashboard.token"
+URL_FILE = "dashboard.url"
+MAX_STREAMS = 8
+"""``/events`` streams served at once (a page holds one): more are refused (503)."""
+MAX_STREAM_BUFFER = 1024 * 1024
+"""Bytes a stream may hold unsent for a reader that does not read: past it, closed."""
+WRITE_TIMEOUT_S = 10.0
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
 def _static(name: str) -> bytes:
@@ -187,22 +209,43 @@ async def snapshot(request: web.Request) -> web.Response:
 
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: the latest snapshot whenever there is a newer one, at most
-    once per ``MIN_PUSH_S``."""
-    poller = request.app[POLLER]
+    once per ``MIN_PUSH_S``; at most ``MAX_STREAMS`` streams, each closed when its
+    reader falls behind."""
+    poller, streams = request.app[POLLER], request.app[STREAMS]
+    if len(streams) >= MAX_STREAMS:
+        return _refused(503, "too_many_streams", f"{MAX_STREAMS} event streams are open")
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
-    await resp.prepare(request)
+    streams.add(resp)
+    try:
+        await resp.prepare(request)
+        await _push(request, resp, poller)
+    except (ConnectionResetError, TimeoutError):
+        pass  # the reader went, or stopped reading
+    finally:
+        streams.discard(resp)
+    return resp
+
+
+async def _push(request: web.Request, resp: web.StreamResponse, poller: Poller) -> None:
     loop = asyncio.get_running_loop()
     version, sent_at = -1, -MIN_PUSH_S
-    with contextlib.suppress(ConnectionResetError):
-        while True:
-            if poller.version <= version:
-                await poller.newer_than(version)
-            await asyncio.sleep(max(0.0, sent_at + MIN_PUSH_S - loop.time()))
-            version, sent_at = poller.version, loop.time()
-            await resp.write(f"data: {poller.snapshot}\n\n".encode())
-    return resp
+    while True:
+        if poller.version <= version:
+            with contextlib.suppress(TimeoutError):  # a second at most: is the reader there?
+                await asyncio.wait_for(poller.newer_than(version), MIN_PUSH_S)
+        await asyncio.sleep(max(0.0, sent_at + MIN_PUSH_S - loop.time()))
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return  # the reader went
+        if transport.get_write_buffer_size() > MAX_STREAM_BUFFER:
+            log.info("closing an event stream whose reader fell behind")
+            return
+        if poller.version <= version:
+            continue
+        version, sent_at = poller.version, loop.time()
+        await asyncio.wait_for(resp.write(f"data: {poller.snapshot}\n\n".encode()), WRITE_TIMEOUT_S)
 
 
 async def task(request: web.Request) -> web.Response:
@@ -216,8 +259,101 @@ async def health(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def build_app(cfg: FederationConfig, home: Path, interval_s: float = 1.0) -> web.Application:
-    app = web.Application()
+STREAMS = web.AppKey("streams", set)
+
+
+def _refused(status: int, reason: str, detail: str) -> web.Response:
+    return web.json_response({"error": reason, "detail": detail}, status=status)
+
+
+class Guard:
+    """Who may see the dashboard: its token, from its own host and origin."""
+
+    def __init__(self, token: str, port: int, hosts: list[str]) -> None:
+        self.token = token
+        self.cookie = f"megha_dashboard_{port}"
+        names = {*LOOPBACK, *hosts}
+        self.hosts = {f"{h}:{port}" for h in names} | ({*names} if port == 80 else set())
+        self.origins = {f"http://{h}" for h in self.hosts}
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        """Why ``request`` may not be served (None: it may)."""
+        if request.host not in self.hosts:
+            return _refused(403, "bad_host", f"Host {request.host[:100]!r} is not this dashboard's")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in self.origins:
+            return _refused(403, "bad_origin", f"a request from {origin[:100]!r}")
+        if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            return _refused(403, "bad_origin", "a request from another site")
+        if not self._holds_token(request):
+            return _refused(401, "no_token", "open the URL `megha dashboard` printed "
+                            f"(kept in $MEGHA_HOME/{URL_FILE})")  # fmt: skip
+        return None
+
+    def _holds_token(self, request: web.Request) -> bool:
+        auth = request.headers.get("Authorization", "")
+        given = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        given = given or request.cookies.get(self.cookie)
+        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def login(self, request: web.Request) -> web.Response | None:
+        """``/?token=...``: the token as a cookie, and the page without it in the URL."""
+        given = request.query.get("token")
+        if given is None or request.host not in self.hosts:
+            return None
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return _refused(401, "bad_token", "not this dashboard's token")
+        resp = web.Response(status=303, headers={"Location": "/"})
+        resp.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
+        return resp
+
+
+GUARD = web.AppKey("guard", Guard)
+
+
+@web.middleware
+async def guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every page but ``/health`` for the token's holder, at this host, from this origin."""
+    if request.path == "/health":
+        return await handler(request)
+    g = request.app[GUARD]
+    login = g.login(request) if request.path == "/" else None
+    refused = login or g.refusal(request)
+    if refused is not None:
+        return refused
+    return await handler(request)
+
+
+def dashboard_token(home: Path) -> str:
+    """The dashboard's token for the federation in ``home`` (made once, kept 0600)."""
+    path = home / TOKEN_FILE
+    if path.exists():
+        return read_private(path).decode().strip()
+    token = secrets.token_urlsafe(32)
+    write_private(path, (token + "\n").encode())
+    return token
+
+
+def dashboard_url(home: Path, host: str, port: int) -> str:
+    """The URL that opens the dashboard of ``home``, token included."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{shown}:{port}/?token={dashboard_token(home)}"
+
+
+def build_app(
+    cfg: FederationConfig,
+    home: Path,
+    interval_s: float = 1.0,
+    *,
+    port: int = 8099,
+    hosts: list[str] | None = None,
+) -> web.Application:
+    """The dashboard of ``home``, served on ``port`` under ``hosts`` (and loopback)."""
+    app = web.Application(middlewares=[guard])
+    app[GUARD] = Guard(dashboard_token(home), port, hosts or [])
+    app[STREAMS] = set()
 
     async def polling(app: web.Application) -> AsyncIterator[None]:
         poller = app[POLLER] = Poller(cfg, home, interval_s)
@@ -239,10 +375,13 @@ def build_app(cfg: FederationConfig, home: Path, interval_s: float = 1.0) -> web
     return app
 
 
-def serve(home: Path, host: str, port: int, interval_s: float) -> None:
+def serve(home: Path, host: str, port: int, interval_s: float, allow: list[str]) -> None:
     cfg = load_config(home / "federation.toml")
-    app = build_app(cfg, home, interval_s)
-    print(f"dashboard of {cfg.name!r} on http://{host}:{port}/ (state in {home})", flush=True)
+    hosts = [h for h in (host, *allow) if h not in ("0.0.0.0", "::", "")]
+    app = build_app(cfg, home, interval_s, port=port, hosts=hosts)
+    url = dashboard_url(home, host, port)
+    write_private(home / URL_FILE, (url + "\n").encode())
+    print(f"dashboard of {cfg.name!r} on {url} (state in {home})", flush=True)
     web.run_app(app, host=host, port=port, shutdown_timeout=1.0, print=None)
 
 
@@ -255,6 +394,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "state to whoever reaches it)",
     )
     p.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page may be reached by, besides --host and loopback (repeat); "
+        "any other Host header is refused (DNS rebinding)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s dashboard %(message)s")
-    serve(home_of(args.state_dir), args.host, args.port, args.interval)
+    serve(home_of(args.state_dir), args.host, args.port, args.interval, args.allow_host)
     return 0
 
 
@@ -283,7 +430,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         print(busy, file=sys.stderr)
         return 1
     try:
-        serve(home, args.host, args.port, args.interval)
+        serve(home, args.host, args.port, args.interval, args.allow_host)
     except OSError as exc:  # taken in the meantime, or not ours to listen on
         why = exc.strerror or str(exc)
         print(f"megha dashboard: cannot listen on {args.host}:{args.port} ({why})", file=sys.stderr)
@@ -297,7 +444,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a live web page of the running federation",
         description="Serve a page showing the federation recorded in $MEGHA_HOME: GMs, LMs "
         "and their partitions' bit-vectors, queues and shares per user, allocation times "
-        "and rates over the last minute, and a task search.  See docs/dashboard.md.",
+        "and rates over the last minute, and a task search.  It prints its URL with the "
+        "dashboard's token (also in $MEGHA_HOME/dashboard.url); without the token, or "
+        "reached under another host name, it shows nothing.  See docs/dashboard.md.",
     )
     p.add_argument("--state-dir", help="the federation's state ($MEGHA_HOME or ./.megha)")
     add_arguments(p)

@@ -116,6 +116,17 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
             return err.code, str(json.loads(err.read()).get("error"))
 
 
+def incarnation(url: str) -> str:
+    """The incarnation a service's ``/health`` names: what a service's call to it is
+    bound to (``runtime.http``; 503 while it starts, with the same body)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as resp:
+            return str(json.loads(resp.read())["incarnation"])
+    except urllib.error.HTTPError as err:
+        with err:
+            return str(json.loads(err.read())["incarnation"])
+
+
 def pid_of(home: Path, name: str) -> int:
     """The pid ``megha up`` recorded for process ``name``."""
     procs = json.loads((home / "pids.json").read_text())["processes"]

@@ -48,6 +48,7 @@ from common.messages import (
 )
 from common.model import TaskSpec
 from federation import provision
+from federation.processes import restart_service
 from megha_cli.users import revoke_user
 from request_generator.submitter import Submitter
 from security import sealing
@@ -55,7 +56,7 @@ from security.access import Access, load_tokens
 from security.identity import Identity, gm, lm, user, workers
 from security.secret import secret_path
 from tests import raw_http
-from tests.e2e.conftest import listen_dead_letters, post, service_state
+from tests.e2e.conftest import incarnation, listen_dead_letters, post, service_state
 from workload.jobs import Job
 
 pytestmark = pytest.mark.e2e
@@ -213,11 +214,26 @@ def broker_attacks(f: str) -> list[tuple[str, Identity, Callable[[AbstractChanne
 
 @pytest.mark.parametrize("case", range(len(broker_attacks("f"))))
 def test_the_broker_refuses(fed: Federation, case: int) -> None:
+    """Refused by permission: ``ACCESS_REFUSED``, nothing else.  (The broker checks
+    permission before existence: a ``NOT_FOUND`` means the act was allowed.)"""
     cfg, home = fed
     what, who, act = broker_attacks(cfg.name)[case]
     url = as_party(cfg, home, who).broker_urls()[0]
     got = asyncio.run(refused_by_broker(url, act))
-    assert got.startswith(("ACCESS_REFUSED", "NOT_FOUND")), f"{what} as {who}: {got}"
+    assert got.startswith("ACCESS_REFUSED"), f"{what} as {who}: {got}"
+
+
+def test_the_broker_lets_a_user_do_its_own_work(fed: Federation) -> None:
+    """The same acts on what is the user's own are accepted: the refusals above are the
+    broker's permissions at work, not a harness that refuses everything."""
+    cfg, home = fed
+    url = as_party(cfg, home, user("u0")).broker_urls()[0]
+    f = cfg.name
+    own = [
+        _publish(f"{f}.submit", "u0", b"\xc1"),  # its own queue (the GM dead-letters it)
+        _bind_private(f"{f}.events", "user.u0.#"),  # its own outcomes
+    ]
+    assert [asyncio.run(refused_by_broker(url, act)) for act in own] == ["accepted"] * 2
 
 
 def test_guest_has_no_access_to_the_federation(fed: Federation) -> None:
@@ -298,16 +314,50 @@ def _event(kind: EventKind, task: str, u: str, lm_name: str = "lm0") -> bytes:
 
 
 def test_forged_task_events_are_dead_lettered_with_their_reason(fed: Federation) -> None:
+    """Each forged batch is dead-lettered with its own reason (told apart by a header of
+    the test's, which the dead letter copies): unsealed, sealed under a key that is not
+    lm0's, and sealed by lm1 (a newer epoch than its own) about lm0.  The last moves
+    nothing of lm1's stream: gm0 still takes lm1's events (the good job at the end)."""
     cfg, home = fed
-    before = service_state(cfg, home, "gm0")["dead_lettered"]
+    assert asyncio.run(_forged_events(cfg, home)) == {
+        "unsealed": "missing_header",
+        "wrong-key": "bad_mac",
+        "lm1-as-lm0": "sender_mismatch",
+    }
+
+
+async def _forged_events(cfg: FederationConfig, home: Path) -> dict[str, str]:
+    sub = Submitter.operator(cfg, home)
+    await sub.open()
+    dead: dict[str, str] = {}
+
+    async def on_dead(msg: Any) -> None:
+        tag = (msg.headers or {}).get("x-attack")
+        if tag:
+            dead[str(tag)] = str(msg.headers["x-megha-reason"])
+
+    await listen_dead_letters(sub, cfg, on_dead)
     body = _event(EventKind.FINISHED, "victim.t0", "u0")
     secret = Access.in_home(home, cfg).secret
-    lm1_as_lm0 = sealing.seal(body, lm("lm1"), 1, 1, sealing.sealing_key(secret, lm("lm1")),
-                              stream="events.gm0")  # fmt: skip
-    for headers in (None, sealing.seal(body, lm("lm0"), 1, 1, b"x" * 32, stream="events.gm0"),
-                    lm1_as_lm0):  # fmt: skip
-        _operator_publish(cfg, home, f"{cfg.name}.events", "gm.gm0.lm0", body, headers)
-    assert _wait(lambda: service_state(cfg, home, "gm0")["dead_lettered"] >= before + 3)
+    lm1_key, stream = sealing.sealing_key(secret, lm("lm1")), "events.gm0"
+    forged: dict[str, dict[str, Any]] = {
+        "unsealed": {},
+        "wrong-key": dict(sealing.seal(body, lm("lm0"), 1, 1, b"x" * 32, stream=stream)),
+        "lm1-as-lm0": dict(sealing.seal(body, lm("lm1"), 2**62, 1, lm1_key, stream=stream)),
+    }
+    conn = await aio_pika.connect(Access.in_home(home, cfg).broker_urls()[0])
+    async with conn:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.get_exchange(f"{cfg.name}.events")
+        for tag, headers in forged.items():
+            msg = aio_pika.Message(body, headers={**headers, "x-attack": tag})
+            await ex.publish(msg, routing_key="gm.gm0.lm0")
+    for _ in range(150):
+        if len(dead) >= len(forged):
+            break
+        await asyncio.sleep(0.1)
+    await sub.close()
+    return dead
 
 
 # ------------------------------------------------------------------- tokens
@@ -482,11 +532,14 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
         raw = codec.encode(msg)
         signed = me.sign(lm("lm0"), "POST", where, raw, time.time())
         assert post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
-    # ... while in its own name it may (a job of its held long: 204, nothing to answer)
+    # ... while in its own name, bound to lm0's incarnation, it may (a job of its held
+    # long: 204, nothing to answer); unbound, or bound to another, it may not
     raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), user=UserId("u0"),
                                 job_id=JobId("j"), keep=False))  # fmt: skip
-    signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time())
-    assert post(cfg.lm_url("lm0") + "/v1/keep-ends", raw, signed)[0] == 204
+    url, bound = cfg.lm_url("lm0") + "/v1/keep-ends", incarnation(cfg.lm_url("lm0"))
+    for to, status in ((bound, 204), ("", 401), ("0" * 16, 401)):
+        signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time(), to)
+        assert post(url, raw, signed)[0] == status, to
     # a pool that reports in another LM's name
     rep = codec.encode(WorkerHeartbeat(lm=LmId("lm1"), nodes=(NodeIndex(0),), at=time.time()))
     signed = as_party(cfg, home, workers("lm0")).sign(
@@ -499,6 +552,23 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
             urllib.request.urlopen(cfg.url(name) + "/v1/state", timeout=10)
         err.value.close()
         assert err.value.code == 401
+
+
+def test_a_call_replayed_to_a_restarted_service_is_refused(fed: Federation) -> None:
+    """The replay cache is per process: a launch or a start captured in the last 30 s
+    was taken again by the process that replaced the one it was sent to.  A call names
+    the incarnation it is meant for."""
+    cfg, home = fed
+    me = as_party(cfg, home, gm("gm0"))
+    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm1"), user=UserId("u0"),
+                                job_id=JobId("replayed"), keep=False))  # fmt: skip
+    url = cfg.lm_url("lm1") + "/v1/keep-ends"
+    signed = me.sign(lm("lm1"), "POST", "/v1/keep-ends", raw, time.time(),
+                     incarnation(cfg.lm_url("lm1")))  # fmt: skip
+    assert post(url, raw, signed) == (204, "")  # taken
+    assert post(url, raw, signed) == (401, "replayed_nonce")  # by the same process
+    restart_service(home, cfg, "lm1")
+    assert post(url, raw, signed) == (401, "wrong_incarnation")  # by the next one
 
 
 def _refusals(cfg: FederationConfig, name: str) -> dict[str, float]:

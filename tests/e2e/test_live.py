@@ -24,8 +24,8 @@ from request_generator.bench import BenchOptions, run_bench
 from request_generator.submitter import SubmissionRefused, Submitter
 from runtime import broker
 from security.access import Access, load_tokens
-from security.identity import OPERATOR, Identity, gm, lm
-from tests.e2e.conftest import service_state
+from security.identity import OPERATOR, Identity, Role, gm, lm
+from tests.e2e.conftest import incarnation, service_state
 
 pytestmark = pytest.mark.e2e
 
@@ -121,11 +121,14 @@ def _pack(fields: object, tag: str = "launch") -> bytes:
 
 
 def _as(cfg: FederationConfig, home: Path, me: Identity, to: Identity) -> Any:
-    """Headers for a request from ``me`` to ``to``, signed with the federation's keys."""
+    """Headers for a request from ``me`` to ``to``, signed with the federation's keys
+    (bound to ``to``'s incarnation, as a service's calls are)."""
     access = Access.in_home(home, cfg, me)
+    name = f"{to.name}-workers" if to.role is Role.WORKERS else to.name
+    bound = incarnation(cfg.url(name)) if me != OPERATOR else ""
 
     def headers(path: str, body: bytes) -> dict[str, str]:
-        signed = access.sign(to, "POST", path, body, time.time())
+        signed = access.sign(to, "POST", path, body, time.time(), bound)
         return {**signed, "Content-Type": "application/x-msgpack"}
 
     return headers
@@ -167,7 +170,7 @@ def test_lm_refuses_bad_requests_and_keeps_serving(fed: Federation) -> None:
         got, answer = post(url, body, headers)
         assert (got, answer["error"]) == (status, reason), answer  # type: ignore[index]
     # forged, replayed, or from a party that may not launch
-    body = _pack(_launch_fields(cfg))
+    body = _pack(_launch_fields(cfg, duration=3.0))  # still running when counted below
     forged = {**as_gm(path, body), "X-Megha-Signature": "0" * 64}
     once = as_gm(path, body)
     assert post(url, body, once)[0] == 200

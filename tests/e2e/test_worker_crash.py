@@ -22,6 +22,7 @@ from security.access import Access
 from security.identity import lm, workers
 from tests.e2e.conftest import (
     assert_all_done,
+    incarnation,
     kill,
     pid_of,
     post,
@@ -74,7 +75,8 @@ def test_a_restarted_pool_takes_commands_only_once_its_lm_answered_its_registrat
     as_lm = Access.in_home(home, cfg, lm("lm0"))
 
     def stop() -> tuple[int, str]:
-        signed = as_lm.sign(workers("lm0"), "POST", "/v1/stop", raw, time.time())
+        bound = incarnation(cfg.worker_url("lm0"))  # the pool's, restarted or not
+        signed = as_lm.sign(workers("lm0"), "POST", "/v1/stop", raw, time.time(), bound)
         return post(cfg.worker_url("lm0") + "/v1/stop", raw, signed)
 
     assert stop() == (200, "")

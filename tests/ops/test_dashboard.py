@@ -1,9 +1,11 @@
 """``megha dashboard`` on a live federation, in headless Chromium (Debian's
 ``/usr/bin/chromium`` driven by playwright; no browser is downloaded).
 
-The page must count the GMs and LMs, follow a short bench as it runs, show an LM that
-was killed as down, and push at most one snapshot a second.  It writes a screenshot to
-the test's tmp dir, and to docs/dashboard.png with ``MEGHA_UPDATE_DOCS=1``."""
+The page must show nothing without its token, nor under a host name rebound to
+127.0.0.1 (DNS rebinding, made with Chromium's host resolver rules), count the GMs and
+LMs, follow a short bench as it runs, show an LM that was killed as down, and push at
+most one snapshot a second.  It writes a screenshot to the test's tmp dir, and to
+docs/dashboard.png with ``MEGHA_UPDATE_DOCS=1``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from federation.processes import kill, start_dashboard, stop_federation
+from megha_cli.dashboard.server import URL_FILE, dashboard_url
 from tests.e2e.conftest import Federation
 
 pytestmark = pytest.mark.e2e
@@ -54,12 +57,22 @@ def test_dashboard_follows_the_federation(
     cfg, home = make_federation(gms=2, lms=2, nodes_per_lm=4)
     port = _free_port()
     start_dashboard(cfg, home, port)
-    url = f"http://127.0.0.1:{port}/"
+    url = dashboard_url(home, "127.0.0.1", port)
+    assert (home / URL_FILE).read_text().strip() == url  # where `megha up` users find it
 
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        rebind = "--host-resolver-rules=MAP rebound.example 127.0.0.1"
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", rebind])
+        stranger = browser.new_page()
+        assert stranger.goto(f"http://127.0.0.1:{port}/").status == 401  # no token
+        assert "no_token" in stranger.content()
+        rebound = stranger.goto(url.replace("127.0.0.1", "rebound.example"))
+        assert rebound.status == 403  # even with the token: not this dashboard's host
+        assert "bad_host" in stranger.content()
+        stranger.close()
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)
+        assert "token=" not in page.url  # it went on to the page, the token in a cookie
         expect = sync_api.expect
         expect(page.locator("#gm-count")).to_have_text("2/2", timeout=10_000)
         expect(page.locator("#lm-count")).to_have_text("2/2")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -55,8 +56,10 @@ def test_created_secret_is_random_private_and_never_overwritten(tmp_path: Path) 
     assert mode(path) == 0o600
     assert mode(home) == 0o700
     text = path.read_text().strip()
-    assert len(text) == 64
-    assert int(text, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{64}", text), text  # 256 bits, as hex
+    # drawn at random: not mostly zeros, nor a few digits repeated (each p < 2**-50)
+    assert int(text, 16).bit_length() > 200
+    assert len(set(text)) >= 8
     assert load_secret(path).value == text.encode()
     with pytest.raises(ConfigError) as exc:
         create_secret_file(home)

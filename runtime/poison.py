@@ -1,0 +1,209 @@
+"""A consumer's record, on local disk, of the deliveries it is handling now: a delivery
+that was being handled when the process died is never handled blindly again.
+
+Classic queues count no deliveries: a job whose handling kills its GM (memory, a loop
+blocked past gunicorn's timeout) is redelivered first to the GM that comes back, which
+dies again, for ever.  So a GM writes a record (the delivery's key: queue, size and a
+digest of its body) before it handles a delivery and removes it after.  Records left
+when a process starts are deliveries its predecessor died in:
+
+* the predecessor died **alone** -- its gunicorn master (pid and start time) is ours, so
+  the worker died while its master lived: what a poison does -- and it was handling
+  one delivery: that delivery is **poison**, dead-lettered unhandled when it comes back;
+* otherwise (a kill of the whole service, a host restart, or several deliveries in
+  hand) each is a **suspect**: handled again, alone (no other delivery is handled
+  meanwhile) and recorded as such; a suspect found again at the next start is poison.
+
+A poison message thus takes a GM down once, or twice when another delivery was in hand
+at its first crash; and a GM killed from outside dead-letters nothing.  Verdicts wait on
+disk (``v-<key>``) until their delivery comes back, for at most ``VERDICT_TTL_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
+from pathlib import Path
+
+from common.config import CONFIG_ENV
+
+RUN_DIR_ENV = "MEGHA_RUN_DIR"
+"""Where a service keeps its records (default: ``run/`` beside its config file)."""
+VERDICT_TTL_S = 24 * 3600.0
+SAMPLE = 64 * 1024
+"""A body's key hashes its first and last ``SAMPLE`` bytes (and its size and queue):
+a delivery of 8 MiB costs two 64 KiB hashes, not one of 8 MiB."""
+
+log = logging.getLogger("megha.poison")
+
+
+class Verdict(StrEnum):
+    FRESH = "fresh"
+    SUSPECT = "suspect"
+    POISON = "poison"
+
+
+def delivery_key(queue: str, body: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{queue}\n{len(body)}\n".encode())
+    h.update(body[:SAMPLE])
+    h.update(body[-SAMPLE:] if len(body) > SAMPLE else b"")
+    return h.hexdigest()
+
+
+def master_identity() -> str:
+    """The process that supervises this one (gunicorn's master): its pid and start time
+    (a pid alone may be reused, e.g. pid 1 in a restarted container)."""
+    ppid = os.getppid()
+    try:
+        stat = Path(f"/proc/{ppid}/stat").read_text()
+        started = stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "?"
+    return f"{ppid}:{started}"
+
+
+def run_dir(federation: str, party: str) -> Path:
+    """``$MEGHA_RUN_DIR/<party>``, or ``run/<party>`` beside the config file, or
+    ``/tmp/megha-run/<federation>/<party>``."""
+    base = os.environ.get(RUN_DIR_ENV)
+    if base:
+        return Path(base) / party
+    config = os.environ.get(CONFIG_ENV)
+    if config:
+        return Path(config).resolve().parent / "run" / party
+    return Path("/tmp/megha-run") / federation / party
+
+
+class PoisonGuard:
+    """The records of one process's deliveries in hand, and the verdicts its
+    predecessors' records left."""
+
+    def __init__(self, directory: Path, *, master: str | None = None) -> None:
+        self.dir = directory
+        self.master = master if master is not None else master_identity()
+        self.verdicts: dict[str, Verdict] = {}
+        self.poisoned = 0
+        self._seq = itertools.count()
+        self._active = 0
+        self._exclusive = False
+        self._waiting_exclusive = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._broken = False
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._judge_leftovers()
+        except OSError as exc:
+            self._disable(exc)
+
+    def _disable(self, exc: OSError) -> None:
+        if not self._broken:
+            log.warning("no delivery records in %s (%s): a poison job may recur", self.dir, exc)
+        self._broken = True
+
+    def _judge_leftovers(self) -> None:
+        now = time.time()
+        records = []
+        for p in self.dir.glob("r-*"):
+            with contextlib.suppress(OSError, ValueError):
+                records.append(json.loads(p.read_text()))
+            p.unlink(missing_ok=True)
+        alone = len(records) == 1
+        for r in records:
+            poison = bool(r.get("suspect")) or (alone and r.get("master") == self.master)
+            verdict = Verdict.POISON if poison else Verdict.SUSPECT
+            (self.dir / f"v-{r['key']}").write_text(verdict.value)
+            log.warning("a delivery (%s) was in hand when the last process died: %s",
+                        r["key"], verdict.value)  # fmt: skip
+        for p in self.dir.glob("v-*"):
+            if now - p.stat().st_mtime > VERDICT_TTL_S:
+                p.unlink(missing_ok=True)
+                continue
+            with contextlib.suppress(ValueError):
+                self.verdicts[p.name[2:]] = Verdict(p.read_text().strip())
+
+    def verdict(self, key: str, *, redelivered: bool) -> Verdict:
+        """What to do with a delivery: only one that was in hand at a death (and so comes
+        back redelivered) has a verdict."""
+        if not redelivered:
+            return Verdict.FRESH
+        return self.verdicts.get(key, Verdict.FRESH)
+
+    def settle(self, key: str) -> None:
+        """The delivery of ``key`` was dead-lettered or handled: its verdict is spent."""
+        if self.verdicts.pop(key, None) is not None:
+            with contextlib.suppress(OSError):
+                (self.dir / f"v-{key}").unlink(missing_ok=True)
+
+    @contextlib.asynccontextmanager
+    async def handling(self, key: str, verdict: Verdict = Verdict.FRESH) -> AsyncIterator[None]:
+        """Hold a record of the delivery ``key`` while it is handled; a suspect is
+        handled alone."""
+        alone = verdict is Verdict.SUSPECT
+        await self._enter(alone)
+        path = self._record(key, suspect=alone)
+        try:
+            yield
+        finally:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self._leave(alone)
+            if alone:
+                self.settle(key)
+
+    def _record(self, key: str, *, suspect: bool) -> str | None:
+        if self._broken:
+            return None
+        path = str(self.dir / f"r-{os.getpid()}-{next(self._seq)}")
+        data = json.dumps({"key": key, "master": self.master, "suspect": suspect}).encode()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._disable(exc)
+            return None
+        return path
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def _enter(self, alone: bool) -> None:
+        if not alone:
+            await self._until(lambda: not self._exclusive and not self._waiting_exclusive)
+            self._active += 1
+            return
+        self._waiting_exclusive += 1
+        try:
+            await self._until(lambda: not self._exclusive and not self._active)
+        finally:
+            self._waiting_exclusive -= 1
+            self._wake()
+        self._exclusive = True
+
+    def _leave(self, alone: bool) -> None:
+        if alone:
+            self._exclusive = False
+        else:
+            self._active -= 1
+        self._wake()
