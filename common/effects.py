@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
+    CancelTasks,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
@@ -45,6 +46,7 @@ class ToLm:
         | PreemptRequest
         | SnapshotRequest
         | KeepEnds
+        | CancelTasks
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers

@@ -10,12 +10,12 @@ others travel inside one.  Change one with ``msgspec.structs.replace``.
 Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
 
     user  ⇒ GM      SubmitJob                     GM ⇒ user    TaskOutcomes
-    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds
+    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds, CancelTasks
     LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
     LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
     LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat,
                                                               RegisterWorkers (-> Registered)
-    ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed
+    ↺ GM            AdmitJob, CancelJob, Decide, RequestSnapshots, RequestFailed
     ↺ LM            Heartbeat, CheckWorkers       ↺ pool      TaskDue, CommandStarted/Exited
     any → caller    Refused (a request a core will not take, with the reason)
 
@@ -633,8 +633,31 @@ class Refused(Wire, frozen=True, kw_only=True):
     detail: Text = ""
 
 
+# ------------------------------------------------------------------ cancel
+@message("cancel_job")
+class CancelJob(Wire, frozen=True, kw_only=True):
+    """A user (through its GM's front door) -> the GM core: cancel job ``job_id``.
+    Its queued tasks are dropped, its running ones stopped (``CancelTasks``); each ends
+    ``cancelled`` unless it ended otherwise first.  Idempotent."""
+
+    user: UserId
+    job_id: JobId
+
+
+@message("cancel_tasks")
+class CancelTasks(Wire, frozen=True, kw_only=True):
+    """GM -> LM: stop these attempts of cancelled tasks, as a preemption stops them.
+    Each goes back to its GM (``PREEMPTED``) once its pool confirms the stop; an
+    attempt the LM no longer holds is ignored."""
+
+    gm: GmId
+    lm: LmId
+    tasks: Annotated[tuple[PlacedRef, ...], n_items(1, MAX_JOB_TASKS)]
+
+
 GmInput = (
     AdmitJob
+    | CancelJob
     | Decide
     | RequestSnapshots
     | StateUpdated
@@ -646,6 +669,7 @@ GmInput = (
 )
 LmInput = (
     LaunchRequest
+    | CancelTasks
     | PreemptRequest
     | SnapshotRequest
     | WorkerReports

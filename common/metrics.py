@@ -112,6 +112,8 @@ class GmCounters(Counters):
     jobs_refused: int = 0
     jobs_settled: int = 0
     tasks_finished: int = 0
+    jobs_cancelled: int = 0
+    """Cancels of a job this GM held (``CancelJob``; a repeated one counts again)."""
 
 
 @dataclass(slots=True)

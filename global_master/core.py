@@ -40,11 +40,14 @@ from common.messages import (
     ENDS_RETAINED_S,
     AdmitJob,
     AdmitMore,
+    CancelJob,
+    CancelTasks,
     Decide,
     EventKind,
     HeldTask,
     KeepEnds,
     LaunchResponse,
+    PlacedRef,
     Placement,
     PlacementResult,
     PreemptResponse,
@@ -65,6 +68,7 @@ from global_master.admission import Admission, AdmissionLimits, Admissions, Clus
 from global_master.fairness import Fairness, Grace, NoVictim
 from global_master.journal import Journal
 from global_master.ledger import InFlight, Ledger, round_trip
+from global_master.lifecycle import JobBook
 from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.queues import UserQueues
@@ -74,6 +78,9 @@ from global_master.view import LmView, Views
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
 _MISSING = PlacementResult(accepted=False, reason="missing_result")
+_ENDED = (TaskState.FINISHED, TaskState.FAILED)
+CANCELLED = "cancelled"
+"""The reason a task of a cancelled job ended with (``TaskOutcome.reason``)."""
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
@@ -95,6 +102,7 @@ class GlobalMaster:
         overload: OverloadPolicy | None = None,
         admit_slice: int = 1000,
         keep_ends_after_s: float = ENDS_RETAINED_S / 4,
+        book: JobBook | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.journal = journal
@@ -118,6 +126,9 @@ class GlobalMaster:
         self.recovery = Recovery(gm_id, limit=limits.recent_jobs)
         self.outbox = Outbox(gm_id, overload)
         self.placer = Placer(gm_id, self.lms, max_retries)
+        self.cancelled: set[TaskKey] = set()
+        """Tasks of cancelled jobs not yet ended (``_on_cancel``): none is placed again."""
+        self.book = book
         self.fairness = Fairness(users, overload)
         self.views = self.lm_views.by_lm
         self.admitting, self.held_admissions = self.admission.admitting, self.admission.held
@@ -130,6 +141,7 @@ class GlobalMaster:
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             AdmitJob: lambda msg, now: self._admit_job(msg, now, now),
             AdmitMore: self._on_admit_more,
+            CancelJob: self._on_cancel,
             Decide: lambda msg, now: self.decide(now, msg.max_tasks),
             RequestSnapshots: self._on_request_snapshots,
             StateUpdated: self._on_state_update,
@@ -157,6 +169,8 @@ class GlobalMaster:
         if self._held:  # placements held back may leave now
             for lm, placements in self.outbox.release_held(now):
                 self._send_launch(lm, placements, effects, now)
+        if self.book is not None:
+            self.book.observe(msg, effects, now, self.ledger)
         return effects
 
     # ------------------------------------------------------------ read-only
@@ -297,6 +311,8 @@ class GlobalMaster:
             return [self._refuse(job, dag)]
         if adm.queued == 0:
             self.ledger.open_job((job.user, job.job_id), adm.keys(), now, adm.redelivered)
+            if self.book is not None:
+                self.book.opened(job, now)
             self.counters.jobs_admitted += 1
         adm.queued_upto(end, tasks)
         for t in tasks:
@@ -363,6 +379,56 @@ class GlobalMaster:
             return [*effects, JobSettled(job.job_id, job.user, resume=True)]
         return effects
 
+    # ------------------------------------------------------------------ cancel
+    def _on_cancel(self, msg: CancelJob, now: float) -> list[Effect]:
+        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, its
+        placed ones are stopped through their LMs (as a preemption stops them) and end
+        when the stop is confirmed; one in flight is stopped once its LM accepts it.
+        None is placed after this.  Idempotent; a job unknown here changes nothing."""
+        jk = (msg.user, msg.job_id)
+        rec = self.jobs.get(jk)
+        keys = rec.tasks if rec is not None else self._admitting_keys(jk)
+        effects: list[Effect] = []
+        stops: dict[LmId, list[Task]] = {}
+        for key in keys:  # also those a large job has not queued yet
+            if key in self.cancelled or self.ledger.state_of(key) in _ENDED:
+                continue
+            self.cancelled.add(key)
+            task = self.live.get(key)
+            if task is None or key in self.inflight:
+                continue  # queued later (then dropped), or stopped once accepted
+            if key in self.placed:
+                if task.lm is not None:
+                    stops.setdefault(task.lm, []).append(task)
+            elif not self.queues.held_back(task):  # held back: ends with its parents
+                self.queues.remove(task)
+                self._cancel_ends(task, effects)
+        effects += [self._stop(lm, tasks) for lm, tasks in stops.items()]
+        if keys:
+            self.counters.jobs_cancelled += 1
+        return effects
+
+    def _admitting_keys(self, jk: tuple[UserId, JobId]) -> list[TaskKey]:
+        """The tasks of job ``jk`` if it is still being admitted (none queued yet, or
+        held behind its user's job being admitted): dropped as they come."""
+        adm = self.admitting.get(jk)
+        jobs = [adm.job] if adm is not None else []
+        jobs += [m.job for m, _ in self.held_admissions.get(jk[0], ()) if m.job.job_id == jk[1]]
+        return [(s.user, s.task_id) for job in jobs[:1] for s in job.tasks]
+
+    def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm:
+        """Ask ``lm`` to stop the current attempts of cancelled ``tasks``."""
+        assert lm is not None
+        refs = tuple(PlacedRef(user=t.user, task_id=t.task_id, attempt=t.attempt) for t in tasks)
+        return ToLm(lm, CancelTasks(gm=self.gm_id, lm=lm, tasks=refs))
+
+    def _cancel_ends(self, task: Task, effects: list[Effect]) -> None:
+        """A cancelled task runs no more: it ends ``cancelled``, with the tasks of later
+        DAG stages that were waiting for it."""
+        self._ended(task, effects, finished=False, reason=CANCELLED)
+        for lost in self.queues.abandon(task, 0.0):
+            self._ended(lost, effects, finished=False, reason=CANCELLED)
+
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
@@ -414,6 +480,7 @@ class GlobalMaster:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
         key = task.key
+        self.cancelled.discard(key)
         if self.journal is not None:
             self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
@@ -490,6 +557,9 @@ class GlobalMaster:
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
+        if self.cancelled and task.key in self.cancelled:
+            self._cancel_ends(task, effects)
+            return
         task.decisions += 1
         mask, demand = task.constraints, task.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
@@ -695,7 +765,11 @@ class GlobalMaster:
 
     def _back_to_front(self, task: Task, now: float, effects: list[Effect]) -> None:
         """A task placed on an LM came back (preempted, requeued, lost with its LM): to
-        the front of its own queue, kept on the broker if its job was acknowledged."""
+        the front of its own queue, kept on the broker if its job was acknowledged.
+        A cancelled one ends here (its stop, or its LM's loss of it)."""
+        if self.cancelled and task.key in self.cancelled:
+            self._cancel_ends(task, effects)
+            return
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
@@ -779,6 +853,8 @@ class GlobalMaster:
         self._settle(task, effects)
         if reason not in ("finished", "failed"):
             self.placed[task.key] = task
+            if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
+                effects.append(self._stop(task.lm, [task]))
             return
         task.finished_at = now
         self._end(task, reason == "finished", "failed on worker", now, effects)

@@ -45,6 +45,7 @@ from common.effects import Effect, Record, Reply, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     ENDS_RETAINED_S,
+    CancelTasks,
     CheckWorkers,
     EndedAttempt,
     EventKind,
@@ -133,6 +134,7 @@ class LocalMaster:
             PreemptRequest: self._on_preempt,
             SnapshotRequest: self._on_snapshot_request,
             KeepEnds: self._on_keep_ends,
+            CancelTasks: self._on_cancel,
             WorkerReports: self._on_worker_reports,
             WorkerHeartbeat: self._on_worker_heartbeat,
             RegisterWorkers: self._on_register,
@@ -375,6 +377,22 @@ class LocalMaster:
         if not self.ends.keep((msg.gm, msg.user, msg.job_id), msg.keep, now):
             self.counters.stale_keep_ends += 1
         return []
+
+    def _on_cancel(self, msg: CancelTasks, now: float) -> list[Effect]:
+        """A GM cancels tasks it placed here: each attempt it names (or a newer one this
+        LM made, a relaunch) is stopped as a preempted one is (``nodes.stop``), and goes
+        back to the GM once its pool confirms the stop.  Unheld ones: ignored."""
+        if (refused := self.address.refuse(msg.lm, msg.gm)) is not None:
+            return [Reply(refused)]
+        effects: list[Effect] = []
+        for ref in msg.tasks:
+            key = (ref.user, ref.task_id)
+            a = self.nodes.active.get(key)
+            if a is None or a.gm != msg.gm or a.attempt < ref.attempt:
+                continue
+            self.nodes.stop(key)
+            effects.append(ToWorker(a.stop()))
+        return effects
 
     # ---------------------------------------------------------------- workers
     def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:

@@ -21,6 +21,8 @@ from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     AdmitJob,
     AdmitMore,
+    CancelJob,
+    CancelTasks,
     CheckLease,
     CheckWorkers,
     ClusterLayout,
@@ -217,6 +219,10 @@ def samples() -> dict[str, object]:
             ended=EndedAttempt(start=START, report=REPORT_FULL)
         ),
         "keep_ends": KeepEnds(gm=GM, lm=LM, user=USER, job_id=JOB, keep=False),
+        "cancel_job": CancelJob(user=USER, job_id=JOB),
+        "cancel_tasks": CancelTasks(
+            gm=GM, lm=LM, tasks=(PlacedRef(user=USER, task_id=TaskId("t-1"), attempt=2**32),)
+        ),
         "launch": LaunchRequest(
             gm=GM,
             lm=LM,
