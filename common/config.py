@@ -125,6 +125,11 @@ class FederationConfig:
     """Tasks one user may have on a GM at once (queued, in flight or running); a job that
     would pass it is refused (``user_task_limit``).  About 1 KB of GM memory each.
     0: no limit."""
+    job_history_s: float = 3600.0
+    """How long a GM keeps a user's ended job for ``megha job``/``jobs``/``logs`` and the
+    front door (``global_master.lifecycle``); kept in memory, gone with a GM restart."""
+    job_history_per_user: int = 1000
+    """At most this many of one user's ended jobs are kept (the oldest go first)."""
     task_commands: bool = False
     """Whether workers run a task's ``command`` (off: every task holds its resources for
     its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""

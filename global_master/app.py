@@ -35,6 +35,7 @@ from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
+    CancelTasks,
     Decide,
     JobRefusal,
     KeepEnds,
@@ -55,10 +56,11 @@ from common.messages import (
 )
 from common.metrics import percentiles
 from common.model import WaitReason
-from global_master import inspect, intake
+from global_master import frontdoor, inspect, intake
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
+from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
 from runtime import broker as amqp
 from runtime import faults, h1, poison
@@ -98,6 +100,7 @@ ROUTES: dict[type, tuple[str, type]] = {
     PreemptRequest: ("/v1/preempt", PreemptResponse),
     SnapshotRequest: ("/v1/snapshot", StateSnapshot),
     KeepEnds: ("/v1/keep-ends", Refused),  # answered 204 (a refusal is a 4xx)
+    CancelTasks: ("/v1/cancel", Refused),  # answered 204
 }
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
@@ -124,6 +127,7 @@ def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
         ),
         journal=Journal(),
         overload=cfg.overload,
+        book=JobBook(per_user=cfg.job_history_per_user, keep_s=cfg.job_history_s),
     )
 
 
@@ -429,6 +433,15 @@ class GmService:
         self.tokens.refresh(time.time())
         self.tokens.verify(user, head.token)
 
+    def front_door(self) -> frontdoor.FrontDoor:
+        """Users' calls (``global_master.frontdoor``): their jobs go to their queues."""
+
+        async def publish(job: SubmitJob) -> None:
+            body = amqp.persistent(codec.encode(job))
+            await self.broker.publish("submit", names.submit_key(job.user), body)
+
+        return frontdoor.FrontDoor(self.core, self.tokens, publish, self.feed, self.cfg.gm_url)
+
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
@@ -470,7 +483,7 @@ class GmService:
             )
             if repartitions and faults.taken("die_on_repartition"):
                 faults.die()  # the LM took it; this GM never will
-        elif isinstance(msg, KeepEnds):
+        elif isinstance(msg, KeepEnds | CancelTasks):
             async with self._keep_ends_order.setdefault(eff.lm, asyncio.Lock()):
                 await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
             return
@@ -669,6 +682,7 @@ def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Applicatio
     app.router.add_get("/v1/inspect", overview)
     app.router.add_get("/v1/tasks/{user}/{task_id}", task)
     app.router.add_get("/v1/find/{id}", find)
+    frontdoor.add_routes(app, svc.front_door())
     return app
 
 

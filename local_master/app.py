@@ -30,6 +30,7 @@ from common.config import STATE_ENV, FederationConfig
 from common.effects import Record, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId
 from common.messages import (
+    CancelTasks,
     CheckWorkers,
     Heartbeat,
     KeepEnds,
@@ -428,6 +429,7 @@ def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Applicatio
         "/v1/preempt": PreemptRequest,
         "/v1/snapshot": SnapshotRequest,
         "/v1/keep-ends": KeepEnds,
+        "/v1/cancel": CancelTasks,
         "/v1/worker-report": WorkerReports,
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,

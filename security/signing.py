@@ -519,9 +519,13 @@ def _rule(
 
 
 ACCESS_POLICY: tuple[Rule, ...] = (
-    # GMs ask any LM to launch, preempt, for a fresh snapshot, and to keep a job's ends.
+    # GMs ask any LM to launch, preempt, for a fresh snapshot, to keep a job's ends, and
+    # to stop the tasks of a cancelled job.
     _rule(
-        [Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends"], Role.GM
+        [Role.LM],
+        "POST",
+        ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends", "/v1/cancel"],
+        Role.GM,
     ),
     # An LM's worker pool reports to, heartbeats and registers with its own LM only.
     _rule(
@@ -549,6 +553,17 @@ gauges; no task, user or key)."""
 
 def is_public(method: str, path: str) -> bool:
     return (method.upper(), path.split("?", 1)[0]) in PUBLIC_ENDPOINTS
+
+
+USER_API_PREFIX = "/api/"
+"""The GMs' front door (``global_master.frontdoor``): users prove themselves there by
+their tokens, not by service signatures; ``/openapi.json`` documents it."""
+
+
+def is_user_api(method: str, path: str) -> bool:
+    """Answered to users (token-checked by the handler), not to signed services."""
+    route = path.split("?", 1)[0]
+    return route.startswith(USER_API_PREFIX) or (method.upper(), route) == ("GET", "/openapi.json")
 
 
 def may_call(caller: Identity, service: Identity, method: str, path: str) -> bool:
