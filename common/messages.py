@@ -31,6 +31,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Annotated
 
+from msgspec import Meta
+
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.model import Resources, Seconds, Task, TaskSpec, Time
 from common.schema import Map, Seq, Text, UInt, Wire, in_range, message, n_items
@@ -39,6 +41,12 @@ Version = Annotated[int, in_range(-1, None)]
 """An LM state version (``-1``: nothing known yet)."""
 MAX_JOB_TASKS = 100_000
 MAX_STAGES = 10_000
+OUTPUT_BYTES = 64 * 1024
+"""Of a task's stdout and of its stderr, the last this many bytes travel with its end."""
+Output = Annotated[bytes, Meta(max_length=OUTPUT_BYTES)]
+"""What a task's command wrote (commands on), cut to its last ``OUTPUT_BYTES``."""
+ExitCode = Annotated[int, in_range(0, 255)] | None
+"""A command's exit status (None: a synthetic task, or a command ended by a signal)."""
 
 
 class EventKind(IntEnum):
@@ -279,6 +287,10 @@ class TaskEvent(Wire, frozen=True, kw_only=True):
     """The task's job and when it entered its GM's queue, as the LM holds them: a GM
     that restarted and has no record of the task can still tell its user of its end."""
     queued_at: Time = -1.0
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
+    """An end's exit status and output (commands on), for its user (``megha logs``)."""
 
 
 @message("task_events")
@@ -429,6 +441,10 @@ class WorkerReport(Wire, frozen=True, kw_only=True):
     """The task's job and queue time, from its start: an LM that does not hold the task
     (it restarted) passes them on, so its GM can tell the user of its end."""
     queued_at: Time = -1.0
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
+    """An end's exit status and output (commands on), passed on in its ``TaskEvent``."""
 
 
 @message("worker_reports")
@@ -622,6 +638,9 @@ class CommandExited(Wire, frozen=True, kw_only=True):
     attempt: UInt
     ok: bool
     detail: Text = ""
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
 
 
 # ----------------------------------------------------------------- answers

@@ -28,14 +28,19 @@ from typing import Any
 
 from common.effects import Effect, JobRefused, ToUser
 from common.ids import JobId, TaskId, UserId
-from common.messages import CancelJob, EventKind, SubmitJob, TaskEvents, TaskOutcome
+from common.messages import (
+    OUTPUT_BYTES,
+    CancelJob,
+    EventKind,
+    SubmitJob,
+    TaskEvents,
+    TaskOutcome,
+)
 from common.model import TaskState
 from global_master.ledger import Ledger
 
 __all__ = ["OUTPUT_BYTES", "JobBook", "JobStatus", "TaskStatus"]
 
-OUTPUT_BYTES = 64 * 1024
-"""Of a task's stdout and of its stderr, the last this many bytes are kept."""
 CANCELLED = "cancelled"
 
 
@@ -169,10 +174,8 @@ class JobBook:
             if ev.started_at >= 0 and t.started_at < 0:
                 t.started_at = ev.started_at
             if ev.kind in (EventKind.FINISHED, EventKind.FAILED):
-                code = getattr(ev, "exit_code", None)
-                t.exit_code = code if code is not None else t.exit_code
-                t.stdout = (t.stdout + getattr(ev, "stdout", b""))[-OUTPUT_BYTES:]
-                t.stderr = (t.stderr + getattr(ev, "stderr", b""))[-OUTPUT_BYTES:]
+                t.exit_code = ev.exit_code
+                t.stdout, t.stderr = ev.stdout[-OUTPUT_BYTES:], ev.stderr[-OUTPUT_BYTES:]
 
     def _outcome(self, out: TaskOutcome, now: float) -> None:
         task = out.task

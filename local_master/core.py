@@ -432,7 +432,10 @@ class LocalMaster:
         ok = rep.kind == ReportKind.FINISHED
         self.ends.retire(key, a.gm, a.held(ended_at=rep.at, ok=ok), now)
         kind = EventKind.FINISHED if ok else EventKind.FAILED
-        effects.append(ToGm(a.gm, nodes.event(kind, a, rep.at, rep.detail)))
+        ev = nodes.event(kind, a, rep.at, rep.detail)
+        if rep.exit_code is not None or rep.stdout or rep.stderr:  # a command's end
+            ev = structs.replace(ev, exit_code=rep.exit_code, stdout=rep.stdout, stderr=rep.stderr)
+        effects.append(ToGm(a.gm, ev))
 
     def _stale_report(self, rep: WorkerReport, unheld: bool, effects: list[Effect]) -> None:
         """A report of an attempt this LM does not hold (preempted, superseded,

@@ -187,7 +187,14 @@ def samples() -> dict[str, object]:
         "check_lease": CheckLease(lease=2.5),
         "check_workers": CheckWorkers(timeout=3.0, lost_after=30.0),
         "command_exited": CommandExited(
-            user=USER, task_id=TaskId("t.0001"), attempt=1, ok=False, detail="exit status 1"
+            user=USER,
+            task_id=TaskId("t.0001"),
+            attempt=1,
+            ok=False,
+            detail="exit status 1",
+            exit_code=1,
+            stdout=b"",
+            stderr=b"\x00\xffno such file\n" * 20,
         ),
         "command_started": CommandStarted(user=USER, task_id=TaskId("t.0001"), attempt=1),
         "decide": Decide(max_tasks=64),
