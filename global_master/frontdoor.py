@@ -38,6 +38,10 @@ from security.tokens import TokenStore
 API = "/api/v1"
 MAX_JOB_BODY = 8 << 20
 """A job body (JSON) of at most this many bytes."""
+PENDING_S = 600.0
+"""A job published and not admitted within this long (its GM refused it before its
+core saw it: ``user_backlog``, ``too_many_edges``, ``poison``; see the dead letters) is
+forgotten here; its dead letter says why."""
 
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
@@ -67,6 +71,7 @@ class FrontDoor:
     # ------------------------------------------------------------ who asks
     def caller(self, request: web.Request) -> tuple[UserId, str]:
         """The user a request is from, its token checked; ``Unauthorized`` if not."""
+        self._forget_pending(time.time())
         user = request.headers.get("X-Megha-User", "")
         auth = request.headers.get("Authorization", "")
         if not user or not auth.startswith("Bearer "):
@@ -79,6 +84,13 @@ class FrontDoor:
         if rec.gm != self.core.gm_id:
             raise WrongGm(rec.gm, self.gm_url(rec.gm))
         return UserId(user), token
+
+    def _forget_pending(self, now: float) -> None:
+        while self.pending:
+            jk, sub = next(iter(self.pending.items()))
+            if sub.submitted_at + PENDING_S > now and self.book.get(*jk) is None:
+                return
+            del self.pending[jk]  # admitted (the book has it) or refused before the core
 
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:
