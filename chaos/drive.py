@@ -363,7 +363,7 @@ EVIDENCE = (
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
     "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
     "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused", "handler_errors",
-    "poisoned", "repartitions", "journal_restored",
+    "poisoned", "repartitions", "journal_restored", "orphans_queued",
 )  # fmt: skip
 
 
