@@ -110,6 +110,11 @@ class FederationConfig:
     cut to what their LM's (or pool's) idle nodes can spare: idle / (2 x their rate),
     by Little's law (``runtime.driver.Batcher``); without that, 2,000 tasks/s held
     more slots in waiting reports than the cluster has (0: never wait)."""
+    journal: bool = True
+    """Whether LMs and worker pools keep journals in ``$MEGHA_STATE_DIR`` (``megha up``
+    and compose always give one).  Without them a whole-federation restart loses the
+    tasks LMs had taken and ends not yet reported; off only to measure what they cost
+    (``benchmarks/bench_live.py --set journal=false``)."""
     journal_sync_s: float = 1.0
     """How often an LM and a worker pool ``fdatasync`` their journals (``runtime.journal``:
     what they held, ended and had not reported, in ``$MEGHA_STATE_DIR``).  A record is in

@@ -287,6 +287,10 @@ class TaskEvent(Wire, frozen=True, kw_only=True):
     """The task's job and when it entered its GM's queue, as the LM holds them: a GM
     that restarted and has no record of the task can still tell its user of its end."""
     queued_at: Time = -1.0
+    spec: TaskSpec | None = None
+    """The task itself, on the events that give it back to its GM (requeued, preempted):
+    a GM that restarted and holds no record of it queues it again from this (its job's
+    delivery may have been acknowledged before: nothing else holds the task)."""
     exit_code: ExitCode = None
     stdout: Output = b""
     stderr: Output = b""

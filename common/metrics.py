@@ -100,6 +100,9 @@ class GmCounters(Counters):
     redelivered_skipped: int = 0
     tasks_adopted: int = 0
     """Running tasks a restarted GM took over from the LMs' snapshots."""
+    orphans_queued: int = 0
+    """Tasks an LM gave back (requeued, preempted) that a restarted GM held no record of:
+    queued again from the event's spec (and kept on the broker)."""
     updates_applied: int = 0
     gaps: int = 0
     stale_updates: int = 0

@@ -567,7 +567,31 @@ def _env(p: ProcessSpec) -> list[Manifest]:
         env.append(
             {"name": INSTANCE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         )
+    if p.role != "gm":
+        env.append({"name": STATE_ENV, "value": STATE_DIR})
     return env
+
+
+STATE_STORAGE = "1Gi"
+"""What each LM's and worker pool's journal volume asks for (a journal is compacted past
+8 MiB, with one snapshot beside it)."""
+
+
+def state_claim(p: ProcessSpec) -> Manifest:
+    """The volume an LM or a worker pool keeps its journal on (``runtime.journal``), which
+    outlives its pods: a restart of the whole federation loses no task an LM took.  An
+    LM's active and standby share one (ReadWriteMany: the standby may run on another
+    node; it takes the journal over with the lead, after the former's lock); a pool's is
+    its own (ReadWriteOnce: one pod at a time, its Deployment recreates, never surges)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(f"{p.name}-state", _labels(p)),
+        "spec": {
+            "accessModes": ["ReadWriteMany" if p.role == "lm" else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": STATE_STORAGE}},
+        },
+    }
 
 
 def _secret_items(p: ProcessSpec) -> list[Manifest]:
@@ -649,6 +673,11 @@ def _pod(p: ProcessSpec) -> Manifest:
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         ],
     }
+    if p.role != "gm":  # its journal, on a claim that outlives the pod (state_claim)
+        container["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
+        spec["volumes"].append(
+            {"name": "state", "persistentVolumeClaim": {"claimName": f"{p.name}-state"}}
+        )
     if p.role == "lm":
         # Keep the standby off the active's node when the cluster has another.
         spec["affinity"] = {
@@ -926,6 +955,8 @@ def kubernetes(cfg: FederationConfig) -> list[Manifest]:
     for p in plan:
         docs.append(_workload(p))
         docs.extend(_services(p))
+        if p.role != "gm":
+            docs.append(state_claim(p))
     docs.append(bench_job(cfg))
     docs.extend(network_policies(cfg, plan))
     return docs

@@ -309,6 +309,18 @@ def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
     return pid
 
 
+def kill_all(home: Path) -> list[int]:
+    """SIGKILL every running process of the federation at once, each process group (a
+    host losing power, as far as the processes can tell); the pids it struck."""
+    struck = []
+    for pid in recorded(home).values():
+        if _is_ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+                struck.append(pid)
+    return struck
+
+
 FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
 """The signals ``megha kill`` names in its help (any other signal's name works too)."""
 

@@ -954,7 +954,7 @@ class GlobalMaster:
                 self.outbox.preempt_answered(fl.request_id)
         if task is None:
             self.counters.stale_events += 1
-            self._orphan(ev, effects)
+            self._orphan(ev, now, effects)
             return
         self._settle(task, effects)
         self.ledger.took(task, ev, now)
@@ -979,11 +979,18 @@ class GlobalMaster:
             self.counters.preempted_requeued += 1
         self._back_to_front(task, now, effects)
 
-    def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
+    def _orphan(self, ev: TaskEvent, now: float, effects: list[Effect]) -> None:
         """An event about a task of this GM's users that it does not hold: recovery
-        keeps it for the task's job; an end may be told to its user now."""
+        keeps it for the task's job; an end may be told to its user now; a task its LM
+        gave back is queued again (nothing else holds it)."""
         if ev.user not in self.queues or (ev.user, ev.task_id) in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
+        back = self.recovery.given_back(ev, self.gm_id)
+        if back is not None:
+            self.counters.orphans_queued += 1
+            self.live[back.key] = back
+            self._back_to_front(back, now, effects)
+            return
         recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
         end = self.recovery.orphan(ev, recent)
         if end is not None:

@@ -105,7 +105,7 @@ class LmService:
         self.state: DurableState | None = None
         """This LM's journal (``$MEGHA_STATE_DIR/<lm>``, shared with its standby, which
         takes it over with the lead): what it holds outlives every process."""
-        if state_root:
+        if state_root and cfg.journal:
             self.state = DurableState(os.path.join(state_root, lm), "lm", sync_s=cfg.journal_sync_s)
         self.sup = Supervisor(lm)
         self.core = self._new_core(epoch=0)

@@ -50,6 +50,8 @@ RECENT_REPARTITIONS = 64
 NO_ROOM = ("insufficient_resources", "node_down")
 """``check``'s refusals another node could avoid (rerouting); a broken placement is not."""
 _REPORT_EVENT = {ReportKind.FINISHED: EventKind.FINISHED, ReportKind.FAILED: EventKind.FAILED}
+_GIVEN_BACK = (EventKind.REQUEUED, EventKind.PREEMPTED)
+"""Events that hand a task back to its GM's queue: they carry the task's spec."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +211,7 @@ class NodeTable:
             attempt=a.attempt, node=a.node, node_free=tuple(self.free[a.node]),
             node_version=self.node_version[a.node], at=at, worker_at=a.worker_at,
             started_at=a.started_at, detail=detail, job_id=a.spec.job_id,
-            queued_at=a.queued_at,
+            queued_at=a.queued_at, spec=a.spec if kind in _GIVEN_BACK else None,
         )  # fmt: skip
 
     def report_event(self, rep: WorkerReport) -> TaskEvent:

@@ -80,7 +80,7 @@ class WorkerService:
         self.state: DurableState | None = None
         """This pool's journal (``$MEGHA_STATE_DIR/<lm>-workers``): the ends it has not had
         taken outlive its process, so a task that ended is never run again."""
-        if state_root:
+        if state_root and cfg.journal:
             self.state = DurableState(
                 os.path.join(state_root, f"{lm}-workers"), "pool", sync_s=cfg.journal_sync_s
             )

@@ -24,6 +24,7 @@ import pytest
 from common.config import (
     BROKER_ENV,
     CONFIG_ENV,
+    STATE_ENV,
     FederationConfig,
     ProcessSpec,
     parse_config,
@@ -137,6 +138,33 @@ def test_gms_are_stateless_deployments_and_each_lm_has_a_standby(docs: list[Mani
         pool = deployments[f"{lm}-workers"]
         assert pool["spec"]["replicas"] == 1
         assert pool["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_each_lm_and_pool_keeps_its_journal_on_a_claim_that_outlives_its_pods(
+    docs: list[Manifest],
+) -> None:
+    """Issue 30: the whole federation restarting loses no task an LM took, on Kubernetes
+    as with compose: each LM (active and standby share one claim, ReadWriteMany) and each
+    pool (its own, ReadWriteOnce) mounts a PersistentVolumeClaim at $MEGHA_STATE_DIR."""
+    cfg = federation(docs)
+    claims = by_kind(docs, "PersistentVolumeClaim")
+    deployments, statefulsets = by_kind(docs, "Deployment"), by_kind(docs, "StatefulSet")
+    for name, workload, mode in [
+        *((lm, statefulsets[lm], "ReadWriteMany") for lm in cfg.lm_ids),
+        *((f"{lm}-workers", deployments[f"{lm}-workers"], "ReadWriteOnce") for lm in cfg.lm_ids),
+    ]:
+        assert claims[f"{name}-state"]["spec"]["accessModes"] == [mode]
+        assert "volumeClaimTemplates" not in workload["spec"]  # one claim, not one per pod
+        (vol,) = [v for v in pod_spec(workload)["volumes"] if "persistentVolumeClaim" in v]
+        assert vol["persistentVolumeClaim"]["claimName"] == f"{name}-state"
+        (c,) = pod_spec(workload)["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+        assert env_of(c)[STATE_ENV]["value"] == mount["mountPath"]
+        assert not mount.get("readOnly")
+    for gm in cfg.gm_ids:  # stateless: what they held comes back from the broker
+        (c,) = pod_spec(deployments[gm])["containers"]
+        assert STATE_ENV not in env_of(c)
+    assert len(claims) == 2 * len(cfg.lm_ids)
 
 
 def test_rabbitmq_is_a_three_node_cluster_formed_by_kubernetes_peer_discovery(
