@@ -491,7 +491,7 @@ class GmService:
         while True:
             try:
                 return await peer.post(
-                    path, replace(msg, sent_at=time.time()), expect=(expect,), key=key
+                    path, replace(msg, sent_at=self.driver.clock()), expect=(expect,), key=key
                 )
             except PeerRefused as exc:
                 log.error("%s refused %s: %s", peer.name, path, exc)

@@ -50,7 +50,8 @@ from common.messages import (
 from local_master import inspect
 from local_master.core import LocalMaster
 from runtime import broker as amqp
-from runtime import h1
+from runtime import faults, h1
+from runtime.clock import steady
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import (
     Peer,
@@ -107,6 +108,7 @@ class LmService:
         if state_root and cfg.journal:
             self.state = DurableState(os.path.join(state_root, lm), "lm", sync_s=cfg.journal_sync_s)
         self.sup = Supervisor(lm)
+        faults.arm(lm)  # a chaos run may step its clock (runtime.clock)
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
@@ -187,7 +189,7 @@ class LmService:
         self.sealer = self.access.sealer(epoch)
         self.core = self._new_core(epoch)
         if self.state is not None:
-            self.core.restore(await self._take_journal(), time.time())
+            self.core.restore(await self._take_journal(), steady())
             self.sup.run_forever(self.state.sync_forever(), "journal sync")
         self.driver = CoreDriver(self.core, self.sup)
         d = self.driver
