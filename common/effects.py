@@ -19,6 +19,7 @@ from common.messages import (
     StartTask,
     StateUpdated,
     StopTask,
+    StopUserTasks,
     SubmitJob,
     TaskEvent,
     TaskOutcome,
@@ -45,6 +46,7 @@ class ToLm:
         | PreemptRequest
         | SnapshotRequest
         | KeepEnds
+        | StopUserTasks
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers

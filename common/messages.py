@@ -10,12 +10,12 @@ others travel inside one.  Change one with ``msgspec.structs.replace``.
 Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
 
     user  ⇒ GM      SubmitJob                     GM ⇒ user    TaskOutcomes
-    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds
-    LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
+    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds, StopUserTasks
+    LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot, UserTasksStopped (answers)
     LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
     LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat,
                                                               RegisterWorkers (-> Registered)
-    ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed
+    ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed, UserAccess
     ↺ LM            Heartbeat, CheckWorkers       ↺ pool      TaskDue, CommandStarted/Exited
     any → caller    Refused (a request a core will not take, with the reason)
 
@@ -240,6 +240,28 @@ class PreemptResponse(Wire, frozen=True, kw_only=True):
     request_sent_at: Time = -1.0
     received_at: Time = 0.0
     sent_at: Time = 0.0
+
+
+@message("stop_user_tasks")
+class StopUserTasks(Wire, frozen=True, kw_only=True):
+    """GM -> LM: stop every attempt of ``user`` that GM ``gm`` placed here (its token
+    was revoked: ``reason``).  Each goes back to the GM as ``PREEMPTED`` once its pool
+    stopped it, and the GM ends it with ``reason``."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    reason: Text = "user_revoked"
+
+
+@message("user_tasks_stopped")
+class UserTasksStopped(Wire, frozen=True, kw_only=True):
+    """LM -> GM: the attempts of ``user`` it stopped for ``StopUserTasks``."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    stopped: Seq[PlacedRef]
 
 
 @message("request_failed")
@@ -556,6 +578,15 @@ class Decide(Wire, frozen=True, kw_only=True):
     max_tasks: Annotated[int, in_range(1, None)] = 1
 
 
+@message("user_access")
+class UserAccess(Wire, frozen=True, kw_only=True):
+    """GM driver -> core: ``user``'s token was revoked (its tasks end ``user_revoked``,
+    queued or running), or issued again (``revoked`` false)."""
+
+    user: UserId
+    revoked: bool = True
+
+
 @message("request_snapshots")
 class RequestSnapshots(Wire, frozen=True, kw_only=True):
     """A (re)started GM asks every LM for a full snapshot."""
@@ -647,6 +678,8 @@ GmInput = (
     | PreemptResponse
     | RequestFailed
     | TaskEvents
+    | UserAccess
+    | UserTasksStopped
 )
 LmInput = (
     LaunchRequest
@@ -657,6 +690,7 @@ LmInput = (
     | RegisterWorkers
     | Heartbeat
     | CheckWorkers
+    | StopUserTasks
 )
 WorkerInput = (
     StartTasks

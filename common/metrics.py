@@ -115,6 +115,8 @@ class GmCounters(Counters):
     jobs_refused: int = 0
     jobs_settled: int = 0
     tasks_finished: int = 0
+    revoked_ended: int = 0
+    """Tasks of users whose token was revoked, ended ``user_revoked`` (queued or stopped)."""
 
 
 @dataclass(slots=True)
@@ -155,6 +157,8 @@ class LmCounters(Counters):
     """Attempts (held, stopping, ended) a new incarnation took back from its journal."""
     journal_skipped: int = 0
     """Journal records of nodes or GMs the federation no longer has (ignored)."""
+    revoked_stops: int = 0
+    """Attempts stopped because their user's token was revoked (``StopUserTasks``)."""
 
 
 @dataclass(slots=True)

@@ -36,9 +36,11 @@ from security.broker_acl import (
     Rabbitmqctl,
     make_credentials,
     provision,
+    remove_party,
     teardown,
 )
 from security.files import write_private
+from security.identity import Identity, Role
 from security.secret import SECRET_FILE_ENV, check_secret, ensure_secret_file, secret_path
 from security.tokens import TokenStore
 
@@ -121,6 +123,37 @@ def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
     creds = broker_credentials(cfg, home)
     provision(BrokerLayout.from_config(cfg), creds, ctl, allow_existing=again)
     return home / CREDENTIALS_FILENAME
+
+
+def revoke_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
+    """Delete ``user``'s broker login (the broker closes its open connections: it can
+    publish, consume or bind nothing more) and forget its password, so that it gets a
+    new one if it is added again.  What was done, in a few words."""
+    path = home / CREDENTIALS_FILENAME
+    if not path.exists():
+        return "no broker login to remove (--insecure-dev: the broker URL's own user)"
+    who = Identity(Role.USER, user)
+    remove_party(BrokerLayout.from_config(cfg), who, _rabbitmqctl(cfg))
+    creds = BrokerCredentials.load(path)
+    kept = {k: v for k, v in creds.passwords.items() if k != str(who)}
+    names = {k: v for k, v in creds.users.items() if k != str(who)}
+    BrokerCredentials(creds.scheme, creds.host, creds.port, creds.vhost, kept, names).save(path)
+    return f"deleted its broker login {creds.users.get(str(who), who)!r}; its connections closed"
+
+
+def restore_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
+    """``user``, issued a token again, gets a broker login again (a new password); the
+    logins of users still revoked stay removed."""
+    path = home / CREDENTIALS_FILENAME
+    if not path.exists() or str(Identity(Role.USER, user)) in BrokerCredentials.load(path).users:
+        return ""
+    ctl = _rabbitmqctl(cfg)
+    layout = BrokerLayout.from_config(cfg)
+    provision(layout, broker_credentials(cfg, home), ctl, allow_existing=True)
+    for rec in TokenStore.in_home(home).users():
+        if rec.revoked and rec.user != user and rec.user in dict(layout.users):
+            remove_party(layout, Identity(Role.USER, rec.user), ctl)
+    return "made its broker login again (a new password)"
 
 
 def issue_tokens(cfg: FederationConfig, home: Path) -> Path:

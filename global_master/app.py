@@ -48,10 +48,13 @@ from common.messages import (
     SnapshotRequest,
     StateSnapshot,
     StateUpdated,
+    StopUserTasks,
     SubmitJob,
     TaskEvents,
     TaskOutcome,
     TaskOutcomes,
+    UserAccess,
+    UserTasksStopped,
 )
 from common.metrics import percentiles
 from common.model import WaitReason
@@ -98,6 +101,7 @@ ROUTES: dict[type, tuple[str, type]] = {
     PreemptRequest: ("/v1/preempt", PreemptResponse),
     SnapshotRequest: ("/v1/snapshot", StateSnapshot),
     KeepEnds: ("/v1/keep-ends", Refused),  # answered 204 (a refusal is a 4xx)
+    StopUserTasks: ("/v1/stop-user", UserTasksStopped),
 }
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
@@ -225,7 +229,21 @@ class GmService:
         await self.broker.add_setup(self._consume_jobs_and_events)
         self.consuming = True
         self.sup.run_forever(self._decide_loop(), "decide loop")
+        self.sup.run_forever(self._watch_revocations(), "revocations")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
+
+    async def _watch_revocations(self) -> None:
+        """Once a second: users of this GM whose token was revoked (``megha user
+        revoke``) or issued again since the last look go to the core, which ends a
+        revoked user's tasks (``global_master.revocation``)."""
+        told: dict[str, bool] = {}
+        while True:
+            self.tokens.refresh(time.time())
+            for rec in self.tokens.users():
+                if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
+                    told[rec.user] = rec.revoked
+                    self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
+            await asyncio.sleep(1.0)
 
     async def _consume_state(self) -> None:
         """LM state updates (this GM's queue of them)."""

@@ -57,6 +57,8 @@ from common.messages import (
     TaskEvent,
     TaskEvents,
     TaskOutcome,
+    UserAccess,
+    UserTasksStopped,
 )
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
@@ -69,6 +71,7 @@ from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.queues import UserQueues
 from global_master.recovery import Recovery, Redelivered, left_behind, recovered_task, resume_job
+from global_master.revocation import USER_REVOKED, Revocations
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
@@ -119,6 +122,7 @@ class GlobalMaster:
         self.outbox = Outbox(gm_id, overload)
         self.placer = Placer(gm_id, self.lms, max_retries)
         self.fairness = Fairness(users, overload)
+        self.revocations = Revocations()
         self.views = self.lm_views.by_lm
         self.admitting, self.held_admissions = self.admission.admitting, self.admission.held
         self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
@@ -138,6 +142,8 @@ class GlobalMaster:
             PreemptResponse: self._on_preempt_response,
             RequestFailed: self._on_request_failed,
             TaskEvents: self._on_task_events,
+            UserAccess: self._on_user_access,
+            UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
         }
 
     # --------------------------------------------------------------- the entry
@@ -490,6 +496,9 @@ class GlobalMaster:
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
+        if task.user in self.revocations:  # came back from an LM (stopped) or crossed
+            self._revoked(task, effects)
+            return
         task.decisions += 1
         mask, demand = task.constraints, task.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
@@ -779,6 +788,8 @@ class GlobalMaster:
         self._settle(task, effects)
         if reason not in ("finished", "failed"):
             self.placed[task.key] = task
+            if task.user in self.revocations:  # the launch crossed the stop: stop it too
+                effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
             return
         task.finished_at = now
         self._end(task, reason == "finished", "failed on worker", now, effects)
@@ -840,6 +851,27 @@ class GlobalMaster:
         if not self._preempt(task, now, effects):
             self._requeue(task, now)
         return effects
+
+    # ------------------------------------------------------------ revocation
+    def _on_user_access(self, msg: UserAccess, now: float) -> list[Effect]:
+        """A user's token was revoked (``global_master.revocation``) or issued again."""
+        if msg.user not in self.queues:
+            return []
+        if not msg.revoked:
+            self.revocations.restore(msg.user)
+            return []
+        taken = self.revocations.revoke(msg.user, self.queues)
+        if taken is None:
+            return []
+        effects: list[Effect] = []
+        for task in taken:
+            self._revoked(task, effects)
+        effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
+        return effects
+
+    def _revoked(self, task: Task, effects: list[Effect]) -> None:
+        self.counters.revoked_ended += 1
+        self._fail(task, USER_REVOKED, effects)
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:

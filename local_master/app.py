@@ -42,6 +42,7 @@ from common.messages import (
     StartTasks,
     StopTask,
     StopTasks,
+    StopUserTasks,
     TaskEvent,
     TaskEvents,
     WorkerHeartbeat,
@@ -433,6 +434,7 @@ def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Applicatio
         "/v1/worker-report": WorkerReports,
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,
+        "/v1/stop-user": StopUserTasks,
     }
     app = service_app(cfg, svc, metrics, access, routes)
 

@@ -71,6 +71,8 @@ from common.messages import (
     StateSnapshot,
     StateUpdated,
     StopTask,
+    StopUserTasks,
+    UserTasksStopped,
     WorkerHeartbeat,
     WorkerReport,
     WorkerReports,
@@ -138,6 +140,7 @@ class LocalMaster:
             RegisterWorkers: self._on_register,
             Heartbeat: self._on_heartbeat,
             CheckWorkers: self._on_check_workers,
+            StopUserTasks: self._on_stop_user_tasks,
         }
 
     # --------------------------------------------------------------- the entry
@@ -347,6 +350,19 @@ class LocalMaster:
         self.counters.preemptions += 1
         effects.append(ToWorker(victim.stop()))
         return PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt)
+
+    def _on_stop_user_tasks(self, msg: StopUserTasks, now: float) -> list[Effect]:
+        """Stop every attempt of ``msg.user`` that GM ``msg.gm`` placed here (its token
+        was revoked), as a preemption stops a victim: each goes back to that GM once its
+        pool confirms the stop.  Another GM's placements are not touched."""
+        if (refused := self.address.refuse(msg.lm, msg.gm, ASK_LATER)) is not None:
+            return [Reply(refused)]
+        effects: list[Effect] = []
+        mine = [a for a in self.nodes.active.values() if a.gm == msg.gm and a.spec.user == msg.user]
+        stopped = tuple(self._preempt(a, effects) for a in mine)
+        self.counters.revoked_stops += len(stopped)
+        answer = UserTasksStopped(gm=msg.gm, lm=self.lm_id, user=msg.user, stopped=stopped)
+        return [Reply(answer), *effects]
 
     def _preempt_response(
         self, req: PreemptRequest, now: float, accepted: bool, reason: str,

@@ -519,9 +519,13 @@ def _rule(
 
 
 ACCESS_POLICY: tuple[Rule, ...] = (
-    # GMs ask any LM to launch, preempt, for a fresh snapshot, and to keep a job's ends.
+    # GMs ask any LM to launch, preempt, for a fresh snapshot, to keep a job's ends, and
+    # to stop what they placed for a user whose token was revoked.
     _rule(
-        [Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends"], Role.GM
+        [Role.LM],
+        "POST",
+        ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends", "/v1/stop-user"],
+        Role.GM,
     ),
     # An LM's worker pool reports to, heartbeats and registers with its own LM only.
     _rule(
