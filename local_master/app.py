@@ -54,6 +54,7 @@ from runtime import broker as amqp
 from runtime import faults, h1
 from runtime.clock import steady
 from runtime.driver import Batcher, CoreDriver
+from runtime.election import UNREACHABLE_ERRORS, Election, Outcome
 from runtime.http import (
     Peer,
     PeerRefused,
@@ -113,6 +114,7 @@ class LmService:
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
+        self.election = Election(lm, period_s=cfg.heartbeat_s / 2)
         self.http: h1.Client | None = None
         self.pool: Peer | None = None
         self._seq = itertools.count(1)
@@ -162,27 +164,29 @@ class LmService:
             await self._activate()
 
     async def _contend(self) -> None:
-        """Try for the leader queue until this process holds it, then lead."""
+        """Try for the leader queue until this process holds it, then lead: again soon
+        after a lost race, after a growing back-off (logged) after a refusal."""
         while True:
-            if await self._acquire():
+            outcome, wait = self.election.tried(await self._acquire())
+            if outcome is Outcome.LEADS:
                 break
-            await asyncio.sleep(self.cfg.heartbeat_s / 2)
+            await asyncio.sleep(wait)
         await self._activate()
         await asyncio.Event().wait()  # lead until the process ends (or steps down)
 
-    async def _acquire(self) -> bool:
+    async def _acquire(self) -> BaseException | None:
+        """Declare the leader queue exclusively; None if this process holds it now, else
+        why not (``runtime.election`` tells a lost race from a refusal)."""
         conn = self.broker.conn
         if conn is None or not self.broker.connected:
-            return False
-        ch = await conn.channel()
+            return ConnectionError("no broker connection")
         try:
+            ch = await conn.channel()
             await ch.declare_queue(self.cfg.lm_leader_queue(self.lm), exclusive=True)
-        except aiormq.exceptions.ChannelLockedResource:
-            return False  # the other process of this LM leads
-        except amqp.TRANSIENT:
-            return False
+        except (aiormq.exceptions.AMQPChannelError, *UNREACHABLE_ERRORS) as exc:
+            return exc
         self._lock = ch
-        return True
+        return None
 
     async def _activate(self) -> None:
         """Become this LM's active incarnation, under a new epoch."""
@@ -397,6 +401,7 @@ class LmService:
             "kept_ends": sum(len(k) for k in core.ends.kept.values()),
             "publish_errors": self.broker.publish_errors,
             "broker": {"url": _no_password(self.broker.url), "reconnects": self.broker.reconnects},
+            "leader": self.election.page(),
             "worker_errors": self.worker_errors,
             "batches": {"to_pool": self.to_pool.traffic(), "events": self.events.traffic()},
             "background_failures": self.sup.failures,
