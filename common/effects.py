@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
+    CommitGang,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
     RegisterWorkers,
+    ReleaseGang,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StateUpdated,
@@ -50,6 +53,9 @@ class ToLm:
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers
+        | ReserveRequest
+        | CommitGang
+        | ReleaseGang
     )
 
 

@@ -42,6 +42,7 @@ from common.messages import (
     AdmitMore,
     Decide,
     EventKind,
+    GangRetry,
     HeldTask,
     KeepEnds,
     LaunchResponse,
@@ -50,6 +51,7 @@ from common.messages import (
     PreemptResponse,
     RequestFailed,
     RequestSnapshots,
+    ReserveResponse,
     StateDelta,
     StateSnapshot,
     StateUpdated,
@@ -65,6 +67,7 @@ from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
 from global_master.admission import Admission, AdmissionLimits, Admissions, Cluster, Refusal, dag_of
 from global_master.fairness import Fairness, Grace, NoVictim
+from global_master.gang import Gangs, GangSettings
 from global_master.journal import Journal
 from global_master.ledger import InFlight, Ledger, round_trip
 from global_master.outbox import Outbox
@@ -98,6 +101,7 @@ class GlobalMaster:
         overload: OverloadPolicy | None = None,
         admit_slice: int = 1000,
         keep_ends_after_s: float = ENDS_RETAINED_S / 4,
+        gangs: GangSettings | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.journal = journal
@@ -123,6 +127,8 @@ class GlobalMaster:
         self.placer = Placer(gm_id, self.lms, max_retries)
         self.fairness = Fairness(users, overload)
         self.revocations = Revocations()
+        self.gang = Gangs(gm_id, gangs)
+        self._gang_of = self.gang.member
         self.views = self.lm_views.by_lm
         self.admitting, self.held_admissions = self.admission.admitting, self.admission.held
         self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
@@ -132,18 +138,26 @@ class GlobalMaster:
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
-            AdmitJob: lambda msg, now: self._admit_job(msg, now, now),
+            AdmitJob: lambda msg, now: (
+                self._admit_job(msg, now, now) + self.gang.admitted(self, msg.job)
+            ),
             AdmitMore: self._on_admit_more,
             Decide: lambda msg, now: self.decide(now, msg.max_tasks),
             RequestSnapshots: self._on_request_snapshots,
             StateUpdated: self._on_state_update,
             StateSnapshot: self._on_snapshot,
-            LaunchResponse: self._on_launch_response,
+            LaunchResponse: lambda msg, now: (
+                self.gang.commit_answered(msg) + self._on_launch_response(msg, now)
+            ),
             PreemptResponse: self._on_preempt_response,
-            RequestFailed: self._on_request_failed,
+            RequestFailed: lambda msg, now: (
+                self.gang.request_failed(self, msg, now) + self._on_request_failed(msg, now)
+            ),
             TaskEvents: self._on_task_events,
             UserAccess: self._on_user_access,
             UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
+            ReserveResponse: self._on_reserve_response,
+            GangRetry: lambda msg, now: self.gang.retry(self, msg, now),
         }
 
     # --------------------------------------------------------------- the entry
@@ -500,6 +514,12 @@ class GlobalMaster:
             self._revoked(task, effects)
             return
         task.decisions += 1
+        if (
+            self._gang_of
+            and task.key in self._gang_of
+            and self.gang.place(self, task, now, effects)
+        ):
+            return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = task.constraints, task.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
         # 1. internal partitions; 2. external partitions: repartition
@@ -512,6 +532,10 @@ class GlobalMaster:
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
+            return
+        if self.gang.holds and (held := self.gang.backfill(self, task, now)) is not None:
+            view, node = held  # backfill: reserved-but-idle room, free until it is due
+            self._dispatch(task, view, node, view.home[node] != self.gm_id, batches, now)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
@@ -622,10 +646,17 @@ class GlobalMaster:
         """An LM's state, in an update or an answer, into its view; a view that changed
         gives parked queues and the shares a new chance."""
         changed, asks = self.lm_views.apply(delta)
+        self.gang.saw(delta)
         if changed:
             self.fairness.views_changed()
             self.queues.new_epoch()
         return [ToLm(ask.lm, ask) for ask in asks]
+
+    def _on_reserve_response(self, resp: ReserveResponse, now: float) -> list[Effect]:
+        """An LM's holds for a gang (``global_master.gang``), and its state."""
+        effects = self._apply(resp.delta)
+        self.gang.on_reserve_response(self, resp, now, effects)
+        return effects
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
         effects = self._apply(msg.delta)

@@ -46,6 +46,7 @@ from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     ENDS_RETAINED_S,
     CheckWorkers,
+    CommitGang,
     EndedAttempt,
     EventKind,
     Heartbeat,
@@ -64,7 +65,9 @@ from common.messages import (
     Refused,
     Registered,
     RegisterWorkers,
+    ReleaseGang,
     ReportKind,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StateDelta,
@@ -78,10 +81,12 @@ from common.messages import (
     WorkerReports,
 )
 from common.metrics import LmCounters
-from common.model import NodeSpec, Resources, TaskKey, TaskSpec
+from common.model import NodeSpec, Resources, TaskKey, TaskSpec, key_of
 from local_master import durable
 from local_master.ends import Ends
+from local_master.gang_requests import GangRequests
 from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
+from local_master.reservations import Reservations
 from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
 from local_master.victims import choose
 
@@ -89,7 +94,7 @@ ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 _OK = PlacementResult(accepted=True, reason="ok")
 
 
-class LocalMaster:
+class LocalMaster(GangRequests):
     """One cluster's consistent state, and validation of every GM request."""
 
     def __init__(
@@ -113,6 +118,8 @@ class LocalMaster:
             lm_id, epoch, nodes, home, alive=not awaiting_workers, log_limit=log_limit
         )
         self.ends = Ends(retain_s)
+        self.reservations = Reservations()
+        """Gang holds under a lease, and backfill on them (``gang_requests``)."""
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
         self.address = Address(lm_id, self.gms, registered=not awaiting_workers)
@@ -141,6 +148,9 @@ class LocalMaster:
             Heartbeat: self._on_heartbeat,
             CheckWorkers: self._on_check_workers,
             StopUserTasks: self._on_stop_user_tasks,
+            ReserveRequest: self._on_reserve,
+            CommitGang: self._on_commit,
+            ReleaseGang: self._on_release,
         }
 
     # --------------------------------------------------------------- the entry
@@ -150,7 +160,11 @@ class LocalMaster:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
+        gangs: list[Effect] = []
+        self._gang_step(now, gangs)  # leases that ended before this message
         effects = handler(msg, now)
+        self._gang_step(now, effects)
+        effects += gangs
         journal = self._journal
         if journal:
             effects.append(Record(tuple(journal)))
@@ -280,6 +294,8 @@ class LocalMaster:
         if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
             node, reason = other, "rerouted"
             self.counters.rerouted += 1
+        elif reason == "insufficient_resources" and self._backfill(key_of(spec), p, now):
+            reason = "ok"
         if reason not in ("ok", "rerouted"):
             external = nodes.home[p.node] != gm if nodes.has(p.node) else p.repartition
             if external:

@@ -75,6 +75,7 @@ from common.effects import (
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
+    CommitGang,
     Decide,
     Heartbeat,
     LaunchRequest,
@@ -82,6 +83,8 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     ReportsTaken,
+    ReserveRequest,
+    ReserveResponse,
     StartTask,
     StartTasks,
     StateSnapshot,
@@ -594,7 +597,7 @@ class MeghaSimulation:
         for eff in effects:
             if isinstance(eff, ToLm):
                 msg = eff.msg
-                if isinstance(msg, LaunchRequest | PreemptRequest):
+                if isinstance(msg, LaunchRequest | PreemptRequest | ReserveRequest | CommitGang):
                     msg = replace(msg, sent_at=t)  # the driver stamps when a request leaves
                 if isinstance(msg, WorkerReport):
                     reports.append(msg)
@@ -665,10 +668,11 @@ class MeghaSimulation:
             if isinstance(msg, WorkerReports) and msg.reports:
                 self._send(at, self._land_lm, pool, msg)
             return
-        if isinstance(msg, LaunchResponse | PreemptResponse):
+        if isinstance(msg, LaunchResponse | PreemptResponse | ReserveResponse):
             msg = replace(msg, received_at=arrived)
         gm = getattr(request, "gm", None)
-        if gm is None or not isinstance(msg, LaunchResponse | PreemptResponse | StateSnapshot):
+        answers = LaunchResponse | PreemptResponse | StateSnapshot | ReserveResponse
+        if gm is None or not isinstance(msg, answers):
             raise TypeError(f"{lm_id} answered {type(request).__name__} with {msg!r:.200}")
         self._send(at, self._land_gm, gm, msg)
 
