@@ -35,6 +35,8 @@ WAIT_TEXT: dict[WaitReason, str] = {
     WaitReason.USER_AT_SHARE: "no room, and its user is at or above its share: no preemption",
     WaitReason.REFUSED_BY_LM: "an LM refused the placement (its true state differed)",
     WaitReason.PREEMPTION_FAILED: "no victim over its share could be preempted on any LM",
+    WaitReason.GANG_INCOMPLETE: "a gang stage's task: not enough of its gang fits or holds yet",
+    WaitReason.RESERVED_FOR_GANG: "the room it fits is held for a gang due before it would end",
 }
 
 

@@ -119,6 +119,7 @@ class LocalMaster(GangRequests):
         )
         self.ends = Ends(retain_s)
         self.reservations = Reservations()
+        self.nodes.on_release = lambda key: self.reservations.released(key, self.nodes)
         """Gang holds under a lease, and backfill on them (``gang_requests``)."""
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
@@ -338,7 +339,7 @@ class LocalMaster(GangRequests):
         nodes = self.nodes
         paying = self.victims_younger_than_wait and req.queued_at >= 0
         choice = choose(
-            spec, req.victim, nodes.active.values(), nodes.free, nodes.alive,
+            spec, req.victim, self.reservations.victims(nodes.active), nodes.free, nodes.alive,
             nodes.constraints, now, now - req.queued_at if paying else None,
         )  # fmt: skip
         if choice is None:

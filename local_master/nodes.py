@@ -26,7 +26,7 @@ does) and returns values: deltas, layouts, events and effects' messages.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +154,9 @@ class NodeTable:
         self._log: list[int] = []
         self._log_base = 0
         self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
+        self.on_release: Callable[[TaskKey], None] | None = None
+        """Told of every attempt released, after its resources are free again (a
+        backfill task's loan goes back to its hold at once: ``reservations``)."""
         self.gang_holds: tuple[GangHold, ...] = ()
         """Every gang hold, as state updates carry it (``local_master.reservations``
         keeps it current; the resources held are out of ``free``)."""
@@ -348,6 +351,8 @@ class NodeTable:
         if not any(use):
             del self.usage[user]
         self._touch(node)
+        if self.on_release is not None:
+            self.on_release(key)
         return a
 
     def stop(self, key: TaskKey) -> ActiveTask | None:

@@ -26,6 +26,7 @@ never calls the LM core.  No clocks: ``now`` is an argument.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from common.ids import GmId, JobId, NodeIndex, UserId
@@ -83,6 +84,9 @@ class Reservations:
         self.by_gang: dict[GangKey, dict[TaskKey, Hold]] = {}
         self.borrowed: dict[TaskKey, list[Hold]] = {}
         """Backfill tasks and the holds they borrow from."""
+        self.gang_tasks: set[TaskKey] = set()
+        """Attempts started by a commit: never a preemption victim alone (a gang runs
+        whole), until they end."""
         self.expired = 0
         """Holds whose lease ended before a commit or a release (counted)."""
         self.backfilled = 0
@@ -184,6 +188,19 @@ class Reservations:
         self._publish(nodes)
         return True
 
+    def released(self, key: TaskKey, nodes: NodeTable) -> None:
+        """Attempt ``key`` was released (ended, stopped, superseded): if it is a backfill
+        task, what it borrowed goes back to its holds at once, before anything else
+        could take it."""
+        self.gang_tasks.discard(key)
+        lenders = self.borrowed.pop(key, None)
+        if lenders is None:
+            return
+        for h in lenders:
+            if key in h.borrowers:
+                self._repay(h, key, nodes)
+        self._publish(nodes)
+
     # ------------------------------------------------------ after each message
     def reconcile(self, nodes: NodeTable, now: float) -> tuple[list[ActiveTask], list[TaskKey]]:
         """What time and the last message changed: leases that ended, borrowers that
@@ -216,6 +233,15 @@ class Reservations:
         self.backfill_stopped += len(stop)
         return started, stop
 
+    def victims(self, active: dict[TaskKey, ActiveTask]) -> Iterable[ActiveTask]:
+        """The attempts a preemption may stop: all but a gang's, and but backfill tasks
+        (what they free goes back to a hold, not to the requester)."""
+        if not self.gang_tasks and not self.borrowed:
+            return active.values()
+        keep = self.gang_tasks
+        lent = self.borrowed
+        return (a for k, a in active.items() if k not in keep and k not in lent)
+
     def next_due(self) -> float:
         """The earliest time a lease ends or a hold is due (inf: none held)."""
         times = [min(h.lease_until, h.due) for h in self.by_task.values()]
@@ -235,6 +261,7 @@ class Reservations:
         self._forget(h)
         p = h.placement
         nodes.give(h.node, p.spec.demand)
+        self.gang_tasks.add(h.key)
         return nodes.place(p.spec, p.attempt, h.node, h.gang[0], p.altruistic, now, p.queued_at)
 
     def _drop(self, h: Hold, nodes: NodeTable) -> None:
