@@ -35,6 +35,7 @@ from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
+    CommitGang,
     Decide,
     JobRefusal,
     KeepEnds,
@@ -43,8 +44,11 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     Refused,
+    ReleaseGang,
     RequestFailed,
     RequestSnapshots,
+    ReserveRequest,
+    ReserveResponse,
     SnapshotRequest,
     StateSnapshot,
     StateUpdated,
@@ -102,7 +106,12 @@ ROUTES: dict[type, tuple[str, type]] = {
     SnapshotRequest: ("/v1/snapshot", StateSnapshot),
     KeepEnds: ("/v1/keep-ends", Refused),  # answered 204 (a refusal is a 4xx)
     StopUserTasks: ("/v1/stop-user", UserTasksStopped),
+    ReserveRequest: ("/v1/reserve", ReserveResponse),
+    CommitGang: ("/v1/commit-gang", LaunchResponse),
+    ReleaseGang: ("/v1/release-gang", Refused),  # answered 204
 }
+Asked = LaunchRequest | PreemptRequest | ReserveRequest | CommitGang
+"""Requests sent until their LM answers (``_ask_until_answered``)."""
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
 EVENTS_WINDOW = 4096
@@ -479,7 +488,7 @@ class GmService:
         path, expect = ROUTES[type(msg)]
         peer = self.lms[eff.lm]
         reply: object | None
-        if isinstance(msg, LaunchRequest | PreemptRequest):
+        if isinstance(msg, LaunchRequest | PreemptRequest | ReserveRequest | CommitGang):
             reply = await self._ask_until_answered(peer, path, expect, msg)
             if reply is None:
                 return
@@ -498,7 +507,7 @@ class GmService:
             self.feed(reply)
 
     async def _ask_until_answered(
-        self, peer: Peer, path: str, expect: type, msg: LaunchRequest | PreemptRequest
+        self, peer: Peer, path: str, expect: type, msg: Asked
     ) -> object | None:
         """A launch or preemption, sent until its LM answers.  Without an answer the LM
         may have accepted it, so its tasks are not placed elsewhere: the same request
@@ -517,7 +526,8 @@ class GmService:
                 return None
             except GiveUp as exc:
                 self.requests_in_doubt += 1
-                if not self.core.awaits(msg.request_id):
+                rid = msg.request_id
+                if not (self.core.awaits(rid) or rid in self.core.gang.requests):
                     return None
                 log.warning("%s did not answer %s (%s): asking again", peer.name, path, exc)
 

@@ -1,6 +1,7 @@
 """Local Master service: drives ``local_master.core.LocalMaster`` over HTTP and AMQP.
 
-POST /v1/launch, /v1/preempt, /v1/snapshot (from GMs; the answer is the core's
+POST /v1/launch, /v1/preempt, /v1/snapshot, /v1/reserve, /v1/commit-gang,
+/v1/release-gang (from GMs; the answer is the core's
 reply), /v1/worker-report, /v1/worker-heartbeat (from its worker pool), /v1/ping;
 GET /health, /v1/state, /metrics, and for operators /v1/inspect (partitions as
 bit-vectors, repartitions: ``local_master.inspect``).  One gunicorn worker process: the core's state
@@ -31,12 +32,15 @@ from common.effects import Record, ToAllGms, ToGm, ToWorker
 from common.ids import GmId, LmId
 from common.messages import (
     CheckWorkers,
+    CommitGang,
     Heartbeat,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
     Refused,
     RegisterWorkers,
+    ReleaseGang,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StartTasks,
@@ -436,6 +440,9 @@ def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Applicatio
         "/v1/preempt": PreemptRequest,
         "/v1/snapshot": SnapshotRequest,
         "/v1/keep-ends": KeepEnds,
+        "/v1/reserve": ReserveRequest,
+        "/v1/commit-gang": CommitGang,
+        "/v1/release-gang": ReleaseGang,
         "/v1/worker-report": WorkerReports,
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,

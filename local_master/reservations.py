@@ -135,6 +135,12 @@ class Reservations:
         for ref in msg.tasks:
             key = (ref.user, ref.task_id)
             hold = held.get(key)
+            a = nodes.active.get(key)
+            if hold is None and a is not None and a.attempt == ref.attempt:
+                results.append(
+                    PlacementResult(accepted=True, reason="duplicate", attempt=a.attempt)
+                )
+                continue  # the same commit again (its answer was lost)
             if hold is None or hold.placement.attempt != ref.attempt:
                 results.append(PlacementResult(accepted=False, reason="hold_expired"))
                 continue

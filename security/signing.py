@@ -519,14 +519,16 @@ def _rule(
 
 
 ACCESS_POLICY: tuple[Rule, ...] = (
-    # GMs ask any LM to launch, preempt, for a fresh snapshot, to keep a job's ends, and
-    # to stop what they placed for a user whose token was revoked.
+    # GMs ask any LM to launch, preempt, for a fresh snapshot, to keep a job's ends, to
+    # stop what they placed for a user whose token was revoked, and to reserve, commit
+    # and release a gang's holds.
     _rule(
         [Role.LM],
         "POST",
         ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends", "/v1/stop-user"],
         Role.GM,
     ),
+    _rule([Role.LM], "POST", ["/v1/reserve", "/v1/commit-gang", "/v1/release-gang"], Role.GM),
     # An LM's worker pool reports to, heartbeats and registers with its own LM only.
     _rule(
         [Role.LM],

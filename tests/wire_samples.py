@@ -26,9 +26,12 @@ from common.messages import (
     ClusterLayout,
     CommandExited,
     CommandStarted,
+    CommitGang,
     Decide,
     EndedAttempt,
     EventKind,
+    GangHold,
+    GangRetry,
     Heartbeat,
     HeldTask,
     JobRefusal,
@@ -51,10 +54,13 @@ from common.messages import (
     Registered,
     RegisterPool,
     RegisterWorkers,
+    ReleaseGang,
     ReportKind,
     ReportsTaken,
     RequestFailed,
     RequestSnapshots,
+    ReserveRequest,
+    ReserveResponse,
     SnapshotRequest,
     StageSpec,
     StartTask,
@@ -103,6 +109,12 @@ DELTA = StateDelta(
     node_versions=(1, 2, 300, 1_000_000),
     usage={USER: (5, 6), UserId("bob"): (0, 0)},
 )
+HOLDS_DELTA = StateDelta(
+    lm=LM, version=9, base_version=4, nodes=(NodeIndex(2),), free=((0, 512),),
+    node_versions=(9,),
+    holds=(GangHold(gm=GM, user=USER, job_id=JOB, stage=1, node=NodeIndex(2), held=(4, 1024),
+                    due=30.5, lease_until=31.0),),
+)  # fmt: skip
 EMPTY_DELTA = StateDelta(lm=LM, version=0, base_version=0, nodes=(), free=(), node_versions=())
 PLACEMENT = Placement(
     spec=SPEC_FULL,
@@ -173,7 +185,7 @@ LEDGER = Task(
         (3.5, Phase.RUNNING),
     ],
     decisions=4,
-    waits=[0, 1, 2, 3, 4],
+    waits=[0, 1, 2, 3, 4, 5, 6],
 )
 
 
@@ -218,6 +230,45 @@ def samples() -> dict[str, object]:
         ),
         "journal_unreported": JournalUnreported(
             ended=EndedAttempt(start=START, report=REPORT_FULL)
+        ),
+        "commit_gang": CommitGang(
+            gm=GM,
+            lm=LM,
+            request_id=12,
+            user=USER,
+            job_id=JOB,
+            stage=1,
+            tasks=(PlacedRef(user=USER, task_id=TaskId("t.0001"), attempt=2),),
+            known_version=9,
+            sent_at=30.0,
+        ),
+        "gang_retry": GangRetry(user=USER, job_id=JOB, stage=0),
+        "release_gang": ReleaseGang(gm=GM, lm=LM, user=USER, job_id=JOB, stage=2**16),
+        "reserve": ReserveRequest(
+            gm=GM,
+            lm=LM,
+            request_id=11,
+            user=USER,
+            job_id=JOB,
+            stage=1,
+            placements=(PLACEMENT,),
+            lease_s=5.0,
+            due_s=4.5,
+            known_version=-1,
+            sent_at=26.0,
+        ),
+        "reserve_response": ReserveResponse(
+            gm=GM,
+            lm=LM,
+            request_id=11,
+            results=(
+                PlacementResult(accepted=True),
+                PlacementResult(accepted=False, reason="insufficient_resources"),
+            ),
+            delta=HOLDS_DELTA,
+            request_sent_at=26.0,
+            received_at=26.25,
+            sent_at=26.5,
         ),
         "keep_ends": KeepEnds(gm=GM, lm=LM, user=USER, job_id=JOB, keep=False),
         "launch": LaunchRequest(
@@ -348,7 +399,10 @@ def samples() -> dict[str, object]:
             token="s3cr3t-token",
             submitted_at=1_700_000_000.5,
             tasks=(SPEC, SPEC_FULL, SPEC),
-            stages=(StageSpec(stage_id=0, count=2), StageSpec(stage_id=1, parents=(0,), count=1)),
+            stages=(
+                StageSpec(stage_id=0, count=2),
+                StageSpec(stage_id=1, parents=(0,), count=1, gang=True, min_count=1),
+            ),
             resumes=JobId("job:41"),
             attempt=6,
         ),
