@@ -105,6 +105,9 @@ class GangSettings:
     """How long an LM holds a reservation (from its receipt)."""
     commit_margin_s: float = 1.0
     """No commit leaves later than this before the lease ends (its trip to the LM)."""
+    refills: int = 3
+    """Fills tried at once after an LM refused part of a reservation (its answer
+    refreshed the view), as a launch's inconsistency is retried at once."""
     fill_period_s: float = 0.5
     """How often a gang that holds part of itself tries to fill the rest."""
     backoff_s: float = 0.5
@@ -130,6 +133,8 @@ class Gang:
     """Reserve requests unanswered."""
     lease_until: float = 0.0
     tries: int = 0
+    refills: int = 0
+    """Fills tried at once (the view refreshed by a refusal) since the last timer."""
     backing_off: bool = False
     timer: bool = False
     first_at: float = -1.0
@@ -331,6 +336,9 @@ class Gangs:
         in_time = now < g.lease_until - s.commit_margin_s
         if len(g.holds) >= g.need and in_time:
             self._commit(gm, g, now, effects)
+        elif in_time and g.holds and g.refills < s.refills:
+            g.refills += 1  # an inconsistency: the answer refreshed the view, fill at once
+            self._attempt(gm, g, now, effects)
         elif in_time and g.holds:
             self._timer(g, s.fill_period_s, effects)
         else:
@@ -394,6 +402,7 @@ class Gangs:
         if g is None:
             return effects
         g.timer = False
+        g.refills = 0
         if g.asked:
             return effects
         if g.backing_off:
