@@ -635,6 +635,7 @@ class GmService:
                 "forged": self.forged,
             },
             "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
+            "gangs": {**core.gang.stats, "open": len(core.gang.gangs)},
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
 
