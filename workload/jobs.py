@@ -41,9 +41,10 @@ def to_submission(job: Job | DagJob, token: str, submitted_at: float) -> SubmitJ
     stages = None
     if isinstance(job, DagJob):
         stages = tuple(
-            StageSpec(stage_id=sid, parents=parents, count=n)
-            for sid, parents, n in stage_layout(job)
-        )
+            StageSpec(stage_id=sid, parents=parents, count=n, gang=s.gang > 0,
+                      min_count=s.gang if 0 < s.gang < n else 0)
+            for (sid, parents, n), s in zip(stage_layout(job), job.stages, strict=True)
+        )  # fmt: skip
     elif job.gang:
         stages = (StageSpec(stage_id=0, count=len(job.tasks), gang=True, min_count=job.gang_min),)
     return SubmitJob(
