@@ -138,9 +138,7 @@ class GlobalMaster:
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
-            AdmitJob: lambda msg, now: (
-                self._admit_job(msg, now, now) + self.gang.admitted(self, msg.job)
-            ),
+            AdmitJob: lambda msg, now: self.gang.admitted(msg.job, self._admit_job(msg, now, now)),
             AdmitMore: self._on_admit_more,
             Decide: lambda msg, now: self.decide(now, msg.max_tasks),
             RequestSnapshots: self._on_request_snapshots,

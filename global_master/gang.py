@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.effects import After, Effect, ToLm
+from common.effects import After, Effect, JobRefused, ToLm
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     CommitGang,
@@ -82,10 +82,6 @@ class GangCore(Protocol):
 
     @property
     def live(self) -> Mapping[TaskKey, Task]: ...
-    @property
-    def jobs(self) -> Mapping[tuple[UserId, JobId], object]: ...
-    @property
-    def admitting(self) -> Mapping[tuple[UserId, JobId], object]: ...
 
     def _note(
         self, task: Task, reason: WaitReason, now: float, lm: str = "", why: str = ""
@@ -164,14 +160,15 @@ class Gangs:
         """Per committed gang: the last member's commit - its first member's submission."""
 
     # ------------------------------------------------------------ admission
-    def admitted(self, gm: GangCore, job: SubmitJob) -> list[Effect]:
-        """A job was taken (or is being taken, in slices): its gang stages are known
-        from now on.  Nothing to do: the list is for the core's dispatch."""
-        jk = (job.user, job.job_id)
+    def admitted(self, job: SubmitJob, effects: list[Effect]) -> list[Effect]:
+        """A submission went through admission with ``effects``: unless they refuse it,
+        its gang stages are known from now on (also for a job held behind its user's
+        job being admitted, queued later).  Returns ``effects``."""
         if job.stages is None or not any(s.gang for s in job.stages):
-            return []
-        if jk not in gm.jobs and jk not in gm.admitting:
-            return []  # refused
+            return effects
+        if any(isinstance(e, JobRefused) and (e.user, e.job_id) == (job.user, job.job_id)
+               for e in effects):  # fmt: skip
+            return effects
         k = 0
         for s in job.stages:
             keys = [(t.user, t.task_id) for t in job.tasks[k : k + s.count]]
@@ -184,7 +181,7 @@ class Gangs:
             self.stats["gangs"] += 1
             for key in keys:
                 self.member[key] = gk
-        return []
+        return effects
 
     # -------------------------------------------------------------- deciding
     def place(self, gm: GangCore, task: Task, now: float, effects: list[Effect]) -> bool:

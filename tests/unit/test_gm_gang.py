@@ -210,3 +210,21 @@ def test_backfill_only_for_tasks_that_end_before_the_hold_is_due() -> None:
     assert lm.reservations.backfilled == 1
     assert not sent(effects, CommitGang)
     assert not sent(effects, ReleaseGang)
+
+
+def test_a_gang_job_held_behind_a_job_admitted_in_slices_is_still_a_gang() -> None:
+    lms = {LmId("lm0"): make_lm("lm0", nodes=((8, 8), (8, 8)))}
+    gm = make_gm(lms=("lm0",), admit_slice=2)
+    sync_views(gm, *lms.values())
+    flat = [make_task(1, 1, job="flat") for _ in range(5)]
+    effects = gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("flat"), user=U0, token="",
+                                               submitted_at=0.0, tasks=tuple(flat))), 0.0)  # fmt: skip
+    specs = gang_specs(4)
+    effects += gm.handle(gang_job(specs), 0.0)  # held: its user's job is being admitted
+    while more := [e for e in effects if isinstance(e, After)]:
+        effects = [x for e in more for x in gm.handle(e.msg, 0.0)]
+    effects = decide(gm, 1.0, max_tasks=16)
+    launched = {p.spec.task_id for m in sent(effects, LaunchRequest) for p in m.placements}  # type: ignore[attr-defined]
+    assert not launched & {s.task_id for s in specs}
+    route(gm, lms, effects, 1.0)
+    assert gm.gang.stats["committed"] == 1
