@@ -183,6 +183,22 @@ class Gangs:
                 self.member[key] = gk
         return effects
 
+    def describe(self, key: TaskKey) -> str | None:
+        """Where task ``key`` stands in its gang, in words (None: not a gang's task, or
+        its gang committed): for ``megha why``."""
+        gk = self.member.get(key)
+        g = self.gangs.get(gk) if gk is not None else None
+        if g is None:
+            return None
+        _, job_id, stage = g.key
+        of = f"gang stage {stage} of job {job_id}: {len(g.holds)} of {g.need} held"
+        if key in g.holds:
+            lm, node, _ = g.holds[key]
+            return f"reserved on {lm} node {node} for its {of}; it starts when the gang commits"
+        if g.backing_off:
+            return f"its {of}; backing off after {g.tries} reservations came short"
+        return f"its {of} (gang_incomplete); {len(g.tasks)} of {len(g.members)} tasks ready"
+
     # -------------------------------------------------------------- deciding
     def place(self, gm: GangCore, task: Task, now: float, effects: list[Effect]) -> bool:
         """A gang's task left its queue: the gang takes it (True), or it is placed as

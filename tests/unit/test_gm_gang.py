@@ -228,3 +228,20 @@ def test_a_gang_job_held_behind_a_job_admitted_in_slices_is_still_a_gang() -> No
     assert not launched & {s.task_id for s in specs}
     route(gm, lms, effects, 1.0)
     assert gm.gang.stats["committed"] == 1
+
+
+def test_megha_why_says_a_gang_task_waits_for_its_gang() -> None:
+    from global_master.inspect import task_answer
+
+    gm, lms = two_lms()
+    filler = make_task(4, 4, job="f")
+    gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("f"), user=U0, token="", submitted_at=0.0,
+                                     tasks=(filler,))), 0.0)  # fmt: skip
+    route(gm, lms, decide(gm, 0.5), 0.5)
+    specs = gang_specs(8)
+    gm.handle(gang_job(specs), 1.0)
+    decide(gm, 1.0, max_tasks=8)
+    answers = [task_answer(gm, (s.user, s.task_id)) for s in specs]
+    why = [line for a in answers if a is not None for line in a["why"]]
+    assert any("gang_incomplete" in line for line in why)
+    assert any(line.startswith("gang_incomplete x") for line in why)
