@@ -226,7 +226,7 @@ class Gangs:
         if not g.holds and not self._fits_empty(gm, g):
             self._give_up(gm, g, effects, f"{g.need} tasks cannot fit the federation")
             return
-        plan = self._match(gm, g)
+        plan = self._match(gm, g) if self._may_fit(gm, g) else []
         if len(g.holds) + len(plan) < g.need:
             for t, view, node, _ in plan:
                 view.release(node, t.demand)
@@ -237,6 +237,22 @@ class Gangs:
         if not g.holds:
             g.lease_until = now + self.settings.lease_s
         self._reserve(gm, g, plan, now, effects)
+
+    def _may_fit(self, gm: GangCore, g: Gang) -> bool:
+        """A cheap necessary condition before matching every task: the free room of
+        every view, added up, covers the smallest demands still to hold."""
+        short = g.need - len(g.holds)
+        demands = sorted(t.demand for k, t in g.tasks.items() if k not in g.holds)[:short]
+        if not demands:
+            return True
+        want = [sum(d[r] for d in demands) for r in range(len(demands[0]))]
+        have = [0] * len(want)
+        for view in gm.views.values():
+            for f in view.free:
+                for r, x in enumerate(f):
+                    if x > 0:
+                        have[r] += x
+        return all(h >= w for h, w in zip(have, want, strict=True))
 
     def _match(self, gm: GangCore, g: Gang) -> list[tuple[Task, LmView, int, bool]]:
         """Alg. 1 for every member not held, each reserved in the view as it is found."""
