@@ -129,6 +129,8 @@ class Gang:
     """Reserve requests unanswered."""
     lease_until: float = 0.0
     tries: int = 0
+    fits: bool = False
+    """Known to fit the federation with nothing running (``Gangs._fits_empty``)."""
     refills: int = 0
     """Fills tried at once (the view refreshed by a refusal) since the last timer."""
     backing_off: bool = False
@@ -223,9 +225,11 @@ class Gangs:
         if len(g.tasks) < g.need:
             self._wait(gm, g, now, f"{len(g.tasks)} of {g.need} tasks ready")
             return
-        if not g.holds and not self._fits_empty(gm, g):
-            self._give_up(gm, g, effects, f"{g.need} tasks cannot fit the federation")
-            return
+        if not g.fits:  # asked once: the federation's capacity does not change with load
+            g.fits = self._fits_empty(gm, g)
+            if not g.fits:
+                self._give_up(gm, g, effects, f"{g.need} tasks cannot fit the federation")
+                return
         plan = self._match(gm, g) if self._may_fit(gm, g) else []
         if len(g.holds) + len(plan) < g.need:
             for t, view, node, _ in plan:
