@@ -244,18 +244,16 @@ class Gangs:
 
     def _may_fit(self, gm: GangCore, g: Gang) -> bool:
         """A cheap necessary condition before matching every task: the free room of
-        every view, added up, covers the smallest demands still to hold."""
+        every view's nodes, added up, covers the smallest demands still to hold."""
         short = g.need - len(g.holds)
         demands = sorted(t.demand for k, t in g.tasks.items() if k not in g.holds)[:short]
         if not demands:
             return True
-        want = [sum(d[r] for d in demands) for r in range(len(demands[0]))]
+        want = [sum(col) for col in zip(*demands, strict=True)]
         have = [0] * len(want)
         for view in gm.views.values():
-            for f in view.free:
-                for r, x in enumerate(f):
-                    if x > 0:
-                        have[r] += x
+            for r, col in enumerate(zip(*view.free, strict=True)):
+                have[r] += sum(x for x in col if x > 0)
         return all(h >= w for h, w in zip(have, want, strict=True))
 
     def _match(self, gm: GangCore, g: Gang) -> list[tuple[Task, LmView, int, bool]]:
