@@ -6,15 +6,18 @@ no LM refused a commit, and no hold outlives its gang."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from common.ids import JobId, TaskId, UserId
 from common.model import TaskSpec
+from request_generator.bench import BenchOptions, run_bench
 from tests.e2e.conftest import (
     Federation,
     assert_all_done,
@@ -71,3 +74,31 @@ def test_three_gms_submitting_gangs_at_once_start_none_of_them_in_part(
         assert gangs["partial_starts"] == 0, gangs
         assert gangs["committed"] == len(SIZES), gangs
         assert gangs["open"] == 0, gangs
+
+
+def test_a_job_file_with_gang_stages_runs_them_whole_under_carbyne(
+    make_federation: Callable[..., Federation], tmp_path: Path
+) -> None:
+    """``megha bench --jobs`` with a job file's ``"gang": true`` and ``"min"`` stages."""
+    cfg, home = make_federation(
+        gms=2, lms=2, nodes_per_lm=6, heartbeat_s=0.5, queue_policy="carbyne",
+    )  # fmt: skip
+    users = [u.user for u in cfg.user_configs]
+    jobs = [
+        {"id": f"mpi{i}", "user": users[i % len(users)], "arrival": 0.1 * i, "stages": [
+            {"id": 0, "count": 2, "demand": [1], "duration": 0.2},
+            {"id": 1, "parents": [0], "count": 10, "demand": [1], "duration": 0.3, "gang": True,
+             "min": 8},
+            {"id": 2, "parents": [1], "count": 1, "demand": [1], "duration": 0.05}]}
+        for i in range(4)
+    ]  # fmt: skip
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps({"format": "megha-dag/1", "resources": ["slots"], "jobs": jobs}))
+    opts = BenchOptions(jobs_file=str(path), out=str(tmp_path / "out"), floor_samples=20,
+                        timeout_s=90.0, progress=False)  # fmt: skip
+    summary = asyncio.run(run_bench(cfg, opts, home))
+    assert summary["tasks_finished"] == 4 * 13
+    assert summary["unfinished_tasks"] == 0
+    committed = sum(service_state(cfg, home, gm)["gangs"]["committed"] for gm in cfg.gm_ids)
+    assert committed == 4
+    assert all(service_state(cfg, home, gm)["gangs"]["partial_starts"] == 0 for gm in cfg.gm_ids)
