@@ -154,7 +154,9 @@ class GlobalMaster:
             TaskEvents: self._on_task_events,
             UserAccess: self._on_user_access,
             UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
-            ReserveResponse: self._on_reserve_response,
+            ReserveResponse: lambda msg, now: self.gang.on_reserve_response(
+                self, msg, now, self._apply(msg.delta)
+            ),
             GangRetry: lambda msg, now: self.gang.retry(self, msg, now),
         }
 
@@ -649,12 +651,6 @@ class GlobalMaster:
             self.fairness.views_changed()
             self.queues.new_epoch()
         return [ToLm(ask.lm, ask) for ask in asks]
-
-    def _on_reserve_response(self, resp: ReserveResponse, now: float) -> list[Effect]:
-        """An LM's holds for a gang (``global_master.gang``), and its state."""
-        effects = self._apply(resp.delta)
-        self.gang.on_reserve_response(self, resp, now, effects)
-        return effects
 
     def _on_state_update(self, msg: StateUpdated, now: float) -> list[Effect]:
         effects = self._apply(msg.delta)

@@ -305,11 +305,12 @@ class Gangs:
     # --------------------------------------------------------------- answers
     def on_reserve_response(
         self, gm: GangCore, resp: ReserveResponse, now: float, effects: list[Effect]
-    ) -> None:
-        """What an LM holds of a gang; once every LM asked has answered, commit or fill."""
+    ) -> list[Effect]:
+        """What an LM holds of a gang (``effects``: what its state asked for already);
+        once every LM asked has answered, commit or fill."""
         asked = self.requests.pop(resp.request_id, None)
         if asked is None or asked[1] != resp.lm:
-            return
+            return effects
         gk, lm, keys = asked
         g = self.gangs.get(gk)
         if g is not None:
@@ -329,9 +330,10 @@ class Gangs:
         if g is None:  # the gang ended meanwhile: what the LM holds of it goes back
             if held:
                 effects.append(self._release_msg(gm, lm, gk))
-            return
+            return effects
         if not g.asked:
             self._round_over(gm, g, now, effects)
+        return effects
 
     def request_failed(self, gm: GangCore, msg: RequestFailed, now: float) -> list[Effect]:
         """No answer will come to a reserve request (a commit's is a launch's): nothing
