@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.effects import After, Effect, JobRefused, ToLm
+from common.errors import ConfigError
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     CommitGang,
@@ -112,6 +113,14 @@ class GangSettings:
     """Reservations that may come short before the gang fails ``gang_unschedulable``."""
     backfill_margin_s: float = 0.5
     """A backfill task must end this long before the hold it uses is due."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.commit_margin_s < self.lease_s or self.max_tries < 1:
+            raise ConfigError(
+                f"gang settings: the commit margin ({self.commit_margin_s} s) must be below "
+                f"the lease ({self.lease_s} s) and max_tries ({self.max_tries}) at least 1",
+                reason="bad_gang_settings",
+            )
 
 
 @dataclass(slots=True)

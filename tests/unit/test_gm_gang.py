@@ -169,11 +169,15 @@ def test_a_reservation_refused_in_part_is_released_and_backs_off_then_fails() ->
 
 def test_a_gang_whose_reservations_keep_coming_short_fails_after_max_tries() -> None:
     gm, lms = two_lms()
-    gm.gang = Gangs(gm.gm_id, GangSettings(max_tries=1, refills=0, lease_s=0.5))
+    gm.gang = Gangs(gm.gm_id, GangSettings(max_tries=1, refills=0))
     gm._gang_of = gm.gang.member
     lms[LmId("lm1")].handle(_hold_all(lms[LmId("lm1")]), 0.5)  # unseen by this GM
     gm.handle(gang_job(gang_specs(8)), 0.0)
-    rest = route(gm, lms, decide(gm, 1.0), 1.0)
+    now = 1.0
+    rest = route(gm, lms, decide(gm, now), now)
+    while timers := [e for e in rest if isinstance(e, After) and isinstance(e.msg, GangRetry)]:
+        now += timers[0].delay  # fill until the lease nearly ends: no back-off left
+        rest = route(gm, lms, gm.handle(timers[0].msg, now), now)
     failed = [e.msg for e in rest if isinstance(e, ToUser)]
     assert len(failed) == 8
     assert all(o.reason.startswith("gang_unschedulable") for o in failed)  # type: ignore[attr-defined]
@@ -245,3 +249,12 @@ def test_megha_why_says_a_gang_task_waits_for_its_gang() -> None:
     why = [line for a in answers if a is not None for line in a["why"]]
     assert any("gang_incomplete" in line for line in why)
     assert any(line.startswith("gang_incomplete x") for line in why)
+
+
+def test_gang_settings_that_could_never_commit_are_refused() -> None:
+    import pytest
+
+    from common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="commit margin"):
+        GangSettings(lease_s=1.0, commit_margin_s=1.0)
