@@ -8,7 +8,9 @@ every federation size by ``simulator.sweep``), their files ``reporting``'s.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from reporting.sweep import sweep_table
 from simulator import dag_run
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
-from simulator.sweep import PointRun, run_points
+from simulator.sweep import PointRun, PointsFailed, SweepWatch, run_points
 from simulator.trace_run import Runner, run_point
 
 
@@ -45,6 +47,14 @@ _positive_float = positive_float
 _count = _ranged(int, "an integer", zero=True)
 _non_negative = _ranged(float, "a finite number", zero=True)
 _probability = _ranged(float, "a probability", zero=True, most=1.0)
+
+
+def _cluster(text: str) -> str:
+    if text in ("serial", "local") or re.fullmatch(r"(tcp|tls)://[^\s/]+:[0-9]+", text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected serial, local or a scheduler address tcp://HOST:PORT, got {text!r}"
+    )
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
@@ -182,6 +192,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _model_args(p)
     _dag_args(p)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--cluster",
+        type=_cluster,
+        default="local",
+        help="where a sweep's points run: local (a Dask LocalCluster of this machine's cores), "
+        "tcp://HOST:8786 (a running dask scheduler), or serial (one after another here)",
+    )
     p.add_argument("--out", default="results/simulate", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
@@ -244,6 +261,25 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"megha simulate: {exc}", file=sys.stderr)
         return 2
+    except PointsFailed as exc:
+        print(f"megha simulate: {exc} (see {Path(args.out)}/sweep-failures.json)", file=sys.stderr)
+        return 1
+
+
+def sweep_watch(quiet: bool) -> SweepWatch:
+    """A sweep's progress on stderr: points done, and every failure (even when quiet)."""
+    t0 = time.perf_counter()
+
+    def done(k: int, n: int) -> None:
+        if not quiet and n > 1:
+            print(f"sweep: {k}/{n} points done, wall {time.perf_counter() - t0:,.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def failed(point: str, error: str, again: bool) -> None:
+        then = "running it once more" if again else "it failed twice, giving up on it"
+        print(f"sweep: point {point} failed: {error}; {then}", file=sys.stderr, flush=True)
+
+    return SweepWatch(done=done, failed=failed)
 
 
 def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
@@ -298,7 +334,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.workload == "dag":
         point, report = _dag_point, _dag_report(args.quiet)
         files = "summary.json, tasks-*.csv, shares-*.png"
-    summaries = run_points(args, point, report)
+    summaries = run_points(args, point, report, sweep_watch(args.quiet))
     if len(summaries) > 1:
         table = sweep_table(summaries)
         rows = {f"{r['scheduler']} w{r['workers']} g{r['gms']} l{r['lms']}": r for r in table}
