@@ -5,7 +5,10 @@ Each round runs the same sweep (2 worker counts x 4 GM counts x 2 LM counts of a
 synthetic workload, Megha alone) once with ``--cluster serial`` and once with
 ``--cluster local`` (one worker process per core), each as its own ``megha simulate``
 process, and records the wall seconds of each (the LocalCluster's start and stop
-included); checks that both wrote the same figures per point; writes JSON to --out.
+included) and CPU seconds (the process and every process it started); checks that
+both wrote the same figures per point; writes JSON to --out.  On a machine shared with
+other work, the wall ratio says what the cores left to the sweep gave it; the CPU
+ratio what distributing cost.
 
     python benchmarks/bench_dask_sweep.py --rounds 2 --out results/bench_dask_sweep.json
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,13 +34,19 @@ SWEEP = [
 ]  # fmt: skip
 
 
-def _sweep(cluster: str, jobs: int, out: Path) -> float:
-    """Wall seconds of one ``megha simulate`` sweep process."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _sweep(cluster: str, jobs: int, out: Path) -> tuple[float, float]:
+    """Wall seconds of one ``megha simulate`` sweep process, and the CPU seconds of it
+    and its processes (the LocalCluster's scheduler and workers are reaped in it)."""
     cmd = [sys.executable, "-m", "megha_cli.main", "simulate", *SWEEP]
     cmd += ["--jobs-count", str(jobs), "--cluster", cluster, "--out", str(out)]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _children_cpu() - cpu0
 
 
 def _figures(out: Path) -> dict[str, Any]:
@@ -55,12 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/bench_dask_sweep.json")
     args = ap.parse_args(argv)
     walls: dict[str, list[float]] = {"serial": [], "local": []}
+    cpus: dict[str, list[float]] = {"serial": [], "local": []}
+    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-dask-sweep-") as tmp:
         for r in range(args.rounds):
             for cluster in ("serial", "local"):
                 out = Path(tmp) / f"{cluster}{r}"
-                walls[cluster].append(_sweep(cluster, args.jobs, out))
-                print(f"round {r + 1} {cluster}: {walls[cluster][-1]:.1f} s", file=sys.stderr)
+                wall, cpu = _sweep(cluster, args.jobs, out)
+                walls[cluster].append(round(wall, 2))
+                cpus[cluster].append(round(cpu, 2))
+                loads.append(os.getloadavg()[0])
+                print(f"round {r + 1} {cluster}: {wall:.1f} s wall, {cpu:.1f} s CPU",
+                      file=sys.stderr)  # fmt: skip
             same = _figures(Path(tmp) / f"serial{r}") == _figures(Path(tmp) / f"local{r}")
             if not same:
                 raise SystemExit("serial and LocalCluster sweeps gave different figures")
@@ -70,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         "jobs_per_point": args.jobs,
         "tasks_per_point": args.jobs * 10,
         "cores": os.cpu_count(),
-        "load_average_1m": os.getloadavg()[0],
+        "load_average_1m_after_each": loads,
         "wall_s": walls,
+        "cpu_s": cpus,
         "median_wall_s": {"serial": round(serial, 2), "local": round(local, 2)},
         "speedup": round(serial / local, 2),
+        "cpu_ratio_local_over_serial": round(
+            statistics.median(cpus["local"]) / statistics.median(cpus["serial"]), 2
+        ),
         "same_figures": True,
         "command": "megha simulate " + " ".join(SWEEP) + f" --jobs-count {args.jobs}",
     }

@@ -17,10 +17,12 @@ import copy
 import logging
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 from distributed import Client, Future, LocalCluster, as_completed
 
 from common.errors import ConfigError
@@ -57,13 +59,15 @@ def open_client(where: str) -> Client:
     """A client of ``where``: ``local`` (a new ``LocalCluster`` of this machine's cores,
     closed with the client) or a scheduler's address."""
     if where == "local":
-        cluster = LocalCluster(
-            n_workers=os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-        )
+        # the workers' statistical profiler samples a running point's stack every 10 ms
+        with dask.config.set({"distributed.worker.profile.enabled": False}):
+            cluster = LocalCluster(
+                n_workers=os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
         client = Client(cluster, set_as_default=False)
         client._megha_cluster = cluster  # type: ignore[attr-defined]
         return client
@@ -83,6 +87,12 @@ def close_client(client: Client) -> None:
         cluster.close()
 
 
+def _key(p: Point, attempt: int) -> str:
+    """A task's name on the cluster: the point and attempt, unique to this sweep (a
+    scheduler shared by several sweeps must never take one's point for another's)."""
+    return f"megha-{point_name(p)}-{attempt}-{uuid.uuid4().hex[:12]}"
+
+
 def distributed_points(
     args: argparse.Namespace,
     point: PointRun,
@@ -99,7 +109,7 @@ def distributed_points(
     try:
         index: dict[Future[Shipped], tuple[int, int]] = {}
         for k, p in enumerate(points):
-            f = client.submit(run_shipped, point, quiet, p, key=f"{point_name(p)}-1", pure=False)
+            f = client.submit(run_shipped, point, quiet, p, key=_key(p, 1), pure=False)
             index[f] = (k, 1)
         pending = as_completed(list(index), loop=client.loop)
         for f in pending:
@@ -114,9 +124,8 @@ def distributed_points(
                 watch.failed(point_name(p), error_text(exc), again)
                 if again:
                     g = client.submit(
-                        run_shipped, point, quiet, p, key=f"{point_name(p)}-{attempt + 1}",
-                        pure=False,
-                    )  # fmt: skip
+                        run_shipped, point, quiet, p, key=_key(p, attempt + 1), pure=False
+                    )
                     index[g] = (k, attempt + 1)
                     pending.add(g)
                 else:

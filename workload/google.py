@@ -23,9 +23,11 @@ task's duration is the time it ran, summed over its attempts (SCHEDULE to EVICT,
 FINISH, KILL or LOST); FINISH, KILL and LOST end it, EVICT and FAIL end an attempt (it
 may be submitted again).  A job is handed on, in arrival order, once each of its tasks
 has ended; a task still open ``lookahead`` seconds after its job arrived is cut there
-(it counts as having run until then: ``clipped``), so memory holds at most that span of
-the trace.  Tasks that never ran are dropped (``never_ran``); tasks open when the
-trace ends run to its last event (``unfinished``).  The counts are ``stats``.
+(it counts as having run until then: ``clipped``; the ends of tasks not held are
+``unmatched``), so memory holds at most that span of the trace.  A SCHEDULE of a task
+never submitted (missing data) submits it then.  Tasks that never ran are dropped
+(``never_ran``); tasks open when the trace ends run to its last event (``unfinished``).
+The counts are ``stats``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class ReplayStats:
     never_ran: int = 0
     after_end: int = 0
     skipped_rows: int = 0
+    unmatched: int = 0
+    """Events of a task not held: ended or cut already, or never submitted."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,13 +132,16 @@ class GoogleReplay:
     def _event(self, t: float, job: str, index: int, kind: int) -> None:
         key = (job, index)
         task = self._tasks.get(key)
-        if kind == SUBMIT and task is None:
+        if task is None and kind not in (SUBMIT, SCHEDULE):
+            self.stats.unmatched += kind != OTHER
+            return
+        if task is None:  # a SCHEDULE without a SUBMIT (missing data) arrives with it
             s = self._current.get(job)
             if s is None:
                 s = self._current[job] = _Slice(job, t)
                 self._queue.append(s)
             task = self._tasks[key] = s.open[key] = _Task(s)
-        if task is None or kind in (SUBMIT, OTHER):
+        if kind in (SUBMIT, OTHER):
             return
         if kind == SCHEDULE:
             task.start, task.scheduled = t, True
