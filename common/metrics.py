@@ -153,6 +153,8 @@ class LmCounters(Counters):
     """Liveness checks skipped because the LM itself had not run for a timeout."""
     stale_keep_ends: int = 0
     """``KeepEnds`` to keep a job's ends that came after its GM let them go (ignored)."""
+    refused_foreign: int = 0
+    """Placements and preemptions for a user not of the sending GM (``foreign_user``)."""
     journal_restored: int = 0
     """Attempts (held, stopping, ended) a new incarnation took back from its journal."""
     journal_skipped: int = 0

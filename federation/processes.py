@@ -143,7 +143,11 @@ def launch(spec: ProcessSpec, home: Path) -> int:
             env={
                 **os.environ,
                 **spec.env,
-                **provision.environment(home),
+                **(
+                    provision.environment(home)
+                    if spec.role == "dashboard"
+                    else provision.service_environment(home, spec.role, spec.ident)
+                ),
                 STATE_ENV: str(home / "state"),
             },
             stdout=log,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common.config import load_config
 from common.errors import MeghaError
-from federation.provision import restore_broker_login, revoke_broker_login
+from federation.provision import restore_broker_login, revoke_broker_login, save_outcome_key
 from security.access import save_token, tokens_dir
 from security.tokens import TokenStore
 
@@ -102,6 +102,7 @@ def issue_token(
         raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
     token = store.add(name, gm=gm, share=share, now=time.time())
     save_token(home, name, token)
+    save_outcome_key(home, name, gm)
     if path.exists():
         restore_broker_login(load_config(path), home, name)
     return token

@@ -79,6 +79,7 @@ from security import sealing
 from security.access import Access
 from security.broker_acl import USER_QUEUE_JOBS_OF_MAX_SIZE
 from security.identity import lm as lm_identity
+from security.outcomes import OutcomeSealer
 from security.tokens import TokenStore
 
 RECENT_ALLOCATIONS = 4096
@@ -215,6 +216,7 @@ class GmService:
         )
         self.resume_keys = sealing.keyring_for(access.secret, [access.me])
         self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
+        self.outcome_seal = OutcomeSealer(access.secret, gm, epoch=int(time.time() * 1000))
         self.forged = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -481,7 +483,9 @@ class GmService:
 
     async def _publish_refusal(self, notice: JobRefusal) -> None:
         key = names.user_event_key(notice.user, self.core.gm_id)
-        await self.broker.publish("events", key, amqp.persistent(codec.encode(notice)))
+        body = codec.encode(notice)
+        seal = self.outcome_seal.seal(body, notice.user)
+        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _send(self, eff: ToLm) -> None:
         msg = eff.msg
@@ -542,7 +546,8 @@ class GmService:
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
         key = names.user_event_key(user, self.core.gm_id)
-        await self.broker.publish("events", key, amqp.persistent(body))
+        seal = self.outcome_seal.seal(body, user)
+        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM."""

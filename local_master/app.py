@@ -29,7 +29,7 @@ from common import broker_names as names
 from common import codec
 from common.config import STATE_ENV, FederationConfig
 from common.effects import Record, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId
+from common.ids import GmId, LmId, UserId
 from common.messages import (
     CheckWorkers,
     CommitGang,
@@ -74,6 +74,7 @@ from runtime.supervisor import Supervisor
 from security.access import Access
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
+from security.tokens import TokenStore
 
 ONE_TRY = Backoff(deadline_s=0.0)
 RETRIES = Backoff()
@@ -115,6 +116,10 @@ class LmService:
             self.state = DurableState(os.path.join(state_root, lm), "lm", sync_s=cfg.journal_sync_s)
         self.sup = Supervisor(lm)
         faults.arm(lm)  # a chaos run may step its clock (runtime.clock)
+        self.users = TokenStore(access.users_file) if access.users_file is not None else None
+        self.owners: dict[UserId, GmId] = {}
+        """Each user's GM: a launch for another GM's user is refused (``foreign_user``)."""
+        self._read_owners()
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
@@ -146,7 +151,24 @@ class LmService:
             awaiting_workers=True,
             victims_younger_than_wait=self.cfg.victims_younger_than_wait,
             reroute=self.cfg.reroute_at_lm, durable=self.state is not None,
+            owners=self.owners,
         )  # fmt: skip
+
+    def _read_owners(self) -> None:
+        """The config's users and the users file's (``megha user add`` adds to it while
+        the federation runs): who is whose GM."""
+        owners = {UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs}
+        if self.users is not None:
+            owners |= {UserId(r.user): GmId(r.gm) for r in self.users.users()}
+        if owners != self.owners:
+            self.owners.clear()
+            self.owners.update(owners)
+
+    async def _watch_users(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.users is not None and self.users.reload_if_changed():
+                self._read_owners()
 
     async def open(self) -> None:
         await self.sup.__aenter__()
@@ -160,6 +182,7 @@ class LmService:
             policy=policy,
             max_answer=self.cfg.max_body,
         )
+        self.sup.run_forever(self._watch_users(), "users file")
         await self.broker.open()
         self.broker.on_disconnect = self._broker_lost
         if self.cfg.lm_standby:

@@ -36,13 +36,13 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from msgspec import structs
 
 from common.effects import Effect, Record, Reply, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
     CheckWorkers,
@@ -87,7 +87,14 @@ from local_master.ends import Ends
 from local_master.gang_requests import GangRequests
 from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
 from local_master.reservations import Reservations
-from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
+from local_master.validation import (
+    ASK_LATER,
+    FOREIGN_USER,
+    REGISTER_FIRST,
+    Address,
+    foreign_user,
+    refuse_request,
+)
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -112,8 +119,11 @@ class LocalMaster(GangRequests):
         victims_younger_than_wait: bool = False,
         reroute: bool = False,
         durable: bool = False,
+        owners: Mapping[UserId, GmId] | None = None,
     ) -> None:
         self.lm_id = lm_id
+        self.owners = owners
+        """Each user's GM (the driver keeps it current; ``validation.foreign_user``)."""
         self.nodes = NodeTable(
             lm_id, epoch, nodes, home, alive=not awaiting_workers, log_limit=log_limit
         )
@@ -285,6 +295,9 @@ class LocalMaster(GangRequests):
         self, gm: GmId, p: Placement, now: float, effects: list[Effect]
     ) -> PlacementResult:
         spec = p.spec
+        if foreign_user(self.owners, spec.user, gm):
+            self.counters.refused_foreign += 1
+            return PlacementResult(accepted=False, reason=FOREIGN_USER)
         held = self._held(spec, p.attempt, effects)
         if held is not None:
             self.counters.duplicates += 1
@@ -330,6 +343,9 @@ class LocalMaster(GangRequests):
             return [Reply(refused)]
         spec = req.spec
         self.counters.preemption_requests += 1
+        if foreign_user(self.owners, spec.user, req.gm):
+            self.counters.refused_foreign += 1
+            return [self._preempt_response(req, now, False, FOREIGN_USER, None, ())]
         effects: list[Effect] = []
         held = self._held(spec, req.attempt, effects)
         if held is not None:

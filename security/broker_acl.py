@@ -24,7 +24,7 @@ The topology (``F`` is the federation's name, also its vhost)::
     exchange    type    published by (routing key)                 bound to (key)
     F.submit    topic   user U (U)                                 F.user.U (U)
     F.state     topic   LM L (L)                                   F.gm.G.state (#)
-    F.events    topic   LM L (gm.G.L, user.U.L); GM G (user.U.G    F.gm.G.events (gm.G.#),
+    F.events    topic   LM L (gm.G.L); GM G (user.U.G, sealed      F.gm.G.events (gm.G.#),
                         for U served by G)                         F.user.U.events (user.U.#)
     F.dlx       fanout  GMs (refused jobs); the broker (user       F.dead
                         queues' dead letters)
@@ -381,11 +381,8 @@ def grants(layout: BrokerLayout) -> dict[Identity, Grant]:
             read=_only(lay.lm_epoch_queue(x), lay.lm_leader_queue(x)),
             topics=(
                 TopicGrant(lay.state_exchange, _only(state_key(x), epoch_key(x)), NOTHING),
-                TopicGrant(
-                    lay.events_exchange,
-                    f"^(gm\\.({gm_alt})|user\\.{_ID_CLASS})\\.{re.escape(x)}$",
-                    NOTHING,
-                ),
+                # events to the GMs only: a user's outcomes are its GM's word (sealed)
+                TopicGrant(lay.events_exchange, f"^gm\\.({gm_alt})\\.{re.escape(x)}$", NOTHING),
             ),
         )
         out[Identity(Role.WORKERS, x)] = Grant(NOTHING, NOTHING, NOTHING)

@@ -56,7 +56,7 @@ from enum import StrEnum
 
 from common.errors import Unauthorized, ValidationError
 from security.identity import Identity, Role
-from security.secret import Secret
+from security.secret import KeySource
 
 PURPOSE = "http"
 HEADER_IDENTITY = "X-Megha-Identity"
@@ -101,14 +101,14 @@ class Refusal(StrEnum):
 
 
 # ------------------------------------------------------------------ keys
-def signing_key(secret: Secret, sender: Identity, receiver: Identity) -> bytes:
+def signing_key(secret: KeySource, sender: Identity, receiver: Identity) -> bytes:
     """The key ``sender`` signs its calls to ``receiver`` with (and ``receiver`` its answers
     to ``sender`` with ``signing_key(secret, receiver, sender)``)."""
     return secret.channel_key(sender, receiver, PURPOSE)
 
 
 def keyring_for(
-    secret: Secret, receiver: Identity, senders: Iterable[Identity]
+    secret: KeySource, receiver: Identity, senders: Iterable[Identity]
 ) -> dict[Identity, bytes]:
     """The keyring ``receiver`` verifies calls from ``senders`` with."""
     return {s: signing_key(secret, s, receiver) for s in senders}
