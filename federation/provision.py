@@ -57,6 +57,7 @@ from security.secret import (
     load_secret,
     secret_path,
 )
+from security.tls import make_federation_tls, trust_home
 from security.tokens import TokenStore
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -73,6 +74,9 @@ def prepare(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) ->
     env = {SECRET_FILE_ENV: str(make_secret(cfg, home, insecure_dev=insecure_dev))}
     secret = load_secret(secret_path(home), insecure_dev=True)  # checked by make_secret
     write_party_keys(home, secret, cfg, parties(cfg))
+    if cfg.tls_on:
+        make_federation_tls(cfg, home)
+        trust_home(home)
     if insecure_dev:
         env[INSECURE_ENV] = "1"
         print(

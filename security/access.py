@@ -28,7 +28,7 @@ from urllib.parse import quote, urlparse
 
 from common.config import FederationConfig
 from common.errors import ConfigError
-from security import outcomes, sealing, signing
+from security import outcomes, sealing, signing, tls
 from security.broker_acl import CREDENTIALS_ENV, CREDENTIALS_FILENAME, BrokerCredentials
 from security.files import ensure_private_dir, mounted, read_private, write_private
 from security.identity import OPERATOR, Identity, Role
@@ -176,7 +176,9 @@ class Access:
         *,
         insecure_dev: bool = False,
     ) -> Access:
-        """The operator's access to the federation recorded in ``home``."""
+        """The operator's access to the federation recorded in ``home`` (trusting its
+        CA, if it has one)."""
+        tls.trust_home(home)
         path = secret_path(home)
         if path.exists():
             secret = load_secret(path, insecure_dev=insecure_dev or insecure())
@@ -190,13 +192,13 @@ class Access:
     def broker_urls(self) -> list[str]:
         """Every broker node's URL, logged in as this party on the federation's vhost."""
         if self.credentials is None:
-            return self.cfg.broker_urls
+            return [tls.amqps_url(u) for u in self.cfg.broker_urls]
         creds = self.credentials
         key = str(self.me)
         if key not in creds.passwords:
             raise ConfigError(f"no broker credentials for {self.me}", reason="no_credentials")
         return [
-            _with_user(u, creds.users[key], creds.passwords[key], creds.vhost)
+            tls.amqps_url(_with_user(u, creds.users[key], creds.passwords[key], creds.vhost))
             for u in self.cfg.broker_urls
         ]
 
