@@ -60,7 +60,7 @@ from common.config import (
 )
 from common.errors import ConfigError
 from federation.provision import broker_credentials, issue_tokens, make_secret
-from security.access import USERS_FILE_ENV, load_tokens, service_identity
+from security.access import USERS_FILE_ENV, load_tokens, parties, service_identity
 from security.broker_acl import (
     CREDENTIALS_ENV,
     CREDENTIALS_FILENAME,
@@ -70,7 +70,9 @@ from security.broker_acl import (
     rabbit_password_hash,
 )
 from security.files import MOUNTED_ENV, ensure_private_dir, read_private, write_private
-from security.secret import SECRET_FILENAME
+from security.party_keys import write_party_keys
+from security.secret import SECRET_FILENAME, load_secret
+from security.tls import make_federation_tls
 from security.tokens import TOKENS_FILENAME
 
 Manifest = dict[str, Any]
@@ -192,6 +194,11 @@ def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
     if not cookie.exists():
         write_private(cookie, (secrets.token_hex(32) + "\n").encode())
     made.append(cookie)
+    # each service's own keys, and the federation's CA with a certificate per process
+    # and for the broker (issue 32 items 7 and 10)
+    secret = load_secret(directory / SECRET_FILENAME, insecure_dev=True)
+    made.extend(write_party_keys(directory, secret, cfg, parties(cfg)))
+    made.extend(make_federation_tls(replace(cfg, tls="on"), directory))
     env = (
         f"MEGHA_SECRETS={directory}\nMEGHA_UID={os.getuid()}\nMEGHA_GID={os.getgid()}\n"
         f"COMPOSE_PROJECT_NAME={cfg.name}\n"
