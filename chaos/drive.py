@@ -56,6 +56,7 @@ from federation.processes import (
 from request_generator.bench import fetch_launches, fetch_states
 from request_generator.submitter import Submitter
 from runtime import faults
+from runtime.clock import CLOCK_STEP
 from security import sealing
 from security.access import Access
 from security.identity import Identity
@@ -248,6 +249,9 @@ async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, 
         return f"{a} {target}" + (f" {step.value:g} ms" if a == "delay" else "")
     if a in ("kill_all", "stop_all", "start_all"):
         return await _whole(st, a, run)
+    if a == "clock_step":  # the service's wall clock, as runtime.clock.wall reads it
+        faults.set_value(st.faults, target, CLOCK_STEP, step.value)
+        return f"{target}'s wall clock stepped to {step.value:+g} s off"
     if a == "duplicate_jobs":  # the very bytes published before, published again
         for job, at in list(run.sent):
             await sub.publish_raw(
@@ -363,7 +367,7 @@ EVIDENCE = (
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
     "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
     "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused", "handler_errors",
-    "poisoned", "repartitions", "journal_restored", "orphans_queued",
+    "poisoned", "repartitions", "journal_restored", "orphans_queued", "fenced",
 )  # fmt: skip
 
 
@@ -377,6 +381,8 @@ def evidence(states: dict[str, Any]) -> dict[str, int]:
         for kind, drops in st.get("dropped", {}).items():
             if isinstance(drops, dict):
                 total[f"dropped_{kind}"] = total.get(f"dropped_{kind}", 0) + sum(drops.values())
+        steps = int(st.get("clock", {}).get("steps", 0))  # its wall clock stepped
+        total["clock_steps"] = total.get("clock_steps", 0) + steps
         if "broker" in st:
             total["broker_reconnects"] = total.get("broker_reconnects", 0) + int(
                 st["broker"].get("reconnects", 0)

@@ -73,6 +73,10 @@ class FederationConfig:
     listen: str = ""
     """Interface every process binds; empty: the host of its own address
     (``0.0.0.0`` in containers, where the address is a service name)."""
+    tls: str = "auto"
+    """Internal HTTP over TLS, under the federation's own CA (``security.tls``):
+    "on", "off", or "auto": on when any process or the broker is on another host
+    than the loopback.  With it on, a broker off the loopback must be ``amqps://``."""
     broker_url: str = DEFAULT_BROKER_URL
     """The broker's AMQP URL; for a RabbitMQ cluster, every node's URL, comma-separated
     (a process fails over to the next node that answers)."""
@@ -231,7 +235,33 @@ class FederationConfig:
 
     def url(self, name: str) -> str:
         host, port = self.address(name)
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls_on else 'http'}://{host}:{port}"
+
+    @property
+    def hosts(self) -> set[str]:
+        """Every host a process or a broker node of the federation is on."""
+        hosts = {self.address(n)[0] for n in self.process_names}
+        return hosts | {_url_host(u) for u in self.broker_urls}
+
+    @property
+    def tls_on(self) -> bool:
+        """``tls``: on, off, or (auto) on unless everything is on the loopback."""
+        if self.tls == "auto":
+            return not self.hosts <= set(LOOPBACK)
+        return self.tls == "on"
+
+    def _check_tls(self) -> None:
+        if self.tls not in ("auto", "on", "off"):
+            raise ConfigError(f"tls must be auto, on or off, not {self.tls!r}")
+        if not self.tls_on:
+            return
+        plain = [u for u in self.broker_urls if not u.startswith("amqps://")]
+        if any(_url_host(u) not in LOOPBACK for u in plain):
+            raise ConfigError(
+                "tls is on and the broker is on another host: give its TLS listener "
+                '(amqps://HOST:5671/), or set tls = "off"',
+                reason="plain_broker",
+            )
 
     def gm_port(self, gm: str) -> int:
         return self.address(gm)[1]
@@ -326,6 +356,7 @@ class FederationConfig:
             raise ConfigError("max_user_tasks must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
+        self._check_tls()
         if not self.secret:
             raise ConfigError("secret must not be empty")
         if not 1 <= self.base_port <= 65535 - 400:
@@ -435,6 +466,16 @@ def parse_config(data: dict[str, Any], *, env: dict[str, str] | None = None) -> 
     return cfg.validate()
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _url_host(url: str) -> str:
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if rest.startswith("["):
+        return rest[1 : rest.index("]")]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
 def load_config(path: str | Path | None = None) -> FederationConfig:
     """The config at ``path`` (or $MEGHA_CONFIG); defaults when neither is given."""
     p = path if path is not None else os.environ.get(CONFIG_ENV) or None
@@ -462,6 +503,10 @@ class ProcessSpec:
     port: int
     url: str
 
+
+TLS_DIRNAME = "tls"
+"""Beside the recorded config: the federation's CA and certificates (``security.tls``)."""
+TLS_CA_ENV = "MEGHA_TLS_CA"
 
 APPS = {
     "gm": "global_master.app:create_app",
@@ -507,7 +552,11 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             ID_ENV: ident,
             BROKER_ENV: cfg.broker_url,
         }
-        return ProcessSpec(name, role, ident, argv, env, port, f"http://{host}:{port}")
+        if cfg.tls_on:  # its certificate, and the CA it trusts (security.tls)
+            tls = Path(config_path).parent / TLS_DIRNAME
+            argv += ["--certfile", str(tls / f"{name}.pem"), "--keyfile", str(tls / f"{name}.key")]
+            env[TLS_CA_ENV] = str(tls / "ca.pem")
+        return ProcessSpec(name, role, ident, argv, env, port, cfg.url(name))
 
     for lm in cfg.lm_ids:
         plan.append(spec("worker", lm, f"{lm}-workers"))

@@ -12,14 +12,18 @@ from dataclasses import dataclass
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     CancelTasks,
+    CommitGang,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
     RegisterWorkers,
+    ReleaseGang,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StateUpdated,
     StopTask,
+    StopUserTasks,
     SubmitJob,
     TaskEvent,
     TaskOutcome,
@@ -47,9 +51,13 @@ class ToLm:
         | SnapshotRequest
         | KeepEnds
         | CancelTasks
+        | StopUserTasks
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers
+        | ReserveRequest
+        | CommitGang
+        | ReleaseGang
     )
 
 

@@ -117,6 +117,8 @@ class GmCounters(Counters):
     tasks_finished: int = 0
     jobs_cancelled: int = 0
     """Cancels of a job this GM held (``CancelJob``; a repeated one counts again)."""
+    revoked_ended: int = 0
+    """Tasks of users whose token was revoked, ended ``user_revoked`` (queued or stopped)."""
 
 
 @dataclass(slots=True)
@@ -153,10 +155,14 @@ class LmCounters(Counters):
     """Liveness checks skipped because the LM itself had not run for a timeout."""
     stale_keep_ends: int = 0
     """``KeepEnds`` to keep a job's ends that came after its GM let them go (ignored)."""
+    refused_foreign: int = 0
+    """Placements and preemptions for a user not of the sending GM (``foreign_user``)."""
     journal_restored: int = 0
     """Attempts (held, stopping, ended) a new incarnation took back from its journal."""
     journal_skipped: int = 0
     """Journal records of nodes or GMs the federation no longer has (ignored)."""
+    revoked_stops: int = 0
+    """Attempts stopped because their user's token was revoked (``StopUserTasks``)."""
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from common.errors import ConfigError, MeghaError
 from federation import provision
 from federation.ports import port_free
 from security.files import ensure_private_dir
+from security.tls import process_client_context
 
 RABBIT_HINT = (
     "RabbitMQ is not reachable at {url}.\n"
@@ -62,7 +63,8 @@ def broker_reachable(url: str, timeout: float = 2.0) -> bool:
 
 def _health(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
+        ctx = process_client_context()
+        with urllib.request.urlopen(url + "/health", timeout=1.0, context=ctx) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -143,7 +145,11 @@ def launch(spec: ProcessSpec, home: Path) -> int:
             env={
                 **os.environ,
                 **spec.env,
-                **provision.environment(home),
+                **(
+                    provision.environment(home)
+                    if spec.role == "dashboard"
+                    else provision.service_environment(home, spec.role, spec.ident)
+                ),
                 STATE_ENV: str(home / "state"),
             },
             stdout=log,

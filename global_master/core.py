@@ -44,6 +44,7 @@ from common.messages import (
     CancelTasks,
     Decide,
     EventKind,
+    GangRetry,
     HeldTask,
     KeepEnds,
     LaunchResponse,
@@ -53,6 +54,7 @@ from common.messages import (
     PreemptResponse,
     RequestFailed,
     RequestSnapshots,
+    ReserveResponse,
     StateDelta,
     StateSnapshot,
     StateUpdated,
@@ -60,12 +62,15 @@ from common.messages import (
     TaskEvent,
     TaskEvents,
     TaskOutcome,
+    UserAccess,
+    UserTasksStopped,
 )
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
 from global_master.admission import Admission, AdmissionLimits, Admissions, Cluster, Refusal, dag_of
 from global_master.fairness import Fairness, Grace, NoVictim
+from global_master.gang import Gangs, GangSettings
 from global_master.journal import Journal
 from global_master.ledger import InFlight, Ledger, round_trip
 from global_master.lifecycle import JobBook
@@ -73,6 +78,7 @@ from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.queues import UserQueues
 from global_master.recovery import Recovery, Redelivered, left_behind, recovered_task, resume_job
+from global_master.revocation import USER_REVOKED, Revocations
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
@@ -103,6 +109,7 @@ class GlobalMaster:
         admit_slice: int = 1000,
         keep_ends_after_s: float = ENDS_RETAINED_S / 4,
         book: JobBook | None = None,
+        gangs: GangSettings | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.journal = journal
@@ -130,6 +137,9 @@ class GlobalMaster:
         """Tasks of cancelled jobs not yet ended (``_on_cancel``): none is placed again."""
         self.book = book
         self.fairness = Fairness(users, overload)
+        self.revocations = Revocations()
+        self.gang = Gangs(gm_id, gangs)
+        self._gang_of = self.gang.member
         self.views = self.lm_views.by_lm
         self.admitting, self.held_admissions = self.admission.admitting, self.admission.held
         self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
@@ -139,17 +149,27 @@ class GlobalMaster:
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
-            AdmitJob: lambda msg, now: self._admit_job(msg, now, now),
+            AdmitJob: lambda msg, now: self.gang.admitted(msg.job, self._admit_job(msg, now, now)),
             AdmitMore: self._on_admit_more,
             CancelJob: self._on_cancel,
             Decide: lambda msg, now: self.decide(now, msg.max_tasks),
             RequestSnapshots: self._on_request_snapshots,
             StateUpdated: self._on_state_update,
             StateSnapshot: self._on_snapshot,
-            LaunchResponse: self._on_launch_response,
+            LaunchResponse: lambda msg, now: (
+                self.gang.commit_answered(msg) + self._on_launch_response(msg, now)
+            ),
             PreemptResponse: self._on_preempt_response,
-            RequestFailed: self._on_request_failed,
+            RequestFailed: lambda msg, now: (
+                self.gang.request_failed(self, msg, now) + self._on_request_failed(msg, now)
+            ),
             TaskEvents: self._on_task_events,
+            UserAccess: self._on_user_access,
+            UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
+            ReserveResponse: lambda msg, now: self.gang.on_reserve_response(
+                self, msg, now, self._apply(msg.delta)
+            ),
+            GangRetry: lambda msg, now: self.gang.retry(self, msg, now),
         }
 
     # --------------------------------------------------------------- the entry
@@ -557,10 +577,19 @@ class GlobalMaster:
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
+        if task.user in self.revocations:  # came back from an LM (stopped) or crossed
+            self._revoked(task, effects)
+            return
         if self.cancelled and task.key in self.cancelled:
             self._cancel_ends(task, effects)
             return
         task.decisions += 1
+        if (
+            self._gang_of
+            and task.key in self._gang_of
+            and self.gang.place(self, task, now, effects)
+        ):
+            return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = task.constraints, task.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
         # 1. internal partitions; 2. external partitions: repartition
@@ -573,6 +602,10 @@ class GlobalMaster:
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
+            return
+        if self.gang.holds and (held := self.gang.backfill(self, task, now)) is not None:
+            view, node = held  # backfill: reserved-but-idle room, free until it is due
+            self._dispatch(task, view, node, view.home[node] != self.gm_id, batches, now)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
@@ -683,6 +716,7 @@ class GlobalMaster:
         """An LM's state, in an update or an answer, into its view; a view that changed
         gives parked queues and the shares a new chance."""
         changed, asks = self.lm_views.apply(delta)
+        self.gang.saw(delta)
         if changed:
             self.fairness.views_changed()
             self.queues.new_epoch()
@@ -853,6 +887,8 @@ class GlobalMaster:
         self._settle(task, effects)
         if reason not in ("finished", "failed"):
             self.placed[task.key] = task
+            if task.user in self.revocations:  # the launch crossed the stop: stop it too
+                effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
             if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
                 effects.append(self._stop(task.lm, [task]))
             return
@@ -916,6 +952,27 @@ class GlobalMaster:
         if not self._preempt(task, now, effects):
             self._requeue(task, now)
         return effects
+
+    # ------------------------------------------------------------ revocation
+    def _on_user_access(self, msg: UserAccess, now: float) -> list[Effect]:
+        """A user's token was revoked (``global_master.revocation``) or issued again."""
+        if msg.user not in self.queues:
+            return []
+        if not msg.revoked:
+            self.revocations.restore(msg.user)
+            return []
+        taken = self.revocations.revoke(msg.user, self.queues)
+        if taken is None:
+            return []
+        effects: list[Effect] = []
+        for task in taken:
+            self._revoked(task, effects)
+        effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
+        return effects
+
+    def _revoked(self, task: Task, effects: list[Effect]) -> None:
+        self.counters.revoked_ended += 1
+        self._fail(task, USER_REVOKED, effects)
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:

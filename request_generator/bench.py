@@ -655,6 +655,7 @@ def _fate(opts: BenchOptions, run: _Run, sub: Submitter) -> dict[str, Any]:
         "launch_log_rows_missed": run.launches.missed,
         "launch_log_pool_restarts": run.launches.check.restarts,
         "duplicate_outcomes": out.duplicates,
+        "forged_outcomes": out.forged,
     }
 
 

@@ -46,6 +46,7 @@ from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
 from runtime import h1
+from runtime.clock import steady
 from runtime.driver import CoreDriver
 from runtime.gcwatch import GcWatch
 from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
@@ -510,6 +511,7 @@ async def health_handler(request: web.Request) -> web.Response:
 
 async def state_handler(request: web.Request) -> web.Response:
     page = request.app[SERVICE_KEY].state_page()
+    page["clock"] = steady.page()  # its wall clock's steps, if any (runtime.clock)
     watch = request.app.get(GC_KEY)
     if watch is not None:
         page["gc"] = watch.page()

@@ -31,10 +31,11 @@ from common.config import (
     process_plan,
 )
 from deploy import render
-from deploy.render import AMQP_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID, SECRET_ENV
+from deploy.render import AMQP_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID
 from security.access import USERS_FILE_ENV, Access, load_tokens
 from security.broker_acl import CREDENTIALS_ENV
 from security.files import MOUNTED_ENV
+from security.party_keys import KEYS_FILE_ENV, PartyKeys
 from security.tokens import TokenStore
 from tests.deploy.conftest import (
     KUBERNETES,
@@ -273,18 +274,21 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         (c,) = pod_spec(workload)["containers"]
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         files = mounted_files(workload, secrets)
-        wanted = {SECRET_ENV} | ({CREDENTIALS_ENV} if p.role != "worker" else set())
-        wanted |= {USERS_FILE_ENV} if p.role == "gm" else set()
+        wanted = {KEYS_FILE_ENV} | ({CREDENTIALS_ENV} if p.role != "worker" else set())
+        wanted |= {USERS_FILE_ENV} if p.role in ("gm", "lm") else set()
         # exactly the files the process is told about, no other party's
         assert sorted(files) == sorted(env[k] for k in wanted), p.name
         access = start_access(cfg, p.name, env, files, tmp_path / p.name)
         assert access.secret.warning is None
+        # its own keys only, never the federation secret (issue 32 item 7)
+        assert isinstance(access.secret, PartyKeys)
+        assert access.secret.holder == access.me
         if p.role == "worker":
             assert access.credentials is None, p.name
             continue
         assert list(access.credentials.passwords) == [str(access.me)]  # type: ignore[union-attr]
         check_broker_login(access, definitions, cfg)
-        if p.role == "gm":
+        if p.role in ("gm", "lm"):
             assert access.users_file is not None
             users = {u.user for u in TokenStore(access.users_file).users()}
             assert users == {u.user for u in cfg.user_configs}
