@@ -1040,8 +1040,11 @@ class GlobalMaster:
         """An event about a task of this GM's users that it does not hold: recovery
         keeps it for the task's job; an end may be told to its user now; a task its LM
         gave back is queued again (nothing else holds it)."""
-        if ev.user not in self.queues or (ev.user, ev.task_id) in self.live:
+        key = (ev.user, ev.task_id)
+        if ev.user not in self.queues or key in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
+        if self.ledger.holds(key):
+            return  # ended in a job recorded here (a copy of its end): told once already
         back = self.recovery.given_back(ev, self.gm_id)
         if back is not None:
             self.counters.orphans_queued += 1

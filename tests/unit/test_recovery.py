@@ -561,3 +561,28 @@ def test_a_task_its_lm_gives_back_to_a_restarted_gm_is_queued_not_lost() -> None
     redelivered = replace(persist.job, job_id=t.job_id, resumes=None, attempt=0, token="t")
     fresh.handle(AdmitJob(job=redelivered, redelivered=True), 5.0)
     assert [e for e in decide(fresh, 6.0) if isinstance(e, ToLm)] == []
+
+
+def test_a_copy_of_a_task_s_end_is_told_once_and_leaves_its_job_open() -> None:
+    """The broker delivers a task's end again while its job still waits for another
+    task: it went to recovery as an orphan and ended the task a second time (its user
+    told twice, its job's count of tasks left taken down twice: the job retired early).
+    Found by the state-transition table of the ``reasons`` work (issue 33)."""
+    from common.model import TaskState
+    from tests.conftest import events, launches, make_lm, outcomes, replies
+
+    gm, lm = make_gm(), make_lm("lm0", [(4, 4)])
+    alive(lm, 0.0)
+    sync_views(gm, lm)
+    t0, t1 = (make_task(1, 1, task_id=f"t{i}", job="j") for i in range(2))
+    submit(gm, [t0, t1], 0.0)
+    (req,) = launches(decide(gm, 0.1))
+    (resp,) = replies(lm.handle(req, 0.2))
+    gm.handle(resp, 0.3)
+    evs = events(lm.handle(report(LM0, ReportKind.FINISHED, t0, 0, 1.0), 1.0))
+    ev = as_events(LM0, evs)
+    assert [o.task.task_id for o in outcomes(gm.handle(ev, 1.1))] == [t0.task_id]
+    assert outcomes(gm.handle(ev, 1.2)) == []  # the broker redelivers the same events
+    assert state(gm, t0) is TaskState.FINISHED
+    assert state(gm, t1) is not None  # its job still waits for it
+    assert gm.jobs[(t0.user, t0.job_id)].left == 1
