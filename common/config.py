@@ -45,7 +45,7 @@ above the accounts and the container uid ranges (subuids) hosts usually give out
 _LAST_UID = 2**32 - 2
 _NOBODY = 65534
 
-QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
+QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack", "srpt")
 """How a GM may order its user queues (``global_master.policy`` implements each)."""
 
 

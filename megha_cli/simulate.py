@@ -149,9 +149,11 @@ def _dag_args(p: argparse.ArgumentParser) -> None:
     dag = p.add_argument_group("DAG jobs (Carbyne)")
     dag.add_argument(
         "--policies",
-        default="drf,tetris,sjf,carbyne",
-        help="DAG workloads: queue policies to compare "
-        "(fifo, drf, drf-wc, tetris, sjf, carbyne, carbyne-pack)",
+        default=None,
+        help="queue policies to compare (fifo, srpt, drf, drf-wc, tetris, sjf, carbyne, "
+        "carbyne-pack); traces and synthetic jobs: Megha once per policy beside the "
+        "baselines (default fifo; results megha, megha-<policy>); DAG workloads: "
+        f"default {dag_run.DAG_POLICIES}",
     )
     dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
     dag.add_argument(

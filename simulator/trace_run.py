@@ -3,7 +3,9 @@ simulate``; DAG workloads under queue policies are ``simulator.dag_run``).
 
 Every scheduler sees the same jobs (rebuilt from the same seed) on the same machines;
 Megha and the centralized configuration (the same machines under one GM and one LM)
-run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).
+run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).  Megha runs
+once per queue policy of ``--policies`` (``megha`` is FIFO, ``megha-<policy>`` the
+others, e.g. ``megha-srpt``); the centralized scheduler is FIFO.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from global_master.policy import POLICIES, make_policy
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
 from reporting.tally import jct_stats, summarize_tasks
@@ -115,6 +118,27 @@ def _baselines(text: str) -> list[str]:
     return names
 
 
+def trace_policies(text: str | None) -> list[str]:
+    """The queue policies Megha runs a trace under (``--policies``; default FIFO)."""
+    names = [p.strip() for p in (text or "fifo").split(",") if p.strip()] or ["fifo"]
+    for p in names:
+        if p not in POLICIES:
+            raise ConfigError(
+                f"unknown queue policy {p!r} (known: {', '.join(POLICIES)})",
+                reason="unknown_policy",
+            )
+    return list(dict.fromkeys(names))
+
+
+def megha_label(policy: str) -> str:
+    """A Megha run's name in the results: ``megha`` (FIFO), ``megha-<policy>``."""
+    return "megha" if policy == "fifo" else f"megha-{policy}"
+
+
+def _outstanding(sim: MeghaSimulation) -> Callable[[], int]:
+    return lambda: sim.outstanding
+
+
 def run_schedulers(
     args: argparse.Namespace,
     clusters: Sequence[ClusterSpec],
@@ -129,11 +153,14 @@ def run_schedulers(
     )
     baselines = _baselines(args.baselines)
     results: dict[str, SimResult] = {}
-    jobs = build_jobs(args, users)
-    total = sum(len(j.tasks) for j in jobs)
-    sim = MeghaSimulation(clusters, gm_ids, users, cfg)
-    sim.add_jobs(jobs)
-    results["megha"] = runner("megha", total, lambda: sim.outstanding, sim.run)
+    for policy in trace_policies(getattr(args, "policies", None)):
+        jobs = build_jobs(args, users)
+        total = sum(len(j.tasks) for j in jobs)
+        factory = None if policy == "fifo" else make_policy(policy, users, seed=args.seed)
+        sim = MeghaSimulation(clusters, gm_ids, users, cfg, queues_factory=factory)
+        sim.add_jobs(jobs)
+        label = megha_label(policy)
+        results[label] = runner(label, total, _outstanding(sim), sim.run)
     if "sparrow" in baselines:
         jobs = build_jobs(args, users)
         sp = SparrowSimulation(

@@ -7,6 +7,7 @@ One module per idea; the GM calls the policy, the policy never calls the GM:
 * ``drf``      -- weighted DRF by progressive filling (``DrfQueues``);
 * ``packing``  -- Tetris's alignment score, packing, node choice (``TetrisQueues``);
 * ``sjf``      -- shortest job first by critical path (``SjfQueues``);
+* ``srpt``     -- least remaining work first within each user, flat jobs too (``SrptQueues``);
 * ``altruism`` -- Carbyne intra-job: forward packing for ``T_k``, reverse packing;
 * ``leftover`` -- Carbyne's leftover scheduling: SRTF or packing first;
 * ``carbyne``  -- Pseudocode 1: the three steps together (``CarbyneQueues``).
@@ -28,6 +29,7 @@ from global_master.policy.drf import DrfQueues
 from global_master.policy.jobs import JobQueues
 from global_master.policy.packing import TetrisQueues
 from global_master.policy.sjf import SjfQueues
+from global_master.policy.srpt import SrptQueues
 from global_master.queues import UserQueues
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "JobQueues",
     "QueuesFactory",
     "SjfQueues",
+    "SrptQueues",
     "TetrisQueues",
     "make_policy",
 ]
@@ -66,6 +69,8 @@ def make_policy(
         mine_shares = {u: shares.get(u, 1.0) for u in mine}
         if name == "fifo":
             return UserQueues(mine, patience=patience)
+        if name == "srpt":
+            return SrptQueues(mine, patience=patience)
         if name in ("drf", "drf-wc"):
             return DrfQueues(mine, shares=mine_shares, work_conserving=name == "drf-wc")
         if name == "tetris":
