@@ -98,7 +98,8 @@ def test_unknown_durations_count_as_tasks_and_removal_forgets_the_work() -> None
     assert [q.pop() for _ in range(3)] == three
     for t in three:
         q.on_dispatched(t, 0.0)
-    assert not q.remaining.held and not q.remaining.work
+    assert not q.remaining.held
+    assert not q.remaining.work
 
 
 def test_make_policy_builds_srpt_queues() -> None:
