@@ -91,10 +91,15 @@ def bound(jobs: Sequence[FlatJob], slots: int) -> dict[str, Any]:
         out[order] = {"jct_mean_s": sum(jct) / len(jct), "jct_max_s": max(jct)}
     fifo = out["fifo"]["jct_mean_s"]
     out["srpt_over_fifo"] = out["srpt"]["jct_mean_s"] / fifo if fifo > 0 else 1.0
+    out["offered_load"] = offered_load(jobs, slots)
+    return out
+
+
+def offered_load(jobs: Sequence[FlatJob], slots: int) -> float:
+    """The jobs' work over ``slots`` times the span of their arrivals."""
     work = sum(sum(j.durations) for j in jobs)
     span = max(j.arrival for j in jobs) - min(j.arrival for j in jobs)
-    out["offered_load"] = work / (slots * span) if span > 0 else float("inf")
-    return out
+    return work / (slots * span) if span > 0 else float("inf")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
