@@ -19,9 +19,10 @@ from typing import Any
 from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
+from common.metrics import percentiles
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
-from global_master.policy import POLICIES, make_policy
+from global_master.policy import AGING_S, POLICIES, make_policy
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
 from reporting.tally import jct_stats, summarize_tasks
@@ -30,6 +31,7 @@ from simulator.config import config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 from workload.jobs import Job
+from workload.priorities import parse_classes, with_priorities
 from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
 from workload.traces import read_trace
 
@@ -52,7 +54,16 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
     if args.workload == "trace":
         if not args.trace:
             raise ConfigError("--workload trace needs --trace FILE", reason="missing_trace")
-        return jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
+        jobs = jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
+    else:
+        jobs = _synthetic(args, spec, users, rng)
+    classes = getattr(args, "priorities", "")
+    return with_priorities(jobs, parse_classes(classes), args.seed) if classes else jobs
+
+
+def _synthetic(
+    args: argparse.Namespace, spec: WorkloadSpec, users: Sequence[UserConfig], rng: random.Random
+) -> list[Job]:
     return synthetic_jobs(
         args.jobs_count,
         rate=args.rate,
@@ -75,7 +86,20 @@ def scheduler_summary(result: SimResult) -> dict[str, Any]:
     s["stuck_tasks"] = result.stuck
     s["jobs_completed"] = len(result.job_completion)
     s["jobs_failed"] = len(result.failed_jobs)
+    classes = sorted({t.spec.priority for t in result.tasks})
+    if classes != [0]:
+        s["classes"] = {str(c): class_summary(result, c) for c in classes}
     return s
+
+
+def class_summary(result: SimResult, cls: int) -> dict[str, Any]:
+    """One priority class's tasks: allocation time to the final start, and to the first."""
+    mine = [t for t in result.tasks if t.spec.priority == cls and t.started_at >= 0]
+    return {
+        "tasks": sum(1 for t in result.tasks if t.spec.priority == cls),
+        "allocation_time_s": percentiles([t.allocation_time for t in mine]),
+        "first_start_s": percentiles([t.first_allocation_time for t in mine]),
+    }
 
 
 def allocation_series(results: dict[str, SimResult]) -> dict[str, list[float]]:
@@ -135,6 +159,11 @@ def megha_label(policy: str) -> str:
     return "megha" if policy == "fifo" else f"megha-{policy}"
 
 
+def _aging(args: argparse.Namespace) -> float:
+    aging: float | None = getattr(args, "priority_aging", None)
+    return AGING_S if aging is None else aging
+
+
 def _outstanding(sim: MeghaSimulation) -> Callable[[], int]:
     return lambda: sim.outstanding
 
@@ -156,7 +185,7 @@ def run_schedulers(
     for policy in trace_policies(getattr(args, "policies", None)):
         jobs = build_jobs(args, users)
         total = sum(len(j.tasks) for j in jobs)
-        factory = None if policy == "fifo" else make_policy(policy, users, seed=args.seed)
+        factory = make_policy(policy, users, seed=args.seed, aging_s=_aging(args))
         sim = MeghaSimulation(clusters, gm_ids, users, cfg, queues_factory=factory)
         sim.add_jobs(jobs)
         label = megha_label(policy)
@@ -172,7 +201,10 @@ def run_schedulers(
         gm0 = GmId("gm0")
         c_users = [UserConfig(u.user, gm0, u.share) for u in users]
         jobs = build_jobs(args, c_users)
-        csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
+        factory = make_policy("fifo", c_users, seed=args.seed, aging_s=_aging(args))
+        csim = MeghaSimulation(
+            centralized_cluster(clusters, gm0), [gm0], c_users, cfg, queues_factory=factory
+        )
         csim.add_jobs(jobs)
         results["centralized"] = runner("centralized", total, lambda: csim.outstanding, csim.run)
     return results, jobs
