@@ -98,6 +98,12 @@ class UserQueues:
         """The view changed: parked queues may be able to place again."""
         self._failures.clear()
 
+    def ahead_of(self, task: Task) -> list[str]:
+        """Why ``task`` waits behind tasks of other priority classes, in words, for
+        ``megha why`` (``global_master.policy.classes``; plain queues: nothing)."""
+        del task
+        return []
+
     def parked(self, user: UserId) -> bool:
         return self._failures.get(user, 0) >= min(self.patience, len(self.queues[user]))
 
