@@ -112,13 +112,15 @@ def time_scale_for(trace: Path, load: float, slots: int) -> float:
     return offered_load(jobs_of_trace(trace), slots) / load
 
 
-def simulate(args: argparse.Namespace, trace: Path, scale: float, out: Path) -> float:
+def simulate(
+    args: argparse.Namespace, trace: Path, scale: float, out: Path, extra: Sequence[str] = ()
+) -> float:
     """One ``megha simulate`` run of every scheduler; its wall seconds."""
     cmd = [
         sys.executable, "-m", "megha_cli.main", "simulate", "--trace", str(trace),
         "--time-scale", f"{scale:.6g}", "--workers", str(args.workers), "--gms", str(args.gms),
         "--lms", str(args.lms), "--policies", args.policies, "--baselines", args.baselines,
-        "--seed", str(args.seed), "--out", str(out), "--quiet",
+        "--seed", str(args.seed), "--out", str(out), "--quiet", *extra,
     ]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
