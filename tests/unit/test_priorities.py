@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 from msgspec.structs import replace
 
+from common.dag import jobs_to_doc, parse_jobs
+from common.errors import ConfigError
 from common.ids import GmId, LmId, UserId
 from common.model import Task, TaskSpec, TaskState, UserConfig
 from global_master.core import GlobalMaster
@@ -158,3 +161,15 @@ def test_why_names_the_classes_ahead_of_a_queued_task() -> None:
     assert answer["priority"] == 0
     assert any(line.startswith("class 3 goes first: 1 of its tasks") for line in answer["why"])
     assert not any("goes first" in line for line in task_answer(gm, key(high))["why"])  # type: ignore[index]
+
+
+def test_a_job_file_names_a_job_s_class_and_refuses_a_bad_one() -> None:
+    stage = {"id": 0, "parents": [], "count": 2, "demand": [1], "duration": 1.0}
+    job = {"id": "j", "user": "u", "arrival": 0.0, "priority": 3, "stages": [stage]}
+    doc = {"format": "megha-dag/1", "resources": ["cpu"], "jobs": [job]}
+    names, jobs = parse_jobs(doc)
+    assert [t.spec.priority for t in jobs[0].tasks] == [3, 3]
+    assert jobs_to_doc(jobs, names)["jobs"][0]["priority"] == 3
+    for bad in (True, -1, 1001, 1.5):
+        with pytest.raises(ConfigError, match="priority"):
+            parse_jobs({**doc, "jobs": [{**job, "priority": bad}]})
