@@ -15,10 +15,11 @@ gap to the highest class times ``aging_s`` plus the wait of the tasks equal to i
 Ties go to the higher class.  When the top class wins, its queue's own order picks the
 task (FIFO, least remaining work); a lower class that won by aging gives its oldest.
 
-Across users (``ClassedQueues.pop``) the same rule: the user whose queue's best task has
-the highest effective class, round-robin among equals -- *shares apply within a class*
-(Alg. 2's preemption keeps them, ``global_master.fairness``).  The waiting index offers
-freed room the same way (``ClassedWaiting.take``).
+Across users (``ClassedQueues.pop``) the same rule picks the class served, and the users
+whose queues serve that class next take turns, round-robin as plain queues do --
+*shares apply within a class* (Alg. 2's preemption keeps them,
+``global_master.fairness``).  The waiting index offers freed room the same way
+(``ClassedWaiting.take``).
 
 No clock: ``now`` is the latest time the GM reported (a task's submission or one of the
 hooks), as job-aware policies keep it.  With all tasks of one class, the order is the
@@ -176,8 +177,8 @@ class ClassedWaiting(WaitingTasks):
         return ClassedQueue(self.make, self.aging)
 
     def take(self, cls: WaitClass, n: int, order: Sequence[UserId]) -> list[Task]:
-        """Up to ``n`` tasks of ``cls``, each the best of all users' (ties: ``order``,
-        then the others)."""
+        """Up to ``n`` tasks of ``cls``: each of the class served next (``pick``), its
+        users one in turn (``order`` first, then the others), as plain queues take."""
         users = self.by_class.get(cls)
         if users is None or n <= 0:
             return []
@@ -190,20 +191,20 @@ class ClassedWaiting(WaitingTasks):
                 break
             out.append(self.by_class[cls][user].popleft())
             self._took(cls, user, 1)
+            ranked.remove(user)  # the next turn starts after it
+            ranked.append(user)
         return out
 
 
 def pick(users: Sequence[UserId], queue_of: Callable[[UserId], Any]) -> UserId | None:
-    """The first of ``users`` whose classed queue's best is highest (None: all empty)."""
-    best: UserId | None = None
-    top = (-math.inf, -1)
-    for u in users:
-        q = queue_of(u)
-        if q:
-            b = q.best()
-            if b > top:
-                best, top = u, b
-    return best
+    """The user served next (None: all empty): the class served is the one of the
+    highest effective class of all users' queues; among the users whose queue serves
+    that class next, the first of ``users`` (round-robin, as plain queues)."""
+    bests = [(u, q.best()) for u in users if (q := queue_of(u))]
+    if not bests:
+        return None
+    cls = max(b for _, b in bests)[1]
+    return next(u for u, b in bests if b[1] == cls)
 
 
 class ClassedQueues(UserQueues):

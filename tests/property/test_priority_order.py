@@ -24,6 +24,7 @@ from global_master.core import GlobalMaster
 from global_master.journal import Journal
 from global_master.policy import make_policy
 from global_master.policy.classes import ClassedQueue, ClassedQueues
+from global_master.queues import UserQueues
 from tests.conftest import Network, alive, make_lm, make_task
 from tests.property.test_federation_stateful import CAPACITIES, MASKS, Federation
 
@@ -184,3 +185,39 @@ ClassedFederation.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_classed_federation = ClassedFederation.TestCase
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_one_class_is_served_as_plain_fifo_queues_serve(ops: list[tuple]) -> None:
+    """With every task in one class, ``fifo``'s classed queues and waiting index give
+    what plain ``UserQueues`` give, whatever the waits (aging changes nothing)."""
+    users = [UserConfig(u, GmId("gm0"), 0.5) for u in USERS]
+    classed = make_policy("fifo", users, aging_s=AGING_S)(GmId("gm0"), USERS)
+    plain = UserQueues(USERS)
+    now, n = 0.0, 0
+    for op in ops:
+        if op[0] == "submit":
+            n += 1
+            spec = make_task(user=str(USERS[op[1]]), job=f"j{op[3]}", task_id=f"t{n}")
+            for q in (classed, plain):
+                q.push_back(Task(spec=spec, submitted_at=now))
+        elif op[0] == "time":
+            now += op[1]
+            classed.on_finished(Task(spec=make_task(user="a", job="x")), now)
+        elif op[0] == "pop":
+            got = [q.pop() for q in (classed, plain)]
+            assert [t and t.task_id for t in got] == [got[1] and got[1].task_id] * 2
+            for q, t in zip((classed, plain), got, strict=True):
+                if t is not None and op[1]:
+                    q.waiting.add(t)
+        else:
+            cls = next(iter(plain.waiting.by_class), None)
+            if cls is None:
+                continue
+            order = [USERS[1], USERS[0]]
+            took = [q.waiting.take(cls, op[1], order) for q in (classed, plain)]
+            assert [t.task_id for t in took[0]] == [t.task_id for t in took[1]]
+            for q, ts in zip((classed, plain), took, strict=True):
+                for t in reversed(ts):
+                    q.push_front(t)
