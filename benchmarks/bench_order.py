@@ -46,6 +46,7 @@ TRACES = {
     "yh1": "../shared/traces/YH1_sub.tr",
     "fb": "../shared/traces/synthetic_FB_sub_2000jobs.tr",
 }
+"""Relative to the project's root (``--traces DIR`` elsewhere)."""
 WINDOW_S = 600.0
 SHARE_SLACK = 0.05
 
@@ -183,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--scenario", default="yh1,google", help="comma list of yh1, fb, google")
     ap.add_argument("--trace", help="a trace file instead of the scenarios")
+    ap.add_argument("--traces", default="../shared/traces", help="where yh1 and fb are")
     ap.add_argument("--load", type=float, default=1.3, help="offered load (1.3 = 130%%)")
     ap.add_argument("--workers", type=int, default=10_000)
     ap.add_argument("--gms", type=int, default=4)
@@ -202,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 path = Path(args.out) / "google_like.tr"
                 picks[name] = google_like_trace(path, args.google_jobs, args.seed)
             elif name in TRACES:
-                picks[name] = Path(TRACES[name])
+                picks[name] = Path(args.traces) / Path(TRACES[name]).name
             else:
                 ap.error(f"unknown scenario {name!r} (yh1, fb, google)")
     result = {name: run_scenario(args, name, path) for name, path in picks.items()}

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OVERLOAD_DEFAULTS", "OverloadPolicy"]
+__all__ = ["OVERLOAD_DEFAULTS", "PRIORITY_AGING_S", "OverloadPolicy"]
+
+PRIORITY_AGING_S = 3600.0
+"""Seconds of waiting that raise a task's priority class by one (the default of
+``global_master.policy.classes``; ``priority_aging_s`` in ``megha.toml``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,13 @@ from typing import Any
 
 from common.ids import UserId
 from common.model import Task, TaskKey
+from common.overload import PRIORITY_AGING_S
 from global_master.policy.srpt import SrptQueues
 from global_master.queues import TaskQueue, UserQueues, WaitClass, WaitingTasks
 
-AGING_S = 3600.0
+AGING_S = PRIORITY_AGING_S
 """A task's effective class rises by one per this many seconds waited (the default;
-``make_policy(aging_s=...)``, ``megha simulate --priority-aging``)."""
+``make_policy(aging_s=...)``, ``megha simulate --priority-aging``, ``priority_aging_s``)."""
 
 
 class Aging:
