@@ -108,9 +108,9 @@ def share_deficits(tasks_csv: Path, shares: dict[str, float], slots: int) -> dic
     }
 
 
-def time_scale_for(trace: Path, load: float, slots: int) -> float:
+def time_scale_for(trace: Path, load: float, slots: int, limit_jobs: int | None = None) -> float:
     """The arrival scale that offers ``load`` of ``slots`` (work over the arrivals' span)."""
-    return offered_load(jobs_of_trace(trace), slots) / load
+    return offered_load(jobs_of_trace(trace, limit_jobs=limit_jobs), slots) / load
 
 
 def simulate(
@@ -123,6 +123,8 @@ def simulate(
         "--lms", str(args.lms), "--policies", args.policies, "--baselines", args.baselines,
         "--seed", str(args.seed), "--out", str(out), "--quiet", *extra,
     ]  # fmt: skip
+    if args.limit_jobs:
+        cmd += ["--limit-jobs", str(args.limit_jobs)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
     if proc.returncode != 0:
@@ -154,11 +156,11 @@ def figures(out: Path, slots: int) -> dict[str, Any]:
 def run_scenario(args: argparse.Namespace, name: str, trace: Path) -> dict[str, Any]:
     """One trace: its run, its figures, the ideal bound and the goals' verdicts."""
     slots = args.workers
-    scale = time_scale_for(trace, args.load, slots)
+    scale = time_scale_for(trace, args.load, slots, args.limit_jobs)
     out = Path(args.out) / name
     wall = simulate(args, trace, scale, out)
     rows = figures(out, slots)
-    ideal = bound(jobs_of_trace(trace, time_scale=scale), slots)
+    ideal = bound(jobs_of_trace(trace, time_scale=scale, limit_jobs=args.limit_jobs), slots)
     srpt, fifo = rows.get("megha-srpt"), rows.get("megha")
     goals: dict[str, Any] = {}
     if srpt and fifo:
@@ -171,6 +173,10 @@ def run_scenario(args: argparse.Namespace, name: str, trace: Path) -> dict[str, 
         }
     return {
         "trace": str(trace),
+        "limit_jobs": args.limit_jobs,
+        "workers": slots,
+        "gms": args.gms,
+        "lms": args.lms,
         "time_scale": scale,
         "load": args.load,
         "wall_s": round(wall, 1),
@@ -192,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--policies", default="fifo,srpt")
     ap.add_argument("--baselines", default="sparrow,centralized")
     ap.add_argument("--google-jobs", type=int, default=30_000)
+    ap.add_argument("--limit-jobs", type=int, default=None, help="each trace's first N jobs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_order")
     args = ap.parse_args(argv)

@@ -31,7 +31,8 @@ def load_point(args: argparse.Namespace, trace: Path, load: float) -> dict[str, 
     extra = ["--priorities", args.priorities]
     if args.aging is not None:
         extra += ["--priority-aging", str(args.aging)]
-    wall = simulate(args, trace, time_scale_for(trace, load, args.workers), out, extra)
+    scale = time_scale_for(trace, load, args.workers, args.limit_jobs)
+    wall = simulate(args, trace, scale, out, extra)
     summary = json.loads((out / "summary.json").read_text())
     s = summary["schedulers"]["megha" if args.policies == "fifo" else f"megha-{args.policies}"]
     return {
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=10_000)
     ap.add_argument("--gms", type=int, default=4)
     ap.add_argument("--lms", type=int, default=25)
+    ap.add_argument("--limit-jobs", type=int, default=None, help="the trace's first N jobs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_priorities")
     args = ap.parse_args(argv)
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lo, hi = min(p99), max(p99)
     result = {
         "trace": str(trace),
+        "limit_jobs": args.limit_jobs,
+        "workers": args.workers,
         "priorities": args.priorities,
         "points": points,
         "top_class": top,

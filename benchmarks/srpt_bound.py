@@ -36,12 +36,16 @@ class FlatJob:
 
 
 def jobs_of_trace(
-    path: str | Path, *, time_scale: float = 1.0, duration_scale: float = 1.0
+    path: str | Path,
+    *,
+    time_scale: float = 1.0,
+    duration_scale: float = 1.0,
+    limit_jobs: int | None = None,
 ) -> list[FlatJob]:
-    """A trace's jobs, scaled as ``megha simulate`` scales them."""
+    """A trace's jobs (its first ``limit_jobs``), scaled as ``megha simulate`` scales them."""
     return [
         FlatJob(tj.arrival * time_scale, tuple(d * duration_scale for d in tj.durations))
-        for tj in read_trace(path)
+        for tj in read_trace(path, limit_jobs=limit_jobs)
     ]
 
 
