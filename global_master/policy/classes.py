@@ -238,15 +238,16 @@ class ClassedQueues(UserQueues):
         """Why ``task`` waits behind other classes, for ``megha why`` (empty: none do)."""
         mine = self.aging.effective(task)
         higher: dict[int, int] = {}
-        for q in self.queues.values():
+        waiting = [q for users in self.waiting.by_class.values() for q in users.values()]
+        for q in (*self.queues.values(), *waiting):
             if not isinstance(q, ClassedQueue):
                 continue
             for c, sub in q.by_class.items():
                 if c > task.spec.priority and len(sub):
                     higher[c] = higher.get(c, 0) + len(sub)
         return [
-            f"class {c} goes first: {k} of its tasks queued here (this task is class "
-            f"{task.spec.priority}, effective {mine:.2f} after aging)"
+            f"class {c} goes first: {k} of its tasks queued or waiting for room here (this "
+            f"task is class {task.spec.priority}, effective {mine:.2f} after aging)"
             for c, k in sorted(higher.items(), reverse=True)
         ]
 
