@@ -28,10 +28,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 from common.ids import JobId, UserId
 from common.model import Task, TaskKey
-from global_master.queues import TaskQueue, UserQueues, WaitingTasks
+from global_master.queues import QueueKind, TaskQueue, UserQueues, WaitingTasks
 
 JobKey = tuple[UserId, JobId]
 
@@ -214,6 +215,8 @@ class SrptQueues(UserQueues):
     user, least remaining work first."""
 
     name = "srpt"
+    kind: ClassVar[QueueKind] = "fifo"
+    """Tasks that found no room wait in the GM's waiting index (kept in this order)."""
 
     def __init__(self, users: Iterable[UserId], *, patience: int = 8) -> None:
         self.remaining = Remaining()
