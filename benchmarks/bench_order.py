@@ -160,7 +160,8 @@ def run_scenario(args: argparse.Namespace, name: str, trace: Path) -> dict[str, 
     out = Path(args.out) / name
     wall = simulate(args, trace, scale, out)
     rows = figures(out, slots)
-    ideal = bound(jobs_of_trace(trace, time_scale=scale, limit_jobs=args.limit_jobs), slots)
+    jobs = jobs_of_trace(trace, time_scale=scale, limit_jobs=args.limit_jobs)
+    ideal = bound(jobs, slots, queues=args.gms)
     srpt, fifo = rows.get("megha-srpt"), rows.get("megha")
     goals: dict[str, Any] = {}
     if srpt and fifo:

@@ -8,7 +8,7 @@ not yet started (``global_master.policy.srpt``'s measure), non-preemptively, as 
 (``benchmarks/bench_order.py``): what ordering gains with placement perfect.
 
     python benchmarks/srpt_bound.py --trace ../shared/traces/YH1_sub.tr --slots 10000 \\
-        --time-scale 0.248 --out results/srpt_bound.json
+        --time-scale 0.248 --queues 4 --out results/srpt_bound.json
 """
 
 from __future__ import annotations
@@ -87,14 +87,35 @@ def single_queue(jobs: Sequence[FlatJob], slots: int, order: str) -> list[float]
     return [done[k] - jobs[k].arrival for k in range(len(jobs))]
 
 
-def bound(jobs: Sequence[FlatJob], slots: int) -> dict[str, Any]:
-    """Mean JCT under each order in the ideal queue, and srpt's as a factor of fifo's."""
+def partitioned(jobs: Sequence[FlatJob], slots: int, queues: int, order: str) -> list[float]:
+    """JCTs when the jobs go round-robin to ``queues`` ideal queues of ``slots / queues``
+    slots each: one per GM with its users' jobs and its partition, no repartitioning
+    (what ordering gains when each GM orders only its own jobs)."""
+    jct: list[float] = []
+    for q in range(queues):
+        mine = list(jobs[q::queues])
+        if mine:
+            jct += single_queue(mine, max(1, slots // queues), order)
+    return jct
+
+
+def bound(jobs: Sequence[FlatJob], slots: int, queues: int = 1) -> dict[str, Any]:
+    """Mean JCT under each order in the ideal queue, and srpt's as a factor of fifo's;
+    with ``queues`` > 1, also over that many partitioned queues (``partitioned``)."""
     out: dict[str, Any] = {"slots": slots, "jobs": len(jobs)}
     for order in ORDERS:
         jct = single_queue(jobs, slots, order)
         out[order] = {"jct_mean_s": sum(jct) / len(jct), "jct_max_s": max(jct)}
     fifo = out["fifo"]["jct_mean_s"]
     out["srpt_over_fifo"] = out["srpt"]["jct_mean_s"] / fifo if fifo > 0 else 1.0
+    if queues > 1:
+        split = {o: partitioned(jobs, slots, queues, o) for o in ORDERS}
+        means = {o: sum(v) / len(v) for o, v in split.items()}
+        out[f"{queues}_queues"] = {
+            "fifo_jct_mean_s": means["fifo"],
+            "srpt_jct_mean_s": means["srpt"],
+            "srpt_over_one_queue_fifo": means["srpt"] / fifo if fifo > 0 else 1.0,
+        }
     out["offered_load"] = offered_load(jobs, slots)
     return out
 
@@ -115,7 +136,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", default="results/srpt_bound.json")
     args = ap.parse_args(argv)
     jobs = jobs_of_trace(args.trace, time_scale=args.time_scale, duration_scale=args.duration_scale)
-    result = {"trace": str(args.trace), "time_scale": args.time_scale, **bound(jobs, args.slots)}
+    result = {
+        "trace": str(args.trace),
+        "time_scale": args.time_scale,
+        "limit_jobs": args.limit_jobs,
+        **bound(jobs, args.slots, args.queues),
+    }
     write_json(Path(args.out), result)
     print(
         f"ideal single queue, {args.slots} slots, load {result['offered_load']:.2f}: "
