@@ -133,9 +133,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--slots", type=int, default=10_000)
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--duration-scale", type=float, default=1.0)
+    ap.add_argument("--limit-jobs", type=int, default=None, help="the trace's first N jobs")
+    ap.add_argument("--queues", type=int, default=1, help="also over N partitioned queues")
     ap.add_argument("--out", default="results/srpt_bound.json")
     args = ap.parse_args(argv)
-    jobs = jobs_of_trace(args.trace, time_scale=args.time_scale, duration_scale=args.duration_scale)
+    jobs = jobs_of_trace(
+        args.trace, time_scale=args.time_scale, duration_scale=args.duration_scale,
+        limit_jobs=args.limit_jobs,
+    )  # fmt: skip
     result = {
         "trace": str(args.trace),
         "time_scale": args.time_scale,
@@ -147,7 +152,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"ideal single queue, {args.slots} slots, load {result['offered_load']:.2f}: "
         f"mean JCT fifo {result['fifo']['jct_mean_s']:.1f} s, "
         f"srpt {result['srpt']['jct_mean_s']:.1f} s ({result['srpt_over_fifo']:.3f}x)"
-        f"\nwrote {args.out}"
+        + (
+            f"; over {args.queues} queues: {result[f'{args.queues}_queues']}"
+            if args.queues > 1
+            else ""
+        )
+        + f"\nwrote {args.out}"
     )
 
 
