@@ -116,7 +116,10 @@ def time_scale_for(trace: Path, load: float, slots: int, limit_jobs: int | None 
 def simulate(
     args: argparse.Namespace, trace: Path, scale: float, out: Path, extra: Sequence[str] = ()
 ) -> float:
-    """One ``megha simulate`` run of every scheduler; its wall seconds."""
+    """One ``megha simulate`` run of every scheduler; its wall seconds (0 with ``--reuse``
+    and a finished run in ``out``: its files are read again)."""
+    if getattr(args, "reuse", False) and (out / "summary.json").exists():
+        return 0.0
     cmd = [
         sys.executable, "-m", "megha_cli.main", "simulate", "--trace", str(trace),
         "--time-scale", f"{scale:.6g}", "--workers", str(args.workers), "--gms", str(args.gms),
@@ -200,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--baselines", default="sparrow,centralized")
     ap.add_argument("--google-jobs", type=int, default=30_000)
     ap.add_argument("--limit-jobs", type=int, default=None, help="each trace's first N jobs")
+    ap.add_argument("--reuse", action="store_true", help="read runs already in --out again")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_order")
     args = ap.parse_args(argv)

@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--gms", type=int, default=4)
     ap.add_argument("--lms", type=int, default=25)
     ap.add_argument("--limit-jobs", type=int, default=None, help="the trace's first N jobs")
+    ap.add_argument("--reuse", action="store_true", help="read runs already in --out again")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="results/bench_priorities")
     args = ap.parse_args(argv)
