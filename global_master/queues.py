@@ -233,6 +233,11 @@ class WaitingTasks:
         """A class's queue of one user: oldest first (a policy may keep its own order)."""
         return deque()
 
+    def class_order(self) -> list[WaitClass]:
+        """The classes in the order freed room is offered to them: the order they came
+        (a policy may rank them by the task each would serve next)."""
+        return list(self.by_class)
+
     def count(self, user: UserId) -> int:
         return self._per_user.get(user, 0)
 

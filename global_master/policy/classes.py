@@ -36,7 +36,7 @@ from typing import Any
 from common.ids import UserId
 from common.model import Task, TaskKey
 from common.overload import PRIORITY_AGING_S
-from global_master.policy.srpt import SrptQueues
+from global_master.policy.srpt import JobHeap, SrptQueues
 from global_master.queues import TaskQueue, UserQueues, WaitClass, WaitingTasks
 
 AGING_S = PRIORITY_AGING_S
@@ -137,6 +137,14 @@ class ClassedQueue:
                 top, cls = eff, c
         return top, cls
 
+    def head_key(self) -> tuple[float, ...]:
+        """How soon this queue's next task goes, smaller first: (-effective class,
+        -class, then the class's own queue's key if it has one: ``srpt``'s)."""
+        eff, c = self.best()
+        inner = self.by_class.get(c)
+        rest = inner.head_key() if isinstance(inner, JobHeap) else ()
+        return (-eff, -c, *rest)
+
     def popleft(self) -> Task:
         """The next task: of the class with the highest effective class."""
         if not self.size:
@@ -176,6 +184,18 @@ class ClassedWaiting(WaitingTasks):
 
     def new_queue(self) -> TaskQueue:
         return ClassedQueue(self.make, self.aging)
+
+    def class_order(self) -> list[WaitClass]:
+        """Classes whose next task is of the highest effective priority class first
+        (then, under ``srpt``, the least remaining work); ties as they came.  With one
+        priority class waiting, the order of the queues below (plain FIFO: as they came)."""
+        keys: dict[WaitClass, tuple[float, ...]] = {}
+        for c, users in self.by_class.items():
+            heads = [q.head_key() for q in users.values() if isinstance(q, ClassedQueue)]
+            keys[c] = min(heads, default=(math.inf,))
+        if len({k[1] for k in keys.values() if len(k) > 1}) <= 1:  # one class: no aging
+            return sorted(self.by_class, key=lambda c: keys[c][2:])
+        return sorted(self.by_class, key=keys.__getitem__)
 
     def take(self, cls: WaitClass, n: int, order: Sequence[UserId]) -> list[Task]:
         """Up to ``n`` tasks of ``cls``: each of the class served next (``pick``), its

@@ -11,9 +11,10 @@ stages, so the policy serves trace replays and live runs alike.
   duration (0) counts as ``UNKNOWN_DURATION_S``: a live job's remaining work is then its
   count of tasks not started.  It falls as the job's tasks leave for an LM and rises
   again when one comes back (``Remaining``).
-* The GM's waiting index (``WaitingTasks``) keeps its classes in the same order, so a
-  freed node is offered to the least remaining work of each class, not to the oldest
-  task: under overload most tasks wait there.
+* The GM's waiting index (``WaitingTasks``) keeps each class in the same order, and
+  offers a freed node to its classes by the least remaining work each would serve next
+  (``class_order``), so freed room goes to the least remaining work of all the classes
+  that fit, not to the oldest task or class: under overload most tasks wait there.
 * Each queue (``JobHeap``) is a heap of jobs with lazy deletion: a job's change of
   remaining work pushes a fresh entry to every queue that holds it (``Remaining``
   knows which), and stale entries are dropped when they surface.  A decision costs
@@ -26,13 +27,14 @@ plain Megha (a task of ``srpt`` is never ALTRUISTIC).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from common.ids import JobId, UserId
 from common.model import Task, TaskKey
-from global_master.queues import QueueKind, TaskQueue, UserQueues, WaitingTasks
+from global_master.queues import QueueKind, TaskQueue, UserQueues, WaitClass, WaitingTasks
 
 JobKey = tuple[UserId, JobId]
 
@@ -166,6 +168,16 @@ class JobHeap:
         self._job(task).appendleft(task)
         self.size += 1
 
+    def head_key(self) -> tuple[float, ...]:
+        """(remaining work, arrival order) of the job served next (inf: empty)."""
+        heap, version = self.heap, self.remaining.version
+        while heap:
+            work, order, v, jk = heap[0]
+            if jk in self.jobs and version.get(jk) == v:
+                return (work, order)
+            heapq.heappop(heap)
+        return (math.inf,)
+
     def popleft(self) -> Task:
         """A task of the job with the least remaining work."""
         heap, version = self.heap, self.remaining.version
@@ -208,6 +220,16 @@ class SrptWaiting(WaitingTasks):
 
     def new_queue(self) -> TaskQueue:
         return JobHeap(self.remaining)
+
+    def class_order(self) -> list[WaitClass]:
+        """The classes whose next job has the least remaining work first: freed room
+        goes to the least remaining work across classes, not to the oldest class."""
+        return sorted(self.by_class, key=lambda c: class_key(self.by_class[c].values()))
+
+
+def class_key(queues: Iterable[TaskQueue]) -> tuple[float, ...]:
+    """The smallest ``head_key`` of a waiting class's queues (one per user)."""
+    return min((q.head_key() for q in queues if isinstance(q, JobHeap)), default=(math.inf,))
 
 
 class SrptQueues(UserQueues):
