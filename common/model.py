@@ -102,6 +102,8 @@ class WaitReason(IntEnum):
     USER_AT_SHARE = 2  # contention and the user is at/above its share: re-queued
     REFUSED_BY_LM = 3  # inconsistency: the LM's true state refused the request
     PREEMPTION_FAILED = 4  # no victim could be verified by any LM
+    GANG_INCOMPLETE = 5  # a gang stage's task: not enough of its gang fits (or holds) yet
+    RESERVED_FOR_GANG = 6  # the room it fits is held for a gang due before it would end
 
 
 MAX_PRIORITY = 1000

@@ -35,6 +35,8 @@ WAIT_TEXT: dict[WaitReason, str] = {
     WaitReason.USER_AT_SHARE: "no room, and its user is at or above its share: no preemption",
     WaitReason.REFUSED_BY_LM: "an LM refused the placement (its true state differed)",
     WaitReason.PREEMPTION_FAILED: "no victim over its share could be preempted on any LM",
+    WaitReason.GANG_INCOMPLETE: "a gang stage's task: not enough of its gang fits or holds yet",
+    WaitReason.RESERVED_FOR_GANG: "the room it fits is held for a gang due before it would end",
 }
 
 
@@ -70,6 +72,8 @@ def _why(
         fl = core.inflight[key]
         kind = "preemption" if fl.node < 0 else ("repartition" if fl.repartition else "launch")
         lines.append(f"a {kind} request to {fl.lm} is unanswered (attempt {fl.task.attempt})")
+    elif state == "queued" and (gang := core.gang.describe(key)) is not None:
+        lines.append(gang)
     elif state == "queued":
         lines.append(f"in {task.user}'s queue ({queued_of(core, task.user)} tasks queued there)")
         lines += core.queues.ahead_of(task)
