@@ -62,6 +62,9 @@ class Remaining:
         self.holders: dict[JobKey, list[JobHeap]] = {}
         self.held: set[TaskKey] = set()
         self._arrivals = 0
+        self._stamp = 0
+        """Versions for every job's ranks, never reused: a job that leaves and comes back
+        (all its tasks out, one returned) must not match a stale heap entry of before."""
 
     def rank(self, jk: JobKey) -> Rank:
         return (self.work[jk], self.order[jk])
@@ -97,8 +100,8 @@ class Remaining:
 
     def _moved(self, jk: JobKey, work: float) -> None:
         self.work[jk] = work
-        version = self.version[jk] + 1
-        self.version[jk] = version
+        self._stamp += 1
+        version = self.version[jk] = self._stamp
         entry = (work, self.order[jk], version, jk)
         for heap in self.holders.get(jk, ()):
             heap.push(entry)
