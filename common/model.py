@@ -106,6 +106,10 @@ class WaitReason(IntEnum):
     RESERVED_FOR_GANG = 6  # the room it fits is held for a gang due before it would end
 
 
+MAX_PRIORITY = 1000
+"""The highest priority class a job may name."""
+
+
 class TaskSpec(Wire, frozen=True, kw_only=True):
     """What a task needs, as its user submitted it.  Immutable; decoded once at the GM
     and carried as the same object into every placement of the task."""
@@ -117,6 +121,9 @@ class TaskSpec(Wire, frozen=True, kw_only=True):
     duration: Seconds
     constraints: Mask = 0
     command: Annotated[tuple[Text, ...], n_items(0, MAX_COMMAND)] = ()
+    priority: Annotated[int, in_range(0, MAX_PRIORITY)] = 0
+    """The job's priority class: a higher class is served first and preempts lower ones
+    (``global_master.policy.classes``, ``global_master.classes``); 0 is the lowest."""
 
 
 TaskKey = tuple[UserId, TaskId]
