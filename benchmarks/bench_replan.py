@@ -8,6 +8,12 @@ Per policy and N: wall time of the run, plans made, time per plan, wall time per
 and the growth of the wall time from one N to the next as a ratio (1.0 per doubling of
 N per task is linear; quadratic doubles it).  Writes the figures to a JSON file.
 
+``--chain-depth D,D,...`` measures deep chains: ``--users`` jobs (one per user, all at
+t = 0), each a chain of D stages of 2 tasks (1-10 s, seeded; each stage after the one
+before), on ``--nodes`` nodes: per policy and D, wall and CPU time per stage, and CPU per
+stage against the first D's as a ratio (1.0: linear in the stages; a 10x deeper chain at
+10: quadratic).
+
 ``--many-jobs N,N,...`` measures the other axis: N small jobs (two stages of 1-4 and 1-2
 tasks, 1-10 s, three sizes; seeded) from several users, all at t = 0 on one GM, so the GM
 holds hundreds to thousands of queued jobs and every task end re-plans all of them.  Per
@@ -19,6 +25,8 @@ mean JCT are compared).
 
     python benchmarks/bench_replan.py --sizes 1000,2000,5000 --out results/bench_replan.json
     python benchmarks/bench_replan.py --shape varied --sizes 2000,4000,8000 --policies carbyne
+    python benchmarks/bench_replan.py --chain-depth 100,300,1000 --nodes 1000 \\
+        --policies carbyne,sjf --out results/chain.json
     python benchmarks/bench_replan.py --many-jobs 200,600,2000 --policies drf,carbyne \\
         --before main --out results/many_jobs.json
 """
@@ -155,6 +163,65 @@ def run_many(policy: str, n: int, users: int, nodes: int, lms: int) -> dict[str,
     }
 
 
+def chain_jobs(depth: int, users: int) -> list[DagJob]:
+    """``users`` jobs, each a chain of ``depth`` stages of 2 tasks (each stage after the
+    one before), all arriving at 0 (seeded by the depth)."""
+    rng = random.Random(f"chain:{depth}")
+    jobs = []
+    for k in range(users):
+        stages = [
+            (s, [(rng.choice(MANY_SIZES), round(rng.uniform(1.0, 10.0), 2)) for _ in range(2)],
+             [s - 1] if s else [])
+            for s in range(depth)
+        ]  # fmt: skip
+        jobs.append(make_job(f"c{k}", f"u{k}", 0.0, stages))
+    return jobs
+
+
+def run_chain(policy: str, depth: int, users: int, nodes: int, lms: int) -> dict[str, Any]:
+    """Wall and CPU time per stage of ``users`` chains of ``depth`` stages on one GM."""
+    cfgs = [UserConfig(UserId(f"u{k}"), GmId("gm0"), 1.0 / users) for k in range(users)]
+    jobs = chain_jobs(depth, users)
+    stages = depth * users
+    figures, wall, cpu, plans = _timed_run(policy, jobs, cfgs, nodes, lms)
+    return {
+        "depth": depth,
+        "stages": stages,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "wall_per_stage_ms": 1000 * wall / stages,
+        "cpu_per_stage_ms": 1000 * cpu / stages,
+        "plans": plans,
+        "plan_ms": 1000 * _PLANS["seconds"] / max(1, plans),
+        "makespan_s": figures["makespan_s"],
+        "jct_mean_s": figures["jct_s"]["mean"],
+    }
+
+
+def main_chain(args: argparse.Namespace) -> int:
+    """``--chain-depth``: per policy and depth, the time per stage and its growth."""
+    depths = [int(x) for x in args.chain_depth.split(",") if x]
+    out: dict[str, Any] = {"config": vars(args), "chain": {}}
+    for p in [x for x in args.policies.split(",") if x]:
+        rows = [run_chain(p, d, args.users, args.nodes, args.lms) for d in depths]
+        for row in rows:
+            row["cpu_per_stage_over_first"] = row["cpu_per_stage_ms"] / rows[0]["cpu_per_stage_ms"]
+            print(
+                f"{p} depth={row['depth']}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU, "
+                f"{row['cpu_per_stage_ms']:.2f} CPU ms/stage "
+                f"(x{row['cpu_per_stage_over_first']:.2f} of depth {depths[0]}), "
+                f"{row['plans']} plans, {row['plan_ms']:.3f} ms/plan, "
+                f"makespan {row['makespan_s']:.2f} s",
+                file=sys.stderr,
+            )
+        out["chain"][p] = rows
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def _many_rows(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     sizes = [int(x) for x in args.many_jobs.split(",") if x]
     out: dict[str, list[dict[str, Any]]] = {}
@@ -289,7 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N,N,...",
         help="instead: N small jobs of --users users on one GM, per N (ms per task)",
     )
-    ap.add_argument("--users", type=int, default=4, help="--many-jobs: users")
+    ap.add_argument(
+        "--chain-depth",
+        default="",
+        metavar="D,D,...",
+        help="instead: --users chains of D stages of 2 tasks on one GM, per D (ms per stage)",
+    )
+    ap.add_argument("--users", type=int, default=4, help="--many-jobs, --chain-depth: users")
     ap.add_argument("--repeat", type=int, default=1, help="--many-jobs: fastest of R runs")
     ap.add_argument(
         "--before", default="", metavar="REF", help="--many-jobs: also measure git ref REF"
@@ -301,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     _timed_replan()
     if args.many_jobs:
         return main_many(args, argv)
+    if args.chain_depth:
+        return main_chain(args)
     sizes = [int(x) for x in args.sizes.split(",") if x]
     out: dict[str, Any] = {"config": vars(args), "policies": {}}
     for p in [x for x in args.policies.split(",") if x]:

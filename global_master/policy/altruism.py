@@ -93,9 +93,18 @@ class _Ready:
             g = self._groups.get(d)
             if g is None:
                 g = self._groups[d] = []
-                self._dom[d] = dominant(d, self.capacity)
+                if d not in self._dom:
+                    self._dom[d] = dominant(d, self.capacity)
             heapq.heappush(g, (-t.duration, self._seq, t, stage))
             self._seq += 1
+
+    def doms(self, demands: Iterable[Resources]) -> dict[Resources, float]:
+        """The dominant shares of ``demands`` (kept per demand), as the order uses them."""
+        dom = self._dom
+        for d in demands:
+            if d not in dom:
+                dom[d] = dominant(d, self.capacity)
+        return dom
 
     def _key(self, d: Resources) -> tuple[float, float, int]:
         head = self._groups[d][0]
@@ -148,19 +157,75 @@ def _pack_in_time(
     it runs at full speed.  Returns the last completion time; ``started(time, length,
     task)`` sees every task packed.
     """
-    blocked = dict.fromkeys(stages, 0)
-    for s in stages:
-        for n in waiting_on.get(s, ()):
-            if left[s] > 0:
-                blocked[n] += 1
-    ready = _Ready(capacity)
-    for s, st in stages.items():
-        if blocked[s] == 0:
-            ready.add(st.waiting.values(), s)
-    seq = len(heap)
-    clock = finish = start
-    while ready or heap:
-        fits = partial(_fits_at, clock=clock, in_use=in_use, cap=cap, held=held, failed=set())
+    p = _Packing(stages, left, waiting_on, cap, capacity, heap, in_use, held, started, stretch)
+    return p.run(start)
+
+
+class _Packing:
+    """One run of ``_pack_in_time``: its state and its steps.
+
+    A stage released alone while nothing is packed or ready (a chain's next link) is
+    packed by ``_alone``: the same starts, ends and completion batches as the list
+    scheduler's, in the same float operations, without its heaps -- a deep chain
+    costs a few operations per stage, not a scheduler step per task."""
+
+    __slots__ = (
+        "blocked", "cap", "clock", "finish", "heap", "held", "in_use", "left", "ready",
+        "seq", "stages", "started", "stretch", "waiting_on",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        stages: Mapping[int, StageState],
+        left: dict[int, int],
+        waiting_on: Mapping[int, Iterable[int]],
+        cap: Sequence[float],
+        capacity: Sequence[float],
+        heap: list[_Packed],
+        in_use: list[float],
+        held: Callable[[float], Sequence[float]] | None,
+        started: Callable[[float, float, Task], None] | None,
+        stretch: bool,
+    ) -> None:
+        self.stages, self.left, self.waiting_on = stages, left, waiting_on
+        self.cap, self.heap, self.in_use, self.held = cap, heap, in_use, held
+        self.started, self.stretch = started, stretch
+        self.seq = len(heap)
+        self.ready = _Ready(capacity)
+        blocked = self.blocked = dict.fromkeys(stages, 0)
+        for s in stages:
+            for n in waiting_on.get(s, ()):
+                if left[s] > 0:
+                    blocked[n] += 1
+        self.clock = self.finish = 0.0
+
+    def run(self, start: float) -> float:
+        self.clock = self.finish = start
+        self._release([s for s in self.stages if self.blocked[s] == 0])
+        heap = self.heap
+        while self.ready or heap:
+            self._start_ready()
+            if not heap:
+                break
+            self._complete_batch()
+        return self.finish
+
+    def _release(self, stages: list[int]) -> None:
+        """``stages`` are ready: packed alone if they are a chain's next link, else
+        added to the ready tasks."""
+        while len(stages) == 1 and not self.heap and not self.ready:
+            after = self._alone(stages[0])
+            if after is None:
+                break
+            stages = after
+        st = self.stages
+        for s in stages:
+            self.ready.add(st[s].waiting.values(), s)
+
+    def _start_ready(self) -> None:
+        """Start the ready tasks that fit now, first in the ready order."""
+        ready, heap, in_use, cap, clock = self.ready, self.heap, self.in_use, self.cap, self.clock
+        fits = partial(_fits_at, clock=clock, in_use=in_use, cap=cap, held=self.held, failed=set())
         while ready:
             d = ready.first(fits)
             length = 1.0
@@ -168,30 +233,73 @@ def _pack_in_time(
                 if heap or any(u > EPS for u in in_use):
                     break  # nothing more starts before the next completion
                 d = ready.first_any()
-                length = _stretch(d, cap) if stretch else 1.0
+                length = _stretch(d, cap) if self.stretch else 1.0
             task, s = ready.pop(d)
             length *= task.duration
-            heapq.heappush(heap, (clock + length, seq, d, s))
-            seq += 1
+            heapq.heappush(heap, (clock + length, self.seq, d, s))
+            self.seq += 1
             give(in_use, d)
-            if started is not None:
-                started(clock, length, task)
-        if not heap:
-            break
-        # every packed task ending at the next completion time frees its resources
-        # and releases the stages that waited only on the stages just finished
-        clock = heap[0][0]
+            if self.started is not None:
+                self.started(clock, length, task)
+
+    def _complete_batch(self) -> None:
+        """Every packed task ending at the next completion time frees its resources and
+        releases the stages that waited only on the stages just finished."""
+        heap, left, blocked = self.heap, self.left, self.blocked
+        clock = self.clock = heap[0][0]
+        released: list[int] = []
         while heap and heap[0][0] <= clock + EPS:
             _, _, d, s = heapq.heappop(heap)
-            take(in_use, d)
+            take(self.in_use, d)
             left[s] -= 1
             if left[s] == 0:
-                for n in waiting_on.get(s, ()):
+                for n in self.waiting_on.get(s, ()):
                     blocked[n] -= 1
                     if blocked[n] == 0:
-                        ready.add(stages[n].waiting.values(), n)
-        finish = max(finish, clock)
-    return finish
+                        released.append(n)
+        self.finish = max(self.finish, clock)
+        if released:
+            self._release(released)
+
+    def _alone(self, s: int) -> list[int] | None:
+        """Pack stage ``s`` with nothing else packed or ready, if all its tasks fit at
+        once (None if not: left to the list scheduler): the stages it releases."""
+        tasks = list(self.stages[s].waiting.values())
+        if not tasks or self.left[s] != len(tasks):
+            return None
+        dom = self.ready.doms(t.demand for t in tasks)
+        # the ready order: longest first, then largest dominant share, then first added
+        tasks.sort(key=lambda t: (-t.duration, -dom[t.demand]))
+        clock, cap, held = self.clock, self.cap, self.held
+        in_use = list(self.in_use)
+        for t in tasks:
+            h = held(clock + t.duration - EPS) if held is not None else None
+            if not _fits(in_use, t.demand, cap, h):
+                return None
+            give(in_use, t.demand)
+        ends = [(clock + t.duration, self.seq + k) for k, t in enumerate(tasks)]
+        if self.started is not None:
+            for t in tasks:
+                self.started(clock, 1.0 * t.duration, t)
+        self.seq += len(tasks)
+        ends.sort()
+        # completion batches: each at its first end, taking the ends within EPS of it
+        at = ends[0][0]
+        for end, _ in ends:
+            if end > at + EPS:
+                at = end
+        for t in tasks:
+            take(in_use, t.demand)
+        self.in_use[:] = in_use
+        self.clock = at
+        self.finish = max(self.finish, at)
+        self.left[s] = 0
+        released = []
+        for n in self.waiting_on.get(s, ()):
+            self.blocked[n] -= 1
+            if self.blocked[n] == 0:
+                released.append(n)
+        return released
 
 
 def forward_pack(
