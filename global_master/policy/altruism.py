@@ -263,42 +263,47 @@ class _Packing:
 
     def _alone(self, s: int) -> list[int] | None:
         """Pack stage ``s`` with nothing else packed or ready, if all its tasks fit at
-        once (None if not: left to the list scheduler): the stages it releases."""
-        tasks = list(self.stages[s].waiting.values())
-        if not tasks or self.left[s] != len(tasks):
+        once (None if not: left to the list scheduler): the stages it releases.
+
+        Demands are integers, so what the stage's tasks take from ``in_use`` and give
+        back leaves it as it was, to the bit."""
+        waiting = self.stages[s].waiting
+        n = len(waiting)
+        if not n or self.left[s] != n:
             return None
-        dom = self.ready.doms(t.demand for t in tasks)
-        # the ready order: longest first, then largest dominant share, then first added
-        tasks.sort(key=lambda t: (-t.duration, -dom[t.demand]))
+        specs = [(t.spec.duration, t.spec.demand, t) for t in waiting.values()]
+        if n > 1:
+            dom = self.ready.doms(d for _, d, _ in specs)
+            # the ready order: longest first, then largest dominant share, then first added
+            specs.sort(key=lambda x: (-x[0], -dom[x[1]]))
         clock, cap, held = self.clock, self.cap, self.held
         in_use = list(self.in_use)
-        for t in tasks:
-            h = held(clock + t.duration - EPS) if held is not None else None
-            if not _fits(in_use, t.demand, cap, h):
+        for duration, d, _ in specs:
+            h = held(clock + duration - EPS) if held is not None else None
+            if not _fits(in_use, d, cap, h):
                 return None
-            give(in_use, t.demand)
-        ends = [(clock + t.duration, self.seq + k) for k, t in enumerate(tasks)]
-        if self.started is not None:
-            for t in tasks:
-                self.started(clock, 1.0 * t.duration, t)
-        self.seq += len(tasks)
-        ends.sort()
+            give(in_use, d)
+        started = self.started
+        if started is not None:
+            for duration, _, t in specs:
+                started(clock, 1.0 * duration, t)
+        self.seq += n
         # completion batches: each at its first end, taking the ends within EPS of it
-        at = ends[0][0]
-        for end, _ in ends:
+        ends = sorted([clock + duration for duration, _, _ in specs])
+        at = ends[0]
+        for end in ends:
             if end > at + EPS:
                 at = end
-        for t in tasks:
-            take(in_use, t.demand)
-        self.in_use[:] = in_use
         self.clock = at
-        self.finish = max(self.finish, at)
+        if at > self.finish:
+            self.finish = at
         self.left[s] = 0
         released = []
-        for n in self.waiting_on.get(s, ()):
-            self.blocked[n] -= 1
-            if self.blocked[n] == 0:
-                released.append(n)
+        blocked = self.blocked
+        for c in self.waiting_on.get(s, ()):
+            blocked[c] -= 1
+            if blocked[c] == 0:
+                released.append(c)
         return released
 
 
