@@ -202,9 +202,14 @@ def main_chain(args: argparse.Namespace) -> int:
     """``--chain-depth``: per policy and depth, the time per stage and its growth."""
     depths = [int(x) for x in args.chain_depth.split(",") if x]
     out: dict[str, Any] = {"config": vars(args), "chain": {}}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     for p in [x for x in args.policies.split(",") if x]:
-        rows = [run_chain(p, d, args.users, args.nodes, args.lms) for d in depths]
-        for row in rows:
+        rows: list[dict[str, Any]] = []
+        out["chain"][p] = rows
+        for d in depths:  # each row printed and written as it comes
+            row = run_chain(p, d, args.users, args.nodes, args.lms)
+            rows.append(row)
             row["cpu_per_stage_over_first"] = row["cpu_per_stage_ms"] / rows[0]["cpu_per_stage_ms"]
             print(
                 f"{p} depth={row['depth']}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU, "
@@ -214,10 +219,7 @@ def main_chain(args: argparse.Namespace) -> int:
                 f"makespan {row['makespan_s']:.2f} s",
                 file=sys.stderr,
             )
-        out["chain"][p] = rows
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2, sort_keys=True))
+            path.write_text(json.dumps(out, indent=2, sort_keys=True))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
