@@ -281,19 +281,23 @@ class _Packing:
         for duration, d, _ in specs:
             h = held(clock + duration - EPS) if held is not None else None
             if not _fits(in_use, d, cap, h):
-                return None
+                at = self._one_by_one(specs)
+                if at is None:
+                    return None
+                break
             give(in_use, d)
-        started = self.started
-        if started is not None:
-            for duration, _, t in specs:
-                started(clock, 1.0 * duration, t)
-        self.seq += n
-        # completion batches: each at its first end, taking the ends within EPS of it
-        ends = sorted([clock + duration for duration, _, _ in specs])
-        at = ends[0]
-        for end in ends:
-            if end > at + EPS:
-                at = end
+        else:
+            started = self.started
+            if started is not None:
+                for duration, _, t in specs:
+                    started(clock, 1.0 * duration, t)
+            self.seq += n
+            # completion batches: each at its first end, taking the ends within EPS of it
+            ends = sorted([clock + duration for duration, _, _ in specs])
+            at = ends[0]
+            for end in ends:
+                if end > at + EPS:
+                    at = end
         self.clock = at
         if at > self.finish:
             self.finish = at
@@ -305,6 +309,27 @@ class _Packing:
             if blocked[c] == 0:
                 released.append(c)
         return released
+
+    def _one_by_one(self, specs: list[tuple[float, Resources, Task]]) -> float | None:
+        """A stage released alone none of whose tasks fits ``cap`` even alone, with
+        nothing held (forward packing): the list scheduler runs its tasks one at a time,
+        in the ready order, each stretched (``_stretch``) -- the time the last one ends
+        (None if that is not the case)."""
+        cap, in_use = self.cap, self.in_use
+        if self.held is not None or any(u > EPS for u in in_use):
+            return None
+        if any(_fits(in_use, d, cap, None) for d in {d for _, d, _ in specs}):
+            return None
+        clock, started = self.clock, self.started
+        for duration, d, t in specs:
+            length = (_stretch(d, cap) if self.stretch else 1.0) * duration
+            if started is not None:
+                started(clock, length, t)
+            clock = clock + length  # its own completion batch: nothing else is packed
+            if clock > self.finish:
+                self.finish = clock
+        self.seq += len(specs)
+        return clock
 
 
 def forward_pack(
