@@ -606,7 +606,7 @@ class GmService:
                 "events": dict(self.event_seals.drops),
                 "forged": self.forged,
             },
-            "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
+            "wait_reasons": WaitReason.counts(core.wait_reasons),
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
 

@@ -61,6 +61,7 @@ from common.messages import (
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
+from common.reasons import ENDED_ANSWERS, Answer, JobReason, TaskFailure
 from global_master.admission import Admission, AdmissionLimits, Admissions, Cluster, Refusal, dag_of
 from global_master.fairness import Fairness, Grace, NoVictim
 from global_master.journal import Journal
@@ -73,7 +74,7 @@ from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
-_MISSING = PlacementResult(accepted=False, reason="missing_result")
+_MISSING = PlacementResult(accepted=False, reason=Answer.MISSING_RESULT)
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
@@ -232,7 +233,7 @@ class GlobalMaster:
                     return []  # settled once admitted and placed
                 settled = record is None or record.settled
                 return [JobSettled(job.job_id, job.user)] if settled else []
-            dup = Refusal("duplicate_job_id", f"job {job.job_id!r} already submitted")
+            dup = Refusal(JobReason.DUPLICATE_JOB_ID, f"job {job.job_id!r} already submitted")
             return [self._refuse(job, dup)]
         held = self.live.per_user.get(job.user, 0)
         why = admission.job_error(job, has_queue=job.user in self.queues, ready=self.ready,
@@ -337,7 +338,7 @@ class GlobalMaster:
         for t, known in found.ended:
             self.counters.redelivered_skipped += 1
             self._settle(t, effects)
-            self._end(t, known.held.ok, "failed on worker", now, effects, not known.reported)
+            self._end(t, known.held.ok, TaskFailure.ON_WORKER, now, effects, not known.reported)
         return effects
 
     def _on_resume(self, job: SubmitJob, now: float) -> list[Effect]:
@@ -345,7 +346,7 @@ class GlobalMaster:
         Those it still holds are bound to the message, acknowledged once they are
         placed again; those it does not (it restarted) are queued again."""
         if job.user not in self.queues:
-            unknown = Refusal("unknown_user", f"{job.user!r} has no queue here")
+            unknown = Refusal(JobReason.UNKNOWN_USER, f"{job.user!r} has no queue here")
             return [replace(self._refuse(job, unknown), resume=True)]
         if self.recovery.resuming((job.user, job.job_id)):  # the same message again
             return []  # its delivery is rebound
@@ -406,7 +407,9 @@ class GlobalMaster:
         """The task failed for good; so do the DAG stages that needed it."""
         self._ended(task, effects, finished=False, reason=reason, tell=tell)
         for lost in self.queues.abandon(task, 0.0):
-            self._ended(lost, effects, finished=False, reason=f"parent task {task.task_id} failed")
+            self._ended(
+                lost, effects, finished=False, reason=TaskFailure.parent_failed(task.task_id)
+            )
 
     def _ended(
         self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True
@@ -502,7 +505,7 @@ class GlobalMaster:
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
-            self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
+            self._fail(task, TaskFailure.INFEASIBLE, effects)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
@@ -541,7 +544,7 @@ class GlobalMaster:
         task.waits[reason] += 1
         self.wait_reasons[reason] += 1
         if self.journal is not None:
-            detail = f"{reason.name.lower()}: {why}" if why else reason.name.lower()
+            detail = f"{reason.key}: {why}" if why else reason.key
             self.journal.wait(task.key, now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:
@@ -662,7 +665,7 @@ class GlobalMaster:
                 continue
             if h.ended_at >= 0:
                 if key not in live and self.recovery.unknown_end(key, self.ledger.holds(key)):
-                    why = "" if h.ok else "failed on worker"
+                    why = "" if h.ok else TaskFailure.ON_WORKER
                     self._ended(recovered_task(h, self.gm_id), effects, finished=h.ok, reason=why)
                 continue
             task = placed.get(key)
@@ -684,7 +687,7 @@ class GlobalMaster:
             del self.placed[task.key]
             if h is not None:
                 task.finished_at = h.ended_at
-                self._end(task, h.ok, "failed on worker", now, effects)
+                self._end(task, h.ok, TaskFailure.ON_WORKER, now, effects)
                 continue
             self.counters.lost_with_lm += 1
             if self.journal is not None:
@@ -724,12 +727,12 @@ class GlobalMaster:
                 round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
                 if not res.accepted or stale:
                     self._inconsistency(fl.repartition)
-                    why = "stale incarnation" if res.accepted else res.reason
+                    why = TaskFailure.STALE_INCARNATION if res.accepted else res.reason
                     retry.append(self._refused(task, now, resp.lm, why))
                     continue
                 self._forget(key)
                 task.lm = resp.lm
-                if res.reason == "rerouted":  # the view was wrong; the LM made it good
+                if res.reason == Answer.REROUTED:  # the view was wrong; the LM made it good
                     self._inconsistency(fl.repartition)
                     self.counters.rerouted += 1
                 if self.journal is not None:
@@ -777,11 +780,11 @@ class GlobalMaster:
         have restarted and lost count); an attempt that already ended is an outcome."""
         task.attempt = max(task.attempt, attempt)
         self._settle(task, effects)
-        if reason not in ("finished", "failed"):
+        if reason not in ENDED_ANSWERS:
             self.placed[task.key] = task
             return
         task.finished_at = now
-        self._end(task, reason == "finished", "failed on worker", now, effects)
+        self._end(task, reason == Answer.FINISHED, TaskFailure.ON_WORKER, now, effects)
 
     def _retry(self, tasks: list[Task], now: float) -> list[Effect]:
         """Tasks an LM refused are decided again at once, up to ``max_retries`` times."""
@@ -819,7 +822,7 @@ class GlobalMaster:
         fl = self.inflight.get(key) if key is not None else None
         if key is None or fl is None or fl.request_id != resp.request_id:
             return effects  # overtaken: the task has moved on
-        if not resp.accepted and resp.reason == "no_victim":
+        if not resp.accepted and resp.reason == Answer.NO_VICTIM:
             # nothing of that victim there would make room (or pay): ask again later
             self.fairness.nothing_there(key, resp.lm, now)
         self._answered(key, resp.request_id)
@@ -895,7 +898,7 @@ class GlobalMaster:
                 self.queues.on_finished(task, now)
                 self._ended(task, effects, finished=True, reason="")
             else:
-                why = f"failed on worker: {ev.detail}" if ev.detail else "failed on worker"
+                why = TaskFailure.on_worker(ev.detail)
                 self._fail(task, why, effects)
             return
         # preempted or requeued: back to the front of its own queue, never lost

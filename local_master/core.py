@@ -77,14 +77,15 @@ from common.messages import (
 )
 from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec
+from common.reasons import NO_ROOM, Answer, RequestReason
 from local_master import durable
 from local_master.ends import Ends
-from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
+from local_master.nodes import ActiveTask, NodeTable
 from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
-_OK = PlacementResult(accepted=True, reason="ok")
+_OK = PlacementResult(accepted=True, reason=Answer.OK)
 
 
 class LocalMaster:
@@ -252,14 +253,14 @@ class LocalMaster:
         a = self.nodes.active.get(key)
         if a is not None:
             if a.attempt >= attempt:
-                return PlacementResult(accepted=True, reason="duplicate", attempt=a.attempt)
+                return PlacementResult(accepted=True, reason=Answer.DUPLICATE, attempt=a.attempt)
             self.nodes.release(key)
             effects.append(ToWorker(a.stop()))
         past = self.ends.covering(key, spec.job_id, attempt)
         if past is not None:
             ended, ok = past
             return PlacementResult(
-                accepted=True, reason="finished" if ok else "failed", attempt=ended
+                accepted=True, reason=Answer.FINISHED if ok else Answer.FAILED, attempt=ended
             )
         return None
 
@@ -275,9 +276,9 @@ class LocalMaster:
         node: int = p.node
         reason = nodes.check(spec, node)
         if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
-            node, reason = other, "rerouted"
+            node, reason = other, Answer.REROUTED
             self.counters.rerouted += 1
-        if reason not in ("ok", "rerouted"):
+        if reason is not Answer.OK and reason is not Answer.REROUTED:
             external = nodes.home[p.node] != gm if nodes.has(p.node) else p.repartition
             if external:
                 self.counters.refused_external += 1
@@ -290,7 +291,7 @@ class LocalMaster:
         else:
             self.counters.launches += 1
         effects.append(ToWorker(a.start()))
-        if reason == "rerouted":
+        if reason is Answer.REROUTED:
             return PlacementResult(accepted=True, reason=reason, node=node)
         return _OK
 
@@ -324,19 +325,19 @@ class LocalMaster:
         )  # fmt: skip
         if choice is None:
             self.counters.preemptions_refused += 1
-            return [self._preempt_response(req, now, False, "no_victim", None, ()), *effects]
+            return [self._preempt_response(req, now, False, Answer.NO_VICTIM, None, ()), *effects]
         if not choice.victims:  # room appeared without preempting anyone: a plain placement
             self.counters.preemptions_refused += 1
             a = nodes.place(spec, req.attempt, choice.node, req.gm, False, now, req.queued_at)
             effects.append(ToWorker(a.start()))
-            return [self._preempt_response(req, now, True, "room_free", a.node, ()), *effects]
+            return [self._preempt_response(req, now, True, Answer.ROOM_FREE, a.node, ()), *effects]
         self.counters.preempted_work_s += choice.lost
         refs = [self._preempt(victim, effects) for victim in choice.victims]
         a = nodes.place(spec, req.attempt, choice.node, req.gm, False, now, req.queued_at)
         if a.logical:
             self.counters.repartitions += 1
         effects.append(ToWorker(a.start()))
-        return [self._preempt_response(req, now, True, "ok", a.node, refs), *effects]
+        return [self._preempt_response(req, now, True, Answer.OK, a.node, refs), *effects]
 
     def _preempt(self, victim: ActiveTask, effects: list[Effect]) -> PlacedRef:
         """Stop ``victim`` and release what it holds.  It goes back to its GM once its
@@ -439,7 +440,9 @@ class LocalMaster:
         if bad is None:
             bad = next((s.node for s in msg.running if not has(s.node)), None)
         if bad is not None:
-            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
+            return [
+                Reply(Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {bad} is not here"))
+            ]
         self._seen(msg.nodes, now)
         effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
         # what this LM holds on those nodes and the pool no longer runs (the pool
@@ -483,7 +486,7 @@ class LocalMaster:
             return
         if held is not None:  # an older attempt here: the pool's is the one that runs
             self.nodes.release(key)
-        if s.gm not in self.gms or self.nodes.check(s.spec, s.node) != "ok":
+        if s.gm not in self.gms or self.nodes.check(s.spec, s.node) is not Answer.OK:
             self.counters.refused_internal += 1
             stop = StopTask(
                 node=s.node, user=s.spec.user, task_id=s.spec.task_id, attempt=s.attempt, gm=s.gm
@@ -551,7 +554,9 @@ class LocalMaster:
             return [Reply(refused)]
         bad = next((n for n in msg.nodes if not self.nodes.has(n)), None)
         if bad is not None:
-            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
+            return [
+                Reply(Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {bad} is not here"))
+            ]
         self._seen(msg.nodes, now)
         return []
 

@@ -45,10 +45,9 @@ from common.messages import (
     WorkerReport,
 )
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, satisfies
+from common.reasons import Answer
 
 RECENT_REPARTITIONS = 64
-NO_ROOM = ("insufficient_resources", "node_down")
-"""``check``'s refusals another node could avoid (rerouting); a broken placement is not."""
 _REPORT_EVENT = {ReportKind.FINISHED: EventKind.FINISHED, ReportKind.FAILED: EventKind.FAILED}
 
 
@@ -240,21 +239,21 @@ class NodeTable:
         """Whether ``node`` is a node of this cluster."""
         return 0 <= node < len(self.capacity)
 
-    def check(self, spec: TaskSpec, node: int) -> str:
-        """Whether ``spec`` fits on ``node`` now: ``"ok"``, or the reason it does not."""
+    def check(self, spec: TaskSpec, node: int) -> Answer:
+        """Whether ``spec`` fits on ``node`` now: ``Answer.OK``, or the reason it does not."""
         if not 0 <= node < len(self.capacity):
-            return "unknown_node"
+            return Answer.UNKNOWN_NODE
         if not self.alive[node]:
-            return "node_down"
+            return Answer.NODE_DOWN
         if not satisfies(self.constraints[node], spec.constraints):
-            return "constraints_unmet"
+            return Answer.CONSTRAINTS_UNMET
         if len(spec.demand) != self.n_resources:  # a pool's listing is not checked before
-            return "wrong_resources"
+            return Answer.WRONG_RESOURCES
         free = self.free[node]
         for r, d in enumerate(spec.demand):
             if free[r] < d:
-                return "insufficient_resources"
-        return "ok"
+                return Answer.INSUFFICIENT_RESOURCES
+        return Answer.OK
 
     def first_fit(self, spec: TaskSpec, gm: GmId, *, elsewhere: bool = True) -> int:
         """The first node that fits ``spec`` now, in ``gm``'s partition first, then (if
@@ -265,7 +264,7 @@ class NodeTable:
             order = self._partition[gm] = (mine, [i for i, h in enumerate(self.home) if h != gm])
         for nodes in order if elsewhere else order[:1]:
             for i in nodes:
-                if self.check(spec, i) == "ok":
+                if self.check(spec, i) is Answer.OK:
                     return i
         return -1
 
