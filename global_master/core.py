@@ -322,7 +322,7 @@ class GlobalMaster:
         for t in found.unqueue:
             self.queues.remove(t)
         for t in found.found_running:
-            self.placed[t.key] = t
+            self.ledger.adopt(t)
             self.counters.tasks_adopted += 1
         return found
 
@@ -519,7 +519,7 @@ class GlobalMaster:
         """A match: reserved in the view, in flight in the ledger, into its LM's batch."""
         view.reserve(node, task.demand)
         task.attempt += 1
-        self.inflight[task.key] = InFlight(task, view.lm, node, repartition)
+        self.ledger.dispatch(InFlight(task, view.lm, node, repartition))
         self.queues.on_dispatched(task, now)
         if repartition:
             self.counters.repartition_requests += 1
@@ -603,7 +603,7 @@ class GlobalMaster:
         req = self.outbox.preempt(task, got.user, lm, self.lm_views.version_of(lm))
         self.counters.preemption_attempts += 1
         self.fairness.preempt_sent(lm, now)
-        self.inflight[task.key] = InFlight(task, lm, -1, False, req.request_id)
+        self.ledger.dispatch(InFlight(task, lm, -1, False, req.request_id))
         self.queues.on_dispatched(task, now)
         if self.journal is not None:
             self.journal.note(task.key, now, "preempt_request", lm=lm,
@@ -672,7 +672,9 @@ class GlobalMaster:
             if task is not None:
                 task.attempt = max(task.attempt, h.attempt)
             elif key not in live:
-                task = placed[key] = live[key] = recovered_task(h, self.gm_id)
+                task = recovered_task(h, self.gm_id)
+                self.ledger.adopt(task)
+                live[key] = task
                 task.lm = lm
                 self.counters.tasks_adopted += 1
 
@@ -781,7 +783,7 @@ class GlobalMaster:
         task.attempt = max(task.attempt, attempt)
         self._settle(task, effects)
         if reason not in ENDED_ANSWERS:
-            self.placed[task.key] = task
+            self.ledger.accepted(task)
             return
         task.finished_at = now
         self._end(task, reason == Answer.FINISHED, TaskFailure.ON_WORKER, now, effects)
@@ -909,8 +911,11 @@ class GlobalMaster:
     def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
         """An event about a task of this GM's users that it does not hold: recovery
         keeps it for the task's job; an end may be told to its user now."""
-        if ev.user not in self.queues or (ev.user, ev.task_id) in self.live:
+        key = (ev.user, ev.task_id)
+        if ev.user not in self.queues or key in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
+        if self.ledger.holds(key):
+            return  # ended in a job recorded here (a copy of its end): told once already
         recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
         end = self.recovery.orphan(ev, recent)
         if end is not None:

@@ -19,6 +19,10 @@ Invariants:
   reads them at every decision that does not place its task) and each user's live tasks
   (admission reads them).
 
+* A task moves between the tables only as ``common.transitions.NEXT`` allows: the
+  moves are checked here (``dispatch``, ``accepted``, ``adopt``, ``end``) and a move
+  the table forbids raises ``TransitionError`` (a bug), never applied.
+
 Who changes what: the ledger moves tasks between its tables, stamps the times an LM's
 answers and events carry into each task's allocation-time ledger (``took``,
 ``round_trip``) and answers questions; it sends nothing and calls no other piece.
@@ -35,6 +39,7 @@ from common.errors import ConfigError
 from common.ids import JobId, LmId, UserId
 from common.messages import ENDS_RETAINED_S, EventKind, TaskEvent
 from common.model import Phase, Resources, Task, TaskKey, TaskState
+from common.transitions import check
 
 JobKey = tuple[UserId, JobId]
 
@@ -205,6 +210,27 @@ class Ledger:
         """A job of that key ended here lately."""
         return jk in self.recent_jobs
 
+    # ------------------------------------------------------------ moves
+    def dispatch(self, fl: InFlight) -> None:
+        """``fl``'s task leaves its queue in a request to an LM (QUEUED -> DISPATCHED)."""
+        key = fl.task.key
+        check(key, self.state_of(key), TaskState.DISPATCHED)
+        self.inflight[key] = fl
+
+    def accepted(self, task: Task) -> None:
+        """An LM accepted the request ``task`` was in flight with, whose answer took it
+        out of ``inflight`` just now (DISPATCHED -> PLACED)."""
+        key = task.key
+        was = self.state_of(key)
+        check(key, TaskState.DISPATCHED if was is TaskState.QUEUED else was, TaskState.PLACED)
+        self.placed[key] = task
+
+    def adopt(self, task: Task) -> None:
+        """A task running on an LM that this GM did not hold (it restarted): placed."""
+        key = task.key
+        check(key, self.state_of(key), TaskState.PLACED)
+        self.placed[key] = task
+
     # ------------------------------------------------------------ job records
     def open_job(self, jk: JobKey, keys: list[TaskKey], now: float, redelivered: bool) -> None:
         """A job's record, with every task, made as its first tasks are queued."""
@@ -240,6 +266,7 @@ class Ledger:
     ) -> None:
         """Task ``key`` finished or failed for good: it leaves the live tables.  With its
         ``job`` (key and record): counted there (the last of its tasks retires it)."""
+        check(key, self.state_of(key), TaskState.FINISHED if finished else TaskState.FAILED)
         self.live.pop(key, None)
         if finished:
             self.finished.add(key)
