@@ -13,7 +13,10 @@ Theory of operation:
   the launch window, held launches, repartition batching), ``ledger`` (where each
   task is: the only state a GM holds consistently), ``recovery`` (what a restarted GM
   learns of tasks it does not hold), and ``view`` (the eventually consistent views of
-  every LM's partitions).
+  every LM's partitions).  Two handler groups of this class live beside it, in files
+  of their own: ``core_admission`` (submissions) and ``core_answers`` (LM answers).
+* A task moves between the ledger's tables only as ``common.transitions.NEXT`` allows;
+  reasons are the enums of ``common.reasons``.
 * A GM is stateless in the paper's sense: views are rebuilt from LM snapshots;
   unacknowledged jobs come back from the durable broker queues and run none of their
   tasks twice.  Requests are optimistic: a placement is reserved in the view until
@@ -31,10 +34,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
-from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
+from common.effects import Effect, JobSettled, Persist, ToLm, ToUser
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
@@ -46,14 +48,12 @@ from common.messages import (
     KeepEnds,
     LaunchResponse,
     Placement,
-    PlacementResult,
     PreemptResponse,
     RequestFailed,
     RequestSnapshots,
     StateDelta,
     StateSnapshot,
     StateUpdated,
-    SubmitJob,
     TaskEvent,
     TaskEvents,
     TaskOutcome,
@@ -61,25 +61,26 @@ from common.messages import (
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
-from common.reasons import ENDED_ANSWERS, Answer, JobReason, TaskFailure
-from global_master.admission import Admission, AdmissionLimits, Admissions, Cluster, Refusal, dag_of
+from common.reasons import TaskFailure
+from global_master.admission import AdmissionLimits, Admissions
+from global_master.core_admission import AdmissionSteps
+from global_master.core_answers import Answers
 from global_master.fairness import Fairness, Grace, NoVictim
 from global_master.journal import Journal
-from global_master.ledger import InFlight, Ledger, round_trip
+from global_master.ledger import InFlight, Ledger
 from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.queues import UserQueues
-from global_master.recovery import Recovery, Redelivered, left_behind, recovered_task, resume_job
+from global_master.recovery import Recovery, left_behind, recovered_task, resume_job
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
-_MISSING = PlacementResult(accepted=False, reason=Answer.MISSING_RESULT)
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
 
-class GlobalMaster:
+class GlobalMaster(AdmissionSteps, Answers):
     """One GM: user queues in, launch / repartition / preemption requests out."""
 
     def __init__(
@@ -215,154 +216,6 @@ class GlobalMaster:
         if self._index and self.waiting:
             return min(keep, self.fairness.next_check())
         return keep
-
-    # ------------------------------------------------------------ admission
-    def _admit_job(self, msg: AdmitJob, came: float, now: float) -> list[Effect]:
-        """A submission that came at ``came`` (its tasks' queueing starts then): admitted
-        into its user's queue, or refused with the reason before any task is queued."""
-        job, admission = msg.job, self.admission
-        jk = (job.user, job.job_id)
-        if admission.hold(msg, came):  # behind its user's job still being admitted
-            return []
-        if job.resumes is not None:
-            return self._on_resume(job, now)
-        record = self.jobs.get(jk)
-        if record is not None or self.ledger.is_recent(jk) or jk in self.admitting:
-            if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
-                if jk in self.admitting:
-                    return []  # settled once admitted and placed
-                settled = record is None or record.settled
-                return [JobSettled(job.job_id, job.user)] if settled else []
-            dup = Refusal(JobReason.DUPLICATE_JOB_ID, f"job {job.job_id!r} already submitted")
-            return [self._refuse(job, dup)]
-        held = self.live.per_user.get(job.user, 0)
-        why = admission.job_error(job, has_queue=job.user in self.queues, ready=self.ready,
-                                  redelivered=msg.redelivered, held=held)  # fmt: skip
-        if why is not None:
-            return [self._refuse(job, why)]
-        adm = Admission(job, msg.redelivered, came)
-        n = len(job.tasks)
-        if n > admission.slice:
-            admission.begin(adm)
-            return self._admit_step(adm, now)
-        why = admission.check(adm, n, self.live, self._cluster())  # in one step
-        return [self._refuse(job, why)] if why is not None else self._queue_tasks(adm, n, now)
-
-    def _cluster(self) -> Cluster:
-        return Cluster(len(self.lm_views.capacity), self.lm_views.node_caps)
-
-    def _refuse(self, job: SubmitJob, why: Refusal) -> JobRefused:
-        self.counters.jobs_refused += 1
-        sub = job.submitted_at
-        return JobRefused(job.job_id, job.user, why.reason, why.detail, submitted_at=sub)
-
-    def _on_admit_more(self, msg: AdmitMore, now: float) -> list[Effect]:
-        adm = self.admitting.get((msg.user, msg.job_id))
-        return [] if adm is None else self._admit_step(adm, now)
-
-    def _admit_step(self, adm: Admission, now: float) -> list[Effect]:
-        """One slice of a large job (``Admissions.step``), then the next is due."""
-        job = adm.job
-        end = self.admission.step(adm, self.live, self._cluster())
-        if isinstance(end, Refusal):
-            return [self._refuse(job, end), *self._admitted(adm, now)]
-        effects = [] if end is None else self._queue_tasks(adm, end, now)
-        if end is not None and adm.queued < end:  # refused: a DAG whose stages do not fit
-            return [*effects, *self._admitted(adm, now)]
-        if adm.queued < len(job.tasks):
-            effects.append(After(0.0, AdmitMore(user=job.user, job_id=job.job_id)))
-        else:
-            effects += self._admitted(adm, now)
-        return effects
-
-    def _admitted(self, adm: Admission, now: float) -> list[Effect]:
-        """``adm`` is queued or refused: its user's jobs that came meanwhile are
-        admitted now, in order, until one is large enough to need slices again."""
-        held = self.admission.done(adm)
-        effects: list[Effect] = []
-        while held:
-            effects += self._admit_job(*held.popleft(), now)
-            if self.admission.follow(adm.job.user, held):  # sliced again: the rest follow
-                break
-        return effects
-
-    def _queue_tasks(self, adm: Admission, end: int, now: float) -> list[Effect]:
-        """Queue ``adm``'s tasks up to ``end`` (all checked); the job's record, with every
-        task, is made with the first of them."""
-        job = adm.job
-        tasks = adm.tasks_upto(end, self.gm_id)
-        dag_job = job.stages is not None
-        found = self._redelivered(tasks, dag_job) if adm.redelivered else Redelivered(tasks)
-        dag = dag_of(adm, tasks) if dag_job else None
-        if isinstance(dag, Refusal):
-            return [self._refuse(job, dag)]
-        if adm.queued == 0:
-            self.ledger.open_job((job.user, job.job_id), adm.keys(), now, adm.redelivered)
-            self.counters.jobs_admitted += 1
-        adm.queued_upto(end, tasks)
-        for t in tasks:
-            self.live[t.key] = t
-        if dag is not None:
-            # what runs, is on its way to an LM or ended is never released again
-            out = [t.task_id for t in (*found.adopted, *found.sent)]
-            self.queues.add_job(dag, adm.at, out + [t.task_id for t, _ in found.ended])
-            for t in found.sent:
-                self.queues.on_dispatched(t, now)
-        else:
-            skip = {t.key for t in found.adopted} | {t.key for t, _ in found.ended} | found.kept
-            for t in tasks:
-                if t.key not in skip:
-                    self.queues.push_back(t)
-        return self._resume(found, dag is not None, now)
-
-    def _redelivered(self, tasks: list[Task], dag: bool) -> Redelivered:
-        """A job that came back after a restart: its tasks as recovery finds them
-        (``Recovery.sort_redelivered``), those running placed in the ledger."""
-        found = self.recovery.sort_redelivered(tasks, dag, self.live, self.placed, self.inflight)
-        for t in found.unqueue:
-            self.queues.remove(t)
-        for t in found.found_running:
-            self.ledger.adopt(t)
-            self.counters.tasks_adopted += 1
-        return found
-
-    def _resume(self, found: Redelivered, dag: bool, now: float) -> list[Effect]:
-        """A redelivered job's tasks that ran on since a restart (adopted) or ended: none
-        runs twice; a DAG goes on from the stages they released."""
-        effects: list[Effect] = []
-        for t in found.adopted:
-            self.counters.redelivered_skipped += 1
-            if dag:
-                self.queues.on_dispatched(t, now)
-            self._settle(t, effects)
-        for t, known in found.ended:
-            self.counters.redelivered_skipped += 1
-            self._settle(t, effects)
-            self._end(t, known.held.ok, TaskFailure.ON_WORKER, now, effects, not known.reported)
-        return effects
-
-    def _on_resume(self, job: SubmitJob, now: float) -> list[Effect]:
-        """Tasks this GM (or a predecessor) persisted when they came back to its queue.
-        Those it still holds are bound to the message, acknowledged once they are
-        placed again; those it does not (it restarted) are queued again."""
-        if job.user not in self.queues:
-            unknown = Refusal(JobReason.UNKNOWN_USER, f"{job.user!r} has no queue here")
-            return [replace(self._refuse(job, unknown), resume=True)]
-        if self.recovery.resuming((job.user, job.job_id)):  # the same message again
-            return []  # its delivery is rebound
-        keys = [(spec.user, spec.task_id) for spec in job.tasks]
-        known = {k for k in keys if self.knows(k)}
-        width = len(self.lm_views.capacity)
-        plan = self.recovery.resume(job, now, self.placed, self.live, known, width)
-        effects: list[Effect] = []
-        for task, why in plan.failed:
-            self._fail(task, why, effects)
-        for task in plan.queued:
-            self.live[task.key] = task
-            self.queues.push_front(task)
-        if not plan.waiting:
-            return [*effects, JobSettled(job.job_id, job.user, resume=True)]
-        return effects
 
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
@@ -704,147 +557,6 @@ class GlobalMaster:
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
-
-    # --------------------------------------------------------------- answers
-    def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
-        """Accepted placements are PLACED; refused ones are inconsistencies: the view
-        is refreshed from the response and the decision retried at once."""
-        sent = self.outbox.answered(resp.request_id)
-        effects: list[Effect] = []
-        retry: list[Task] = []
-        if sent is not None and sent[0] == resp.lm:
-            view = self.views.get(resp.lm)
-            # an answer from an incarnation of the LM that has since been replaced: what
-            # it accepted, the new one does not hold -- placed again, like a refusal
-            stale = view is not None and resp.delta.epoch < view.epoch
-            if stale:
-                self.counters.stale_updates += 1
-            results = resp.results
-            for i, key in enumerate(sent[1]):
-                fl = self._answered(key, resp.request_id)
-                if fl is None:
-                    continue  # an event overtook this answer; the task has moved on
-                res = results[i] if i < len(results) else _MISSING
-                task = fl.task
-                round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
-                if not res.accepted or stale:
-                    self._inconsistency(fl.repartition)
-                    why = TaskFailure.STALE_INCARNATION if res.accepted else res.reason
-                    retry.append(self._refused(task, now, resp.lm, why))
-                    continue
-                self._forget(key)
-                task.lm = resp.lm
-                if res.reason == Answer.REROUTED:  # the view was wrong; the LM made it good
-                    self._inconsistency(fl.repartition)
-                    self.counters.rerouted += 1
-                if self.journal is not None:
-                    self.journal.note(key, now, "accepted", lm=resp.lm, node=res.node,
-                                      detail=res.reason)  # fmt: skip
-                self._accepted(task, res.reason, res.attempt, now, effects)
-        effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
-        effects.extend(self._retry(retry, now))
-        return effects
-
-    def _answered(self, key: TaskKey, request_id: int, lm: LmId | None = None) -> InFlight | None:
-        """Task ``key`` was in flight with request ``request_id`` (to ``lm``, if given):
-        no longer; its reservation in the view and its victim are released."""
-        fl = self.inflight.get(key)
-        if fl is None or fl.request_id != request_id or (lm is not None and fl.lm != lm):
-            return None
-        del self.inflight[key]
-        self._release(fl)
-        return fl
-
-    def _release(self, fl: InFlight) -> None:
-        """``fl``'s request is over: its reservation in the view and its victim go."""
-        view = self.views.get(fl.lm)
-        if view is not None and fl.node >= 0:
-            view.release(fl.node, fl.task.demand)
-        self.fairness.release(fl.task.key)
-
-    def _refused(self, task: Task, now: float, lm: LmId, why: str) -> Task:
-        """An LM refused ``task`` (or will never answer): it is decided again."""
-        task.mark(Phase.PROCESSING, now)
-        self.queues.on_returned(task, now)
-        self._note(task, WaitReason.REFUSED_BY_LM, now, lm, why)
-        return task
-
-    def _inconsistency(self, external: bool) -> None:
-        if external:
-            self.counters.external_inconsistencies += 1
-        else:
-            self.counters.internal_inconsistencies += 1
-
-    def _accepted(
-        self, task: Task, reason: str, attempt: int, now: float, effects: list[Effect]
-    ) -> None:
-        """An LM took the task.  A duplicate names the attempt it holds (this GM may
-        have restarted and lost count); an attempt that already ended is an outcome."""
-        task.attempt = max(task.attempt, attempt)
-        self._settle(task, effects)
-        if reason not in ENDED_ANSWERS:
-            self.ledger.accepted(task)
-            return
-        task.finished_at = now
-        self._end(task, reason == Answer.FINISHED, TaskFailure.ON_WORKER, now, effects)
-
-    def _retry(self, tasks: list[Task], now: float) -> list[Effect]:
-        """Tasks an LM refused are decided again at once, up to ``max_retries`` times."""
-        effects: list[Effect] = []
-        batches: Batches = {}
-        for task in tasks:
-            if self.placer.retry(task.key):
-                self._place(task, now, batches, effects)
-            else:
-                self._requeue(task, now)
-        return self._end_round(batches, effects, now)
-
-    def _on_request_failed(self, msg: RequestFailed, now: float) -> list[Effect]:
-        """No answer will come: everything the request asked for is refused."""
-        rid = msg.request_id
-        sent = self.outbox.answered(rid)
-        keys = list(sent[1]) if sent is not None and sent[0] == msg.lm else []
-        pre = self.outbox.preempt_answered(rid)
-        if pre is not None:
-            keys.append(pre)
-        retry = [
-            self._refused(fl.task, now, msg.lm, msg.reason)
-            for key in dict.fromkeys(keys)
-            if (fl := self._answered(key, rid, msg.lm)) is not None
-        ]
-        for task in retry:
-            self._requeue(task, now)
-        return []
-
-    def _on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
-        """Accepted: the task is placed (victims come back to their own GMs).
-        Refused: failed verification, try the next victim (Alg. 2)."""
-        key = self.outbox.preempt_answered(resp.request_id)
-        effects = self._apply(resp.delta)
-        fl = self.inflight.get(key) if key is not None else None
-        if key is None or fl is None or fl.request_id != resp.request_id:
-            return effects  # overtaken: the task has moved on
-        if not resp.accepted and resp.reason == Answer.NO_VICTIM:
-            # nothing of that victim there would make room (or pay): ask again later
-            self.fairness.nothing_there(key, resp.lm, now)
-        self._answered(key, resp.request_id)
-        task = fl.task
-        round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
-        if self.journal is not None:
-            what = "accepted" if resp.accepted else "preempt_refused"
-            node = -1 if resp.node is None else resp.node
-            self.journal.note(key, now, what, lm=resp.lm, node=node,
-                              detail=f"{resp.reason}, {len(resp.preempted)} preempted")  # fmt: skip
-        if resp.accepted:
-            self.counters.preemptions_granted += len(resp.preempted)
-            self._forget(key)
-            self._accepted(task, resp.reason, resp.attempt, now, effects)
-            return effects
-        task.mark(Phase.PROCESSING, now)
-        self.queues.on_returned(task, now)
-        if not self._preempt(task, now, effects):
-            self._requeue(task, now)
-        return effects
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:

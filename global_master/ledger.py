@@ -179,6 +179,8 @@ class Ledger:
         (``KeepEnds``) until it settles: well within what they keep anyway
         (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
         self._keep_due: deque[tuple[float, JobKey]] = deque()
+        self.ended_outside: set[TaskKey] = set()
+        """Tasks that ended while their job had no record here (``end`` without a job)."""
         """Jobs by when their ends are to be kept (in admission order)."""
 
     def state_of(self, key: TaskKey) -> TaskState | None:
@@ -265,8 +267,15 @@ class Ledger:
         job: tuple[JobKey, JobRecord] | None = None,
     ) -> None:
         """Task ``key`` finished or failed for good: it leaves the live tables.  With its
-        ``job`` (key and record): counted there (the last of its tasks retires it)."""
-        check(key, self.state_of(key), TaskState.FINISHED if finished else TaskState.FAILED)
+        ``job`` (key and record): counted there (the last of its tasks retires it).  A
+        task that ended before its job had a record here (adopted after a restart) is
+        counted in its job when the job comes back: that is no second end."""
+        if job is None or key not in self.ended_outside:
+            check(key, self.state_of(key), TaskState.FINISHED if finished else TaskState.FAILED)
+        if job is None:
+            self.ended_outside.add(key)
+        else:
+            self.ended_outside.discard(key)
         self.live.pop(key, None)
         if finished:
             self.finished.add(key)
