@@ -61,7 +61,6 @@ from common.messages import (
     PlacementResult,
     PreemptRequest,
     PreemptResponse,
-    Refused,
     Registered,
     RegisterWorkers,
     ReportKind,
@@ -77,11 +76,11 @@ from common.messages import (
 )
 from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec
-from common.reasons import NO_ROOM, Answer, RequestReason
+from common.reasons import NO_ROOM, Answer
 from local_master import durable
 from local_master.ends import Ends
 from local_master.nodes import ActiveTask, NodeTable
-from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request
+from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request, unknown_node
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -440,9 +439,7 @@ class LocalMaster:
         if bad is None:
             bad = next((s.node for s in msg.running if not has(s.node)), None)
         if bad is not None:
-            return [
-                Reply(Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {bad} is not here"))
-            ]
+            return [Reply(unknown_node(bad))]
         self._seen(msg.nodes, now)
         effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
         # what this LM holds on those nodes and the pool no longer runs (the pool
@@ -554,9 +551,7 @@ class LocalMaster:
             return [Reply(refused)]
         bad = next((n for n in msg.nodes if not self.nodes.has(n)), None)
         if bad is not None:
-            return [
-                Reply(Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {bad} is not here"))
-            ]
+            return [Reply(unknown_node(bad))]
         self._seen(msg.nodes, now)
         return []
 

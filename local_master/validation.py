@@ -83,3 +83,8 @@ def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | Non
             )
         seen.add(key)
     return None
+
+
+def unknown_node(node: int) -> Refused:
+    """A pool's message about a node this LM does not have."""
+    return Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {node} is not here")
