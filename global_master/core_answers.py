@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from global_master.view import LmView
 
 _MISSING = PlacementResult(accepted=False, reason=Answer.MISSING_RESULT)
+_REROUTED = Answer.REROUTED  # (bound once: an enum member read off its class is slow on 3.11)
 
 
 class Answers:
@@ -105,7 +106,7 @@ class Answers:
                     continue
                 self._forget(key)
                 task.lm = resp.lm
-                if res.reason == Answer.REROUTED:  # the view was wrong; the LM made it good
+                if res.reason == _REROUTED:  # the view was wrong; the LM made it good
                     self._inconsistency(fl.repartition)
                     self.counters.rerouted += 1
                 if self.journal is not None:

@@ -85,6 +85,7 @@ from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 _OK = PlacementResult(accepted=True, reason=Answer.OK)
+_FITS, _REROUTED = Answer.OK, Answer.REROUTED  # (bound once: see local_master.nodes)
 
 
 class LocalMaster:
@@ -275,9 +276,9 @@ class LocalMaster:
         node: int = p.node
         reason = nodes.check(spec, node)
         if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
-            node, reason = other, Answer.REROUTED
+            node, reason = other, _REROUTED
             self.counters.rerouted += 1
-        if reason is not Answer.OK and reason is not Answer.REROUTED:
+        if reason is not _FITS and reason is not _REROUTED:
             external = nodes.home[p.node] != gm if nodes.has(p.node) else p.repartition
             if external:
                 self.counters.refused_external += 1
@@ -290,7 +291,7 @@ class LocalMaster:
         else:
             self.counters.launches += 1
         effects.append(ToWorker(a.start()))
-        if reason is Answer.REROUTED:
+        if reason is _REROUTED:
             return PlacementResult(accepted=True, reason=reason, node=node)
         return _OK
 
