@@ -36,6 +36,7 @@ RUN if [ -f /tmp/ca/ca-certificates.crt ]; then export PIP_CERT=/tmp/ca/ca-certi
 print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"]))' > /tmp/requirements.txt \
     && /opt/megha/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY README.md ./
+COPY client ./client
 COPY common ./common
 COPY global_master ./global_master
 COPY local_master ./local_master

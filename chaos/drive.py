@@ -45,14 +45,18 @@ from common.dag import DagJob
 from common.errors import ConfigError, MeghaError
 from common.metrics import duplicate_launches
 from common.model import TaskKey
+from federation.operator import find_everywhere
 from federation.processes import (
     kill,
+    kill_all,
     restart,
     restart_service,
+    stop_federation,
 )
 from request_generator.bench import fetch_launches, fetch_states
 from request_generator.submitter import Submitter
 from runtime import faults
+from runtime.clock import CLOCK_STEP
 from security import sealing
 from security.access import Access
 from security.identity import Identity
@@ -141,6 +145,9 @@ class Run:
     sent: list[tuple[Job | DagJob, float]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     first_fault: float = 0.0
+    launched_before: list[dict[str, Any]] = field(default_factory=list)
+    """The pools' logs read just before every process went (``kill_all``, ``stop_all``):
+    those logs go with their processes."""
 
 
 def progress_line(msg: str, enabled: bool) -> None:
@@ -240,6 +247,11 @@ async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, 
         }
         await blocking(fns[a])
         return f"{a} {target}" + (f" {step.value:g} ms" if a == "delay" else "")
+    if a in ("kill_all", "stop_all", "start_all"):
+        return await _whole(st, a, run)
+    if a == "clock_step":  # the service's wall clock, as runtime.clock.wall reads it
+        faults.set_value(st.faults, target, CLOCK_STEP, step.value)
+        return f"{target}'s wall clock stepped to {step.value:+g} s off"
     if a == "duplicate_jobs":  # the very bytes published before, published again
         for job, at in list(run.sent):
             await sub.publish_raw(
@@ -248,6 +260,21 @@ async def _act(st: Stage, step: Step, sub: Submitter, run: Run, caps: dict[str, 
         return f"published {len(run.sent)} jobs again"
     n = await caps[a].replay()
     return f"{a}: {n} captured messages published again, newest first"
+
+
+async def _whole(st: Stage, a: str, run: Run) -> str:
+    """Every process of the federation at once: SIGKILLed (a host losing power), stopped
+    cleanly (``megha down``), or started again (``megha up`` with the same state)."""
+    loop = asyncio.get_running_loop()
+    if a == "start_all":
+        await loop.run_in_executor(None, st.start_again)
+        return "started every process again (megha up, same state directory)"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        run.launched_before.extend(await fetch_launches(session, st.cfg, st.access))
+    if a == "kill_all":
+        return f"SIGKILLed every process at once ({len(kill_all(st.home))} process groups)"
+    await loop.run_in_executor(None, lambda: stop_federation(st.home, quiet=True))
+    return "stopped every process (megha down)"
 
 
 async def _faults(st: Stage, sc: Scenario, sub: Submitter, run: Run, caps: dict[str, Capture],
@@ -324,7 +351,12 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
         if conn is not None:
             await conn.close()
         await sub.close()
-    row = measure(sc, run, sub, launches, time.time() - t0)
+    row = measure(sc, run, sub, run.launched_before + launches, time.time() - t0)
+    if row["lost_ids"]:  # what the GMs still say of the first few, for a diagnosis
+        lost = [str(k).split("/", 1)[1] for k in row["lost_ids"][:5]]
+        row["lost_found"] = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: {t: find_everywhere(st.cfg, st.access, t) for t in lost}
+        )
     row["evidence"] = evidence(states)
     row["expect"] = sc.expect
     return row
@@ -335,7 +367,7 @@ EVIDENCE = (
     "lost_with_lm", "requeues", "duplicate_events", "stale_updates", "stale_events",
     "recovered", "recovered_ends", "workers_lost", "held_through_silence", "nodes_given_up",
     "returned_to_gm", "pauses", "relaunched", "duplicates", "jobs_refused", "handler_errors",
-    "poisoned", "repartitions",
+    "poisoned", "repartitions", "journal_restored", "orphans_queued", "fenced",
 )  # fmt: skip
 
 
@@ -349,6 +381,8 @@ def evidence(states: dict[str, Any]) -> dict[str, int]:
         for kind, drops in st.get("dropped", {}).items():
             if isinstance(drops, dict):
                 total[f"dropped_{kind}"] = total.get(f"dropped_{kind}", 0) + sum(drops.values())
+        steps = int(st.get("clock", {}).get("steps", 0))  # its wall clock stepped
+        total["clock_steps"] = total.get("clock_steps", 0) + steps
         if "broker" in st:
             total["broker_reconnects"] = total.get("broker_reconnects", 0) + int(
                 st["broker"].get("reconnects", 0)

@@ -18,6 +18,7 @@ ACTIONS = (
     *SIGNALS, "restart", "restart_clean", "broker_stop", "broker_start", "broker_kill",
     "broker_alarm", "broker_unalarm", "partition", "heal", "delay", "undelay",
     "duplicate_jobs", "replay_events", "replay_state", "consumer_error", "die_on_repartition",
+    "kill_all", "stop_all", "start_all", "clock_step",
 )  # fmt: skip
 FAULT_WAIT_S = 30.0
 """How long a step waits for the fault it armed to strike (else the scenario errs: a

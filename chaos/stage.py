@@ -9,7 +9,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,17 @@ class Stage:
     node: RabbitNode | None = None
     cluster: RabbitCluster | None = None
     bed: Testbed | None = None
+    insecure: bool = False
+    ctl_env: dict[str, str] = field(default_factory=dict)
+    """What ``megha up`` needs to start this federation again (``start_all``): the
+    development mode and, for a private node, the environment that points
+    ``rabbitmqctl`` at it."""
+
+    def start_again(self) -> None:
+        """Start every process of the federation again, with the state its journals and
+        the broker kept (after ``kill_all`` or ``stop_all``)."""
+        with _environment(self.ctl_env):
+            start_federation(self.cfg, self.home, quiet=True, insecure_dev=self.insecure)
 
     def get(self, name: str, path: str = "/v1/state") -> Any:
         return signed_get(self.cfg, self.home, name, path)
@@ -102,10 +113,14 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
         # test-bed the node listens on the bed's bridge, which `megha up` does not
         # provision (it runs rabbitmqctl only for a broker on this host's loopback)
         first = cluster.nodes[0] if cluster else node
-        with _environment(_private_ctl(first) if first is not None else {}):
+        ctl = _private_ctl(first) if first is not None else {}
+        with _environment(ctl):
             start_federation(cfg, home, quiet=True, insecure_dev=insecure or sc.netns)
         try:
-            yield Stage(cfg, home, Access.in_home(home, cfg), node, cluster, bed)
+            yield Stage(
+                cfg, home, Access.in_home(home, cfg), node, cluster, bed,
+                insecure=insecure or sc.netns, ctl_env=ctl,
+            )  # fmt: skip
         finally:
             stop_federation(home, quiet=True)
             if not private:

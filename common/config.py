@@ -73,6 +73,10 @@ class FederationConfig:
     listen: str = ""
     """Interface every process binds; empty: the host of its own address
     (``0.0.0.0`` in containers, where the address is a service name)."""
+    tls: str = "auto"
+    """Internal HTTP over TLS, under the federation's own CA (``security.tls``):
+    "on", "off", or "auto": on when any process or the broker is on another host
+    than the loopback.  With it on, a broker off the loopback must be ``amqps://``."""
     broker_url: str = DEFAULT_BROKER_URL
     """The broker's AMQP URL; for a RabbitMQ cluster, every node's URL, comma-separated
     (a process fails over to the next node that answers)."""
@@ -110,6 +114,11 @@ class FederationConfig:
     cut to what their LM's (or pool's) idle nodes can spare: idle / (2 x their rate),
     by Little's law (``runtime.driver.Batcher``); without that, 2,000 tasks/s held
     more slots in waiting reports than the cluster has (0: never wait)."""
+    journal: bool = True
+    """Whether LMs and worker pools keep journals in ``$MEGHA_STATE_DIR`` (``megha up``
+    and compose always give one).  Without them a whole-federation restart loses the
+    tasks LMs had taken and ends not yet reported; off only to measure what they cost
+    (``benchmarks/bench_live.py --set journal=false``)."""
     journal_sync_s: float = 1.0
     """How often an LM and a worker pool ``fdatasync`` their journals (``runtime.journal``:
     what they held, ended and had not reported, in ``$MEGHA_STATE_DIR``).  A record is in
@@ -125,6 +134,11 @@ class FederationConfig:
     """Tasks one user may have on a GM at once (queued, in flight or running); a job that
     would pass it is refused (``user_task_limit``).  About 1 KB of GM memory each.
     0: no limit."""
+    job_history_s: float = 3600.0
+    """How long a GM keeps a user's ended job for ``megha job``/``jobs``/``logs`` and the
+    front door (``global_master.lifecycle``); kept in memory, gone with a GM restart."""
+    job_history_per_user: int = 1000
+    """At most this many of one user's ended jobs are kept (the oldest go first)."""
     task_commands: bool = False
     """Whether workers run a task's ``command`` (off: every task holds its resources for
     its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""
@@ -221,7 +235,33 @@ class FederationConfig:
 
     def url(self, name: str) -> str:
         host, port = self.address(name)
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls_on else 'http'}://{host}:{port}"
+
+    @property
+    def hosts(self) -> set[str]:
+        """Every host a process or a broker node of the federation is on."""
+        hosts = {self.address(n)[0] for n in self.process_names}
+        return hosts | {_url_host(u) for u in self.broker_urls}
+
+    @property
+    def tls_on(self) -> bool:
+        """``tls``: on, off, or (auto) on unless everything is on the loopback."""
+        if self.tls == "auto":
+            return not self.hosts <= set(LOOPBACK)
+        return self.tls == "on"
+
+    def _check_tls(self) -> None:
+        if self.tls not in ("auto", "on", "off"):
+            raise ConfigError(f"tls must be auto, on or off, not {self.tls!r}")
+        if not self.tls_on:
+            return
+        plain = [u for u in self.broker_urls if not u.startswith("amqps://")]
+        if any(_url_host(u) not in LOOPBACK for u in plain):
+            raise ConfigError(
+                "tls is on and the broker is on another host: give its TLS listener "
+                '(amqps://HOST:5671/), or set tls = "off"',
+                reason="plain_broker",
+            )
 
     def gm_port(self, gm: str) -> int:
         return self.address(gm)[1]
@@ -316,6 +356,7 @@ class FederationConfig:
             raise ConfigError("max_user_tasks must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):
             raise ConfigError(f"queue_type must be quorum or classic, not {self.queue_type!r}")
+        self._check_tls()
         if not self.secret:
             raise ConfigError("secret must not be empty")
         if not 1 <= self.base_port <= 65535 - 400:
@@ -425,6 +466,16 @@ def parse_config(data: dict[str, Any], *, env: dict[str, str] | None = None) -> 
     return cfg.validate()
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _url_host(url: str) -> str:
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if rest.startswith("["):
+        return rest[1 : rest.index("]")]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
 def load_config(path: str | Path | None = None) -> FederationConfig:
     """The config at ``path`` (or $MEGHA_CONFIG); defaults when neither is given."""
     p = path if path is not None else os.environ.get(CONFIG_ENV) or None
@@ -452,6 +503,10 @@ class ProcessSpec:
     port: int
     url: str
 
+
+TLS_DIRNAME = "tls"
+"""Beside the recorded config: the federation's CA and certificates (``security.tls``)."""
+TLS_CA_ENV = "MEGHA_TLS_CA"
 
 APPS = {
     "gm": "global_master.app:create_app",
@@ -497,7 +552,11 @@ def process_plan(cfg: FederationConfig, config_path: str) -> list[ProcessSpec]:
             ID_ENV: ident,
             BROKER_ENV: cfg.broker_url,
         }
-        return ProcessSpec(name, role, ident, argv, env, port, f"http://{host}:{port}")
+        if cfg.tls_on:  # its certificate, and the CA it trusts (security.tls)
+            tls = Path(config_path).parent / TLS_DIRNAME
+            argv += ["--certfile", str(tls / f"{name}.pem"), "--keyfile", str(tls / f"{name}.key")]
+            env[TLS_CA_ENV] = str(tls / "ca.pem")
+        return ProcessSpec(name, role, ident, argv, env, port, cfg.url(name))
 
     for lm in cfg.lm_ids:
         plan.append(spec("worker", lm, f"{lm}-workers"))

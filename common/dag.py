@@ -68,6 +68,9 @@ class Stage:
     stage_id: int
     tasks: list[Task]
     parents: tuple[int, ...] = ()
+    gang: int = 0
+    """A gang stage: the fewest of its tasks that may start (all-or-nothing at that
+    count: ``global_master.gang``); 0: not a gang."""
 
 
 @dataclass(slots=True)
@@ -347,7 +350,7 @@ def from_layout(
 
 # ------------------------------------------------------------------ job files
 _JOB_KEYS = {"id", "user", "arrival", "stages"}
-_STAGE_KEYS = {"id", "parents", "tasks", "count", "demand", "duration"}
+_STAGE_KEYS = {"id", "parents", "tasks", "count", "demand", "duration", "gang", "min"}
 _TASK_KEYS = {"demand", "duration", "constraints"}
 
 
@@ -444,6 +447,20 @@ def _stage(
     return sid, tasks, tuple(parents)
 
 
+def gang_of(obj: Any, n: int, where: str) -> int:
+    """A stage's ``"gang": true`` (and optional ``"min": k``, 1..n): the fewest of its
+    ``n`` tasks that may start; 0 for a stage that is not a gang."""
+    gang = obj.get("gang", False)
+    if not isinstance(gang, bool):
+        raise _fail(where, f"gang must be true or false, got {gang!r}")
+    k = obj.get("min", n)
+    if "min" in obj and not gang:
+        raise _fail(where, "min applies to a gang stage only")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise _fail(where, f"min must be an integer from 1 to the stage's {n} tasks, got {k!r}")
+    return k if gang else 0
+
+
 def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
     """Jobs from a decoded job file; returns (resource names, jobs by arrival)."""
     top = _keys(doc, {"format", "resources", "jobs"}, {"format", "resources", "jobs"}, "file")
@@ -489,7 +506,9 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
                     f"the file's jobs hold more than {MAX_FILE_TASKS:,} tasks in all "
                     "(split the workload into several files)",
                 )
-            stages.append(Stage(sid, tasks, parents))
+            stages.append(
+                Stage(sid, tasks, parents, gang_of(s, len(tasks), f"job {jid} stage {sid}"))
+            )
         jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
     jobs.sort(key=lambda job: job.arrival)
     return tuple(names), jobs

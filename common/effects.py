@@ -11,14 +11,19 @@ from dataclasses import dataclass
 
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
+    CancelTasks,
+    CommitGang,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
     RegisterWorkers,
+    ReleaseGang,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StateUpdated,
     StopTask,
+    StopUserTasks,
     SubmitJob,
     TaskEvent,
     TaskOutcome,
@@ -45,9 +50,14 @@ class ToLm:
         | PreemptRequest
         | SnapshotRequest
         | KeepEnds
+        | CancelTasks
+        | StopUserTasks
         | WorkerReport
         | WorkerHeartbeat
         | RegisterWorkers
+        | ReserveRequest
+        | CommitGang
+        | ReleaseGang
     )
 
 

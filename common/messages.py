@@ -10,12 +10,14 @@ others travel inside one.  Change one with ``msgspec.structs.replace``.
 Who sends what (→ is HTTP, ⇒ is RabbitMQ, ↺ is a timer or the driver itself)::
 
     user  ⇒ GM      SubmitJob                     GM ⇒ user    TaskOutcomes
-    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds
-    LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot (the HTTP answers)
+    GM    → LM      LaunchRequest, PreemptRequest, SnapshotRequest, KeepEnds, CancelTasks,
+                    StopUserTasks, ReserveRequest, CommitGang, ReleaseGang
+    LM    → GM      LaunchResponse, PreemptResponse, StateSnapshot, UserTasksStopped,
+                    ReserveResponse (the HTTP answers)
     LM    ⇒ GMs     StateUpdated (fan-out), TaskEvents (to the placing GM)
     LM    → pool    StartTasks, StopTasks         pool → LM   WorkerReports, WorkerHeartbeat,
                                                               RegisterWorkers (-> Registered)
-    ↺ GM            AdmitJob, Decide, RequestSnapshots, RequestFailed
+    ↺ GM            AdmitJob, CancelJob, Decide, RequestSnapshots, RequestFailed, UserAccess
     ↺ LM            Heartbeat, CheckWorkers       ↺ pool      TaskDue, CommandStarted/Exited
     any → caller    Refused (a request a core will not take, with the reason)
 
@@ -31,6 +33,9 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Annotated
 
+import msgspec
+from msgspec import Meta
+
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.model import Resources, Seconds, Task, TaskSpec, Time
 from common.schema import Map, Seq, Text, UInt, Wire, in_range, message, n_items
@@ -39,6 +44,12 @@ Version = Annotated[int, in_range(-1, None)]
 """An LM state version (``-1``: nothing known yet)."""
 MAX_JOB_TASKS = 100_000
 MAX_STAGES = 10_000
+OUTPUT_BYTES = 64 * 1024
+"""Of a task's stdout and of its stderr, the last this many bytes travel with its end."""
+Output = Annotated[bytes, Meta(max_length=OUTPUT_BYTES)]
+"""What a task's command wrote (commands on), cut to its last ``OUTPUT_BYTES``."""
+ExitCode = Annotated[int, in_range(0, 255)] | None
+"""A command's exit status (None: a synthetic task, or a command ended by a signal)."""
 
 
 class EventKind(IntEnum):
@@ -63,6 +74,22 @@ class ReportKind(IntEnum):
 
 
 # -------------------------------------------------------------------- state
+class GangHold(Wire, frozen=True, kw_only=True):
+    """Resources an LM holds for a gang stage of ``gm``'s (its reservation), idle until
+    the gang commits: ``held`` on ``node`` (what is not lent to backfill), reserved
+    until ``lease_until`` and due (the gang expected to start) at ``due``, in the LM's
+    time.  Other tasks may use it only if they end before ``due`` (backfill)."""
+
+    gm: GmId
+    user: UserId
+    job_id: JobId
+    stage: UInt
+    node: NodeIndex
+    held: Resources
+    due: Time
+    lease_until: Time
+
+
 class StateDelta(Wire, frozen=True, kw_only=True):
     """What changed in an LM's cluster between ``base_version`` and ``version``."""
 
@@ -75,6 +102,9 @@ class StateDelta(Wire, frozen=True, kw_only=True):
     node_versions: Seq[UInt]
     usage: Map[UserId, Resources] = {}
     """Resources in use per user on this LM's cluster (all users, every time)."""
+    holds: Seq[GangHold] = ()
+    """Every gang hold this LM keeps (all of them, every time): what is reserved-but-idle
+    where, until when (``local_master.reservations``)."""
 
 
 class ClusterLayout(Wire, frozen=True, kw_only=True):
@@ -242,6 +272,28 @@ class PreemptResponse(Wire, frozen=True, kw_only=True):
     sent_at: Time = 0.0
 
 
+@message("stop_user_tasks")
+class StopUserTasks(Wire, frozen=True, kw_only=True):
+    """GM -> LM: stop every attempt of ``user`` that GM ``gm`` placed here (its token
+    was revoked: ``reason``).  Each goes back to the GM as ``PREEMPTED`` once its pool
+    stopped it, and the GM ends it with ``reason``."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    reason: Text = "user_revoked"
+
+
+@message("user_tasks_stopped")
+class UserTasksStopped(Wire, frozen=True, kw_only=True):
+    """LM -> GM: the attempts of ``user`` it stopped for ``StopUserTasks``."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    stopped: Seq[PlacedRef]
+
+
 @message("request_failed")
 class RequestFailed(Wire, frozen=True, kw_only=True):
     """A GM's driver could not get an answer to request ``request_id`` (the LM refused
@@ -279,6 +331,14 @@ class TaskEvent(Wire, frozen=True, kw_only=True):
     """The task's job and when it entered its GM's queue, as the LM holds them: a GM
     that restarted and has no record of the task can still tell its user of its end."""
     queued_at: Time = -1.0
+    spec: TaskSpec | None = None
+    """The task itself, on the events that give it back to its GM (requeued, preempted):
+    a GM that restarted and holds no record of it queues it again from this (its job's
+    delivery may have been acknowledged before: nothing else holds the task)."""
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
+    """An end's exit status and output (commands on), for its user (``megha logs``)."""
 
 
 @message("task_events")
@@ -325,13 +385,90 @@ class JobRefusal(Wire, frozen=True, kw_only=True):
     detail: Text = ""
 
 
+# ------------------------------------------------------------------ gangs
+@message("reserve")
+class ReserveRequest(Wire, frozen=True, kw_only=True):
+    """GM -> LM: hold room for these placements of gang stage ``stage`` of a job (each
+    validated as a launch is, nothing started) for ``lease_s`` seconds from receipt;
+    the gang is due (expected to commit) within ``due_s``.  Holds of the same task
+    replace the older one; ``CommitGang`` starts them, ``ReleaseGang`` or the lease
+    ends them."""
+
+    gm: GmId
+    lm: LmId
+    request_id: UInt
+    user: UserId
+    job_id: JobId
+    stage: UInt
+    placements: Annotated[tuple[Placement, ...], n_items(1, MAX_JOB_TASKS)]
+    lease_s: Seconds
+    due_s: Seconds
+    known_version: Version
+    sent_at: Time = -1.0
+
+
+@message("reserve_response")
+class ReserveResponse(Wire, frozen=True, kw_only=True):
+    """LM -> GM: per placement, in order, whether it is held (``node``: where)."""
+
+    gm: GmId
+    lm: LmId
+    request_id: UInt
+    results: Seq[PlacementResult]
+    delta: StateDelta
+    request_sent_at: Time = -1.0
+    received_at: Time = 0.0
+    sent_at: Time = 0.0
+
+
+@message("commit_gang")
+class CommitGang(Wire, frozen=True, kw_only=True):
+    """GM -> LM: the whole gang (or its ``min``) holds: start these held attempts.
+    Answered with a ``LaunchResponse`` (per task, in order)."""
+
+    gm: GmId
+    lm: LmId
+    request_id: UInt
+    user: UserId
+    job_id: JobId
+    stage: UInt
+    tasks: Annotated[tuple[PlacedRef, ...], n_items(1, MAX_JOB_TASKS)]
+    known_version: Version
+    sent_at: Time = -1.0
+
+
+@message("release_gang")
+class ReleaseGang(Wire, frozen=True, kw_only=True):
+    """GM -> LM: give back every hold of this gang stage (it did not fill, or it
+    failed); answered with nothing (204)."""
+
+    gm: GmId
+    lm: LmId
+    user: UserId
+    job_id: JobId
+    stage: UInt
+
+
+@message("gang_retry")
+class GangRetry(Wire, frozen=True, kw_only=True):
+    """GM core -> itself (an ``After`` timer): a gang that backed off tries again."""
+
+    user: UserId
+    job_id: JobId
+    stage: UInt
+
+
 # ------------------------------------------------------------------ jobs
 class StageSpec(Wire, frozen=True, kw_only=True):
-    """One stage of a DAG job: its id, the stages it waits for, how many tasks."""
+    """One stage of a DAG job: its id, the stages it waits for, how many tasks.  A
+    ``gang`` stage starts all-or-nothing across LMs (``global_master.gang``): all its
+    tasks, or at least ``min`` of them (``0``: all; Armada's minimum cardinality)."""
 
     stage_id: UInt
     parents: Annotated[tuple[UInt, ...], n_items(0, MAX_STAGES)] = ()
     count: Annotated[int, in_range(1, None)]
+    gang: bool = False
+    min_count: UInt = msgspec.field(default=0, name="min")
 
 
 @message("submit_job")
@@ -429,6 +566,10 @@ class WorkerReport(Wire, frozen=True, kw_only=True):
     """The task's job and queue time, from its start: an LM that does not hold the task
     (it restarted) passes them on, so its GM can tell the user of its end."""
     queued_at: Time = -1.0
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
+    """An end's exit status and output (commands on), passed on in its ``TaskEvent``."""
 
 
 @message("worker_reports")
@@ -552,6 +693,15 @@ class Decide(Wire, frozen=True, kw_only=True):
     max_tasks: Annotated[int, in_range(1, None)] = 1
 
 
+@message("user_access")
+class UserAccess(Wire, frozen=True, kw_only=True):
+    """GM driver -> core: ``user``'s token was revoked (its tasks end ``user_revoked``,
+    queued or running), or issued again (``revoked`` false)."""
+
+    user: UserId
+    revoked: bool = True
+
+
 @message("request_snapshots")
 class RequestSnapshots(Wire, frozen=True, kw_only=True):
     """A (re)started GM asks every LM for a full snapshot."""
@@ -622,6 +772,9 @@ class CommandExited(Wire, frozen=True, kw_only=True):
     attempt: UInt
     ok: bool
     detail: Text = ""
+    exit_code: ExitCode = None
+    stdout: Output = b""
+    stderr: Output = b""
 
 
 # ----------------------------------------------------------------- answers
@@ -633,8 +786,31 @@ class Refused(Wire, frozen=True, kw_only=True):
     detail: Text = ""
 
 
+# ------------------------------------------------------------------ cancel
+@message("cancel_job")
+class CancelJob(Wire, frozen=True, kw_only=True):
+    """A user (through its GM's front door) -> the GM core: cancel job ``job_id``.
+    Its queued tasks are dropped, its running ones stopped (``CancelTasks``); each ends
+    ``cancelled`` unless it ended otherwise first.  Idempotent."""
+
+    user: UserId
+    job_id: JobId
+
+
+@message("cancel_tasks")
+class CancelTasks(Wire, frozen=True, kw_only=True):
+    """GM -> LM: stop these attempts of cancelled tasks, as a preemption stops them.
+    Each goes back to its GM (``PREEMPTED``) once its pool confirms the stop; an
+    attempt the LM no longer holds is ignored."""
+
+    gm: GmId
+    lm: LmId
+    tasks: Annotated[tuple[PlacedRef, ...], n_items(1, MAX_JOB_TASKS)]
+
+
 GmInput = (
     AdmitJob
+    | CancelJob
     | Decide
     | RequestSnapshots
     | StateUpdated
@@ -643,9 +819,14 @@ GmInput = (
     | PreemptResponse
     | RequestFailed
     | TaskEvents
+    | UserAccess
+    | UserTasksStopped
+    | ReserveResponse
+    | GangRetry
 )
 LmInput = (
     LaunchRequest
+    | CancelTasks
     | PreemptRequest
     | SnapshotRequest
     | WorkerReports
@@ -653,6 +834,10 @@ LmInput = (
     | RegisterWorkers
     | Heartbeat
     | CheckWorkers
+    | StopUserTasks
+    | ReserveRequest
+    | CommitGang
+    | ReleaseGang
 )
 WorkerInput = (
     StartTasks

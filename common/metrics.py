@@ -100,6 +100,9 @@ class GmCounters(Counters):
     redelivered_skipped: int = 0
     tasks_adopted: int = 0
     """Running tasks a restarted GM took over from the LMs' snapshots."""
+    orphans_queued: int = 0
+    """Tasks an LM gave back (requeued, preempted) that a restarted GM held no record of:
+    queued again from the event's spec (and kept on the broker)."""
     updates_applied: int = 0
     gaps: int = 0
     stale_updates: int = 0
@@ -112,6 +115,10 @@ class GmCounters(Counters):
     jobs_refused: int = 0
     jobs_settled: int = 0
     tasks_finished: int = 0
+    jobs_cancelled: int = 0
+    """Cancels of a job this GM held (``CancelJob``; a repeated one counts again)."""
+    revoked_ended: int = 0
+    """Tasks of users whose token was revoked, ended ``user_revoked`` (queued or stopped)."""
 
 
 @dataclass(slots=True)
@@ -148,10 +155,14 @@ class LmCounters(Counters):
     """Liveness checks skipped because the LM itself had not run for a timeout."""
     stale_keep_ends: int = 0
     """``KeepEnds`` to keep a job's ends that came after its GM let them go (ignored)."""
+    refused_foreign: int = 0
+    """Placements and preemptions for a user not of the sending GM (``foreign_user``)."""
     journal_restored: int = 0
     """Attempts (held, stopping, ended) a new incarnation took back from its journal."""
     journal_skipped: int = 0
     """Journal records of nodes or GMs the federation no longer has (ignored)."""
+    revoked_stops: int = 0
+    """Attempts stopped because their user's token was revoked (``StopUserTasks``)."""
 
 
 @dataclass(slots=True)

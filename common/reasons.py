@@ -105,6 +105,8 @@ class WaitReason(IntEnum):
     USER_AT_SHARE = 2  # contention and the user is at/above its share: re-queued
     REFUSED_BY_LM = 3  # inconsistency: the LM's true state refused the request
     PREEMPTION_FAILED = 4  # no victim could be verified by any LM
+    GANG_INCOMPLETE = 5  # a gang stage's task: not enough of its gang fits (or holds) yet
+    RESERVED_FOR_GANG = 6  # the room it fits is held for a gang due before it would end
 
     @property
     def key(self) -> str:
@@ -129,4 +131,6 @@ _WAIT_TEXT = {
     WaitReason.USER_AT_SHARE: "no room, and its user is at or above its share: no preemption",
     WaitReason.REFUSED_BY_LM: "an LM refused the placement (its true state differed)",
     WaitReason.PREEMPTION_FAILED: "no victim over its share could be preempted on any LM",
+    WaitReason.GANG_INCOMPLETE: "a gang stage's task: not enough of its gang fits or holds yet",
+    WaitReason.RESERVED_FOR_GANG: "the room it fits is held for a gang due before it would end",
 }

@@ -230,6 +230,15 @@ def _check_str(x: Any, t: mi.StrType, why: dict[str, str]) -> ValidationError | 
     return None
 
 
+def _check_bytes(x: Any, t: mi.BytesType, why: dict[str, str]) -> ValidationError | None:
+    """Raw bytes (a task's output)."""
+    if type(x) is not bytes:
+        return _bad("bytes", x)
+    if t.max_length is not None and len(x) > t.max_length:
+        return ValidationError(f"bytes longer than {t.max_length}", reason="too_large")
+    return None
+
+
 def _check_bool(x: Any, t: mi.BoolType, why: dict[str, str]) -> ValidationError | None:
     return None if type(x) is bool else _bad("a boolean", x)
 
@@ -311,6 +320,7 @@ def _check_dict(x: Any, t: mi.DictType, why: dict[str, str]) -> ValidationError 
 
 _CHECKS: dict[type, Callable[[Any, Any, dict[str, str]], ValidationError | None]] = {
     mi.StructType: _check_struct,
+    mi.BytesType: _check_bytes,
     mi.IntType: _check_int,
     mi.FloatType: _check_float,
     mi.StrType: _check_str,

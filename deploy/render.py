@@ -60,7 +60,8 @@ from common.config import (
 )
 from common.errors import ConfigError
 from federation.provision import broker_credentials, issue_tokens, make_secret
-from security.access import USERS_FILE_ENV, load_tokens, service_identity
+from security.access import USERS_FILE_ENV, load_tokens, parties, service_identity
+from security.access import parties as access_parties
 from security.broker_acl import (
     CREDENTIALS_ENV,
     CREDENTIALS_FILENAME,
@@ -70,7 +71,10 @@ from security.broker_acl import (
     rabbit_password_hash,
 )
 from security.files import MOUNTED_ENV, ensure_private_dir, read_private, write_private
-from security.secret import SECRET_FILENAME
+from security.identity import Role
+from security.party_keys import KEYS_DIRNAME, KEYS_FILE_ENV, file_name, write_party_keys
+from security.secret import SECRET_FILENAME, load_secret
+from security.tls import make_federation_tls
 from security.tokens import TOKENS_FILENAME
 
 Manifest = dict[str, Any]
@@ -145,6 +149,11 @@ def secrets_kustomization(cfg: FederationConfig, directory: Path) -> Manifest:
         for ident in ids
     ]
     tokens = [f"{token_key(u)}=tokens/{u}" for u in sorted(load_tokens(directory))]
+    keys = [
+        f"{file_name(p)}={KEYS_DIRNAME}/{file_name(p)}"
+        for p in access_parties(cfg)
+        if p.role != Role.OPERATOR
+    ]
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -152,7 +161,7 @@ def secrets_kustomization(cfg: FederationConfig, directory: Path) -> Manifest:
         "secretGenerator": [
             {
                 "name": FEDERATION_SECRET,
-                "files": [SECRET_FILENAME, TOKENS_FILENAME, *parties],
+                "files": [TOKENS_FILENAME, *parties, *keys],
             },
             {
                 "name": OPERATOR_SECRET,
@@ -192,6 +201,11 @@ def write_secrets(cfg: FederationConfig, directory: Path) -> list[Path]:
     if not cookie.exists():
         write_private(cookie, (secrets.token_hex(32) + "\n").encode())
     made.append(cookie)
+    # each service's own keys, and the federation's CA with a certificate per process
+    # and for the broker (issue 32 items 7 and 10)
+    secret = load_secret(directory / SECRET_FILENAME, insecure_dev=True)
+    made.extend(write_party_keys(directory, secret, cfg, parties(cfg)))
+    made.extend(make_federation_tls(replace(cfg, tls="on"), directory))
     env = (
         f"MEGHA_SECRETS={directory}\nMEGHA_UID={os.getuid()}\nMEGHA_GID={os.getgid()}\n"
         f"COMPOSE_PROJECT_NAME={cfg.name}\n"
@@ -278,7 +292,18 @@ def _compose_secrets(cfg: FederationConfig) -> dict[str, Manifest]:
         for ident in ids:
             name = party_credentials_filename(role, ident)
             out[f"broker-{role}-{ident}"] = {"file": f"{SECRETS_VAR}/{name}"}
+    for party in parties(cfg):
+        if party.role != Role.OPERATOR:
+            out[f"keys-{party.role.value}-{party.name}"] = {
+                "file": f"{SECRETS_VAR}/{KEYS_DIRNAME}/{file_name(party)}"
+            }
     return out
+
+
+def _keys_secret(p: ProcessSpec) -> str:
+    """The compose secret of process ``p``'s own keys file."""
+    me = service_identity(p.role, p.ident)
+    return f"keys-{me.role.value}-{me.name}"
 
 
 NETWORKS = ("bridge", "host")
@@ -389,16 +414,18 @@ def _rabbitmq_service(network: str) -> Manifest:
 def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Manifest:
     """Process ``p`` of the plan: its command, keys, broker login, health, dependencies."""
     env = {k: v for k, v in p.env.items() if p.role in BROKER_ROLES or k != BROKER_ENV}
-    env[SECRET_ENV] = f"{RUN_SECRETS}/megha-secret"
-    mounts: list[Manifest | str] = ["megha-secret"]
+    # its own keys, never the federation secret (security.party_keys)
+    env[KEYS_FILE_ENV] = f"{RUN_SECRETS}/megha-keys"
+    mounts: list[Manifest | str] = [{"source": _keys_secret(p), "target": "megha-keys"}]
     depends: dict[str, Manifest] = {}
     if p.role in BROKER_ROLES:
         env[CREDENTIALS_ENV] = f"{RUN_SECRETS}/megha-broker"
         mounts.append({"source": f"broker-{p.role}-{p.ident}", "target": "megha-broker"})
         depends["rabbitmq"] = {"condition": "service_healthy"}
-    if p.role == "gm":
+    if p.role in ("gm", "lm"):  # an LM checks each launch's user against its GM
         env[USERS_FILE_ENV] = f"{RUN_SECRETS}/megha-users"
         mounts.append("megha-users")
+    if p.role == "gm":
         depends.update({lm: {"condition": "service_healthy"} for lm in cfg.lm_ids})
     svc: Manifest = {**base, "command": p.argv, "environment": env, "secrets": mounts}
     if p.role != "gm":
@@ -541,6 +568,8 @@ RESOURCES: dict[str, Manifest] = {
 }
 
 
+KEYS_FILE = "keys.json"
+"""A pod's own keys file in ``SECRET_DIR`` (``security.party_keys``)."""
 SECRET_DIR = "/etc/megha/secret"
 """Where each pod mounts its keys of the megha-federation Secret."""
 HOME_DIR = "/etc/megha/home"
@@ -556,28 +585,52 @@ def _env(p: ProcessSpec) -> list[Manifest]:
         for k, v in p.env.items()
         if p.role in BROKER_ROLES or k != BROKER_ENV
     ]
-    env.append({"name": SECRET_ENV, "value": f"{SECRET_DIR}/{SECRET_FILENAME}"})
+    env.append({"name": KEYS_FILE_ENV, "value": f"{SECRET_DIR}/{KEYS_FILE}"})
     env.append({"name": MOUNTED_ENV, "value": "1"})
     if p.role in BROKER_ROLES:
         env.append({"name": CREDENTIALS_ENV, "value": f"{SECRET_DIR}/{CREDENTIALS_FILENAME}"})
-    if p.role == "gm":
+    if p.role in ("gm", "lm"):  # an LM checks each launch's user against its GM
         env.append({"name": USERS_FILE_ENV, "value": f"{SECRET_DIR}/{TOKENS_FILENAME}"})
     if p.role == "lm":
         # Active and standby run the same command; they tell themselves apart by pod name.
         env.append(
             {"name": INSTANCE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         )
+    if p.role != "gm":
+        env.append({"name": STATE_ENV, "value": STATE_DIR})
     return env
 
 
+STATE_STORAGE = "1Gi"
+"""What each LM's and worker pool's journal volume asks for (a journal is compacted past
+8 MiB, with one snapshot beside it)."""
+
+
+def state_claim(p: ProcessSpec) -> Manifest:
+    """The volume an LM or a worker pool keeps its journal on (``runtime.journal``), which
+    outlives its pods: a restart of the whole federation loses no task an LM took.  An
+    LM's active and standby share one (ReadWriteMany: the standby may run on another
+    node; it takes the journal over with the lead, after the former's lock); a pool's is
+    its own (ReadWriteOnce: one pod at a time, its Deployment recreates, never surges)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(f"{p.name}-state", _labels(p)),
+        "spec": {
+            "accessModes": ["ReadWriteMany" if p.role == "lm" else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": STATE_STORAGE}},
+        },
+    }
+
+
 def _secret_items(p: ProcessSpec) -> list[Manifest]:
-    """The keys of the megha-federation Secret process ``p`` sees: the secret, its own
-    broker login (GMs, LMs), the users file (GMs)."""
-    items = [{"key": SECRET_FILENAME, "path": SECRET_FILENAME}]
+    """The keys of the megha-federation Secret process ``p`` sees: its own keys (never
+    the federation secret), its own broker login (GMs, LMs), the users file (GMs, LMs)."""
+    items = [{"key": file_name(service_identity(p.role, p.ident)), "path": KEYS_FILE}]
     if p.role in BROKER_ROLES:
         key = party_credentials_filename(p.role, p.ident)
         items.append({"key": key, "path": CREDENTIALS_FILENAME})
-    if p.role == "gm":
+    if p.role in ("gm", "lm"):
         items.append({"key": TOKENS_FILENAME, "path": TOKENS_FILENAME})
     return items
 
@@ -673,6 +726,11 @@ def _pod(p: ProcessSpec) -> Manifest:
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         ],
     }
+    if p.role != "gm":  # its journal, on a claim that outlives the pod (state_claim)
+        container["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
+        spec["volumes"].append(
+            {"name": "state", "persistentVolumeClaim": {"claimName": f"{p.name}-state"}}
+        )
     if p.role == "lm":  # keep the standby off the active's node when the cluster has another
         spec["affinity"] = _apart(p)
     return {"metadata": {"labels": _labels(p)}, "spec": spec}
@@ -941,6 +999,8 @@ def kubernetes(cfg: FederationConfig) -> list[Manifest]:
     for p in plan:
         docs.append(_workload(p))
         docs.extend(_services(p))
+        if p.role != "gm":
+            docs.append(state_claim(p))
     docs.append(bench_job(cfg))
     docs.extend(network_policies(cfg, plan))
     return docs

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from common.config import FederationConfig
 from security.access import Access, identity_of_process
+from security.tls import process_client_context
 
 
 def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
@@ -22,7 +23,7 @@ def signed_get(cfg: FederationConfig, home: Path, name: str, path: str) -> Any:
     who = identity_of_process(cfg, name)
     headers = Access.in_home(home, cfg).sign(who, "GET", path, b"", time.time())
     req = urllib.request.Request(cfg.url(name) + path, headers=headers)
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=10, context=process_client_context()) as resp:
         return json.loads(resp.read())
 
 
@@ -36,7 +37,9 @@ def operator_get(
     headers = access.sign(who, "GET", path, b"", time.time())
     req = urllib.request.Request(cfg.url(name) + path, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(
+            req, timeout=timeout_s, context=process_client_context()
+        ) as resp:
             out: dict[str, Any] = json.loads(resp.read())
             return out
     except urllib.error.HTTPError as err:

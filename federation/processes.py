@@ -31,6 +31,7 @@ from common.errors import ConfigError, MeghaError
 from federation import provision
 from federation.ports import port_free
 from security.files import ensure_private_dir
+from security.tls import process_client_context
 
 RABBIT_HINT = (
     "RabbitMQ is not reachable at {url}.\n"
@@ -62,7 +63,8 @@ def broker_reachable(url: str, timeout: float = 2.0) -> bool:
 
 def _health(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
+        ctx = process_client_context()
+        with urllib.request.urlopen(url + "/health", timeout=1.0, context=ctx) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -143,7 +145,11 @@ def launch(spec: ProcessSpec, home: Path) -> int:
             env={
                 **os.environ,
                 **spec.env,
-                **provision.environment(home),
+                **(
+                    provision.environment(home)
+                    if spec.role == "dashboard"
+                    else provision.service_environment(home, spec.role, spec.ident)
+                ),
                 STATE_ENV: str(home / "state"),
             },
             stdout=log,
@@ -307,6 +313,18 @@ def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
         raise ConfigError(f"{name} (pid {pid}) is not running")
     os.killpg(pid, sig)
     return pid
+
+
+def kill_all(home: Path) -> list[int]:
+    """SIGKILL every running process of the federation at once, each process group (a
+    host losing power, as far as the processes can tell); the pids it struck."""
+    struck = []
+    for pid in recorded(home).values():
+        if _is_ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+                struck.append(pid)
+    return struck
 
 
 FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT")

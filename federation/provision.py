@@ -27,7 +27,14 @@ from urllib.parse import urlparse
 from common.config import DEFAULT_SECRET, FederationConfig
 from common.errors import ConfigError
 from runtime.broker import declare_topology, delete_topology
-from security.access import INSECURE_ENV, USERS_FILE_ENV, save_token, tokens_dir
+from security.access import (
+    INSECURE_ENV,
+    USERS_FILE_ENV,
+    parties,
+    save_token,
+    service_identity,
+    tokens_dir,
+)
 from security.broker_acl import (
     CREDENTIALS_ENV,
     CREDENTIALS_FILENAME,
@@ -36,10 +43,21 @@ from security.broker_acl import (
     Rabbitmqctl,
     make_credentials,
     provision,
+    remove_party,
     teardown,
 )
-from security.files import write_private
-from security.secret import SECRET_FILE_ENV, check_secret, ensure_secret_file, secret_path
+from security.files import ensure_private_dir, write_private
+from security.identity import Identity, Role
+from security.outcomes import OUTCOME_KEYS_DIRNAME, outcome_key
+from security.party_keys import KEYS_FILE_ENV, keys_path, write_party_keys
+from security.secret import (
+    SECRET_FILE_ENV,
+    check_secret,
+    ensure_secret_file,
+    load_secret,
+    secret_path,
+)
+from security.tls import make_federation_tls, trust_home
 from security.tokens import TokenStore
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -54,6 +72,11 @@ def prepare(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) ->
     """Make the secret, the broker's users and topology, and the users' tokens; return
     the environment every process of the federation gets."""
     env = {SECRET_FILE_ENV: str(make_secret(cfg, home, insecure_dev=insecure_dev))}
+    secret = load_secret(secret_path(home), insecure_dev=True)  # checked by make_secret
+    write_party_keys(home, secret, cfg, parties(cfg))
+    if cfg.tls_on:
+        make_federation_tls(cfg, home)
+        trust_home(home)
     if insecure_dev:
         env[INSECURE_ENV] = "1"
         print(
@@ -77,6 +100,29 @@ def environment(home: Path) -> dict[str, str]:
     else:
         env[INSECURE_ENV] = "1"
     return env
+
+
+def service_environment(home: Path, role: str, ident: str) -> dict[str, str]:
+    """The environment of service ``role``/``ident``: its own keys file in place of the
+    federation secret (which a federation made before keys files keeps giving)."""
+    env = environment(home)
+    path = keys_path(home, service_identity(role, ident))
+    if path.exists():
+        env[KEYS_FILE_ENV] = str(path)
+        env[SECRET_FILE_ENV] = ""
+    return env
+
+
+def save_outcome_key(home: Path, user: str, gm: str) -> Path | None:
+    """``home/outcome-keys/<user>``: the key ``user`` checks its GM's outcomes with, for
+    the operator to hand over with its token (none without a secret file)."""
+    if not secret_path(home).exists():
+        return None
+    secret = load_secret(secret_path(home), insecure_dev=True)
+    path = home / OUTCOME_KEYS_DIRNAME / user
+    ensure_private_dir(path.parent)
+    write_private(path, (outcome_key(secret, gm, user).hex() + "\n").encode())
+    return path
 
 
 def make_secret(cfg: FederationConfig, home: Path, *, insecure_dev: bool = False) -> Path:
@@ -123,6 +169,37 @@ def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
     return home / CREDENTIALS_FILENAME
 
 
+def revoke_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
+    """Delete ``user``'s broker login (the broker closes its open connections: it can
+    publish, consume or bind nothing more) and forget its password, so that it gets a
+    new one if it is added again.  What was done, in a few words."""
+    path = home / CREDENTIALS_FILENAME
+    if not path.exists():
+        return "no broker login to remove (--insecure-dev: the broker URL's own user)"
+    who = Identity(Role.USER, user)
+    remove_party(BrokerLayout.from_config(cfg), who, _rabbitmqctl(cfg))
+    creds = BrokerCredentials.load(path)
+    kept = {k: v for k, v in creds.passwords.items() if k != str(who)}
+    names = {k: v for k, v in creds.users.items() if k != str(who)}
+    BrokerCredentials(creds.scheme, creds.host, creds.port, creds.vhost, kept, names).save(path)
+    return f"deleted its broker login {creds.users.get(str(who), who)!r}; its connections closed"
+
+
+def restore_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
+    """``user``, issued a token again, gets a broker login again (a new password); the
+    logins of users still revoked stay removed."""
+    path = home / CREDENTIALS_FILENAME
+    if not path.exists() or str(Identity(Role.USER, user)) in BrokerCredentials.load(path).users:
+        return ""
+    ctl = _rabbitmqctl(cfg)
+    layout = BrokerLayout.from_config(cfg)
+    provision(layout, broker_credentials(cfg, home), ctl, allow_existing=True)
+    for rec in TokenStore.in_home(home).users():
+        if rec.revoked and rec.user != user and rec.user in dict(layout.users):
+            remove_party(layout, Identity(Role.USER, rec.user), ctl)
+    return "made its broker login again (a new password)"
+
+
 def issue_tokens(cfg: FederationConfig, home: Path) -> Path:
     """A token for every configured user that has none the operator can hand over."""
     store = TokenStore.in_home(home)
@@ -133,6 +210,7 @@ def issue_tokens(cfg: FederationConfig, home: Path) -> Path:
         if rec.user not in configured and not rec.revoked:
             store.revoke(rec.user, now=now)
     for u in cfg.user_configs:
+        save_outcome_key(home, u.user, u.gm)
         held = store.get(u.user)
         if held is not None and not held.revoked and tokens_dir(home) / u.user in have:
             continue

@@ -4,7 +4,9 @@ A federation's users, their GMs and shares are in its configuration (``users``);
 ``federation.provision`` issues each a token at start.  Tokens live hashed in
 ``$MEGHA_HOME/users.json`` (``security.tokens``); the operator's copy of each is in
 ``$MEGHA_HOME/tokens/<user>`` (0600) to hand over.  A revoked token is useless at once
-(running services re-read the file within a second).
+(running services re-read the file within a second), the user's broker login is
+deleted (the broker closes its connections), and its GM ends its queued and running
+tasks with ``user_revoked`` (``global_master.revocation``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from common.config import load_config
 from common.errors import MeghaError
+from federation.provision import restore_broker_login, revoke_broker_login, save_outcome_key
 from security.access import save_token, tokens_dir
 from security.tokens import TokenStore
 
@@ -99,11 +102,21 @@ def issue_token(
         raise MeghaError("no unallocated share left: pass --share", reason="shares_exceed")
     token = store.add(name, gm=gm, share=share, now=time.time())
     save_token(home, name, token)
+    save_outcome_key(home, name, gm)
+    if path.exists():
+        restore_broker_login(load_config(path), home, name)
     return token
 
 
-def revoke_user(home: Path, name: str) -> None:
-    """Revoke ``name``'s token and forget the operator's copy of it."""
+def revoke_user(home: Path, name: str) -> str:
+    """Revoke ``name``'s token and forget the operator's copy of it; delete its broker
+    login (its connections close).  Its GM ends its queued and running tasks
+    (``user_revoked``) once it reads the token file again (within a second).  Returns
+    what was done at the broker."""
     TokenStore.in_home(home).revoke(name, now=time.time())
     with contextlib.suppress(FileNotFoundError):
         (tokens_dir(home) / name).unlink()
+    path = home / "federation.toml"
+    if not path.exists():
+        return "no federation config here: no broker login to remove"
+    return revoke_broker_login(load_config(path), home, name)

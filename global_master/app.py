@@ -35,6 +35,8 @@ from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import (
     AdmitJob,
+    CancelTasks,
+    CommitGang,
     Decide,
     JobRefusal,
     KeepEnds,
@@ -43,22 +45,29 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     Refused,
+    ReleaseGang,
     RequestFailed,
     RequestSnapshots,
+    ReserveRequest,
+    ReserveResponse,
     SnapshotRequest,
     StateSnapshot,
     StateUpdated,
+    StopUserTasks,
     SubmitJob,
     TaskEvents,
     TaskOutcome,
     TaskOutcomes,
+    UserAccess,
+    UserTasksStopped,
 )
 from common.metrics import percentiles
 from common.model import WaitReason
-from global_master import inspect, intake
+from global_master import frontdoor, inspect, intake
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
+from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
 from runtime import broker as amqp
 from runtime import faults, h1, poison
@@ -72,6 +81,7 @@ from security import sealing
 from security.access import Access
 from security.broker_acl import USER_QUEUE_JOBS_OF_MAX_SIZE
 from security.identity import lm as lm_identity
+from security.outcomes import OutcomeSealer
 from security.tokens import TokenStore
 
 RECENT_ALLOCATIONS = 4096
@@ -98,7 +108,14 @@ ROUTES: dict[type, tuple[str, type]] = {
     PreemptRequest: ("/v1/preempt", PreemptResponse),
     SnapshotRequest: ("/v1/snapshot", StateSnapshot),
     KeepEnds: ("/v1/keep-ends", Refused),  # answered 204 (a refusal is a 4xx)
+    CancelTasks: ("/v1/cancel", Refused),  # answered 204
+    StopUserTasks: ("/v1/stop-user", UserTasksStopped),
+    ReserveRequest: ("/v1/reserve", ReserveResponse),
+    CommitGang: ("/v1/commit-gang", LaunchResponse),
+    ReleaseGang: ("/v1/release-gang", Refused),  # answered 204
 }
+Asked = LaunchRequest | PreemptRequest | ReserveRequest | CommitGang
+"""Requests sent until their LM answers (``_ask_until_answered``)."""
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
 EVENTS_WINDOW = 4096
@@ -124,6 +141,7 @@ def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
         ),
         journal=Journal(),
         overload=cfg.overload,
+        book=JobBook(per_user=cfg.job_history_per_user, keep_s=cfg.job_history_s),
     )
 
 
@@ -202,6 +220,7 @@ class GmService:
         )
         self.resume_keys = sealing.keyring_for(access.secret, [access.me])
         self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
+        self.outcome_seal = OutcomeSealer(access.secret, gm, epoch=int(time.time() * 1000))
         self.forged = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -225,7 +244,21 @@ class GmService:
         await self.broker.add_setup(self._consume_jobs_and_events)
         self.consuming = True
         self.sup.run_forever(self._decide_loop(), "decide loop")
+        self.sup.run_forever(self._watch_revocations(), "revocations")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
+
+    async def _watch_revocations(self) -> None:
+        """Once a second: users of this GM whose token was revoked (``megha user
+        revoke``) or issued again since the last look go to the core, which ends a
+        revoked user's tasks (``global_master.revocation``)."""
+        told: dict[str, bool] = {}
+        while True:
+            self.tokens.refresh(time.time())
+            for rec in self.tokens.users():
+                if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
+                    told[rec.user] = rec.revoked
+                    self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
+            await asyncio.sleep(1.0)
 
     async def _consume_state(self) -> None:
         """LM state updates (this GM's queue of them)."""
@@ -429,6 +462,15 @@ class GmService:
         self.tokens.refresh(time.time())
         self.tokens.verify(user, head.token)
 
+    def front_door(self) -> frontdoor.FrontDoor:
+        """Users' calls (``global_master.frontdoor``): their jobs go to their queues."""
+
+        async def publish(job: SubmitJob) -> None:
+            body = amqp.persistent(codec.encode(job))
+            await self.broker.publish("submit", names.submit_key(job.user), body)
+
+        return frontdoor.FrontDoor(self.core, self.tokens, publish, self.feed, self.cfg.gm_url)
+
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
@@ -454,14 +496,16 @@ class GmService:
 
     async def _publish_refusal(self, notice: JobRefusal) -> None:
         key = names.user_event_key(notice.user, self.core.gm_id)
-        await self.broker.publish("events", key, amqp.persistent(codec.encode(notice)))
+        body = codec.encode(notice)
+        seal = self.outcome_seal.seal(body, notice.user)
+        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _send(self, eff: ToLm) -> None:
         msg = eff.msg
         path, expect = ROUTES[type(msg)]
         peer = self.lms[eff.lm]
         reply: object | None
-        if isinstance(msg, LaunchRequest | PreemptRequest):
+        if isinstance(msg, LaunchRequest | PreemptRequest | ReserveRequest | CommitGang):
             reply = await self._ask_until_answered(peer, path, expect, msg)
             if reply is None:
                 return
@@ -470,7 +514,7 @@ class GmService:
             )
             if repartitions and faults.taken("die_on_repartition"):
                 faults.die()  # the LM took it; this GM never will
-        elif isinstance(msg, KeepEnds):
+        elif isinstance(msg, KeepEnds | CancelTasks):
             async with self._keep_ends_order.setdefault(eff.lm, asyncio.Lock()):
                 await peer.post(path, msg, expect=(expect,), policy=SNAPSHOTS)
             return
@@ -480,7 +524,7 @@ class GmService:
             self.feed(reply)
 
     async def _ask_until_answered(
-        self, peer: Peer, path: str, expect: type, msg: LaunchRequest | PreemptRequest
+        self, peer: Peer, path: str, expect: type, msg: Asked
     ) -> object | None:
         """A launch or preemption, sent until its LM answers.  Without an answer the LM
         may have accepted it, so its tasks are not placed elsewhere: the same request
@@ -491,7 +535,7 @@ class GmService:
         while True:
             try:
                 return await peer.post(
-                    path, replace(msg, sent_at=time.time()), expect=(expect,), key=key
+                    path, replace(msg, sent_at=self.driver.clock()), expect=(expect,), key=key
                 )
             except PeerRefused as exc:
                 log.error("%s refused %s: %s", peer.name, path, exc)
@@ -499,7 +543,8 @@ class GmService:
                 return None
             except GiveUp as exc:
                 self.requests_in_doubt += 1
-                if not self.core.awaits(msg.request_id):
+                rid = msg.request_id
+                if not (self.core.awaits(rid) or rid in self.core.gang.requests):
                     return None
                 log.warning("%s did not answer %s (%s): asking again", peer.name, path, exc)
 
@@ -514,7 +559,8 @@ class GmService:
     async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
         body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
         key = names.user_event_key(user, self.core.gm_id)
-        await self.broker.publish("events", key, amqp.persistent(body))
+        seal = self.outcome_seal.seal(body, user)
+        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM."""
@@ -607,6 +653,7 @@ class GmService:
                 "forged": self.forged,
             },
             "wait_reasons": WaitReason.counts(core.wait_reasons),
+            "gangs": {**core.gang.stats, "open": len(core.gang.gangs)},
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }
 
@@ -669,6 +716,7 @@ def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Applicatio
     app.router.add_get("/v1/inspect", overview)
     app.router.add_get("/v1/tasks/{user}/{task_id}", task)
     app.router.add_get("/v1/find/{id}", find)
+    frontdoor.add_routes(app, svc.front_door())
     return app
 
 

@@ -42,21 +42,28 @@ from common.messages import (
     ENDS_RETAINED_S,
     AdmitJob,
     AdmitMore,
+    CancelJob,
+    CancelTasks,
     Decide,
     EventKind,
+    GangRetry,
     HeldTask,
     KeepEnds,
     LaunchResponse,
+    PlacedRef,
     Placement,
     PreemptResponse,
     RequestFailed,
     RequestSnapshots,
+    ReserveResponse,
     StateDelta,
     StateSnapshot,
     StateUpdated,
     TaskEvent,
     TaskEvents,
     TaskOutcome,
+    UserAccess,
+    UserTasksStopped,
 )
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
@@ -66,16 +73,22 @@ from global_master.admission import AdmissionLimits, Admissions
 from global_master.core_admission import AdmissionSteps
 from global_master.core_answers import Answers
 from global_master.fairness import Fairness, Grace, NoVictim
+from global_master.gang import Gangs, GangSettings
 from global_master.journal import Journal
 from global_master.ledger import InFlight, Ledger
+from global_master.lifecycle import JobBook
 from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.queues import UserQueues
 from global_master.recovery import Recovery, left_behind, recovered_task, resume_job
+from global_master.revocation import USER_REVOKED, Revocations
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
+_ENDED = (TaskState.FINISHED, TaskState.FAILED)
+CANCELLED = "cancelled"
+"""The reason a task of a cancelled job ended with (``TaskOutcome.reason``)."""
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
@@ -97,6 +110,8 @@ class GlobalMaster(AdmissionSteps, Answers):
         overload: OverloadPolicy | None = None,
         admit_slice: int = 1000,
         keep_ends_after_s: float = ENDS_RETAINED_S / 4,
+        book: JobBook | None = None,
+        gangs: GangSettings | None = None,
     ) -> None:
         self.gm_id = gm_id
         self.journal = journal
@@ -120,7 +135,13 @@ class GlobalMaster(AdmissionSteps, Answers):
         self.recovery = Recovery(gm_id, limit=limits.recent_jobs)
         self.outbox = Outbox(gm_id, overload)
         self.placer = Placer(gm_id, self.lms, max_retries)
+        self.cancelled: set[TaskKey] = set()
+        """Tasks of cancelled jobs not yet ended (``_on_cancel``): none is placed again."""
+        self.book = book
         self.fairness = Fairness(users, overload)
+        self.revocations = Revocations()
+        self.gang = Gangs(gm_id, gangs)
+        self._gang_of = self.gang.member
         self.views = self.lm_views.by_lm
         self.admitting, self.held_admissions = self.admission.admitting, self.admission.held
         self.inflight, self.placed, self.live = ledger.inflight, ledger.placed, ledger.live
@@ -130,16 +151,27 @@ class GlobalMaster(AdmissionSteps, Answers):
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
-            AdmitJob: lambda msg, now: self._admit_job(msg, now, now),
+            AdmitJob: lambda msg, now: self.gang.admitted(msg.job, self._admit_job(msg, now, now)),
             AdmitMore: self._on_admit_more,
+            CancelJob: self._on_cancel,
             Decide: lambda msg, now: self.decide(now, msg.max_tasks),
             RequestSnapshots: self._on_request_snapshots,
             StateUpdated: self._on_state_update,
             StateSnapshot: self._on_snapshot,
-            LaunchResponse: self._on_launch_response,
+            LaunchResponse: lambda msg, now: (
+                self.gang.commit_answered(msg) + self._on_launch_response(msg, now)
+            ),
             PreemptResponse: self._on_preempt_response,
-            RequestFailed: self._on_request_failed,
+            RequestFailed: lambda msg, now: (
+                self.gang.request_failed(self, msg, now) + self._on_request_failed(msg, now)
+            ),
             TaskEvents: self._on_task_events,
+            UserAccess: self._on_user_access,
+            UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
+            ReserveResponse: lambda msg, now: self.gang.on_reserve_response(
+                self, msg, now, self._apply(msg.delta)
+            ),
+            GangRetry: lambda msg, now: self.gang.retry(self, msg, now),
         }
 
     # --------------------------------------------------------------- the entry
@@ -159,6 +191,8 @@ class GlobalMaster(AdmissionSteps, Answers):
         if self._held:  # placements held back may leave now
             for lm, placements in self.outbox.release_held(now):
                 self._send_launch(lm, placements, effects, now)
+        if self.book is not None:
+            self.book.observe(msg, effects, now, self.ledger)
         return effects
 
     # ------------------------------------------------------------ read-only
@@ -217,6 +251,56 @@ class GlobalMaster(AdmissionSteps, Answers):
             return min(keep, self.fairness.next_check())
         return keep
 
+    # ------------------------------------------------------------------ cancel
+    def _on_cancel(self, msg: CancelJob, now: float) -> list[Effect]:
+        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, its
+        placed ones are stopped through their LMs (as a preemption stops them) and end
+        when the stop is confirmed; one in flight is stopped once its LM accepts it.
+        None is placed after this.  Idempotent; a job unknown here changes nothing."""
+        jk = (msg.user, msg.job_id)
+        rec = self.jobs.get(jk)
+        keys = rec.tasks if rec is not None else self._admitting_keys(jk)
+        effects: list[Effect] = []
+        stops: dict[LmId, list[Task]] = {}
+        for key in keys:  # also those a large job has not queued yet
+            if key in self.cancelled or self.ledger.state_of(key) in _ENDED:
+                continue
+            self.cancelled.add(key)
+            task = self.live.get(key)
+            if task is None or key in self.inflight:
+                continue  # queued later (then dropped), or stopped once accepted
+            if key in self.placed:
+                if task.lm is not None:
+                    stops.setdefault(task.lm, []).append(task)
+            elif not self.queues.held_back(task):  # held back: ends with its parents
+                self.queues.remove(task)
+                self._cancel_ends(task, effects)
+        effects += [self._stop(lm, tasks) for lm, tasks in stops.items()]
+        if keys:
+            self.counters.jobs_cancelled += 1
+        return effects
+
+    def _admitting_keys(self, jk: tuple[UserId, JobId]) -> list[TaskKey]:
+        """The tasks of job ``jk`` if it is still being admitted (none queued yet, or
+        held behind its user's job being admitted): dropped as they come."""
+        adm = self.admitting.get(jk)
+        jobs = [adm.job] if adm is not None else []
+        jobs += [m.job for m, _ in self.held_admissions.get(jk[0], ()) if m.job.job_id == jk[1]]
+        return [(s.user, s.task_id) for job in jobs[:1] for s in job.tasks]
+
+    def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm:
+        """Ask ``lm`` to stop the current attempts of cancelled ``tasks``."""
+        assert lm is not None
+        refs = tuple(PlacedRef(user=t.user, task_id=t.task_id, attempt=t.attempt) for t in tasks)
+        return ToLm(lm, CancelTasks(gm=self.gm_id, lm=lm, tasks=refs))
+
+    def _cancel_ends(self, task: Task, effects: list[Effect]) -> None:
+        """A cancelled task runs no more: it ends ``cancelled``, with the tasks of later
+        DAG stages that were waiting for it."""
+        self._ended(task, effects, finished=False, reason=CANCELLED)
+        for lost in self.queues.abandon(task, 0.0):
+            self._ended(lost, effects, finished=False, reason=CANCELLED)
+
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
@@ -270,6 +354,7 @@ class GlobalMaster(AdmissionSteps, Answers):
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
         key = task.key
+        self.cancelled.discard(key)
         if self.journal is not None:
             self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
@@ -346,7 +431,19 @@ class GlobalMaster(AdmissionSteps, Answers):
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
+        if task.user in self.revocations:  # came back from an LM (stopped) or crossed
+            self._revoked(task, effects)
+            return
+        if self.cancelled and task.key in self.cancelled:
+            self._cancel_ends(task, effects)
+            return
         task.decisions += 1
+        if (
+            self._gang_of
+            and task.key in self._gang_of
+            and self.gang.place(self, task, now, effects)
+        ):
+            return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = task.constraints, task.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
         # 1. internal partitions; 2. external partitions: repartition
@@ -359,6 +456,10 @@ class GlobalMaster(AdmissionSteps, Answers):
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, TaskFailure.INFEASIBLE, effects)
+            return
+        if self.gang.holds and (held := self.gang.backfill(self, task, now)) is not None:
+            view, node = held  # backfill: reserved-but-idle room, free until it is due
+            self._dispatch(task, view, node, view.home[node] != self.gm_id, batches, now)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
@@ -469,6 +570,7 @@ class GlobalMaster(AdmissionSteps, Answers):
         """An LM's state, in an update or an answer, into its view; a view that changed
         gives parked queues and the shares a new chance."""
         changed, asks = self.lm_views.apply(delta)
+        self.gang.saw(delta)
         if changed:
             self.fairness.views_changed()
             self.queues.new_epoch()
@@ -553,10 +655,35 @@ class GlobalMaster(AdmissionSteps, Answers):
 
     def _back_to_front(self, task: Task, now: float, effects: list[Effect]) -> None:
         """A task placed on an LM came back (preempted, requeued, lost with its LM): to
-        the front of its own queue, kept on the broker if its job was acknowledged."""
+        the front of its own queue, kept on the broker if its job was acknowledged.
+        A cancelled one ends here (its stop, or its LM's loss of it)."""
+        if self.cancelled and task.key in self.cancelled:
+            self._cancel_ends(task, effects)
+            return
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
+
+    # ------------------------------------------------------------ revocation
+    def _on_user_access(self, msg: UserAccess, now: float) -> list[Effect]:
+        """A user's token was revoked (``global_master.revocation``) or issued again."""
+        if msg.user not in self.queues:
+            return []
+        if not msg.revoked:
+            self.revocations.restore(msg.user)
+            return []
+        taken = self.revocations.revoke(msg.user, self.queues)
+        if taken is None:
+            return []
+        effects: list[Effect] = []
+        for task in taken:
+            self._revoked(task, effects)
+        effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
+        return effects
+
+    def _revoked(self, task: Task, effects: list[Effect]) -> None:
+        self.counters.revoked_ended += 1
+        self._fail(task, USER_REVOKED, effects)
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:
@@ -595,7 +722,7 @@ class GlobalMaster(AdmissionSteps, Answers):
                 self.outbox.preempt_answered(fl.request_id)
         if task is None:
             self.counters.stale_events += 1
-            self._orphan(ev, effects)
+            self._orphan(ev, now, effects)
             return
         self._settle(task, effects)
         self.ledger.took(task, ev, now)
@@ -620,14 +747,21 @@ class GlobalMaster(AdmissionSteps, Answers):
             self.counters.preempted_requeued += 1
         self._back_to_front(task, now, effects)
 
-    def _orphan(self, ev: TaskEvent, effects: list[Effect]) -> None:
+    def _orphan(self, ev: TaskEvent, now: float, effects: list[Effect]) -> None:
         """An event about a task of this GM's users that it does not hold: recovery
-        keeps it for the task's job; an end may be told to its user now."""
+        keeps it for the task's job; an end may be told to its user now; a task its LM
+        gave back is queued again (nothing else holds it)."""
         key = (ev.user, ev.task_id)
         if ev.user not in self.queues or key in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
         if self.ledger.holds(key):
             return  # ended in a job recorded here (a copy of its end): told once already
+        back = self.recovery.given_back(ev, self.gm_id)
+        if back is not None:
+            self.counters.orphans_queued += 1
+            self.live[back.key] = back
+            self._back_to_front(back, now, effects)
+            return
         recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
         end = self.recovery.orphan(ev, recent)
         if end is not None:

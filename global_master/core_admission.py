@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from common.model import TaskKey
     from global_master.admission import Admissions, JobKey
     from global_master.ledger import InFlightTable, JobRecord, Ledger, LiveTable
+    from global_master.lifecycle import JobBook
     from global_master.queues import UserQueues
     from global_master.recovery import Recovery
     from global_master.view import Views
@@ -35,6 +36,7 @@ class AdmissionSteps:
 
     if TYPE_CHECKING:  # what these steps use of the core (``GlobalMaster`` has them)
         gm_id: GmId
+        book: JobBook | None
         counters: GmCounters
         admission: Admissions
         admitting: dict[JobKey, Admission]
@@ -145,6 +147,8 @@ class AdmissionSteps:
             return [self._refuse(job, dag)]
         if adm.queued == 0:
             self.ledger.open_job((job.user, job.job_id), adm.keys(), now, adm.redelivered)
+            if self.book is not None:
+                self.book.opened(job, now)
             self.counters.jobs_admitted += 1
         adm.queued_upto(end, tasks)
         for t in tasks:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.effects import Effect
-from common.ids import LmId
+from common.effects import Effect, ToLm
+from common.ids import GmId, LmId
 from common.messages import (
     LaunchResponse,
     PlacementResult,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from global_master.outbox import Outbox
     from global_master.placement import Placer
     from global_master.queues import UserQueues
+    from global_master.revocation import Revocations
     from global_master.view import LmView
 
 _MISSING = PlacementResult(accepted=False, reason=Answer.MISSING_RESULT)
@@ -44,8 +45,12 @@ class Answers:
     """LM answers into the ledger, the views and the queues (a mixin of ``GlobalMaster``)."""
 
     if TYPE_CHECKING:  # what these steps use of the core (``GlobalMaster`` has them)
+        cancelled: set[TaskKey]
         counters: GmCounters
         fairness: Fairness
+        gm_id: GmId
+        lms: list[LmId]
+        revocations: Revocations
         inflight: InFlightTable
         journal: Journal | None
         ledger: Ledger
@@ -77,6 +82,7 @@ class Answers:
         def _preempt(self, task: Task, now: float, effects: list[Effect]) -> bool: ...
         def _requeue(self, task: Task, now: float, wait: bool = False) -> None: ...
         def _settle(self, task: Task, effects: list[Effect]) -> None: ...
+        def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm: ...
 
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
@@ -156,6 +162,10 @@ class Answers:
         self._settle(task, effects)
         if reason not in ENDED_ANSWERS:
             self.ledger.accepted(task)
+            if task.user in self.revocations:  # the launch crossed the stop: stop it too
+                effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
+            if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
+                effects.append(self._stop(task.lm, [task]))
             return
         task.finished_at = now
         self._end(task, reason == Answer.FINISHED, TaskFailure.ON_WORKER, now, effects)

@@ -62,6 +62,8 @@ def _why(
         fl = core.inflight[key]
         kind = "preemption" if fl.node < 0 else ("repartition" if fl.repartition else "launch")
         lines.append(f"a {kind} request to {fl.lm} is unanswered (attempt {fl.task.attempt})")
+    elif state == "queued" and (gang := core.gang.describe(key)) is not None:
+        lines.append(gang)
     elif state == "queued":
         lines.append(f"in {task.user}'s queue ({queued_of(core, task.user)} tasks queued there)")
         if task.user in core.queues and core.queues.parked(task.user):

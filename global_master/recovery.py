@@ -151,6 +151,18 @@ class Recovery:
             del self.orphans[next(iter(self.orphans))]
         return ending
 
+    def given_back(self, ev: TaskEvent, gm: GmId) -> Task | None:
+        """A task its LM gave back (requeued, preempted: the event names it whole) that
+        this GM holds no record of: the task to queue again, as the attempt it was.  Its
+        job may have been acknowledged before this GM restarted, so nothing else would
+        place it; if the job comes back, it finds the task queued (``sort_redelivered``)."""
+        if ev.spec is None or ev.kind not in (EventKind.REQUEUED, EventKind.PREEMPTED):
+            return None
+        self.orphans.pop((ev.user, ev.task_id), None)
+        queued = ev.queued_at if ev.queued_at >= 0 else ev.at
+        held = HeldTask(spec=ev.spec, attempt=ev.attempt, queued_at=queued)
+        return recovered_task(held, gm)
+
     def _orphan_ended(self, key: TaskKey, ev: TaskEvent) -> Ending | None:
         """A task ended that this GM holds no record of.  If its LM said whose job it is
         (the event, or a snapshot), its user is told now (its job may have been

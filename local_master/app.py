@@ -1,6 +1,7 @@
 """Local Master service: drives ``local_master.core.LocalMaster`` over HTTP and AMQP.
 
-POST /v1/launch, /v1/preempt, /v1/snapshot (from GMs; the answer is the core's
+POST /v1/launch, /v1/preempt, /v1/snapshot, /v1/reserve, /v1/commit-gang,
+/v1/release-gang (from GMs; the answer is the core's
 reply), /v1/worker-report, /v1/worker-heartbeat (from its worker pool), /v1/ping;
 GET /health, /v1/state, /metrics, and for operators /v1/inspect (partitions as
 bit-vectors, repartitions: ``local_master.inspect``).  One gunicorn worker process: the core's state
@@ -28,20 +29,25 @@ from common import broker_names as names
 from common import codec
 from common.config import STATE_ENV, FederationConfig
 from common.effects import Record, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId
+from common.ids import GmId, LmId, UserId
 from common.messages import (
+    CancelTasks,
     CheckWorkers,
+    CommitGang,
     Heartbeat,
     KeepEnds,
     LaunchRequest,
     PreemptRequest,
     Refused,
     RegisterWorkers,
+    ReleaseGang,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StartTasks,
     StopTask,
     StopTasks,
+    StopUserTasks,
     TaskEvent,
     TaskEvents,
     WorkerHeartbeat,
@@ -51,8 +57,10 @@ from common.reasons import RequestReason
 from local_master import inspect
 from local_master.core import LocalMaster
 from runtime import broker as amqp
-from runtime import h1
+from runtime import faults, h1
+from runtime.clock import steady
 from runtime.driver import Batcher, CoreDriver
+from runtime.election import UNREACHABLE_ERRORS, Election, Outcome
 from runtime.http import (
     Peer,
     PeerRefused,
@@ -68,6 +76,7 @@ from runtime.supervisor import Supervisor
 from security.access import Access
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
+from security.tokens import TokenStore
 
 ONE_TRY = Backoff(deadline_s=0.0)
 RETRIES = Backoff()
@@ -105,12 +114,18 @@ class LmService:
         self.state: DurableState | None = None
         """This LM's journal (``$MEGHA_STATE_DIR/<lm>``, shared with its standby, which
         takes it over with the lead): what it holds outlives every process."""
-        if state_root:
+        if state_root and cfg.journal:
             self.state = DurableState(os.path.join(state_root, lm), "lm", sync_s=cfg.journal_sync_s)
         self.sup = Supervisor(lm)
+        faults.arm(lm)  # a chaos run may step its clock (runtime.clock)
+        self.users = TokenStore(access.users_file) if access.users_file is not None else None
+        self.owners: dict[UserId, GmId] = {}
+        """Each user's GM: a launch for another GM's user is refused (``foreign_user``)."""
+        self._read_owners()
         self.core = self._new_core(epoch=0)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, lm, urls=access.broker_urls())
+        self.election = Election(lm, period_s=cfg.heartbeat_s / 2)
         self.http: h1.Client | None = None
         self.pool: Peer | None = None
         self._seq = itertools.count(1)
@@ -138,7 +153,24 @@ class LmService:
             awaiting_workers=True,
             victims_younger_than_wait=self.cfg.victims_younger_than_wait,
             reroute=self.cfg.reroute_at_lm, durable=self.state is not None,
+            owners=self.owners,
         )  # fmt: skip
+
+    def _read_owners(self) -> None:
+        """The config's users and the users file's (``megha user add`` adds to it while
+        the federation runs): who is whose GM."""
+        owners = {UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs}
+        if self.users is not None:
+            owners |= {UserId(r.user): GmId(r.gm) for r in self.users.users()}
+        if owners != self.owners:
+            self.owners.clear()
+            self.owners.update(owners)
+
+    async def _watch_users(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.users is not None and self.users.reload_if_changed():
+                self._read_owners()
 
     async def open(self) -> None:
         await self.sup.__aenter__()
@@ -152,6 +184,7 @@ class LmService:
             policy=policy,
             max_answer=self.cfg.max_body,
         )
+        self.sup.run_forever(self._watch_users(), "users file")
         await self.broker.open()
         self.broker.on_disconnect = self._broker_lost
         if self.cfg.lm_standby:
@@ -160,27 +193,29 @@ class LmService:
             await self._activate()
 
     async def _contend(self) -> None:
-        """Try for the leader queue until this process holds it, then lead."""
+        """Try for the leader queue until this process holds it, then lead: again soon
+        after a lost race, after a growing back-off (logged) after a refusal."""
         while True:
-            if await self._acquire():
+            outcome, wait = self.election.tried(await self._acquire())
+            if outcome is Outcome.LEADS:
                 break
-            await asyncio.sleep(self.cfg.heartbeat_s / 2)
+            await asyncio.sleep(wait)
         await self._activate()
         await asyncio.Event().wait()  # lead until the process ends (or steps down)
 
-    async def _acquire(self) -> bool:
+    async def _acquire(self) -> BaseException | None:
+        """Declare the leader queue exclusively; None if this process holds it now, else
+        why not (``runtime.election`` tells a lost race from a refusal)."""
         conn = self.broker.conn
         if conn is None or not self.broker.connected:
-            return False
-        ch = await conn.channel()
+            return ConnectionError("no broker connection")
         try:
+            ch = await conn.channel()
             await ch.declare_queue(self.cfg.lm_leader_queue(self.lm), exclusive=True)
-        except aiormq.exceptions.ChannelLockedResource:
-            return False  # the other process of this LM leads
-        except amqp.TRANSIENT:
-            return False
+        except (aiormq.exceptions.AMQPChannelError, *UNREACHABLE_ERRORS) as exc:
+            return exc
         self._lock = ch
-        return True
+        return None
 
     async def _activate(self) -> None:
         """Become this LM's active incarnation, under a new epoch."""
@@ -188,7 +223,7 @@ class LmService:
         self.sealer = self.access.sealer(epoch)
         self.core = self._new_core(epoch)
         if self.state is not None:
-            self.core.restore(await self._take_journal(), time.time())
+            self.core.restore(await self._take_journal(), steady())
             self.sup.run_forever(self.state.sync_forever(), "journal sync")
         self.driver = CoreDriver(self.core, self.sup)
         d = self.driver
@@ -397,6 +432,7 @@ class LmService:
             "kept_ends": sum(len(k) for k in core.ends.kept.values()),
             "publish_errors": self.broker.publish_errors,
             "broker": {"url": _no_password(self.broker.url), "reconnects": self.broker.reconnects},
+            "leader": self.election.page(),
             "worker_errors": self.worker_errors,
             "batches": {"to_pool": self.to_pool.traffic(), "events": self.events.traffic()},
             "background_failures": self.sup.failures,
@@ -431,9 +467,14 @@ def build_app(cfg: FederationConfig, lm: LmId, access: Access) -> web.Applicatio
         "/v1/preempt": PreemptRequest,
         "/v1/snapshot": SnapshotRequest,
         "/v1/keep-ends": KeepEnds,
+        "/v1/cancel": CancelTasks,
+        "/v1/reserve": ReserveRequest,
+        "/v1/commit-gang": CommitGang,
+        "/v1/release-gang": ReleaseGang,
         "/v1/worker-report": WorkerReports,
         "/v1/worker-heartbeat": WorkerHeartbeat,
         "/v1/register": RegisterWorkers,
+        "/v1/stop-user": StopUserTasks,
     }
     app = service_app(cfg, svc, metrics, access, routes)
 

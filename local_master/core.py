@@ -36,16 +36,18 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from msgspec import structs
 
 from common.effects import Effect, Record, Reply, ToAllGms, ToGm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
+    CancelTasks,
     CheckWorkers,
+    CommitGang,
     EndedAttempt,
     EventKind,
     Heartbeat,
@@ -63,24 +65,38 @@ from common.messages import (
     PreemptResponse,
     Registered,
     RegisterWorkers,
+    ReleaseGang,
     ReportKind,
+    ReserveRequest,
     SnapshotRequest,
     StartTask,
     StateDelta,
     StateSnapshot,
     StateUpdated,
     StopTask,
+    StopUserTasks,
+    UserTasksStopped,
     WorkerHeartbeat,
     WorkerReport,
     WorkerReports,
 )
 from common.metrics import LmCounters
-from common.model import NodeSpec, Resources, TaskKey, TaskSpec
+from common.model import NodeSpec, Resources, TaskKey, TaskSpec, key_of
 from common.reasons import NO_ROOM, Answer
 from local_master import durable
 from local_master.ends import Ends
+from local_master.gang_requests import GangRequests
 from local_master.nodes import ActiveTask, NodeTable
-from local_master.validation import ASK_LATER, REGISTER_FIRST, Address, refuse_request, unknown_node
+from local_master.reservations import Reservations
+from local_master.validation import (
+    ASK_LATER,
+    FOREIGN_USER,
+    REGISTER_FIRST,
+    Address,
+    foreign_user,
+    refuse_request,
+    unknown_node,
+)
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -88,7 +104,7 @@ _OK = PlacementResult(accepted=True, reason=Answer.OK)
 _FITS, _REROUTED = Answer.OK, Answer.REROUTED  # (bound once: see local_master.nodes)
 
 
-class LocalMaster:
+class LocalMaster(GangRequests):
     """One cluster's consistent state, and validation of every GM request."""
 
     def __init__(
@@ -106,12 +122,18 @@ class LocalMaster:
         victims_younger_than_wait: bool = False,
         reroute: bool = False,
         durable: bool = False,
+        owners: Mapping[UserId, GmId] | None = None,
     ) -> None:
         self.lm_id = lm_id
+        self.owners = owners
+        """Each user's GM (the driver keeps it current; ``validation.foreign_user``)."""
         self.nodes = NodeTable(
             lm_id, epoch, nodes, home, alive=not awaiting_workers, log_limit=log_limit
         )
         self.ends = Ends(retain_s)
+        self.reservations = Reservations()
+        self.nodes.on_release = lambda key: self.reservations.released(key, self.nodes)
+        """Gang holds under a lease, and backfill on them (``gang_requests``)."""
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
         self.address = Address(lm_id, self.gms, registered=not awaiting_workers)
@@ -134,11 +156,16 @@ class LocalMaster:
             PreemptRequest: self._on_preempt,
             SnapshotRequest: self._on_snapshot_request,
             KeepEnds: self._on_keep_ends,
+            CancelTasks: self._on_cancel,
             WorkerReports: self._on_worker_reports,
             WorkerHeartbeat: self._on_worker_heartbeat,
             RegisterWorkers: self._on_register,
             Heartbeat: self._on_heartbeat,
             CheckWorkers: self._on_check_workers,
+            StopUserTasks: self._on_stop_user_tasks,
+            ReserveRequest: self._on_reserve,
+            CommitGang: self._on_commit,
+            ReleaseGang: self._on_release,
         }
 
     # --------------------------------------------------------------- the entry
@@ -148,7 +175,11 @@ class LocalMaster:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"an LM does not handle {type(msg).__name__}") from None
+        gangs: list[Effect] = []
+        self._gang_step(now, gangs)  # leases that ended before this message
         effects = handler(msg, now)
+        self._gang_step(now, effects)
+        effects += gangs
         journal = self._journal
         if journal:
             effects.append(Record(tuple(journal)))
@@ -268,6 +299,9 @@ class LocalMaster:
         self, gm: GmId, p: Placement, now: float, effects: list[Effect]
     ) -> PlacementResult:
         spec = p.spec
+        if foreign_user(self.owners, spec.user, gm):
+            self.counters.refused_foreign += 1
+            return PlacementResult(accepted=False, reason=FOREIGN_USER)
         held = self._held(spec, p.attempt, effects)
         if held is not None:
             self.counters.duplicates += 1
@@ -278,6 +312,8 @@ class LocalMaster:
         if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
             node, reason = other, _REROUTED
             self.counters.rerouted += 1
+        elif reason is Answer.INSUFFICIENT_RESOURCES and self._backfill(key_of(spec), p, now):
+            reason = _FITS
         if reason is not _FITS and reason is not _REROUTED:
             external = nodes.home[p.node] != gm if nodes.has(p.node) else p.repartition
             if external:
@@ -311,6 +347,9 @@ class LocalMaster:
             return [Reply(refused)]
         spec = req.spec
         self.counters.preemption_requests += 1
+        if foreign_user(self.owners, spec.user, req.gm):
+            self.counters.refused_foreign += 1
+            return [self._preempt_response(req, now, False, FOREIGN_USER, None, ())]
         effects: list[Effect] = []
         held = self._held(spec, req.attempt, effects)
         if held is not None:
@@ -320,7 +359,7 @@ class LocalMaster:
         nodes = self.nodes
         paying = self.victims_younger_than_wait and req.queued_at >= 0
         choice = choose(
-            spec, req.victim, nodes.active.values(), nodes.free, nodes.alive,
+            spec, req.victim, self.reservations.victims(nodes.active), nodes.free, nodes.alive,
             nodes.constraints, now, now - req.queued_at if paying else None,
         )  # fmt: skip
         if choice is None:
@@ -349,6 +388,19 @@ class LocalMaster:
         effects.append(ToWorker(victim.stop()))
         return PlacedRef(user=key[0], task_id=key[1], attempt=victim.attempt)
 
+    def _on_stop_user_tasks(self, msg: StopUserTasks, now: float) -> list[Effect]:
+        """Stop every attempt of ``msg.user`` that GM ``msg.gm`` placed here (its token
+        was revoked), as a preemption stops a victim: each goes back to that GM once its
+        pool confirms the stop.  Another GM's placements are not touched."""
+        if (refused := self.address.refuse(msg.lm, msg.gm, ASK_LATER)) is not None:
+            return [Reply(refused)]
+        effects: list[Effect] = []
+        mine = [a for a in self.nodes.active.values() if a.gm == msg.gm and a.spec.user == msg.user]
+        stopped = tuple(self._preempt(a, effects) for a in mine)
+        self.counters.revoked_stops += len(stopped)
+        answer = UserTasksStopped(gm=msg.gm, lm=self.lm_id, user=msg.user, stopped=stopped)
+        return [Reply(answer), *effects]
+
     def _preempt_response(
         self, req: PreemptRequest, now: float, accepted: bool, reason: str,
         node: NodeIndex | None, preempted: Sequence[PlacedRef], attempt: int = 0,
@@ -376,6 +428,22 @@ class LocalMaster:
         if not self.ends.keep((msg.gm, msg.user, msg.job_id), msg.keep, now):
             self.counters.stale_keep_ends += 1
         return []
+
+    def _on_cancel(self, msg: CancelTasks, now: float) -> list[Effect]:
+        """A GM cancels tasks it placed here: each attempt it names (or a newer one this
+        LM made, a relaunch) is stopped as a preempted one is (``nodes.stop``), and goes
+        back to the GM once its pool confirms the stop.  Unheld ones: ignored."""
+        if (refused := self.address.refuse(msg.lm, msg.gm)) is not None:
+            return [Reply(refused)]
+        effects: list[Effect] = []
+        for ref in msg.tasks:
+            key = (ref.user, ref.task_id)
+            a = self.nodes.active.get(key)
+            if a is None or a.gm != msg.gm or a.attempt < ref.attempt:
+                continue
+            self.nodes.stop(key)
+            effects.append(ToWorker(a.stop()))
+        return effects
 
     # ---------------------------------------------------------------- workers
     def _on_worker_reports(self, msg: WorkerReports, now: float) -> list[Effect]:
@@ -415,7 +483,10 @@ class LocalMaster:
         ok = rep.kind == ReportKind.FINISHED
         self.ends.retire(key, a.gm, a.held(ended_at=rep.at, ok=ok), now)
         kind = EventKind.FINISHED if ok else EventKind.FAILED
-        effects.append(ToGm(a.gm, nodes.event(kind, a, rep.at, rep.detail)))
+        ev = nodes.event(kind, a, rep.at, rep.detail)
+        if rep.exit_code is not None or rep.stdout or rep.stderr:  # a command's end
+            ev = structs.replace(ev, exit_code=rep.exit_code, stdout=rep.stdout, stderr=rep.stderr)
+        effects.append(ToGm(a.gm, ev))
 
     def _stale_report(self, rep: WorkerReport, unheld: bool, effects: list[Effect]) -> None:
         """A report of an attempt this LM does not hold (preempted, superseded,

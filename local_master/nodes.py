@@ -26,7 +26,7 @@ does) and returns values: deltas, layouts, events and effects' messages.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     ClusterLayout,
     EventKind,
+    GangHold,
     HeldTask,
     JournalDropped,
     JournalHeld,
@@ -57,6 +58,8 @@ _UNMET, _WRONG, _NO_ROOM = (
     Answer.INSUFFICIENT_RESOURCES,
 )
 _REPORT_EVENT = {ReportKind.FINISHED: EventKind.FINISHED, ReportKind.FAILED: EventKind.FAILED}
+_GIVEN_BACK = (EventKind.REQUEUED, EventKind.PREEMPTED)
+"""Events that hand a task back to its GM's queue: they carry the task's spec."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,12 @@ class NodeTable:
         self._log: list[int] = []
         self._log_base = 0
         self._log_limit = log_limit if log_limit is not None else max(4 * len(nodes), 4096)
+        self.on_release: Callable[[TaskKey], None] | None = None
+        """Told of every attempt released, after its resources are free again (a
+        backfill task's loan goes back to its hold at once: ``reservations``)."""
+        self.gang_holds: tuple[GangHold, ...] = ()
+        """Every gang hold, as state updates carry it (``local_master.reservations``
+        keeps it current; the resources held are out of ``free``)."""
         self.journal: list[object] | None = None
         """Where a durable LM's changes to the active task list go (``JournalHeld``,
         ``JournalDropped``), for its driver to write before anything leaves; None: not
@@ -207,6 +216,7 @@ class NodeTable:
             free=tuple(tuple(free[i]) for i in idx),
             node_versions=tuple(nv[i] for i in idx),
             usage={u: tuple(v) for u, v in self.usage.items()},
+            holds=self.gang_holds,
         )
 
     def event(self, kind: EventKind, a: ActiveTask, at: float, detail: str = "") -> TaskEvent:
@@ -216,7 +226,7 @@ class NodeTable:
             attempt=a.attempt, node=a.node, node_free=tuple(self.free[a.node]),
             node_version=self.node_version[a.node], at=at, worker_at=a.worker_at,
             started_at=a.started_at, detail=detail, job_id=a.spec.job_id,
-            queued_at=a.queued_at,
+            queued_at=a.queued_at, spec=a.spec if kind in _GIVEN_BACK else None,
         )  # fmt: skip
 
     def report_event(self, rep: WorkerReport) -> TaskEvent:
@@ -313,6 +323,21 @@ class NodeTable:
             )
         return a
 
+    def take(self, node: int, amount: Sequence[int]) -> None:
+        """``amount`` of ``node``'s free resources is held (a gang's reservation)."""
+        free = self.free[node]
+        for r, d in enumerate(amount):
+            free[r] -= d
+        self._touch(node)
+
+    def give(self, node: int, amount: Sequence[int]) -> None:
+        """``amount`` held on ``node`` is free again (on a live node)."""
+        if self.alive[node]:
+            free = self.free[node]
+            for r, d in enumerate(amount):
+                free[r] += d
+        self._touch(node)
+
     def release(self, key: TaskKey) -> ActiveTask | None:
         """Give back what task ``key``'s attempt holds; the attempt, or None."""
         a = self.active.pop(key, None)
@@ -333,6 +358,8 @@ class NodeTable:
         if not any(use):
             del self.usage[user]
         self._touch(node)
+        if self.on_release is not None:
+            self.on_release(key)
         return a
 
     def stop(self, key: TaskKey) -> ActiveTask | None:

@@ -10,6 +10,9 @@ Invariants:
 * A GM request is refused whole when a task in it has the wrong number of resource
   amounts (``wrong_resources``) or comes twice (``duplicate_task_id``); otherwise each
   placement is judged alone.
+* A GM places only its own users' tasks: a placement or preemption for a user whose GM
+  is another (or unknown) is refused, ``foreign_user``, before anything held is looked
+  at, so one GM cannot supersede, stop or impersonate another GM's user's task.
 * Reasons are the wire's (``runtime.http`` maps them to statuses, the worker pool
   registers on ``register_first``): never renamed here.
 
@@ -18,9 +21,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from common.ids import GmId, LmId
+from common.ids import GmId, LmId, UserId
 from common.messages import Refused
 from common.model import TaskKey, TaskSpec
 from common.reasons import RequestReason
@@ -63,6 +66,15 @@ class Address:
                 reason=RequestReason.UNKNOWN_GM, detail=f"{gm} is not a GM of this federation"
             )
         return None
+
+
+FOREIGN_USER = "foreign_user"
+
+
+def foreign_user(owners: Mapping[UserId, GmId] | None, user: UserId, gm: GmId) -> bool:
+    """Is ``user`` not GM ``gm``'s (``owners``: every user's GM; None: not checked, as
+    in the simulator, where every GM is the federation's own code)?"""
+    return owners is not None and owners.get(user) != gm
 
 
 def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | None:

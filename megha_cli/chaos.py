@@ -81,10 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fault-injection suite: a live federation per scenario, lost/duplicate checks",
         description=(
             "Run the scenarios of a chaos TOML file: each starts a federation, submits a "
-            "load, injects its faults (kill -9, SIGSTOP, restarts, broker node loss, "
-            "network partitions and delays, duplicated and reordered deliveries) and "
-            "checks that no task is lost or launched twice. Needs root for private "
-            "brokers and network namespaces. Exit status 2 if a scenario fails."
+            "load, injects its faults (kill -9, SIGSTOP, restarts, the whole federation "
+            "killed or stopped and started again, broker node loss, network partitions "
+            "and delays, duplicated and reordered deliveries) and checks that no task is "
+            "lost or launched twice. Needs root for private brokers and network "
+            "namespaces. Exit status 2 if a scenario fails."
         ),
     )
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), help="the scenario file")

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from megha_cli import chaos, live, ops, simulate, users
+from megha_cli import chaos, jobs, live, ops, simulate, users
 from megha_cli.dashboard import server as dashboard
 from megha_cli.terminal import INTERRUPTED
 
@@ -17,6 +17,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 REGISTRARS: tuple[Registrar, ...] = (
     simulate.register,
     live.register,
+    jobs.register,
     users.register,
     ops.register,
     dashboard.register,
@@ -30,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="megha",
         description=(
             "Megha: a decentralized federated cluster scheduler. Run a federation "
-            "(up/down/status/demo/bench), watch and question it (top/why), or simulate one at "
-            "scale (simulate)."
+            "(up/down/status/demo/bench), run your jobs on it (submit/jobs/job/cancel/logs), "
+            "watch and question it (top/why), or simulate one at scale (simulate)."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -81,7 +81,8 @@ class Progress:
                 console=console(self.stream),
             )
             self._bar.start()
-            self._task = self._bar.add_task(self.label, total=self.total, extra="")
+            # total 0: not known yet (a streamed trace), an open-ended bar
+            self._task = self._bar.add_task(self.label, total=self.total or None, extra="")
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:
@@ -113,10 +114,12 @@ class Progress:
         if self.quiet:
             return
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=self.total, extra=extra)
+            self._bar.update(self._task, completed=done, total=self.total or None, extra=extra)
             return
         now = time.perf_counter()
-        if done < self.total and (self._last < 0 or now - self._last >= self.every_s):
+        if (done < self.total or not self.total) and (
+            self._last < 0 or now - self._last >= self.every_s
+        ):
             self._last = now
             self._line()
 
@@ -131,8 +134,12 @@ class Progress:
 
     def _line(self, final: bool = False) -> None:
         wall = time.perf_counter() - self._t0
-        pct = 100.0 * self.done / self.total if self.total else 100.0
         extra = self._extra
+        if not self.total:  # not known yet: what is done so far
+            print(f"{self.label}: {self.done} tasks{'  ' + extra if extra else ''}  "
+                  f"wall {_clock(wall)}", file=self.stream, flush=True)  # fmt: skip
+            return
+        pct = 100.0 * self.done / self.total
         left = "" if final else f"  ETA {_clock(eta(self.done, self.total, wall))}"
         print(
             f"{self.label}: {self.done}/{self.total} tasks ({pct:5.1f}%)"

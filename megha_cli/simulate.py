@@ -8,7 +8,9 @@ every federation size by ``simulator.sweep``), their files ``reporting``'s.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,8 @@ from reporting.sweep import sweep_table
 from simulator import dag_run
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
-from simulator.sweep import PointRun, run_points
-from simulator.trace_run import Runner, run_point
+from simulator.sweep import PointRun, PointsFailed, SweepWatch, run_points
+from simulator.trace_run import STREAMED, Runner, run_point
 
 
 def _ints(text: str) -> list[int]:
@@ -47,10 +49,39 @@ _non_negative = _ranged(float, "a finite number", zero=True)
 _probability = _ranged(float, "a probability", zero=True, most=1.0)
 
 
+def _cluster(text: str) -> str:
+    if text in ("serial", "local") or re.fullmatch(r"(tcp|tls)://[^\s/]+:[0-9]+", text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected serial, local or a scheduler address tcp://HOST:PORT, got {text!r}"
+    )
+
+
 def _workload_args(p: argparse.ArgumentParser) -> None:
     """``megha simulate``'s workload: a trace, synthetic jobs or DAG jobs, scaled."""
     src = p.add_argument_group("workload")
     src.add_argument("--trace", help="trace file (../shared/traces format)")
+    src.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="a published trace's files, in time order (with --trace-format; gzip or plain CSV)",
+    )
+    src.add_argument(
+        "--trace-format",
+        choices=("megha", *STREAMED),
+        default="megha",
+        help="megha: ../shared/traces (one file, read whole); google2011: task_events; "
+        "google2019: instance_events exported to CSV with its header; alibaba2018: "
+        "batch_task (DAG jobs); the last three are read as they are replayed",
+    )
+    src.add_argument(
+        "--trace-lookahead",
+        type=_positive_float,
+        default=86_400.0,
+        help="google2011/2019: a task still running this many trace seconds after its job "
+        "arrived is cut there (what the reader holds in memory is at most this span)",
+    )
     src.add_argument(
         "--workload",
         choices=("trace", "synthetic", "dag"),
@@ -182,6 +213,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _model_args(p)
     _dag_args(p)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--cluster",
+        type=_cluster,
+        default="local",
+        help="where a sweep's points run: local (a Dask LocalCluster of this machine's cores), "
+        "tcp://HOST:8786 (a running dask scheduler), or serial (one after another here)",
+    )
     p.add_argument("--out", default="results/simulate", help="output directory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
@@ -198,7 +236,8 @@ def _with_progress(
     """Run one simulation with a progress bar (tasks done, virtual and wall time)."""
     with Progress(label, total, quiet=quiet) as bar:
         result = run(lambda t: bar.update(total - outstanding(), virtual_s=t))
-        bar.update(total - outstanding(), virtual_s=result.virtual_s)
+        done = total - outstanding()
+        bar.update(done, total=total or done, virtual_s=result.virtual_s)
     return result
 
 
@@ -244,6 +283,25 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"megha simulate: {exc}", file=sys.stderr)
         return 2
+    except PointsFailed as exc:
+        print(f"megha simulate: {exc} (see {Path(args.out)}/sweep-failures.json)", file=sys.stderr)
+        return 1
+
+
+def sweep_watch(quiet: bool) -> SweepWatch:
+    """A sweep's progress on stderr: points done, and every failure (even when quiet)."""
+    t0 = time.perf_counter()
+
+    def done(k: int, n: int) -> None:
+        if not quiet and n > 1:
+            print(f"sweep: {k}/{n} points done, wall {time.perf_counter() - t0:,.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def failed(point: str, error: str, again: bool) -> None:
+        then = "running it once more" if again else "it failed twice, giving up on it"
+        print(f"sweep: point {point} failed: {error}; {then}", file=sys.stderr, flush=True)
+
+    return SweepWatch(done=done, failed=failed)
 
 
 def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
@@ -259,9 +317,20 @@ def _trace_report(quiet: bool) -> Callable[[dict[str, Any]], None]:
 def _workload_kind(args: argparse.Namespace) -> str:
     """The workload ``--workload``, ``--trace`` and ``--jobs`` name together; a source
     given beside another kind is an error (it was dropped without a word)."""
-    if args.trace and args.jobs:
+    trace = args.trace or args.files
+    if trace and args.jobs:
         raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
-    implied = "dag" if args.jobs else "trace" if args.trace else None
+    if args.trace_format != "megha" and not trace:
+        raise ConfigError(
+            f"--trace-format {args.trace_format} needs the trace's FILEs", reason="missing_trace"
+        )
+    if args.files and args.trace_format == "megha":
+        raise ConfigError(
+            "FILE arguments are a published trace's: give --trace-format "
+            f"({', '.join(STREAMED)}), or --trace FILE for the ../shared/traces format",
+            reason="missing_trace",
+        )
+    implied = "dag" if args.jobs else "trace" if trace else None
     if implied and args.workload not in (None, implied):
         flag = "--jobs" if args.jobs else "--trace"
         raise ConfigError(
@@ -298,7 +367,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.workload == "dag":
         point, report = _dag_point, _dag_report(args.quiet)
         files = "summary.json, tasks-*.csv, shares-*.png"
-    summaries = run_points(args, point, report)
+    summaries = run_points(args, point, report, sweep_watch(args.quiet))
     if len(summaries) > 1:
         table = sweep_table(summaries)
         rows = {f"{r['scheduler']} w{r['workers']} g{r['gms']} l{r['lms']}": r for r in table}

@@ -4,7 +4,9 @@ A federation's users, their GMs and shares are in its configuration (``users``);
 ``megha up`` issues each a token.  Tokens live hashed in ``$MEGHA_HOME/users.json``
 (``security.tokens``); the operator's copy of each is in ``$MEGHA_HOME/tokens/<user>``
 (0600) to hand over.  ``revoke`` makes a token useless at once (running services
-re-read the file within a second); ``add`` issues a new one and prints it.
+re-read the file within a second), deletes the user's broker login (its connections
+close) and has its GM end its queued and running tasks; ``add`` issues a new one and
+prints it.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ def cmd_add(args: argparse.Namespace) -> int:
 def cmd_revoke(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     try:
-        revoke_user(home, args.name)
+        broker = revoke_user(home, args.name)
     except MeghaError as exc:
         print(f"megha user revoke: {exc}", file=sys.stderr)
         return 1
     print(f"revoked the token of {args.name!r}; running services refuse it from now on")
+    print(f"  broker: {broker}")
+    print("  its GM ends its queued and running tasks (reason user_revoked) within a second")
     return 0
 
 
@@ -106,9 +110,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     r = users.add_parser(
         "revoke",
-        help="revoke a user's token",
+        help="revoke a user's token and broker login; its queued and running tasks end "
+        "(user_revoked)",
         description="Revoke NAME's token. Running services re-read the users file and "
-        "refuse it within a second; `megha user add NAME` issues a new one.",
+        "refuse it within a second; its broker login is deleted (the broker closes its "
+        "connections); its GM ends its queued tasks and has its LMs stop its running ones, "
+        "each ending with reason user_revoked. `megha user add NAME` issues a new token "
+        "and broker password.",
     )
     r.add_argument("name", metavar="NAME")
     _state_dir_arg(r)

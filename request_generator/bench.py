@@ -38,6 +38,7 @@ from common.errors import ConfigError, DecodeError, MeghaError
 from common.ids import JobId, LmId, TaskId, UserId
 from common.metrics import DuplicateLaunches, percentiles
 from common.model import Task, TaskKey, TaskSpec, new_task
+from common.units import check_live
 from reporting.fairness import Span
 from reporting.files import output_dir
 from reporting.live import (
@@ -102,13 +103,7 @@ class BenchStatus:
 def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
     """DAG jobs from a file, checked against the federation before anything is sent."""
     names, jobs = load_jobs(path)
-    width = len(profile(cfg.profile).names)
-    if len(names) != width:
-        raise ConfigError(
-            f"{path}: jobs use {len(names)} resource types ({', '.join(names)}); the "
-            f"federation's profile {cfg.profile!r} has {width}",
-            reason="wrong_resources",
-        )
+    check_live(names, profile(cfg.profile), path)  # the same units as `megha simulate`
     known = {u.user for u in cfg.user_configs}
     for j in jobs:
         if j.user not in known:
@@ -660,6 +655,7 @@ def _fate(opts: BenchOptions, run: _Run, sub: Submitter) -> dict[str, Any]:
         "launch_log_rows_missed": run.launches.missed,
         "launch_log_pool_restarts": run.launches.check.restarts,
         "duplicate_outcomes": out.duplicates,
+        "forged_outcomes": out.forged,
     }
 
 

@@ -2,7 +2,9 @@
 
 Publishes are persistent, mandatory (an unroutable job, e.g. an unknown user,
 raises instead of vanishing) and confirmed; each job carries its user's token.  A
-listener on the users' outcome queues records each task's final ledger; the
+listener on the users' outcome queues records each task's final ledger, believing
+only outcomes sealed by the user's own GM (``security.outcomes``; others are counted
+in ``Outcomes.forged`` and dropped); the
 operator's submitter also listens to the dead letters (refused jobs, with the
 reason).  It logs into the broker as its party: the operator (``megha bench``), or a
 user, whom the broker lets publish only its own jobs and read only its own outcomes.
@@ -11,6 +13,7 @@ user, whom the broker lets publish only its own jobs and read only its own outco
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +31,11 @@ from common.messages import JobRefusal, SubmitJob, TaskOutcomes
 from common.model import Task, TaskKey, TaskSpec
 from runtime import broker as amqp
 from runtime.retry import Backoff, GiveUp
+from security import outcomes as sealed_outcomes
 from security.access import Access, load_tokens
 from security.identity import OPERATOR
+from security.sealing import Dropped
+from security.tokens import TokenStore
 from workload.jobs import Job, to_submission
 
 DEAD_LETTER_QUEUE_HEADER = "x-megha-queue"
@@ -72,6 +78,8 @@ class Outcomes:
     duplicates: int = 0
     """Outcomes received twice for one task (a GM restart may re-report one)."""
     events: int = 0
+    forged: int = 0
+    """Outcome messages not sealed by their user's GM: dropped (``bad_events`` says why)."""
     bad_events: list[str] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -178,11 +186,23 @@ class Submitter:
             return
         for user in self.users:
             q = await amqp.open_queue(b.sub, self.cfg.user_events_queue(user))
-            await q.consume(self._on_outcomes, no_ack=True)
+            gm = self.gm_of(user)
+            key = self.access.outcome_key(gm, user)
+            await q.consume(functools.partial(self._on_outcomes, gm, key), no_ack=True)
         if self.access.me == OPERATOR:
             dq = await b.sub.declare_queue(exclusive=True, auto_delete=True)
             await dq.bind(self.cfg.dead_letter_exchange, routing_key="")
             await dq.consume(self._on_dead, no_ack=True)
+
+    def gm_of(self, user: str) -> str:
+        """``user``'s GM: the config's, else the users file's (a user added later)."""
+        for u in self.cfg.user_configs:
+            if u.user == user:
+                return u.gm
+        rec = TokenStore(self.access.users_file).get(user) if self.access.users_file else None
+        if rec is None:
+            raise SubmissionRefused(f"no GM known for user {user!r}")
+        return rec.gm
 
     async def close(self) -> None:
         await self.broker.close()
@@ -288,12 +308,27 @@ class Submitter:
             self.refused[job.job_id] = reason
             out.changed.set()
 
-    async def _on_outcomes(self, msg: AbstractIncomingMessage) -> None:
+    async def _on_outcomes(self, gm: str, key: bytes, msg: AbstractIncomingMessage) -> None:
+        self.take_outcomes(gm, key, msg.headers, msg.body)
+
+    def take_outcomes(
+        self, gm: str, key: bytes, headers: Mapping[str, object] | None, body: bytes
+    ) -> None:
+        """One message of a user's outcome stream, believed only if sealed by ``gm``."""
         out = self.outcomes
+        seal = sealed_outcomes.check(headers, body, gm, key)
+        if isinstance(seal, Dropped):
+            out.forged += 1
+            out.bad_events.append(f"{seal.reason}: {seal.detail}")
+            return
         try:
-            batch = codec.decode(msg.body, expect=(TaskOutcomes, JobRefusal))
+            batch = codec.decode(body, expect=(TaskOutcomes, JobRefusal))
         except MeghaError as exc:
             out.bad_events.append(f"{exc.reason}: {exc}")
+            return
+        if batch.gm != gm:
+            out.forged += 1
+            out.bad_events.append(f"unknown_sender: sealed by gm:{gm}, names {batch.gm}")
             return
         if isinstance(batch, JobRefusal):
             self._job_refused(batch)

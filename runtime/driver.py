@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from common.effects import After, Effect, Reply
+from runtime.clock import steady
 from runtime.supervisor import Supervisor
 
 
@@ -30,10 +30,12 @@ E = TypeVar("E")
 
 
 class CoreDriver:
-    """Feeds a core its messages and carries out the effects it returns."""
+    """Feeds a core its messages and carries out the effects it returns, with the time
+    of ``clock``: the process's steady clock (``runtime.clock``), never the wall clock,
+    since leases and liveness are decided on it."""
 
     def __init__(
-        self, core: Core, supervisor: Supervisor, *, clock: Callable[[], float] = time.time
+        self, core: Core, supervisor: Supervisor, *, clock: Callable[[], float] = steady
     ) -> None:
         self.core = core
         self.sup = supervisor
@@ -76,6 +78,7 @@ class CoreDriver:
         async def tick() -> None:
             while True:
                 await asyncio.sleep(period_s)
+                steady.observe()  # a step of the wall clock shows on the state page
                 self.feed(make())
 
         self.sup.run_forever(tick(), what)

@@ -5,7 +5,9 @@ only ``megha chaos`` and tests set): then ``strike(name)`` raises ``InjectedFaul
 while the file ``<dir>/<party>/<name>`` holds a count above 0, one less each time (a
 plain ``RuntimeError``: what a bug in a consumer raises, not a refusal), and
 ``die_on(name, value)`` kills the process while that file holds ``value``; ``taken``
-uses one strike up and says whether there was one (the caller acts).
+uses one strike up and says whether there was one (the caller acts); ``value(name)``
+reads the number the file holds, using nothing up (``clock_step``: seconds added to this
+process's wall clock as ``runtime.clock.wall`` reads it).
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def taken(name: str) -> bool:
     return True
 
 
+def value(name: str) -> float:
+    """The number fault ``name``'s file holds for this process (0.0: none)."""
+    if _dir is None:
+        return 0.0
+    try:
+        return float((_dir / name).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
 def strike(name: str) -> None:
     """Raise ``InjectedFault`` if a fault ``name`` is armed for this process."""
     if taken(name):
@@ -74,6 +86,14 @@ def inject(directory: Path, party: str, name: str, count: int) -> Path:
     path = directory / party / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(count))
+    return path
+
+
+def set_value(directory: Path, party: str, name: str, number: float) -> Path:
+    """Set the number fault ``name`` holds in ``party`` (the chaos side; ``value``)."""
+    path = directory / party / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(repr(float(number)))
     return path
 
 

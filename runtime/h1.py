@@ -34,6 +34,7 @@ Scope, and its invariants:
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from typing import cast
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from security.tls import process_client_context
 
 MAX_HEAD = 64 * 1024
 """The longest status line plus headers accepted."""
@@ -280,6 +283,7 @@ class _Origin:
     host: str
     port: int
     host_header: bytes
+    tls: bool = False
 
 
 class Client:
@@ -293,7 +297,10 @@ class Client:
         keepalive_s: float = 240.0,
         timeout_s: float = 10.0,
         max_body: int = 64 * 1024 * 1024,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        self.tls = tls
+        """For ``https://``: the federation CA's client context (None: ``$MEGHA_TLS_CA``'s)."""
         self.limit_per_host = limit_per_host
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
@@ -358,12 +365,13 @@ class Client:
         known = self._origins.get(url)
         if known is None:
             parts = urlsplit(url)
-            if parts.scheme != "http" or not parts.hostname:
-                raise ValueError(f"only http:// URLs are served by this client: {url!r}")
-            port = parts.port or 80
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"only http(s):// URLs are served by this client: {url!r}")
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
             host = parts.hostname
             shown = f"[{host}]" if ":" in host else host
-            origin = _Origin(host, port, f"{shown}:{port}".encode("ascii"))
+            origin = _Origin(host, port, f"{shown}:{port}".encode("ascii"), tls)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             known = self._origins[url] = (origin, target)
         return known
@@ -382,9 +390,17 @@ class Client:
     async def _connect(self, origin: _Origin) -> _Connection:
         self._refuse_if_closed()  # closed while this request waited for a slot
         loop = asyncio.get_running_loop()
+        ctx = (self.tls or process_client_context()) if origin.tls else None
+        if origin.tls and ctx is None:
+            raise BrokenHop(
+                f"https://{origin.host}:{origin.port} but no CA to trust (MEGHA_TLS_CA)"
+            )
         try:
-            _, conn = await loop.create_connection(_Connection, origin.host, origin.port)
-        except OSError as exc:
+            _, conn = await loop.create_connection(
+                _Connection, origin.host, origin.port, ssl=ctx,
+                server_hostname=origin.host if ctx is not None else None,
+            )  # fmt: skip
+        except (OSError, ssl.SSLError) as exc:
             raise BrokenHop(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
         if self.closed:  # closed while it connected: nothing would ever close this one
             conn.close()

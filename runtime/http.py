@@ -47,6 +47,7 @@ from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
 from common.reasons import RequestReason
 from runtime import h1
+from runtime.clock import steady
 from runtime.driver import CoreDriver
 from runtime.gcwatch import GcWatch
 from runtime.prometheus import CONTENT_TYPE, ServiceMetrics
@@ -327,7 +328,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     Only a proven caller keeps its connection: anyone else's (a public page, a refusal)
     is closed with the answer, so that no one holds a service's connections -- its file
     descriptors -- for the peers' keep-alive without credentials."""
-    if signing.is_public(request.method, request.path):
+    if signing.is_public(request.method, request.path) or signing.is_user_api(
+        request.method, request.path
+    ):  # a user's call proves its token in its handler (``global_master.frontdoor``)
         public = await handler(request)
         public.force_close()
         return public
@@ -515,6 +518,7 @@ async def health_handler(request: web.Request) -> web.Response:
 
 async def state_handler(request: web.Request) -> web.Response:
     page = request.app[SERVICE_KEY].state_page()
+    page["clock"] = steady.page()  # its wall clock's steps, if any (runtime.clock)
     watch = request.app.get(GC_KEY)
     if watch is not None:
         page["gc"] = watch.page()

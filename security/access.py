@@ -2,13 +2,16 @@
 with, and how it reaches the broker.
 
 A service builds its ``Access`` from the environment ``megha up`` gives it
-(``from_env``): the secret file (``MEGHA_SECRET_FILE``), the broker credentials file
+(``from_env``): its own keys file (``MEGHA_KEYS_FILE``: ``security.party_keys``; never
+the federation secret), the broker credentials file
 (``MEGHA_BROKER_CREDENTIALS``: a broker user of its own on the federation's vhost)
 and the users file (``MEGHA_USERS_FILE``, GMs only).  Operator tools (``megha
 status``, ``megha bench``, tests) build theirs from the federation's directory
 (``in_home``) and act as the operator.
 
-Without a secret file, a process takes the config's ``secret`` only when
+A service given the secret file (``MEGHA_SECRET_FILE``) instead, as deployments made
+before per-party keys do, derives its own keys from it and logs a warning.  Without
+either, a process takes the config's ``secret`` only when
 ``MEGHA_INSECURE_DEV`` is set (``megha up --insecure-dev``: a warning is logged);
 without broker credentials, it connects with the config's broker URL as given.
 """
@@ -25,11 +28,12 @@ from urllib.parse import quote, urlparse
 
 from common.config import FederationConfig
 from common.errors import ConfigError
-from security import sealing, signing
+from security import outcomes, sealing, signing, tls
 from security.broker_acl import CREDENTIALS_ENV, CREDENTIALS_FILENAME, BrokerCredentials
 from security.files import ensure_private_dir, mounted, read_private, write_private
 from security.identity import OPERATOR, Identity, Role
-from security.secret import SECRET_FILE_ENV, Secret, load_secret, secret_path
+from security.party_keys import KEYS_FILE_ENV, PartyKeys
+from security.secret import SECRET_FILE_ENV, KeySource, Secret, load_secret, secret_path
 from security.tokens import TOKENS_FILENAME
 
 log = logging.getLogger("megha.security")
@@ -105,13 +109,40 @@ def _with_user(url: str, user: str, password: str, vhost: str) -> str:
     )
 
 
+def _own_keys(cfg: FederationConfig, me: Identity, environ: Mapping[str, str]) -> KeySource:
+    """A service's keys: its keys file; else (an older deployment) its own keys derived
+    from the secret file, with a warning; else, only in insecure-dev, the config's."""
+    dev = insecure(environ)
+    if environ.get(KEYS_FILE_ENV):
+        return PartyKeys.load(Path(environ[KEYS_FILE_ENV]), me, mounted_ok=mounted(environ))
+    if environ.get(SECRET_FILE_ENV):
+        secret = load_secret(environ=environ, insecure_dev=dev)
+        log.warning(
+            "%s: given the whole federation secret (%s); keeping only its own keys. "
+            "Give it its keys file instead (%s; `megha up` and `deploy.render secrets` "
+            "write them)",
+            me, SECRET_FILE_ENV, KEYS_FILE_ENV,
+        )  # fmt: skip
+    elif dev:
+        secret = Secret.from_text(cfg.secret, "the config", insecure_dev=True)
+    else:
+        raise ConfigError(
+            f"no keys: set {KEYS_FILE_ENV} (`megha up` does), or "
+            f"{INSECURE_ENV}=1 to use the config's secret",
+            reason="no_secret",
+        )
+    keys = PartyKeys.derive_from(secret, cfg, me, parties(cfg))
+    return PartyKeys(keys.holder, keys.keys, keys.source, secret.warning)
+
+
 @dataclass(frozen=True)
 class Access:
     """One party's keys and broker login."""
 
     me: Identity
     cfg: FederationConfig
-    secret: Secret
+    secret: KeySource
+    """The operator's: the federation secret; a service's: its own keys only."""
     credentials: BrokerCredentials | None = None
     """None: the config's broker URL as given (a federation without broker users)."""
     users_file: Path | None = None
@@ -124,17 +155,7 @@ class Access:
     def from_env(
         cls, cfg: FederationConfig, me: Identity, environ: Mapping[str, str] = os.environ
     ) -> Access:
-        dev = insecure(environ)
-        if environ.get(SECRET_FILE_ENV):
-            secret = load_secret(environ=environ, insecure_dev=dev)
-        elif dev:
-            secret = Secret.from_text(cfg.secret, "the config", insecure_dev=True)
-        else:
-            raise ConfigError(
-                f"no secret file: set {SECRET_FILE_ENV} (`megha up` does), or "
-                f"{INSECURE_ENV}=1 to use the config's secret",
-                reason="no_secret",
-            )
+        secret = _own_keys(cfg, me, environ)
         if secret.warning:
             log.warning("%s: %s", me, secret.warning)
         creds_path = environ.get(CREDENTIALS_ENV)
@@ -155,7 +176,9 @@ class Access:
         *,
         insecure_dev: bool = False,
     ) -> Access:
-        """The operator's access to the federation recorded in ``home``."""
+        """The operator's access to the federation recorded in ``home`` (trusting its
+        CA, if it has one)."""
+        tls.trust_home(home)
         path = secret_path(home)
         if path.exists():
             secret = load_secret(path, insecure_dev=insecure_dev or insecure())
@@ -169,13 +192,13 @@ class Access:
     def broker_urls(self) -> list[str]:
         """Every broker node's URL, logged in as this party on the federation's vhost."""
         if self.credentials is None:
-            return self.cfg.broker_urls
+            return [tls.amqps_url(u) for u in self.cfg.broker_urls]
         creds = self.credentials
         key = str(self.me)
         if key not in creds.passwords:
             raise ConfigError(f"no broker credentials for {self.me}", reason="no_credentials")
         return [
-            _with_user(u, creds.users[key], creds.passwords[key], creds.vhost)
+            tls.amqps_url(_with_user(u, creds.users[key], creds.passwords[key], creds.vhost))
             for u in self.cfg.broker_urls
         ]
 
@@ -210,6 +233,10 @@ class Access:
 
     def opener(self, stream: str, senders: list[Identity]) -> sealing.Opener:
         return sealing.Opener(sealing.keyring_for(self.secret, senders), stream)
+
+    def outcome_key(self, gm: str, user: str) -> bytes:
+        """The key ``gm``'s outcomes to ``user`` are sealed with (``security.outcomes``)."""
+        return outcomes.outcome_key(self.secret, gm, user)
 
     def lm_identities(self) -> list[Identity]:
         return [Identity(Role.LM, x) for x in self.cfg.lm_ids]

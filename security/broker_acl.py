@@ -7,8 +7,13 @@ Guarantees, enforced by RabbitMQ itself once ``provision`` has run:
   made once, from the table below, by ``provision`` (services must open it
   passively: ``channel.get_exchange`` / ``get_queue``);
 * a user publishes only into its own queue (topic permission on the submit
-  exchange: routing key = its name), consumes no queue of the federation, and
-  binds its own private queues only to its own events (``user.<name>.*``);
+  exchange: routing key = its name), consumes only its own events queue, and
+  declares no queue (each would count against the vhost's ``max-queues``, which one
+  user could fill: the LMs' leader queues would find no room, issue 32 item 3);
+* a user holds at most ``user_max_connections`` connections and
+  ``user_max_channels`` channels (user limits), and its events queue holds at most
+  ``max_user_events`` outcomes and ``max_user_events_bytes`` (a policy; the oldest
+  dropped: one that never reads them cannot grow the broker until its memory alarm);
 * only LMs publish state updates, each under its own routing key; only LMs
   and GMs publish task events, an LM under keys ending ``.<lm>``, a GM only to
   its own users, ending ``.<gm>``; only a user's GM consumes its queue;
@@ -19,27 +24,27 @@ The topology (``F`` is the federation's name, also its vhost)::
     exchange    type    published by (routing key)                 bound to (key)
     F.submit    topic   user U (U)                                 F.user.U (U)
     F.state     topic   LM L (L)                                   F.gm.G.state (#)
-    F.events    topic   LM L (gm.G.L, user.U.L); GM G (user.U.G    F.gm.G.events (gm.G.#),
-                        for U served by G)                         F.user.U.events (user.U.#),
-                                                                   U's private queues (user.U.#)
+    F.events    topic   LM L (gm.G.L); GM G (user.U.G, sealed      F.gm.G.events (gm.G.#),
+                        for U served by G)                         F.user.U.events (user.U.#)
     F.dlx       fanout  GMs (refused jobs); the broker (user       F.dead
                         queues' dead letters)
 
     queue            consumed by   arguments
     F.user.U         U's GM        durable, x-queue-type, dead-letter F.dlx, max length and
                                    max bytes (reject)
-    F.user.U.events  U             durable
+    F.user.U.events  U             durable; policy: max length and max bytes (drop oldest)
     F.gm.G.events    G             durable
     F.gm.G.state     G             durable, message TTL, max length (drop oldest)
     F.dead           operator      durable, max length and max bytes (drop oldest)
 
 Queue arguments are fixed when a queue is first declared: provisioning an existing
 vhost again (``import_definitions``) keeps its queues as they are, so new limits
-reach a federation once it is purged (``megha down --purge``) and made again.
+reach a federation once it is purged (``megha down --purge``) and made again.  A
+policy (the users' events queues) and user limits apply at once.
 
 Provisioning imports one RabbitMQ definitions document (vhost, users with
-salted password hashes, permissions, topic permissions, topology, a queue
-limit) with ``rabbitmqctl import_definitions``: one call, no password on a
+salted password hashes and users' limits, permissions, topic permissions,
+topology, a queue limit, the users' events policy) with ``rabbitmqctl import_definitions``: one call, no password on a
 command line.  The same document is what the management HTTP API accepts at
 ``POST /api/definitions``.  Passwords are random, kept in a 0600 file
 (``BrokerCredentials``), and reused when provisioning again.
@@ -82,8 +87,6 @@ CREDENTIALS_ENV = "MEGHA_BROKER_CREDENTIALS"
 NOTHING = "^$"
 """A permission pattern that matches no resource (the default exchange is ``amq.default``)."""
 EVERYTHING = ".*"
-PRIVATE_QUEUES = r"^amq\.gen-.*$"
-"""Server-named queues: a user's private, exclusive listeners."""
 _ID_CLASS = "[A-Za-z0-9_-]+"
 
 DEFAULT_MAX_JOB_BYTES = 16 * 1024 * 1024
@@ -124,7 +127,17 @@ class BrokerLayout:
     superseded by the next, and a GM takes snapshots when it starts)."""
     state_ttl_ms: int = 60_000
     extra_queues: int = 1_024
-    """Private queues users may declare in the vhost, all together."""
+    """Queues beyond the topology the vhost may hold: the LMs' leader queues and the
+    operator's private queues (users may declare none: one could fill them all)."""
+    user_max_connections: int = 8
+    """Broker connections one user may hold at once (``rabbitmqctl set_user_limits``)."""
+    user_max_channels: int = 64
+    """Channels one user may hold at once, over all its connections."""
+    max_user_events: int = 100_000
+    """Outcomes waiting in one user's events queue; past it the oldest are dropped (a
+    user that never reads them must not grow the broker until its alarm blocks every
+    publisher)."""
+    max_user_events_bytes: int = 64 * 1024 * 1024
     max_user_queue_bytes: int = USER_QUEUE_JOBS_OF_MAX_SIZE * DEFAULT_MAX_JOB_BYTES
     """Bytes of jobs waiting in one user's queue; more are refused (nack) too."""
     max_dead_letters: int = DEFAULT_MAX_DEAD_LETTERS
@@ -368,19 +381,19 @@ def grants(layout: BrokerLayout) -> dict[Identity, Grant]:
             read=_only(lay.lm_epoch_queue(x), lay.lm_leader_queue(x)),
             topics=(
                 TopicGrant(lay.state_exchange, _only(state_key(x), epoch_key(x)), NOTHING),
-                TopicGrant(
-                    lay.events_exchange,
-                    f"^(gm\\.({gm_alt})|user\\.{_ID_CLASS})\\.{re.escape(x)}$",
-                    NOTHING,
-                ),
+                # events to the GMs only: a user's outcomes are its GM's word (sealed)
+                TopicGrant(lay.events_exchange, f"^gm\\.({gm_alt})\\.{re.escape(x)}$", NOTHING),
             ),
         )
         out[Identity(Role.WORKERS, x)] = Grant(NOTHING, NOTHING, NOTHING)
     for u, _ in lay.users:
+        # no queue of its own making: each counts against the vhost's max-queues, which
+        # one user could fill (and with it the LMs' leader election), and each would
+        # hold a copy of every outcome bound to it; it reads its events queue
         out[Identity(Role.USER, u)] = Grant(
-            configure=PRIVATE_QUEUES,
-            write=f"^({re.escape(lay.submit_exchange)}|amq\\.gen-.*)$",
-            read=f"^({re.escape(lay.events_exchange)}|{re.escape(lay.user_events_queue(u))}|amq\\.gen-.*)$",
+            configure=NOTHING,
+            write=_only(lay.submit_exchange),
+            read=_only(lay.user_events_queue(u)),
             topics=(
                 TopicGrant(lay.submit_exchange, _only(submit_key(u)), NOTHING),
                 TopicGrant(lay.events_exchange, NOTHING, "^user\\." + re.escape(u) + "\\."),
@@ -507,6 +520,7 @@ def _accounts(layout: BrokerLayout, creds: BrokerCredentials) -> dict[str, Any]:
                 "password_hash": rabbit_password_hash(creds.passwords[str(i)]),
                 "hashing_algorithm": "rabbit_password_hashing_sha256",
                 "tags": "",
+                **({"limits": user_limits(layout)} if i.role is Role.USER else {}),
             }
             for i in table
         ],
@@ -580,6 +594,34 @@ def _topology_definitions(layout: BrokerLayout) -> dict[str, Any]:
                 "value": {"max-queues": len(topo.queues) + layout.extra_queues},
             }
         ],
+        "policies": [user_events_policy(layout)],
+    }
+
+
+def user_limits(layout: BrokerLayout) -> dict[str, int]:
+    """What one user's broker login may hold at once."""
+    return {
+        "max-connections": layout.user_max_connections,
+        "max-channels": layout.user_max_channels,
+    }
+
+
+def user_events_policy(layout: BrokerLayout) -> dict[str, Any]:
+    """The users' events queues bounded, the oldest outcomes dropped first (a policy:
+    it applies to queues declared before it, unlike queue arguments)."""
+    users = "|".join(re.escape(u) for u, _ in layout.users) or "(?!)"
+    pattern = f"^{re.escape(layout.federation)}\\.user\\.({users})\\.events$"
+    return {
+        "vhost": layout.vhost,
+        "name": f"{layout.federation}-user-events",
+        "pattern": pattern,
+        "apply-to": "queues",
+        "priority": 0,
+        "definition": {
+            "max-length": layout.max_user_events,
+            "max-length-bytes": layout.max_user_events_bytes,
+            "overflow": "drop-head",
+        },
     }
 
 

@@ -178,6 +178,11 @@ def launch(spec: dict[str, Any], argv: list[str]) -> None:
     _call("unshare", _libc.unshare(flags))
     _mount("private /", None, "/", None, MS_REC | MS_PRIVATE)
     read_only_everywhere()
+    if spec.get("shared_dir"):  # the operator's shared directory: writable again
+        shared = spec["shared_dir"]
+        _mount(f"shared {shared}", shared, shared, None, MS_BIND)  # read-only as its source
+        flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
+        _mount(f"shared {shared} writable", None, shared, None, flags)
     scratch(spec)
     private_proc()
     if not spec["host_network"]:

@@ -105,6 +105,11 @@ class SandboxPolicy:
     """Inodes of that tmpfs: files and directories the task may make."""
     host_network: bool = False
     """False: the task has a network namespace of its own (only a loopback)."""
+    shared_dir: str = ""
+    """A host directory every task may write as well as read (as a cluster's shared
+    filesystem: how the stages of a job hand data on; ``examples/wordcount``).  Tasks
+    write there as their own uids, 0600 unless they open files up; no isolation between
+    users beyond that.  Empty: none (the host is read-only to every task)."""
     timeout_s: float = 300.0
     path: str = "/usr/local/bin:/usr/bin:/bin"
     work_root: str = tempfile.gettempdir()
@@ -140,6 +145,8 @@ class SandboxPolicy:
             raise bad("enabled and host_network are true or false")
         if self.timeout_s <= 0:
             raise bad("timeout_s must be positive")
+        if self.shared_dir and not os.path.isabs(self.shared_dir):
+            raise bad("shared_dir must be an absolute path")
         if not all(os.path.isabs(p) for p in (self.work_root, self.lock_dir)) or not all(
             os.path.isabs(p) for p in self.path.split(":")
         ):
@@ -388,7 +395,8 @@ def _launch_spec(policy: SandboxPolicy, holder: Path, uid: int, real: str) -> di
     return {
         "holder": str(holder), "work": work, "uid": uid, "gid": uid, "executable": real,
         "scratch_bytes": policy.scratch_bytes, "scratch_files": policy.scratch_files,
-        "host_network": policy.host_network, "limits": _limits(policy),
+        "host_network": policy.host_network, "shared_dir": policy.shared_dir,
+        "limits": _limits(policy),
         "env": {"PATH": policy.path, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"},
     }  # fmt: skip
 

@@ -39,7 +39,7 @@ from enum import StrEnum
 
 from common.errors import ValidationError
 from security.identity import Identity
-from security.secret import Secret
+from security.secret import KeySource
 
 PURPOSE = "amqp"
 HEADER_SENDER = "x-megha-sender"
@@ -68,11 +68,11 @@ class DropReason(StrEnum):
     STALE_SEQ = "stale_seq"
 
 
-def sealing_key(secret: Secret, sender: Identity) -> bytes:
+def sealing_key(secret: KeySource, sender: Identity) -> bytes:
     return secret.identity_key(sender, PURPOSE)
 
 
-def keyring_for(secret: Secret, senders: Iterable[Identity]) -> dict[Identity, bytes]:
+def keyring_for(secret: KeySource, senders: Iterable[Identity]) -> dict[Identity, bytes]:
     """What a receiver opens messages of ``senders`` with (e.g. a GM: every LM)."""
     return {s: sealing_key(secret, s) for s in senders}
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
+from typing import Protocol
 
 from common.config import FederationConfig
 from common.errors import ConfigError
@@ -128,11 +129,35 @@ class Secret:
 
     def identity_key(self, identity: Identity, purpose: str) -> bytes:
         """The key ``identity`` uses for ``purpose`` (e.g. sealing broker messages)."""
-        return self.derive(f"{_purpose(purpose)}:{identity}")
+        return self.derive(identity_label(identity, purpose))
 
     def channel_key(self, sender: Identity, receiver: Identity, purpose: str) -> bytes:
         """The key of one direction of one pair: only these two parties hold it."""
-        return self.derive(f"{_purpose(purpose)}:{sender}>{receiver}")
+        return self.derive(channel_label(sender, receiver, purpose))
+
+
+class KeySource(Protocol):
+    """What keys are taken from: the whole ``Secret`` (the operator) or one party's
+    own keys (``security.party_keys.PartyKeys``: a service)."""
+
+    @property
+    def warning(self) -> str | None: ...
+
+    def derive(self, label: str) -> bytes: ...
+
+    def identity_key(self, identity: Identity, purpose: str) -> bytes: ...
+
+    def channel_key(self, sender: Identity, receiver: Identity, purpose: str) -> bytes: ...
+
+
+def identity_label(identity: Identity, purpose: str) -> str:
+    """The derivation label of ``identity``'s own key for ``purpose``."""
+    return f"{_purpose(purpose)}:{identity}"
+
+
+def channel_label(sender: Identity, receiver: Identity, purpose: str) -> str:
+    """The derivation label of the key of the channel ``sender`` -> ``receiver``."""
+    return f"{_purpose(purpose)}:{sender}>{receiver}"
 
 
 def _purpose(purpose: str) -> str:

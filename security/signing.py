@@ -56,7 +56,7 @@ from enum import StrEnum
 
 from common.errors import Unauthorized, ValidationError
 from security.identity import Identity, Role
-from security.secret import Secret
+from security.secret import KeySource
 
 PURPOSE = "http"
 HEADER_IDENTITY = "X-Megha-Identity"
@@ -101,14 +101,14 @@ class Refusal(StrEnum):
 
 
 # ------------------------------------------------------------------ keys
-def signing_key(secret: Secret, sender: Identity, receiver: Identity) -> bytes:
+def signing_key(secret: KeySource, sender: Identity, receiver: Identity) -> bytes:
     """The key ``sender`` signs its calls to ``receiver`` with (and ``receiver`` its answers
     to ``sender`` with ``signing_key(secret, receiver, sender)``)."""
     return secret.channel_key(sender, receiver, PURPOSE)
 
 
 def keyring_for(
-    secret: Secret, receiver: Identity, senders: Iterable[Identity]
+    secret: KeySource, receiver: Identity, senders: Iterable[Identity]
 ) -> dict[Identity, bytes]:
     """The keyring ``receiver`` verifies calls from ``senders`` with."""
     return {s: signing_key(secret, s, receiver) for s in senders}
@@ -519,10 +519,23 @@ def _rule(
 
 
 ACCESS_POLICY: tuple[Rule, ...] = (
-    # GMs ask any LM to launch, preempt, for a fresh snapshot, and to keep a job's ends.
+    # GMs ask any LM to launch, preempt, for a fresh snapshot, to keep a job's ends, to
+    # stop the tasks of a cancelled job or what they placed for a user whose token was
+    # revoked, and to reserve, commit and release a gang's holds.
     _rule(
-        [Role.LM], "POST", ["/v1/launch", "/v1/preempt", "/v1/snapshot", "/v1/keep-ends"], Role.GM
+        [Role.LM],
+        "POST",
+        [
+            "/v1/launch",
+            "/v1/preempt",
+            "/v1/snapshot",
+            "/v1/keep-ends",
+            "/v1/cancel",
+            "/v1/stop-user",
+        ],
+        Role.GM,
     ),
+    _rule([Role.LM], "POST", ["/v1/reserve", "/v1/commit-gang", "/v1/release-gang"], Role.GM),
     # An LM's worker pool reports to, heartbeats and registers with its own LM only.
     _rule(
         [Role.LM],
@@ -549,6 +562,17 @@ gauges; no task, user or key)."""
 
 def is_public(method: str, path: str) -> bool:
     return (method.upper(), path.split("?", 1)[0]) in PUBLIC_ENDPOINTS
+
+
+USER_API_PREFIX = "/api/"
+"""The GMs' front door (``global_master.frontdoor``): users prove themselves there by
+their tokens, not by service signatures; ``/openapi.json`` documents it."""
+
+
+def is_user_api(method: str, path: str) -> bool:
+    """Answered to users (token-checked by the handler), not to signed services."""
+    route = path.split("?", 1)[0]
+    return route.startswith(USER_API_PREFIX) or (method.upper(), route) == ("GET", "/openapi.json")
 
 
 def may_call(caller: Identity, service: Identity, method: str, path: str) -> bool:

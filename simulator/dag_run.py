@@ -26,6 +26,7 @@ from common.dag import DagJob, load_jobs
 from common.errors import ConfigError
 from common.ids import GmId, UserId
 from common.model import NodeSpec, UserConfig
+from common.units import profile_named
 from global_master.policy import POLICIES, JobQueues, make_policy
 from reporting.fairness import jain
 from reporting.files import write_json
@@ -41,7 +42,8 @@ Runner = Callable[[str, MeghaSimulation], SimResult]
 """Runs one policy's simulation: ``runner(policy, sim)``."""
 ARRIVALS = ("offline", "online")
 DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
-"""Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's)."""
+"""Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's) for
+synthetic DAGs and job files whose resources are no profile's (``common.units``)."""
 
 
 def jain_windows(
@@ -242,7 +244,13 @@ def _clusters_for(
     workers: int,
     lms: int,
     rng: random.Random,
+    names: Sequence[str] = (),
 ) -> list[ClusterSpec]:
+    """The simulated clusters: a job file named in a profile's resources runs on that
+    profile's nodes, as live (``common.units``); otherwise on nodes of 100 units."""
+    named = profile_named(names) if names else None
+    if named is not None:
+        return make_federation(workers, gm_ids, lms, named, False, rng)
     if width == 2 and getattr(args, "profile", "") == "paper":
         return make_federation(workers, gm_ids, lms, profile("paper"), False, rng)
     cap = DAG_NODE_CAPACITY.get(width, tuple([100] * width))
@@ -271,6 +279,7 @@ def run_point(
         width = len(names)
         limit = args.limit_jobs
     else:
+        names = ()
         width = 2 if args.profile == "paper" else 1
         node = profile("paper").node_capacity if width == 2 else DAG_NODE_CAPACITY[1]
         jobs = synthetic_dag_jobs(
@@ -283,7 +292,7 @@ def run_point(
     )
     arrivals: str = args.arrivals
     jobs = with_arrivals(jobs, arrivals)
-    clusters = _clusters_for(args, width, gm_ids, workers, n_lms, rng)
+    clusters = _clusters_for(args, width, gm_ids, workers, n_lms, rng, names)
     cfg = config_from_args(args, sample_usage_every_s=1.0)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     summary = run_policies(

@@ -51,7 +51,7 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -72,9 +72,11 @@ from common.effects import (
     ToUser,
     ToWorker,
 )
+from common.errors import ConfigError
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
+    CommitGang,
     Decide,
     Heartbeat,
     LaunchRequest,
@@ -82,6 +84,8 @@ from common.messages import (
     PreemptRequest,
     PreemptResponse,
     ReportsTaken,
+    ReserveRequest,
+    ReserveResponse,
     StartTask,
     StartTasks,
     StateSnapshot,
@@ -280,6 +284,9 @@ class MeghaSimulation:
         """How long before the next event parked ticks resume (``run`` sets it)."""
         self._skipped_beats = 0
         self.stuck = 0
+        self._stream: Iterator[Job | DagJob] = iter(())
+        """Jobs still to come of a stream (``stream_jobs``)."""
+        self._stream_at = -math.inf
         for lm in self.lms.values():
             for g in self.gms:
                 self.gms[g].handle(lm.snapshot(g), 0.0)
@@ -350,6 +357,37 @@ class MeghaSimulation:
             self._arrivals_left += 1
             heapq.heappush(self._arrivals, job.arrival)
             self.loop.at(job.arrival, self._arrive, job)
+
+    def stream_jobs(self, jobs: Iterable[Job | DagJob]) -> None:
+        """Jobs taken from ``jobs`` one at a time, each when the one before it arrives,
+        so a streamed trace is never held whole (``add_jobs`` schedules them all at
+        once); ``jobs`` must come in arrival order."""
+        self._stream = iter(jobs)
+        self._stream_at = -math.inf
+        self._take_streamed()
+
+    def _take_streamed(self) -> None:
+        """Schedules the stream's next job, if any (the arrivals heap then holds it)."""
+        job = next(self._stream, None)
+        if job is None:
+            return
+        if job.arrival < self._stream_at:
+            raise ConfigError(
+                f"job {job.job_id} arrives at {job.arrival:g} s, before the job streamed "
+                f"before it ({self._stream_at:g} s): a stream must come in arrival order",
+                reason="bad_trace",
+            )
+        if job.user not in self.user_gm:
+            raise ValueError(f"job {job.job_id}: user {job.user!r} has no GM")
+        self._stream_at = job.arrival
+        self.book.add(job)
+        self._arrivals_left += 1
+        heapq.heappush(self._arrivals, job.arrival)
+        self.loop.at(job.arrival, self._arrive_streamed, job)
+
+    def _arrive_streamed(self, job: Job | DagJob) -> None:
+        self._take_streamed()  # first: the next arrival is known while this one lands
+        self._arrive(job)
 
     def _arrive(self, job: Job | DagJob) -> None:
         if self._asleep:
@@ -594,7 +632,7 @@ class MeghaSimulation:
         for eff in effects:
             if isinstance(eff, ToLm):
                 msg = eff.msg
-                if isinstance(msg, LaunchRequest | PreemptRequest):
+                if isinstance(msg, LaunchRequest | PreemptRequest | ReserveRequest | CommitGang):
                     msg = replace(msg, sent_at=t)  # the driver stamps when a request leaves
                 if isinstance(msg, WorkerReport):
                     reports.append(msg)
@@ -665,10 +703,11 @@ class MeghaSimulation:
             if isinstance(msg, WorkerReports) and msg.reports:
                 self._send(at, self._land_lm, pool, msg)
             return
-        if isinstance(msg, LaunchResponse | PreemptResponse):
+        if isinstance(msg, LaunchResponse | PreemptResponse | ReserveResponse):
             msg = replace(msg, received_at=arrived)
         gm = getattr(request, "gm", None)
-        if gm is None or not isinstance(msg, LaunchResponse | PreemptResponse | StateSnapshot):
+        answers = LaunchResponse | PreemptResponse | StateSnapshot | ReserveResponse
+        if gm is None or not isinstance(msg, answers):
             raise TypeError(f"{lm_id} answered {type(request).__name__} with {msg!r:.200}")
         self._send(at, self._land_gm, gm, msg)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from bitarray import bitarray
@@ -110,6 +110,7 @@ class SparrowSimulation:
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
         self.book = JobBook()
         self.counters = SparrowCounters()
+        self._stream: Iterator[Job] = iter(())
 
     def _eligible_workers(self, mask: int) -> list[int]:
         lst = self._eligible.get(mask)
@@ -137,6 +138,22 @@ class SparrowSimulation:
         for job in jobs:
             self.book.add(job)
             self.loop.at(job.arrival, self._arrive, job)
+
+    def stream_jobs(self, jobs: Iterable[Job]) -> None:
+        """Jobs taken from ``jobs`` one at a time, each when the one before it arrives
+        (``MeghaSimulation.stream_jobs``); in arrival order."""
+        self._stream = iter(jobs)
+        self._take_streamed()
+
+    def _take_streamed(self) -> None:
+        job = next(self._stream, None)
+        if job is not None:
+            self.book.add(job)
+            self.loop.at(job.arrival, self._arrive_streamed, job)
+
+    def _arrive_streamed(self, job: Job) -> None:
+        self._take_streamed()
+        self._arrive(job)
 
     def _arrive(self, job: Job) -> None:
         now = self.loop.now

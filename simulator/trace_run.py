@@ -9,12 +9,14 @@ run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from common.cluster import ClusterSpec, make_federation, parse_users, profile
+from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
@@ -26,9 +28,19 @@ from reporting.tasks import write_records_csv
 from simulator.config import config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.sparrow import SparrowConfig, SparrowSimulation
+from workload.alibaba import AlibabaReplay
+from workload.google import GoogleReplay, read_google
 from workload.jobs import Job
-from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
+from workload.synthetic import (
+    WorkloadSpec,
+    dags_from_trace,
+    iter_jobs_from_trace,
+    jobs_from_trace,
+    synthetic_jobs,
+)
 from workload.traces import read_trace
+
+TraceReader = GoogleReplay | AlibabaReplay
 
 Progress = Callable[[float], None]
 """Told the virtual time as a simulation goes."""
@@ -36,20 +48,37 @@ Progress = Callable[[float], None]
 BASELINES = ("sparrow", "centralized")
 
 
-def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
-    """The workload, rebuilt identically for every scheduler from the seed."""
-    rng = random.Random(args.seed)
-    spec = WorkloadSpec(
+STREAMED = ("google2011", "google2019", "alibaba2018")
+"""Trace formats replayed as they are read (``stream_workload``)."""
+
+
+def _spec(args: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
         profile=args.profile,
         constraints=not args.no_constraints,
         time_scale=args.time_scale,
         duration_scale=args.duration_scale,
         task_constraint_prob=args.task_constraint_prob,
     )
+
+
+def trace_files(args: argparse.Namespace) -> list[str]:
+    """The trace's files: ``--trace`` and the positional ``FILE`` s."""
+    return ([args.trace] if args.trace else []) + list(getattr(args, "files", None) or [])
+
+
+def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
+    """The workload, rebuilt identically for every scheduler from the seed."""
+    rng = random.Random(args.seed)
+    spec = _spec(args)
     if args.workload == "trace":
-        if not args.trace:
-            raise ConfigError("--workload trace needs --trace FILE", reason="missing_trace")
-        return jobs_from_trace(read_trace(args.trace, limit_jobs=args.limit_jobs), spec, users, rng)
+        files = trace_files(args)
+        if len(files) != 1:
+            raise ConfigError(
+                "--workload trace needs --trace FILE (one file of the ../shared/traces format)",
+                reason="missing_trace",
+            )
+        return jobs_from_trace(read_trace(files[0], limit_jobs=args.limit_jobs), spec, users, rng)
     return synthetic_jobs(
         args.jobs_count,
         rate=args.rate,
@@ -59,6 +88,45 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
         users=users,
         rng=rng,
     )
+
+
+class Feed:
+    """A streamed workload's jobs as a simulation takes them, counted."""
+
+    def __init__(self, jobs: Iterable[Job | DagJob], reader: TraceReader) -> None:
+        self._jobs = jobs
+        self.reader = reader
+        self.jobs = 0
+        self.tasks = 0
+
+    def __iter__(self) -> Iterator[Job | DagJob]:
+        for job in self._jobs:
+            self.jobs += 1
+            self.tasks += len(job.tasks)
+            yield job
+
+
+def stream_workload(args: argparse.Namespace, users: Sequence[UserConfig]) -> Feed:
+    """A published trace (``--trace-format``, ``STREAMED``) read as it is replayed:
+    the same jobs for every scheduler from the seed, never held whole."""
+    rng = random.Random(args.seed)
+    spec = _spec(args)
+    files = trace_files(args)
+    if not files:
+        raise ConfigError(
+            f"--trace-format {args.trace_format} needs the trace's FILEs", reason="missing_trace"
+        )
+    jobs: Iterator[Job | DagJob]
+    reader: TraceReader
+    if args.trace_format == "alibaba2018":
+        reader = AlibabaReplay(files)
+        jobs = dags_from_trace(reader, spec, users, rng)
+    else:
+        reader = read_google(args.trace_format, files, args.trace_lookahead)
+        jobs = iter_jobs_from_trace(reader, spec, users, rng)
+    if args.limit_jobs:
+        jobs = itertools.islice(jobs, args.limit_jobs)
+    return Feed(jobs, reader)
 
 
 def scheduler_summary(result: SimResult) -> dict[str, Any]:
@@ -97,7 +165,9 @@ Runner = Callable[[str, int, Callable[[], int], Callable[[Progress], SimResult]]
 """Runs one scheduler's simulation: ``runner(label, tasks, outstanding, run)``, where
 ``outstanding()`` counts the tasks not done yet and ``run(progress)`` is the
 simulation's own (``progress(virtual_s)`` as it goes): ``megha simulate`` shows a
-progress bar."""
+progress bar.  A streamed trace's size is not known before it is read: ``tasks`` is
+then 0 and ``outstanding()`` minus the tasks done (``tasks - outstanding()`` is what
+is done either way)."""
 
 
 def plain(
@@ -115,40 +185,74 @@ def _baselines(text: str) -> list[str]:
     return names
 
 
+def _jobs_of(
+    args: argparse.Namespace, users: Sequence[UserConfig]
+) -> tuple[list[Job] | Feed, int, Callable[[MeghaSimulation | SparrowSimulation], int]]:
+    """The workload for one scheduler, how many tasks it has (0: streamed, not known
+    before it is read) and its ``outstanding`` for a ``Runner``."""
+    if getattr(args, "trace_format", "megha") in STREAMED:
+        feed = stream_workload(args, users)
+        return feed, 0, lambda sim: sim_outstanding(sim) - feed.tasks
+    jobs = build_jobs(args, users)
+    return jobs, sum(len(j.tasks) for j in jobs), sim_outstanding
+
+
+def sim_outstanding(sim: MeghaSimulation | SparrowSimulation) -> int:
+    return sim.outstanding if isinstance(sim, MeghaSimulation) else sim.book.outstanding
+
+
+def _feed(sim: MeghaSimulation | SparrowSimulation, jobs: list[Job] | Feed) -> None:
+    if isinstance(jobs, Feed):
+        sim.stream_jobs(jobs)  # type: ignore[arg-type]
+    else:
+        sim.add_jobs(jobs)
+
+
 def run_schedulers(
     args: argparse.Namespace,
     clusters: Sequence[ClusterSpec],
     gm_ids: Sequence[GmId],
     users: Sequence[UserConfig],
     runner: Runner,
-) -> tuple[dict[str, SimResult], list[Job]]:
+) -> tuple[dict[str, SimResult], dict[str, Any]]:
     """Megha and the baselines of ``--baselines`` on the same jobs (rebuilt from the
-    seed for each) and machines; the results by scheduler, and the jobs."""
+    seed for each, or a streamed trace read again) and machines; the results by
+    scheduler, and the workload's size (``jobs``, ``tasks``; a streamed trace's
+    reader's counts under ``trace``)."""
     cfg = config_from_args(
         args, overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy()
     )
     baselines = _baselines(args.baselines)
+    if "sparrow" in baselines and getattr(args, "trace_format", "") == "alibaba2018":
+        raise ConfigError(
+            "Sparrow's model runs jobs of independent tasks; alibaba2018 jobs are DAGs: "
+            "--baselines centralized (or '')",
+            reason="bad_baseline",
+        )
     results: dict[str, SimResult] = {}
-    jobs = build_jobs(args, users)
-    total = sum(len(j.tasks) for j in jobs)
+    jobs, total, outstanding = _jobs_of(args, users)
+    first = jobs
     sim = MeghaSimulation(clusters, gm_ids, users, cfg)
-    sim.add_jobs(jobs)
-    results["megha"] = runner("megha", total, lambda: sim.outstanding, sim.run)
+    _feed(sim, jobs)
+    results["megha"] = runner("megha", total, lambda: outstanding(sim), sim.run)
     if "sparrow" in baselines:
-        jobs = build_jobs(args, users)
+        jobs, total, outstanding = _jobs_of(args, users)
         sp = SparrowSimulation(
             clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
         )
-        sp.add_jobs(jobs)
-        results["sparrow"] = runner("sparrow", total, lambda: sp.book.outstanding, sp.run)
+        _feed(sp, jobs)
+        results["sparrow"] = runner("sparrow", total, lambda: outstanding(sp), sp.run)
     if "centralized" in baselines:
         gm0 = GmId("gm0")
         c_users = [UserConfig(u.user, gm0, u.share) for u in users]
-        jobs = build_jobs(args, c_users)
+        jobs, total, outstanding = _jobs_of(args, c_users)
         csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
-        csim.add_jobs(jobs)
-        results["centralized"] = runner("centralized", total, lambda: csim.outstanding, csim.run)
-    return results, jobs
+        _feed(csim, jobs)
+        results["centralized"] = runner("centralized", total, lambda: outstanding(csim), csim.run)
+    if isinstance(first, Feed):
+        trace = {"format": args.trace_format, **first.reader.stats.as_dict()}
+        return results, {"jobs": first.jobs, "tasks": first.tasks, "trace": trace}
+    return results, {"jobs": len(first), "tasks": sum(len(j.tasks) for j in first)}
 
 
 def write_point(out: Path, summary: dict[str, Any], results: dict[str, SimResult]) -> None:
@@ -185,7 +289,7 @@ def run_point(
         workers, gm_ids, n_lms, profile(args.profile), not args.no_constraints,
         random.Random(args.seed + 7919),
     )  # fmt: skip
-    results, jobs = run_schedulers(args, clusters, gm_ids, users, runner)
+    results, size = run_schedulers(args, clusters, gm_ids, users, runner)
     summary: dict[str, Any] = {
         "workers": workers,
         "gms": n_gms,
@@ -193,8 +297,9 @@ def run_point(
         "seed": args.seed,
         "profile": args.profile,
         "constraints": not args.no_constraints,
-        "tasks": sum(len(j.tasks) for j in jobs),
-        "jobs": len(jobs),
+        "tasks": size["tasks"],
+        "jobs": size["jobs"],
+        **({"trace": size["trace"]} if "trace" in size else {}),
         "users": {u.user: {"gm": u.gm, "share": u.share} for u in users},
         "schedulers": {name: scheduler_summary(r) for name, r in results.items()},
     }

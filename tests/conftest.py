@@ -10,6 +10,8 @@ when, in which order, or whether it is dropped.
 from __future__ import annotations
 
 import itertools
+import random
+import socket
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -493,3 +495,28 @@ class Network:
                 if tasks:
                     kept.append(replace(batch, tasks=tasks))  # type: ignore[arg-type]
             self.inbox[lm] = kept
+
+
+def free_base(host: str = "127.0.0.1") -> int:
+    """A base port for a federation whose service ports (GMs +0, LMs +100, pools +200,
+    standbys +300) are free; below the kernel's ephemeral range (32768-60999), so no
+    client socket of this machine can hold one of them when the services bind.  Tests
+    running at once (pytest -n) each get their own."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, 10)
+        ports = [
+            base + k for k in (*range(10), *range(100, 110), *range(200, 210), *range(300, 310))
+        ]
+        if all(_bindable(host, p) for p in ports):
+            return base
+    raise RuntimeError("no free ports")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

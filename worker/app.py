@@ -37,7 +37,7 @@ from common.messages import (
     WorkerReports,
 )
 from common.reasons import RequestReason
-from runtime import h1
+from runtime import faults, h1
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import (
     MSGPACK,
@@ -81,7 +81,7 @@ class WorkerService:
         self.state: DurableState | None = None
         """This pool's journal (``$MEGHA_STATE_DIR/<lm>-workers``): the ends it has not had
         taken outlive its process, so a task that ended is never run again."""
-        if state_root:
+        if state_root and cfg.journal:
             self.state = DurableState(
                 os.path.join(state_root, f"{lm}-workers"), "pool", sync_s=cfg.journal_sync_s
             )
@@ -90,6 +90,7 @@ class WorkerService:
             durable=self.state is not None,
         )  # fmt: skip
         self.sup = Supervisor(f"{lm}-workers")
+        faults.arm(f"{lm}-workers")  # a chaos run may step its clock (runtime.clock)
         self.driver = CoreDriver(self.core, self.sup)
         policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
         self.sandbox = Sandbox(policy, pool=index)  # a range holding root or our uid: refused
@@ -178,7 +179,7 @@ class WorkerService:
         while True:
             await self.registered.wait()
             try:
-                sent = time.time()
+                sent = self.driver.clock()  # the clock the lease is judged on
                 await self.lm.post("/v1/worker-report", msg, expect=WorkerReports)
                 # an answer of the LM, like a heartbeat's: the lease runs from when it left
                 # (a pool back from a cut takes starts again without waiting a heartbeat)
@@ -198,7 +199,7 @@ class WorkerService:
         nodes = tuple(NodeIndex(i) for i in range(self.core.n_nodes))
         policy = Backoff(deadline_s=self.cfg.heartbeat_s)
         while True:
-            sent = time.time()
+            sent = self.driver.clock()  # the clock the lease is judged on
             hb = WorkerHeartbeat(lm=self.core.lm, nodes=nodes, at=sent)
             try:
                 await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
@@ -275,7 +276,7 @@ async def launches_handler(request: web.Request) -> web.Response:
         "next": svc.core.launch_seq,
         "missed": missed,
         "incarnation": svc.incarnation,
-        "at": time.time(),
+        "at": svc.driver.clock(),  # the clock its rows' times are on
     }
     if request.headers.get("Accept") == MSGPACK:  # the bench polls it while it measures
         return web.Response(body=codec.pack_plain(page), content_type=MSGPACK)

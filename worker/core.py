@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec.structs import replace
+
 from common.effects import After, Effect, KillCommand, Record, Reply, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
@@ -396,7 +398,8 @@ class WorkerPool:
             return []
         if r.started_at < 0:  # it never got going: started and ended at once
             r.started_at = now
-        return self._end(r, now, msg.ok, msg.detail)
+        out = (msg.exit_code, msg.stdout, msg.stderr)
+        return self._end(r, now, msg.ok, msg.detail, out)
 
     def _on_command_started(self, msg: CommandStarted, now: float) -> list[Effect]:
         """The driver has the command running: the attempt has started."""
@@ -407,7 +410,11 @@ class WorkerPool:
         self.counters.started += 1
         return [ToLm(self.lm, self._report(ReportKind.STARTED, r, now))]
 
-    def _end(self, r: Running, now: float, ok: bool, detail: str) -> list[Effect]:
+    def _end(
+        self, r: Running, now: float, ok: bool, detail: str,
+        out: tuple[int | None, bytes, bytes] | None = None,
+    ) -> list[Effect]:  # fmt: skip
+        """The attempt ended (``out``: its command's exit code, stdout and stderr)."""
         del self.running[(r.spec.user, r.spec.task_id)]
         self._log(("end", r.spec.user, r.spec.task_id, r.attempt, r.node, now))
         if ok:
@@ -416,6 +423,8 @@ class WorkerPool:
             self.counters.failed += 1
         kind = ReportKind.FINISHED if ok else ReportKind.FAILED
         report = self._report(kind, r, now, detail)
+        if out is not None:
+            report = replace(report, exit_code=out[0], stdout=out[1], stderr=out[2])
         self._unreported((r.spec.user, r.spec.task_id), EndedAttempt(start=r.start, report=report))
         return [ToLm(self.lm, report)]
 

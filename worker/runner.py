@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from common.effects import KillCommand, RunCommand
-from common.messages import CommandExited, CommandStarted
+from common.messages import OUTPUT_BYTES, CommandExited, CommandStarted
 from common.model import TaskKey
 from runtime.driver import CoreDriver
 from security.sandbox import Outcome, Sandbox
@@ -46,6 +46,7 @@ class Runner:
             self.driver.feed(CommandStarted(user=user, task_id=tid, attempt=attempt))
 
         ok, detail = False, ""
+        out: tuple[int | None, bytes, bytes] = (None, b"", b"")
         try:
             result = await self.sandbox.run(spec.command, on_start=started)
         except asyncio.CancelledError:  # stopped: the sandbox killed its processes
@@ -59,8 +60,19 @@ class Runner:
                 detail = f"{result.reason.value}: {result.detail}"
             if result.reason is Outcome.EXIT_STATUS and result.stderr_tail:
                 detail += f" ({result.stderr_tail[-200:]!r})"
+            cut = OUTPUT_BYTES
+            out = (result.exit_code, result.stdout[-cut:], result.stderr_tail[-cut:])
         self.driver.feed(
-            CommandExited(user=user, task_id=tid, attempt=attempt, ok=ok, detail=detail)
+            CommandExited(
+                user=user,
+                task_id=tid,
+                attempt=attempt,
+                ok=ok,
+                detail=detail,
+                exit_code=out[0],
+                stdout=out[1],
+                stderr=out[2],
+            )
         )
 
     def kill(self, eff: KillCommand) -> None:

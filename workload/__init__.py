@@ -1,6 +1,9 @@
 """The workload model, pure: what the simulator replays and ``megha bench`` submits.
 
 * ``workload.traces``: trace formats, read strictly (a malformed line is an error naming it);
+* ``workload.google``, ``workload.alibaba``: the published production traces (Google 2011
+  and 2019, Alibaba 2018), streamed as they are replayed (``workload.tracefiles`` reads
+  their gzip or plain CSV, ``workload.spill`` sorts what comes out of order on disk);
 * ``workload.synthetic``: a trace's jobs or synthetic ones as tasks (demands, constraints);
 * ``workload.jobs``: a job of independent tasks, its submission message;
 * ``workload.dags``: seeded synthetic DAG jobs (Carbyne's shapes), scaling, their statistics.

@@ -25,6 +25,10 @@ class Job:
     user: UserId
     arrival: float
     tasks: list[TaskSpec] = field(default_factory=list)
+    gang: bool = False
+    """Its tasks start all-or-nothing (one gang stage: ``global_master.gang``)."""
+    gang_min: int = 0
+    """With ``gang``: the fewest that may start (0: all)."""
 
 
 def specs_of(job: Job | DagJob) -> list[TaskSpec]:
@@ -37,9 +41,12 @@ def to_submission(job: Job | DagJob, token: str, submitted_at: float) -> SubmitJ
     stages = None
     if isinstance(job, DagJob):
         stages = tuple(
-            StageSpec(stage_id=sid, parents=parents, count=n)
-            for sid, parents, n in stage_layout(job)
-        )
+            StageSpec(stage_id=sid, parents=parents, count=n, gang=s.gang > 0,
+                      min_count=s.gang if 0 < s.gang < n else 0)
+            for (sid, parents, n), s in zip(stage_layout(job), job.stages, strict=True)
+        )  # fmt: skip
+    elif job.gang:
+        stages = (StageSpec(stage_id=0, count=len(job.tasks), gang=True, min_count=job.gang_min),)
     return SubmitJob(
         job_id=job.job_id,
         user=job.user,

@@ -15,13 +15,17 @@ bench``.  The clusters they run on (profiles, machines, partitions, users) are
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from msgspec.structs import replace
+
 from common.cluster import ResourceProfile, profile
+from common.dag import DagJob, from_layout
 from common.errors import ConfigError
 from common.ids import JobId, TaskId, UserId
-from common.model import N_CONSTRAINTS, TaskSpec, UserConfig
+from common.model import N_CONSTRAINTS, Task, TaskSpec, UserConfig
+from workload.alibaba import TraceDag
 from workload.jobs import Job
 from workload.traces import TraceJob
 
@@ -76,28 +80,60 @@ def _tasks(
 
 
 def jobs_from_trace(
-    trace: Sequence[TraceJob],
+    trace: Iterable[TraceJob],
     spec: WorkloadSpec,
     users: Sequence[UserConfig],
     rng: random.Random,
 ) -> list[Job]:
     """Trace jobs as tasks; users take jobs round-robin (a job's tasks share its user)."""
+    return list(iter_jobs_from_trace(trace, spec, users, rng))
+
+
+def iter_jobs_from_trace(
+    trace: Iterable[TraceJob],
+    spec: WorkloadSpec,
+    users: Sequence[UserConfig],
+    rng: random.Random,
+) -> Iterator[Job]:
+    """``jobs_from_trace`` one job at a time, as ``trace`` yields them (a streamed trace
+    is never held whole)."""
     if not users:
         raise ConfigError("a workload needs at least one user", reason="no_users")
     prof = profile(spec.profile)
-    jobs = []
     for k, tj in enumerate(trace):
         user = users[k % len(users)].user
         job_id = JobId(f"j{k}")
-        jobs.append(
-            Job(
-                job_id,
-                user,
-                tj.arrival * spec.time_scale,
-                _tasks(job_id, user, tj.durations, spec, prof, rng),
-            )
+        yield Job(
+            job_id,
+            user,
+            tj.arrival * spec.time_scale,
+            _tasks(job_id, user, tj.durations, spec, prof, rng),
         )
-    return jobs
+
+
+def dags_from_trace(
+    trace: Iterable[TraceDag],
+    spec: WorkloadSpec,
+    users: Sequence[UserConfig],
+    rng: random.Random,
+) -> Iterator[DagJob]:
+    """A DAG trace's jobs (``workload.alibaba``) as DAG jobs, one at a time: users
+    round-robin, each stage's tasks with demands and constraints as a trace's tasks."""
+    if not users:
+        raise ConfigError("a workload needs at least one user", reason="no_users")
+    prof = profile(spec.profile)
+    for k, tj in enumerate(trace):
+        user = users[k % len(users)].user
+        job_id = JobId(f"j{k}")
+        tasks: list[Task] = []
+        for st in tj.stages:
+            specs = _tasks(job_id, user, [st.duration] * st.count, spec, prof, rng)
+            tasks += [
+                Task(spec=replace(t, task_id=TaskId(f"{job_id}.s{st.stage_id}.t{i}")))
+                for i, t in enumerate(specs)
+            ]
+        layout = tuple((st.stage_id, st.parents, st.count) for st in tj.stages)
+        yield from_layout(job_id, user, tj.arrival * spec.time_scale, tasks, layout)
 
 
 def synthetic_jobs(

@@ -4,7 +4,7 @@ a broker user per party: the broker's permissions hold while faults strike, and 
 replays publish as the LM that sealed each message); no task may be lost or launched
 twice, and the fault must be shown to have struck: a step that waits for its moment or
 its fault errs when it does not come, and each scenario names the evidence counters
-its fault leaves (``expect``).  On ports 19500-19599."""
+its fault leaves (``expect``).  Each on free ports of its own (``free_base``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from chaos.results import verdict
 from chaos.scenarios import DEFAULT_SCENARIOS, Scenario, load_scenarios
 from common.config import FederationConfig
 from federation.processes import broker_reachable
+from tests.conftest import free_base
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +38,7 @@ def test_the_quick_subset_covers_at_least_ten_faults_and_shows_each() -> None:
 
 @pytest.mark.parametrize("scenario", QUICK, ids=[s.name for s in QUICK])
 def test_fault_loses_nothing_and_launches_nothing_twice(scenario: Scenario, tmp_path: Path) -> None:
-    base = FederationConfig(name="chaos-t", base_port=19500).validate()
+    base = FederationConfig(name="chaos-t", base_port=free_base()).validate()
     if not broker_reachable(base.broker_url):
         pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
     row = run_scenario(scenario, base, tmp_path, insecure=False, progress=False)

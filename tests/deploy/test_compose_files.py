@@ -30,6 +30,7 @@ from common.errors import ConfigError
 from deploy import render
 from security.access import Access
 from security.broker_acl import BrokerCredentials, BrokerLayout, definitions
+from security.party_keys import PartyKeys
 from security.tokens import TokenStore
 from tests.deploy.conftest import check_broker_login, start_access
 
@@ -230,14 +231,18 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         files = mounted_secrets(svc, compose, env)
         access = start_access(cfg, p.name, svc["environment"], files, tmp_path / p.name)
         assert access.secret.warning is None
+        # its own keys only, never the federation secret (issue 32 item 7)
+        assert isinstance(access.secret, PartyKeys)
+        assert access.secret.holder == access.me
+        assert "MEGHA_SECRET_FILE" not in svc["environment"]
         if p.role == "worker":
             assert access.credentials is None
-            assert sorted(files) == [svc["environment"]["MEGHA_SECRET_FILE"]]
+            assert sorted(files) == [svc["environment"]["MEGHA_KEYS_FILE"]]
             continue
         assert access.credentials is not None
         assert list(access.credentials.passwords) == [str(access.me)]  # its own login only
         check_broker_login(access, definitions, cfg)
-        if p.role == "gm":
+        if p.role in ("gm", "lm"):  # an LM checks launches' users against their GM
             assert access.users_file is not None
             users = {u.user for u in TokenStore(access.users_file).users()}
             assert users == {u.user for u in cfg.user_configs}

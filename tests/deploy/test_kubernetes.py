@@ -24,16 +24,18 @@ import pytest
 from common.config import (
     BROKER_ENV,
     CONFIG_ENV,
+    STATE_ENV,
     FederationConfig,
     ProcessSpec,
     parse_config,
     process_plan,
 )
 from deploy import render
-from deploy.render import AMQP_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID, SECRET_ENV
+from deploy.render import AMQP_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID
 from security.access import USERS_FILE_ENV, Access, load_tokens
 from security.broker_acl import CREDENTIALS_ENV
 from security.files import MOUNTED_ENV
+from security.party_keys import KEYS_FILE_ENV, PartyKeys
 from security.tokens import TokenStore
 from tests.deploy.conftest import (
     KUBERNETES,
@@ -137,6 +139,33 @@ def test_gms_are_stateless_deployments_and_each_lm_has_a_standby(docs: list[Mani
         pool = deployments[f"{lm}-workers"]
         assert pool["spec"]["replicas"] == 1
         assert pool["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_each_lm_and_pool_keeps_its_journal_on_a_claim_that_outlives_its_pods(
+    docs: list[Manifest],
+) -> None:
+    """Issue 30: the whole federation restarting loses no task an LM took, on Kubernetes
+    as with compose: each LM (active and standby share one claim, ReadWriteMany) and each
+    pool (its own, ReadWriteOnce) mounts a PersistentVolumeClaim at $MEGHA_STATE_DIR."""
+    cfg = federation(docs)
+    claims = by_kind(docs, "PersistentVolumeClaim")
+    deployments, statefulsets = by_kind(docs, "Deployment"), by_kind(docs, "StatefulSet")
+    for name, workload, mode in [
+        *((lm, statefulsets[lm], "ReadWriteMany") for lm in cfg.lm_ids),
+        *((f"{lm}-workers", deployments[f"{lm}-workers"], "ReadWriteOnce") for lm in cfg.lm_ids),
+    ]:
+        assert claims[f"{name}-state"]["spec"]["accessModes"] == [mode]
+        assert "volumeClaimTemplates" not in workload["spec"]  # one claim, not one per pod
+        (vol,) = [v for v in pod_spec(workload)["volumes"] if "persistentVolumeClaim" in v]
+        assert vol["persistentVolumeClaim"]["claimName"] == f"{name}-state"
+        (c,) = pod_spec(workload)["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+        assert env_of(c)[STATE_ENV]["value"] == mount["mountPath"]
+        assert not mount.get("readOnly")
+    for gm in cfg.gm_ids:  # stateless: what they held comes back from the broker
+        (c,) = pod_spec(deployments[gm])["containers"]
+        assert STATE_ENV not in env_of(c)
+    assert len(claims) == 2 * len(cfg.lm_ids)
 
 
 def test_rabbitmq_is_a_three_node_cluster_formed_by_kubernetes_peer_discovery(
@@ -245,18 +274,21 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         (c,) = pod_spec(workload)["containers"]
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         files = mounted_files(workload, secrets)
-        wanted = {SECRET_ENV} | ({CREDENTIALS_ENV} if p.role != "worker" else set())
-        wanted |= {USERS_FILE_ENV} if p.role == "gm" else set()
+        wanted = {KEYS_FILE_ENV} | ({CREDENTIALS_ENV} if p.role != "worker" else set())
+        wanted |= {USERS_FILE_ENV} if p.role in ("gm", "lm") else set()
         # exactly the files the process is told about, no other party's
         assert sorted(files) == sorted(env[k] for k in wanted), p.name
         access = start_access(cfg, p.name, env, files, tmp_path / p.name)
         assert access.secret.warning is None
+        # its own keys only, never the federation secret (issue 32 item 7)
+        assert isinstance(access.secret, PartyKeys)
+        assert access.secret.holder == access.me
         if p.role == "worker":
             assert access.credentials is None, p.name
             continue
         assert list(access.credentials.passwords) == [str(access.me)]  # type: ignore[union-attr]
         check_broker_login(access, definitions, cfg)
-        if p.role == "gm":
+        if p.role in ("gm", "lm"):
             assert access.users_file is not None
             users = {u.user for u in TokenStore(access.users_file).users()}
             assert users == {u.user for u in cfg.user_configs}

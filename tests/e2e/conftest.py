@@ -10,9 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -31,32 +29,8 @@ from federation.processes import broker_reachable, restart, start_federation, st
 from federation.provision import purge
 from request_generator.submitter import Submitter
 from security.access import Access
+from tests.conftest import free_base
 from workload.jobs import specs_of
-
-
-def _free_base(host: str = "127.0.0.1") -> int:
-    """A base port whose service ports (GMs +0, LMs +100, pools +200, standbys +300)
-    are free; below the kernel's ephemeral range (32768-60999), so no client socket of
-    this machine can hold one of them when the services bind."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000, 10)
-        ports = [
-            base + k for k in (*range(10), *range(100, 110), *range(200, 210), *range(300, 310))
-        ]
-        if all(_bindable(host, p) for p in ports):
-            return base
-    raise RuntimeError("no free ports")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
 
 Federation = tuple[FederationConfig, Path]
 
@@ -79,7 +53,7 @@ def make_federation(
         cfg = replace(
             base,
             name=f"e2e-{uuid.uuid4().hex[:8]}",
-            base_port=_free_base(),
+            base_port=free_base(),
             **overrides,  # type: ignore[arg-type]
         ).validate()
         home = tmp_path_factory.mktemp(cfg.name)

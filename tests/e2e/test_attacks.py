@@ -147,6 +147,13 @@ def _bind_private(exchange: str, key: str) -> Callable[[AbstractChannel], Any]:
     return act
 
 
+def _declare_queue() -> Callable[[AbstractChannel], Any]:
+    async def act(ch: AbstractChannel) -> None:
+        await ch.declare_queue(exclusive=True, auto_delete=True)
+
+    return act
+
+
 def _purge(queue: str) -> Callable[[AbstractChannel], Any]:
     async def act(ch: AbstractChannel) -> None:
         q = await ch.get_queue(queue, ensure=False)
@@ -192,6 +199,7 @@ def broker_attacks(f: str) -> list[tuple[str, Identity, Callable[[AbstractChanne
         ("bind to the GMs' events", u0, _bind_private(f"{f}.events", "gm.gm0.#")),
         ("bind to state updates", u0, _bind_private(f"{f}.state", "#")),
         ("bind to submissions", u0, _bind_private(f"{f}.submit", "u1")),
+        ("declare a queue (to fill the vhost's max-queues)", u0, _declare_queue()),
         ("purge another user's queue", u0, _purge(f"{f}.user.u1")),
         ("delete another user's queue", u0, _delete(f"{f}.user.u1")),
         ("delete a GM's queue", u0, _delete(f"{f}.gm.gm0.events")),
@@ -231,7 +239,7 @@ def test_the_broker_lets_a_user_do_its_own_work(fed: Federation) -> None:
     f = cfg.name
     own = [
         _publish(f"{f}.submit", "u0", b"\xc1"),  # its own queue (the GM dead-letters it)
-        _bind_private(f"{f}.events", "user.u0.#"),  # its own outcomes
+        _consume(f"{f}.user.u0.events"),  # its own outcomes
     ]
     assert [asyncio.run(refused_by_broker(url, act)) for act in own] == ["accepted"] * 2
 

@@ -55,7 +55,8 @@ def test_simulate_scales_and_limits_a_job_file(tmp_path: Path) -> None:
 
 def test_bench_scales_and_limits_a_job_file(tmp_path: Path) -> None:
     jobs_file = tmp_path / "jobs.json"
-    write_jobs(jobs_file, _jobs(), ["cpu"])
+    slots = [make_job(f"j{k}", "u0", 100.0 * k, [(0, [((1,), 2.0 + k)], [])]) for k in range(3)]
+    write_jobs(jobs_file, slots, ["slots"])  # a live federation's units (common.units)
     cfg = FederationConfig(gms=1, lms=1, nodes_per_lm=2, users="u0:1@gm0").validate()
     opts = BenchOptions(jobs_file=str(jobs_file), time_scale=0.5, duration_scale=10.0)
     jobs = build_workload(cfg, opts)
@@ -63,6 +64,34 @@ def test_bench_scales_and_limits_a_job_file(tmp_path: Path) -> None:
     assert [t.duration for j in jobs for t in j.tasks] == [20.0, 30.0, 40.0]
     limited = build_workload(cfg, BenchOptions(jobs_file=str(jobs_file), limit_jobs=1))
     assert len(limited) == 1
+
+
+def test_a_slots_file_means_whole_nodes_in_the_simulator_as_live(tmp_path: Path) -> None:
+    """Three one-slot tasks of 2 s on 2 workers: in ``slots`` (one per node, as a live
+    federation of the default profile counts) the third waits for a node; in the
+    simulator's own units (1/100 of a node) all three fit at once."""
+    job = [make_job("j", "u0", 0.0, [(0, [((1,), 2.0)] * 3, [])])]
+    jct = {}
+    for names in (["slots"], ["units"]):
+        jobs_file = tmp_path / f"{names[0]}.json"
+        write_jobs(jobs_file, job, names)
+        out = tmp_path / names[0]
+        args = ["simulate", "--jobs", str(jobs_file), "--workers", "2", "--gms", "1"]
+        args += ["--lms", "1", "--users", "u0:1@gm0", "--policies", "drf", "--quiet"]
+        args += ["--out", str(out), "--network-delay", "0", "--gm-decision-cost", "0"]
+        assert main([*args, "--lm-validation-cost", "0"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        jct[names[0]] = summary["schedulers"]["drf"]["job_jct_s"]["j"]
+    assert jct == pytest.approx({"slots": 4.0, "units": 2.0}, abs=1e-3)
+
+
+def test_a_file_in_simulator_units_is_refused_live(tmp_path: Path) -> None:
+    jobs_file = tmp_path / "jobs.json"
+    write_jobs(jobs_file, _jobs(), ["cpu"])
+    cfg = FederationConfig(gms=1, lms=1, nodes_per_lm=2, users="u0:1@gm0").validate()
+    with pytest.raises(ConfigError, match="simulator's units") as err:
+        build_workload(cfg, BenchOptions(jobs_file=str(jobs_file)))
+    assert err.value.reason == "units_not_live"
 
 
 def test_a_limit_below_one_is_refused() -> None:

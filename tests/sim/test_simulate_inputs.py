@@ -69,7 +69,8 @@ def test_a_dag_sweep_runs_every_point_with_progress(
     """``--workload dag`` with several --gms / --workers runs each point, as trace runs do."""
     args = ["simulate", "--workload", "dag", "--jobs-count", "4", "--rate", "1"]
     args += ["--workers", "20,40", "--gms", "1,2", "--lms", "2", "--policies", "drf,sjf"]
-    assert main([*args, "--out", str(tmp_path)]) == 0
+    # serially, so each point's progress bars show here (a cluster's workers have none)
+    assert main([*args, "--cluster", "serial", "--out", str(tmp_path)]) == 0
     for point in ("w20_g1_l2", "w20_g2_l2", "w40_g1_l2", "w40_g2_l2"):
         summary = json.loads((tmp_path / point / "summary.json").read_text())
         assert set(summary["schedulers"]) == {"drf", "sjf"}

@@ -50,6 +50,8 @@ def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
         if t.pattern is not None:
             return st.text(ID_CHARS, min_size=1, max_size=12)
         return st.text(max_size=20)
+    if isinstance(t, mi.BytesType):
+        return st.binary(max_size=40)
     if isinstance(t, mi.TupleType):
         return st.tuples(*(strategy(a) for a in t.item_types))
     if isinstance(t, mi.VarTupleType | mi.ListType):

@@ -42,11 +42,12 @@ def test_compose_services_match_the_process_plan(name: str) -> None:
         for key, value in p.env.items():
             if key != BROKER_ENV or p.role != "worker":  # a worker pool never uses it
                 assert env[key] == value, (p.name, key)
-        # Every process gets the secret; GMs and LMs their own broker login; GMs the
-        # users file (security.access.Access.from_env reads these).
-        assert env["MEGHA_SECRET_FILE"] == "/run/secrets/megha-secret"
+        # Every process gets its own keys, never the secret; GMs and LMs their own broker
+        # login and the users file (security.access.Access.from_env reads these).
+        assert env["MEGHA_KEYS_FILE"] == "/run/secrets/megha-keys"
+        assert "MEGHA_SECRET_FILE" not in env
         assert ("MEGHA_BROKER_CREDENTIALS" in env) == (p.role in ("gm", "lm")), p.name
-        assert ("MEGHA_USERS_FILE" in env) == (p.role == "gm"), p.name
+        assert ("MEGHA_USERS_FILE" in env) == (p.role in ("gm", "lm")), p.name
         assert "MEGHA_INSECURE_DEV" not in env
         if p.role != "worker":
             assert env["MEGHA_BROKER_CREDENTIALS"] == "/run/secrets/megha-broker"

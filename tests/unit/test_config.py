@@ -17,7 +17,10 @@ def test_defaults_need_no_file() -> None:
 
 
 def test_broker_url_from_the_environment() -> None:
-    cfg = parse_config({}, env={"MEGHA_BROKER_URL": "amqp://u:p@broker:5672/"})
+    cfg = parse_config({}, env={"MEGHA_BROKER_URL": "amqps://u:p@broker:5671/"})
+    assert cfg.broker_url == "amqps://u:p@broker:5671/"
+    # a broker on another host, in clear, only with tls off (issue 32 item 10)
+    cfg = parse_config({"tls": "off"}, env={"MEGHA_BROKER_URL": "amqp://u:p@broker:5672/"})
     assert cfg.broker_url == "amqp://u:p@broker:5672/"
 
 

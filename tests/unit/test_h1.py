@@ -237,7 +237,12 @@ def test_header_injection_and_other_schemes_are_refused() -> None:
             with pytest.raises(ValueError, match="client's own"):
                 await client.post("http://127.0.0.1:1/", b"ab", {own: "0"})
         with pytest.raises(ValueError, match="only http"):
-            await client.post("https://127.0.0.1:1/", b"", {})
+            await client.post("ftp://127.0.0.1:1/", b"", {})
+        # https only with a CA to trust (issue 32 item 10: TLS under the federation's CA)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv("MEGHA_TLS_CA", raising=False)
+            with pytest.raises(h1.BrokenHop, match="no CA"):
+                await client.post("https://127.0.0.1:1/", b"", {})
         await client.close()
 
     asyncio.run(main())

@@ -524,3 +524,65 @@ def test_a_restarted_pool_settles_a_silent_node_at_once() -> None:
     (ev,) = [e.msg for e in effects if isinstance(e, ToGm)]
     assert (ev.kind, ev.attempt) == (EventKind.RELAUNCHED, 2)
     assert lm.counters.nodes_given_up == 0
+
+
+def test_a_task_its_lm_gives_back_to_a_restarted_gm_is_queued_not_lost() -> None:
+    """The whole federation restarted: the LM, back from its journal, finds no room for
+    an attempt its pool lost and gives it back (``REQUEUED``) to a GM that has no record
+    of it, its job acknowledged before the restart (nothing will redeliver it).  The
+    event carries the task: the GM queues it again, keeps it on the broker, places it,
+    and a redelivery of the job, if one comes, runs it no second time."""
+    from common.effects import Persist
+    from common.messages import AdmitJob
+
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0])
+    gm = make_gm()
+    sync_views(gm, lm)
+    t = make_task(4, 4)
+    submit(gm, [t], 0.0)
+    (req,) = [e.msg for e in decide(gm, 1.0) if isinstance(e, ToLm)]
+    lm.handle(req, 1.0)
+    # the pool's attempt is gone and no node of the partition fits it: given back
+    held = lm.nodes.active[key(t)]
+    lm.nodes.release(key(t))
+    ev = lm.nodes.event(EventKind.REQUEUED, held, 2.0, "worker lost")
+    assert ev.spec == t
+    assert lm.nodes.event(EventKind.STARTED, held, 2.0).spec is None  # events stay small
+    fresh = make_gm()  # restarted: no record of the task or its job
+    sync_views(fresh, LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0]))
+    effects = fresh.handle(as_events(LM0, [ev]), 3.0)
+    (persist,) = [e for e in effects if isinstance(e, Persist)]
+    assert persist.job.tasks == (t,)
+    assert fresh.counters.orphans_queued == 1
+    assert state(fresh, t) is not None
+    (placed,) = [e.msg for e in decide(fresh, 4.0) if isinstance(e, ToLm)]
+    assert [p.spec for p in placed.placements] == [t]  # type: ignore[union-attr]
+    # its job, if it comes back after all, finds the task placed: not run twice
+    redelivered = replace(persist.job, job_id=t.job_id, resumes=None, attempt=0, token="t")
+    fresh.handle(AdmitJob(job=redelivered, redelivered=True), 5.0)
+    assert [e for e in decide(fresh, 6.0) if isinstance(e, ToLm)] == []
+
+
+def test_a_copy_of_a_task_s_end_is_told_once_and_leaves_its_job_open() -> None:
+    """The broker delivers a task's end again while its job still waits for another
+    task: it went to recovery as an orphan and ended the task a second time (its user
+    told twice, its job's count of tasks left taken down twice: the job retired early).
+    Found by the state-transition table of the ``reasons`` work (issue 33)."""
+    from common.model import TaskState
+    from tests.conftest import events, launches, make_lm, outcomes, replies
+
+    gm, lm = make_gm(), make_lm("lm0", [(4, 4)])
+    alive(lm, 0.0)
+    sync_views(gm, lm)
+    t0, t1 = (make_task(1, 1, task_id=f"t{i}", job="j") for i in range(2))
+    submit(gm, [t0, t1], 0.0)
+    (req,) = launches(decide(gm, 0.1))
+    (resp,) = replies(lm.handle(req, 0.2))
+    gm.handle(resp, 0.3)
+    evs = events(lm.handle(report(LM0, ReportKind.FINISHED, t0, 0, 1.0), 1.0))
+    ev = as_events(LM0, evs)
+    assert [o.task.task_id for o in outcomes(gm.handle(ev, 1.1))] == [t0.task_id]
+    assert outcomes(gm.handle(ev, 1.2)) == []  # the broker redelivers the same events
+    assert state(gm, t0) is TaskState.FINISHED
+    assert state(gm, t1) is not None  # its job still waits for it
+    assert gm.jobs[(t0.user, t0.job_id)].left == 1

@@ -3,7 +3,9 @@ every recorded wire sample is valid under it, and broken ones are not."""
 
 from __future__ import annotations
 
+import base64
 import json
+from typing import Any
 
 import jsonschema
 import msgpack
@@ -29,11 +31,23 @@ def validator() -> jsonschema.protocols.Validator:
     return cls(doc)
 
 
+def json_model(x: Any) -> Any:
+    """A decoded body in JSON's data model, which the schema describes: bytes (a task's
+    output) are base64 strings there, as ``msgspec.json`` writes them."""
+    if isinstance(x, bytes):
+        return base64.b64encode(x).decode()
+    if isinstance(x, dict):
+        return {k: json_model(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_model(v) for v in x]
+    return x
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_every_recorded_sample_is_valid(
     name: str, validator: jsonschema.protocols.Validator
 ) -> None:
-    validator.validate(msgpack.unpackb(bytes.fromhex(SAMPLES[name])))
+    validator.validate(json_model(msgpack.unpackb(bytes.fromhex(SAMPLES[name]))))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,248 @@
+"""A user's job, as a job file (``megha submit``), a Python object or an HTTP body.
+
+Job file format (JSON, UTF-8; ``format`` ``megha-job/1``)::
+
+    {"format": "megha-job/1", "name": "wordcount",
+     "stages": [
+       {"id": 0, "count": 4, "demand": [1], "duration": 60,
+        "command": ["/usr/bin/python3", "examples/wordcount/wc.py", "map", "{i}", "{n}"]},
+       {"id": 1, "parents": [0], "count": 1, "demand": [1], "duration": 60,
+        "command": ["/usr/bin/python3", "examples/wordcount/wc.py", "reduce", "0", "{n}"]}]}
+
+The single-stage short form puts one stage's keys at the top (no ``stages``)::
+
+    {"format": "megha-job/1", "count": 2, "demand": [1], "duration": 5}
+
+* ``demand``: non-negative integers, one per resource of the federation, in its units:
+  the same file means the same thing live and in ``megha simulate``
+  (``common.config`` profiles: ``slots`` has one resource of 1 per node, so ``[1]``
+  is a whole node; see ``simulator.units``).
+* ``duration``: seconds (synthetic tasks hold their resources that long; a task with a
+  ``command`` runs it, ``duration`` bounding it as its timeout).
+* ``command``: an argv (absolute executable) run through the operator's sandbox when
+  commands are enabled; ``{i}`` is the task's index in its stage, ``{n}`` the stage's
+  task count.  A stage may list ``tasks`` one by one instead of ``count``, each with its
+  own ``demand``, ``duration``, ``constraints`` and ``command``.
+* ``parents``: stage ids that must finish first.  Task ids are ``<job id>.s<stage>.t<i>``.
+
+``parse_job`` is strict: unknown keys, wrong types, empty demands, unknown parents and
+cycles raise ``ConfigError`` (``bad_job_file``) naming the stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.dag import CycleError, task_id, topological_order
+from common.errors import ConfigError
+from common.ids import JobId, UserId
+from common.messages import MAX_JOB_TASKS, MAX_STAGES, StageSpec, SubmitJob
+from common.model import MAX_COMMAND, N_CONSTRAINTS, TaskSpec
+
+FORMAT = "megha-job/1"
+_TOP = {"format", "name", "stages"}
+_STAGE = {"id", "parents", "tasks", "count", "demand", "duration", "command", "constraints"}
+_TASK = {"demand", "duration", "command", "constraints"}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDef:
+    """One task: what it asks for, how long, and what it runs (empty: synthetic)."""
+
+    demand: tuple[int, ...]
+    duration: float
+    command: tuple[str, ...] = ()
+    constraints: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StageDef:
+    """A stage: its tasks and the stages that must finish first."""
+
+    stage_id: int
+    tasks: tuple[TaskDef, ...]
+    parents: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobDef:
+    """A job before it is submitted: built in code (``JobDef.single``) or read from a
+    file (``load_job``); ``submission`` makes the message a GM admits."""
+
+    stages: tuple[StageDef, ...]
+    name: str = "job"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def single(
+        cls, count: int, demand: list[int] | tuple[int, ...], duration: float,
+        command: list[str] | tuple[str, ...] = (), name: str = "job",
+    ) -> JobDef:  # fmt: skip
+        """A one-stage job of ``count`` like tasks (``{i}`` in ``command``: the index)."""
+        return parse_job(
+            {"format": FORMAT, "name": name, "count": count, "demand": list(demand),
+             "duration": duration, "command": list(command)}
+        )  # fmt: skip
+
+    @property
+    def n_tasks(self) -> int:
+        return sum(len(s.tasks) for s in self.stages)
+
+    def submission(self, job_id: str, user: str, token: str, now: float) -> SubmitJob:
+        """The ``SubmitJob`` for ``user`` (stages in a topological order)."""
+        specs = [
+            TaskSpec(
+                task_id=task_id(job_id, s.stage_id, i),
+                job_id=JobId(job_id),
+                user=UserId(user),
+                demand=t.demand,
+                duration=t.duration,
+                constraints=t.constraints,
+                command=t.command,
+            )
+            for s in self.stages
+            for i, t in enumerate(s.tasks)
+        ]
+        layout = None
+        if len(self.stages) > 1 or self.stages[0].parents:
+            layout = tuple(
+                StageSpec(stage_id=s.stage_id, parents=s.parents, count=len(s.tasks))
+                for s in self.stages
+            )
+        return SubmitJob(job_id=JobId(job_id), user=UserId(user), token=token, submitted_at=now,
+                         tasks=tuple(specs), stages=layout)  # fmt: skip
+
+    def to_doc(self) -> dict[str, Any]:
+        """The job-file form (tasks one by one)."""
+        stages = [
+            {"id": s.stage_id, "parents": list(s.parents), "tasks": [
+                {"demand": list(t.demand), "duration": t.duration, "command": list(t.command),
+                 "constraints": t.constraints} for t in s.tasks]}
+            for s in self.stages
+        ]  # fmt: skip
+        return {"format": FORMAT, "name": self.name, "stages": stages}
+
+
+def _fail(where: str, what: str) -> ConfigError:
+    return ConfigError(f"{where}: {what}", reason="bad_job_file")
+
+
+def _keys(obj: Any, allowed: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise _fail(where, f"expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise _fail(where, f"unknown keys {sorted(unknown)}")
+    return obj
+
+
+def _int(x: Any, where: str, name: str, lo: int = 0, hi: int | None = None) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < lo or (hi is not None and x >= hi):
+        raise _fail(where, f"{name} must be an integer >= {lo}, got {x!r}")
+    return x
+
+
+def _task(obj: dict[str, Any], where: str, i: int, n: int) -> TaskDef:
+    demand = obj.get("demand")
+    if not isinstance(demand, list) or not demand:
+        raise _fail(where, f"demand must be a non-empty list of integers, got {demand!r}")
+    d = tuple(_int(v, where, "each demand") for v in demand)
+    if not any(d):
+        raise _fail(where, "demand must ask for some resource")
+    dur = obj.get("duration")
+    if isinstance(dur, bool) or not isinstance(dur, int | float) or not math.isfinite(dur):
+        raise _fail(where, f"duration must be a number of seconds, got {dur!r}")
+    if dur < 0:
+        raise _fail(where, f"duration must not be negative, got {dur!r}")
+    cmd = obj.get("command", [])
+    if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+        raise _fail(where, f"command must be a list of strings (an argv), got {cmd!r}")
+    if len(cmd) > MAX_COMMAND:
+        raise _fail(where, f"command has {len(cmd)} arguments, at most {MAX_COMMAND}")
+    argv = tuple(a.replace("{i}", str(i)).replace("{n}", str(n)) for a in cmd)
+    mask = _int(obj.get("constraints", 0), where, "constraints", 0, 1 << N_CONSTRAINTS)
+    return TaskDef(d, float(dur), argv, mask)
+
+
+def _stage(obj: Any, k: int) -> StageDef:
+    st = _keys(obj, _STAGE, f"stage #{k}")
+    sid = _int(st.get("id", k), f"stage #{k}", "id")
+    where = f"stage {sid}"
+    parents = st.get("parents", [])
+    if not isinstance(parents, list):
+        raise _fail(where, f"parents must be a list of stage ids, got {parents!r}")
+    pids = tuple(_int(p, where, "a parent") for p in parents)
+    if "tasks" in st:
+        if {"count", "demand", "duration", "command"} & set(st):
+            raise _fail(where, "give either tasks or count/demand/duration/command, not both")
+        items = st["tasks"]
+        if not isinstance(items, list) or not items:
+            raise _fail(where, "tasks must be a non-empty list")
+        tasks = [
+            _task(_keys(t, _TASK, f"{where} task {i}"), f"{where} task {i}", i, len(items))
+            for i, t in enumerate(items)
+        ]
+    else:
+        count = _int(st.get("count", 1), where, "count", 1)
+        if count > MAX_JOB_TASKS:
+            raise _fail(where, f"count {count} is more than a job may hold ({MAX_JOB_TASKS:,})")
+        tasks = [_task(st, where, i, count) for i in range(count)]
+    return StageDef(sid, tuple(tasks), pids)
+
+
+def parse_job(doc: Any) -> JobDef:
+    """A job from a decoded job file (or HTTP body); ``ConfigError`` says what is wrong."""
+    top = _keys(doc, _TOP | _STAGE, "job")
+    if top.get("format") != FORMAT:
+        raise _fail("job", f"format must be {FORMAT!r}, got {top.get('format')!r}")
+    name = top.get("name", "job")
+    if not isinstance(name, str) or not name:
+        raise _fail("job", f"name must be a non-empty string, got {name!r}")
+    if "stages" in top:
+        if set(top) & (_STAGE - {"id"}):
+            raise _fail("job", "give stages, or one stage's keys at the top, not both")
+        raw = top["stages"]
+        if not isinstance(raw, list) or not raw or len(raw) > MAX_STAGES:
+            raise _fail("job", f"stages must be a list of 1 to {MAX_STAGES:,} stages")
+    else:
+        raw = [{k: v for k, v in top.items() if k in _STAGE} | {"id": 0}]
+    stages = [_stage(s, k) for k, s in enumerate(raw)]
+    return JobDef(_ordered(stages), name)
+
+
+def _ordered(stages: list[StageDef]) -> tuple[StageDef, ...]:
+    by_id = {s.stage_id: s for s in stages}
+    if len(by_id) != len(stages):
+        raise _fail("job", "stage ids must be distinct")
+    if sum(len(s.tasks) for s in stages) > MAX_JOB_TASKS:
+        raise _fail("job", f"more than {MAX_JOB_TASKS:,} tasks")
+    for s in stages:
+        for p in s.parents:
+            if p not in by_id:
+                raise _fail(f"stage {s.stage_id}", f"unknown parent stage {p}")
+    try:
+        order = topological_order({s.stage_id: s.parents for s in stages})
+    except CycleError as exc:
+        raise _fail("job", str(exc)) from None
+    return tuple(by_id[i] for i in order)
+
+
+def load_job(path: str | Path) -> JobDef:
+    """Read a job file; ``ConfigError`` (``bad_job_file``) in one line if it is wrong."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8-sig"))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read job file {p}: {exc.strerror}", reason="bad_job_file"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{p}: not a JSON job file ({exc})", reason="bad_job_file") from None
+    try:
+        return parse_job(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}", reason="bad_job_file") from None

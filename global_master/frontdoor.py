@@ -1,0 +1,385 @@
+"""The GM's front door: its users submit, follow, cancel and read their jobs over HTTP.
+
+Every call names its user (``X-Megha-User``) and carries the user's token
+(``Authorization: Bearer mgu_...``), checked against the federation's token file as a
+submission through the broker is; service signatures are not asked for here
+(``security.signing.is_user_api``).  A GM answers for the users whose queues it
+serves; for another user it answers 421 ``wrong_gm`` naming the right GM and its URL.
+
+A submission is checked whole (``common.jobspec``, then the wire schema) and published
+to the user's durable queue, as ``megha bench`` publishes: the GM then admits it as any
+job, so an accepted job is placed or ends with an explicit failure, and never runs
+twice.  Everything a user reads comes from the core's job book
+(``global_master.lifecycle``).  A job of another user is answered as an unknown one
+(404): no one learns what others run.  ``OPENAPI`` documents every route;
+``tests/unit/test_frontdoor.py`` checks it against these handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from common import codec
+from common.errors import ConfigError, MeghaError, Unauthorized
+from common.ids import ID_CHARS, MAX_ID_LEN, JobId, TaskId, UserId
+from common.jobspec import parse_job
+from common.messages import CancelJob, SubmitJob
+from global_master.core import GlobalMaster
+from global_master.lifecycle import JobBook, JobRecord, JobStatus
+from security.tokens import TokenStore
+
+API = "/api/v1"
+MAX_JOB_BODY = 8 << 20
+"""A job body (JSON) of at most this many bytes."""
+PENDING_S = 600.0
+"""A job published and not admitted within this long (its GM refused it before its
+core saw it: ``user_backlog``, ``too_many_edges``, ``poison``; see the dead letters) is
+forgotten here; its dead letter says why."""
+
+Publish = Callable[[SubmitJob], Awaitable[None]]
+_ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
+"""A job id (room left for its tasks' ``.s<stage>.t<i>``)."""
+
+
+def _error(status: int, reason: str, detail: str) -> web.Response:
+    return web.json_response({"error": reason, "detail": detail}, status=status)
+
+
+class FrontDoor:
+    """The user-facing operations of one GM, over its core and its users' tokens."""
+
+    def __init__(
+        self, core: GlobalMaster, tokens: TokenStore, publish: Publish,
+        feed: Callable[[object], None], gm_url: Callable[[str], str],
+    ) -> None:  # fmt: skip
+        if core.book is None:
+            core.book = JobBook()
+        self.book: JobBook = core.book
+        self.core, self.tokens, self.publish, self.feed, self.gm_url = (
+            core, tokens, publish, feed, gm_url,
+        )  # fmt: skip
+        self.pending: dict[tuple[UserId, JobId], SubmitJob] = {}
+        """Jobs published to their user's queue and not yet admitted."""
+
+    # ------------------------------------------------------------ who asks
+    def caller(self, request: web.Request) -> tuple[UserId, str]:
+        """The user a request is from, its token checked; ``Unauthorized`` if not."""
+        self._forget_pending(time.time())
+        user = request.headers.get("X-Megha-User", "")
+        auth = request.headers.get("Authorization", "")
+        if not user or not auth.startswith("Bearer "):
+            raise Unauthorized(
+                "send X-Megha-User and Authorization: Bearer <token>", reason="missing_credentials"
+            )
+        token = auth[len("Bearer ") :].strip()
+        self.tokens.refresh(time.time())
+        rec = self.tokens.verify(user, token)
+        if rec.gm != self.core.gm_id:
+            raise WrongGm(rec.gm, self.gm_url(rec.gm))
+        return UserId(user), token
+
+    def _forget_pending(self, now: float) -> None:
+        while self.pending:
+            jk, sub = next(iter(self.pending.items()))
+            if sub.submitted_at + PENDING_S > now and self.book.get(*jk) is None:
+                return
+            del self.pending[jk]  # admitted (the book has it) or refused before the core
+
+    # ------------------------------------------------------------ handlers
+    async def submit(self, request: web.Request) -> web.Response:
+        user, token = self.caller(request)
+        if request.content_length is not None and request.content_length > MAX_JOB_BODY:
+            return _error(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
+        try:
+            doc = json.loads(await request.read())
+        except ValueError as exc:
+            raise ConfigError(f"job: not JSON ({exc})", reason="bad_job_file") from None
+        job = parse_job(doc)
+        jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
+        if not _ID.fullmatch(jid):
+            raise ConfigError(f"bad job id {jid!r}", reason="bad_job_id")
+        jk = (user, JobId(jid))
+        if jk in self.pending or self.book.get(*jk) is not None or jk in self.core.jobs:
+            return _error(409, "duplicate_job_id", f"job {jid!r} exists")
+        sub = job.submission(jid, user, token, time.time())
+        sub = codec.decode(codec.encode(sub), expect=SubmitJob)  # the wire's own checks
+        await self.publish(sub)
+        self.pending[jk] = sub
+        ids = [s.task_id for s in sub.tasks]
+        body = {"job_id": jid, "user": user, "gm": self.core.gm_id, "tasks": ids,
+                "state": "submitted"}  # fmt: skip
+        return web.json_response(body, status=202)
+
+    def _record(self, user: UserId, job_id: str) -> JobRecord | dict[str, Any]:
+        """The book's record of a job, or what is known of one published and not yet
+        admitted; ``UnknownJob`` if neither (also for another user's job)."""
+        rec = self.book.get(user, JobId(job_id))
+        if rec is not None:
+            self.pending.pop((user, JobId(job_id)), None)
+            return rec
+        sub = self.pending.get((user, JobId(job_id)))
+        if sub is None:
+            raise UnknownJob(job_id)
+        return _submitted(sub)
+
+    async def jobs(self, request: web.Request) -> web.Response:
+        user, _ = self.caller(request)
+        state = request.query.get("state")
+        if state is not None and state not in {*JobStatus, "submitted"}:
+            raise ConfigError(f"unknown state {state!r}", reason="bad_state")
+        ledger = self.core.ledger
+        out = [self.book.summary(r, ledger) for r in self.book.of_user(user)]
+        for (u, j), sub in list(self.pending.items()):
+            if u == user and self.book.get(u, j) is None:
+                out.append(_submitted(sub))
+        if state is not None:
+            out = [j for j in out if j["state"] == state]
+        return web.json_response({"jobs": out})
+
+    async def job(self, request: web.Request) -> web.Response:
+        user, _ = self.caller(request)
+        got = self._record(user, request.match_info["job_id"])
+        if isinstance(got, dict):
+            return web.json_response(got | {"timeline": [], "task_list": []})
+        return web.json_response(self.book.detail(got, self.core.ledger))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        user, _ = self.caller(request)
+        job_id = request.match_info["job_id"]
+        got = self._record(user, job_id)
+        if isinstance(got, dict):
+            return _error(409, "not_admitted_yet", f"job {job_id!r} is not admitted yet: retry")
+        self.feed(CancelJob(user=user, job_id=JobId(job_id)))
+        return web.json_response(self.book.summary(got, self.core.ledger), status=202)
+
+    async def task(self, request: web.Request) -> web.Response:
+        user, _ = self.caller(request)
+        tid = request.match_info["task_id"]
+        found = self.book.task(user, TaskId(tid))
+        if found is None:
+            raise UnknownTask(tid)
+        return web.json_response(self.book.task_detail(*found, self.core.ledger))
+
+    async def logs(self, request: web.Request) -> web.Response:
+        user, _ = self.caller(request)
+        tid = request.match_info["task_id"]
+        stream = request.query.get("stream", "stdout")
+        if stream not in ("stdout", "stderr"):
+            raise ConfigError(f"stream is stdout or stderr, not {stream!r}", reason="bad_stream")
+        found = self.book.task(user, TaskId(tid))
+        if found is None:
+            raise UnknownTask(tid)
+        data = found[1].stdout if stream == "stdout" else found[1].stderr
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(OPENAPI)
+
+
+def _submitted(sub: SubmitJob) -> dict[str, Any]:
+    """A job published to its user's queue, not yet admitted by its GM."""
+    n = len(sub.tasks)
+    return {"job_id": sub.job_id, "user": sub.user, "state": "submitted", "tasks": n,
+            "tasks_by_state": {"queued": n}, "submitted_at": sub.submitted_at,
+            "ended_at": None, "reason": ""}  # fmt: skip
+
+
+class WrongGm(MeghaError):
+    def __init__(self, gm: str, url: str) -> None:
+        super().__init__(f"this user's jobs are on {gm} ({url})", reason="wrong_gm")
+        self.gm, self.url = gm, url
+
+
+class UnknownJob(MeghaError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r} of yours here (now or lately)", reason="unknown_job")
+
+
+class UnknownTask(MeghaError):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"no task {task_id!r} of yours here (now or lately)", reason="unknown_task"
+        )
+
+
+def _status(exc: MeghaError) -> int:
+    if isinstance(exc, WrongGm):
+        return 421
+    if isinstance(exc, UnknownJob | UnknownTask):
+        return 404
+    if isinstance(exc, Unauthorized):
+        return 401
+    return 422 if exc.reason in ("bad_job_file", "bad_job_id") else 400
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every refusal of a user's call: a status, a reason, one line of detail."""
+    if not request.path.startswith(API):
+        return await handler(request)  # type: ignore[no-any-return]
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    except MeghaError as exc:
+        body: dict[str, Any] = {"error": exc.reason, "detail": str(exc)}
+        if isinstance(exc, WrongGm):
+            body |= {"gm": exc.gm, "url": exc.url}
+        return web.json_response(body, status=_status(exc))
+
+
+def add_routes(app: web.Application, door: FrontDoor) -> None:
+    """The front door's routes on a GM's app (``OPENAPI`` lists the same)."""
+    app.middlewares.append(_errors)
+    r = app.router
+    r.add_post(f"{API}/jobs", door.submit)
+    r.add_get(f"{API}/jobs", door.jobs)
+    r.add_get(f"{API}/jobs/{{job_id}}", door.job)
+    r.add_post(f"{API}/jobs/{{job_id}}/cancel", door.cancel)
+    r.add_get(f"{API}/tasks/{{task_id}}", door.task)
+    r.add_get(f"{API}/tasks/{{task_id}}/logs", door.logs)
+    r.add_get("/openapi.json", door.openapi)
+
+
+# ------------------------------------------------------------------ OpenAPI
+_ERR = {"$ref": "#/components/schemas/Error"}
+_JSON = "application/json"
+
+
+def _resp(desc: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": desc, "content": {_JSON: {"schema": schema or _ERR}}}
+
+
+_ERRORS = {
+    "401": _resp("no or bad credentials (missing_credentials, unknown_user, bad_token, "
+                 "revoked_token)"),
+    "421": _resp("the user's jobs are on another GM (wrong_gm: gm, url)"),
+}  # fmt: skip
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_NULL_NUM = {"type": ["number", "null"]}
+_SUMMARY = {
+    "type": "object",
+    "required": ["job_id", "user", "state", "tasks", "tasks_by_state", "submitted_at"],
+    "properties": {
+        "job_id": {"type": "string"}, "user": {"type": "string"},
+        "state": {"enum": ["submitted", *[str(s) for s in JobStatus]]},
+        "tasks": {"type": "integer"},
+        "tasks_by_state": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "submitted_at": {"type": "number"}, "ended_at": _NULL_NUM,
+        "reason": {"type": "string"},
+    },
+}  # fmt: skip
+_TASK = {
+    "type": "object",
+    "required": ["task_id", "job_id", "state", "attempts", "exit_code"],
+    "properties": {
+        "task_id": {"type": "string"}, "job_id": {"type": "string"},
+        "stage": {"type": "integer"},
+        "state": {"enum": ["queued", "running", "finished", "failed", "cancelled"]},
+        "attempts": {"type": "integer"}, "lm": {"type": ["string", "null"]},
+        "exit_code": {"type": ["integer", "null"]}, "reason": {"type": "string"},
+        "started_at": _NULL_NUM, "ended_at": _NULL_NUM,
+        "stdout_bytes": {"type": "integer"}, "stderr_bytes": {"type": "integer"},
+    },
+}  # fmt: skip
+_DETAIL = {
+    "allOf": [{"$ref": "#/components/schemas/JobSummary"}],
+    "type": "object",
+    "properties": {
+        "timeline": {"type": "array", "items": {
+            "type": "object", "properties": {"at": {"type": "number"},
+                                             "what": {"type": "string"}}}},
+        "task_list": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}},
+    },
+}  # fmt: skip
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "Megha front door", "version": "1",
+             "description": "Submit, follow, cancel and read your jobs on a Megha GM."},
+    "components": {
+        "securitySchemes": {
+            "token": {"type": "http", "scheme": "bearer"},
+            "user": {"type": "apiKey", "in": "header", "name": "X-Megha-User"},
+        },
+        "schemas": {
+            "Error": {"type": "object", "required": ["error", "detail"],
+                      "properties": {"error": {"type": "string"}, "detail": {"type": "string"},
+                                     "gm": {"type": "string"}, "url": {"type": "string"}}},
+            "JobFile": {"type": "object", "required": ["format"],
+                        "description": "a megha-job/1 job (common/jobspec.py)",
+                        "properties": {"format": {"const": "megha-job/1"}}},
+            "Submitted": {"type": "object", "required": ["job_id", "tasks", "state"],
+                          "properties": {"job_id": {"type": "string"},
+                                         "user": {"type": "string"}, "gm": {"type": "string"},
+                                         "tasks": {"type": "array",
+                                                   "items": {"type": "string"}},
+                                         "state": {"const": "submitted"}}},
+            "JobSummary": _SUMMARY,
+            "JobDetail": _DETAIL,
+            "Task": _TASK,
+            "Jobs": {"type": "object", "required": ["jobs"], "properties": {
+                "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobSummary"}}}},
+        },
+    },
+    "security": [{"token": [], "user": []}],
+    "paths": {
+        f"{API}/jobs": {
+            "post": {"operationId": "submit", "summary": "submit a job",
+                     "parameters": [{"name": "id", "in": "query", "required": False,
+                                     "schema": {"type": "string"}}],
+                     "requestBody": {"required": True, "content": {
+                         _JSON: {"schema": {"$ref": "#/components/schemas/JobFile"}}}},
+                     "responses": {"202": _resp("published to your queue",
+                                                {"$ref": "#/components/schemas/Submitted"}),
+                                   "409": _resp("duplicate_job_id"),
+                                   "422": _resp("bad_job_file, bad_job_id, or a wire bound"),
+                                   **_ERRORS}},
+            "get": {"operationId": "jobs", "summary": "your jobs (live, or ended lately)",
+                    "parameters": [{"name": "state", "in": "query", "required": False,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _resp("your jobs", {"$ref": "#/components/schemas/Jobs"}),
+                                  "400": _resp("bad_state"), **_ERRORS}},
+        },
+        f"{API}/jobs/{{job_id}}": {
+            "get": {"operationId": "job", "summary": "a job: state, tasks, timeline",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": _resp("the job",
+                                               {"$ref": "#/components/schemas/JobDetail"}),
+                                  "404": _resp("unknown_job"), **_ERRORS}},
+        },
+        f"{API}/jobs/{{job_id}}/cancel": {
+            "post": {"operationId": "cancel", "summary": "cancel a job (idempotent)",
+                     "parameters": [_JOB_ID],
+                     "responses": {"202": _resp("cancel taken",
+                                                {"$ref": "#/components/schemas/JobSummary"}),
+                                   "404": _resp("unknown_job"),
+                                   "409": _resp("not_admitted_yet: retry"), **_ERRORS}},
+        },
+        f"{API}/tasks/{{task_id}}": {
+            "get": {"operationId": "task", "summary": "a task: state, attempts, exit code",
+                    "parameters": [_TASK_ID],
+                    "responses": {"200": _resp("the task", {"$ref": "#/components/schemas/Task"}),
+                                  "404": _resp("unknown_task"), **_ERRORS}},
+        },
+        f"{API}/tasks/{{task_id}}/logs": {
+            "get": {"operationId": "logs", "summary": "the last 64 KiB of a task's output",
+                    "parameters": [_TASK_ID, {"name": "stream", "in": "query", "required": False,
+                                              "schema": {"enum": ["stdout", "stderr"]}}],
+                    "responses": {"200": {"description": "the output",
+                                          "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                  "400": _resp("bad_stream"),
+                                  "404": _resp("unknown_task"), **_ERRORS}},
+        },
+        "/openapi.json": {
+            "get": {"operationId": "openapi", "summary": "this document", "security": [],
+                    "responses": {"200": {"description": "OpenAPI 3.1",
+                                          "content": {_JSON: {"schema": {"type": "object"}}}}}},
+        },
+    },
+}  # fmt: skip

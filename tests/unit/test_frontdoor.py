@@ -1,0 +1,180 @@
+"""The GM's front door in process: its routes are exactly those /openapi.json lists, and
+each answer validates against the documented schema; a submission goes to the user's
+queue and through the real core (cancel, exit code, logs); bad input changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from common.errors import ConfigError
+from common.ids import GmId, LmId, NodeIndex
+from common.jobspec import JobDef, parse_job
+from common.messages import AdmitJob, Decide, EventKind, SubmitJob, TaskEvent, TaskEvents
+from global_master.frontdoor import OPENAPI, FrontDoor, add_routes
+from security.tokens import TokenStore
+from tests.conftest import make_gm, make_lm, sync_views
+
+Call = Callable[..., Awaitable[tuple[int, Any]]]
+
+
+def door(tmp_path: Path) -> tuple[FrontDoor, dict[str, str], list[SubmitJob]]:
+    gm = make_gm("gm0", ("lm0",), (("u0", "gm0", 0.5), ("u1", "gm1", 0.5)))
+    sync_views(gm, make_lm("lm0", [(1, 1), (1, 1)]))
+    store = TokenStore(tmp_path / "users.json")
+    tokens = {u: store.add(u, gm=g, share=0.5, now=0.0) for u, g in (("u0", "gm0"), ("u1", "gm1"))}
+    published: list[SubmitJob] = []
+
+    async def publish(job: SubmitJob) -> None:  # the broker, then the GM's consumer
+        published.append(job)
+        gm.handle(AdmitJob(job=job), 1.0)
+
+    def feed(msg: object) -> None:
+        gm.handle(msg, 2.0)
+
+    return FrontDoor(gm, store, publish, feed, lambda g: f"http://{g}"), tokens, published
+
+
+def run(tmp_path: Path, body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]]) -> None:
+    d, tokens, _ = door(tmp_path)
+
+    async def go() -> None:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestClient(TestServer(app)) as client:
+
+            async def call(method: str, path: str, user: str = "u0", **kw: Any) -> tuple[int, Any]:
+                h = {"X-Megha-User": user, "Authorization": f"Bearer {tokens.get(user, 'x')}"}
+                resp = await client.request(method, path, headers=h, **kw)
+                text = await resp.text()
+                ok = "json" in resp.headers.get("Content-Type", "")
+                return resp.status, json.loads(text) if ok else text
+
+            await body(call, d, tokens)
+
+    asyncio.run(go())
+
+
+def check(path: str, method: str, status: int, body: Any) -> None:
+    spec = OPENAPI["paths"][path][method]["responses"][str(status)]
+    schema = spec["content"]["application/json"]["schema"]
+    jsonschema.validate(body, {**schema, "components": OPENAPI["components"]})
+
+
+def test_the_routes_are_the_documented_ones() -> None:
+    app = web.Application()
+    d = FrontDoor.__new__(FrontDoor)  # handlers are only listed, never called here
+    add_routes(app, d)
+    served = {
+        (r.resource.canonical, r.method.lower())
+        for r in app.router.routes()
+        if r.resource is not None and r.method != "HEAD"
+    }
+    documented = {(p, m) for p, ops in OPENAPI["paths"].items() for m in ops}
+    assert served == documented
+
+
+def test_submit_follow_cancel_and_read_a_job(tmp_path: Path) -> None:
+    job = {"format": "megha-job/1", "name": "w", "count": 3, "demand": [1, 1], "duration": 5}
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        st, sub = await call("POST", "/api/v1/jobs?id=w-1", data=json.dumps(job))
+        check("/api/v1/jobs", "post", st, sub)
+        assert st == 202
+        assert sub["tasks"] == ["w-1.s0.t0", "w-1.s0.t1", "w-1.s0.t2"]
+        d.core.handle(Decide(max_tasks=1), 3.0)
+        st, got = await call("GET", "/api/v1/jobs/w-1")
+        check("/api/v1/jobs/{job_id}", "get", st, got)
+        assert got["state"] == "queued"
+        # the first task ends with an exit code and output (commands on, say)
+        ev = TaskEvent(kind=EventKind.STARTED, lm=LmId("lm0"), gm=GmId("gm0"), user="u0",
+                       task_id="w-1.s0.t0", attempt=1, node=NodeIndex(0), node_free=(0, 0),
+                       node_version=1, at=3.0)  # fmt: skip
+        d.core.handle(TaskEvents(lm=LmId("lm0"), events=(ev,)), 3.0)
+        st, got = await call("GET", "/api/v1/jobs/w-1")
+        assert got["state"] == "running"
+        end = ev.__class__(**{**{f: getattr(ev, f) for f in ev.__struct_fields__},
+                              "kind": EventKind.FAILED, "exit_code": 3, "stdout": b"hello\n",
+                              "stderr": b"oops\n", "at": 4.0})  # fmt: skip
+        d.core.handle(TaskEvents(lm=LmId("lm0"), events=(end,)), 4.0)
+        st, logs = await call("GET", "/api/v1/tasks/w-1.s0.t0/logs")
+        assert (st, logs) == (200, "hello\n")
+        st, logs = await call("GET", "/api/v1/tasks/w-1.s0.t0/logs?stream=stderr")
+        assert logs == "oops\n"
+        st, task = await call("GET", "/api/v1/tasks/w-1.s0.t0")
+        check("/api/v1/tasks/{task_id}", "get", st, task)
+        assert (task["state"], task["exit_code"], task["attempts"]) == ("failed", 3, 1)
+        st, c = await call("POST", "/api/v1/jobs/w-1/cancel")
+        check("/api/v1/jobs/{job_id}/cancel", "post", st, c)
+        st, got = await call("GET", "/api/v1/jobs/w-1")
+        assert got["state"] == "cancelled"
+        assert got["tasks_by_state"] == {"failed": 1, "cancelled": 2}
+        st, lst = await call("GET", "/api/v1/jobs?state=cancelled")
+        check("/api/v1/jobs", "get", st, lst)
+        assert [j["job_id"] for j in lst["jobs"]] == ["w-1"]
+
+    run(tmp_path, body)
+
+
+def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        ok = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
+        await call("POST", "/api/v1/jobs?id=a", data=json.dumps(ok))
+        cases = [
+            ("POST", "/api/v1/jobs", {"data": "{not json"}, "u0", 422, "bad_job_file"),
+            ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "demand": [0]})}, "u0", 422,
+             "bad_job_file"),
+            ("POST", "/api/v1/jobs?id=a", {"data": json.dumps(ok)}, "u0", 409,
+             "duplicate_job_id"),
+            ("POST", "/api/v1/jobs?id=bad%20id", {"data": json.dumps(ok)}, "u0", 422,
+             "bad_job_id"),
+            ("GET", "/api/v1/jobs/nope", {}, "u0", 404, "unknown_job"),
+            ("GET", "/api/v1/tasks/nope", {}, "u0", 404, "unknown_task"),
+            ("GET", "/api/v1/jobs/a", {}, "u1", 421, "wrong_gm"),  # u1 is gm1's
+            ("GET", "/api/v1/jobs/a", {}, "u9", 401, "unknown_user"),
+            ("GET", "/api/v1/tasks/a.s0.t0/logs?stream=stdin", {}, "u0", 400, "bad_stream"),
+        ]  # fmt: skip
+        for method, path, kw, user, status, reason in cases:
+            st, err = await call(method, path, user, **kw)
+            assert (st, err["error"]) == (status, reason), (path, err)
+            assert "\n" not in err["detail"]
+        d.tokens.revoke("u0", now=5.0)
+        st, err = await call("GET", "/api/v1/jobs")
+        assert (st, err["error"]) == (401, "revoked_token")
+        assert list(d.core.jobs) == [("u0", "a")]  # nothing else was admitted
+
+    run(tmp_path, body)
+
+
+def test_job_files_parse_strictly() -> None:
+    job = parse_job({"format": "megha-job/1", "name": "wc", "stages": [
+        {"id": 1, "parents": [0], "count": 1, "demand": [1], "duration": 1,
+         "command": ["/bin/r", "{i}", "{n}"]},
+        {"id": 0, "count": 2, "demand": [1], "duration": 1, "command": ["/bin/m", "{i}"]}]})  # fmt: skip
+    assert [s.stage_id for s in job.stages] == [0, 1]
+    assert [t.command for t in job.stages[0].tasks] == [("/bin/m", "0"), ("/bin/m", "1")]
+    sub = job.submission("wc-1", "u0", "tok", 0.0)
+    assert [t.task_id for t in sub.tasks] == ["wc-1.s0.t0", "wc-1.s0.t1", "wc-1.s1.t0"]
+    assert sub.stages is not None
+    assert JobDef.single(2, [1], 1.0).submission("j", "u0", "t", 0.0).stages is None
+    for bad in (
+        {"format": "megha-job/2", "count": 1, "demand": [1], "duration": 1},
+        {"format": "megha-job/1", "count": 1, "demand": [1], "duration": -1},
+        {"format": "megha-job/1", "count": 1, "demand": [1], "duration": 1, "evil": 1},
+        {"format": "megha-job/1", "count": 1, "demand": [1], "duration": 1, "command": "ls"},
+        {"format": "megha-job/1", "stages": [{"id": 0, "parents": [0], "count": 1,
+                                              "demand": [1], "duration": 1}]},
+        {"format": "megha-job/1", "stages": [{"id": 0, "parents": [7], "count": 1,
+                                              "demand": [1], "duration": 1}]},
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            parse_job(bad)
+        assert err.value.reason == "bad_job_file"
