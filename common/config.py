@@ -22,7 +22,7 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
-from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from common.overload import OVERLOAD_DEFAULTS, PRIORITY_AGING_S, OverloadPolicy
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_SECRET = "megha-dev-secret-change-me"
@@ -45,7 +45,7 @@ above the accounts and the container uid ranges (subuids) hosts usually give out
 _LAST_UID = 2**32 - 2
 _NOBODY = 65534
 
-QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack")
+QUEUE_POLICIES = ("fifo", "drf", "drf-wc", "tetris", "sjf", "carbyne", "carbyne-pack", "srpt")
 """How a GM may order its user queues (``global_master.policy`` implements each)."""
 
 
@@ -172,6 +172,10 @@ class FederationConfig:
     the next request."""
     reroute_at_lm: bool = OVERLOAD_DEFAULTS.reroute_at_lm
     """An LM places a task whose node has no room on another that fits, not refusing it."""
+    class_preempt_grace_s: float = OVERLOAD_DEFAULTS.class_preempt_grace_s
+    """A task of a priority class above 0 preempts lower classes after waiting this long."""
+    priority_aging_s: float = PRIORITY_AGING_S
+    """Seconds of waiting that raise a task's priority class by one (fifo, srpt)."""
 
     # ------------------------------------------------------------ derived
     @property
@@ -188,6 +192,7 @@ class FederationConfig:
             repartition_period_s=self.repartition_period_s,
             launch_window=self.launch_window,
             reroute_at_lm=self.reroute_at_lm,
+            class_preempt_grace_s=self.class_preempt_grace_s,
         )
 
     @cached_property
@@ -376,6 +381,11 @@ class FederationConfig:
             raise ConfigError(
                 f"queue_policy must be one of {', '.join(QUEUE_POLICIES)}, "
                 f"not {self.queue_policy!r}"
+            )
+        if not self.priority_aging_s > 0 or self.class_preempt_grace_s < 0:
+            raise ConfigError(
+                "priority_aging_s must be > 0 and class_preempt_grace_s >= 0",
+                reason="bad_config",
             )
         if not 0.0 <= self.p_altruism <= 1.0:
             raise ConfigError("p_altruism must be in [0, 1]")

@@ -30,6 +30,8 @@ Job file format (JSON, UTF-8)::
   optional ``constraints`` bit mask) or as ``count`` identical tasks with one
   ``demand`` and ``duration``; stage ids are unique integers within a job.
 * ``parents`` name stage ids of the same job; cycles are refused.
+* A job may name its ``"priority"`` class (an integer 0-1000, default 0): a higher class
+  is served first and preempts lower ones (``global_master.policy.classes``).
 * Task ids are ``"<job id>.s<stage id>.t<i>"``; job ids are unique within a file.
 * A job holds at most ``MAX_JOB_TASKS`` tasks in at most ``MAX_STAGES`` stages, as a
   live GM admits (``common.messages``); a file at most ``MAX_FILE_TASKS`` in all.
@@ -48,10 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
+
 from common.errors import ConfigError
 from common.ids import JobId, TaskId, UserId
 from common.messages import MAX_JOB_TASKS, MAX_STAGES
-from common.model import N_CONSTRAINTS, Resources, Task, TaskSpec
+from common.model import MAX_PRIORITY, N_CONSTRAINTS, Resources, Task, TaskSpec
 
 FORMAT = "megha-dag/1"
 MAX_FILE_TASKS = 5_000_000
@@ -480,7 +484,7 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
     seen: set[str] = set()
     total = 0
     for k, jobj in enumerate(top["jobs"]):
-        j = _keys(jobj, _JOB_KEYS, _JOB_KEYS, f"job #{k}")
+        j = _keys(jobj, _JOB_KEYS | {"priority"}, _JOB_KEYS, f"job #{k}")
         jid, user = j["id"], j["user"]
         if not isinstance(jid, str) or not jid:
             raise _fail(f"job #{k}", f"id must be a non-empty string, got {jid!r}")
@@ -509,9 +513,22 @@ def parse_jobs(doc: Any) -> tuple[tuple[str, ...], list[DagJob]]:
             stages.append(
                 Stage(sid, tasks, parents, gang_of(s, len(tasks), f"job {jid} stage {sid}"))
             )
-        jobs.append(DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages)))
+        job = DagJob(JobId(jid), UserId(user), arrival, _topological(jid, stages))
+        jobs.append(_with_priority(job, j.get("priority", 0)))
     jobs.sort(key=lambda job: job.arrival)
     return tuple(names), jobs
+
+
+def _with_priority(job: DagJob, priority: Any) -> DagJob:
+    """``job`` with every task in priority class ``priority`` (an integer 0-1000)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise _fail(f"job {job.job_id}", f"priority must be an integer, got {priority!r}")
+    if not 0 <= priority <= MAX_PRIORITY:
+        raise _fail(f"job {job.job_id}", f"priority must be 0-{MAX_PRIORITY}, got {priority}")
+    if priority:
+        for t in job.tasks:
+            t.spec = replace(t.spec, priority=priority)
+    return job
 
 
 class _DuplicateKey(ValueError):
@@ -577,7 +594,9 @@ def jobs_to_doc(jobs: Iterable[DagJob], names: Sequence[str]) -> dict[str, Any]:
                     entry["constraints"] = t.constraints
                 tasks.append(entry)
             stages.append({"id": s.stage_id, "parents": list(s.parents), "tasks": tasks})
-        out.append({"id": job.job_id, "user": job.user, "arrival": job.arrival, "stages": stages})
+        entry = {"id": job.job_id, "user": job.user, "arrival": job.arrival, "stages": stages}
+        priority = max((t.spec.priority for t in job.tasks), default=0)
+        out.append({**entry, "priority": priority} if priority else entry)
     return {"format": FORMAT, "resources": list(names), "jobs": out}
 
 

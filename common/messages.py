@@ -253,6 +253,10 @@ class PreemptRequest(Wire, frozen=True, kw_only=True):
     known_version: Version
     sent_at: Time = -1.0
     queued_at: Time = -1.0
+    lower_only: bool = False
+    """A higher class's preemption: stop tasks of any user in a class below ``spec``'s
+    (``victim`` is not read), whatever they have run; else tasks of ``victim`` in
+    ``spec``'s class or below (Alg. 2, shares within a class)."""
 
 
 @message("preempt_response")

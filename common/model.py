@@ -95,6 +95,10 @@ class TaskState(IntEnum):
     FAILED = 4  # explicit failure: infeasible, refused, lost for good
 
 
+MAX_PRIORITY = 1000
+"""The highest priority class a job may name."""
+
+
 class TaskSpec(Wire, frozen=True, kw_only=True):
     """What a task needs, as its user submitted it.  Immutable; decoded once at the GM
     and carried as the same object into every placement of the task."""
@@ -106,6 +110,9 @@ class TaskSpec(Wire, frozen=True, kw_only=True):
     duration: Seconds
     constraints: Mask = 0
     command: Annotated[tuple[Text, ...], n_items(0, MAX_COMMAND)] = ()
+    priority: Annotated[int, in_range(0, MAX_PRIORITY)] = 0
+    """The job's priority class: a higher class is served first and preempts lower ones
+    (``global_master.policy.classes``, ``global_master.classes``); 0 is the lowest."""
 
 
 TaskKey = tuple[UserId, TaskId]

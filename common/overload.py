@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OVERLOAD_DEFAULTS", "OverloadPolicy"]
+__all__ = ["OVERLOAD_DEFAULTS", "PRIORITY_AGING_S", "OverloadPolicy"]
+
+PRIORITY_AGING_S = 3600.0
+"""Seconds of waiting that raise a task's priority class by one (the default of
+``global_master.policy.classes``; ``priority_aging_s`` in ``megha.toml``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,10 @@ class OverloadPolicy:
     """A GM keeps at most this many launch requests per LM unanswered (0: no limit);
     placements on that LM decided meanwhile wait and travel together in the next
     request, sent as an answer comes back (Nagle's algorithm for launches)."""
+    class_preempt_grace_s: float = 0.0
+    """A task of a priority class above 0 that finds no room preempts lower classes
+    after waiting this long (``global_master.priority``); completions may free room
+    first."""
     reroute_at_lm: bool = False
     """An LM that finds no room on the node a placement asked for (the GM's view was
     stale: an inconsistency) places the task on the first node that fits, in that GM's

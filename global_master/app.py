@@ -127,7 +127,11 @@ later ones, and must still be taken."""
 def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
     mine = [u.user for u in cfg.user_configs if u.gm == gm]
     queues = make_policy(
-        cfg.queue_policy, cfg.user_configs, p_altruism=cfg.p_altruism, seed=cfg.seed
+        cfg.queue_policy,
+        cfg.user_configs,
+        p_altruism=cfg.p_altruism,
+        seed=cfg.seed,
+        aging_s=cfg.priority_aging_s,
     )(gm, mine)
     return GlobalMaster(
         gm,

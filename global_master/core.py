@@ -79,6 +79,7 @@ from global_master.ledger import InFlight, Ledger
 from global_master.lifecycle import JobBook
 from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
+from global_master.priority import ClassPreemption
 from global_master.queues import UserQueues
 from global_master.recovery import Recovery, left_behind, recovered_task, resume_job
 from global_master.revocation import USER_REVOKED, Revocations
@@ -139,6 +140,7 @@ class GlobalMaster(AdmissionSteps, Answers):
         """Tasks of cancelled jobs not yet ended (``_on_cancel``): none is placed again."""
         self.book = book
         self.fairness = Fairness(users, overload)
+        self.classes = ClassPreemption(overload.class_preempt_grace_s)
         self.revocations = Revocations()
         self.gang = Gangs(gm_id, gangs)
         self._gang_of = self.gang.member
@@ -384,6 +386,8 @@ class GlobalMaster(AdmissionSteps, Answers):
             self.placer.forget(key)
         if self._tried:
             self.fairness.forget(key)
+        if self.classes.tried:
+            self.classes.forget(key)
 
     # -------------------------------------------------------------- deciding
     def decide(self, now: float, max_tasks: int = 1) -> list[Effect]:
@@ -462,6 +466,8 @@ class GlobalMaster(AdmissionSteps, Answers):
             self._dispatch(task, view, node, view.home[node] != self.gm_id, batches, now)
             return
         self._note(task, WaitReason.NO_FREE_RESOURCES, now)
+        if task.spec.priority and self._preempt_lower(task, now, effects):
+            return
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
         preempts = self.queues.may_preempt_for(task) and self._may_preempt(task, now)
         if not (preempts and self._preempt(task, now, effects)):
@@ -552,18 +558,35 @@ class GlobalMaster(AdmissionSteps, Answers):
                 self.counters.preemptions_rate_limited += 1
             self._note(task, got.reason, now)
             return False
+        self._send_preempt(task, got.user, got.lm, now, effects)
+        return True
+
+    def _preempt_lower(self, task: Task, now: float, effects: list[Effect]) -> bool:
+        """A higher class's preemption of lower ones (``global_master.priority``); False:
+        no LM to ask now."""
+        placed = self.placed.values()
+        lm = self.classes.lm_for(task, now, self.lms, placed, self.fairness.preempt_room)
+        if lm is None:
+            return False
+        self._send_preempt(task, task.user, lm, now, effects, lower_only=True)
+        return True
+
+    def _send_preempt(
+        self, task: Task, victim: UserId, lm: LmId, now: float, effects: list[Effect],
+        lower_only: bool = False,
+    ) -> None:  # fmt: skip
         task.attempt += 1
-        lm = got.lm
-        req = self.outbox.preempt(task, got.user, lm, self.lm_views.version_of(lm))
+        version = self.lm_views.version_of(lm)
+        req = self.outbox.preempt(task, victim, lm, version, lower_only)
         self.counters.preemption_attempts += 1
         self.fairness.preempt_sent(lm, now)
         self.ledger.dispatch(InFlight(task, lm, -1, False, req.request_id))
         self.queues.on_dispatched(task, now)
         if self.journal is not None:
+            whom = f"class below {task.spec.priority}" if lower_only else f"victim {victim}"
             self.journal.note(task.key, now, "preempt_request", lm=lm,
-                              detail=f"attempt {req.attempt}, victim {req.victim}")  # fmt: skip
+                              detail=f"attempt {req.attempt}, {whom}")  # fmt: skip
         effects.append(ToLm(lm, req))
-        return True
 
     # ------------------------------------------------------- state from LMs
     def _apply(self, delta: StateDelta) -> list[Effect]:

@@ -66,6 +66,7 @@ def _why(
         lines.append(gang)
     elif state == "queued":
         lines.append(f"in {task.user}'s queue ({queued_of(core, task.user)} tasks queued there)")
+        lines += core.queues.ahead_of(task)
         if task.user in core.queues and core.queues.parked(task.user):
             lines.append(
                 "its user's queue is parked: tasks in a row could not be placed since the "
@@ -117,6 +118,7 @@ def task_answer(
         state = _state(core, key, task)
         trail = journal.trail(key) if journal is not None else Trail()
         out = _answer(core, task, state, trail)
+        out["priority"] = task.spec.priority
         out["reason"] = ""
         out["why"] = _why(core, key, task, state, queued_of)
         return out

@@ -134,14 +134,17 @@ class Outbox:
         return sent
 
     # ------------------------------------------------------------ preemptions
-    def preempt(self, task: Task, victim: UserId, lm: LmId, known_version: int) -> PreemptRequest:
+    def preempt(
+        self, task: Task, victim: UserId, lm: LmId, known_version: int, lower_only: bool = False
+    ) -> PreemptRequest:
         """The preemption request for ``task`` (its attempt counted already) that leaves
-        for ``lm`` now: make room by preempting tasks of ``victim``."""
+        for ``lm`` now: make room by preempting tasks of ``victim`` (``lower_only``: of
+        any user in a lower priority class)."""
         rid = self.request_id()
         self._preempts[rid] = task.key
         return PreemptRequest(gm=self.gm, lm=lm, request_id=rid, spec=task.spec,
                               attempt=task.attempt, victim=victim, known_version=known_version,
-                              queued_at=task.submitted_at)  # fmt: skip
+                              queued_at=task.submitted_at, lower_only=lower_only)  # fmt: skip
 
     def preempt_answered(self, request_id: int) -> TaskKey | None:
         """The preemption request ``request_id`` is answered (or will never be): the

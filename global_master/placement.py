@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from common.ids import GmId, LmId, UserId
 from common.model import Resources, Task, TaskKey
-from global_master.queues import NodeChooser, WaitingTasks
+from global_master.queues import NodeChooser, WaitClass, WaitingTasks
 from global_master.view import LmView
 
 
@@ -115,6 +115,7 @@ def woken(
     has several).  Every view's freed nodes are cleared."""
     out: list[Task] = []
     users_first: list[UserId] | None = None
+    classes: list[WaitClass] | None = None  # in the policy's order, asked once
     for view in views:
         freed = view.freed
         if not freed:
@@ -128,7 +129,11 @@ def woken(
                     continue
                 node_mask = masks[i]
                 copied = False
-                for cls in list(waiting.by_class):
+                if classes is None:
+                    classes = waiting.class_order()
+                for cls in classes:
+                    if cls not in waiting.by_class:
+                        continue
                     mask, demand = cls
                     if mask & ~node_mask:
                         continue

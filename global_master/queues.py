@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from common.dag import DagJob, DagProgress
 from common.ids import JobId, TaskId, UserId
@@ -27,6 +27,20 @@ if TYPE_CHECKING:
 
 NodeChooser = Callable[["LmView", Any, Resources], int]
 """(view, eligible bit-vector, demand) -> node index or -1; None means first fit."""
+
+
+class TaskQueue(Protocol):
+    """What the user queues and the waiting index keep tasks in: a ``deque`` (arrival
+    order), or a policy's own order (``global_master.policy.srpt.JobHeap``)."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Task]: ...
+    def __contains__(self, task: object) -> bool: ...
+    def append(self, task: Task) -> None: ...
+    def appendleft(self, task: Task) -> None: ...
+    def popleft(self) -> Task: ...
+    def remove(self, task: Task) -> None: ...
+
 
 QueueKind = Literal["fifo", "job_aware"]
 """What a policy does with a task that found no room: ``fifo`` hands it to the GM's
@@ -43,7 +57,7 @@ class UserQueues:
     """A policy's node choice (Carbyne: packing score); None: the GM's first fit."""
 
     def __init__(self, users: Iterable[UserId], *, patience: int = 8) -> None:
-        self.queues: dict[UserId, deque[Task]] = {u: deque() for u in users}
+        self.queues: dict[UserId, TaskQueue] = {u: self.new_queue() for u in users}
         self._order: list[UserId] = list(self.queues)
         self._next = 0
         self.patience = patience
@@ -67,6 +81,10 @@ class UserQueues:
     def __contains__(self, user: object) -> bool:
         return user in self.queues
 
+    def new_queue(self) -> TaskQueue:
+        """A user's queue: FIFO (a policy may keep its own order)."""
+        return deque()
+
     def push_back(self, task: Task) -> None:
         self.queues[task.user].append(task)
         self._size += 1
@@ -79,6 +97,12 @@ class UserQueues:
     def new_epoch(self) -> None:
         """The view changed: parked queues may be able to place again."""
         self._failures.clear()
+
+    def ahead_of(self, task: Task) -> list[str]:
+        """Why ``task`` waits behind tasks of other priority classes, in words, for
+        ``megha why`` (``global_master.policy.classes``; plain queues: nothing)."""
+        del task
+        return []
 
     def parked(self, user: UserId) -> bool:
         return self._failures.get(user, 0) >= min(self.patience, len(self.queues[user]))
@@ -190,7 +214,7 @@ class WaitingTasks:
     """
 
     def __init__(self) -> None:
-        self.by_class: dict[WaitClass, dict[UserId, deque[Task]]] = {}
+        self.by_class: dict[WaitClass, dict[UserId, TaskQueue]] = {}
         self._size = 0
         self._per_user: dict[UserId, int] = {}
         self.all_positive = True
@@ -205,6 +229,15 @@ class WaitingTasks:
             for q in users.values():
                 yield from q
 
+    def new_queue(self) -> TaskQueue:
+        """A class's queue of one user: oldest first (a policy may keep its own order)."""
+        return deque()
+
+    def class_order(self) -> list[WaitClass]:
+        """The classes in the order freed room is offered to them: the order they came
+        (a policy may rank them by the task each would serve next)."""
+        return list(self.by_class)
+
     def count(self, user: UserId) -> int:
         return self._per_user.get(user, 0)
 
@@ -217,7 +250,7 @@ class WaitingTasks:
                 self.all_positive = False
         q = users.get(task.user)
         if q is None:
-            q = users[task.user] = deque()
+            q = users[task.user] = self.new_queue()
         q.append(task)
         self._size += 1
         self._per_user[task.user] = self._per_user.get(task.user, 0) + 1

@@ -357,10 +357,11 @@ class LocalMaster(GangRequests):
             dup = self._preempt_response(req, now, True, held.reason, None, (), held.attempt)
             return [dup, *effects]
         nodes = self.nodes
-        paying = self.victims_younger_than_wait and req.queued_at >= 0
+        # a higher class's preemption pays no matter what the victims have run
+        paying = self.victims_younger_than_wait and req.queued_at >= 0 and not req.lower_only
         choice = choose(
             spec, req.victim, self.reservations.victims(nodes.active), nodes.free, nodes.alive,
-            nodes.constraints, now, now - req.queued_at if paying else None,
+            nodes.constraints, now, now - req.queued_at if paying else None, req.lower_only,
         )  # fmt: skip
         if choice is None:
             self.counters.preemptions_refused += 1

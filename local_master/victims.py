@@ -5,8 +5,9 @@ Invariants of a ``Choice``:
 
 * It is verified on the true state: on its node (alive, meeting the task's
   constraints), the free resources plus the victims' demands cover the task's demand.
-* No more victims than the room needs: on a node they are taken altruistic ones
-  first, then by least work run, and taking stops as soon as the task fits.
+* No more victims than the room needs: on a node they are taken lowest priority class
+  first, then altruistic ones, then by least work run, and taking stops as soon as the
+  task fits.  No victim is of a higher class than the task.
 * Among nodes: the least work thrown away, then the fewest victims, then the node whose
   first candidate comes first.
 * No victims at all means the room is free already (the task needs no preemption).
@@ -66,13 +67,21 @@ def choose(
     constraints: Sequence[int],
     now: float,
     younger_than: float | None = None,
+    lower_only: bool = False,
 ) -> Choice[C] | None:
     """Where stopping attempts of ``victim`` makes room for ``spec`` at least cost; None
     if nowhere.  With ``younger_than``, only attempts that ran for at most that long are
-    candidates (preempting one throws away no more work than the wait it ends)."""
+    candidates (preempting one throws away no more work than the wait it ends).  An
+    attempt of a higher priority class than ``spec``'s is never a candidate; with
+    ``lower_only`` (a higher class's preemption) the candidates are every user's
+    attempts of a lower class, and the lowest class goes first."""
     by_node: dict[int, list[C]] = {}
+    cls = spec.priority
     for a in candidates:
-        if a.spec.user != victim:
+        if lower_only:
+            if a.spec.priority >= cls:
+                continue
+        elif a.spec.user != victim or a.spec.priority > cls:
             continue
         if younger_than is not None and a.started_at >= 0 and now - a.started_at > younger_than:
             continue
@@ -82,7 +91,7 @@ def choose(
     for node, victims in by_node.items():
         if not alive[node] or not satisfies(constraints[node], spec.constraints):
             continue
-        victims.sort(key=lambda a: (not a.altruistic, work(a, now)))
+        victims.sort(key=lambda a: (a.spec.priority, not a.altruistic, work(a, now)))
         room = list(free[node])
         chosen: list[C] = []
         lost = 0.0

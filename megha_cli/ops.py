@@ -68,6 +68,8 @@ def why_sections(answer: dict[str, Any]) -> list[Section]:
     head = [
         f"attempt {answer.get('attempt', 0)}" + (f" on {answer['lm']}" if answer.get("lm") else "")
     ]
+    if answer.get("priority"):
+        head.append(f"priority class {answer['priority']}")
     if t0 > 0:
         head.append(f"submitted {_clock(t0)}")
     for key, what in (("started_at", "started"), ("finished_at", "ended")):

@@ -18,6 +18,7 @@ from typing import Any
 from common.cluster import PROFILES
 from common.errors import ConfigError
 from common.metrics import PERCENTILE_KEYS
+from global_master.policy import AGING_S
 from megha_cli.arguments import positive_float, positive_int
 from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
@@ -180,9 +181,11 @@ def _dag_args(p: argparse.ArgumentParser) -> None:
     dag = p.add_argument_group("DAG jobs (Carbyne)")
     dag.add_argument(
         "--policies",
-        default="drf,tetris,sjf,carbyne",
-        help="DAG workloads: queue policies to compare "
-        "(fifo, drf, drf-wc, tetris, sjf, carbyne, carbyne-pack)",
+        default=None,
+        help="queue policies to compare (fifo, srpt, drf, drf-wc, tetris, sjf, carbyne, "
+        "carbyne-pack); traces and synthetic jobs: Megha once per policy beside the "
+        "baselines (default fifo; results megha, megha-<policy>); DAG workloads: "
+        f"default {dag_run.DAG_POLICIES}",
     )
     dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
     dag.add_argument(
@@ -191,6 +194,25 @@ def _dag_args(p: argparse.ArgumentParser) -> None:
         default="online",
         help="DAG workloads: online = each job at its arrival time; "
         "offline = every job at time 0 (the Carbyne paper's offline case)",
+    )
+
+
+def _order_args(p: argparse.ArgumentParser) -> None:
+    """Priority classes of the jobs replayed, and their aging (issue 34)."""
+    order = p.add_argument_group("priority classes")
+    order.add_argument(
+        "--priorities",
+        default="",
+        help="traces and synthetic jobs: CLASS:FRACTION,... e.g. '2:0.1,1:0.2' makes each "
+        "job class 2 with probability 0.1, class 1 with 0.2, else class 0 (seeded); a "
+        "higher class is served first and preempts lower ones (fifo and srpt policies)",
+    )
+    order.add_argument(
+        "--priority-aging",
+        type=_positive_float,
+        default=None,
+        help=f"s of waiting that raise a task's class by one (default {AGING_S:.0f}; the "
+        "aging bound that keeps low classes from starving)",
     )
 
 
@@ -212,6 +234,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _federation_args(p)
     _model_args(p)
     _dag_args(p)
+    _order_args(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--cluster",

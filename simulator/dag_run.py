@@ -41,6 +41,8 @@ JAIN_WINDOW_S = 60.0
 Runner = Callable[[str, MeghaSimulation], SimResult]
 """Runs one policy's simulation: ``runner(policy, sim)``."""
 ARRIVALS = ("offline", "online")
+DAG_POLICIES = "drf,tetris,sjf,carbyne"
+"""The queue policies a DAG workload is compared under unless ``--policies`` says."""
 DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
 """Node capacity by number of resource types (1: units of 1/100 node; 2: the paper's) for
 synthetic DAGs and job files whose resources are no profile's (``common.units``)."""
@@ -294,7 +296,7 @@ def run_point(
     jobs = with_arrivals(jobs, arrivals)
     clusters = _clusters_for(args, width, gm_ids, workers, n_lms, rng, names)
     cfg = config_from_args(args, sample_usage_every_s=1.0)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = [p.strip() for p in (args.policies or DAG_POLICIES).split(",") if p.strip()]
     summary = run_policies(
         jobs, clusters, gm_ids, users, policies, cfg, args.seed,
         p_altruism=args.p_altruism, out=out, runner=runner,

@@ -3,7 +3,9 @@ simulate``; DAG workloads under queue policies are ``simulator.dag_run``).
 
 Every scheduler sees the same jobs (rebuilt from the same seed) on the same machines;
 Megha and the centralized configuration (the same machines under one GM and one LM)
-run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).
+run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).  Megha runs
+once per queue policy of ``--policies`` (``megha`` is FIFO, ``megha-<policy>`` the
+others, e.g. ``megha-srpt``); the centralized scheduler is FIFO.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import GmId, LmId
+from common.metrics import percentiles
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
+from global_master.policy import AGING_S, POLICIES, make_policy
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
 from reporting.tally import jct_stats, summarize_tasks
@@ -31,6 +35,7 @@ from simulator.sparrow import SparrowConfig, SparrowSimulation
 from workload.alibaba import AlibabaReplay
 from workload.google import GoogleReplay, read_google
 from workload.jobs import Job
+from workload.priorities import parse_classes, with_priorities
 from workload.synthetic import (
     WorkloadSpec,
     dags_from_trace,
@@ -78,7 +83,16 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
                 "--workload trace needs --trace FILE (one file of the ../shared/traces format)",
                 reason="missing_trace",
             )
-        return jobs_from_trace(read_trace(files[0], limit_jobs=args.limit_jobs), spec, users, rng)
+        jobs = jobs_from_trace(read_trace(files[0], limit_jobs=args.limit_jobs), spec, users, rng)
+    else:
+        jobs = _synthetic(args, spec, users, rng)
+    classes = getattr(args, "priorities", "")
+    return with_priorities(jobs, parse_classes(classes), args.seed) if classes else jobs
+
+
+def _synthetic(
+    args: argparse.Namespace, spec: WorkloadSpec, users: Sequence[UserConfig], rng: random.Random
+) -> list[Job]:
     return synthetic_jobs(
         args.jobs_count,
         rate=args.rate,
@@ -140,7 +154,20 @@ def scheduler_summary(result: SimResult) -> dict[str, Any]:
     s["stuck_tasks"] = result.stuck
     s["jobs_completed"] = len(result.job_completion)
     s["jobs_failed"] = len(result.failed_jobs)
+    classes = sorted({t.spec.priority for t in result.tasks})
+    if classes != [0]:
+        s["classes"] = {str(c): class_summary(result, c) for c in classes}
     return s
+
+
+def class_summary(result: SimResult, cls: int) -> dict[str, Any]:
+    """One priority class's tasks: allocation time to the final start, and to the first."""
+    mine = [t for t in result.tasks if t.spec.priority == cls and t.started_at >= 0]
+    return {
+        "tasks": sum(1 for t in result.tasks if t.spec.priority == cls),
+        "allocation_time_s": percentiles([t.allocation_time for t in mine]),
+        "first_start_s": percentiles([t.first_allocation_time for t in mine]),
+    }
 
 
 def allocation_series(results: dict[str, SimResult]) -> dict[str, list[float]]:
@@ -185,6 +212,32 @@ def _baselines(text: str) -> list[str]:
     return names
 
 
+def trace_policies(text: str | None) -> list[str]:
+    """The queue policies Megha runs a trace under (``--policies``; default FIFO)."""
+    names = [p.strip() for p in (text or "fifo").split(",") if p.strip()] or ["fifo"]
+    for p in names:
+        if p not in POLICIES:
+            raise ConfigError(
+                f"unknown queue policy {p!r} (known: {', '.join(POLICIES)})",
+                reason="unknown_policy",
+            )
+    return list(dict.fromkeys(names))
+
+
+def megha_label(policy: str) -> str:
+    """A Megha run's name in the results: ``megha`` (FIFO), ``megha-<policy>``."""
+    return "megha" if policy == "fifo" else f"megha-{policy}"
+
+
+def _aging(args: argparse.Namespace) -> float:
+    aging: float | None = getattr(args, "priority_aging", None)
+    return AGING_S if aging is None else aging
+
+
+def _outstanding(sim: MeghaSimulation) -> Callable[[], int]:
+    return lambda: sim.outstanding
+
+
 def _jobs_of(
     args: argparse.Namespace, users: Sequence[UserConfig]
 ) -> tuple[list[Job] | Feed, int, Callable[[MeghaSimulation | SparrowSimulation], int]]:
@@ -206,6 +259,13 @@ def _feed(sim: MeghaSimulation | SparrowSimulation, jobs: list[Job] | Feed) -> N
         sim.stream_jobs(jobs)  # type: ignore[arg-type]
     else:
         sim.add_jobs(jobs)
+
+
+def _counting(
+    sim: MeghaSimulation, outstanding: Callable[[MeghaSimulation | SparrowSimulation], int]
+) -> Callable[[], int]:
+    """``outstanding`` of this run's ``sim`` (bound now, not at the loop's end)."""
+    return lambda: outstanding(sim)
 
 
 def run_schedulers(
@@ -230,11 +290,16 @@ def run_schedulers(
             reason="bad_baseline",
         )
     results: dict[str, SimResult] = {}
-    jobs, total, outstanding = _jobs_of(args, users)
-    first = jobs
-    sim = MeghaSimulation(clusters, gm_ids, users, cfg)
-    _feed(sim, jobs)
-    results["megha"] = runner("megha", total, lambda: outstanding(sim), sim.run)
+    first: list[Job] | Feed | None = None
+    for policy in trace_policies(getattr(args, "policies", None)):
+        jobs, total, outstanding = _jobs_of(args, users)
+        first = jobs if first is None else first
+        factory = make_policy(policy, users, seed=args.seed, aging_s=_aging(args))
+        sim = MeghaSimulation(clusters, gm_ids, users, cfg, queues_factory=factory)
+        _feed(sim, jobs)
+        label = megha_label(policy)
+        results[label] = runner(label, total, _counting(sim, outstanding), sim.run)
+    assert first is not None
     if "sparrow" in baselines:
         jobs, total, outstanding = _jobs_of(args, users)
         sp = SparrowSimulation(
@@ -246,7 +311,10 @@ def run_schedulers(
         gm0 = GmId("gm0")
         c_users = [UserConfig(u.user, gm0, u.share) for u in users]
         jobs, total, outstanding = _jobs_of(args, c_users)
-        csim = MeghaSimulation(centralized_cluster(clusters, gm0), [gm0], c_users, cfg)
+        factory = make_policy("fifo", c_users, seed=args.seed, aging_s=_aging(args))
+        csim = MeghaSimulation(
+            centralized_cluster(clusters, gm0), [gm0], c_users, cfg, queues_factory=factory
+        )
         _feed(csim, jobs)
         results["centralized"] = runner("centralized", total, lambda: outstanding(csim), csim.run)
     if isinstance(first, Feed):

@@ -7,6 +7,8 @@ One module per idea; the GM calls the policy, the policy never calls the GM:
 * ``drf``      -- weighted DRF by progressive filling (``DrfQueues``);
 * ``packing``  -- Tetris's alignment score, packing, node choice (``TetrisQueues``);
 * ``sjf``      -- shortest job first by critical path (``SjfQueues``);
+* ``srpt``     -- least remaining work first within each user, flat jobs too (``SrptQueues``);
+* ``classes``  -- priority classes with aging over ``fifo`` and ``srpt`` (``ClassedQueues``);
 * ``altruism`` -- Carbyne intra-job: forward packing for ``T_k``, reverse packing;
 * ``leftover`` -- Carbyne's leftover scheduling: SRTF or packing first;
 * ``carbyne``  -- Pseudocode 1: the three steps together (``CarbyneQueues``).
@@ -24,19 +26,24 @@ from common.errors import ConfigError
 from common.ids import GmId, UserId
 from common.model import UserConfig
 from global_master.policy.carbyne import CarbyneQueues
+from global_master.policy.classes import AGING_S, ClassedFifo, ClassedQueues, ClassedSrpt
 from global_master.policy.drf import DrfQueues
 from global_master.policy.jobs import JobQueues
 from global_master.policy.packing import TetrisQueues
 from global_master.policy.sjf import SjfQueues
+from global_master.policy.srpt import SrptQueues
 from global_master.queues import UserQueues
 
 __all__ = [
+    "AGING_S",
     "POLICIES",
     "CarbyneQueues",
+    "ClassedQueues",
     "DrfQueues",
     "JobQueues",
     "QueuesFactory",
     "SjfQueues",
+    "SrptQueues",
     "TetrisQueues",
     "make_policy",
 ]
@@ -53,8 +60,11 @@ def make_policy(
     p_altruism: float | dict[GmId, float] = 1.0,
     seed: int = 0,
     patience: int = 8,
+    aging_s: float = AGING_S,
 ) -> QueuesFactory:
-    """A ``queues_factory`` for the simulator and the live GM, by policy name."""
+    """A ``queues_factory`` for the simulator and the live GM, by policy name.  ``fifo``
+    and ``srpt`` serve jobs' priority classes, aged by ``aging_s``
+    (``global_master.policy.classes``); the DAG policies ignore classes."""
     if name not in POLICIES:
         raise ConfigError(
             f"unknown queue policy {name!r} (known: {', '.join(POLICIES)})",
@@ -65,7 +75,9 @@ def make_policy(
     def factory(gm: GmId, mine: list[UserId]) -> UserQueues:
         mine_shares = {u: shares.get(u, 1.0) for u in mine}
         if name == "fifo":
-            return UserQueues(mine, patience=patience)
+            return ClassedFifo(mine, aging_s=aging_s, patience=patience)
+        if name == "srpt":
+            return ClassedSrpt(mine, aging_s=aging_s, patience=patience)
         if name in ("drf", "drf-wc"):
             return DrfQueues(mine, shares=mine_shares, work_conserving=name == "drf-wc")
         if name == "tetris":

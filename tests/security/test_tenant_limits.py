@@ -25,7 +25,7 @@ from security.broker_acl import (
     provision,
     teardown,
 )
-from security.identity import OPERATOR, Identity, lm, user
+from security.identity import OPERATOR, Identity, gm, lm, user
 from tests.security.test_broker_acl import needs_broker
 
 ADMIN_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -92,12 +92,13 @@ def test_outcomes_no_one_reads_are_bounded_oldest_dropped(fed: Fed) -> None:
     lay, creds = fed
 
     async def run() -> None:
-        async with connected(creds, lm("lm0")) as lm0, connected(creds, OPERATOR) as op:
-            ch = await lm0.channel(publisher_confirms=True)
+        # a user's outcomes come from its GM (an LM may publish none: issue 32 item 7)
+        async with connected(creds, gm("gm0")) as gm0, connected(creds, OPERATOR) as op:
+            ch = await gm0.channel(publisher_confirms=True)
             ex = await ch.get_exchange(lay.events_exchange, ensure=False)
             for i in range(8):
                 body = f"outcome-{i}".encode()
-                await ex.publish(aio_pika.Message(body), user_event_key("alice", "lm0"))
+                await ex.publish(aio_pika.Message(body), user_event_key("alice", "gm0"))
             och = await op.channel()
             q = await och.declare_queue(lay.user_events_queue("alice"), passive=True)
             assert q.declaration_result.message_count == 5

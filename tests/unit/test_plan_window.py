@@ -20,7 +20,7 @@ from global_master.policy import POLICIES, make_policy
 from global_master.policy.jobs import PLAN_WINDOW, JobQueues
 
 U = UserId("u")
-JOB_AWARE = [p for p in POLICIES if p != "fifo"]
+JOB_AWARE = [p for p in POLICIES if p not in ("fifo", "srpt")]  # srpt: the GM keeps its waits
 
 
 def queues(policy: str, slots: int) -> JobQueues:

@@ -108,6 +108,9 @@ def test_each_policy_declares_who_keeps_its_blocked_tasks(name: str) -> None:
     the GM's waiting index (``fifo``)."""
     users = [UserConfig(UserId("u0"), GmId("gm0"), 1.0)]
     q = make_policy(name, users)(GmId("gm0"), [UserId("u0")])
-    keeps_them = type(q).push_back is not UserQueues.push_back
-    assert q.kind == ("job_aware" if keeps_them else "fifo")
-    assert (q.kind == "fifo") == (name == "fifo")
+    t = queued(user="u0")
+    q.push_back(t)
+    in_user_queue = any(x is t for x in q.queues[UserId("u0")])
+    assert q.kind == ("fifo" if in_user_queue else "job_aware")
+    # srpt orders the user queues and the waiting index, and keeps no task itself
+    assert (q.kind == "fifo") == (name in ("fifo", "srpt"))

@@ -1,0 +1,175 @@
+"""Priority classes: the higher class first, in the queues and the waiting index, up to
+the aging bound; a higher class preempts lower ones (any user's, lowest first), never
+the other way round; ``megha why`` names the classes ahead."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from msgspec.structs import replace
+
+from common.dag import jobs_to_doc, parse_jobs
+from common.errors import ConfigError
+from common.ids import GmId, LmId, UserId
+from common.model import Task, TaskSpec, TaskState, UserConfig
+from global_master.core import GlobalMaster
+from global_master.inspect import task_answer
+from global_master.policy import make_policy
+from global_master.policy.classes import Aging, ClassedFifo, ClassedQueue
+from local_master.victims import choose
+from tests.conftest import (
+    decide,
+    key,
+    make_lm,
+    make_task,
+    preempts,
+    state,
+    submit,
+    sync_views,
+)
+from tests.unit.test_gm_core import deliver
+
+A, B = UserId("a"), UserId("b")
+GM0, LM0 = GmId("gm0"), LmId("lm0")
+
+
+def spec(cls: int, user: str = "a", cpu: int = 1, job: str = "j0") -> TaskSpec:
+    return replace(make_task(cpu, cpu, user=user, job=job), priority=cls)
+
+
+def task(cls: int, at: float = 0.0, user: str = "a") -> Task:
+    return Task(spec=spec(cls, user), submitted_at=at)
+
+
+def test_the_higher_class_goes_first_and_fifo_within_a_class() -> None:
+    q = ClassedQueue(deque, Aging(aging_s=100.0))
+    low1, high1, low2, high2 = task(0), task(2), task(0), task(2)
+    for t in (low1, high1, low2, high2):
+        q.append(t)
+    assert list(q) == [high1, high2, low1, low2]
+    assert [q.popleft() for _ in range(4)] == [high1, high2, low1, low2]
+
+
+def test_a_lower_class_goes_ahead_only_after_waiting_its_gap_times_the_aging() -> None:
+    aging = Aging(aging_s=100.0)
+    q = ClassedQueue(deque, aging)
+    old_low = task(0, at=0.0)
+    q.append(old_low)
+    fresh_high = task(2, at=150.0)  # (2 - 0) * 100 s: the low one needs 200 s of waiting
+    q.append(fresh_high)
+    aging.saw(199.0)
+    assert q.best() == (2.49, 2)
+    aging.saw(251.0)  # low: 0 + 2.51; high: 2 + 1.01
+    assert q.popleft() is fresh_high
+    q.append(fresh_high)
+    aging.saw(400.0)  # low: 4.0; high: 4.5
+    assert q.popleft() is fresh_high
+    fresher = task(2, at=400.0)
+    q.append(fresher)  # low 4.0 > high 2.0: the low one has waited long enough
+    assert q.popleft() is old_low
+
+
+def test_users_with_the_higher_class_are_served_first_then_round_robin() -> None:
+    q = ClassedFifo([A, B], aging_s=float("inf"))
+    a0, a1, b1, b1b = task(0, user="a"), task(1, user="a"), task(1, user="b"), task(1, user="b")
+    for t in (a0, b1, a1, b1b):
+        q.push_back(t)
+    assert [q.pop() for _ in range(5)] == [a1, b1, b1b, a0, None]
+
+
+def test_freed_room_goes_to_the_highest_waiting_class_of_any_user() -> None:
+    q = ClassedFifo([A, B], aging_s=float("inf"))
+    a0, b2, a1 = task(0, user="a"), task(2, user="b"), task(1, user="a")
+    for t in (a0, b2, a1):
+        q.waiting.add(t)
+    cls = (0, a0.demand)
+    assert q.waiting.take(cls, 2, [A, B]) == [b2, a1]
+    assert q.waiting.take(cls, 2, [A, B]) == [a0]
+
+
+def running(s: TaskSpec, started: float = 0.0) -> object:
+    class Run:
+        spec, node, altruistic, started_at = s, 0, False, started
+
+    return Run()
+
+
+def test_an_lm_never_preempts_a_higher_class_and_takes_the_lowest_first() -> None:
+    hi_a, lo_b, mid_b = spec(2, "a"), spec(0, "b"), spec(1, "b")
+    runs = [running(hi_a, 0.0), running(mid_b, 9.0), running(lo_b, 0.0)]
+    free, alive, masks = [(0, 0)], [True], [(1 << 21) - 1]
+    # Alg. 2 for a class-1 task of user c: victims of b in its class or below
+    for_mid = spec(1, "c")
+    got = choose(for_mid, B, runs, free, alive, masks, 10.0)  # type: ignore[arg-type]
+    assert got is not None
+    assert [v.spec for v in got.victims] == [lo_b]  # class 0 first, though it ran longer
+    # Alg. 2 for a class-0 task: never b's class-1 task; a's class 2 never at all
+    got = choose(spec(0, "c", cpu=2), B, runs, free, alive, masks, 10.0)  # type: ignore[arg-type]
+    assert got is None
+    assert choose(spec(1, "c"), A, runs, free, alive, masks, 10.0) is None  # type: ignore[arg-type]
+    # a higher class's preemption: any user's lower class, the lowest first
+    got = choose(spec(2, "c", cpu=2), A, runs, free, alive, masks, 10.0, lower_only=True)  # type: ignore[arg-type]
+    assert got is not None
+    assert [v.spec for v in got.victims] == [lo_b, mid_b]
+    assert choose(spec(1, "c", cpu=2), A, runs, free, alive, masks, 10.0, lower_only=True) is None  # type: ignore[arg-type]
+
+
+def classed_gm() -> GlobalMaster:
+    users = [UserConfig(A, GM0, 0.5), UserConfig(B, GM0, 0.5)]
+    queues = make_policy("fifo", users)(GM0, [A, B])
+    return GlobalMaster(GM0, [LM0], users, queues=queues)
+
+
+def test_a_higher_class_at_its_share_preempts_a_lower_class_of_another_user() -> None:
+    lm = make_lm(nodes=[(4, 4)])
+    gm = classed_gm()
+    sync_views(gm, lm)
+    low, mine = spec(0, "a", cpu=2), spec(1, "b", cpu=2, job="jb")
+    submit(gm, [low, mine], 0.0)
+    assert deliver(lm, gm, decide(gm, 1.0, max_tasks=2), 1.0) == []
+    assert state(gm, low) is TaskState.PLACED
+    # b holds its share: Alg. 2 would not preempt for it; its class does
+    more = spec(1, "b", cpu=2, job="jb2")
+    submit(gm, [more], 2.0)
+    effects = decide(gm, 3.0)
+    (req,) = preempts(effects)
+    assert req.lower_only
+    deliver(lm, gm, effects, 3.0)
+    assert state(gm, more) is TaskState.PLACED
+    assert gm.counters.preemptions_granted == 1
+
+
+def test_a_lowest_class_task_never_asks_for_a_class_preemption() -> None:
+    lm = make_lm(nodes=[(2, 2)])
+    gm = classed_gm()
+    sync_views(gm, lm)
+    first, second = spec(0, "a", cpu=2), spec(0, "a", cpu=2, job="j1")
+    submit(gm, [first], 0.0)
+    deliver(lm, gm, decide(gm, 1.0), 1.0)
+    submit(gm, [second], 2.0)
+    assert not [r for r in preempts(decide(gm, 3.0)) if r.lower_only]
+
+
+def test_why_names_the_classes_ahead_of_a_queued_task() -> None:
+    gm = classed_gm()
+    sync_views(gm, make_lm(nodes=[(4, 4)]))
+    low, high = spec(0, "a"), spec(3, "b")
+    submit(gm, [low, high], 0.0)  # no decision yet: both stay queued
+    answer = task_answer(gm, key(low))
+    assert answer is not None
+    assert answer["priority"] == 0
+    assert any(line.startswith("class 3 goes first: 1 of its tasks") for line in answer["why"])
+    assert not any("goes first" in line for line in task_answer(gm, key(high))["why"])  # type: ignore[index]
+
+
+def test_a_job_file_names_a_job_s_class_and_refuses_a_bad_one() -> None:
+    stage = {"id": 0, "parents": [], "count": 2, "demand": [1], "duration": 1.0}
+    job = {"id": "j", "user": "u", "arrival": 0.0, "priority": 3, "stages": [stage]}
+    doc = {"format": "megha-dag/1", "resources": ["cpu"], "jobs": [job]}
+    names, jobs = parse_jobs(doc)
+    assert [t.spec.priority for t in jobs[0].tasks] == [3, 3]
+    assert jobs_to_doc(jobs, names)["jobs"][0]["priority"] == 3
+    for bad in (True, -1, 1001, 1.5):
+        with pytest.raises(ConfigError, match="priority"):
+            parse_jobs({**doc, "jobs": [{**job, "priority": bad}]})
