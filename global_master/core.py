@@ -43,14 +43,12 @@ from common.messages import (
     AdmitJob,
     AdmitMore,
     CancelJob,
-    CancelTasks,
     Decide,
     EventKind,
     GangRetry,
     HeldTask,
     KeepEnds,
     LaunchResponse,
-    PlacedRef,
     Placement,
     PreemptResponse,
     RequestFailed,
@@ -72,7 +70,9 @@ from common.reasons import TaskFailure
 from global_master.admission import AdmissionLimits, Admissions
 from global_master.core_admission import AdmissionSteps
 from global_master.core_answers import Answers
-from global_master.fairness import Fairness, Grace, NoVictim
+from global_master.core_preempt import Preemptions
+from global_master.core_users import UserRequests
+from global_master.fairness import Fairness
 from global_master.gang import Gangs, GangSettings
 from global_master.journal import Journal
 from global_master.ledger import InFlight, Ledger
@@ -82,19 +82,16 @@ from global_master.placement import Placer, woken
 from global_master.priority import ClassPreemption
 from global_master.queues import UserQueues
 from global_master.recovery import Recovery, left_behind, recovered_task, resume_job
-from global_master.revocation import USER_REVOKED, Revocations
+from global_master.revocation import Revocations
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
-_ENDED = (TaskState.FINISHED, TaskState.FAILED)
-CANCELLED = "cancelled"
-"""The reason a task of a cancelled job ended with (``TaskOutcome.reason``)."""
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
 
-class GlobalMaster(AdmissionSteps, Answers):
+class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     """One GM: user queues in, launch / repartition / preemption requests out."""
 
     def __init__(
@@ -252,56 +249,6 @@ class GlobalMaster(AdmissionSteps, Answers):
         if self._index and self.waiting:
             return min(keep, self.fairness.next_check())
         return keep
-
-    # ------------------------------------------------------------------ cancel
-    def _on_cancel(self, msg: CancelJob, now: float) -> list[Effect]:
-        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, its
-        placed ones are stopped through their LMs (as a preemption stops them) and end
-        when the stop is confirmed; one in flight is stopped once its LM accepts it.
-        None is placed after this.  Idempotent; a job unknown here changes nothing."""
-        jk = (msg.user, msg.job_id)
-        rec = self.jobs.get(jk)
-        keys = rec.tasks if rec is not None else self._admitting_keys(jk)
-        effects: list[Effect] = []
-        stops: dict[LmId, list[Task]] = {}
-        for key in keys:  # also those a large job has not queued yet
-            if key in self.cancelled or self.ledger.state_of(key) in _ENDED:
-                continue
-            self.cancelled.add(key)
-            task = self.live.get(key)
-            if task is None or key in self.inflight:
-                continue  # queued later (then dropped), or stopped once accepted
-            if key in self.placed:
-                if task.lm is not None:
-                    stops.setdefault(task.lm, []).append(task)
-            elif not self.queues.held_back(task):  # held back: ends with its parents
-                self.queues.remove(task)
-                self._cancel_ends(task, effects)
-        effects += [self._stop(lm, tasks) for lm, tasks in stops.items()]
-        if keys:
-            self.counters.jobs_cancelled += 1
-        return effects
-
-    def _admitting_keys(self, jk: tuple[UserId, JobId]) -> list[TaskKey]:
-        """The tasks of job ``jk`` if it is still being admitted (none queued yet, or
-        held behind its user's job being admitted): dropped as they come."""
-        adm = self.admitting.get(jk)
-        jobs = [adm.job] if adm is not None else []
-        jobs += [m.job for m, _ in self.held_admissions.get(jk[0], ()) if m.job.job_id == jk[1]]
-        return [(s.user, s.task_id) for job in jobs[:1] for s in job.tasks]
-
-    def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm:
-        """Ask ``lm`` to stop the current attempts of cancelled ``tasks``."""
-        assert lm is not None
-        refs = tuple(PlacedRef(user=t.user, task_id=t.task_id, attempt=t.attempt) for t in tasks)
-        return ToLm(lm, CancelTasks(gm=self.gm_id, lm=lm, tasks=refs))
-
-    def _cancel_ends(self, task: Task, effects: list[Effect]) -> None:
-        """A cancelled task runs no more: it ends ``cancelled``, with the tasks of later
-        DAG stages that were waiting for it."""
-        self._ended(task, effects, finished=False, reason=CANCELLED)
-        for lost in self.queues.abandon(task, 0.0):
-            self._ended(lost, effects, finished=False, reason=CANCELLED)
 
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
@@ -537,57 +484,6 @@ class GlobalMaster(AdmissionSteps, Answers):
                 for t in reversed(waiting.take_user(user, budget)):
                     queues.push_front(t)
 
-    # -------------------------------------------------------------- fairness
-    def _may_preempt(self, task: Task, now: float) -> bool:
-        """Fairness lets ``task``'s user preempt now (else why not is noted)."""
-        why = self.fairness.may_preempt(task, now, self.views.values(), self.inflight)
-        if why is None:
-            return True
-        if why is Grace.RUNNING:
-            self.counters.preemptions_deferred += 1
-        else:
-            self._note(task, why, now)
-        return False
-
-    def _preempt(self, task: Task, now: float, effects: list[Effect]) -> bool:
-        """Alg. 2: a preemption request on behalf of ``task`` (its user below its share)
-        to the LM fairness chose; False: no victim (why is noted)."""
-        got = self.fairness.choose_victim(task, now, self.views, self.inflight, self._index)
-        if isinstance(got, NoVictim):
-            if got.rate_limited:
-                self.counters.preemptions_rate_limited += 1
-            self._note(task, got.reason, now)
-            return False
-        self._send_preempt(task, got.user, got.lm, now, effects)
-        return True
-
-    def _preempt_lower(self, task: Task, now: float, effects: list[Effect]) -> bool:
-        """A higher class's preemption of lower ones (``global_master.priority``); False:
-        no LM to ask now."""
-        placed = self.placed.values()
-        lm = self.classes.lm_for(task, now, self.lms, placed, self.fairness.preempt_room)
-        if lm is None:
-            return False
-        self._send_preempt(task, task.user, lm, now, effects, lower_only=True)
-        return True
-
-    def _send_preempt(
-        self, task: Task, victim: UserId, lm: LmId, now: float, effects: list[Effect],
-        lower_only: bool = False,
-    ) -> None:  # fmt: skip
-        task.attempt += 1
-        version = self.lm_views.version_of(lm)
-        req = self.outbox.preempt(task, victim, lm, version, lower_only)
-        self.counters.preemption_attempts += 1
-        self.fairness.preempt_sent(lm, now)
-        self.ledger.dispatch(InFlight(task, lm, -1, False, req.request_id))
-        self.queues.on_dispatched(task, now)
-        if self.journal is not None:
-            whom = f"class below {task.spec.priority}" if lower_only else f"victim {victim}"
-            self.journal.note(task.key, now, "preempt_request", lm=lm,
-                              detail=f"attempt {req.attempt}, {whom}")  # fmt: skip
-        effects.append(ToLm(lm, req))
-
     # ------------------------------------------------------- state from LMs
     def _apply(self, delta: StateDelta) -> list[Effect]:
         """An LM's state, in an update or an answer, into its view; a view that changed
@@ -686,27 +582,6 @@ class GlobalMaster(AdmissionSteps, Answers):
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
-
-    # ------------------------------------------------------------ revocation
-    def _on_user_access(self, msg: UserAccess, now: float) -> list[Effect]:
-        """A user's token was revoked (``global_master.revocation``) or issued again."""
-        if msg.user not in self.queues:
-            return []
-        if not msg.revoked:
-            self.revocations.restore(msg.user)
-            return []
-        taken = self.revocations.revoke(msg.user, self.queues)
-        if taken is None:
-            return []
-        effects: list[Effect] = []
-        for task in taken:
-            self._revoked(task, effects)
-        effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
-        return effects
-
-    def _revoked(self, task: Task, effects: list[Effect]) -> None:
-        self.counters.revoked_ended += 1
-        self._fail(task, USER_REVOKED, effects)
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:
