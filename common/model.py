@@ -32,6 +32,7 @@ from typing import Annotated
 import msgspec
 
 from common.ids import GmId, JobId, LmId, TaskId, UserId
+from common.reasons import WaitReason as WaitReason  # (its home; re-exported)
 from common.schema import Text, UInt, Wire, finite, in_range, n_items
 
 N_CONSTRAINTS = 21
@@ -92,18 +93,6 @@ class TaskState(IntEnum):
     PLACED = 2  # accepted by an LM (starting or running)
     FINISHED = 3
     FAILED = 4  # explicit failure: infeasible, refused, lost for good
-
-
-class WaitReason(IntEnum):
-    """Why a decision did not place a task (reported per task and counted per GM)."""
-
-    NO_CONSTRAINT_MATCH = 0  # no node anywhere satisfies the task's constraints
-    NO_FREE_RESOURCES = 1  # nodes match, none has the resources free (in the GM's view)
-    USER_AT_SHARE = 2  # contention and the user is at/above its share: re-queued
-    REFUSED_BY_LM = 3  # inconsistency: the LM's true state refused the request
-    PREEMPTION_FAILED = 4  # no victim could be verified by any LM
-    GANG_INCOMPLETE = 5  # a gang stage's task: not enough of its gang fits (or holds) yet
-    RESERVED_FOR_GANG = 6  # the room it fits is held for a gang due before it would end
 
 
 MAX_PRIORITY = 1000

@@ -646,16 +646,10 @@ def _pod_security() -> Manifest:
     }
 
 
-def _pod(p: ProcessSpec) -> Manifest:
-    """The pod of process ``p``: probes, limits, a read-only root, no token, not root."""
+def _probes() -> Manifest:
+    """A process's startup, readiness and liveness probes."""
     http = {"port": "http"}
-    container: Manifest = {
-        "name": COMPONENT[p.role],
-        "image": "megha",
-        "imagePullPolicy": "IfNotPresent",
-        "command": p.argv,
-        "env": _env(p),
-        "ports": [{"name": "http", "containerPort": p.port, "protocol": "TCP"}],
+    return {
         # /health answers 200 only when the process can serve (a GM consumes, an LM is
         # connected to the broker): it gates traffic.  Liveness asks only whether the
         # process answers at all (/metrics): a broker outage must not restart an LM,
@@ -677,6 +671,36 @@ def _pod(p: ProcessSpec) -> Manifest:
             "timeoutSeconds": 5,
             "failureThreshold": 6,
         },
+    }
+
+
+def _apart(p: ProcessSpec) -> Manifest:
+    """Anti-affinity: an LM's standby preferably on another node than its active."""
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": _selector(p)},
+                    },
+                }
+            ]
+        }
+    }
+
+
+def _pod(p: ProcessSpec) -> Manifest:
+    """The pod of process ``p``: probes, limits, a read-only root, no token, not root."""
+    container: Manifest = {
+        "name": COMPONENT[p.role],
+        "image": "megha",
+        "imagePullPolicy": "IfNotPresent",
+        "command": p.argv,
+        "env": _env(p),
+        "ports": [{"name": "http", "containerPort": p.port, "protocol": "TCP"}],
+        **_probes(),
         "resources": RESOURCES[p.role],
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
@@ -707,21 +731,8 @@ def _pod(p: ProcessSpec) -> Manifest:
         spec["volumes"].append(
             {"name": "state", "persistentVolumeClaim": {"claimName": f"{p.name}-state"}}
         )
-    if p.role == "lm":
-        # Keep the standby off the active's node when the cluster has another.
-        spec["affinity"] = {
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "weight": 100,
-                        "podAffinityTerm": {
-                            "topologyKey": "kubernetes.io/hostname",
-                            "labelSelector": {"matchLabels": _selector(p)},
-                        },
-                    }
-                ]
-            }
-        }
+    if p.role == "lm":  # keep the standby off the active's node when the cluster has another
+        spec["affinity"] = _apart(p)
     return {"metadata": {"labels": _labels(p)}, "spec": spec}
 
 
@@ -795,23 +806,9 @@ def _services(p: ProcessSpec) -> list[Manifest]:
     return out
 
 
-def bench_job(cfg: FederationConfig) -> Manifest:
-    """``megha bench`` as a suspended CronJob, run on demand::
-
-        kubectl -n NAMESPACE create job --from=cronjob/megha-bench bench-1
-
-    It acts as the operator: the megha-operator Secret mounted as its ``$MEGHA_HOME``
-    (the secret, every broker login, the users' tokens under ``tokens/``)."""
-    labels = {
-        "app.kubernetes.io/name": "megha",
-        "app.kubernetes.io/part-of": "megha",
-        "app.kubernetes.io/component": "bench",
-    }
-    items = [
-        {"key": name, "path": name}
-        for name in (SECRET_FILENAME, CREDENTIALS_FILENAME, TOKENS_FILENAME)
-    ] + [{"key": token_key(u.user), "path": f"tokens/{u.user}"} for u in cfg.user_configs]
-    container: Manifest = {
+def _bench_container() -> Manifest:
+    """The container of ``megha bench``: the operator's home mounted read-only."""
+    return {
         "name": "bench",
         "image": "megha",
         "imagePullPolicy": "IfNotPresent",
@@ -830,6 +827,24 @@ def bench_job(cfg: FederationConfig) -> Manifest:
             *_mounts({"name": "home", "mountPath": HOME_DIR, "readOnly": True}),
         ],
     }
+
+
+def bench_job(cfg: FederationConfig) -> Manifest:
+    """``megha bench`` as a suspended CronJob, run on demand::
+
+        kubectl -n NAMESPACE create job --from=cronjob/megha-bench bench-1
+
+    It acts as the operator: the megha-operator Secret mounted as its ``$MEGHA_HOME``
+    (the secret, every broker login, the users' tokens under ``tokens/``)."""
+    labels = {
+        "app.kubernetes.io/name": "megha",
+        "app.kubernetes.io/part-of": "megha",
+        "app.kubernetes.io/component": "bench",
+    }
+    items = [
+        {"key": name, "path": name}
+        for name in (SECRET_FILENAME, CREDENTIALS_FILENAME, TOKENS_FILENAME)
+    ] + [{"key": token_key(u.user), "path": f"tokens/{u.user}"} for u in cfg.user_configs]
     pod: Manifest = {
         "metadata": {"labels": labels},
         "spec": {
@@ -837,7 +852,7 @@ def bench_job(cfg: FederationConfig) -> Manifest:
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": _pod_security(),
-            "containers": [container],
+            "containers": [_bench_container()],
             "volumes": [
                 {"name": "config", "configMap": {"name": "megha-config"}},
                 {

@@ -33,6 +33,7 @@ from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
 from common.messages import AdmitJob, SubmitJob
 from common.model import Resources, Task, TaskKey, TaskSpec, fits, new_task
+from common.reasons import JobReason
 
 JobKey = tuple[UserId, JobId]
 
@@ -57,7 +58,7 @@ class AdmissionLimits:
 class Refusal:
     """Why a job is not admitted: a machine-readable reason and the detail."""
 
-    reason: str
+    reason: JobReason
     detail: str
 
 
@@ -187,11 +188,13 @@ class Admissions:
         """Why ``job`` as a whole is not admitted here (None: it may be); ``held``: the
         tasks its user holds here."""
         if not has_queue:
-            return Refusal("unknown_user", f"user {job.user!r} has no queue on {self.gm}")
+            return Refusal(JobReason.UNKNOWN_USER, f"user {job.user!r} has no queue on {self.gm}")
         if not ready:
-            return Refusal("not_ready", f"{self.gm} has no view of every LM yet")
+            return Refusal(JobReason.NOT_READY, f"{self.gm} has no view of every LM yet")
         if job.attempt:
-            return Refusal("reserved_field", "attempt is set by a GM, on the tasks it returns only")
+            return Refusal(
+                JobReason.RESERVED_FIELD, "attempt is set by a GM, on the tasks it returns only"
+            )
         return self._over_limit(job, redelivered, held)
 
     def _over_limit(self, job: SubmitJob, redelivered: bool, held: int) -> Refusal | None:
@@ -204,7 +207,7 @@ class Admissions:
         # its tasks are all held)
         if held + len(job.tasks) <= limit:
             return None
-        return Refusal("user_task_limit", (
+        return Refusal(JobReason.USER_TASK_LIMIT, (
             f"user {job.user!r} has {held} tasks on {self.gm}; {len(job.tasks)} more would "
             f"pass its limit of {limit} (max_user_tasks)"
         ))  # fmt: skip
@@ -218,12 +221,14 @@ class Admissions:
         for spec in job.tasks[adm.checked : end]:
             key = (spec.user, spec.task_id)
             if spec.user != job.user or spec.job_id != job.job_id:
-                return Refusal("wrong_job", (
+                return Refusal(JobReason.WRONG_JOB, (
                     f"task {spec.task_id} belongs to {spec.user}/{spec.job_id}, "
                     f"not {job.user}/{job.job_id}"
                 ))  # fmt: skip
             if key in seen or (key in live and not redelivered):
-                return Refusal("duplicate_task_id", f"task id {spec.task_id!r} is already in use")
+                return Refusal(
+                    JobReason.DUPLICATE_TASK_ID, f"task id {spec.task_id!r} is already in use"
+                )
             seen.add(key)
             why = self._spec_error(spec, cluster)
             if why is not None:
@@ -236,23 +241,23 @@ class Admissions:
         it is)."""
         task_id, demand, duration = spec.task_id, spec.demand, spec.duration
         if len(demand) != cluster.width:
-            return Refusal("wrong_resources", (
+            return Refusal(JobReason.WRONG_RESOURCES, (
                 f"task {task_id}: {len(demand)} resource amounts, "
                 f"the federation has {cluster.width}"
             ))  # fmt: skip
         if not any(demand):
-            return Refusal("zero_demand", f"task {task_id} asks for no resource at all")
+            return Refusal(JobReason.ZERO_DEMAND, f"task {task_id} asks for no resource at all")
         if spec.command and not self.limits.commands:
-            return Refusal("commands_disabled", (
+            return Refusal(JobReason.COMMANDS_DISABLED, (
                 f"task {task_id} has a command; this federation runs none"
             ))  # fmt: skip
         if not any(fits(cap, demand) for cap in cluster.node_caps):
-            return Refusal("impossible_resources", (
+            return Refusal(JobReason.IMPOSSIBLE_RESOURCES, (
                 f"task {task_id}: demand {demand} exceeds every node's capacity"
             ))  # fmt: skip
         limit = self.limits.max_task_duration_s
         if duration > limit:
-            return Refusal("duration_too_long", (
+            return Refusal(JobReason.DURATION_TOO_LONG, (
                 f"task {task_id}: duration {duration:.6g} s exceeds {limit:g} s"
             ))  # fmt: skip
         return None
@@ -272,4 +277,4 @@ def dag_of(adm: Admission, tasks: list[Task]) -> DagJob | Refusal:
             tuple((s.stage_id, s.parents, s.count) for s in job.stages),
         )
     except ConfigError as exc:
-        return Refusal("bad_dag", str(exc))
+        return Refusal(JobReason.BAD_DAG, str(exc))

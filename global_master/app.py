@@ -656,7 +656,7 @@ class GmService:
                 "events": dict(self.event_seals.drops),
                 "forged": self.forged,
             },
-            "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
+            "wait_reasons": WaitReason.counts(core.wait_reasons),
             "gangs": {**core.gang.stats, "open": len(core.gang.gangs)},
             "lm_request_rtt_s": percentiles(rtts) if rtts else {},
         }

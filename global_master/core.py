@@ -13,7 +13,10 @@ Theory of operation:
   the launch window, held launches, repartition batching), ``ledger`` (where each
   task is: the only state a GM holds consistently), ``recovery`` (what a restarted GM
   learns of tasks it does not hold), and ``view`` (the eventually consistent views of
-  every LM's partitions).
+  every LM's partitions).  Two handler groups of this class live beside it, in files
+  of their own: ``core_admission`` (submissions) and ``core_answers`` (LM answers).
+* A task moves between the ledger's tables only as ``common.transitions.NEXT`` allows;
+  reasons are the enums of ``common.reasons``.
 * A GM is stateless in the paper's sense: views are rebuilt from LM snapshots;
   unacknowledged jobs come back from the durable broker queues and run none of their
   tasks twice.  Requests are optimistic: a placement is reserved in the view until
@@ -31,26 +34,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
-from common.effects import After, Effect, JobRefused, JobSettled, Persist, ToLm, ToUser
+from common.effects import Effect, JobSettled, Persist, ToLm, ToUser
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
     AdmitJob,
     AdmitMore,
     CancelJob,
-    CancelTasks,
     Decide,
     EventKind,
     GangRetry,
     HeldTask,
     KeepEnds,
     LaunchResponse,
-    PlacedRef,
     Placement,
-    PlacementResult,
     PreemptResponse,
     RequestFailed,
     RequestSnapshots,
@@ -58,7 +57,6 @@ from common.messages import (
     StateDelta,
     StateSnapshot,
     StateUpdated,
-    SubmitJob,
     TaskEvent,
     TaskEvents,
     TaskOutcome,
@@ -68,31 +66,32 @@ from common.messages import (
 from common.metrics import GmCounters
 from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
-from global_master.admission import Admission, AdmissionLimits, Admissions, Cluster, Refusal, dag_of
-from global_master.fairness import Fairness, Grace, NoVictim
+from common.reasons import TaskFailure
+from global_master.admission import AdmissionLimits, Admissions
+from global_master.core_admission import AdmissionSteps
+from global_master.core_answers import Answers
+from global_master.core_preempt import Preemptions
+from global_master.core_users import UserRequests
+from global_master.fairness import Fairness
 from global_master.gang import Gangs, GangSettings
 from global_master.journal import Journal
-from global_master.ledger import InFlight, Ledger, round_trip
+from global_master.ledger import InFlight, Ledger
 from global_master.lifecycle import JobBook
 from global_master.outbox import Outbox
 from global_master.placement import Placer, woken
 from global_master.priority import ClassPreemption
 from global_master.queues import UserQueues
-from global_master.recovery import Recovery, Redelivered, left_behind, recovered_task, resume_job
-from global_master.revocation import USER_REVOKED, Revocations
+from global_master.recovery import Recovery, left_behind, recovered_task, resume_job
+from global_master.revocation import Revocations
 from global_master.view import LmView, Views
 
 __all__ = ["AdmissionLimits", "GlobalMaster"]
 
-_MISSING = PlacementResult(accepted=False, reason="missing_result")
-_ENDED = (TaskState.FINISHED, TaskState.FAILED)
-CANCELLED = "cancelled"
-"""The reason a task of a cancelled job ended with (``TaskOutcome.reason``)."""
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
 
-class GlobalMaster:
+class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     """One GM: user queues in, launch / repartition / preemption requests out."""
 
     def __init__(
@@ -251,206 +250,6 @@ class GlobalMaster:
             return min(keep, self.fairness.next_check())
         return keep
 
-    # ------------------------------------------------------------ admission
-    def _admit_job(self, msg: AdmitJob, came: float, now: float) -> list[Effect]:
-        """A submission that came at ``came`` (its tasks' queueing starts then): admitted
-        into its user's queue, or refused with the reason before any task is queued."""
-        job, admission = msg.job, self.admission
-        jk = (job.user, job.job_id)
-        if admission.hold(msg, came):  # behind its user's job still being admitted
-            return []
-        if job.resumes is not None:
-            return self._on_resume(job, now)
-        record = self.jobs.get(jk)
-        if record is not None or self.ledger.is_recent(jk) or jk in self.admitting:
-            if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
-                if jk in self.admitting:
-                    return []  # settled once admitted and placed
-                settled = record is None or record.settled
-                return [JobSettled(job.job_id, job.user)] if settled else []
-            dup = Refusal("duplicate_job_id", f"job {job.job_id!r} already submitted")
-            return [self._refuse(job, dup)]
-        held = self.live.per_user.get(job.user, 0)
-        why = admission.job_error(job, has_queue=job.user in self.queues, ready=self.ready,
-                                  redelivered=msg.redelivered, held=held)  # fmt: skip
-        if why is not None:
-            return [self._refuse(job, why)]
-        adm = Admission(job, msg.redelivered, came)
-        n = len(job.tasks)
-        if n > admission.slice:
-            admission.begin(adm)
-            return self._admit_step(adm, now)
-        why = admission.check(adm, n, self.live, self._cluster())  # in one step
-        return [self._refuse(job, why)] if why is not None else self._queue_tasks(adm, n, now)
-
-    def _cluster(self) -> Cluster:
-        return Cluster(len(self.lm_views.capacity), self.lm_views.node_caps)
-
-    def _refuse(self, job: SubmitJob, why: Refusal) -> JobRefused:
-        self.counters.jobs_refused += 1
-        sub = job.submitted_at
-        return JobRefused(job.job_id, job.user, why.reason, why.detail, submitted_at=sub)
-
-    def _on_admit_more(self, msg: AdmitMore, now: float) -> list[Effect]:
-        adm = self.admitting.get((msg.user, msg.job_id))
-        return [] if adm is None else self._admit_step(adm, now)
-
-    def _admit_step(self, adm: Admission, now: float) -> list[Effect]:
-        """One slice of a large job (``Admissions.step``), then the next is due."""
-        job = adm.job
-        end = self.admission.step(adm, self.live, self._cluster())
-        if isinstance(end, Refusal):
-            return [self._refuse(job, end), *self._admitted(adm, now)]
-        effects = [] if end is None else self._queue_tasks(adm, end, now)
-        if end is not None and adm.queued < end:  # refused: a DAG whose stages do not fit
-            return [*effects, *self._admitted(adm, now)]
-        if adm.queued < len(job.tasks):
-            effects.append(After(0.0, AdmitMore(user=job.user, job_id=job.job_id)))
-        else:
-            effects += self._admitted(adm, now)
-        return effects
-
-    def _admitted(self, adm: Admission, now: float) -> list[Effect]:
-        """``adm`` is queued or refused: its user's jobs that came meanwhile are
-        admitted now, in order, until one is large enough to need slices again."""
-        held = self.admission.done(adm)
-        effects: list[Effect] = []
-        while held:
-            effects += self._admit_job(*held.popleft(), now)
-            if self.admission.follow(adm.job.user, held):  # sliced again: the rest follow
-                break
-        return effects
-
-    def _queue_tasks(self, adm: Admission, end: int, now: float) -> list[Effect]:
-        """Queue ``adm``'s tasks up to ``end`` (all checked); the job's record, with every
-        task, is made with the first of them."""
-        job = adm.job
-        tasks = adm.tasks_upto(end, self.gm_id)
-        dag_job = job.stages is not None
-        found = self._redelivered(tasks, dag_job) if adm.redelivered else Redelivered(tasks)
-        dag = dag_of(adm, tasks) if dag_job else None
-        if isinstance(dag, Refusal):
-            return [self._refuse(job, dag)]
-        if adm.queued == 0:
-            self.ledger.open_job((job.user, job.job_id), adm.keys(), now, adm.redelivered)
-            if self.book is not None:
-                self.book.opened(job, now)
-            self.counters.jobs_admitted += 1
-        adm.queued_upto(end, tasks)
-        for t in tasks:
-            self.live[t.key] = t
-        if dag is not None:
-            # what runs, is on its way to an LM or ended is never released again
-            out = [t.task_id for t in (*found.adopted, *found.sent)]
-            self.queues.add_job(dag, adm.at, out + [t.task_id for t, _ in found.ended])
-            for t in found.sent:
-                self.queues.on_dispatched(t, now)
-        else:
-            skip = {t.key for t in found.adopted} | {t.key for t, _ in found.ended} | found.kept
-            for t in tasks:
-                if t.key not in skip:
-                    self.queues.push_back(t)
-        return self._resume(found, dag is not None, now)
-
-    def _redelivered(self, tasks: list[Task], dag: bool) -> Redelivered:
-        """A job that came back after a restart: its tasks as recovery finds them
-        (``Recovery.sort_redelivered``), those running placed in the ledger."""
-        found = self.recovery.sort_redelivered(tasks, dag, self.live, self.placed, self.inflight)
-        for t in found.unqueue:
-            self.queues.remove(t)
-        for t in found.found_running:
-            self.placed[t.key] = t
-            self.counters.tasks_adopted += 1
-        return found
-
-    def _resume(self, found: Redelivered, dag: bool, now: float) -> list[Effect]:
-        """A redelivered job's tasks that ran on since a restart (adopted) or ended: none
-        runs twice; a DAG goes on from the stages they released."""
-        effects: list[Effect] = []
-        for t in found.adopted:
-            self.counters.redelivered_skipped += 1
-            if dag:
-                self.queues.on_dispatched(t, now)
-            self._settle(t, effects)
-        for t, known in found.ended:
-            self.counters.redelivered_skipped += 1
-            self._settle(t, effects)
-            self._end(t, known.held.ok, "failed on worker", now, effects, not known.reported)
-        return effects
-
-    def _on_resume(self, job: SubmitJob, now: float) -> list[Effect]:
-        """Tasks this GM (or a predecessor) persisted when they came back to its queue.
-        Those it still holds are bound to the message, acknowledged once they are
-        placed again; those it does not (it restarted) are queued again."""
-        if job.user not in self.queues:
-            unknown = Refusal("unknown_user", f"{job.user!r} has no queue here")
-            return [replace(self._refuse(job, unknown), resume=True)]
-        if self.recovery.resuming((job.user, job.job_id)):  # the same message again
-            return []  # its delivery is rebound
-        keys = [(spec.user, spec.task_id) for spec in job.tasks]
-        known = {k for k in keys if self.knows(k)}
-        width = len(self.lm_views.capacity)
-        plan = self.recovery.resume(job, now, self.placed, self.live, known, width)
-        effects: list[Effect] = []
-        for task, why in plan.failed:
-            self._fail(task, why, effects)
-        for task in plan.queued:
-            self.live[task.key] = task
-            self.queues.push_front(task)
-        if not plan.waiting:
-            return [*effects, JobSettled(job.job_id, job.user, resume=True)]
-        return effects
-
-    # ------------------------------------------------------------------ cancel
-    def _on_cancel(self, msg: CancelJob, now: float) -> list[Effect]:
-        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, its
-        placed ones are stopped through their LMs (as a preemption stops them) and end
-        when the stop is confirmed; one in flight is stopped once its LM accepts it.
-        None is placed after this.  Idempotent; a job unknown here changes nothing."""
-        jk = (msg.user, msg.job_id)
-        rec = self.jobs.get(jk)
-        keys = rec.tasks if rec is not None else self._admitting_keys(jk)
-        effects: list[Effect] = []
-        stops: dict[LmId, list[Task]] = {}
-        for key in keys:  # also those a large job has not queued yet
-            if key in self.cancelled or self.ledger.state_of(key) in _ENDED:
-                continue
-            self.cancelled.add(key)
-            task = self.live.get(key)
-            if task is None or key in self.inflight:
-                continue  # queued later (then dropped), or stopped once accepted
-            if key in self.placed:
-                if task.lm is not None:
-                    stops.setdefault(task.lm, []).append(task)
-            elif not self.queues.held_back(task):  # held back: ends with its parents
-                self.queues.remove(task)
-                self._cancel_ends(task, effects)
-        effects += [self._stop(lm, tasks) for lm, tasks in stops.items()]
-        if keys:
-            self.counters.jobs_cancelled += 1
-        return effects
-
-    def _admitting_keys(self, jk: tuple[UserId, JobId]) -> list[TaskKey]:
-        """The tasks of job ``jk`` if it is still being admitted (none queued yet, or
-        held behind its user's job being admitted): dropped as they come."""
-        adm = self.admitting.get(jk)
-        jobs = [adm.job] if adm is not None else []
-        jobs += [m.job for m, _ in self.held_admissions.get(jk[0], ()) if m.job.job_id == jk[1]]
-        return [(s.user, s.task_id) for job in jobs[:1] for s in job.tasks]
-
-    def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm:
-        """Ask ``lm`` to stop the current attempts of cancelled ``tasks``."""
-        assert lm is not None
-        refs = tuple(PlacedRef(user=t.user, task_id=t.task_id, attempt=t.attempt) for t in tasks)
-        return ToLm(lm, CancelTasks(gm=self.gm_id, lm=lm, tasks=refs))
-
-    def _cancel_ends(self, task: Task, effects: list[Effect]) -> None:
-        """A cancelled task runs no more: it ends ``cancelled``, with the tasks of later
-        DAG stages that were waiting for it."""
-        self._ended(task, effects, finished=False, reason=CANCELLED)
-        for lost in self.queues.abandon(task, 0.0):
-            self._ended(lost, effects, finished=False, reason=CANCELLED)
-
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
         """The task was accepted by an LM or failed: its job may be acknowledged."""
@@ -494,7 +293,9 @@ class GlobalMaster:
         """The task failed for good; so do the DAG stages that needed it."""
         self._ended(task, effects, finished=False, reason=reason, tell=tell)
         for lost in self.queues.abandon(task, 0.0):
-            self._ended(lost, effects, finished=False, reason=f"parent task {task.task_id} failed")
+            self._ended(
+                lost, effects, finished=False, reason=TaskFailure.parent_failed(task.task_id)
+            )
 
     def _ended(
         self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True
@@ -605,7 +406,7 @@ class GlobalMaster:
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
-            self._fail(task, "infeasible: no node satisfies the constraints and demand", effects)
+            self._fail(task, TaskFailure.INFEASIBLE, effects)
             return
         if self.gang.holds and (held := self.gang.backfill(self, task, now)) is not None:
             view, node = held  # backfill: reserved-but-idle room, free until it is due
@@ -625,7 +426,7 @@ class GlobalMaster:
         """A match: reserved in the view, in flight in the ledger, into its LM's batch."""
         view.reserve(node, task.demand)
         task.attempt += 1
-        self.inflight[task.key] = InFlight(task, view.lm, node, repartition)
+        self.ledger.dispatch(InFlight(task, view.lm, node, repartition))
         self.queues.on_dispatched(task, now)
         if repartition:
             self.counters.repartition_requests += 1
@@ -650,7 +451,7 @@ class GlobalMaster:
         task.waits[reason] += 1
         self.wait_reasons[reason] += 1
         if self.journal is not None:
-            detail = f"{reason.name.lower()}: {why}" if why else reason.name.lower()
+            detail = f"{reason.key}: {why}" if why else reason.key
             self.journal.wait(task.key, now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:
@@ -682,57 +483,6 @@ class GlobalMaster:
             for user, budget in fairness.grace_due(now, self.lms, waiting, views, self.inflight):
                 for t in reversed(waiting.take_user(user, budget)):
                     queues.push_front(t)
-
-    # -------------------------------------------------------------- fairness
-    def _may_preempt(self, task: Task, now: float) -> bool:
-        """Fairness lets ``task``'s user preempt now (else why not is noted)."""
-        why = self.fairness.may_preempt(task, now, self.views.values(), self.inflight)
-        if why is None:
-            return True
-        if why is Grace.RUNNING:
-            self.counters.preemptions_deferred += 1
-        else:
-            self._note(task, why, now)
-        return False
-
-    def _preempt(self, task: Task, now: float, effects: list[Effect]) -> bool:
-        """Alg. 2: a preemption request on behalf of ``task`` (its user below its share)
-        to the LM fairness chose; False: no victim (why is noted)."""
-        got = self.fairness.choose_victim(task, now, self.views, self.inflight, self._index)
-        if isinstance(got, NoVictim):
-            if got.rate_limited:
-                self.counters.preemptions_rate_limited += 1
-            self._note(task, got.reason, now)
-            return False
-        self._send_preempt(task, got.user, got.lm, now, effects)
-        return True
-
-    def _preempt_lower(self, task: Task, now: float, effects: list[Effect]) -> bool:
-        """A higher class's preemption of lower ones (``global_master.priority``); False:
-        no LM to ask now."""
-        placed = self.placed.values()
-        lm = self.classes.lm_for(task, now, self.lms, placed, self.fairness.preempt_room)
-        if lm is None:
-            return False
-        self._send_preempt(task, task.user, lm, now, effects, lower_only=True)
-        return True
-
-    def _send_preempt(
-        self, task: Task, victim: UserId, lm: LmId, now: float, effects: list[Effect],
-        lower_only: bool = False,
-    ) -> None:  # fmt: skip
-        task.attempt += 1
-        version = self.lm_views.version_of(lm)
-        req = self.outbox.preempt(task, victim, lm, version, lower_only)
-        self.counters.preemption_attempts += 1
-        self.fairness.preempt_sent(lm, now)
-        self.inflight[task.key] = InFlight(task, lm, -1, False, req.request_id)
-        self.queues.on_dispatched(task, now)
-        if self.journal is not None:
-            whom = f"class below {task.spec.priority}" if lower_only else f"victim {victim}"
-            self.journal.note(task.key, now, "preempt_request", lm=lm,
-                              detail=f"attempt {req.attempt}, {whom}")  # fmt: skip
-        effects.append(ToLm(lm, req))
 
     # ------------------------------------------------------- state from LMs
     def _apply(self, delta: StateDelta) -> list[Effect]:
@@ -789,14 +539,16 @@ class GlobalMaster:
                 continue
             if h.ended_at >= 0:
                 if key not in live and self.recovery.unknown_end(key, self.ledger.holds(key)):
-                    why = "" if h.ok else "failed on worker"
+                    why = "" if h.ok else TaskFailure.ON_WORKER
                     self._ended(recovered_task(h, self.gm_id), effects, finished=h.ok, reason=why)
                 continue
             task = placed.get(key)
             if task is not None:
                 task.attempt = max(task.attempt, h.attempt)
             elif key not in live:
-                task = placed[key] = live[key] = recovered_task(h, self.gm_id)
+                task = recovered_task(h, self.gm_id)
+                self.ledger.adopt(task)
+                live[key] = task
                 task.lm = lm
                 self.counters.tasks_adopted += 1
 
@@ -811,7 +563,7 @@ class GlobalMaster:
             del self.placed[task.key]
             if h is not None:
                 task.finished_at = h.ended_at
-                self._end(task, h.ok, "failed on worker", now, effects)
+                self._end(task, h.ok, TaskFailure.ON_WORKER, now, effects)
                 continue
             self.counters.lost_with_lm += 1
             if self.journal is not None:
@@ -830,173 +582,6 @@ class GlobalMaster:
         self.queues.on_returned(task, now)
         self.queues.push_front(task)
         self._persist(task, now, effects)
-
-    # --------------------------------------------------------------- answers
-    def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
-        """Accepted placements are PLACED; refused ones are inconsistencies: the view
-        is refreshed from the response and the decision retried at once."""
-        sent = self.outbox.answered(resp.request_id)
-        effects: list[Effect] = []
-        retry: list[Task] = []
-        if sent is not None and sent[0] == resp.lm:
-            view = self.views.get(resp.lm)
-            # an answer from an incarnation of the LM that has since been replaced: what
-            # it accepted, the new one does not hold -- placed again, like a refusal
-            stale = view is not None and resp.delta.epoch < view.epoch
-            if stale:
-                self.counters.stale_updates += 1
-            results = resp.results
-            for i, key in enumerate(sent[1]):
-                fl = self._answered(key, resp.request_id)
-                if fl is None:
-                    continue  # an event overtook this answer; the task has moved on
-                res = results[i] if i < len(results) else _MISSING
-                task = fl.task
-                round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
-                if not res.accepted or stale:
-                    self._inconsistency(fl.repartition)
-                    why = "stale incarnation" if res.accepted else res.reason
-                    retry.append(self._refused(task, now, resp.lm, why))
-                    continue
-                self._forget(key)
-                task.lm = resp.lm
-                if res.reason == "rerouted":  # the view was wrong; the LM made it good
-                    self._inconsistency(fl.repartition)
-                    self.counters.rerouted += 1
-                if self.journal is not None:
-                    self.journal.note(key, now, "accepted", lm=resp.lm, node=res.node,
-                                      detail=res.reason)  # fmt: skip
-                self._accepted(task, res.reason, res.attempt, now, effects)
-        effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
-        effects.extend(self._retry(retry, now))
-        return effects
-
-    def _answered(self, key: TaskKey, request_id: int, lm: LmId | None = None) -> InFlight | None:
-        """Task ``key`` was in flight with request ``request_id`` (to ``lm``, if given):
-        no longer; its reservation in the view and its victim are released."""
-        fl = self.inflight.get(key)
-        if fl is None or fl.request_id != request_id or (lm is not None and fl.lm != lm):
-            return None
-        del self.inflight[key]
-        self._release(fl)
-        return fl
-
-    def _release(self, fl: InFlight) -> None:
-        """``fl``'s request is over: its reservation in the view and its victim go."""
-        view = self.views.get(fl.lm)
-        if view is not None and fl.node >= 0:
-            view.release(fl.node, fl.task.demand)
-        self.fairness.release(fl.task.key)
-
-    def _refused(self, task: Task, now: float, lm: LmId, why: str) -> Task:
-        """An LM refused ``task`` (or will never answer): it is decided again."""
-        task.mark(Phase.PROCESSING, now)
-        self.queues.on_returned(task, now)
-        self._note(task, WaitReason.REFUSED_BY_LM, now, lm, why)
-        return task
-
-    def _inconsistency(self, external: bool) -> None:
-        if external:
-            self.counters.external_inconsistencies += 1
-        else:
-            self.counters.internal_inconsistencies += 1
-
-    def _accepted(
-        self, task: Task, reason: str, attempt: int, now: float, effects: list[Effect]
-    ) -> None:
-        """An LM took the task.  A duplicate names the attempt it holds (this GM may
-        have restarted and lost count); an attempt that already ended is an outcome."""
-        task.attempt = max(task.attempt, attempt)
-        self._settle(task, effects)
-        if reason not in ("finished", "failed"):
-            self.placed[task.key] = task
-            if task.user in self.revocations:  # the launch crossed the stop: stop it too
-                effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
-            if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
-                effects.append(self._stop(task.lm, [task]))
-            return
-        task.finished_at = now
-        self._end(task, reason == "finished", "failed on worker", now, effects)
-
-    def _retry(self, tasks: list[Task], now: float) -> list[Effect]:
-        """Tasks an LM refused are decided again at once, up to ``max_retries`` times."""
-        effects: list[Effect] = []
-        batches: Batches = {}
-        for task in tasks:
-            if self.placer.retry(task.key):
-                self._place(task, now, batches, effects)
-            else:
-                self._requeue(task, now)
-        return self._end_round(batches, effects, now)
-
-    def _on_request_failed(self, msg: RequestFailed, now: float) -> list[Effect]:
-        """No answer will come: everything the request asked for is refused."""
-        rid = msg.request_id
-        sent = self.outbox.answered(rid)
-        keys = list(sent[1]) if sent is not None and sent[0] == msg.lm else []
-        pre = self.outbox.preempt_answered(rid)
-        if pre is not None:
-            keys.append(pre)
-        retry = [
-            self._refused(fl.task, now, msg.lm, msg.reason)
-            for key in dict.fromkeys(keys)
-            if (fl := self._answered(key, rid, msg.lm)) is not None
-        ]
-        for task in retry:
-            self._requeue(task, now)
-        return []
-
-    def _on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
-        """Accepted: the task is placed (victims come back to their own GMs).
-        Refused: failed verification, try the next victim (Alg. 2)."""
-        key = self.outbox.preempt_answered(resp.request_id)
-        effects = self._apply(resp.delta)
-        fl = self.inflight.get(key) if key is not None else None
-        if key is None or fl is None or fl.request_id != resp.request_id:
-            return effects  # overtaken: the task has moved on
-        if not resp.accepted and resp.reason == "no_victim":
-            # nothing of that victim there would make room (or pay): ask again later
-            self.fairness.nothing_there(key, resp.lm, now)
-        self._answered(key, resp.request_id)
-        task = fl.task
-        round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
-        if self.journal is not None:
-            what = "accepted" if resp.accepted else "preempt_refused"
-            node = -1 if resp.node is None else resp.node
-            self.journal.note(key, now, what, lm=resp.lm, node=node,
-                              detail=f"{resp.reason}, {len(resp.preempted)} preempted")  # fmt: skip
-        if resp.accepted:
-            self.counters.preemptions_granted += len(resp.preempted)
-            self._forget(key)
-            self._accepted(task, resp.reason, resp.attempt, now, effects)
-            return effects
-        task.mark(Phase.PROCESSING, now)
-        self.queues.on_returned(task, now)
-        lower = task.spec.priority > 0 and self._preempt_lower(task, now, effects)
-        if not (lower or self._preempt(task, now, effects)):
-            self._requeue(task, now)
-        return effects
-
-    # ------------------------------------------------------------ revocation
-    def _on_user_access(self, msg: UserAccess, now: float) -> list[Effect]:
-        """A user's token was revoked (``global_master.revocation``) or issued again."""
-        if msg.user not in self.queues:
-            return []
-        if not msg.revoked:
-            self.revocations.restore(msg.user)
-            return []
-        taken = self.revocations.revoke(msg.user, self.queues)
-        if taken is None:
-            return []
-        effects: list[Effect] = []
-        for task in taken:
-            self._revoked(task, effects)
-        effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
-        return effects
-
-    def _revoked(self, task: Task, effects: list[Effect]) -> None:
-        self.counters.revoked_ended += 1
-        self._fail(task, USER_REVOKED, effects)
 
     # ------------------------------------------------------------ task events
     def _on_task_events(self, msg: TaskEvents, now: float) -> list[Effect]:
@@ -1052,7 +637,7 @@ class GlobalMaster:
                 self.queues.on_finished(task, now)
                 self._ended(task, effects, finished=True, reason="")
             else:
-                why = f"failed on worker: {ev.detail}" if ev.detail else "failed on worker"
+                why = TaskFailure.on_worker(ev.detail)
                 self._fail(task, why, effects)
             return
         # preempted or requeued: back to the front of its own queue, never lost

@@ -29,20 +29,10 @@ STATES = ("queued", "waiting", "in_flight", "running", "finished", "failed")
 in_flight: a request to an LM is unanswered; running: an LM accepted it (started or
 about to); finished, failed: ended."""
 
-WAIT_TEXT: dict[WaitReason, str] = {
-    WaitReason.NO_CONSTRAINT_MATCH: "no node anywhere satisfies its constraints and demand",
-    WaitReason.NO_FREE_RESOURCES: "nodes match, none had the resources free (in the GM's view)",
-    WaitReason.USER_AT_SHARE: "no room, and its user is at or above its share: no preemption",
-    WaitReason.REFUSED_BY_LM: "an LM refused the placement (its true state differed)",
-    WaitReason.PREEMPTION_FAILED: "no victim over its share could be preempted on any LM",
-    WaitReason.GANG_INCOMPLETE: "a gang stage's task: not enough of its gang fits or holds yet",
-    WaitReason.RESERVED_FOR_GANG: "the room it fits is held for a gang due before it would end",
-}
-
 
 def waits_of(counts: Sequence[int]) -> dict[str, int]:
     """The non-zero wait reasons of ``counts`` (indexed by ``WaitReason``), by name."""
-    return {r.name.lower(): counts[r] for r in WaitReason if counts[r]}
+    return WaitReason.counts(counts, nonzero=True)
 
 
 def _timeline(task: Record, trail: Trail) -> list[dict[str, object]]:
@@ -89,7 +79,7 @@ def _why(
 
 def reasons(task: Record) -> list[str]:
     """The reasons decisions did not place ``task``, with how often, in words."""
-    return [f"{r.name.lower()} x{n}: {WAIT_TEXT[r]}" for r in WaitReason if (n := task.waits[r])]
+    return [f"{r.key} x{n}: {r.text}" for r in WaitReason if (n := task.waits[r])]
 
 
 def _queued_of(core: GlobalMaster, user: str) -> int:
@@ -263,7 +253,7 @@ def overview(core: GlobalMaster) -> dict[str, Any]:
         "lms_in_view": len(core.views),
         "users": users,
         "totals": {s: sum(r[s] for r in users.values()) for s in STATES[:4]},
-        "wait_reasons": {r.name.lower(): core.wait_reasons[r] for r in WaitReason},
+        "wait_reasons": WaitReason.counts(core.wait_reasons),
         "dominant_shares": shares,
         "recently_ended": {
             "finished": sum(1 for e in recent if e.finished),

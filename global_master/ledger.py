@@ -19,6 +19,10 @@ Invariants:
   reads them at every decision that does not place its task) and each user's live tasks
   (admission reads them).
 
+* A task moves between the tables only as ``common.transitions.NEXT`` allows: the
+  moves are checked here (``dispatch``, ``accepted``, ``adopt``, ``end``) and a move
+  the table forbids raises ``TransitionError`` (a bug), never applied.
+
 Who changes what: the ledger moves tasks between its tables, stamps the times an LM's
 answers and events carry into each task's allocation-time ledger (``took``,
 ``round_trip``) and answers questions; it sends nothing and calls no other piece.
@@ -35,8 +39,14 @@ from common.errors import ConfigError
 from common.ids import JobId, LmId, UserId
 from common.messages import ENDS_RETAINED_S, EventKind, TaskEvent
 from common.model import Phase, Resources, Task, TaskKey, TaskState
+from common.transitions import NEXT, check
 
 JobKey = tuple[UserId, JobId]
+_Q, _D, _P = TaskState.QUEUED, TaskState.DISPATCHED, TaskState.PLACED
+_F, _X = TaskState.FINISHED, TaskState.FAILED
+"""(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
+_SEND_QUEUED = _D in NEXT[_Q]
+"""The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
 
 
 @dataclass(slots=True)
@@ -174,20 +184,22 @@ class Ledger:
         (``KeepEnds``) until it settles: well within what they keep anyway
         (``ENDS_RETAINED_S``), so nothing of it is forgotten before a restarted GM asks."""
         self._keep_due: deque[tuple[float, JobKey]] = deque()
+        self.ended_outside: set[TaskKey] = set()
+        """Tasks that ended while their job had no record here (``end`` without a job)."""
         """Jobs by when their ends are to be kept (in admission order)."""
 
     def state_of(self, key: TaskKey) -> TaskState | None:
         """Where a task is (None: not held, and not of a job with a record here)."""
         if key in self.inflight:
-            return TaskState.DISPATCHED
+            return _D
         if key in self.placed:
-            return TaskState.PLACED
+            return _P
         if key in self.finished:
-            return TaskState.FINISHED
+            return _F
         if key in self.failed:
-            return TaskState.FAILED
+            return _X
         if key in self.live:
-            return TaskState.QUEUED
+            return _Q
         return None
 
     def holds(self, key: TaskKey) -> bool:
@@ -204,6 +216,29 @@ class Ledger:
     def is_recent(self, jk: JobKey) -> bool:
         """A job of that key ended here lately."""
         return jk in self.recent_jobs
+
+    # ------------------------------------------------------------ moves
+    def dispatch(self, fl: InFlight) -> None:
+        """``fl``'s task leaves its queue in a request to an LM (QUEUED -> DISPATCHED)."""
+        key = fl.task.key
+        queued = key in self.live and key not in self.inflight and key not in self.placed
+        if not (queued and _SEND_QUEUED):
+            check(key, self.state_of(key), _D)
+        self.inflight[key] = fl
+
+    def accepted(self, task: Task) -> None:
+        """An LM accepted the request ``task`` was in flight with, whose answer took it
+        out of ``inflight`` just now (DISPATCHED -> PLACED)."""
+        key = task.key
+        was = self.state_of(key)
+        check(key, _D if was is _Q else was, _P)
+        self.placed[key] = task
+
+    def adopt(self, task: Task) -> None:
+        """A task running on an LM that this GM did not hold (it restarted): placed."""
+        key = task.key
+        check(key, self.state_of(key), _P)
+        self.placed[key] = task
 
     # ------------------------------------------------------------ job records
     def open_job(self, jk: JobKey, keys: list[TaskKey], now: float, redelivered: bool) -> None:
@@ -239,7 +274,15 @@ class Ledger:
         job: tuple[JobKey, JobRecord] | None = None,
     ) -> None:
         """Task ``key`` finished or failed for good: it leaves the live tables.  With its
-        ``job`` (key and record): counted there (the last of its tasks retires it)."""
+        ``job`` (key and record): counted there (the last of its tasks retires it).  A
+        task that ended before its job had a record here (adopted after a restart) is
+        counted in its job when the job comes back: that is no second end."""
+        if job is None or key not in self.ended_outside:
+            check(key, self.state_of(key), _F if finished else _X)
+        if job is None:
+            self.ended_outside.add(key)
+        else:
+            self.ended_outside.discard(key)
         self.live.pop(key, None)
         if finished:
             self.finished.add(key)

@@ -35,6 +35,7 @@ from msgspec import structs
 from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import EventKind, HeldTask, SubmitJob, TaskEvent
 from common.model import Phase, Task, TaskKey, TaskSpec, new_task
+from common.reasons import TaskFailure
 from common.schema import MAX_ID_LEN
 
 ResumeKey = tuple[UserId, JobId]
@@ -188,7 +189,7 @@ class Recovery:
                     ok=ok),
             self.gm,
         )  # fmt: skip
-        why = "" if ok else (f"failed on worker: {ev.detail}" if ev.detail else "failed on worker")
+        why = "" if ok else TaskFailure.on_worker(ev.detail)
         return Ending(task, ok, why)
 
     def running_orphan(self, task: Task) -> bool:

@@ -53,6 +53,7 @@ from common.messages import (
     WorkerHeartbeat,
     WorkerReports,
 )
+from common.reasons import RequestReason
 from local_master import inspect
 from local_master.core import LocalMaster
 from runtime import broker as amqp
@@ -322,7 +323,7 @@ class LmService:
             if starts:
                 await self._start_on_pool(starts)
         except (PeerRefused, GiveUp) as exc:
-            if isinstance(exc, PeerRefused) and exc.reason == "stale_epoch":
+            if isinstance(exc, PeerRefused) and exc.reason == RequestReason.STALE_EPOCH:
                 self._step_down(f"its worker pool follows a newer incarnation ({exc})")
                 return
             # its nodes will time out and their tasks go back (relaunched or re-queued)
@@ -403,7 +404,9 @@ class LmService:
         if self.active:
             return None
         what = "a standby" if self.cfg.lm_standby else "starting"
-        return Refused(reason="not_ready", detail=f"this process of {self.lm} is {what}")
+        return Refused(
+            reason=RequestReason.NOT_READY, detail=f"this process of {self.lm} is {what}"
+        )
 
     def state_page(self) -> dict[str, Any]:
         core = self.core

@@ -48,7 +48,6 @@ from common.messages import (
     CancelTasks,
     CheckWorkers,
     CommitGang,
-    EndedAttempt,
     EventKind,
     Heartbeat,
     HeldTask,
@@ -63,8 +62,6 @@ from common.messages import (
     PlacementResult,
     PreemptRequest,
     PreemptResponse,
-    Refused,
-    Registered,
     RegisterWorkers,
     ReleaseGang,
     ReportKind,
@@ -83,10 +80,12 @@ from common.messages import (
 )
 from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, key_of
+from common.reasons import NO_ROOM, Answer
 from local_master import durable
+from local_master.core_register import Registration
 from local_master.ends import Ends
 from local_master.gang_requests import GangRequests
-from local_master.nodes import NO_ROOM, ActiveTask, NodeTable
+from local_master.nodes import ActiveTask, NodeTable
 from local_master.reservations import Reservations
 from local_master.validation import (
     ASK_LATER,
@@ -95,14 +94,16 @@ from local_master.validation import (
     Address,
     foreign_user,
     refuse_request,
+    unknown_node,
 )
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
-_OK = PlacementResult(accepted=True, reason="ok")
+_OK = PlacementResult(accepted=True, reason=Answer.OK)
+_FITS, _REROUTED = Answer.OK, Answer.REROUTED  # (bound once: see local_master.nodes)
 
 
-class LocalMaster(GangRequests):
+class LocalMaster(GangRequests, Registration):
     """One cluster's consistent state, and validation of every GM request."""
 
     def __init__(
@@ -282,14 +283,14 @@ class LocalMaster(GangRequests):
         a = self.nodes.active.get(key)
         if a is not None:
             if a.attempt >= attempt:
-                return PlacementResult(accepted=True, reason="duplicate", attempt=a.attempt)
+                return PlacementResult(accepted=True, reason=Answer.DUPLICATE, attempt=a.attempt)
             self.nodes.release(key)
             effects.append(ToWorker(a.stop()))
         past = self.ends.covering(key, spec.job_id, attempt)
         if past is not None:
             ended, ok = past
             return PlacementResult(
-                accepted=True, reason="finished" if ok else "failed", attempt=ended
+                accepted=True, reason=Answer.FINISHED if ok else Answer.FAILED, attempt=ended
             )
         return None
 
@@ -308,11 +309,11 @@ class LocalMaster(GangRequests):
         node: int = p.node
         reason = nodes.check(spec, node)
         if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
-            node, reason = other, "rerouted"
+            node, reason = other, _REROUTED
             self.counters.rerouted += 1
-        elif reason == "insufficient_resources" and self._backfill(key_of(spec), p, now):
-            reason = "ok"
-        if reason not in ("ok", "rerouted"):
+        elif reason is Answer.INSUFFICIENT_RESOURCES and self._backfill(key_of(spec), p, now):
+            reason = _FITS
+        if reason is not _FITS and reason is not _REROUTED:
             external = nodes.home[p.node] != gm if nodes.has(p.node) else p.repartition
             if external:
                 self.counters.refused_external += 1
@@ -325,7 +326,7 @@ class LocalMaster(GangRequests):
         else:
             self.counters.launches += 1
         effects.append(ToWorker(a.start()))
-        if reason == "rerouted":
+        if reason is _REROUTED:
             return PlacementResult(accepted=True, reason=reason, node=node)
         return _OK
 
@@ -363,19 +364,19 @@ class LocalMaster(GangRequests):
         )  # fmt: skip
         if choice is None:
             self.counters.preemptions_refused += 1
-            return [self._preempt_response(req, now, False, "no_victim", None, ()), *effects]
+            return [self._preempt_response(req, now, False, Answer.NO_VICTIM, None, ()), *effects]
         if not choice.victims:  # room appeared without preempting anyone: a plain placement
             self.counters.preemptions_refused += 1
             a = nodes.place(spec, req.attempt, choice.node, req.gm, False, now, req.queued_at)
             effects.append(ToWorker(a.start()))
-            return [self._preempt_response(req, now, True, "room_free", a.node, ()), *effects]
+            return [self._preempt_response(req, now, True, Answer.ROOM_FREE, a.node, ()), *effects]
         self.counters.preempted_work_s += choice.lost
         refs = [self._preempt(victim, effects) for victim in choice.victims]
         a = nodes.place(spec, req.attempt, choice.node, req.gm, False, now, req.queued_at)
         if a.logical:
             self.counters.repartitions += 1
         effects.append(ToWorker(a.start()))
-        return [self._preempt_response(req, now, True, "ok", a.node, refs), *effects]
+        return [self._preempt_response(req, now, True, Answer.OK, a.node, refs), *effects]
 
     def _preempt(self, victim: ActiveTask, effects: list[Effect]) -> PlacedRef:
         """Stop ``victim`` and release what it holds.  It goes back to its GM once its
@@ -500,121 +501,6 @@ class LocalMaster(GangRequests):
             )
             effects.append(ToWorker(stop))
 
-    def _on_register(self, msg: RegisterWorkers, now: float) -> list[Effect]:
-        """The worker pool says which nodes live and what runs on them: this incarnation
-        takes it as the truth (§IV-D: the workers hold what runs)."""
-        if (refused := self.address.refuse(msg.lm)) is not None:
-            return [Reply(refused)]
-        has = self.nodes.has
-        bad = next((n for n in msg.nodes if not has(n)), None)
-        if bad is None:
-            bad = next((s.node for s in msg.running if not has(s.node)), None)
-        if bad is not None:
-            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
-        self._seen(msg.nodes, now)
-        effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
-        # what this LM holds on those nodes and the pool no longer runs (the pool
-        # restarted) is lost; what it accepted after the pool spoke may still be on its way
-        # (an attempt it reports ended is settled by that report below, not run again)
-        runs = {(s.spec.user, s.spec.task_id, s.attempt) for s in msg.running}
-        settled = runs | {
-            (e.report.user, e.report.task_id, e.report.attempt)
-            for e in msg.ended
-            if e.report.kind in ENDS
-        }
-        nodes = set(msg.nodes)
-        gone = [
-            a for k, a in self.nodes.active.items()
-            if a.node in nodes and (k[0], k[1], a.attempt) not in settled
-            and a.accepted_at < msg.at
-        ]  # fmt: skip
-        for a in gone:
-            self.nodes.release((a.spec.user, a.spec.task_id))
-        effects.extend(self._relaunch(gone, now))
-        self._confirm_stops(
-            lambda k, a: a.node in nodes and (*k[0], k[1]) not in runs, now, effects
-        )
-        started = {(r.user, r.task_id, r.attempt): r for r in msg.started}
-        for s in msg.running:
-            self._adopt(s, started.get((s.spec.user, s.spec.task_id, s.attempt)), now, effects)
-        for e in msg.ended:
-            self._learn_ended(e, now, effects)
-        self.address.register()
-        return effects
-
-    def _adopt(
-        self, s: StartTask, started: WorkerReport | None, now: float, effects: list[Effect]
-    ) -> None:
-        """An attempt the registering pool runs: held here, unless this LM holds a newer
-        one, or it cannot be the truth (its GM is not of the federation, or it does not
-        fit its node): then it is stopped."""
-        key = (s.spec.user, s.spec.task_id)
-        held = self.nodes.active.get(key)
-        if held is not None and held.attempt >= s.attempt:
-            return
-        if held is not None:  # an older attempt here: the pool's is the one that runs
-            self.nodes.release(key)
-        if s.gm not in self.gms or self.nodes.check(s.spec, s.node) != "ok":
-            self.counters.refused_internal += 1
-            stop = StopTask(
-                node=s.node, user=s.spec.user, task_id=s.spec.task_id, attempt=s.attempt, gm=s.gm
-            )
-            effects.append(ToWorker(stop))
-            return
-        a = self.nodes.place(s.spec, s.attempt, s.node, s.gm, s.altruistic, now, s.queued_at)
-        if started is not None:
-            a.worker_at = started.worker_at
-            a.started_at = started.started_at
-        self.counters.recovered += 1
-
-    def _learn_ended(self, e: EndedAttempt, now: float, effects: list[Effect]) -> None:
-        """An attempt that ended while no LM took its report: held as ended (a GM that
-        asks sees it ended, and does not place it again), its end sent on to its GM."""
-        rep = e.report
-        key = (rep.user, rep.task_id)
-        if not self.nodes.has(rep.node):
-            return
-        if rep.kind == ReportKind.LOST:
-            self._learn_lost(e, now, effects)
-            return
-        if rep.kind not in ENDS:
-            return
-        a = self.nodes.active.get(key)
-        if a is not None:
-            if a.attempt == rep.attempt and a.node == rep.node:
-                self._report(rep, now, effects)
-            return
-        if key in self.ends or e.start.gm not in self.gms:
-            return
-        held = HeldTask(
-            spec=e.start.spec,
-            attempt=rep.attempt,
-            queued_at=e.start.queued_at,
-            worker_at=rep.worker_at,
-            started_at=rep.started_at,
-            ended_at=rep.at,
-            ok=rep.kind == ReportKind.FINISHED,
-        )
-        self.ends.retire(key, e.start.gm, held, now)
-        self.counters.recovered_ends += 1
-        effects.append(ToGm(e.start.gm, self.nodes.report_event(rep)))
-
-    def _learn_lost(self, e: EndedAttempt, now: float, effects: list[Effect]) -> None:
-        """An attempt its pool stopped when it lost its LM (the lease): if this
-        incarnation holds nothing newer of it, it runs again, as a new attempt here (its
-        GM, which may have restarted and forgotten it, hears RELAUNCHED, then its end)."""
-        rep, start = e.report, e.start
-        key = (rep.user, rep.task_id)
-        if key in self.nodes.active or key in self.ends or start.gm not in self.gms:
-            return
-        lost = ActiveTask(
-            spec=start.spec, attempt=rep.attempt, node=rep.node, gm=start.gm, logical=False,
-            altruistic=start.altruistic, accepted_at=now, worker_at=rep.worker_at,
-            started_at=rep.started_at, queued_at=start.queued_at,
-        )  # fmt: skip
-        self.counters.recovered += 1
-        effects.extend(self._relaunch([lost], now))
-
     def _on_worker_heartbeat(self, msg: WorkerHeartbeat, now: float) -> list[Effect]:
         """A worker pool's nodes are alive; a node that had been declared dead comes
         back with what it still held."""
@@ -622,7 +508,7 @@ class LocalMaster(GangRequests):
             return [Reply(refused)]
         bad = next((n for n in msg.nodes if not self.nodes.has(n)), None)
         if bad is not None:
-            return [Reply(Refused(reason="unknown_node", detail=f"node {bad} is not here"))]
+            return [Reply(unknown_node(bad))]
         self._seen(msg.nodes, now)
         return []
 

@@ -26,11 +26,12 @@ from collections.abc import Iterable, Mapping
 from common.ids import GmId, LmId, UserId
 from common.messages import Refused
 from common.model import TaskKey, TaskSpec
+from common.reasons import RequestReason
 
-ASK_LATER = ("not_ready", "awaits its workers")
+ASK_LATER = (RequestReason.NOT_READY, "awaits its workers")
 """A GM's request before the pool registered: the LM may hold the task without knowing
 yet, so the GM asks again later (503)."""
-REGISTER_FIRST = ("register_first", "restarted")
+REGISTER_FIRST = (RequestReason.REGISTER_FIRST, "restarted")
 """A pool's message before it registered: it tells this incarnation what runs first."""
 
 
@@ -51,17 +52,19 @@ class Address:
         self.registered = True
 
     def refuse(
-        self, to: LmId, gm: GmId | None = None, unready: tuple[str, str] | None = None
+        self, to: LmId, gm: GmId | None = None, unready: tuple[RequestReason, str] | None = None
     ) -> Refused | None:
         """Why a message sent to LM ``to`` (by GM ``gm``, if a GM sent it) is not for this
         LM now, or None.  ``unready``: the refusal while the pool has not registered
         (None: taken before)."""
         if to != self.lm:
-            return Refused(reason="wrong_lm", detail=f"this is {self.lm}, not {to}")
+            return Refused(reason=RequestReason.WRONG_LM, detail=f"this is {self.lm}, not {to}")
         if unready is not None and not self.registered:
             return Refused(reason=unready[0], detail=f"{self.lm} {unready[1]}")
         if gm is not None and gm not in self.gms:
-            return Refused(reason="unknown_gm", detail=f"{gm} is not a GM of this federation")
+            return Refused(
+                reason=RequestReason.UNKNOWN_GM, detail=f"{gm} is not a GM of this federation"
+            )
         return None
 
 
@@ -80,14 +83,20 @@ def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | Non
     for spec in specs:
         if len(spec.demand) != n_resources:
             return Refused(
-                reason="wrong_resources",
+                reason=RequestReason.WRONG_RESOURCES,
                 detail=f"task {spec.task_id}: {len(spec.demand)} resource amounts, "
                 f"this cluster has {n_resources}",
             )
         key = (spec.user, spec.task_id)
         if key in seen:
             return Refused(
-                reason="duplicate_task_id", detail=f"task {spec.task_id} twice in one request"
+                reason=RequestReason.DUPLICATE_TASK_ID,
+                detail=f"task {spec.task_id} twice in one request",
             )
         seen.add(key)
     return None
+
+
+def unknown_node(node: int) -> Refused:
+    """A pool's message about a node this LM does not have."""
+    return Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {node} is not here")

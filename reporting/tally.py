@@ -129,8 +129,8 @@ class TaskTally:
             "tasks_started": self.started,
             "tasks_restarted": self.restarted,
             "wait_reasons": {
-                "decisions": {r.name.lower(): self.waits[r] for r in WaitReason},
-                "tasks": {r.name.lower(): self.waited[r] for r in WaitReason},
+                "decisions": WaitReason.counts(self.waits),
+                "tasks": WaitReason.counts(self.waited),
             },
         }
 

@@ -18,7 +18,7 @@ TASK_COLUMNS: tuple[str, ...] = (
     "allocation_s", "first_start_s", "reallocation_s",
     *(f"{name}_s" for name in COMPONENTS),
     "attempt", "decisions",
-    *(f"waits_{reason.name.lower()}" for reason in WaitReason),
+    *(f"waits_{reason.key}" for reason in WaitReason),
     "state", "failure",
 )  # fmt: skip
 """The columns of ``tasks.csv``, in order (``task_row``)."""

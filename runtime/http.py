@@ -45,6 +45,7 @@ from common import codec
 from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
+from common.reasons import RequestReason
 from runtime import h1
 from runtime.clock import steady
 from runtime.driver import CoreDriver
@@ -69,9 +70,15 @@ M = TypeVar("M")
 
 # Reasons a core refuses a request because the request itself is wrong (422); any
 # other refusal is a conflict with the service's state (409).
-UNAVAILABLE_REASONS = frozenset({"not_ready"})
+UNAVAILABLE_REASONS = frozenset({RequestReason.NOT_READY})
 BAD_REQUEST_REASONS = frozenset(
-    {"wrong_lm", "unknown_gm", "wrong_resources", "duplicate_task_id", "unknown_node"}
+    {
+        RequestReason.WRONG_LM,
+        RequestReason.UNKNOWN_GM,
+        RequestReason.WRONG_RESOURCES,
+        RequestReason.DUPLICATE_TASK_ID,
+        RequestReason.UNKNOWN_NODE,
+    }
 )
 
 

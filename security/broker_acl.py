@@ -502,11 +502,18 @@ def rabbit_password_hash(password: str, salt: bytes | None = None) -> str:
 
 def definitions(layout: BrokerLayout, creds: BrokerCredentials) -> dict[str, Any]:
     """The RabbitMQ definitions document that provisions ``layout``."""
+    return {
+        "vhosts": [{"name": layout.vhost}],
+        **_accounts(layout, creds),
+        **_topology_definitions(layout),
+    }
+
+
+def _accounts(layout: BrokerLayout, creds: BrokerCredentials) -> dict[str, Any]:
+    """The definitions' users, their permissions and topic permissions."""
     v = layout.vhost
-    topo = topology(layout)
     table = grants(layout)
     return {
-        "vhosts": [{"name": v}],
         "users": [
             {
                 "name": layout.broker_user(i),
@@ -538,6 +545,14 @@ def definitions(layout: BrokerLayout, creds: BrokerCredentials) -> dict[str, Any
             for i, g in table.items()
             for t in g.topics
         ],
+    }
+
+
+def _topology_definitions(layout: BrokerLayout) -> dict[str, Any]:
+    """The definitions' exchanges, queues, bindings and the vhost's queue limit."""
+    v = layout.vhost
+    topo = topology(layout)
+    return {
         "exchanges": [
             {
                 "name": e.name,

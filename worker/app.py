@@ -36,6 +36,7 @@ from common.messages import (
     WorkerReport,
     WorkerReports,
 )
+from common.reasons import RequestReason
 from runtime import faults, h1
 from runtime.driver import Batcher, CoreDriver
 from runtime.http import (
@@ -186,7 +187,7 @@ class WorkerService:
                 self.driver.feed(ReportsTaken(reports=msg.reports))
                 return
             except PeerRefused as exc:
-                if exc.reason == "register_first":
+                if exc.reason == RequestReason.REGISTER_FIRST:
                     self._reregister()
                     continue
                 # an LM that refuses reports is misconfigured: keep them, never drop them
@@ -204,7 +205,7 @@ class WorkerService:
                 await self.lm.post("/v1/worker-heartbeat", hb, expect=WorkerReports, policy=policy)
                 self.driver.feed(LeaseRenewed(sent=sent))
             except PeerRefused as exc:
-                if exc.reason == "register_first":
+                if exc.reason == RequestReason.REGISTER_FIRST:
                     self._reregister()
                 else:
                     log.warning("heartbeat refused: %s", exc)
@@ -228,7 +229,9 @@ class WorkerService:
         registration's back: the LM, told nothing runs here, would run it again."""
         if self.registered.is_set():
             return None
-        return Refused(reason="not_ready", detail=f"{self.ident()} awaits its LM's registration")
+        return Refused(
+            reason=RequestReason.NOT_READY, detail=f"{self.ident()} awaits its LM's registration"
+        )
 
     async def durable(self, msg: object) -> None:
         """Nothing to wait for: a pool's answers carry nothing its LM keeps for it."""

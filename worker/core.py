@@ -69,6 +69,7 @@ from common.messages import (
 )
 from common.metrics import WorkerCounters
 from common.model import TaskKey, TaskSpec
+from common.reasons import RequestReason
 
 STOP_MEMORY = 10_000
 """Attempts stopped before their start arrived that a pool remembers (tombstones)."""
@@ -180,9 +181,13 @@ class WorkerPool:
     def _accept_epoch(self, lm: LmId, epoch: int) -> Refused | None:
         """A command from this pool's LM, of its newest incarnation (or a refusal)."""
         if lm != self.lm:
-            return Refused(reason="wrong_lm", detail=f"this pool hosts {self.lm}'s nodes")
+            return Refused(
+                reason=RequestReason.WRONG_LM, detail=f"this pool hosts {self.lm}'s nodes"
+            )
         if epoch < self.epoch:
-            return Refused(reason="stale_epoch", detail=f"epoch {epoch} is older than {self.epoch}")
+            return Refused(
+                reason=RequestReason.STALE_EPOCH, detail=f"epoch {epoch} is older than {self.epoch}"
+            )
         self.epoch = epoch
         return None
 
@@ -194,7 +199,11 @@ class WorkerPool:
         bad = next((s for s in msg.tasks if not 0 <= s.node < self.n_nodes), None)
         if bad is not None:
             self.counters.refused += 1
-            return [Reply(Refused(reason="unknown_node", detail=f"node {bad.node} not hosted"))]
+            return [
+                Reply(
+                    Refused(reason=RequestReason.UNKNOWN_NODE, detail=f"node {bad.node} not hosted")
+                )
+            ]
         effects: list[Effect] = []
         started: list[WorkerReport] = []
         if self._lease_expired(now):

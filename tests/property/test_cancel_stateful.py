@@ -23,7 +23,7 @@ from common.effects import ToUser
 from common.ids import JobId, UserId
 from common.messages import CancelJob, LaunchRequest, PreemptRequest
 from common.model import TaskKey
-from global_master.core import CANCELLED
+from global_master.core_users import CANCELLED
 from global_master.lifecycle import JobBook, JobStatus, TaskStatus
 from tests.conftest import Envelope
 from tests.property.test_federation_stateful import Federation

@@ -21,7 +21,8 @@ What the network may do, and why:
 
 After every step: no node over-allocated, resources conserved on live nodes, each
 task in exactly one state (queued, in flight or placed at its GM, or ended with an
-outcome to its user), active on at most one LM and then dispatched or placed at its
+outcome to its user) and each change of state, message by message, one that
+``common.transitions.NEXT`` allows, active on at most one LM and then dispatched or placed at its
 GM, a pool never running two attempts of one task, LM versions monotone, GM view
 versions monotone except when a snapshot replaces the view, every ledger adding up.
 At the end the network is drained, dead workers come back, and every task must have
@@ -55,6 +56,7 @@ from common.messages import (
 )
 from common.model import TaskKey, TaskSpec, TaskState
 from common.overload import OverloadPolicy
+from common.transitions import NEXT
 from global_master.core import GlobalMaster
 from global_master.journal import Journal
 from local_master.core import LocalMaster
@@ -141,6 +143,7 @@ class Federation(RuleBasedStateMachine):
             )  # fmt: skip
             gm.journal = Journal(per_task=6, ended=8)
             self.gms[gm.gm_id] = gm
+            _follow_states(gm)
         self.net = Network(self.gms, self.lms, copies=copies)
         self.net.start(self.now)
         for lm in self.lms.values():
@@ -482,6 +485,38 @@ class Federation(RuleBasedStateMachine):
             if k not in self.net.outcomes and k not in self._ended()
         }
         raise AssertionError(f"tasks never finished nor failed: {stuck}")
+
+
+def _held(gm: GlobalMaster) -> dict[TaskKey, TaskState | None]:
+    keys = {*gm.live, *gm.inflight, *gm.placed, *gm.finished, *gm.failed}
+    return {k: gm.state_of(k) for k in keys}
+
+
+def _follows(was: TaskState | None, now: TaskState | None) -> bool:
+    """``now`` may follow ``was``; or the task ended (finished or failed) and its job
+    retired in the one message (its last task ended: every record of it goes)."""
+    if now in NEXT[was]:
+        return True
+    ends = NEXT[was] & {TaskState.FINISHED, TaskState.FAILED}
+    return now is None and any(None in NEXT[e] for e in ends)
+
+
+def _follow_states(gm: GlobalMaster) -> None:
+    """Every message ``gm`` handles moves each task's state only as the table says
+    (``common.transitions.NEXT``; a task not held before or after is ``None``)."""
+    handle = gm.handle
+
+    def handle_checked(msg: object, now: float) -> list[object]:
+        before = _held(gm)
+        effects = handle(msg, now)
+        after = _held(gm)
+        for key in before.keys() | after.keys():
+            was, now_in = before.get(key), after.get(key)
+            if was != now_in:
+                assert _follows(was, now_in), (type(msg).__name__, key, was, now_in)
+        return effects  # type: ignore[return-value]
+
+    setattr(gm, "handle", handle_checked)  # noqa: B010
 
 
 Federation.TestCase.settings = settings(

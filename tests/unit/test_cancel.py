@@ -5,7 +5,7 @@ from __future__ import annotations
 from common.effects import ToLm
 from common.ids import GmId
 from common.messages import CancelJob, CancelTasks
-from global_master.core import CANCELLED
+from global_master.core_users import CANCELLED
 from tests.conftest import Network, alive, make_gm, make_lm, make_task
 
 
