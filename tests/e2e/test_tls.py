@@ -44,10 +44,9 @@ def test_services_speak_tls_under_the_federations_ca_only(fed: Federation) -> No
     plain = url.replace("https://", "http://") + "/health"
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(plain, timeout=5)  # no clear text served
-    ok = urllib.request.urlopen(
-        url + "/health", timeout=5, context=tls.client_context(tls.tls_dir(home) / "ca.pem")
-    )
-    assert ok.status == 200
+    trusted = tls.client_context(tls.tls_dir(home) / "ca.pem")
+    with urllib.request.urlopen(url + "/health", timeout=5, context=trusted) as ok:
+        assert ok.status == 200
 
 
 def test_work_runs_over_tls(fed: Federation) -> None:
