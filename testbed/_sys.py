@@ -166,11 +166,12 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def free_ports(ip: str, count: int, *, low: int = 20000, high: int = 32000) -> list[int]:
+def free_ports(ip: str, count: int, *, low: int = 29000, high: int = 32000) -> list[int]:
     """``count`` distinct ports in ``[low, high)`` that ``ip`` can bind right now.
 
     The range sits below Linux's ephemeral ports, so outgoing connections do not take
-    them between this check and the broker's bind (another process still could).
+    them between this check and the broker's bind (another process still could), and
+    above the tests' federations (20000-28999, ``tests.conftest.free_base``).
     """
     picked: list[int] = []
     tries = 0

@@ -10,6 +10,7 @@ when, in which order, or whether it is dropped.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import socket
 from collections import deque
@@ -502,14 +503,27 @@ def free_base(host: str = "127.0.0.1") -> int:
     standbys +300) are free; below the kernel's ephemeral range (32768-60999), so no
     client socket of this machine can hold one of them when the services bind.  Tests
     running at once (pytest -n) each get their own."""
+    lo, hi = _port_slice()
     for _ in range(200):
-        base = random.randrange(20000, 32000, 10)
+        base = random.randrange(lo, hi - 310, 10)
         ports = [
             base + k for k in (*range(10), *range(100, 110), *range(200, 210), *range(300, 310))
         ]
         if all(_bindable(host, p) for p in ports):
             return base
     raise RuntimeError("no free ports")
+
+
+def _port_slice() -> tuple[int, int]:
+    """This test process's own ports of [20000, 29000): each pytest-xdist worker a slice
+    of its own, so that federations of tests running at once never pick overlapping
+    ranges between their check and their bind (private brokers take theirs from
+    ``testbed``'s range above)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    k = int(worker[2:]) if worker[2:].isdigit() else 0
+    span = 9000 // count
+    return 20000 + (k % count) * span, 20000 + (k % count + 1) * span
 
 
 def _bindable(host: str, port: int) -> bool:
