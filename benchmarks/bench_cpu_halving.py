@@ -44,7 +44,6 @@ HERE = Path(__file__).resolve().parent.parent
 def _arm(args: argparse.Namespace) -> int:
     """One arm, in this process (its tree first on ``sys.path``): a federation, a
     warm-up, the measured steps, the rows as JSON on ``--arm-out``."""
-    import asyncio
     from dataclasses import replace
 
     sys.path.insert(0, args.tree)
@@ -68,8 +67,8 @@ def _arm(args: argparse.Namespace) -> int:
             window["cpu1"] = bl._cpu_by_role(home_box[0])
             window["t1"] = time.time()
 
-    rg._submit_all = timed_submit  # type: ignore[assignment]
-    rg._wait_done = timed_wait  # type: ignore[assignment]
+    rg._submit_all = timed_submit
+    rg._wait_done = timed_wait
     cfg = replace(
         parse_config({}), name=f"bench-halving-{os.getpid()}", gms=3, lms=3,
         nodes_per_lm=bl.NODES // 3, base_port=args.base_port,
@@ -79,7 +78,9 @@ def _arm(args: argparse.Namespace) -> int:
     where = Path(tempfile.mkdtemp(prefix="halving-steps-"))
     rows: list[dict[str, Any]] = []
     traffic: dict[str, dict[str, int]] = {}
-    bl.start_federation(cfg, home)
+    # the tree's own (megha_cli.federation in older trees, federation.processes now)
+    names = vars(bl)
+    names["start_federation"](cfg, home)
     try:
         steps = [("warmup", args.rate, 3.0, False)]
         steps += [(f"rate{int(r)}", r, args.seconds, True) for r in args.rates]
@@ -103,12 +104,9 @@ def _arm(args: argparse.Namespace) -> int:
             row["sustained"] = bl.sustained(row)
             rows.append(row)
     finally:
-        bl.stop_federation(home)
-        with_purge = getattr(bl, "purge", None)
-        if with_purge is not None:
-            with_purge(cfg, home)
+        names["stop_federation"](home)
+        names["purge"](cfg, home)
     Path(args.arm_out).write_text(json.dumps(rows, indent=1) + "\n")
-    del asyncio
     return 0
 
 
