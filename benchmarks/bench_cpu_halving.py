@@ -134,7 +134,7 @@ def _summary(row: dict[str, Any], tree: str, load: tuple[float, ...]) -> dict[st
         "label", "offered_tasks_per_s", "throughput_tasks_per_s", "tasks",
         "unfinished_tasks", "failed_tasks", "allocation_s", "cpu_ms_per_task",
         "run_cpu_ms_per_task", "run_s", "cpu_system_share", "traffic", "sustained",
-        "counters", "profile",
+        "counters", "profile", "gc_since_start", "end_to_gm_s", "wall_s",
     )  # fmt: skip
     return {"tree": tree, "loadavg_before": load, **{k: row[k] for k in keep if k in row}}
 
