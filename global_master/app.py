@@ -555,12 +555,16 @@ class GmService:
         await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _decide_loop(self) -> None:
-        """Decide while there is work; decisions of one batch share one request per LM."""
+        """Decide while there is work; decisions of one batch share one request per LM.
+        Woken by any input, or after 0.5 s without (a timer, not ``wait_for``: that
+        made a task per wake-up)."""
         core = self.core
         batch = Decide(max_tasks=self.cfg.decide_batch)
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+            timer = loop.call_later(0.5, self._wake.set)
+            await self._wake.wait()
+            timer.cancel()
             self._wake.clear()
             while core.has_work():
                 self.driver.feed(batch)
