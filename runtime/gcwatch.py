@@ -16,16 +16,6 @@ import time
 from typing import Any
 
 GENERATIONS = 3
-DEFAULT_THRESHOLDS = gc.get_threshold()
-THRESHOLDS = (10_000, 20, 10)
-"""The collector's thresholds in a service (Python's default: 700, 10, 10).  A young
-collection runs per 700 container objects allocated and not yet freed: a service
-making and dropping message and task objects by the thousand a second ran one every
-few milliseconds, walking whatever was alive at that instant.  Per 10,000, most of
-those objects are gone by the next pass (freed by reference counting), so the
-collector walks each short-lived object less often; a young pass then walks at most
-~10,000 objects (a few milliseconds), and full passes come as before, when the objects
-that survived grow by a quarter."""
 
 
 class GcWatch:
@@ -42,7 +32,6 @@ class GcWatch:
         """Collect and freeze what exists now; time every collection from here on."""
         gc.collect()
         gc.freeze()
-        gc.set_threshold(*THRESHOLDS)
         self.frozen = gc.get_freeze_count()
         if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
@@ -53,7 +42,6 @@ class GcWatch:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         gc.unfreeze()
-        gc.set_threshold(*DEFAULT_THRESHOLDS)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -68,7 +56,6 @@ class GcWatch:
     def page(self) -> dict[str, Any]:
         return {
             "frozen_objects": self.frozen,
-            "thresholds": list(gc.get_threshold()),
             "generations": [
                 {
                     "collections": self.collections[g],
