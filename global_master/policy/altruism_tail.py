@@ -37,7 +37,7 @@ identity of each link's state, its waiting tasks, none running: C loops).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import reduce
 from itertools import islice, pairwise
 from operator import add, attrgetter, is_
@@ -175,8 +175,8 @@ class Tail:
     first link still in it (the links before it were released since)."""
 
     __slots__ = (
-        "capacity", "checked", "folds", "front", "links", "ns", "paths", "pos", "rlinks",
-        "specs", "states", "waitings",
+        "capacity", "checked", "folds", "front", "links", "ns", "paths", "pos", "products",
+        "rlinks", "specs", "states", "waitings",
     )  # fmt: skip
 
     def __init__(
@@ -194,6 +194,26 @@ class Tail:
         self.front = 0
         self.checked = (-1, 0)
         self.paths: dict[int, float] | None = None
+        self.products: dict[tuple[float, ...], tuple[int, list[int], list[float]]] = {}
+
+    def work(
+        self, front: int, capacity: Sequence[float], dom: Callable[[Resources], float]
+    ) -> Iterator[float]:
+        """The links' waiting work from ``front`` on, task after task in the job's
+        order (``JobState.remaining_work``'s terms, ``dom(demand) * duration``): made
+        once per capacity, so a sum over the job adds them in the same order."""
+        key = tuple(capacity)
+        hit = self.products.get(key)
+        if hit is None:
+            base, off, terms = self.front, [], []  # type: tuple[int, list[int], list[float]]
+            for w in self.waitings[base:]:
+                off.append(len(terms))
+                terms += [dom(t.demand) * t.duration for t in w.values()]
+            if len(self.products) >= FOLDS:
+                del self.products[next(iter(self.products))]
+            hit = self.products[key] = (base, off, terms)
+        base, off, terms = hit
+        return islice(terms, off[front - base], None)
 
     def critical(self) -> dict[int, float]:
         """``common.dag.finish_times`` of the links that have a child, on the reversed

@@ -7,8 +7,9 @@ every name here."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from operator import attrgetter
 from typing import Any
 
@@ -254,11 +255,15 @@ class JobState:
 
         w = self.memo("waiting_work")
         if w is None:
-            w = sum(
-                dom(t.demand) * t.duration
-                for st in self.stages.values()
-                for t in st.waiting.values()
-            )
+            stages: Iterable[StageState] = self.stages.values()
+            rest: Iterable[float] = ()
+            tail = self.chain
+            front = tail.check(self) if tail is not None else None
+            if front is not None and front < len(tail.links):  # (its products kept)
+                stages = islice(stages, len(self.stages) - (len(tail.links) - front))
+                rest = tail.work(front, capacity, dom)
+            head = (dom(t.demand) * t.duration for st in stages for t in st.waiting.values())
+            w = sum(chain(head, rest))
             self.keep("waiting_work", w)
         total = float(w)
         for t, since in self.running.values():
@@ -281,13 +286,42 @@ class JobState:
         return self._edges_now()[2]
 
     def _edges_now(self) -> tuple[tuple[int, ...], dict[int, list[int]], dict[int, list[int]]]:
-        key = tuple(self.stages)
+        stages = self.stages
+        key = tuple(stages)
         hit = self._edges
-        if hit is None or hit[0] != key:
-            stages = self.stages
+        if hit is None or hit[0] == key:
+            pass
+        elif len(key) < len(hit[0]) and tuple(filter(stages.__contains__, hit[0])) == key:
+            self._drop_edges(set(hit[0]).difference(stages))
+            hit = self._edges = (key, hit[1], hit[2])
+        else:
+            hit = None
+        if hit is None:
             parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
             hit = self._edges = (key, children_of(self.parents()), parents)
         return hit
+
+    def _drop_edges(self, gone: set[int]) -> None:
+        """The kept edges without the stages ``gone`` (the stages left are the kept
+        ones but these, in the same order): the same lists as made afresh, by touching
+        the stages next to those gone only -- a chain's link ending costs O(1), not a
+        walk of every edge left.  (A stage left with no child left has no entry in
+        ``children``, as in ``children_of``.)"""
+        assert self._edges is not None
+        _, children, parents = self._edges
+        around = [(x, parents.pop(x), children.pop(x, [])) for x in gone]
+        for x, ps, cs in around:
+            for c in cs:
+                if c in parents:
+                    parents[c] = [p for p in parents[c] if p != x]
+            for p in ps:
+                kept = children.get(p)
+                if kept is not None:
+                    rest = [c for c in kept if c != x]
+                    if rest:
+                        children[p] = rest
+                    else:
+                        del children[p]
 
     def critical_path(self, now: float) -> float:
         """Longest remaining chain of stage durations (running tasks end when they end)."""

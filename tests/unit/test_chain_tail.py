@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.dag import finish_times, make_job
+from common.dag import children_of, finish_times, make_job
 from global_master.policy import altruism, altruism_tail, sjf
 from global_master.policy.jobs import JobState, StageState
+from global_master.policy.vectors import dominant
 from tests.unit.test_pack_alone import reference
 
 DEMANDS = [(1, 1), (2, 1), (1, 2), (3, 2), (4, 4)]
@@ -116,6 +117,19 @@ def _same_packings(job: JobState, now: float, cap: list[float]) -> None:
         new = altruism.must_start(*args, job.live_parents(), job)
         before = old.must_start(*args, job.live_parents())
         assert [(x, t.task_id) for x, t in new] == [(x, t.task_id) for x, t in before]
+    # the edges kept as stages end, and the waiting work (tail terms kept)
+    stages = job.stages
+    assert job.live_parents() == {
+        s: [p for p in g.parents if p in stages] for s, g in stages.items()
+    }
+    assert job.children() == children_of({s: g.parents for s, g in stages.items()})
+    work = sum(
+        dominant(t.demand, cap) * t.duration for g in stages.values() for t in g.waiting.values()
+    )
+    for t, since in job.running.values():
+        work += dominant(t.demand, cap) * max(0.0, since + t.duration - now)
+    job.version += 1  # (remaining_work keeps its sum per version)
+    assert job.remaining_work(now, cap) == work
     # SJF's longest path to the end of every runnable task's stage
     length = {
         s: max((t.duration for t in g.waiting.values()), default=0.0) for s, g in job.stages.items()
