@@ -13,6 +13,8 @@ Given a job's allocation ``A_k``:
 
 Both are one list scheduler (``_pack_in_time``) run in opposite directions; running
 tasks hold their resources until they end (forward: from now; reverse: at the end).
+The chain a job's DAG ends with is packed by recipes kept per job and allocation
+(``altruism_tail``): the same floats, without walking it at every plan.
 Pure functions of their arguments: no clock, no randomness.
 """
 
