@@ -13,6 +13,8 @@ Given a job's allocation ``A_k``:
 
 Both are one list scheduler (``_pack_in_time``) run in opposite directions; running
 tasks hold their resources until they end (forward: from now; reverse: at the end).
+The chain a job's DAG ends with is packed by recipes kept per job and allocation
+(``altruism_tail``): the same floats, without walking it at every plan.
 Pure functions of their arguments: no clock, no randomness.
 """
 
@@ -26,6 +28,8 @@ from functools import partial
 from common.dag import children_of
 from common.ids import TaskId
 from common.model import Resources, Task
+from global_master.policy.altruism_tail import TailRun, chain_tail
+from global_master.policy.altruism_tail import stretch as _stretch
 from global_master.policy.jobs import JobState, Running, StageState
 from global_master.policy.vectors import EPS, dominant, give, take
 
@@ -61,12 +65,6 @@ def _fits_at(
         return True
     failed.add(d)
     return False
-
-
-def _stretch(d: Resources, cap: Sequence[float]) -> float:
-    """How much longer a task larger than the allocation takes when it time-shares
-    it: an allocation of ``cap`` holds a task of ``d`` for ``cap / d`` of the time."""
-    return max((x / c if c > EPS else float("inf")) for x, c in zip(d, cap, strict=True) if x > 0)
 
 
 class _Ready:
@@ -145,6 +143,7 @@ def _pack_in_time(
     started: Callable[[float, float, Task], None] | None = None,
     *,
     stretch: bool = True,
+    tail: TailRun | None = None,
 ) -> float:
     """List scheduling in time: at ``start`` and at each completion, start the ready
     tasks that fit in ``cap`` (beside ``in_use`` and ``held(end)``), longest first.
@@ -155,9 +154,13 @@ def _pack_in_time(
     times longer (a job whose fair share is smaller than one of its tasks gets that
     task for a fraction of the time, as DRF's processor sharing gives it), without it
     it runs at full speed.  Returns the last completion time; ``started(time, length,
-    task)`` sees every task packed.
+    task)`` sees every task packed.  With ``tail`` (``altruism_tail``), ``stages`` and
+    ``left`` are the stages before the job's chain tail, and the tail is packed by its
+    recipes where it is released alone.
     """
     p = _Packing(stages, left, waiting_on, cap, capacity, heap, in_use, held, started, stretch)
+    if tail is not None:
+        p.attach(tail)
     return p.run(start)
 
 
@@ -170,8 +173,8 @@ class _Packing:
     costs a few operations per stage, not a scheduler step per task."""
 
     __slots__ = (
-        "blocked", "cap", "clock", "finish", "heap", "held", "in_use", "left", "ready",
-        "seq", "stages", "started", "stretch", "waiting_on",
+        "blocked", "cap", "clock", "finish", "head", "heap", "held", "in_use", "left",
+        "ready", "seq", "stages", "started", "stretch", "tail", "waiting_on",
     )  # fmt: skip
 
     def __init__(
@@ -195,13 +198,36 @@ class _Packing:
         blocked = self.blocked = dict.fromkeys(stages, 0)
         for s in stages:
             for n in waiting_on.get(s, ()):
-                if left[s] > 0:
+                if left[s] > 0 and n in blocked:  # (else: a chain tail's link, ``attach``)
                     blocked[n] += 1
         self.clock = self.finish = 0.0
+        self.head: Mapping[int, StageState] = stages
+        self.tail: TailRun | None = None
+
+    def attach(self, tail: TailRun) -> None:
+        """The job's chain tail follows ``stages`` (``head``): its first link waits on
+        the head's stages that lead to it (forward), its last link holds back those it
+        waits for (reverse); the full stages are the job's, for the links' tasks."""
+        self.tail = tail
+        entry = tail.entry
+        blocked = self.blocked
+        blocked[entry] = 0
+        if tail.forward:  # its parents left in the head, with tasks left
+            left = self.left
+            for s in tail.tail.states[tail.front].parents:
+                if left.get(s, 0) > 0:
+                    blocked[entry] += 1
+        else:
+            for n in self.waiting_on.get(tail.last, ()):
+                blocked[n] += 1
+        self.stages = tail.stages
 
     def run(self, start: float) -> float:
         self.clock = self.finish = start
-        self._release([s for s in self.stages if self.blocked[s] == 0])
+        roots = [s for s in self.head if self.blocked[s] == 0]
+        if self.tail is not None and self.blocked[self.tail.entry] == 0:
+            roots.append(self.tail.entry)
+        self._release(roots)
         heap = self.heap
         while self.ready or heap:
             self._start_ready()
@@ -213,13 +239,27 @@ class _Packing:
     def _release(self, stages: list[int]) -> None:
         """``stages`` are ready: packed alone if they are a chain's next link, else
         added to the ready tasks."""
+        tail, skip = self.tail, None
         while len(stages) == 1 and not self.heap and not self.ready:
-            after = self._alone(stages[0])
+            s = stages[0]
+            j = tail.index(s) if tail is not None else None
+            if j is not None and s != skip:
+                assert tail is not None
+                stages, stop = tail.pack(self, j)
+                if stop is not None:  # the list scheduler takes link ``stop``
+                    skip = tail.tail.links[stop]
+                    stages = [skip]
+                continue
+            after = self._alone(s)
             if after is None:
                 break
             stages = after
         st = self.stages
         for s in stages:
+            if tail is not None:
+                j = tail.index(s)
+                if j is not None:
+                    tail.expand(self, j)
             self.ready.add(st[s].waiting.values(), s)
 
     def _start_ready(self) -> None:
@@ -339,11 +379,13 @@ def forward_pack(
     stages: dict[int, StageState],
     running: Sequence[Running],
     children: Mapping[int, list[int]] | None = None,
+    tail: TailRun | None = None,
 ) -> float:
     """T_k: when the job's remaining DAG would finish, given the allocation ``cap``.
 
     ``running`` are ``(end, demand, stage)`` of started tasks; ``children``, the
-    stages' (``common.dag.children_of``), if known.
+    stages' (``common.dag.children_of``), if known; with ``tail``, ``stages`` are
+    those before the job's chain tail (``altruism_tail``).
     """
     left = {s: len(st.waiting) + st.running for s, st in stages.items()}
     heap: list[_Packed] = []
@@ -353,7 +395,7 @@ def forward_pack(
         give(in_use, d)
     if children is None:
         children = children_of({s: st.parents for s, st in stages.items()})
-    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use, tail=tail)
 
 
 def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job: JobState) -> float:
@@ -364,12 +406,18 @@ def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job:
     which a stage with children finishes; every batch before it starts nothing and
     frees nothing that matters.  So the packing starts at that batch, from the job's
     running tasks kept in end order (``JobState.by_end``): one stage of N running
-    tasks costs the last batch, not N."""
-    stages = job.stages
+    tasks costs the last batch, not N.  A chain the job ends with is packed by its
+    recipes (``altruism_tail``): only the stages before it are walked."""
+    stages: dict[int, StageState] = job.stages
     children = job.children()
+    found = chain_tail(job, capacity)
+    tail = None
+    if found is not None:
+        tail = TailRun(job, found, cap, forward=True)
+        stages = tail.head(stages)
     rest = _from_last_release(now, stages, children, job.by_end)
     if rest is None:
-        return forward_pack(now, cap, capacity, stages, job.running_list(), children)
+        return forward_pack(now, cap, capacity, stages, job.running_list(), children, tail)
     left = {s: len(st.waiting) for s, st in stages.items()}
     in_use = [0.0] * len(cap)
     heap: list[_Packed] = []
@@ -377,7 +425,7 @@ def job_finish(now: float, cap: Sequence[float], capacity: Sequence[float], job:
         heap.append((end, k, d, s))
         left[s] += 1
         give(in_use, d)
-    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use)
+    return _pack_in_time(stages, left, children, cap, capacity, now, heap, in_use, tail=tail)
 
 
 def _from_last_release(
@@ -440,6 +488,7 @@ def must_start(
     running: Sequence[Running],
     runnable: set[TaskId],
     parents: Mapping[int, list[int]] | None = None,
+    job: JobState | None = None,
 ) -> list[tuple[float, Task]]:
     """Reverse packing from ``T_k`` (= ``horizon_end``): the latest start of each
     runnable task that still meets ``T_k`` (absolute times, earliest first); the tasks
@@ -448,7 +497,10 @@ def must_start(
     A task larger than ``cap`` is packed alone at full speed: the job need not
     time-share it from now on (as the forward packing that gave ``T_k`` assumed) but
     may run it whole later, when the leftover of others or its own share returns it
-    -- the area it is owed is the same."""
+    -- the area it is owed is the same.
+
+    With ``job`` (whose ``stages`` these are), the chain it ends with is packed by its
+    recipes (``altruism_tail``) while none of its tasks is runnable."""
     m = len(cap)
     # held(x): what running tasks hold at reverse time x (they sit at the end)
     reserved = sorted((horizon_end - max(end, now), d) for end, d, _ in running)
@@ -467,11 +519,34 @@ def must_start(
             latest.append((horizon_end - tau - length, task))
 
     # reversed: a stage waits for its children; running tasks count as done
-    left = {s: len(st.waiting) for s, st in stages.items()}
     if parents is None:  # (``JobState.live_parents``)
         parents = {s: [p for p in st.parents if p in stages] for s, st in stages.items()}
+    tail = _reverse_tail(job, cap, capacity, runnable, starts[0] if starts else float("inf"))
+    if tail is not None:
+        stages = tail.head(stages)
+    left = {s: len(st.waiting) for s, st in stages.items()}
     _pack_in_time(
-        stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started, stretch=False
-    )
+        stages, left, parents, cap, capacity, 0.0, [], [0.0] * m, held, started,
+        stretch=False, tail=tail,
+    )  # fmt: skip
     latest.sort(key=lambda p: p[0])
     return latest
+
+
+def _reverse_tail(
+    job: JobState | None,
+    cap: Sequence[float],
+    capacity: Sequence[float],
+    runnable: set[TaskId],
+    limit: float,
+) -> TailRun | None:
+    """The job's chain tail for a reverse packing: none of its tasks is runnable (no
+    latest start to give), and what running tasks hold is nothing before ``limit``."""
+    found = chain_tail(job, capacity) if job is not None else None
+    if job is None or found is None:
+        return None
+    tail, front = found
+    pos, stage_of = tail.pos, job.stage_of
+    if any(pos.get(stage_of.get(t, -1), -1) >= front for t in runnable):
+        return None
+    return TailRun(job, found, cap, forward=False, limit=limit)

@@ -104,7 +104,7 @@ class CarbyneQueues(JobQueues):
             if job.queued:
                 latest = must_start(
                     now, t_k, alloc, cap, job.stages, job.running_list(), set(job.queued),
-                    job.live_parents(),
+                    job.live_parents(), job,
                 )  # fmt: skip
             packed = (key, latest)
             job.keep("packed", packed)
