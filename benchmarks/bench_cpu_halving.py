@@ -41,6 +41,18 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 
 
+def _add_run_cpu(row: dict[str, Any], window: dict[str, Any]) -> None:
+    """The CPU per task of each role from the first publication to the last outcome."""
+    used = {
+        r: (u - window["cpu0"][r][0]) + (k - window["cpu0"][r][1])
+        for r, (u, k) in window["cpu1"].items()
+    }
+    n = max(row["tasks"], 1)
+    row["run_cpu_ms_per_task"] = {r: round(1e3 * v / n, 3) for r, v in used.items()}
+    row["run_cpu_ms_per_task"]["total"] = round(1e3 * sum(used.values()) / n, 3)
+    row["run_s"] = round(window["t1"] - window["t0"], 2)
+
+
 def _arm(args: argparse.Namespace) -> int:
     """One arm, in this process (its tree first on ``sys.path``): a federation, a
     warm-up, the measured steps, the rows as JSON on ``--arm-out``."""
@@ -93,14 +105,7 @@ def _arm(args: argparse.Namespace) -> int:
             )  # fmt: skip
             if not keep:
                 continue
-            used = {
-                r: (u - window["cpu0"][r][0]) + (k - window["cpu0"][r][1])
-                for r, (u, k) in window["cpu1"].items()
-            }
-            n = max(row["tasks"], 1)
-            row["run_cpu_ms_per_task"] = {r: round(1e3 * v / n, 3) for r, v in used.items()}
-            row["run_cpu_ms_per_task"]["total"] = round(1e3 * sum(used.values()) / n, 3)
-            row["run_s"] = round(window["t1"] - window["t0"], 2)
+            _add_run_cpu(row, window)
             row["sustained"] = bl.sustained(row)
             rows.append(row)
     finally:
