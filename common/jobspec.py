@@ -16,7 +16,7 @@ The single-stage short form puts one stage's keys at the top (no ``stages``)::
 * ``demand``: non-negative integers, one per resource of the federation, in its units:
   the same file means the same thing live and in ``megha simulate``
   (``common.config`` profiles: ``slots`` has one resource of 1 per node, so ``[1]``
-  is a whole node; see ``simulator.units``).
+  is a whole node; ``common.units.check_demands`` holds both to it).
 * ``duration``: seconds (synthetic tasks hold their resources that long; a task with a
   ``command`` runs it, ``duration`` bounding it as its timeout).
 * ``command``: an argv (absolute executable) run through the operator's sandbox when
@@ -31,13 +31,12 @@ cycles raise ``ConfigError`` (``bad_job_file``) naming the stage.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.dag import CycleError, task_id, topological_order
+from common.dag import CycleError, DagJob, make_job, read_json, task_id, topological_order
 from common.errors import ConfigError
 from common.ids import JobId, UserId
 from common.messages import MAX_JOB_TASKS, MAX_STAGES, StageSpec, SubmitJob
@@ -115,6 +114,17 @@ class JobDef:
             )
         return SubmitJob(job_id=JobId(job_id), user=UserId(user), token=token, submitted_at=now,
                          tasks=tuple(specs), stages=layout)  # fmt: skip
+
+    def dag_job(self, job_id: str, user: str, arrival: float = 0.0) -> DagJob:
+        """The job as ``megha simulate`` runs it: the same task ids, stages, demands (in
+        the federation's units, ``common.units``) and durations as ``submission`` (a
+        task's ``command`` is not run there: ``duration`` is how long it holds its
+        resources)."""
+        stages = [
+            (s.stage_id, [(t.demand, t.duration) for t in s.tasks], s.parents) for s in self.stages
+        ]
+        masks = [[t.constraints for t in s.tasks] for s in self.stages]
+        return make_job(job_id, user, arrival, stages, constraints=masks)
 
     def to_doc(self) -> dict[str, Any]:
         """The job-file form (tasks one by one)."""
@@ -232,17 +242,14 @@ def _ordered(stages: list[StageDef]) -> tuple[StageDef, ...]:
 
 
 def load_job(path: str | Path) -> JobDef:
-    """Read a job file; ``ConfigError`` (``bad_job_file``) in one line if it is wrong."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8-sig"))
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read job file {p}: {exc.strerror}", reason="bad_job_file"
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"{p}: not a JSON job file ({exc})", reason="bad_job_file") from None
+    """Read a job file; ``ConfigError`` (``bad_job_file``) in one line if it is wrong
+    (read as strictly as a megha-dag/1 file: ``common.dag.read_json``)."""
+    return job_of_doc(read_json(path), path)
+
+
+def job_of_doc(doc: Any, path: str | Path) -> JobDef:
+    """``parse_job`` of a document read from ``path``, its errors naming the file."""
     try:
         return parse_job(doc)
     except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}", reason="bad_job_file") from None
+        raise ConfigError(f"{path}: {exc}", reason="bad_job_file") from None

@@ -230,13 +230,13 @@ class Admissions:
                     JobReason.DUPLICATE_TASK_ID, f"task id {spec.task_id!r} is already in use"
                 )
             seen.add(key)
-            why = self._spec_error(spec, cluster)
+            why = self.spec_error(spec, cluster)
             if why is not None:
                 return why
         adm.checked = end
         return None
 
-    def _spec_error(self, spec: TaskSpec, cluster: Cluster) -> Refusal | None:
+    def spec_error(self, spec: TaskSpec, cluster: Cluster) -> Refusal | None:
         """Why task ``spec`` is not admitted for its demand, command or duration (None:
         it is)."""
         task_id, demand, duration = spec.task_id, spec.demand, spec.duration
