@@ -57,7 +57,7 @@ def schema() -> dict[str, Any]:
         "title": f"Megha wire messages, schema version {SCHEMA_VERSION}",
         "description": (
             "A body is msgpack of [tag, schema version, fields], shown here in JSON's data "
-            "model. Generated from common/messages.py by `python -m common.schema_doc`; "
+            "model. Generated from the common/messages package by `python -m common.schema_doc`; "
             "do not edit."
         ),
         "oneOf": one_of,

@@ -1,0 +1,67 @@
+"""What an LM or a worker pool writes to its write-ahead journal."""
+
+from __future__ import annotations
+
+from common.ids import GmId, JobId, TaskId, UserId
+from common.messages.state import HeldTask, PlacedRef
+from common.messages.workers import EndedAttempt, StartTask
+from common.model import Time
+from common.schema import Seq, UInt, Wire, message
+
+
+# What an LM or a worker pool writes to its write-ahead journal on local disk
+# (``runtime.journal``) so that a restart of every process at once loses nothing: each
+# record stands alone on disk, enveloped like a wire message.
+@message("journal_held")
+class JournalHeld(Wire, frozen=True, kw_only=True):
+    """LM journal: an attempt entered the active task list (``stopping``: the list of
+    preempted attempts whose stop their pool has not confirmed)."""
+
+    start: StartTask
+    accepted_at: Time
+    stopping: bool = False
+
+
+@message("journal_dropped")
+class JournalDropped(Wire, frozen=True, kw_only=True):
+    """LM journal: attempt ``attempt`` of the task left the active (or stopping) list."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: UInt
+    stopping: bool = False
+
+
+@message("journal_ended")
+class JournalEnded(Wire, frozen=True, kw_only=True):
+    """LM journal: an attempt of ``gm``'s ended (``held.ended_at``); the LM learnt it at
+    ``learnt_at`` and remembers it for its retention (longer if its job is kept)."""
+
+    gm: GmId
+    held: HeldTask
+    learnt_at: Time
+
+
+@message("journal_keep")
+class JournalKeep(Wire, frozen=True, kw_only=True):
+    """LM journal: ``gm`` asked that the ends of a job be kept (``keep``) or let go."""
+
+    gm: GmId
+    user: UserId
+    job_id: JobId
+    keep: bool
+    at: Time
+
+
+@message("journal_unreported")
+class JournalUnreported(Wire, frozen=True, kw_only=True):
+    """Pool journal: an attempt ended here; no LM has taken its report yet."""
+
+    ended: EndedAttempt
+
+
+@message("journal_taken")
+class JournalTaken(Wire, frozen=True, kw_only=True):
+    """Pool journal: the LM took the reports of these attempts."""
+
+    attempts: Seq[PlacedRef]
