@@ -142,6 +142,7 @@ def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
             max_task_duration_s=cfg.max_task_duration_s,
             commands=cfg.task_commands,
             max_user_tasks=cfg.max_user_tasks,
+            env_allow=tuple(cfg.task_env_allow),
         ),
         journal=Journal(),
         overload=cfg.overload,
