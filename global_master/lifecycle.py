@@ -421,12 +421,15 @@ class JobBook:
     def task_detail(self, rec: JobRecord, t: TaskRecord, ledger: Ledger) -> dict[str, Any]:
         live = ledger.live.get((rec.user, t.task_id))
         attempts = live.attempt if live is not None else t.attempts
+        started = t.started_at
+        if started < 0 and live is not None and live.first_started_at >= 0:
+            started = live.first_started_at  # running: its LM said so, no event yet
         return {
             "task_id": t.task_id, "job_id": rec.job_id, "stage": t.stage,
             "state": str(self.task_status(rec, t, ledger)), "attempts": attempts,
             "lm": (live.lm if live is not None and live.lm else t.lm) or None,
             "exit_code": t.exit_code, "reason": t.reason,
-            "started_at": t.started_at if t.started_at >= 0 else None,
+            "started_at": started if started >= 0 else None,
             "ended_at": t.ended_at if t.ended_at >= 0 else None,
             "stdout_bytes": len(t.stdout), "stderr_bytes": len(t.stderr),
         }  # fmt: skip
