@@ -11,7 +11,7 @@ for a snapshot; it consumes jobs once it has a view of every LM.
 GET /health, /v1/state, /metrics; for operators GET /v1/inspect (users' queues,
 shares, wait reasons), /v1/tasks/{user}/{task_id} (one task's timeline and why it
 waits) and /v1/find/{id} (the tasks and jobs of that id, of any user), answered by
-``global_master.inspect``.
+``global_master.pages``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from common import codec
 from common.config import FederationConfig
 from common.effects import JobRefused, JobSettled, Persist, Record, ToLm, ToUser
 from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
-from common.ids import GmId, JobId, LmId, TaskId, UserId
+from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
     CancelTasks,
@@ -61,9 +61,7 @@ from common.messages import (
     UserAccess,
     UserTasksStopped,
 )
-from common.metrics import percentiles
-from common.model import WaitReason
-from global_master import frontdoor, history, inspect, intake
+from global_master import frontdoor, history, intake, pages
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
@@ -86,20 +84,10 @@ from security.tokens import TokenStore
 
 RECENT_ALLOCATIONS = 4096
 """How many of the latest finished tasks' allocation times the state page keeps."""
-ALLOCATION_WINDOW_S = 60.0
-"""The state page lists the allocation times of the tasks finished this long ago at most."""
 DECODE_OFF_LOOP = 1 << 20
 """A job body of this many bytes or more is decoded in a thread: a 100,000-task job
 (8.5 MB) takes 0.5-1.5 s to decode, which would hold every other request that long;
 off the loop, only msgpack's C part (about a third) holds the interpreter."""
-
-MAX_DAG_EDGES = 100_000
-"""Parent references a DAG job may hold in all (ten a stage at ``MAX_STAGES``).  The
-schema bounds stages and parents per stage, not their product: a 2,000-stage job with
-every stage after all before it (2 M references, 5.5 MB on the wire, 2,000 tasks: far
-within ``max_user_tasks``) took ~90 MB of a GM's memory until it ended (ten of them
-grew a GM from 57 to 951 MB), a second of its loop to admit, and under Carbyne seconds
-of every plan made while it lived (``common.dag.children_of`` on each)."""
 
 log = logging.getLogger("megha.gm")
 
@@ -418,7 +406,7 @@ class GmService:
             await self._admit(user, job, msg)
 
     async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
-        too_many = dag_edges_error(job)
+        too_many = intake.dag_edges_error(job)
         if too_many is not None:  # before the core holds any of it
             self.refused_jobs += 1
             await self.broker.dead_letter(msg, self.cfg.user_queue(user), *too_many)
@@ -576,12 +564,16 @@ class GmService:
         await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
 
     async def _decide_loop(self) -> None:
-        """Decide while there is work; decisions of one batch share one request per LM."""
+        """Decide while there is work; decisions of one batch share one request per LM.
+        Woken by any input, or after 0.5 s without (a timer, not ``wait_for``: that
+        made a task per wake-up)."""
         core = self.core
         batch = Decide(max_tasks=self.cfg.decide_batch)
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+            timer = loop.call_later(0.5, self._wake.set)
+            await self._wake.wait()
+            timer.cancel()
             self._wake.clear()
             while core.has_work():
                 self.driver.feed(batch)
@@ -600,89 +592,8 @@ class GmService:
     async def durable(self, msg: object) -> None:
         """Nothing to wait for: a GM's answers carry nothing a sender keeps for it."""
 
-    def _sample(self) -> dict[str, Any]:
-        """A few of each table's entries, for a reader of ``/v1/state``."""
-        core = self.core
-        return {
-            "placed": [f"{u}/{t}@{x.attempt}" for (u, t), x in list(core.placed.items())[:20]],
-            "queued": [f"{t.user}/{t.task_id}" for t in list(core.queues)[:20]],
-            "inflight": [f"{u}/{t}" for (u, t) in list(core.inflight)[:20]],
-            "jobs": {
-                f"{u}/{j}": [r.left, len(r.unsettled), r.settled]
-                for (u, j), r in list(core.jobs.items())[:20]
-            },
-            "known_done": len(core.known_done),
-        }
-
     def state_page(self) -> dict[str, Any]:
-        core = self.core
-        rtts = [x for p in self.lms.values() for x in p.rtts]
-        return {
-            "gm": core.gm_id,
-            "ready": self.consuming,
-            "queues": {u: len(q) for u, q in core.queues.queues.items()},
-            "queued": len(core.queues),
-            "inflight": len(core.inflight),
-            "running_tasks": len(core.placed),
-            "jobs_active": len(core.jobs),
-            "jobs_admitting": len(core.admitting),
-            "unread_job_bytes": {
-                "now": self.unread.total(),
-                "peak_per_user": self.unread.peak,
-                "limit_per_user": self.unread.limit,
-            },
-            "sample": self._sample(),
-            "jobs_unacked": len(self.deliveries),
-            "allocations": {
-                "window_s": ALLOCATION_WINDOW_S,
-                "recent": [
-                    [round(at, 3), round(a, 6)]
-                    for at, a in self.recent_allocations
-                    if at >= time.time() - ALLOCATION_WINDOW_S
-                ],
-            },
-            "views": {lm: v.version for lm, v in core.views.items()},
-            "shares": core.dominant_shares(),
-            "counters": {
-                **core.counters.as_dict(),
-                "jobs_refused_by_driver": self.refused_jobs,
-                "jobs_redelivered": self.redelivered_jobs,
-                "lm_errors": sum(p.errors for p in self.lms.values()),
-                "requests_in_doubt": self.requests_in_doubt,
-                "duplicate_events": self.events_seen.dropped,
-                "background_failures": self.sup.failures,
-                "handler_errors": self.broker.handler_errors,
-                "poisoned": self.poison.poisoned,
-            },
-            "batches": {
-                "events_in": self.events_in.as_dict(),
-                "outcomes": self.outcomes.traffic(),
-                "persists": self.persists.traffic(),
-            },
-            "dead_lettered": self.broker.dead_lettered,
-            "dropped": {
-                "state": dict(self.state_seals.drops),
-                "events": dict(self.event_seals.drops),
-                "forged": self.forged,
-            },
-            "wait_reasons": WaitReason.counts(core.wait_reasons),
-            "gangs": {**core.gang.stats, "open": len(core.gang.gangs)},
-            "job_history": self.history.stats() if self.history is not None else None,
-            "lm_request_rtt_s": percentiles(rtts) if rtts else {},
-        }
-
-
-def dag_edges_error(job: SubmitJob) -> tuple[str, str] | None:
-    """Why ``job``'s stages are too many edges for a GM to hold (None: they are not)."""
-    if job.stages is None:
-        return None
-    edges = sum(len(s.parents) for s in job.stages)
-    if edges <= MAX_DAG_EDGES:
-        return None
-    return "too_many_edges", (
-        f"job {job.job_id!r}: its stages name {edges} parents in all, "
-        f"more than {MAX_DAG_EDGES} (MAX_DAG_EDGES)"
-    )
+        return pages.state_page(self)
 
 
 async def _ack(msg: AbstractIncomingMessage) -> None:
@@ -707,29 +618,7 @@ def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Applicatio
     )
     app = service_app(cfg, svc, metrics, access)
 
-    async def overview(request: web.Request) -> web.Response:
-        return web.json_response(inspect.overview(svc.core))
-
-    async def task(request: web.Request) -> web.Response:
-        user, task_id = request.match_info["user"], request.match_info["task_id"]
-        answer = inspect.task_answer(svc.core, (UserId(user), TaskId(task_id)))
-        if answer is None:
-            detail = f"{svc.core.gm_id} knows no task {task_id!r} of user {user!r} (now or lately)"
-            return web.json_response({"error": "unknown_task", "detail": detail}, status=404)
-        return web.json_response(answer)
-
-    async def find(request: web.Request) -> web.Response:
-        ident = request.match_info["id"]
-        answer = inspect.find(svc.core, ident)
-        if answer is None:
-            detail = f"{svc.core.gm_id} knows no task or job {ident!r} (now or lately)"
-            body = {"error": "not_found", "gm": svc.core.gm_id, "id": ident, "detail": detail}
-            return web.json_response(body, status=404)
-        return web.json_response(answer)
-
-    app.router.add_get("/v1/inspect", overview)
-    app.router.add_get("/v1/tasks/{user}/{task_id}", task)
-    app.router.add_get("/v1/find/{id}", find)
+    pages.add_routes(app, svc)
     frontdoor.add_routes(app, svc.front_door())
     return app
 

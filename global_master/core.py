@@ -149,7 +149,11 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         # what the hot paths look at before asking a piece (empty: nothing to ask)
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
-        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+        self._handlers = self._handler_table()
+
+    def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
+        """Which handler takes each message a GM is given."""
+        return {
             AdmitJob: lambda msg, now: self.gang.admitted(msg.job, self._admit_job(msg, now, now)),
             AdmitMore: self._on_admit_more,
             CancelJob: self._on_cancel,

@@ -146,3 +146,25 @@ def check_containers(body: bytes, limit: int = MAX_CONTAINERS) -> None:
             f"more than {limit} msgpack maps and arrays: more than a job can hold",
             reason="too_many_containers",
         )
+
+
+MAX_DAG_EDGES = 100_000
+"""Parent references a DAG job may hold in all (ten a stage at ``MAX_STAGES``).  The
+schema bounds stages and parents per stage, not their product: a 2,000-stage job with
+every stage after all before it (2 M references, 5.5 MB on the wire, 2,000 tasks: far
+within ``max_user_tasks``) took ~90 MB of a GM's memory until it ended (ten of them
+grew a GM from 57 to 951 MB), a second of its loop to admit, and under Carbyne seconds
+of every plan made while it lived (``common.dag.children_of`` on each)."""
+
+
+def dag_edges_error(job: SubmitJob) -> tuple[str, str] | None:
+    """Why ``job``'s stages are too many edges for a GM to hold (None: they are not)."""
+    if job.stages is None:
+        return None
+    edges = sum(len(s.parents) for s in job.stages)
+    if edges <= MAX_DAG_EDGES:
+        return None
+    return "too_many_edges", (
+        f"job {job.job_id!r}: its stages name {edges} parents in all, "
+        f"more than {MAX_DAG_EDGES} (MAX_DAG_EDGES)"
+    )

@@ -306,8 +306,15 @@ class LmService:
             await self.http.close()
 
     # ----------------------------------------------------------------- effects
+    def _journal_out(self) -> None:
+        """The journal's records of this loop turn to the page cache: called before
+        anything that depends on them leaves (an answer, starts, events)."""
+        if self.state is not None:
+            self.state.flush()
+
     async def _flush_pool(self, _: str, items: list[StartTask | StopTask]) -> None:
         assert self.pool is not None
+        self._journal_out()
         lm = self.core.lm_id
         stops = tuple(m for m in items if isinstance(m, StopTask))
         starts = tuple(m for m in items if isinstance(m, StartTask))
@@ -337,6 +344,7 @@ class LmService:
         """A pool forgets the ends it reported once the LM answers: the events they
         produced are on the broker first (an LM that dies right after loses nothing).
         A launch is answered once its starts left for the pool."""
+        self._journal_out()
         if isinstance(msg, WorkerReports | RegisterWorkers) and self._event_tickets:
             await self.events.sent(dict(self._event_tickets))
         elif isinstance(msg, LaunchRequest):
@@ -373,6 +381,7 @@ class LmService:
             return
 
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
+        self._journal_out()
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
         assert self.sealer is not None

@@ -214,13 +214,20 @@ COMPACT_BYTES = 8 << 20
 class DurableState:
     """A service's journal as its driver uses it: the records read back (decoded) at the
     start, each ``Record`` effect written before the rest of its message's effects leave,
-    an ``fdatasync`` every ``sync_s`` (0: at once), compaction when the log grows."""
+    an ``fdatasync`` every ``sync_s`` (0: at once), compaction when the log grows.
+
+    On an event loop, the records of one loop turn go out in one ``write`` (at the end
+    of the turn, or at ``flush``, which the service calls before anything that depends
+    on them leaves: an answer, a report, an event): a pool's task ends each came with a
+    ``write`` of their own."""
 
     def __init__(self, directory: Path | str, name: str, *, sync_s: float) -> None:
         self.journal = Journal(directory, name)
         self.sync_s = sync_s
         self.records_written = 0
         self.compactions = 0
+        self.writes = 0
+        self._pending: list[bytes] = []
 
     def open(self) -> list[object]:
         """Lock the journal and decode what it holds (``JournalBusy``: another process
@@ -238,12 +245,31 @@ class DurableState:
         return out
 
     def record(self, eff: Record) -> None:
-        """Write ``eff``'s records (in the page cache when this returns; on disk too when
-        ``sync_s`` is 0)."""
-        self.journal.append([codec.encode(r) for r in eff.records])
+        """Take ``eff``'s records: in the page cache by the end of this loop turn or the
+        next ``flush`` (at once without a running loop; on disk too when ``sync_s`` is 0)."""
+        payloads = [codec.encode(r) for r in eff.records]
         self.records_written += len(eff.records)
         if self.sync_s == 0:
+            self._pending += payloads
+            self.flush()
             self.journal.sync()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if not self._pending and loop is not None:
+            loop.call_soon(self.flush)
+        self._pending += payloads
+        if loop is None:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the records taken so far (one ``write``)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.journal.append(pending)
+            self.writes += 1
 
     @property
     def needs_compaction(self) -> bool:
@@ -251,6 +277,7 @@ class DurableState:
 
     def compact(self, records: list[object]) -> None:
         """Replace the journal by ``records``: the service's whole state now."""
+        self.flush()  # into the log the rewrite replaces (the state holds them)
         self.journal.rewrite([codec.encode(r) for r in records])
         self.compactions += 1
 
@@ -264,5 +291,6 @@ class DurableState:
                 await asyncio.to_thread(self.journal.sync)
 
     def close(self) -> None:
+        self.flush()
         self.journal.sync()
         self.journal.close()

@@ -4,7 +4,10 @@ that was being handled when the process died is never handled blindly again.
 Classic queues count no deliveries: a job whose handling kills its GM (memory, a loop
 blocked past gunicorn's timeout) is redelivered first to the GM that comes back, which
 dies again, for ever.  So a GM writes a record (the delivery's key: queue, size and a
-digest of its body) before it handles a delivery and removes it after.  Records left
+digest of its body) before it handles a delivery and removes it after.  The records are
+slots of one file per process (``slots-<pid>``, ``SLOT`` bytes each), written in place
+with one ``pwrite`` each: a file made and removed per delivery cost a GM two directory
+operations and four system calls per job (5% of its CPU at 1,000 tasks/s).  Records left
 when a process starts are deliveries its predecessor died in:
 
 * the predecessor died **alone** -- its gunicorn master (pid and start time) is ours, so
@@ -24,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -38,6 +40,9 @@ from common.config import CONFIG_ENV
 RUN_DIR_ENV = "MEGHA_RUN_DIR"
 """Where a service keeps its records (default: ``run/`` beside its config file)."""
 VERDICT_TTL_S = 24 * 3600.0
+SLOT = 256
+"""Bytes of one record's slot in a process's slot file (a record is ~110 bytes of JSON;
+an empty slot begins with a NUL)."""
 SAMPLE = 64 * 1024
 """A body's key hashes its first and last ``SAMPLE`` bytes (and its size and queue):
 a delivery of 8 MiB costs two 64 KiB hashes, not one of 8 MiB."""
@@ -57,6 +62,20 @@ def delivery_key(queue: str, body: bytes) -> str:
     h.update(body[:SAMPLE])
     h.update(body[-SAMPLE:] if len(body) > SAMPLE else b"")
     return h.hexdigest()
+
+
+def _slot_records(data: bytes) -> list[dict[str, object]]:
+    """The records of a slot file (empty and unreadable slots skipped)."""
+    out = []
+    for at in range(0, len(data), SLOT):
+        chunk = data[at : at + SLOT]
+        if not chunk or chunk[0] == 0:
+            continue
+        with contextlib.suppress(ValueError):
+            rec = json.loads(chunk.rstrip(b" \0"))
+            if isinstance(rec, dict) and "key" in rec:
+                out.append(rec)
+    return out
 
 
 def master_identity() -> str:
@@ -92,7 +111,11 @@ class PoisonGuard:
         self.master = master if master is not None else master_identity()
         self.verdicts: dict[str, Verdict] = {}
         self.poisoned = 0
-        self._seq = itertools.count()
+        self._fd = -1
+        """This process's slot file (opened at its first record)."""
+        self._free: list[int] = []
+        """Slots of the file free for the next record."""
+        self._slots = 0
         self._active = 0
         self._exclusive = False
         self._waiting_exclusive = 0
@@ -112,9 +135,13 @@ class PoisonGuard:
     def _judge_leftovers(self) -> None:
         now = time.time()
         records = []
-        for p in self.dir.glob("r-*"):
+        for p in self.dir.glob("r-*"):  # a record file of an earlier version
             with contextlib.suppress(OSError, ValueError):
                 records.append(json.loads(p.read_text()))
+            p.unlink(missing_ok=True)
+        for p in self.dir.glob("slots-*"):
+            with contextlib.suppress(OSError):
+                records += _slot_records(p.read_bytes())
             p.unlink(missing_ok=True)
         alone = len(records) == 1
         for r in records:
@@ -149,32 +176,46 @@ class PoisonGuard:
         handled alone."""
         alone = verdict is Verdict.SUSPECT
         await self._enter(alone)
-        path = self._record(key, suspect=alone)
+        slot = self._record(key, suspect=alone)
         try:
             yield
         finally:
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+            if slot is not None:
+                self._clear(slot)
             self._leave(alone)
             if alone:
                 self.settle(key)
 
-    def _record(self, key: str, *, suspect: bool) -> str | None:
+    def _record(self, key: str, *, suspect: bool) -> int | None:
+        """Write the record of ``key`` into a free slot (in the page cache when this
+        returns: it outlives the process); the slot, or None without a record."""
         if self._broken:
             return None
-        path = str(self.dir / f"r-{os.getpid()}-{next(self._seq)}")
         data = json.dumps({"key": key, "master": self.master, "suspect": suspect}).encode()
+        if len(data) >= SLOT:  # (a key is 32 hex digits, a master "pid:start")
+            self._disable(OSError(f"a record of {len(data)} bytes does not fit a slot"))
+            return None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            if self._fd < 0:
+                path = str(self.dir / f"slots-{os.getpid()}")
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            slot = self._free.pop() if self._free else self._slots
+            if slot == self._slots:
+                self._slots += 1
+            os.pwrite(self._fd, data.ljust(SLOT), slot * SLOT)
         except OSError as exc:
             self._disable(exc)
             return None
-        return path
+        return slot
+
+    def _clear(self, slot: int) -> None:
+        """The record in ``slot`` is done with: its first byte becomes a NUL."""
+        try:
+            os.pwrite(self._fd, b"\0", slot * SLOT)
+        except OSError as exc:
+            self._disable(exc)
+            return
+        self._free.append(slot)
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not ready():

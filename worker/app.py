@@ -149,9 +149,16 @@ class WorkerService:
         assert isinstance(eff.msg, WorkerReport)
         self.reports.add("lm", eff.msg)
 
+    def _journal_out(self) -> None:
+        """The journal's records of this loop turn to the page cache: called before
+        anything that depends on them leaves (an answer, reports, the registration)."""
+        if self.state is not None:
+            self.state.flush()
+
     async def _register(self, msg: RegisterWorkers) -> None:
         """Tell the LM what runs here (retried until it takes it)."""
         assert self.lm is not None
+        self._journal_out()
         while True:
             try:
                 reply = await self.lm.post("/v1/register", msg, expect=Registered)
@@ -175,6 +182,7 @@ class WorkerService:
 
     async def _send_reports(self, _: str, reports: list[WorkerReport]) -> None:
         assert self.lm is not None
+        self._journal_out()
         msg = WorkerReports(lm=self.core.lm, reports=tuple(reports))
         while True:
             await self.registered.wait()
@@ -234,7 +242,9 @@ class WorkerService:
         )
 
     async def durable(self, msg: object) -> None:
-        """Nothing to wait for: a pool's answers carry nothing its LM keeps for it."""
+        """Only the journal's records to write: a pool's answers carry nothing its LM
+        keeps for it."""
+        self._journal_out()
 
     def state_page(self) -> dict[str, Any]:
         return {

@@ -1,5 +1,5 @@
 """A DAG job's parent references in all are bounded at the GM's boundary
-(``global_master.app.MAX_DAG_EDGES``): the schema bounds stages and parents per stage,
+(``global_master.intake.MAX_DAG_EDGES``): the schema bounds stages and parents per stage,
 not their product, and a GM held ~36 bytes for each reference until the job ended
 (live: ``tests/e2e/test_attacks.py::test_a_dag_of_more_edges_than_a_gm_holds_is_refused``)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from common.ids import JobId, TaskId, UserId
 from common.messages import StageSpec, SubmitJob
 from common.model import TaskSpec
-from global_master.app import MAX_DAG_EDGES, dag_edges_error
+from global_master.intake import MAX_DAG_EDGES, dag_edges_error
 
 
 def job(parents_per_stage: list[int]) -> SubmitJob:
