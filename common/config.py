@@ -23,6 +23,7 @@ from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, PRIORITY_AGING_S, OverloadPolicy
+from common.taskenv import check_allow
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_SECRET = "megha-dev-secret-change-me"
@@ -136,12 +137,17 @@ class FederationConfig:
     0: no limit."""
     job_history_s: float = 3600.0
     """How long a GM keeps a user's ended job for ``megha job``/``jobs``/``logs`` and the
-    front door (``global_master.lifecycle``); kept in memory, gone with a GM restart."""
+    front door (``global_master.lifecycle``); journaled in the GM's state directory, so
+    it outlives a GM restart (``global_master.history``)."""
     job_history_per_user: int = 1000
     """At most this many of one user's ended jobs are kept (the oldest go first)."""
     task_commands: bool = False
     """Whether workers run a task's ``command`` (off: every task holds its resources for
     its duration, as in the paper's prototype), sandboxed as ``sandbox`` says."""
+    task_env_allow: list[str] = field(default_factory=list)
+    """The environment variables a task's command may be given (``env`` in job files):
+    names or shell patterns (``["LANG", "MEGHA_*"]``); a job naming another is refused
+    (``env_not_allowed``), and pools pass no other (``common.taskenv``).  Empty: none."""
     sandbox: dict[str, Any] = field(default_factory=dict)
     """``[sandbox]``: how commands run (``security.sandbox.SandboxPolicy``: the
     allow-list of executables, the range of task uids, scratch sizes, the network,
@@ -391,6 +397,7 @@ class FederationConfig:
             raise ConfigError("p_altruism must be in [0, 1]")
         profile(self.profile)
         self._check_task_uids()
+        check_allow(self.task_env_allow)
         return self
 
     def _check_task_uids(self) -> None:

@@ -551,6 +551,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def load_jobs(path: str | Path) -> tuple[tuple[str, ...], list[DagJob]]:
     """Read a job file (see the module docstring); ``ConfigError`` says what is wrong.
     UTF-8, with or without a byte-order mark."""
+    return parse_jobs(read_json(path))
+
+
+def read_json(path: str | Path) -> Any:
+    """A job file's JSON document (any format), read strictly: UTF-8 with or without a
+    byte-order mark, no key twice in one object; ``ConfigError`` (``bad_job_file``)
+    naming the file and line otherwise."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -578,7 +585,7 @@ def load_jobs(path: str | Path) -> tuple[tuple[str, ...], list[DagJob]]:
         raise ConfigError(
             f"{p}: arrays or objects nested too deeply for a job file", reason="bad_job_file"
         ) from None
-    return parse_jobs(doc)
+    return doc
 
 
 def jobs_to_doc(jobs: Iterable[DagJob], names: Sequence[str]) -> dict[str, Any]:

@@ -16,13 +16,17 @@ The single-stage short form puts one stage's keys at the top (no ``stages``)::
 * ``demand``: non-negative integers, one per resource of the federation, in its units:
   the same file means the same thing live and in ``megha simulate``
   (``common.config`` profiles: ``slots`` has one resource of 1 per node, so ``[1]``
-  is a whole node; see ``simulator.units``).
+  is a whole node; ``common.units.check_demands`` holds both to it).
 * ``duration``: seconds (synthetic tasks hold their resources that long; a task with a
   ``command`` runs it, ``duration`` bounding it as its timeout).
 * ``command``: an argv (absolute executable) run through the operator's sandbox when
   commands are enabled; ``{i}`` is the task's index in its stage, ``{n}`` the stage's
   task count.  A stage may list ``tasks`` one by one instead of ``count``, each with its
   own ``demand``, ``duration``, ``constraints`` and ``command``.
+* ``env``: variables for the command (``{"NAME": "value"}``), on a stage (for each of
+  its tasks) or a task (over its stage's); the federation passes only the names its
+  operator allows (``task_env_allow``) and refuses a job naming another
+  (``env_not_allowed``, ``common.taskenv``).
 * ``parents``: stage ids that must finish first.  Task ids are ``<job id>.s<stage>.t<i>``.
 
 ``parse_job`` is strict: unknown keys, wrong types, empty demands, unknown parents and
@@ -31,22 +35,25 @@ cycles raise ``ConfigError`` (``bad_job_file``) naming the stage.
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.dag import CycleError, task_id, topological_order
+from common.dag import CycleError, DagJob, make_job, read_json, task_id, topological_order
 from common.errors import ConfigError
 from common.ids import JobId, UserId
 from common.messages import MAX_JOB_TASKS, MAX_STAGES, StageSpec, SubmitJob
-from common.model import MAX_COMMAND, N_CONSTRAINTS, TaskSpec
+from common.model import MAX_COMMAND, MAX_ENV, N_CONSTRAINTS, TaskSpec
+from common.taskenv import bad_entry, entries
 
 FORMAT = "megha-job/1"
 _TOP = {"format", "name", "stages"}
-_STAGE = {"id", "parents", "tasks", "count", "demand", "duration", "command", "constraints"}
-_TASK = {"demand", "duration", "command", "constraints"}
+_STAGE = {
+    "id", "parents", "tasks", "count", "demand", "duration", "command", "constraints", "env",
+}  # fmt: skip
+_TASK = {"demand", "duration", "command", "constraints", "env"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,8 @@ class TaskDef:
     duration: float
     command: tuple[str, ...] = ()
     constraints: int = 0
+    env: tuple[str, ...] = ()
+    """``NAME=value`` each, in name order (``common.taskenv``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +90,13 @@ class JobDef:
     def single(
         cls, count: int, demand: list[int] | tuple[int, ...], duration: float,
         command: list[str] | tuple[str, ...] = (), name: str = "job",
+        env: Mapping[str, str] | None = None,
     ) -> JobDef:  # fmt: skip
-        """A one-stage job of ``count`` like tasks (``{i}`` in ``command``: the index)."""
+        """A one-stage job of ``count`` like tasks (``{i}`` in ``command``: the index;
+        ``env``: variables for the command)."""
         return parse_job(
             {"format": FORMAT, "name": name, "count": count, "demand": list(demand),
-             "duration": duration, "command": list(command)}
+             "duration": duration, "command": list(command), "env": dict(env or {})}
         )  # fmt: skip
 
     @property
@@ -103,6 +114,7 @@ class JobDef:
                 duration=t.duration,
                 constraints=t.constraints,
                 command=t.command,
+                env=t.env,
             )
             for s in self.stages
             for i, t in enumerate(s.tasks)
@@ -116,12 +128,24 @@ class JobDef:
         return SubmitJob(job_id=JobId(job_id), user=UserId(user), token=token, submitted_at=now,
                          tasks=tuple(specs), stages=layout)  # fmt: skip
 
+    def dag_job(self, job_id: str, user: str, arrival: float = 0.0) -> DagJob:
+        """The job as ``megha simulate`` runs it: the same task ids, stages, demands (in
+        the federation's units, ``common.units``) and durations as ``submission`` (a
+        task's ``command`` is not run there: ``duration`` is how long it holds its
+        resources)."""
+        stages = [
+            (s.stage_id, [(t.demand, t.duration) for t in s.tasks], s.parents) for s in self.stages
+        ]
+        masks = [[t.constraints for t in s.tasks] for s in self.stages]
+        return make_job(job_id, user, arrival, stages, constraints=masks)
+
     def to_doc(self) -> dict[str, Any]:
         """The job-file form (tasks one by one)."""
         stages = [
             {"id": s.stage_id, "parents": list(s.parents), "tasks": [
                 {"demand": list(t.demand), "duration": t.duration, "command": list(t.command),
-                 "constraints": t.constraints} for t in s.tasks]}
+                 "constraints": t.constraints,
+                 "env": dict(e.split("=", 1) for e in t.env)} for t in s.tasks]}
             for s in self.stages
         ]  # fmt: skip
         return {"format": FORMAT, "name": self.name, "stages": stages}
@@ -146,7 +170,24 @@ def _int(x: Any, where: str, name: str, lo: int = 0, hi: int | None = None) -> i
     return x
 
 
-def _task(obj: dict[str, Any], where: str, i: int, n: int) -> TaskDef:
+def _env(obj: Any, where: str, over: dict[str, str] | None = None) -> dict[str, str]:
+    """A stage's or task's ``env`` (over its stage's ``over``)."""
+    env = obj.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise _fail(where, f"env must be an object of strings, got {env!r:.80}")
+    out = {**(over or {}), **env}
+    if len(out) > MAX_ENV:
+        raise _fail(where, f"env names {len(out)} variables, at most {MAX_ENV}")
+    for entry in entries(out):
+        why = bad_entry(entry)
+        if why is not None:
+            raise _fail(where, f"env: {why}")
+    return out
+
+
+def _task(
+    obj: dict[str, Any], where: str, i: int, n: int, over: dict[str, str] | None = None
+) -> TaskDef:
     demand = obj.get("demand")
     if not isinstance(demand, list) or not demand:
         raise _fail(where, f"demand must be a non-empty list of integers, got {demand!r}")
@@ -165,7 +206,7 @@ def _task(obj: dict[str, Any], where: str, i: int, n: int) -> TaskDef:
         raise _fail(where, f"command has {len(cmd)} arguments, at most {MAX_COMMAND}")
     argv = tuple(a.replace("{i}", str(i)).replace("{n}", str(n)) for a in cmd)
     mask = _int(obj.get("constraints", 0), where, "constraints", 0, 1 << N_CONSTRAINTS)
-    return TaskDef(d, float(dur), argv, mask)
+    return TaskDef(d, float(dur), argv, mask, entries(_env(obj, where, over)))
 
 
 def _stage(obj: Any, k: int) -> StageDef:
@@ -182,8 +223,9 @@ def _stage(obj: Any, k: int) -> StageDef:
         items = st["tasks"]
         if not isinstance(items, list) or not items:
             raise _fail(where, "tasks must be a non-empty list")
+        env = _env(st, where)
         tasks = [
-            _task(_keys(t, _TASK, f"{where} task {i}"), f"{where} task {i}", i, len(items))
+            _task(_keys(t, _TASK, f"{where} task {i}"), f"{where} task {i}", i, len(items), env)
             for i, t in enumerate(items)
         ]
     else:
@@ -232,17 +274,14 @@ def _ordered(stages: list[StageDef]) -> tuple[StageDef, ...]:
 
 
 def load_job(path: str | Path) -> JobDef:
-    """Read a job file; ``ConfigError`` (``bad_job_file``) in one line if it is wrong."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8-sig"))
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read job file {p}: {exc.strerror}", reason="bad_job_file"
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(f"{p}: not a JSON job file ({exc})", reason="bad_job_file") from None
+    """Read a job file; ``ConfigError`` (``bad_job_file``) in one line if it is wrong
+    (read as strictly as a megha-dag/1 file: ``common.dag.read_json``)."""
+    return job_of_doc(read_json(path), path)
+
+
+def job_of_doc(doc: Any, path: str | Path) -> JobDef:
+    """``parse_job`` of a document read from ``path``, its errors naming the file."""
     try:
         return parse_job(doc)
     except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}", reason="bad_job_file") from None
+        raise ConfigError(f"{path}: {exc}", reason="bad_job_file") from None

@@ -39,6 +39,8 @@ N_CONSTRAINTS = 21
 """Machine/task placement constraints, as in the paper (bit i of a mask = constraint i)."""
 MAX_RESOURCES = 16
 MAX_COMMAND = 64
+MAX_ENV = 64
+"""Environment variables a task may name (``common.taskenv``)."""
 
 Resources = Annotated[tuple[UInt, ...], n_items(1, MAX_RESOURCES)]
 Mask = Annotated[int, in_range(0, (1 << N_CONSTRAINTS) - 1, above="unknown_constraint")]
@@ -113,6 +115,9 @@ class TaskSpec(Wire, frozen=True, kw_only=True):
     priority: Annotated[int, in_range(0, MAX_PRIORITY)] = 0
     """The job's priority class: a higher class is served first and preempts lower ones
     (``global_master.policy.classes``, ``global_master.classes``); 0 is the lowest."""
+    env: Annotated[tuple[Text, ...], n_items(0, MAX_ENV)] = ()
+    """Variables for its ``command``'s environment, ``NAME=value`` each: passed only if
+    the operator allows each name (``task_env_allow``, ``common.taskenv``)."""
 
 
 TaskKey = tuple[UserId, TaskId]

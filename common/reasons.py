@@ -76,6 +76,8 @@ class JobReason(StrEnum):
     IMPOSSIBLE_RESOURCES = "impossible_resources"
     DURATION_TOO_LONG = "duration_too_long"
     BAD_DAG = "bad_dag"
+    ENV_NOT_ALLOWED = "env_not_allowed"
+    BAD_ENV = "bad_env"
 
 
 class TaskFailure(StrEnum):

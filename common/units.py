@@ -9,7 +9,10 @@ scale, ``SIM_UNITS`` per node and resource (``[21]`` is 21/100 of a node, as Car
 examples are written): a live federation has no such units and refuses such a file
 (``units_not_live``), so that a demand never means 1/100 of a node in one place and a
 whole node in the other.  megha-job/1 files (``common.jobspec``) name no resources:
-their demands are always in the federation's profile's units.
+their demands are always in the federation's profile's units -- ``megha simulate
+--profile P`` runs them on P's nodes, a live federation on its ``profile``'s -- and
+``check_demands`` holds a job to them, the same check in ``megha simulate``, ``megha
+submit`` and a GM's front door.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 
 from common.cluster import PROFILES, ResourceProfile
 from common.errors import ConfigError
+from common.jobspec import JobDef
 
 SIM_UNITS = 100
 """Per node and resource, for files whose resource names are no profile's."""
@@ -52,3 +56,27 @@ def check_live(names: Sequence[str], federation: ResourceProfile, where: str) ->
             f"the file in those",
             reason="units_not_live",
         )
+
+
+def check_demands(job: JobDef, federation: ResourceProfile, where: str) -> None:
+    """``ConfigError`` unless each task of ``job`` asks for ``federation``'s resources
+    (one amount per resource, ``wrong_resources``) and fits one of its nodes
+    (``impossible_resources``): what a live GM would refuse the job for, said before
+    it is sent or simulated."""
+    width, cap = len(federation.names), tuple(federation.node_capacity)
+    for s in job.stages:
+        for i, t in enumerate(s.tasks):
+            task = f"{where}: stage {s.stage_id} task {i}"
+            if len(t.demand) != width:
+                raise ConfigError(
+                    f"{task}: demand {list(t.demand)} has {len(t.demand)} amounts; profile "
+                    f"{federation.name!r} counts {list(federation.names)} "
+                    f"({list(cap)} per node)",
+                    reason="wrong_resources",
+                )
+            if any(d > c for d, c in zip(t.demand, cap, strict=True)):
+                raise ConfigError(
+                    f"{task}: demand {list(t.demand)} exceeds a node of profile "
+                    f"{federation.name!r} ({list(cap)}): it would never run",
+                    reason="impossible_resources",
+                )

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Collection, Container
 from dataclasses import dataclass, field
 
+from common import taskenv
 from common.dag import DagJob, from_layout
 from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
@@ -52,6 +53,9 @@ class AdmissionLimits:
     """Tasks one user may have on this GM at once -- queued, being admitted, in flight or
     running (about 1 KB each); a job that would pass it is refused (``user_task_limit``)
     and the GM's memory stays bounded.  0: no limit."""
+    env_allow: tuple[str, ...] = ()
+    """The environment variables a task may name (``task_env_allow``, ``common.taskenv``):
+    a job naming another is refused (``env_not_allowed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,13 +234,13 @@ class Admissions:
                     JobReason.DUPLICATE_TASK_ID, f"task id {spec.task_id!r} is already in use"
                 )
             seen.add(key)
-            why = self._spec_error(spec, cluster)
+            why = self.spec_error(spec, cluster)
             if why is not None:
                 return why
         adm.checked = end
         return None
 
-    def _spec_error(self, spec: TaskSpec, cluster: Cluster) -> Refusal | None:
+    def spec_error(self, spec: TaskSpec, cluster: Cluster) -> Refusal | None:
         """Why task ``spec`` is not admitted for its demand, command or duration (None:
         it is)."""
         task_id, demand, duration = spec.task_id, spec.demand, spec.duration
@@ -251,6 +255,10 @@ class Admissions:
             return Refusal(JobReason.COMMANDS_DISABLED, (
                 f"task {task_id} has a command; this federation runs none"
             ))  # fmt: skip
+        if spec.env:
+            bad = taskenv.refusal(spec.env, self.limits.env_allow)
+            if bad is not None:
+                return Refusal(JobReason(bad[0]), f"task {task_id}: {bad[1]}")
         if not any(fits(cap, demand) for cap in cluster.node_caps):
             return Refusal(JobReason.IMPOSSIBLE_RESOURCES, (
                 f"task {task_id}: demand {demand} exceeds every node's capacity"

@@ -30,7 +30,7 @@ from msgspec.structs import replace
 from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
-from common.effects import JobRefused, JobSettled, Persist, ToLm, ToUser
+from common.effects import JobRefused, JobSettled, Persist, Record, ToLm, ToUser
 from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
@@ -61,7 +61,7 @@ from common.messages import (
     UserAccess,
     UserTasksStopped,
 )
-from global_master import frontdoor, intake, pages
+from global_master import frontdoor, history, intake, pages
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
 from global_master.journal import Journal
@@ -130,6 +130,7 @@ def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
             max_task_duration_s=cfg.max_task_duration_s,
             commands=cfg.task_commands,
             max_user_tasks=cfg.max_user_tasks,
+            env_allow=tuple(cfg.task_env_allow),
         ),
         journal=Journal(),
         overload=cfg.overload,
@@ -196,6 +197,9 @@ class GmService:
         d.on(JobSettled, self._ack)
         d.on(JobRefused, self._dead_letter)
         d.on(Persist, self._persist)
+        self.history = history.for_gm(cfg, gm, self.core.book)
+        if self.history is not None:
+            d.on(Record, self.history.record)
 
     def _open_keys(self, access: Access, gm: GmId) -> None:
         """The users' tokens, the LMs' seals, and this GM's own seal on returned tasks."""
@@ -218,6 +222,9 @@ class GmService:
     # ------------------------------------------------------------ lifecycle
     async def open(self) -> None:
         await self.sup.__aenter__()
+        if self.history is not None:  # before any job is taken
+            await self.history.open()
+            self.sup.run_forever(self.history.sync_forever(), "job history sync")
         self.http = session()
         for lm in self.cfg.lm_ids:
             self.lms[lm] = Peer(
@@ -280,6 +287,8 @@ class GmService:
             await self.broker.close()
         if self.http is not None:
             await self.http.close()
+        if self.history is not None:
+            self.history.close()
 
     # --------------------------------------------------------------- inputs
     def feed(self, msg: object) -> None:

@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from common.effects import Effect, JobSettled, Persist, ToLm, ToUser
+from common.effects import Effect, JobSettled, Persist, Record, ToLm, ToUser
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     ENDS_RETAINED_S,
@@ -196,6 +196,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
                 self._send_launch(lm, placements, effects, now)
         if self.book is not None:
             self.book.observe(msg, effects, now, self.ledger)
+            if self.book.changes:  # its history, written before the rest leaves
+                effects.insert(0, Record(tuple(self.book.take())))
         return effects
 
     # ------------------------------------------------------------ read-only

@@ -97,6 +97,20 @@ class AdmissionSteps:
         why = admission.check(adm, n, self.live, self._cluster())  # in one step
         return [self._refuse(job, why)] if why is not None else self._queue_tasks(adm, n, now)
 
+    def task_refusal(self, job: SubmitJob) -> Refusal | None:
+        """Why admission would refuse one of ``job``'s tasks for its demand, command or
+        duration, checked as ``_admit_job`` checks them (None: it would not, or this GM
+        has no view of every LM yet).  Reads only: a front door says so before it sends
+        the job on."""
+        if not self.ready:
+            return None
+        cluster = self._cluster()
+        for spec in job.tasks:
+            why = self.admission.spec_error(spec, cluster)
+            if why is not None:
+                return why
+        return None
+
     def _cluster(self) -> Cluster:
         return Cluster(len(self.lm_views.capacity), self.lm_views.node_caps)
 

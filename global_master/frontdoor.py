@@ -110,6 +110,9 @@ class FrontDoor:
             return _error(409, "duplicate_job_id", f"job {jid!r} exists")
         sub = job.submission(jid, user, token, time.time())
         sub = codec.decode(codec.encode(sub), expect=SubmitJob)  # the wire's own checks
+        why = self.core.task_refusal(sub)  # what the core's admission would refuse it for
+        if why is not None:
+            raise Unadmittable(why.reason, why.detail)
         await self.publish(sub)
         self.pending[jk] = sub
         ids = [s.task_id for s in sub.tasks]
@@ -197,6 +200,13 @@ class WrongGm(MeghaError):
         self.gm, self.url = gm, url
 
 
+class Unadmittable(MeghaError):
+    """A job its GM's admission would refuse (``JobReason``): said before it is sent."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail, reason=str(reason))
+
+
 class UnknownJob(MeghaError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job {job_id!r} of yours here (now or lately)", reason="unknown_job")
@@ -216,6 +226,8 @@ def _status(exc: MeghaError) -> int:
         return 404
     if isinstance(exc, Unauthorized):
         return 401
+    if isinstance(exc, Unadmittable):
+        return 422
     return 422 if exc.reason in ("bad_job_file", "bad_job_id") else 400
 
 
@@ -338,7 +350,10 @@ OPENAPI: dict[str, Any] = {
                      "responses": {"202": _resp("published to your queue",
                                                 {"$ref": "#/components/schemas/Submitted"}),
                                    "409": _resp("duplicate_job_id"),
-                                   "422": _resp("bad_job_file, bad_job_id, or a wire bound"),
+                                   "422": _resp("bad_job_file, bad_job_id, a wire bound, or "
+                                                 "what admission refuses (wrong_resources, "
+                                                 "impossible_resources, commands_disabled, "
+                                                 "duration_too_long, ...)"),
                                    **_ERRORS}},
             "get": {"operationId": "jobs", "summary": "your jobs (live, or ended lately)",
                     "parameters": [{"name": "state", "in": "query", "required": False,

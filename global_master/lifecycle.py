@@ -16,6 +16,11 @@ Theory of operation:
 * Bounded: each user's ended jobs are kept ``keep_s`` after their end and at most
   ``per_user`` of them (the oldest go first); a task keeps the last ``OUTPUT_BYTES``
   of its stdout and stderr (commands on), its attempts and its exit code.
+* Durable when its GM keeps a journal (``global_master.history``): each change is a
+  history record (``Opened``, ``Noted``, ``TaskEnded``, ``JobEnded``) taken by the core
+  as a ``Record`` effect; ``replay`` rebuilds the book from them after a restart
+  (through the same steps as the live changes, so the same book), ``records`` is the
+  book as records again (the journal's compaction).  Times are the core's ``now``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import msgspec
 
 from common.effects import Effect, JobRefused, ToUser
 from common.ids import JobId, TaskId, UserId
@@ -39,9 +46,10 @@ from common.messages import (
 from common.model import TaskState
 from global_master.ledger import Ledger
 
-__all__ = ["OUTPUT_BYTES", "JobBook", "JobStatus", "TaskStatus"]
+__all__ = ["OUTPUT_BYTES", "HistoryRecord", "JobBook", "JobStatus", "TaskStatus"]
 
 CANCELLED = "cancelled"
+REFUSED = "job refused"
 
 
 class TaskStatus(StrEnum):
@@ -66,6 +74,53 @@ _LIVE = {
     TaskState.DISPATCHED: TaskStatus.QUEUED,
     TaskState.PLACED: TaskStatus.RUNNING,
 }
+
+
+class Opened(msgspec.Struct, tag="opened", array_like=True, frozen=True):
+    """A job was admitted: its tasks, and each one's stage as (stage id, count) runs."""
+
+    user: str
+    job_id: str
+    at: float
+    task_ids: tuple[str, ...]
+    stage_runs: tuple[tuple[int, int], ...]
+
+
+class Noted(msgspec.Struct, tag="noted", array_like=True, frozen=True):
+    """Its user asked to cancel a job (``what`` ``cancel``), or the GM refused it
+    (``refused``, ``detail`` why)."""
+
+    user: str
+    job_id: str
+    at: float
+    what: str
+    detail: str = ""
+
+
+class TaskEnded(msgspec.Struct, tag="task", array_like=True, frozen=True):
+    """A task ended, as its user reads it from then on."""
+
+    user: str
+    job_id: str
+    task_id: str
+    state: str
+    reason: str
+    attempts: int
+    lm: str
+    exit_code: int | None
+    started_at: float
+    ended_at: float
+    stdout: bytes
+    stderr: bytes
+
+
+class JobEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True):
+    user: str
+    job_id: str
+    at: float
+
+
+HistoryRecord = Opened | Noted | TaskEnded | JobEnded
 
 
 @dataclass(slots=True)
@@ -117,6 +172,67 @@ class JobBook:
         self.ended: dict[UserId, OrderedDict[JobId, float]] = {}
         """Per user, its ended jobs by when they ended (oldest first)."""
         self.job_of: dict[tuple[UserId, TaskId], JobId] = {}
+        self.changes: list[HistoryRecord] | None = None
+        """The history records of the changes not yet taken (``take``); None: the book
+        keeps no history (its GM keeps no journal)."""
+        self._replaying = False
+
+    # ------------------------------------------------------------- history
+    def keep_history(self) -> None:
+        """From now on each change is a history record (``take`` them)."""
+        if self.changes is None:
+            self.changes = []
+
+    def take(self) -> list[HistoryRecord]:
+        """The history records of the changes since the last ``take``."""
+        out = self.changes or []
+        if out:
+            self.changes = []
+        return out
+
+    def _note(self, rec: HistoryRecord) -> None:
+        if self.changes is not None:
+            self.changes.append(rec)
+
+    def replay(self, records: Iterable[HistoryRecord], now: float) -> None:
+        """Rebuild the book from its history (no records made of it); then ended jobs
+        past ``keep_s`` at ``now`` go."""
+        keep, self.changes, self._replaying = self.changes, None, True
+        try:
+            for r in records:
+                self._apply(r)
+        finally:
+            self.changes, self._replaying = keep, False
+        self.expire(now)
+
+    def _apply(self, r: HistoryRecord) -> None:
+        if type(r) is Opened:
+            self._open(UserId(r.user), JobId(r.job_id), r.at, r.task_ids, _unrun(r.stage_runs))
+            return
+        rec = self.jobs.get((UserId(r.user), JobId(r.job_id)))
+        if type(r) is Noted and r.what == "refused":
+            self._refuse(UserId(r.user), JobId(r.job_id), r.detail, r.at)
+        elif rec is None:
+            return  # a job dropped (per_user) before the history was compacted
+        elif type(r) is Noted:
+            self._cancel(rec, r.at)
+        elif type(r) is TaskEnded:
+            t = rec.tasks.get(TaskId(r.task_id))
+            if t is not None and t.state is None:
+                self._task_end(rec, t, r)
+        elif type(r) is JobEnded and not rec.ended:
+            self._end(rec, r.at)
+
+    def records(self) -> list[HistoryRecord]:
+        """The whole book as history records (what ``replay`` makes it again from):
+        every job's opening, notes and ended tasks, then the ends of the ended jobs in
+        the order they ended."""
+        out: list[HistoryRecord] = []
+        for rec in self.jobs.values():
+            out += _job_records(rec)
+        for user, per in self.ended.items():
+            out += [JobEnded(user, job_id, at) for job_id, at in per.items()]
+        return out
 
     # ------------------------------------------------------------- feeding
     def observe(self, msg: object, effects: Iterable[Effect], now: float, ledger: Ledger) -> None:
@@ -127,8 +243,7 @@ class JobBook:
         elif kind is CancelJob:
             rec = self.jobs.get((msg.user, msg.job_id))  # type: ignore[attr-defined]
             if rec is not None and rec.cancelled_at < 0 and not rec.ended:
-                rec.cancelled_at = now
-                rec.timeline.append((now, "cancel requested"))
+                self._cancel(rec, now)
         for e in effects:
             if isinstance(e, ToUser):
                 if isinstance(e.msg, TaskOutcome):
@@ -143,25 +258,41 @@ class JobBook:
         if job.resumes is not None or jk in self.jobs:
             return  # returned tasks, or a redelivery
         stage_of = _stages(job.stages, len(job.tasks))
-        tasks = {s.task_id: TaskRecord(s.task_id, stage_of[i]) for i, s in enumerate(job.tasks)}
-        self.jobs[jk] = JobRecord(job.user, job.job_id, now, tasks, len(tasks))
-        self.jobs[jk].timeline.append((now, "submitted"))
-        for s in job.tasks:
-            self.job_of[(job.user, s.task_id)] = job.job_id
+        ids = tuple(s.task_id for s in job.tasks)
+        self._open(job.user, job.job_id, now, ids, stage_of)
+        self._note(Opened(job.user, job.job_id, now, ids, _runs(stage_of)))
+
+    def _open(
+        self, user: UserId, job_id: JobId, now: float, ids: Iterable[str], stage_of: list[int]
+    ) -> None:
+        tasks = {TaskId(t): TaskRecord(TaskId(t), stage_of[i]) for i, t in enumerate(ids)}
+        self.jobs[(user, job_id)] = rec = JobRecord(user, job_id, now, tasks, len(tasks))
+        rec.timeline.append((now, "submitted"))
+        for tid in tasks:
+            self.job_of[(user, tid)] = job_id
+
+    def _cancel(self, rec: JobRecord, now: float) -> None:
+        rec.cancelled_at = now
+        rec.timeline.append((now, "cancel requested"))
+        self._note(Noted(rec.user, rec.job_id, now, "cancel"))
 
     def _refused(self, e: JobRefused, now: float) -> None:
-        jk = (e.user, e.job_id)
         if e.resume or e.reason == "duplicate_job_id":
             return
-        rec = self.jobs.get(jk)
+        self._refuse(e.user, e.job_id, f"{e.reason}: {e.detail}" if e.detail else e.reason, now)
+
+    def _refuse(self, user: UserId, job_id: JobId, why: str, now: float) -> None:
+        rec = self.jobs.get((user, job_id))
         if rec is None:
-            rec = self.jobs[jk] = JobRecord(e.user, e.job_id, now, {}, 0)
-        rec.refused = f"{e.reason}: {e.detail}" if e.detail else e.reason
-        rec.timeline.append((now, f"refused: {rec.refused}"))
+            rec = self.jobs[(user, job_id)] = JobRecord(user, job_id, now, {}, 0)
+        rec.refused = why
+        rec.timeline.append((now, f"refused: {why}"))
+        self._note(Noted(user, job_id, now, "refused", why))
         for t in rec.tasks.values():
             if t.state is None:
-                t.state, t.reason = TaskStatus.FAILED, "job refused"
-        self._end(rec, now)
+                t.state, t.reason = TaskStatus.FAILED, REFUSED
+        if not self._replaying and not rec.ended:
+            self._end(rec, now)  # (replayed: its JobEnded follows)
 
     def _events(self, msg: TaskEvents, now: float) -> None:
         for ev in msg.events:
@@ -184,24 +315,32 @@ class JobBook:
         if rec is None or t is None or t.state is not None:
             return
         if out.finished:
-            t.state = TaskStatus.FINISHED
+            state = TaskStatus.FINISHED
             if t.exit_code is None and task.spec.command:
                 t.exit_code = 0
         else:
-            t.state = TaskStatus.CANCELLED if out.reason == CANCELLED else TaskStatus.FAILED
-        t.reason = out.reason
-        t.attempts = task.attempt
-        t.lm = task.lm or t.lm
-        if task.first_started_at >= 0:
-            t.started_at = task.first_started_at
-        t.ended_at = task.finished_at if task.finished_at >= 0 else now
-        rec.left -= 1
+            state = TaskStatus.CANCELLED if out.reason == CANCELLED else TaskStatus.FAILED
+        ended = TaskEnded(
+            rec.user, rec.job_id, t.task_id, str(state), out.reason, task.attempt,
+            task.lm or t.lm, t.exit_code,
+            task.first_started_at if task.first_started_at >= 0 else t.started_at,
+            task.finished_at if task.finished_at >= 0 else now, t.stdout, t.stderr,
+        )  # fmt: skip
+        self._task_end(rec, t, ended)
+        self._note(ended)
         if rec.left <= 0:
             self._end(rec, now)
+
+    def _task_end(self, rec: JobRecord, t: TaskRecord, e: TaskEnded) -> None:
+        t.state, t.reason, t.attempts, t.lm = TaskStatus(e.state), e.reason, e.attempts, e.lm
+        t.exit_code, t.started_at, t.ended_at = e.exit_code, e.started_at, e.ended_at
+        t.stdout, t.stderr = e.stdout, e.stderr
+        rec.left -= 1
 
     def _end(self, rec: JobRecord, now: float) -> None:
         rec.ended_at = now
         rec.timeline.append((now, str(self.status(rec))))
+        self._note(JobEnded(rec.user, rec.job_id, now))
         per = self.ended.setdefault(rec.user, OrderedDict())
         per[rec.job_id] = now
         while len(per) > self.per_user:
@@ -282,15 +421,61 @@ class JobBook:
     def task_detail(self, rec: JobRecord, t: TaskRecord, ledger: Ledger) -> dict[str, Any]:
         live = ledger.live.get((rec.user, t.task_id))
         attempts = live.attempt if live is not None else t.attempts
+        started = t.started_at
+        if started < 0 and live is not None and live.first_started_at >= 0:
+            started = live.first_started_at  # running: its LM said so, no event yet
         return {
             "task_id": t.task_id, "job_id": rec.job_id, "stage": t.stage,
             "state": str(self.task_status(rec, t, ledger)), "attempts": attempts,
             "lm": (live.lm if live is not None and live.lm else t.lm) or None,
             "exit_code": t.exit_code, "reason": t.reason,
-            "started_at": t.started_at if t.started_at >= 0 else None,
+            "started_at": started if started >= 0 else None,
             "ended_at": t.ended_at if t.ended_at >= 0 else None,
             "stdout_bytes": len(t.stdout), "stderr_bytes": len(t.stderr),
         }  # fmt: skip
+
+
+def _job_records(rec: JobRecord) -> list[HistoryRecord]:
+    """A job's opening, notes and ended tasks, as ``replay`` takes them."""
+    if rec.refused and not rec.tasks:
+        return [Noted(rec.user, rec.job_id, rec.submitted_at, "refused", rec.refused)]
+    ids = tuple(rec.tasks)
+    stage_of = [t.stage for t in rec.tasks.values()]
+    out: list[HistoryRecord] = [Opened(rec.user, rec.job_id, rec.submitted_at, ids,
+                                       _runs(stage_of))]  # fmt: skip
+    if rec.cancelled_at >= 0:
+        out.append(Noted(rec.user, rec.job_id, rec.cancelled_at, "cancel"))
+    out += [
+        _ended(rec, t)
+        for t in rec.tasks.values()
+        if t.state is not None and not (rec.refused and t.reason == REFUSED)
+    ]
+    if rec.refused:  # its other tasks fail with it again
+        at = next((at for at, what in rec.timeline if what.startswith("refused")), rec.ended_at)
+        out.append(Noted(rec.user, rec.job_id, at, "refused", rec.refused))
+    return out
+
+
+def _ended(rec: JobRecord, t: TaskRecord) -> TaskEnded:
+    return TaskEnded(
+        rec.user, rec.job_id, t.task_id, str(t.state), t.reason, t.attempts, t.lm,
+        t.exit_code, t.started_at, t.ended_at, t.stdout, t.stderr,
+    )  # fmt: skip
+
+
+def _runs(stage_of: list[int]) -> tuple[tuple[int, int], ...]:
+    """``[0, 0, 0, 1]`` as ``((0, 3), (1, 1))``."""
+    out: list[tuple[int, int]] = []
+    for s in stage_of:
+        if out and out[-1][0] == s:
+            out[-1] = (s, out[-1][1] + 1)
+        else:
+            out.append((s, 1))
+    return tuple(out)
+
+
+def _unrun(runs: Iterable[tuple[int, int]]) -> list[int]:
+    return [s for s, n in runs for _ in range(n)]
 
 
 def _stages(stages: Iterable[Any] | None, n: int) -> list[int]:

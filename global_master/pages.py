@@ -92,6 +92,7 @@ def state_page(svc: GmService) -> dict[str, Any]:
         },
         "wait_reasons": WaitReason.counts(core.wait_reasons),
         "gangs": {**core.gang.stats, "open": len(core.gang.gangs)},
+        "job_history": svc.history.stats() if svc.history is not None else None,
         "lm_request_rtt_s": percentiles(rtts) if rtts else {},
     }
 

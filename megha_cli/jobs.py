@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from client import Client, FrontDoorError, JobView, load_job
@@ -23,9 +24,13 @@ EXIT = {
     "bad_job_file": 2, "bad_job_id": 2, "bad_state": 2, "bad_stream": 2, "duplicate_job_id": 2,
     "unknown_job": 3, "unknown_task": 3, "missing_credentials": 4, "unknown_user": 4,
     "bad_token": 4, "revoked_token": 4, "no_token": 4, "unreachable": 5, "no_federation": 5,
-    "timeout": 1,
+    "timeout": 1, "wrong_resources": 2, "impossible_resources": 2, "zero_demand": 2,
+    "commands_disabled": 2, "duration_too_long": 2, "bad_dag": 2, "user_task_limit": 2,
+    "env_not_allowed": 2, "bad_env": 2,
 }  # fmt: skip
 """Exit code per refusal reason (anything else: 1)."""
+COMMANDS = frozenset({"submit", "jobs", "job", "cancel", "logs"})
+"""The sub-commands ``register`` adds (``megha_cli.main`` loads this module alone for them)."""
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -87,11 +92,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(at: float, since: float) -> str:
+    """A time of a job's timeline as its user reads it: UTC, and seconds since it came."""
+    stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp} UTC (+{max(0.0, at - since):.1f} s)"
+
+
 def _job_text(v: JobView) -> str:
     out = [f"job {v.job_id} ({v.user}): {v.state}  tasks: {_counts(v)}"]
     if v.reason:
         out.append(f"reason: {v.reason}")
-    out += [f"  {e['at']:.3f}  {e['what']}" for e in v.timeline]
+    out += [f"  {_when(e['at'], v.submitted_at)}  {e['what']}" for e in v.timeline]
     out.append(f"{'TASK':<36} {'STATE':<10} {'ATTEMPTS':>8} {'EXIT':>5}  REASON")
     out += [
         f"{t.task_id:<36} {t.state:<10} {t.attempts:>8} "
@@ -120,7 +131,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         except (FrontDoorError, ConfigError) as exc:
             code = max(code, _fail("cancel", exc))
             continue
-        _out(args, asdict(v), f"{jid}: cancel taken ({v.state}: {_counts(v)})")
+        said = "ended before the cancel" if v.ended and v.state != "cancelled" else "cancel taken"
+        _out(args, asdict(v), f"{jid}: {said} ({v.state}: {_counts(v)})")
     return code
 
 

@@ -89,7 +89,12 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="workload kind (default: trace if --trace is given, else synthetic)",
     )
-    src.add_argument("--jobs", help="DAG job file (JSON, see README); implies --workload dag")
+    src.add_argument(
+        "--jobs",
+        help="a job file, implies --workload dag: megha-dag/1 (many users' DAG jobs, see "
+        "README) or megha-job/1 (one job, as `megha submit` takes it: its demands in "
+        "--profile's units as live, run for the first of --users from time 0)",
+    )
     src.add_argument(
         "--limit-jobs",
         type=_positive_int,

@@ -28,7 +28,8 @@ and every failure is a ``CommandResult`` with a reason):
   then every process of its uid -- the task's alone, so whatever escaped the group
   with ``setsid`` -- before the uid is leased again;
 * with a scrubbed environment: ``PATH`` (fixed), ``HOME`` and ``TMPDIR`` (the work
-  directory), ``LANG``; nothing inherited;
+  directory), ``LANG``, then the task's own variables the pool let through (``env``:
+  the operator's ``task_env_allow``, ``common.taskenv``); nothing inherited;
 * stdout (its head) and stderr (its tail) captured up to ``max_output_bytes``,
   through files in a root-owned directory of ``work_root`` (removed afterwards),
   each bounded by RLIMIT_FSIZE (``file_size_limit``).
@@ -389,15 +390,18 @@ def _result(
     )  # fmt: skip
 
 
-def _launch_spec(policy: SandboxPolicy, holder: Path, uid: int, real: str) -> dict[str, Any]:
+def _launch_spec(
+    policy: SandboxPolicy, holder: Path, uid: int, real: str, env: Mapping[str, str]
+) -> dict[str, Any]:
     """What ``security.launch`` does before it becomes the task (less the status fd)."""
     work = str(holder / "work")
+    base = {"PATH": policy.path, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"}
     return {
         "holder": str(holder), "work": work, "uid": uid, "gid": uid, "executable": real,
         "scratch_bytes": policy.scratch_bytes, "scratch_files": policy.scratch_files,
         "host_network": policy.host_network, "shared_dir": policy.shared_dir,
         "limits": _limits(policy),
-        "env": {"PATH": policy.path, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"},
+        "env": {**base, **env},
     }  # fmt: skip
 
 
@@ -469,10 +473,12 @@ class Sandbox:
         return real
 
     async def run(
-        self, argv: Sequence[str], *, on_start: Callable[[], None] | None = None
-    ) -> CommandResult:
+        self, argv: Sequence[str], *, on_start: Callable[[], None] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:  # fmt: skip
         """Run ``argv``; the result says how it ended, or why it never ran.
-        ``on_start`` is called once the command runs (not for a command refused).
+        ``on_start`` is called once the command runs (not for a command refused);
+        ``env``: variables over the sandbox's own (the caller allowed each).
 
         Cancelled (the task stopped), it raises ``CancelledError`` only once the
         command's processes are killed and its uid handled: the run goes on in a task
@@ -481,7 +487,7 @@ class Sandbox:
         real = self._check(argv)
         if isinstance(real, CommandResult):
             return real
-        job = asyncio.ensure_future(self._leased(list(argv), real, on_start))
+        job = asyncio.ensure_future(self._leased(list(argv), real, on_start, dict(env or {})))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -492,8 +498,9 @@ class Sandbox:
             raise
 
     async def _leased(
-        self, argv: list[str], real: str, on_start: Callable[[], None] | None
-    ) -> CommandResult:
+        self, argv: list[str], real: str, on_start: Callable[[], None] | None,
+        env: dict[str, str],
+    ) -> CommandResult:  # fmt: skip
         uid = await self.uids.lease()
         if uid is None:
             return _refused(Outcome.NO_UID, self.uids.why_none())
@@ -503,7 +510,7 @@ class Sandbox:
             except OSError as exc:
                 return _refused(Outcome.SPAWN_FAILED, f"work directory: {exc}")
             try:
-                spec = _launch_spec(self.policy, holder, uid, real)
+                spec = _launch_spec(self.policy, holder, uid, real, env)
                 return await _run(argv, spec, self.policy, on_start)
             finally:
                 shutil.rmtree(holder, ignore_errors=True)

@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from common import jobspec
 from common.cluster import ClusterSpec, make_federation, parse_users, profile
-from common.dag import DagJob, load_jobs
+from common.dag import DagJob, parse_jobs, read_json
 from common.errors import ConfigError
 from common.ids import GmId, UserId
 from common.model import NodeSpec, UserConfig
-from common.units import profile_named
+from common.units import check_demands, profile_named
 from global_master.policy import POLICIES, JobQueues, make_policy
 from reporting.fairness import jain
 from reporting.files import write_json
@@ -260,6 +261,22 @@ def _clusters_for(
     return [ClusterSpec(c.lm, [NodeSpec(cap) for _ in c.nodes], c.home, c.profile) for c in base]
 
 
+def read_job_file(
+    path: str | Path, profile_name: str, users: Sequence[UserConfig]
+) -> tuple[tuple[str, ...], list[DagJob]]:
+    """A megha-dag/1 file's jobs, or a megha-job/1 file's one job (``megha submit``'s):
+    its demands in profile ``profile_name``'s units, as a live federation of that
+    profile reads them (``common.units.check_demands``), run for the first of ``users``
+    from time 0, its id its name.  Returns (resource names, jobs by arrival)."""
+    doc = read_json(path)
+    if not (isinstance(doc, dict) and doc.get("format") == jobspec.FORMAT):
+        return parse_jobs(doc)
+    job = jobspec.job_of_doc(doc, path)
+    fed = profile(profile_name)
+    check_demands(job, fed, str(path))
+    return tuple(fed.names), [job.dag_job(job.name, users[0].user)]
+
+
 def run_point(
     args: argparse.Namespace, workers: int, n_gms: int, n_lms: int, out: Path, runner: Runner
 ) -> dict[str, Any]:
@@ -270,7 +287,7 @@ def run_point(
     users = parse_users(args.users, gm_ids)
     rng = random.Random(args.seed)
     if args.jobs:
-        names, jobs = load_jobs(args.jobs)
+        names, jobs = read_job_file(args.jobs, args.profile, users)
         known = {u.user for u in users}
         unknown = sorted({j.user for j in jobs} - known)
         if unknown:

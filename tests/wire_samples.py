@@ -100,6 +100,7 @@ SPEC_FULL = TaskSpec(
     duration=0.0,
     constraints=(1 << 21) - 1,
     command=("/bin/sh", "-c", "sleep 1; echo ünïcode", ""),
+    env=("LANG=C.UTF-8", "MEGHA_EMPTY=", "MEGHA_X=a=b ü"),
 )
 DELTA = StateDelta(
     lm=LM,

@@ -94,7 +94,7 @@ class WorkerService:
         self.driver = CoreDriver(self.core, self.sup)
         policy = SandboxPolicy.from_mapping({**cfg.sandbox, "enabled": cfg.task_commands})
         self.sandbox = Sandbox(policy, pool=index)  # a range holding root or our uid: refused
-        self.runner = Runner(self.driver, self.sandbox)
+        self.runner = Runner(self.driver, self.sandbox, cfg.task_env_allow)
         self.http: h1.Client | None = None
         self.lm: Peer | None = None
         self.registered = asyncio.Event()

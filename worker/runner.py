@@ -4,7 +4,7 @@ The core asks (``RunCommand``, ``KillCommand``); the runner runs the command thr
 ``security.sandbox.Sandbox.run`` -- only allow-listed executables, each running task as
 a uid of its own from the pool's slice of the configured range, in namespaces of its
 own (private scratch, no network unless allowed), with rlimits, a timeout and a
-scrubbed environment -- and tells the core what happened (``CommandStarted``,
+scrubbed environment (plus the task's ``env`` the operator allows) -- and tells the core what happened (``CommandStarted``,
 ``CommandExited``, with the sandbox's reason when it refused or stopped the command)
 through the driver.  A stopped attempt's run is cancelled: its process group and every
 process of its uid are killed.
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
+from common import taskenv
 from common.effects import KillCommand, RunCommand
 from common.messages import OUTPUT_BYTES, CommandExited, CommandStarted
 from common.model import TaskKey
@@ -27,9 +29,12 @@ log = logging.getLogger("megha.worker.runner")
 class Runner:
     """Sandboxed processes for the tasks that carry a command."""
 
-    def __init__(self, driver: CoreDriver, sandbox: Sandbox) -> None:
+    def __init__(self, driver: CoreDriver, sandbox: Sandbox, env_allow: Sequence[str] = ()) -> None:
         self.driver = driver
         self.sandbox = sandbox
+        self.env_allow = tuple(env_allow)
+        """The variables a task's command may be given (``task_env_allow``): the others
+        of its ``env`` are dropped here, whatever the GM admitted."""
         self._runs: dict[tuple[TaskKey, int], asyncio.Task[None]] = {}
 
     def run(self, eff: RunCommand) -> None:
@@ -48,7 +53,8 @@ class Runner:
         ok, detail = False, ""
         out: tuple[int | None, bytes, bytes] = (None, b"", b"")
         try:
-            result = await self.sandbox.run(spec.command, on_start=started)
+            env = taskenv.allowed(spec.env, self.env_allow)
+            result = await self.sandbox.run(spec.command, on_start=started, env=env)
         except asyncio.CancelledError:  # stopped: the sandbox killed its processes
             raise
         except Exception as exc:  # the sandbox itself failed: the attempt fails, said so

@@ -5,6 +5,7 @@ bad input is refused in one line with a meaningful exit code and changes nothing
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import subprocess
 import sys
@@ -20,7 +21,10 @@ import pytest
 
 from client import AsyncClient, Client, FrontDoorError, JobDef
 from common.config import FederationConfig
+from federation.processes import kill, restart
 from global_master.frontdoor import OPENAPI
+from tests.e2e.conftest import service_state
+from tests.sim.test_job_file_units import peak_overlap
 
 pytestmark = pytest.mark.e2e
 
@@ -175,3 +179,60 @@ def test_http_answers_as_its_openapi_document_says(fed: Federation) -> None:
     assert st == 421
     assert err["gm"] == "gm1"
     check("/api/v1/jobs", "get", st, err)
+
+
+def test_a_job_file_runs_as_many_at_once_live_as_simulated(fed: Federation, tmp_path: Path) -> None:
+    """Issue 31 item 5: the same megha-job/1 file on the live federation (2 LMs x 4
+    nodes, the ``slots`` profile) and in ``megha simulate`` on as many nodes: ``[1]`` is
+    a whole node in both, so 8 of its 16 tasks run at once in both (not 16 in one)."""
+    cfg, home = fed
+    user = user_of(cfg, "gm0")
+    jf = tmp_path / "wide.json"
+    jf.write_text(json.dumps({"format": "megha-job/1", "name": "wide", "count": 16,
+                              "demand": [1], "duration": 3}))  # fmt: skip
+    run = megha(home, "submit", str(jf), "--user", user, "--wait", "--id", "wide-1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    tasks = json.loads(megha(home, "job", "wide-1", "--user", user, "--json").stdout)["task_list"]
+    live = peak_overlap((t["started_at"], t["ended_at"]) for t in tasks)
+    out = tmp_path / "sim"
+    sim = [sys.executable, "-m", "megha_cli.main", "simulate", "--jobs", str(jf), "--workers",
+           str(cfg.lms * cfg.nodes_per_lm), "--gms", "1", "--lms", str(cfg.lms), "--policies",
+           "fifo", "--quiet", "--out", str(out)]  # fmt: skip
+    subprocess.run(sim, check=True, capture_output=True, timeout=120)
+    with (out / "tasks-fifo.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    simulated = peak_overlap((float(r["started_at"]), float(r["finished_at"])) for r in rows)
+    assert (live, simulated) == (8, 8)
+
+
+def test_job_history_survives_a_gm_restart(fed: Federation, tmp_path: Path) -> None:
+    """The GM's job book is journaled in its state directory: after the GM process is
+    killed and started again, `megha job ID` reads the same states, attempts and exit
+    codes, and `megha logs` the same output (last: it restarts gm0)."""
+    cfg, home = fed
+    user = user_of(cfg, "gm0")
+    jf = tmp_path / "kept.json"
+    jf.write_text(json.dumps({"format": "megha-job/1", "name": "kept", "count": 2,
+                              "demand": [1], "duration": 0.2}))  # fmt: skip
+    assert (
+        megha(home, "submit", str(jf), "--user", user, "--wait", "--id", "kept-1").returncode == 0
+    )
+    long = JobDef.single(2, [1], 600.0, name="held")
+    c = Client.connect(user=user, state_dir=home)
+    held = c.submit(long, "held-1")
+    held.cancel()
+    assert held.wait(timeout_s=60).state == "cancelled"
+    before = {j: json.loads(megha(home, "job", j, "--user", user, "--json").stdout)
+              for j in ("kept-1", "held-1", "wide-1")}  # fmt: skip
+    kill(home, "gm0")
+    restart(home, cfg, "gm0")
+    for j, doc in before.items():
+        got = megha(home, "job", j, "--user", user, "--json")
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout) == doc
+    listed = json.loads(megha(home, "jobs", "--user", user, "--json").stdout)
+    assert {"kept-1", "held-1", "wide-1"} <= {j["job_id"] for j in listed}
+    page = service_state(cfg, home, "gm0")
+    assert page["job_history"]["restored_jobs"] >= 3
+    after = c.submit(JobDef.single(1, [1], 0.1, name="after"))  # and it goes on
+    assert after.wait(timeout_s=60).state == "finished"

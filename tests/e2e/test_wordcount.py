@@ -38,6 +38,7 @@ def fed(make_federation: Callable[..., Federation], shared: Path) -> Federation:
     return make_federation(
         gms=1, lms=2, nodes_per_lm=3, heartbeat_s=0.5, task_commands=True,
         sandbox={"allow": ["/usr/bin/python3"], "shared_dir": str(shared), "timeout_s": 60.0},
+        task_env_allow=["WC_*", "LANG"],
     )  # fmt: skip
 
 
@@ -73,3 +74,29 @@ def test_wordcount_runs_with_megha_submit_wait(fed: Federation, shared: Path) ->
     assert int(top[1]) == json.loads((root / "out" / "part-0.json").read_text())[top[0]]
     maps = megha(home, "logs", "wc-1.s0.t0", "--user", user)
     assert maps.stdout.startswith("map 0: 20000 words")
+
+
+def test_a_task_is_given_the_variables_the_operator_allows(fed: Federation, tmp_path: Path) -> None:
+    """``env`` in a job file reaches the sandboxed command for the names in
+    ``task_env_allow``; a job naming another is refused at submission, in one line,
+    exit 2, and nothing of it is submitted."""
+    cfg, home = fed
+    user = cfg.user_configs[0].user
+    show = "import os; print(os.environ['WC_GREETING'], os.environ['LANG'], 'LD_PRELOAD' in os.environ)"
+    env = {"WC_GREETING": "hello there", "LANG": "C"}
+    job = {"format": "megha-job/1", "name": "env", "count": 1, "demand": [1], "duration": 30,
+           "command": ["/usr/bin/python3", "-c", show],
+           "env": env}  # fmt: skip
+    jf = tmp_path / "env.json"
+    jf.write_text(json.dumps(job))
+    run = megha(home, "submit", str(jf), "--user", user, "--wait", "--id", "env-1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert megha(home, "logs", "env-1.s0.t0", "--user", user).stdout == "hello there C False\n"
+    before = megha(home, "jobs", "--user", user, "--json").stdout
+    jf.write_text(json.dumps({**job, "env": {**env, "LD_PRELOAD": "/x.so"}}))
+    bad = megha(home, "submit", str(jf), "--user", user, "--id", "env-2")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "env_not_allowed" in bad.stderr
+    assert "LD_PRELOAD" in bad.stderr
+    assert megha(home, "jobs", "--user", user, "--json").stdout == before

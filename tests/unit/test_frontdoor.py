@@ -141,15 +141,24 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
             ("GET", "/api/v1/jobs/a", {}, "u1", 421, "wrong_gm"),  # u1 is gm1's
             ("GET", "/api/v1/jobs/a", {}, "u9", 401, "unknown_user"),
             ("GET", "/api/v1/tasks/a.s0.t0/logs?stream=stdin", {}, "u0", 400, "bad_stream"),
+            # what the core's admission refuses, said before the job is sent (the same
+            # as `megha simulate` says of the file: tests/sim/test_job_file_units.py)
+            ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "demand": [1]})}, "u0", 422,
+             "wrong_resources"),
+            ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "demand": [2, 1]})}, "u0", 422,
+             "impossible_resources"),
+            ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "duration": 10**7})}, "u0", 422,
+             "duration_too_long"),
         ]  # fmt: skip
         for method, path, kw, user, status, reason in cases:
             st, err = await call(method, path, user, **kw)
-            assert (st, err["error"]) == (status, reason), (path, err)
+            assert (st, err.get("error")) == (status, reason), (path, err)
             assert "\n" not in err["detail"]
         d.tokens.revoke("u0", now=5.0)
         st, err = await call("GET", "/api/v1/jobs")
         assert (st, err["error"]) == (401, "revoked_token")
         assert list(d.core.jobs) == [("u0", "a")]  # nothing else was admitted
+        assert set(d.pending) <= {("u0", "a")}  # nor sent
 
     run(tmp_path, body)
 
