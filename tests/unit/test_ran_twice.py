@@ -10,8 +10,10 @@ replayed on the cores.  Each test names the sequence; none sleeps.
 
 from __future__ import annotations
 
-from common.effects import ToGm, ToLm, ToWorker
-from common.ids import GmId, LmId, NodeIndex
+from msgspec.structs import replace
+
+from common.effects import After, Record, Reply, RunCommand, ToGm, ToLm, ToWorker
+from common.ids import GmId, JobId, LmId, NodeIndex
 from common.messages import (
     CheckLease,
     CheckWorkers,
@@ -19,8 +21,12 @@ from common.messages import (
     LeaseRenewed,
     RegisterPool,
     RegisterWorkers,
+    ReportKind,
+    ReportsTaken,
     StartTask,
     StartTasks,
+    TaskDue,
+    WorkerReports,
 )
 from common.model import NodeSpec
 from local_master.core import LocalMaster
@@ -85,3 +91,81 @@ def test_an_attempt_given_back_is_not_relaunched_when_its_pool_comes_back() -> N
     # what it tells the GM is a REQUEUED of attempt 1 at most: stale for a GM that
     # placed attempt 2 elsewhere (``Ledger.current``)
     assert all(e.msg.attempt == 1 for e in effects if isinstance(e, ToGm))
+
+
+# ----------------------------------------------- a pool never runs an ended attempt
+def pool_start(pool: WorkerPool, spec: object, attempt: int, now: float) -> list[object]:
+    start = StartTask(node=NodeIndex(0), spec=spec, attempt=attempt, gm=GM0)  # type: ignore[arg-type]
+    return pool.handle(StartTasks(lm=LM0, epoch=0, tasks=(start,)), now)
+
+
+def answered(effects: list[object]) -> list[tuple[int, int]]:
+    """(kind, attempt) of the reports in the answer to a start."""
+    (reply,) = [e for e in effects if isinstance(e, Reply)]
+    assert isinstance(reply.msg, WorkerReports)
+    return [(r.kind, r.attempt) for r in reply.msg.reports]
+
+
+def ran(pool: WorkerPool) -> list[tuple[str, int]]:
+    rows, _ = pool.launches_after(0)
+    return [(what, attempt) for what, _u, _t, attempt, _n, _a in rows]
+
+
+def test_a_start_sent_again_after_its_attempt_ended_is_answered_with_the_end() -> None:
+    """The LM's start reached the pool, the task ran and ended, and the same start came
+    again (the LM sent it again: its answer was lost or late under load; or it came
+    back from its journal): the pool ran it a second time ("attempt 1 started twice").
+    It answers with the end (the LM learns what it missed) and runs nothing."""
+    pool = WorkerPool(LM0, 1)
+    t = make_task(task_id="t", duration=1.0)
+    assert answered(pool_start(pool, t, 1, 0.0)) == [(ReportKind.STARTED, 1)]
+    pool.handle(TaskDue(user=t.user, task_id=t.task_id, attempt=1), 1.0)
+    pool.handle(ReportsTaken(reports=tuple(e.report for e in pool.unreported.values())), 1.5)
+    again = pool_start(pool, t, 1, 2.0)
+    assert answered(again) == [(ReportKind.FINISHED, 1)]
+    assert [e for e in again if isinstance(e, After | RunCommand)] == []
+    assert ran(pool) == [("start", 1), ("end", 1)]
+    assert pool.running == {}
+    # a newer attempt of it runs; a later job's task of the same id is a new task
+    assert answered(pool_start(pool, t, 2, 3.0)) == [(ReportKind.STARTED, 2)]
+    reused = replace(make_task(task_id="u", duration=1.0), job_id=JobId("j1"))
+    first = replace(reused, job_id=JobId("j0"))
+    pool_start(pool, first, 1, 4.0)
+    pool.handle(TaskDue(user=t.user, task_id=first.task_id, attempt=1), 5.0)
+    assert answered(pool_start(pool, reused, 1, 6.0)) == [(ReportKind.STARTED, 1)]
+
+
+def test_a_pool_back_from_its_journal_does_not_run_an_attempt_that_ended_before() -> None:
+    """The pool's process dies (the whole federation restarts) after an attempt ended
+    and its LM took the report; the next process, from the journal (as written, and
+    compacted), answers a start of that attempt with its end."""
+    pool = WorkerPool(LM0, 1, durable=True)
+    t = make_task(task_id="t", duration=1.0)
+    journal: list[object] = []
+    for msg, now in (
+        (None, 0.0),
+        (TaskDue(user=t.user, task_id=t.task_id, attempt=1), 1.0),
+    ):
+        effects = pool_start(pool, t, 1, now) if msg is None else pool.handle(msg, now)
+        journal += [r for e in effects if isinstance(e, Record) for r in e.records]
+    taken = ReportsTaken(reports=tuple(e.report for e in pool.unreported.values()))
+    journal += [r for e in pool.handle(taken, 1.5) if isinstance(e, Record) for r in e.records]
+    for records in (journal, pool.records()):
+        back = WorkerPool(LM0, 1, durable=True)
+        back.restore(records)
+        assert back.unreported == {}  # taken: not told again at registration
+        assert answered(pool_start(back, t, 1, 2.0)) == [(ReportKind.FINISHED, 1)]
+        assert ran(back) == []
+
+
+def test_a_start_of_an_attempt_the_pool_fenced_is_not_run() -> None:
+    """The pool stopped an attempt when its lease ran out (``LOST``); the same start
+    coming again once the lease is back is answered ``LOST``, not run."""
+    pool = WorkerPool(LM0, 1, lease_s=1.0)
+    pool.handle(LeaseRenewed(), 0.0)
+    t = make_task(task_id="t", duration=5.0)
+    pool_start(pool, t, 1, 0.5)
+    pool.handle(CheckLease(lease=1.0), 2.0)
+    pool.handle(LeaseRenewed(), 3.0)
+    assert answered(pool_start(pool, t, 1, 3.0)) == [(ReportKind.LOST, 1)]
+    assert ran(pool) == [("start", 1), ("stop", 1)]
