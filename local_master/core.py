@@ -625,6 +625,9 @@ class LocalMaster(GangRequests, Registration):
         restored = durable.fold(records)
         for e in restored.ends:
             if isinstance(e, JournalKeep):
+                # the ends past retain_s when it came had gone (or moved to ``kept``) at
+                # a heartbeat before it: a keep does not bring them back
+                self.ends.expire(e.at)
                 self.ends.keep((e.gm, e.user, e.job_id), e.keep, e.at)
             else:
                 self._restore_end(e)

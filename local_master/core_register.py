@@ -1,7 +1,7 @@
 """The LM core's handling of a worker pool's registration (§IV-D: the workers hold what
 runs): what the pool runs is held here, what this LM held there and the pool no longer
 runs is relaunched, ends no LM took are learnt (and told to their GMs), attempts the
-pool stopped when it lost its LM run again.
+pool stopped when it lost its LM and this LM does not hold go back to their GMs.
 
 Part of the core (``local_master.core.LocalMaster`` inherits ``Registration``): like
 ``core.py`` it sequences the pieces (``nodes``, ``ends``) and no piece imports it.
@@ -16,6 +16,7 @@ from common.effects import Effect, Reply, ToGm, ToWorker
 from common.ids import GmId, LmId
 from common.messages import (
     EndedAttempt,
+    EventKind,
     HeldTask,
     Registered,
     RegisterWorkers,
@@ -163,9 +164,14 @@ class Registration:
         effects.append(ToGm(e.start.gm, self.nodes.report_event(rep)))
 
     def _learn_lost(self, e: EndedAttempt, now: float, effects: list[Effect]) -> None:
-        """An attempt its pool stopped when it lost its LM (the lease): if this
-        incarnation holds nothing newer of it, it runs again, as a new attempt here (its
-        GM, which may have restarted and forgotten it, hears RELAUNCHED, then its end)."""
+        """An attempt its pool stopped when it lost its LM (the lease) that this
+        incarnation does not hold: given back to its GM (``REQUEUED``, the task whole),
+        never run again here.  This LM cannot tell whether it (or a former incarnation)
+        gave the task back already, and the GM placed a newer attempt elsewhere or saw
+        it end: a relaunch here would run that newer attempt twice.  The GM knows: it
+        takes the event as stale if it holds a newer attempt, queues the task again if
+        it holds this one, and queues it from the event if it restarted and has no
+        record of it (``Recovery.given_back``)."""
         rep, start = e.report, e.start
         key = (rep.user, rep.task_id)
         if key in self.nodes.active or key in self.ends or start.gm not in self.gms:
@@ -175,5 +181,7 @@ class Registration:
             altruistic=start.altruistic, accepted_at=now, worker_at=rep.worker_at,
             started_at=rep.started_at, queued_at=start.queued_at,
         )  # fmt: skip
-        self.counters.recovered += 1
-        effects.extend(self._relaunch([lost], now))
+        self.counters.returned_to_gm += 1
+        effects.append(
+            ToGm(start.gm, self.nodes.event(EventKind.REQUEUED, lost, now, "worker lost"))
+        )

@@ -14,7 +14,11 @@ Theory of operation:
   attempt already running is a repeat (ignored); a newer attempt replaces an older
   one (stopped first).  Timers and exits of an attempt no longer running are stale
   and ignored, so nothing ever has to be cancelled.  A start of an attempt stopped
-  here before it arrived is answered ``LOST`` (not run): its LM places it again.
+  here before it arrived (or fenced) is answered ``LOST`` (not run): its LM places it
+  again.  A start of an attempt that ended here (``ended``, bounded, kept in the
+  journal across the pool's processes) is answered with that end, never run again:
+  its LM sent it again (its answer was lost or late, or it came back from its
+  journal) and learns the end it missed.
 * A ``StartTasks`` from an older LM epoch than the newest one seen is refused: a
   superseded LM (an old incarnation, or a fenced standby) cannot start work.
 * The pool registers with its LM (``RegisterPool`` -> ``RegisterWorkers``): at start,
@@ -73,6 +77,10 @@ from common.reasons import RequestReason
 
 STOP_MEMORY = 10_000
 """Attempts stopped before their start arrived that a pool remembers (tombstones)."""
+END_MEMORY = 10_000
+"""Attempts that ended here (finished or failed) that a pool remembers, newest last: a
+start of one arriving again is answered with its end, never run a second time."""
+_ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 LAUNCH_LOG = 20_000
 """Rows a pool's launch log keeps (a reader polling every few seconds misses none)."""
 
@@ -124,6 +132,9 @@ class WorkerPool:
         reordered them) is not run, so a preempted attempt never comes back to life."""
         self.unreported: dict[tuple[TaskKey, int], EndedAttempt] = {}
         """Finished or failed attempts whose report no LM has taken yet."""
+        self.ended: OrderedDict[TaskKey, EndedAttempt] = OrderedDict()
+        """The latest attempt of a task that finished or failed here (bounded, oldest
+        first): a start of it that comes again is answered with its end, not run."""
         self.launches: deque[tuple[str, str, str, int, int, float]] = deque(maxlen=LAUNCH_LOG)
         """The latest starts, ends and stops: (what, user, task, attempt, node, at), for
         operators and the fault suite (two overlapping attempts would be a duplicate);
@@ -175,8 +186,20 @@ class WorkerPool:
 
     def _unreported(self, key: TaskKey, ended: EndedAttempt) -> None:
         self.unreported[(key, ended.report.attempt)] = ended
+        self._remember(key, ended)
         if self._journal is not None:
             self._journal.append(JournalUnreported(ended=ended))
+
+    def _remember(self, key: TaskKey, ended: EndedAttempt) -> None:
+        """An attempt ended here (``ended``) or was fenced (a tombstone): a start of it
+        that comes again does not run it."""
+        if ended.report.kind not in _ENDS:
+            self._tombstone(key, ended.report.attempt)
+            return
+        self.ended[key] = ended
+        self.ended.move_to_end(key)
+        while len(self.ended) > END_MEMORY:
+            self.ended.popitem(last=False)
 
     def _accept_epoch(self, lm: LmId, epoch: int) -> Refused | None:
         """A command from this pool's LM, of its newest incarnation (or a refusal)."""
@@ -243,6 +266,18 @@ class WorkerPool:
                 self.counters.repeated += 1
                 return
             self._drop(key, effects, now)
+        done = self.ended.get(key)
+        if (
+            done is not None
+            and done.report.attempt >= s.attempt
+            and done.start.spec.job_id == spec.job_id  # (a later job may use the id again)
+        ):
+            # ended here already: its LM sent the start again (a lost or late answer, a
+            # restart); it learns the end, and nothing runs twice
+            self.counters.repeated += 1
+            if done.report.attempt == s.attempt:
+                started.append(done.report)
+            return
         r = self.running[key] = Running(s, now)
         self._log(("start", spec.user, spec.task_id, s.attempt, s.node, now))
         if spec.command and self.commands:
@@ -292,17 +327,28 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- journal
     def records(self) -> list[object]:
-        """This pool's durable state as journal records (a compacted journal)."""
-        return [JournalUnreported(ended=e) for e in self.unreported.values()]
+        """This pool's durable state as journal records (a compacted journal): the ends
+        no LM took, then the ends remembered (``ended``) whose reports were taken."""
+        out: list[object] = [JournalUnreported(ended=e) for e in self.unreported.values()]
+        taken = [e for k, e in self.ended.items() if (k, e.report.attempt) not in self.unreported]
+        if taken:
+            out.extend(JournalUnreported(ended=e) for e in taken)
+            refs = (PlacedRef(user=e.report.user, task_id=e.report.task_id,
+                              attempt=e.report.attempt) for e in taken)  # fmt: skip
+            out.append(JournalTaken(attempts=tuple(refs)))
+        return out
 
     def restore(self, records: Iterable[object]) -> None:
         """Take back the ends a former process of this pool had not had taken: they go
-        to the LM with this process's registration.  (What it ran died with it: its LM
-        runs those attempts again.)"""
+        to the LM with this process's registration; and the ends it remembered, so a
+        start of one is not run again.  (What it ran died with it: its LM runs those
+        attempts again.)"""
         for r in records:
             if isinstance(r, JournalUnreported):
                 rep = r.ended.report
-                self.unreported[((rep.user, rep.task_id), rep.attempt)] = r.ended
+                key = (rep.user, rep.task_id)
+                self.unreported[(key, rep.attempt)] = r.ended
+                self._remember(key, r.ended)
             elif isinstance(r, JournalTaken):
                 for t in r.attempts:
                     self.unreported.pop(((t.user, t.task_id), t.attempt), None)

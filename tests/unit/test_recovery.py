@@ -421,7 +421,10 @@ def test_an_end_redelivered_to_a_restarted_gm_before_any_snapshot_reaches_the_us
 
 def test_an_attempt_its_pool_stopped_for_want_of_an_lm_runs_again_under_the_next_one() -> None:
     """The LM dies, the pool's lease runs out and it stops what ran: the next LM
-    incarnation, which never held the task, relaunches it (its GM may have died too)."""
+    incarnation, which never held the task, gives it back to its GM (it cannot tell
+    whether the GM placed a newer attempt elsewhere meanwhile: ``test_ran_twice``); a
+    GM that died too and has no record of it queues it from the event and places it
+    again, as the next attempt."""
     from common.messages import CheckLease, LeaseRenewed
 
     pool = WorkerPool(LM0, 2, lease_s=1.0)
@@ -434,10 +437,17 @@ def test_an_attempt_its_pool_stopped_for_want_of_an_lm_runs_again_under_the_next
     lm = fresh_lm(epoch=2)
     out = lm.handle(registration(pool, 3.0), 3.0)
     evs = [e.msg for e in out if isinstance(e, ToGm)]
-    assert [(e.kind, e.attempt, e.job_id) for e in evs] == [(EventKind.RELAUNCHED, 2, t.job_id)]
-    starts = [e.msg for e in out if isinstance(e, ToWorker)]
-    assert [(s.spec.task_id, s.attempt) for s in starts] == [(t.task_id, 2)]  # type: ignore[union-attr]
-    assert lm.active[key(t)].attempt == 2
+    assert [(e.kind, e.attempt, e.job_id, e.spec) for e in evs] == [
+        (EventKind.REQUEUED, 1, t.job_id, t)
+    ]
+    assert [e for e in out if isinstance(e, ToWorker)] == []
+    assert key(t) not in lm.active
+    gm = make_gm()  # restarted: no record of the task
+    sync_views(gm, lm)
+    gm.handle(as_events(LM0, evs), 3.5)
+    assert gm.counters.orphans_queued == 1
+    (req,) = [e.msg for e in decide(gm, 4.0) if isinstance(e, ToLm)]
+    assert [(p.spec, p.attempt) for p in req.placements] == [(t, 2)]  # type: ignore[union-attr]
 
 
 # ------------------------------------------------ silent nodes: dead, then given up
