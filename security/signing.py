@@ -211,21 +211,32 @@ def _refuse(reason: Refusal, message: str) -> Unauthorized:
     return Unauthorized(message, reason=reason.value)
 
 
-def _signed_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """Our headers, by lower-case name; a duplicated one is refused (a proxy and this
-    code could otherwise read different copies)."""
-    wanted = {h.lower() for h in SIGNED_HEADERS}
+_LOW = {h: h.lower() for h in (*SIGNED_HEADERS, HEADER_INCARNATION)}
+"""Our headers' lower-case names, made once (not per request)."""
+_SIGNED_LOW = frozenset(_LOW[h] for h in SIGNED_HEADERS)
+_INCARNATION_LOW = _LOW[HEADER_INCARNATION]
+_OURS = _SIGNED_LOW | {_INCARNATION_LOW}
+
+
+def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+    """Our headers, by lower-case name, in one pass over the request's (each name
+    lower-cased once), and whether the incarnation came twice (refused after the
+    other fields' checks, as ``_incarnation``).  A duplicated signed header is refused
+    (a proxy and this code could otherwise read different copies)."""
     found: dict[str, str] = {}
+    incarnation_twice = False
     for name, value in headers.items():
         low = name.lower()
-        if low in wanted:
-            if low in found:
+        if low in found:
+            if low != _INCARNATION_LOW:
                 raise _refuse(Refusal.MALFORMED, f"header {name} given twice")
+            incarnation_twice = True
+        elif low in _OURS:
             found[low] = value
-    missing = [h for h in SIGNED_HEADERS if h.lower() not in found]
+    missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
     if missing:
         raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
-    return found
+    return found, incarnation_twice
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,32 +252,33 @@ class Claim:
     incarnation: str = ""
 
 
-def _incarnation_of(headers: Mapping[str, str]) -> str:
-    values = [v for k, v in headers.items() if k.lower() == HEADER_INCARNATION.lower()]
-    if len(values) > 1:
+def _incarnation(h: Mapping[str, str], twice: bool) -> str:
+    if twice:
         raise _refuse(Refusal.MALFORMED, f"header {HEADER_INCARNATION} given twice")
-    if values and not _INCARNATION.fullmatch(values[0]):
+    value = h.get(_INCARNATION_LOW, "")
+    if value and not _INCARNATION.fullmatch(value):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_INCARNATION} must be 16-32 lower hex digits")
-    return values[0] if values else ""
+    return value
 
 
 def _parse(headers: Mapping[str, str]) -> Claim:
-    h = _signed_headers(headers)
+    h, incarnation_twice = _our_headers(headers)
     try:
-        identity = Identity.parse(h[HEADER_IDENTITY.lower()])
+        identity = Identity.parse(h[_LOW[HEADER_IDENTITY]])
     except ValidationError as exc:
         raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
-    millis = h[HEADER_TIMESTAMP.lower()]
-    nonce = h[HEADER_NONCE.lower()]
-    digest = h[HEADER_DIGEST.lower()]
-    signature = h[HEADER_SIGNATURE.lower()]
+    millis = h[_LOW[HEADER_TIMESTAMP]]
+    nonce = h[_LOW[HEADER_NONCE]]
+    digest = h[_LOW[HEADER_DIGEST]]
+    signature = h[_LOW[HEADER_SIGNATURE]]
     if not _MILLIS.fullmatch(millis):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_TIMESTAMP} must be decimal milliseconds")
     if not _NONCE.fullmatch(nonce):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_NONCE} must be 16-64 of [A-Za-z0-9_-]")
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
-    return Claim(identity, millis, nonce, digest, signature, _incarnation_of(headers))
+    incarnation = _incarnation(h, incarnation_twice)
+    return Claim(identity, millis, nonce, digest, signature, incarnation)
 
 
 def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:

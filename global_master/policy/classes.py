@@ -124,12 +124,20 @@ class ClassedQueue:
             arr.popleft()
         while arr and where.get(arr[-1][1].key) != arr[-1][0]:
             arr.pop()
+        self._bound(c)
+        return self.arrivals[c][0][1]
+
+    def _bound(self, c: int) -> None:
+        """Keep class ``c``'s arrivals within twice its tasks (stale entries dropped)."""
+        arr, where = self.arrivals[c], self.where
         if len(arr) > 2 * len(self.by_class[c]) + 64:
             self.arrivals[c] = deque(e for e in arr if where.get(e[1].key) == e[0])
-        return self.arrivals[c][0][1]
 
     def best(self) -> tuple[float, int]:
         """(effective class, class) of the class served next; (-inf, -1) if empty."""
+        if len(self.by_class) == 1:  # one class (the usual case): nothing to sort
+            c = next(iter(self.by_class))
+            return self.aging.effective(self.oldest(c)), c
         top, cls = -math.inf, -1
         for c in sorted(self.by_class, reverse=True):
             eff = self.aging.effective(self.oldest(c))
@@ -149,6 +157,13 @@ class ClassedQueue:
         """The next task: of the class with the highest effective class."""
         if not self.size:
             raise IndexError("pop from an empty ClassedQueue")
+        if len(self.by_class) == 1:  # one class: its queue's own order, no aging to weigh
+            c = next(iter(self.by_class))
+            task = self.by_class[c].popleft()
+            self._gone(task, c)
+            if c in self.by_class:
+                self._bound(c)
+            return task
         _, c = self.best()
         q = self.by_class[c]
         if c == max(self.by_class):
@@ -221,9 +236,12 @@ def pick(users: Sequence[UserId], queue_of: Callable[[UserId], Any]) -> UserId |
     """The user served next (None: all empty): the class served is the one of the
     highest effective class of all users' queues; among the users whose queue serves
     that class next, the first of ``users`` (round-robin, as plain queues)."""
-    bests = [(u, q.best()) for u in users if (q := queue_of(u))]
-    if not bests:
+    held = [(u, q) for u in users if (q := queue_of(u))]
+    if not held:
         return None
+    if len({c for _, q in held for c in q.by_class}) == 1:  # one class: the first user
+        return held[0][0]
+    bests = [(u, q.best()) for u, q in held]
     cls = max(b for _, b in bests)[1]
     return next(u for u, b in bests if b[1] == cls)
 
