@@ -50,9 +50,9 @@ def _child(cmd: list[str]) -> dict[str, float]:
 
 
 def _own_child(cmd: list[str], env: dict[str, str], timeout: float | None) -> dict[str, Any]:
-    """``cmd`` in a child of its own: its wall time, its own peak RSS (``wait4``: this
-    child's, not the largest of every child so far) and its exit code (-9: killed at
-    ``timeout`` s)."""
+    """``cmd`` in a child of its own: its wall and CPU time, its own peak RSS (``wait4``:
+    this child's, not the largest of every child so far) and its exit code (-9: killed
+    at ``timeout`` s)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)
     timer = threading.Timer(timeout, proc.kill) if timeout else None
@@ -64,6 +64,7 @@ def _own_child(cmd: list[str], env: dict[str, str], timeout: float | None) -> di
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
         "wall_s": round(time.perf_counter() - t0, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "exit": proc.returncode,
     }
@@ -73,15 +74,18 @@ SYNTH_JOB = 100
 """Tasks per job of the memory and 10m scenarios (10 s each on average)."""
 
 
-def _synthetic_cmd(tasks: int, workers: int, gms: int, lms: int, out: Path, seed: int) -> list[str]:
-    """``megha simulate`` on ``tasks`` synthetic tasks at ~70% of ``workers`` slots."""
+def _synthetic_cmd(
+    tasks: int, workers: int, gms: int, lms: int, out: Path, seed: int, *, quiet: bool = True
+) -> list[str]:
+    """``megha simulate`` on ``tasks`` synthetic tasks at ~70% of ``workers`` slots
+    (``quiet=False``: its progress on stderr)."""
     rate = 0.7 * workers / 10.0 / SYNTH_JOB
     return [
         "-m", "megha_cli.main", "simulate", "--seed", str(seed), "--workload", "synthetic",
         "--jobs-count", str(tasks // SYNTH_JOB), "--tasks-per-job", str(SYNTH_JOB),
         "--rate", f"{rate:g}", "--mean-duration", "10", "--workers", str(workers),
         "--gms", str(gms), "--lms", str(lms), "--baselines", "", "--cluster", "serial",
-        "--quiet", "--out", str(out),
+        *(["--quiet"] if quiet else []), "--out", str(out),
     ]  # fmt: skip
 
 
@@ -116,7 +120,7 @@ def _scaled(args: argparse.Namespace) -> dict[str, Any]:
 def _ten_million(args: argparse.Namespace) -> dict[str, Any]:
     """10,000,000 tasks on 100,000 workers, bounded by ``--timeout``."""
     out = Path("results") / "bench_sim_10m"
-    cmd = _synthetic_cmd(10_000_000, 100_000, 20, 100, out, args.seed)
+    cmd = _synthetic_cmd(10_000_000, 100_000, 20, 100, out, args.seed, quiet=False)
     figures = _own_child([sys.executable, *cmd], _tree_env(args.tree), args.timeout)
     report: dict[str, Any] = {"scenario": "10m", "command": " ".join(cmd[2:]), **figures}
     if figures["exit"] == 0:
