@@ -105,13 +105,13 @@ def _scaled(args: argparse.Namespace) -> dict[str, Any]:
         cmd = _synthetic_cmd(n, 4000, 4, 8, out, args.seed)
         figures = _own_child([sys.executable, *cmd], env, args.timeout)
         summary = json.loads((out / "summary.json").read_text())
-        rows.append({"tasks": n, **figures, "timing": summary["timing"]["megha"]})
+        rows.append({"tasks": n, "command": " ".join(cmd[2:]), **figures,
+                     "timing": summary["timing"]["megha"]})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     first, last = rows[0], rows[-1]
     return {
         "scenario": "memory",
         "tree": str(Path(args.tree).resolve()) if args.tree else str(Path.cwd()),
-        "command": " ".join(_synthetic_cmd(0, 4000, 4, 8, Path("OUT"), args.seed)[2:]),
         "sizes": rows,
         "rss_ratio_last_to_first": round(last["peak_rss_mb"] / first["peak_rss_mb"], 3),
     }
