@@ -22,7 +22,7 @@ from common.model import Task
 from reporting.fairness import Span, jain_windows, usage_samples
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
-from reporting.tally import jct_stats
+from reporting.tally import Floats, jct_stats
 from workload.jobs import Job, specs_of
 
 COUNTERS_GM = ("internal_inconsistencies", "external_inconsistencies", "requeues", "failed")
@@ -252,7 +252,10 @@ def write_series(out: Path, states: Mapping[str, Any]) -> None:
 
 
 def write_outputs(
-    out: Path, summary: dict[str, Any], allocation: Sequence[float], states: Mapping[str, Any]
+    out: Path,
+    summary: dict[str, Any],
+    allocation: Sequence[float] | Floats,
+    states: Mapping[str, Any],
 ) -> None:
     """``summary.json``, the services' raw series (``write_series``) and the plots
     (``tasks.csv`` was written as the tasks ended); ``allocation``: every started

@@ -8,9 +8,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.ids import UserId
-from common.metrics import percentiles
 from common.model import COMPONENTS, UserConfig
+from reporting.tally import Floats, tails
 
 
 def _pyplot() -> Any:
@@ -22,21 +24,22 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_cdfs(path: Path, series: Mapping[str, Sequence[float]], title: str) -> None:
-    """Allocation-time CDFs of several schedulers on one log-x plot."""
+def plot_cdfs(path: Path, series: Mapping[str, Sequence[float] | Floats], title: str) -> None:
+    """Allocation-time CDFs of several schedulers on one log-x plot (each series a list
+    or an array of 8-byte floats, in any order)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = 0
     for label, values in series.items():
-        xs = sorted(max(v, 1e-6) for v in values)
-        if not xs:
+        xs = np.sort(np.maximum(np.asarray(values, dtype=np.float64), 1e-6))
+        if not len(xs):
             continue
         drawn += 1
         n = len(xs)
         step = max(1, n // 4000)  # a few thousand points draw the same curve
-        pts = [*xs[::step], xs[-1]]
+        pts = [*xs[::step].tolist(), float(xs[-1])]
         ys = [*(min(1.0, (i * step + 1) / n) for i in range(len(pts) - 1)), 1.0]
-        ax.plot(pts, ys, label=f"{label} (p99 {percentiles(values)['p99']:.3g} s)")
+        ax.plot(pts, ys, label=f"{label} (p99 {tails(values)['p99']:.3g} s)")
     ax.set_xscale("log")
     ax.set_xlabel("allocation time (s, log scale)")
     ax.set_ylabel("fraction of tasks")

@@ -10,18 +10,47 @@ Allocation time (SPEC §3) is reported three ways, all from submission to the GM
 * ``reallocation_s``: final start - first start, the delay preemptions caused.
 
 ``TaskTally`` takes tasks one at a time and keeps only their figures (``FloatColumns``,
-spilled to a temporary file past a bound): a long live run holds no task's ledger.
+spilled to a temporary file past a bound): a long live run, or a simulated trace of
+millions of tasks, holds no task's ledger.  The percentiles stay exact (nearest rank of
+every value): a report reads one column back at a time, 8 bytes a value, and sorts it
+(``tails``), the same figures ``common.metrics.percentiles`` gives of the whole list.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from common.metrics import nearest_rank, percentiles
+import numpy as np
+import numpy.typing as npt
+
+from common.metrics import PERCENTILE_KEYS, nearest_rank
 from common.model import COMPONENTS, Task, WaitReason
+
+Floats = npt.NDArray[np.float64]
+
+_READ_ROWS = 1 << 16
+"""Rows read back at a time when one column is taken from a spilled file."""
+
+
+def tails(values: Sequence[float] | Floats) -> dict[str, float]:
+    """``common.metrics.percentiles`` of ``values`` (a list or an array), the same
+    figures: nearest rank of the sorted values, the largest, and the mean as the
+    correctly rounded sum (``math.fsum``, whatever the order) over the count."""
+    xs = np.sort(np.asarray(values, dtype=np.float64))
+    if not len(xs):
+        return dict.fromkeys(PERCENTILE_KEYS, 0.0)
+    return {
+        "p50": float(nearest_rank(xs, 0.5)),  # type: ignore[arg-type]
+        "p90": float(nearest_rank(xs, 0.9)),  # type: ignore[arg-type]
+        "p99": float(nearest_rank(xs, 0.99)),  # type: ignore[arg-type]
+        "p999": float(nearest_rank(xs, 0.999)),  # type: ignore[arg-type]
+        "max": float(xs[-1]),
+        "mean": math.fsum(xs) / len(xs),
+    }
 
 
 class FloatColumns:
@@ -55,6 +84,27 @@ class FloatColumns:
     def held(self) -> int:
         """Values held in memory (at most ``spill_rows`` rows)."""
         return len(self._buf)
+
+    def column(self, name: str) -> Floats:
+        """One column's values in the order of the rows (8 bytes a value), read back in
+        blocks: a report never holds every column at once."""
+        i, k = self.names.index(name), len(self.names)
+        out = np.empty(self.rows, dtype=np.float64)
+        at = 0
+        if self._file is not None:
+            self._file.seek(0)
+            left = self._spilled
+            while left:
+                n = min(left, _READ_ROWS * k)
+                block = np.frombuffer(self._file.read(8 * n), dtype=np.float64)
+                got = block[i::k]
+                out[at : at + len(got)] = got
+                at += len(got)
+                left -= n
+            self._file.seek(0, 2)
+        tail = np.frombuffer(self._buf, dtype=np.float64)[i::k] if len(self._buf) else ()
+        out[at : at + len(tail)] = tail
+        return out
 
     def columns(self) -> dict[str, array[float]]:
         """Every value of every column, in the order of the rows."""
@@ -108,23 +158,25 @@ class TaskTally:
             float(user),
         )
 
-    def allocation_times(self) -> array[float]:
+    def allocation_times(self) -> Floats:
         """Every started task's allocation time (for a CDF)."""
-        return self.values.columns()["allocation"]
+        return self.values.column("allocation")
+
+    def first_allocation_times(self) -> Floats:
+        """Every started task's time to its first start."""
+        return self.values.column("first_start")
 
     def summary(self) -> dict[str, Any]:
-        cols = self.values.columns()
-        alloc, who = cols["allocation"], cols["user"]
-        per_user: dict[str, list[float]] = {}
-        names = {float(i): u for u, i in self.users.items()}
-        for a, i in zip(alloc, who, strict=True):
-            per_user.setdefault(names[i], []).append(a)
+        col = self.values.column
+        alloc, who = col("allocation"), col("user")
+        per_user = {u: tails(alloc[who == float(i)]) for u, i in sorted(self.users.items())}
+        del who
         return {
-            "allocation_time_s": percentiles(alloc),
-            "first_start_s": percentiles(cols["first_start"]),
-            "reallocation_s": percentiles(cols["reallocation"]),
-            "components_s": {name: percentiles(cols[name]) for name in COMPONENTS},
-            "per_user": {u: percentiles(v) for u, v in sorted(per_user.items())},
+            "allocation_time_s": tails(alloc),
+            "first_start_s": tails(col("first_start")),
+            "reallocation_s": tails(col("reallocation")),
+            "components_s": {name: tails(col(name)) for name in COMPONENTS},
+            "per_user": per_user,
             "tasks": self.tasks,
             "tasks_started": self.started,
             "tasks_restarted": self.restarted,
@@ -149,11 +201,12 @@ def summarize_tasks(tasks: Sequence[Task]) -> dict[str, Any]:
         tally.close()
 
 
-def jct_stats(jct: Mapping[Any, float]) -> dict[str, float]:
-    """Job completion times: mean, p50, p95, max (nearest rank)."""
-    xs = list(jct.values())
-    p = percentiles(xs)
-    if not xs:
+def jct_stats(jct: Mapping[Any, float] | Floats) -> dict[str, float]:
+    """Job completion times (a mapping's values, or an array): mean, p50, p95, max
+    (nearest rank)."""
+    xs = np.sort(np.fromiter(jct.values(), dtype=np.float64) if isinstance(jct, Mapping) else jct)
+    if not len(xs):
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "jobs": 0}
-    p95 = nearest_rank(sorted(xs), 0.95)
+    p = tails(xs)
+    p95 = float(nearest_rank(xs, 0.95))  # type: ignore[arg-type]
     return {"mean": p["mean"], "p50": p["p50"], "p95": p95, "max": p["max"], "jobs": len(xs)}

@@ -1,12 +1,21 @@
 """The task CSVs: ``tasks.csv`` of ``megha bench`` and ``tasks-<scheduler>.csv`` (or
 ``tasks-<policy>.csv``) of ``megha simulate``, one row per task in ``TASK_COLUMNS``
 order, the same for every driver.
+
+``megha bench`` writes a task's row when it ends; a simulation's CSV lists the tasks in
+the order they were submitted, though they end in any order: ``OrderedRows`` takes each
+row as its task ends, with its place in that order, keeps a bounded run of them, spills
+each run sorted to a scratch file and merges the runs into the CSV at the end (an
+external merge sort), so a trace of millions of tasks holds no row it is done with.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping
+import heapq
+import struct
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,3 +99,105 @@ def write_records_csv(
     with TaskCsv(path) as out:
         for t in tasks:
             out.write(t, why.get(t.key))
+
+
+class _Line:
+    """A file for ``csv.writer`` that keeps the one line written last."""
+
+    __slots__ = ("line",)
+
+    def __init__(self) -> None:
+        self.line = ""
+
+    def write(self, text: str) -> int:
+        self.line = text
+        return len(text)
+
+
+_HEAD = struct.Struct("<qI")
+"""A spilled row: its place in the order (int64) and its line's length in bytes."""
+
+
+def _read_run(path: Path) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb", buffering=1 << 16) as f:
+        head = f.read(_HEAD.size)
+        while head:
+            index, size = _HEAD.unpack(head)
+            yield index, f.read(size)
+            head = f.read(_HEAD.size)
+
+
+class OrderedRows:
+    """Task rows (``task_row``) taken in any order, each with its place in the final
+    order, written to a CSV in that order (``write``).  At most ``run_rows`` rows are
+    held; each full run is sorted and spilled to a scratch file, and every ``fan_in``
+    runs are merged into one, so few files are open at once."""
+
+    def __init__(self, *, run_rows: int = 65536, fan_in: int = 64) -> None:
+        self._run: list[tuple[int, bytes]] = []
+        self._run_rows = max(1, run_rows)
+        self._fan_in = max(2, fan_in)
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._runs: list[Path] = []
+        self._made = 0
+        self._line = _Line()
+        self._writer = csv.writer(self._line)
+        self.rows = 0
+
+    def add(self, index: int, task: Task, failure: str | None = None) -> None:
+        """``task``'s row, ``index``-th in the order; ``failure``: why it failed."""
+        self._writer.writerow(task_row(task, failure))
+        self._run.append((index, self._line.line.encode()))
+        self.rows += 1
+        if len(self._run) >= self._run_rows:
+            self._spill()
+
+    def _scratch(self) -> Path:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="megha-rows-")
+        self._made += 1
+        return Path(self._dir.name) / f"run{self._made}"
+
+    def _write_run(self, rows: Iterable[tuple[int, bytes]]) -> Path:
+        path = self._scratch()
+        pack = _HEAD.pack
+        with path.open("wb", buffering=1 << 16) as f:
+            for index, line in rows:
+                f.write(pack(index, len(line)))
+                f.write(line)
+        return path
+
+    def _spill(self) -> None:
+        self._run.sort(key=_first)
+        self._runs.append(self._write_run(self._run))
+        self._run = []
+        if len(self._runs) >= self._fan_in:
+            merged = self._write_run(self._merged(self._runs))
+            for path in self._runs:
+                path.unlink()
+            self._runs = [merged]
+
+    def _merged(self, runs: list[Path]) -> Iterator[tuple[int, bytes]]:
+        return heapq.merge(*(_read_run(p) for p in runs), key=_first)
+
+    def write(self, path: Path) -> None:
+        """Every row, in order, to ``path`` under the ``TASK_COLUMNS`` header."""
+        self._run.sort(key=_first)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            head = _Line()
+            csv.writer(head).writerow(TASK_COLUMNS)
+            out.write(head.line.encode())
+            for _, line in heapq.merge(*(_read_run(p) for p in self._runs), self._run, key=_first):
+                out.write(line)
+
+    def close(self) -> None:
+        self._run = []
+        self._runs = []
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def _first(row: tuple[int, bytes]) -> int:
+    return row[0]

@@ -11,6 +11,9 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+_FIRST = 1 << 62
+"""Arrivals (``EventLoop.arrival``) take sequence numbers below every other event's."""
+
 
 class EventLoop:
     """A discrete-event loop in virtual seconds."""
@@ -27,6 +30,13 @@ class EventLoop:
         """Run ``fn(*args)`` at virtual time ``t`` (never in the past)."""
         self._seq += 1
         heapq.heappush(self._heap, (t if t > self.now else self.now, self._seq, fn, args))
+
+    def arrival(self, t: float, rank: int, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` at ``t`` before every other event of that instant, after
+        the arrivals of lower ``rank``: as if every arrival had been scheduled with
+        ``at`` before anything else, though each is scheduled only when the one before
+        it arrives (a streamed workload, never held whole)."""
+        heapq.heappush(self._heap, (t if t > self.now else self.now, rank - _FIRST, fn, args))
 
     def after(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         self.at(self.now + delay, fn, *args)

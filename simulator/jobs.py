@@ -2,8 +2,9 @@
 
 One book for every simulated scheduler, so Megha, Sparrow and the centralized
 configuration count finished jobs the same way.  Tasks are recorded as their
-outcomes arrive (the GM's ledger of each task); a task with no outcome at the end
-is reported as it was submitted, never started.  A job completes when every task
+outcomes arrive (the GM's ledger of each task), into ``simulator.records``, and then
+forgotten; a task with no outcome at the end is reported as it was submitted, never
+started.  A job completes when every task
 of it has finished; a job with a task that failed (or was refused) has failed: it
 has no completion time.
 """
@@ -17,6 +18,7 @@ from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import JobId
 from common.model import Task, TaskKey, TaskSpec, new_task
+from simulator.records import RunRecords
 from workload.jobs import Job, specs_of
 
 HORIZON_S = 2.0**32
@@ -51,74 +53,151 @@ def check_horizon(job: Job | DagJob) -> None:
 
 @dataclass(slots=True)
 class _Entry:
+    """A task without an outcome yet: its place in submission order, spec, arrival."""
+
+    index: int
     spec: TaskSpec
     arrival: float
 
 
+@dataclass(slots=True)
+class _OpenJob:
+    """A job with a task still to end."""
+
+    arrival: float
+    left: int
+    specs: list[TaskSpec]
+    failed: bool = False
+
+
+@dataclass
+class KeptTasks:
+    """Every task and job of a run, kept whole (``JobBook(keep=True)``)."""
+
+    tasks: list[Task]
+    """Every task, in submission order: its outcome, or as submitted."""
+    job_completion: dict[JobId, float]
+    job_arrival: dict[JobId, float]
+    failed: dict[TaskKey, str]
+    failed_jobs: set[JobId]
+    """Jobs with a task that failed or was refused (not in ``job_completion``)."""
+
+
 class JobBook:
     """Tasks in, completions out; a job completes when its last task has finished,
-    and has failed (``failed_jobs``, no completion time) if any task of it failed."""
+    and has failed (no completion time) if any task of it failed.
 
-    def __init__(self) -> None:
-        self._entries: dict[TaskKey, _Entry] = {}
-        self._outcomes: dict[TaskKey, Task] = {}
-        self._jobs: dict[JobId, list[TaskSpec]] = {}
-        self.job_arrival: dict[JobId, float] = {}
-        self.job_left: dict[JobId, int] = {}
-        self.job_completion: dict[JobId, float] = {}
-        self.failed: dict[TaskKey, str] = {}
-        self.failed_jobs: set[JobId] = set()
+    The book holds the tasks and jobs without an outcome yet; each task, as it ends,
+    and each job, as its last task ends, go to ``records`` (``RunRecords``: exact
+    running figures, and the task CSV's rows) and are forgotten, so a book's size is
+    what is in flight, not the trace.  With ``keep`` it also keeps every task and job
+    whole (``kept``: for tests and the DAG runs, which read the tasks back)."""
+
+    def __init__(self, records: RunRecords | None = None, *, keep: bool = True) -> None:
+        self.records = records if records is not None else RunRecords()
+        self._open: dict[TaskKey, _Entry] = {}
+        self._jobs: dict[JobId, _OpenJob] = {}
+        self._added = 0
+        self._kept: list[tuple[int, Task]] | None = [] if keep else None
+        self._completion: dict[JobId, float] = {}
+        self._arrival: dict[JobId, float] = {}
+        self._failed: dict[TaskKey, str] = {}
+        self._failed_jobs: set[JobId] = set()
         self.first_arrival: float | None = None
         self.last_finish = 0.0
+        self._finished = False
 
     def add(self, job: Job | DagJob) -> None:
         check_horizon(job)
         specs = specs_of(job)
-        self._jobs[job.job_id] = specs
+        self._jobs[job.job_id] = _OpenJob(job.arrival, len(specs), specs)
         for s in specs:
-            self._entries[(s.user, s.task_id)] = _Entry(s, job.arrival)
-        self.job_arrival[job.job_id] = job.arrival
-        self.job_left[job.job_id] = len(specs)
+            self._open[(s.user, s.task_id)] = _Entry(self._added, s, job.arrival)
+            self._added += 1
+        if self._kept is not None:
+            self._arrival[job.job_id] = job.arrival
         if self.first_arrival is None or job.arrival < self.first_arrival:
             self.first_arrival = job.arrival
 
     def done(self, task: Task, t: float, failure: str = "") -> None:
-        """``task`` finished at ``t`` (or failed, with the reason)."""
-        key = task.key
-        if key in self._outcomes:
+        """``task`` finished at ``t`` (or failed, with the reason); a second outcome of
+        a task is ignored."""
+        entry = self._open.pop(task.key, None)
+        if entry is None:
             return
-        self._outcomes[key] = task
+        job = self._jobs[task.job_id]
         if failure:
-            self.failed[key] = failure
-            self.failed_jobs.add(task.job_id)
+            job.failed = True
         elif task.finished_at < 0:
             task.finished_at = t
         self.last_finish = max(self.last_finish, t)
-        left = self.job_left[task.job_id] - 1
-        self.job_left[task.job_id] = left
-        if left == 0 and task.job_id not in self.failed_jobs:
-            self.job_completion[task.job_id] = t - self.job_arrival[task.job_id]
+        self._record(entry.index, task, failure)
+        job.left -= 1
+        if job.left == 0:
+            del self._jobs[task.job_id]
+            self._job_ended(task.job_id, job, t)
+
+    def _record(self, index: int, task: Task, failure: str) -> None:
+        self.records.task(index, task, failure)
+        if self._kept is not None:
+            self._kept.append((index, task))
+            if failure:
+                self._failed[task.key] = failure
+
+    def _job_ended(self, job_id: JobId, job: _OpenJob, t: float) -> None:
+        jct = None if job.failed else t - job.arrival
+        self.records.job(jct)
+        if self._kept is not None:
+            if jct is None:
+                self._failed_jobs.add(job_id)
+            else:
+                self._completion[job_id] = jct
 
     def done_spec(self, spec: TaskSpec, t: float, failure: str) -> None:
-        """A task that failed before any scheduler made a ledger for it."""
-        e = self._entries[(spec.user, spec.task_id)]
-        self.done(new_task(spec, e.arrival), t, failure)
+        """A task that failed before any scheduler made a ledger for it (ignored if it
+        already has an outcome)."""
+        e = self._open.get((spec.user, spec.task_id))
+        if e is not None:
+            self.done(new_task(spec, e.arrival), t, failure)
 
     def specs(self, job_id: JobId) -> list[TaskSpec]:
-        return self._jobs.get(job_id, [])
+        """A job's task specs while it has a task without an outcome (else none)."""
+        job = self._jobs.get(job_id)
+        return job.specs if job is not None else []
 
     @property
     def outstanding(self) -> int:
-        return len(self._entries) - len(self._outcomes)
+        return len(self._open)
 
-    @property
-    def tasks(self) -> list[Task]:
-        """Every task, in submission order: its outcome, or as submitted."""
-        out = []
-        for key, e in self._entries.items():
-            task = self._outcomes.get(key)
-            out.append(task if task is not None else new_task(e.spec, e.arrival))
-        return out
+    def finish(self) -> None:
+        """The run is over: each task without an outcome is recorded as it was
+        submitted, never started (unfinished), and a job of them with a failed task
+        counts as failed.  Once; ``add`` and ``done`` must not follow."""
+        if self._finished:
+            return
+        self._finished = True
+        for e in sorted(self._open.values(), key=lambda e: e.index):
+            self._record(e.index, new_task(e.spec, e.arrival), "")
+        self._open.clear()
+        for job_id, job in self._jobs.items():
+            if job.failed:
+                self.records.jobs_failed += 1
+                if self._kept is not None:
+                    self._failed_jobs.add(job_id)
+        self._jobs.clear()
+
+    def kept(self) -> KeptTasks | None:
+        """Every task and job whole, if kept (``keep``), once the run is ``finish`` ed."""
+        if self._kept is None:
+            return None
+        self._kept.sort(key=lambda it: it[0])
+        return KeptTasks(
+            tasks=[t for _, t in self._kept],
+            job_completion=self._completion,
+            job_arrival=self._arrival,
+            failed=self._failed,
+            failed_jobs=self._failed_jobs,
+        )
 
     @property
     def makespan(self) -> float:

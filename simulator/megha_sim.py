@@ -105,7 +105,8 @@ from local_master.core import LocalMaster
 from simulator import costs
 from simulator.config import SimConfig
 from simulator.engine import EventLoop
-from simulator.jobs import JobBook
+from simulator.jobs import JobBook, KeptTasks
+from simulator.records import RunRecords
 from simulator.usage import UsageSeries
 from worker.core import WorkerPool
 from workload.jobs import Job, to_submission
@@ -113,14 +114,12 @@ from workload.jobs import Job, to_submission
 
 @dataclass
 class SimResult:
-    tasks: list[Task]
-    job_completion: dict[JobId, float]
-    job_arrival: dict[JobId, float]
+    records: RunRecords
+    """Every task's and job's figures, taken as they ended (``simulator.records``)."""
     counters: dict[str, float]
     makespan_s: float
-    failed: dict[TaskKey, str] = field(default_factory=dict)
-    failed_jobs: set[JobId] = field(default_factory=set)
-    """Jobs with a task that failed or was refused (not in ``job_completion``)."""
+    kept: KeptTasks | None = None
+    """Every task and job whole, when the run kept them (``keep_tasks``)."""
     usage_samples: UsageSeries = field(default_factory=lambda: UsageSeries(0.0))
     """Each user's dominant share on the sampling grid (``sample_usage_every_s``)."""
     stuck: int = 0
@@ -129,10 +128,37 @@ class SimResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0
 
+    def _whole(self) -> KeptTasks:
+        if self.kept is None:
+            raise ValueError("this run kept no task (keep_tasks=False): its figures are in records")
+        return self.kept
+
+    @property
+    def tasks(self) -> list[Task]:
+        """Every task, in submission order: its outcome, or as submitted (kept runs)."""
+        return self._whole().tasks
+
+    @property
+    def job_completion(self) -> dict[JobId, float]:
+        return self._whole().job_completion
+
+    @property
+    def job_arrival(self) -> dict[JobId, float]:
+        return self._whole().job_arrival
+
+    @property
+    def failed(self) -> dict[TaskKey, str]:
+        return self._whole().failed
+
+    @property
+    def failed_jobs(self) -> set[JobId]:
+        """Jobs with a task that failed or was refused (not in ``job_completion``)."""
+        return self._whole().failed_jobs
+
 
 def timing_of(result: SimResult) -> dict[str, float]:
     """What a run cost: wall and CPU seconds, CPU ms per simulated task, events."""
-    n = max(1, len(result.tasks))
+    n = max(1, result.records.tasks)
     return {
         "wall_s": round(result.wall_s, 3),
         "cpu_s": round(result.cpu_s, 3),
@@ -244,7 +270,14 @@ class MeghaSimulation:
         users: Sequence[UserConfig],
         config: SimConfig | None = None,
         queues_factory: QueuesFactory | None = None,
+        *,
+        records: RunRecords | None = None,
+        keep_tasks: bool = True,
     ) -> None:
+        """``records``: where each task's and job's figures go as they end (a new
+        ``RunRecords`` if None); ``keep_tasks``: also keep every task whole for the
+        result (``SimResult.tasks``; a long trace wants False: memory bounded by what
+        is in flight)."""
         self.cfg = config or SimConfig()
         self._hops = random.Random(0)
         self.loop = EventLoop()
@@ -258,7 +291,7 @@ class MeghaSimulation:
         self.user_gm: dict[UserId, GmId] = {u.user: u.gm for u in users}
         self._gm_srv = {g: _Server() for g in self.gms}
         self._lm_srv = {lm: _Server() for lm in self.lms}
-        self.book = JobBook()
+        self.book = JobBook(records, keep=keep_tasks)
         self.usage_samples = UsageSeries(self.cfg.sample_usage_every_s or 0.0)
         self._total_capacity = self._capacity_totals()
         self._idle_ticks = 0
@@ -287,6 +320,7 @@ class MeghaSimulation:
         self._stream: Iterator[Job | DagJob] = iter(())
         """Jobs still to come of a stream (``stream_jobs``)."""
         self._stream_at = -math.inf
+        self._streamed = 0
         for lm in self.lms.values():
             for g in self.gms:
                 self.gms[g].handle(lm.snapshot(g), 0.0)
@@ -361,9 +395,12 @@ class MeghaSimulation:
     def stream_jobs(self, jobs: Iterable[Job | DagJob]) -> None:
         """Jobs taken from ``jobs`` one at a time, each when the one before it arrives,
         so a streamed trace is never held whole (``add_jobs`` schedules them all at
-        once); ``jobs`` must come in arrival order."""
+        once); ``jobs`` must come in arrival order.  Each arrival is ordered before any
+        other event of its instant, as ``add_jobs`` (called before ``run``) orders
+        them: the same run either way."""
         self._stream = iter(jobs)
         self._stream_at = -math.inf
+        self._streamed = 0
         self._take_streamed()
 
     def _take_streamed(self) -> None:
@@ -383,7 +420,8 @@ class MeghaSimulation:
         self.book.add(job)
         self._arrivals_left += 1
         heapq.heappush(self._arrivals, job.arrival)
-        self.loop.at(job.arrival, self._arrive_streamed, job)
+        self.loop.arrival(job.arrival, self._streamed, self._arrive_streamed, job)
+        self._streamed += 1
 
     def _arrive_streamed(self, job: Job | DagJob) -> None:
         self._take_streamed()  # first: the next arrival is known while this one lands
@@ -786,14 +824,12 @@ class MeghaSimulation:
         self.loop.at(start + period * 3, self._watchdog)
         self.loop.run(progress=progress, stop=lambda: self.stuck > 0)
         book = self.book
+        book.finish()
         return SimResult(
-            tasks=book.tasks,
-            job_completion=book.job_completion,
-            job_arrival=book.job_arrival,
+            records=book.records,
             counters=self.counters(),
             makespan_s=book.makespan,
-            failed=book.failed,
-            failed_jobs=book.failed_jobs,
+            kept=book.kept(),
             usage_samples=self.usage_samples,
             stuck=self.stuck,
             events=self.loop.events,

@@ -38,6 +38,7 @@ from common.model import N_CONSTRAINTS, Phase, Task, fits, new_task, satisfies
 from simulator.engine import EventLoop
 from simulator.jobs import JobBook
 from simulator.megha_sim import SimResult
+from simulator.records import RunRecords
 from workload.jobs import Job
 
 
@@ -92,7 +93,11 @@ class SparrowSimulation:
         clusters: Sequence[ClusterSpec],
         config: SparrowConfig | None = None,
         rng: random.Random | None = None,
+        *,
+        records: RunRecords | None = None,
+        keep_tasks: bool = True,
     ) -> None:
+        """``records``, ``keep_tasks``: as ``MeghaSimulation``'s."""
         self.cfg = config or SparrowConfig()
         self.rng = rng or random.Random(0)
         self.loop = EventLoop()
@@ -108,9 +113,10 @@ class SparrowSimulation:
             self._vectors.append(v)
         self._eligible: dict[int, list[int]] = {}
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
-        self.book = JobBook()
+        self.book = JobBook(records, keep=keep_tasks)
         self.counters = SparrowCounters()
         self._stream: Iterator[Job] = iter(())
+        self._streamed = 0
 
     def _eligible_workers(self, mask: int) -> list[int]:
         lst = self._eligible.get(mask)
@@ -141,15 +147,18 @@ class SparrowSimulation:
 
     def stream_jobs(self, jobs: Iterable[Job]) -> None:
         """Jobs taken from ``jobs`` one at a time, each when the one before it arrives
-        (``MeghaSimulation.stream_jobs``); in arrival order."""
+        (``MeghaSimulation.stream_jobs``: the same run as ``add_jobs``); in arrival
+        order."""
         self._stream = iter(jobs)
+        self._streamed = 0
         self._take_streamed()
 
     def _take_streamed(self) -> None:
         job = next(self._stream, None)
         if job is not None:
             self.book.add(job)
-            self.loop.at(job.arrival, self._arrive_streamed, job)
+            self.loop.arrival(job.arrival, self._streamed, self._arrive_streamed, job)
+            self._streamed += 1
 
     def _arrive_streamed(self, job: Job) -> None:
         self._take_streamed()
@@ -271,15 +280,14 @@ class SparrowSimulation:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         self.loop.run(progress=progress)
         book = self.book
+        stuck = book.outstanding  # none by design; if ever, counted, never silent
+        book.finish()
         return SimResult(
-            tasks=book.tasks,
-            job_completion=book.job_completion,
-            job_arrival=book.job_arrival,
+            records=book.records,
             counters=self.counters.as_dict(),
             makespan_s=book.makespan,
-            failed=book.failed,
-            failed_jobs=book.failed_jobs,
-            stuck=book.outstanding,  # none by design; if ever, counted, never silent
+            kept=book.kept(),
+            stuck=stuck,
             events=self.loop.events,
             virtual_s=self.loop.now,
             wall_s=time.perf_counter() - wall0,

@@ -1,7 +1,8 @@
 """Trace and synthetic workloads under Megha and the baselines, side by side (``megha
 simulate``; DAG workloads under queue policies are ``simulator.dag_run``).
 
-Every scheduler sees the same jobs (rebuilt from the same seed) on the same machines;
+Every scheduler sees the same jobs (made again from the same seed, as they arrive: a
+workload is never held whole) on the same machines;
 Megha and the centralized configuration (the same machines under one GM and one LM)
 run the real GM/LM cores, Sparrow its own model (``simulator.sparrow``).  Megha runs
 once per queue policy of ``--policies`` (``megha`` is FIFO, ``megha-<policy>`` the
@@ -21,27 +22,25 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.dag import DagJob
 from common.errors import ConfigError
 from common.ids import GmId, LmId
-from common.metrics import percentiles
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.policy import AGING_S, POLICIES, make_policy
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
-from reporting.tally import jct_stats, summarize_tasks
-from reporting.tasks import write_records_csv
-from simulator.config import config_from_args
+from reporting.tally import Floats
+from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
+from simulator.records import RunRecords
 from simulator.sparrow import SparrowConfig, SparrowSimulation
 from workload.alibaba import AlibabaReplay
 from workload.google import GoogleReplay, read_google
 from workload.jobs import Job
-from workload.priorities import parse_classes, with_priorities
+from workload.priorities import iter_with_priorities, parse_classes
 from workload.synthetic import (
     WorkloadSpec,
     dags_from_trace,
     iter_jobs_from_trace,
-    jobs_from_trace,
-    synthetic_jobs,
+    iter_synthetic_jobs,
 )
 from workload.traces import read_trace
 
@@ -72,10 +71,15 @@ def trace_files(args: argparse.Namespace) -> list[str]:
     return ([args.trace] if args.trace else []) + list(getattr(args, "files", None) or [])
 
 
-def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Job]:
-    """The workload, rebuilt identically for every scheduler from the seed."""
+def workload_jobs(
+    args: argparse.Namespace, users: Sequence[UserConfig]
+) -> tuple[Iterator[Job], int]:
+    """The workload, made identically for every scheduler from the seed one job at a
+    time as it is taken (a trace file of the ../shared/traces format is read whole,
+    its jobs' tasks made as they are taken), and its tasks' count."""
     rng = random.Random(args.seed)
     spec = _spec(args)
+    jobs: Iterator[Job]
     if args.workload == "trace":
         files = trace_files(args)
         if len(files) != 1:
@@ -83,17 +87,22 @@ def build_jobs(args: argparse.Namespace, users: Sequence[UserConfig]) -> list[Jo
                 "--workload trace needs --trace FILE (one file of the ../shared/traces format)",
                 reason="missing_trace",
             )
-        jobs = jobs_from_trace(read_trace(files[0], limit_jobs=args.limit_jobs), spec, users, rng)
+        trace = read_trace(files[0], limit_jobs=args.limit_jobs)
+        total = sum(len(tj.durations) for tj in trace)
+        jobs = iter_jobs_from_trace(trace, spec, users, rng)
     else:
         jobs = _synthetic(args, spec, users, rng)
+        total = args.jobs_count * args.tasks_per_job
     classes = getattr(args, "priorities", "")
-    return with_priorities(jobs, parse_classes(classes), args.seed) if classes else jobs
+    if classes:
+        jobs = iter_with_priorities(jobs, parse_classes(classes), args.seed)
+    return jobs, total
 
 
 def _synthetic(
     args: argparse.Namespace, spec: WorkloadSpec, users: Sequence[UserConfig], rng: random.Random
-) -> list[Job]:
-    return synthetic_jobs(
+) -> Iterator[Job]:
+    return iter_synthetic_jobs(
         args.jobs_count,
         rate=args.rate,
         tasks_per_job=args.tasks_per_job,
@@ -105,9 +114,10 @@ def _synthetic(
 
 
 class Feed:
-    """A streamed workload's jobs as a simulation takes them, counted."""
+    """A workload's jobs as a simulation takes them, counted; ``reader``: a published
+    trace's reader (None for a trace file or synthetic jobs)."""
 
-    def __init__(self, jobs: Iterable[Job | DagJob], reader: TraceReader) -> None:
+    def __init__(self, jobs: Iterable[Job | DagJob], reader: TraceReader | None = None) -> None:
         self._jobs = jobs
         self.reader = reader
         self.jobs = 0
@@ -145,40 +155,24 @@ def stream_workload(args: argparse.Namespace, users: Sequence[UserConfig]) -> Fe
 
 def scheduler_summary(result: SimResult) -> dict[str, Any]:
     """One scheduler's figures: every task of the workload (``tasks``; failed ones in
-    ``failed_tasks``), JCTs of the jobs that completed (no task failed)."""
-    s = summarize_tasks(result.tasks)
-    s["jct_s"] = jct_stats(result.job_completion)
+    ``failed_tasks``), JCTs of the jobs that completed (no task failed), each priority
+    class's tails when there are several (``RunRecords.summary``)."""
+    s = result.records.summary()
     s["makespan_s"] = result.makespan_s
     s["counters"] = dict(sorted(result.counters.items()))
-    s["failed_tasks"] = len(result.failed)
     s["stuck_tasks"] = result.stuck
-    s["jobs_completed"] = len(result.job_completion)
-    s["jobs_failed"] = len(result.failed_jobs)
-    classes = sorted({t.spec.priority for t in result.tasks})
-    if classes != [0]:
-        s["classes"] = {str(c): class_summary(result, c) for c in classes}
     return s
 
 
-def class_summary(result: SimResult, cls: int) -> dict[str, Any]:
-    """One priority class's tasks: allocation time to the final start, and to the first."""
-    mine = [t for t in result.tasks if t.spec.priority == cls and t.started_at >= 0]
-    return {
-        "tasks": sum(1 for t in result.tasks if t.spec.priority == cls),
-        "allocation_time_s": percentiles([t.allocation_time for t in mine]),
-        "first_start_s": percentiles([t.first_allocation_time for t in mine]),
-    }
-
-
-def allocation_series(results: dict[str, SimResult]) -> dict[str, list[float]]:
+def allocation_series(results: dict[str, SimResult]) -> dict[str, Floats]:
     """Per scheduler, allocation time to the final start (the start that ran to
     completion); beside it, to the first start where preemption restarted tasks."""
-    series: dict[str, list[float]] = {}
+    series: dict[str, Floats] = {}
     for name, r in results.items():
-        started = [t for t in r.tasks if t.started_at >= 0]
-        series[name] = [t.allocation_time for t in started]
-        if any(t.started_at > t.first_started_at for t in started):
-            series[f"{name} (first start)"] = [t.first_allocation_time for t in started]
+        series[name] = r.records.allocation_times()
+        first = r.records.first_allocation_times()
+        if first is not None:
+            series[f"{name} (first start)"] = first
     return series
 
 
@@ -240,25 +234,21 @@ def _outstanding(sim: MeghaSimulation) -> Callable[[], int]:
 
 def _jobs_of(
     args: argparse.Namespace, users: Sequence[UserConfig]
-) -> tuple[list[Job] | Feed, int, Callable[[MeghaSimulation | SparrowSimulation], int]]:
-    """The workload for one scheduler, how many tasks it has (0: streamed, not known
-    before it is read) and its ``outstanding`` for a ``Runner``."""
+) -> tuple[Feed, int, Callable[[MeghaSimulation | SparrowSimulation], int]]:
+    """The workload for one scheduler, streamed; how many tasks it has (0: a published
+    trace, not known before it is read) and its ``outstanding`` for a ``Runner`` (the
+    tasks still to come, or minus the tasks done when the total is not known)."""
     if getattr(args, "trace_format", "megha") in STREAMED:
         feed = stream_workload(args, users)
-        return feed, 0, lambda sim: sim_outstanding(sim) - feed.tasks
-    jobs = build_jobs(args, users)
-    return jobs, sum(len(j.tasks) for j in jobs), sim_outstanding
+        total = 0
+    else:
+        jobs, total = workload_jobs(args, users)
+        feed = Feed(jobs)
+    return feed, total, lambda sim: total + sim_outstanding(sim) - feed.tasks
 
 
 def sim_outstanding(sim: MeghaSimulation | SparrowSimulation) -> int:
     return sim.outstanding if isinstance(sim, MeghaSimulation) else sim.book.outstanding
-
-
-def _feed(sim: MeghaSimulation | SparrowSimulation, jobs: list[Job] | Feed) -> None:
-    if isinstance(jobs, Feed):
-        sim.stream_jobs(jobs)  # type: ignore[arg-type]
-    else:
-        sim.add_jobs(jobs)
 
 
 def _counting(
@@ -275,9 +265,10 @@ def run_schedulers(
     users: Sequence[UserConfig],
     runner: Runner,
 ) -> tuple[dict[str, SimResult], dict[str, Any]]:
-    """Megha and the baselines of ``--baselines`` on the same jobs (rebuilt from the
-    seed for each, or a streamed trace read again) and machines; the results by
-    scheduler, and the workload's size (``jobs``, ``tasks``; a streamed trace's
+    """Megha and the baselines of ``--baselines`` on the same jobs (made again from the
+    seed for each as they arrive, or a streamed trace read again) and machines; the
+    results by scheduler (each run's records keep the task CSV's rows: ``close_results``
+    drops them), and the workload's size (``jobs``, ``tasks``; a streamed trace's
     reader's counts under ``trace``)."""
     cfg = config_from_args(
         args, overload=OVERLOAD_DEFAULTS if args.overload == "tuned" else OverloadPolicy()
@@ -290,37 +281,79 @@ def run_schedulers(
             reason="bad_baseline",
         )
     results: dict[str, SimResult] = {}
-    first: list[Job] | Feed | None = None
-    for policy in trace_policies(getattr(args, "policies", None)):
-        jobs, total, outstanding = _jobs_of(args, users)
-        first = jobs if first is None else first
-        factory = make_policy(policy, users, seed=args.seed, aging_s=_aging(args))
-        sim = MeghaSimulation(clusters, gm_ids, users, cfg, queues_factory=factory)
-        _feed(sim, jobs)
-        label = megha_label(policy)
-        results[label] = runner(label, total, _counting(sim, outstanding), sim.run)
-    assert first is not None
-    if "sparrow" in baselines:
-        jobs, total, outstanding = _jobs_of(args, users)
-        sp = SparrowSimulation(
-            clusters, SparrowConfig(network_delay_s=args.network_delay), random.Random(args.seed)
-        )
-        _feed(sp, jobs)
-        results["sparrow"] = runner("sparrow", total, lambda: outstanding(sp), sp.run)
-    if "centralized" in baselines:
-        gm0 = GmId("gm0")
-        c_users = [UserConfig(u.user, gm0, u.share) for u in users]
-        jobs, total, outstanding = _jobs_of(args, c_users)
-        factory = make_policy("fifo", c_users, seed=args.seed, aging_s=_aging(args))
-        csim = MeghaSimulation(
-            centralized_cluster(clusters, gm0), [gm0], c_users, cfg, queues_factory=factory
-        )
-        _feed(csim, jobs)
-        results["centralized"] = runner("centralized", total, lambda: outstanding(csim), csim.run)
-    if isinstance(first, Feed):
-        trace = {"format": args.trace_format, **first.reader.stats.as_dict()}
-        return results, {"jobs": first.jobs, "tasks": first.tasks, "trace": trace}
-    return results, {"jobs": len(first), "tasks": sum(len(j.tasks) for j in first)}
+    first: Feed | None = None
+    try:
+        for policy in trace_policies(getattr(args, "policies", None)):
+            jobs, total, outstanding = _jobs_of(args, users)
+            first = jobs if first is None else first
+            factory = make_policy(policy, users, seed=args.seed, aging_s=_aging(args))
+            sim = MeghaSimulation(
+                clusters, gm_ids, users, cfg, queues_factory=factory, **_streamed()
+            )
+            sim.stream_jobs(jobs)
+            label = megha_label(policy)
+            results[label] = runner(label, total, _counting(sim, outstanding), sim.run)
+        assert first is not None
+        if "sparrow" in baselines:
+            results["sparrow"] = _sparrow(args, clusters, users, runner)
+        if "centralized" in baselines:
+            results["centralized"] = _centralized(args, clusters, users, cfg, runner)
+    except BaseException:
+        close_results(results)
+        raise
+    size: dict[str, Any] = {"jobs": first.jobs, "tasks": first.tasks}
+    if first.reader is not None:
+        size["trace"] = {"format": args.trace_format, **first.reader.stats.as_dict()}
+    return results, size
+
+
+def _streamed() -> dict[str, Any]:
+    """A run that keeps what is in flight, not the trace: its tasks' figures and CSV
+    rows as they end (``simulator.records``)."""
+    return {"records": RunRecords(rows=True), "keep_tasks": False}
+
+
+def _sparrow(
+    args: argparse.Namespace,
+    clusters: Sequence[ClusterSpec],
+    users: Sequence[UserConfig],
+    runner: Runner,
+) -> SimResult:
+    jobs, total, outstanding = _jobs_of(args, users)
+    sp = SparrowSimulation(
+        clusters,
+        SparrowConfig(network_delay_s=args.network_delay),
+        random.Random(args.seed),
+        **_streamed(),
+    )
+    sp.stream_jobs(jobs)  # type: ignore[arg-type]
+    return runner("sparrow", total, lambda: outstanding(sp), sp.run)
+
+
+def _centralized(
+    args: argparse.Namespace,
+    clusters: Sequence[ClusterSpec],
+    users: Sequence[UserConfig],
+    cfg: SimConfig,
+    runner: Runner,
+) -> SimResult:
+    """The same machines under one GM and one LM (FIFO)."""
+    gm0 = GmId("gm0")
+    c_users = [UserConfig(u.user, gm0, u.share) for u in users]
+    jobs, total, outstanding = _jobs_of(args, c_users)
+    factory = make_policy("fifo", c_users, seed=args.seed, aging_s=_aging(args))
+    csim = MeghaSimulation(
+        centralized_cluster(clusters, gm0), [gm0], c_users, cfg, queues_factory=factory,
+        **_streamed(),
+    )  # fmt: skip
+    csim.stream_jobs(jobs)
+    return runner("centralized", total, lambda: outstanding(csim), csim.run)
+
+
+def close_results(results: dict[str, SimResult]) -> None:
+    """Drops the results' scratch files (their records' rows and columns)."""
+    for r in results.values():
+        r.records.close()
 
 
 def write_point(out: Path, summary: dict[str, Any], results: dict[str, SimResult]) -> None:
@@ -328,7 +361,7 @@ def write_point(out: Path, summary: dict[str, Any], results: dict[str, SimResult
     allocation-time CDFs and components."""
     out.mkdir(parents=True, exist_ok=True)
     for name, r in results.items():
-        write_records_csv(out / f"tasks-{name}.csv", r.tasks, r.failed)
+        r.records.write_csv(out / f"tasks-{name}.csv")
     title = f"{summary['workers']} workers, {summary['gms']} GMs x {summary['lms']} LMs"
     plot_cdfs(out / "allocation_cdf.png", allocation_series(results), f"Allocation time: {title}")
     plot_components(
@@ -358,6 +391,23 @@ def run_point(
         random.Random(args.seed + 7919),
     )  # fmt: skip
     results, size = run_schedulers(args, clusters, gm_ids, users, runner)
+    try:
+        return _point_files(args, workers, n_gms, n_lms, out, users, results, size)
+    finally:
+        close_results(results)
+
+
+def _point_files(
+    args: argparse.Namespace,
+    workers: int,
+    n_gms: int,
+    n_lms: int,
+    out: Path,
+    users: Sequence[UserConfig],
+    results: dict[str, SimResult],
+    size: dict[str, Any],
+) -> dict[str, Any]:
+    """A point's summary, written with its files (``write_point``)."""
     summary: dict[str, Any] = {
         "workers": workers,
         "gms": n_gms,

@@ -8,7 +8,7 @@ tasks and constraints are the same with and without classes).  Pure.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from msgspec.structs import replace
 
@@ -44,9 +44,15 @@ def parse_classes(text: str) -> dict[int, float]:
 
 def with_priorities(jobs: Sequence[Job], classes: dict[int, float], seed: int) -> list[Job]:
     """``jobs`` with each job's tasks in the class drawn for it."""
+    return list(iter_with_priorities(jobs, classes, seed))
+
+
+def iter_with_priorities(
+    jobs: Iterable[Job], classes: dict[int, float], seed: int
+) -> Iterator[Job]:
+    """``with_priorities`` one job at a time, as ``jobs`` yields them."""
     rng = random.Random(f"{seed}:priorities")
     ranked = sorted(classes.items(), reverse=True)
-    out = []
     for job in jobs:
         x, cls = rng.random(), 0
         for c, f in ranked:
@@ -55,5 +61,4 @@ def with_priorities(jobs: Sequence[Job], classes: dict[int, float], seed: int) -
                 break
             x -= f
         tasks = [replace(t, priority=cls) for t in job.tasks] if cls else list(job.tasks)
-        out.append(Job(job.job_id, job.user, job.arrival, tasks))
-    return out
+        yield Job(job.job_id, job.user, job.arrival, tasks)

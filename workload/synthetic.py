@@ -147,9 +147,52 @@ def synthetic_jobs(
     rng: random.Random,
 ) -> list[Job]:
     """Poisson arrivals at ``rate`` jobs/s; exponential task durations (seeded)."""
+    return list(
+        iter_synthetic_jobs(
+            n_jobs,
+            rate=rate,
+            tasks_per_job=tasks_per_job,
+            mean_duration=mean_duration,
+            spec=spec,
+            users=users,
+            rng=rng,
+        )
+    )
+
+
+def iter_synthetic_jobs(
+    n_jobs: int,
+    *,
+    rate: float,
+    tasks_per_job: int,
+    mean_duration: float,
+    spec: WorkloadSpec,
+    users: Sequence[UserConfig],
+    rng: random.Random,
+) -> Iterator[Job]:
+    """``synthetic_jobs`` one job at a time, made as it is taken: the same jobs, from
+    the same draws, never held whole.
+
+    The list draws every arrival and duration first, then every task's constraints and
+    demand; made lazily, the arrivals and durations come from ``rng`` and the rest from
+    a copy of it moved past those draws (one ``random()`` each), so each job is the
+    one the list holds.  ``rng`` is left where the arrivals left it."""
     if rate <= 0 or tasks_per_job <= 0 or mean_duration < 0:
         raise ConfigError("rate and tasks per job must be positive", reason="bad_workload")
-    trace = []
+    rest = random.Random()
+    rest.setstate(rng.getstate())
+    draws = n_jobs * (1 + (tasks_per_job if mean_duration > 0 else 0))
+    for _ in range(draws):  # each expovariate of the arrivals and durations is one random()
+        rest.random()
+    return iter_jobs_from_trace(
+        _synthetic_trace(n_jobs, rate, tasks_per_job, mean_duration, rng), spec, users, rest
+    )
+
+
+def _synthetic_trace(
+    n_jobs: int, rate: float, tasks_per_job: int, mean_duration: float, rng: random.Random
+) -> Iterator[TraceJob]:
+    """Poisson arrivals and exponential durations, one job at a time."""
     t = 0.0
     for _ in range(n_jobs):
         t += rng.expovariate(rate)
@@ -157,5 +200,4 @@ def synthetic_jobs(
             rng.expovariate(1.0 / mean_duration) if mean_duration > 0 else 0.0
             for _ in range(tasks_per_job)
         )
-        trace.append(TraceJob(t, durations))
-    return jobs_from_trace(trace, spec, users, rng)
+        yield TraceJob(t, durations)

@@ -38,15 +38,19 @@ def test_a_job_with_a_failed_task_is_failed_not_completed() -> None:
         book.done(new_task(spec, 0.0), 3.0)
     book.done(new_task(bad.tasks[0], 0.0), 2.0, "failed on worker")
     book.done(new_task(bad.tasks[1], 0.0), 4.0)
-    assert book.job_completion == {JobId("ok"): 3.0}
-    assert book.failed_jobs == {JobId("bad")}
+    assert (book.records.jobs_completed, book.records.jobs_failed) == (1, 1)
     # refused at admission: every task fails at once, the job is failed too
     refused = _job("refused", 3)
     book.add(refused)
     for spec in refused.tasks:
         book.done_spec(spec, 5.0, "refused: impossible_resources")
-    assert JobId("refused") not in book.job_completion
-    assert book.failed_jobs == {JobId("bad"), JobId("refused")}
+    book.finish()
+    kept = book.kept()
+    assert kept is not None
+    assert kept.job_completion == {JobId("ok"): 3.0}
+    assert kept.failed_jobs == {JobId("bad"), JobId("refused")}
+    assert (book.records.jobs_completed, book.records.jobs_failed) == (1, 2)
+    assert book.records.failed_tasks == 4
 
 
 def test_a_dag_run_counts_every_task_and_the_refused_job_as_failed() -> None:
