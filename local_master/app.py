@@ -74,6 +74,7 @@ from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
 from security.access import Access
+from security.identity import gm as gm_identity
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
 from security.tokens import TokenStore
@@ -376,7 +377,7 @@ class LmService:
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
         assert self.sealer is not None
-        seal = self.sealer.seal(body, f"events.{gm}")
+        seal = self.sealer.seal(body, f"events.{gm}", to=[gm_identity(gm)])
         msg = amqp.persistent(body, message_id=mid, headers=seal)
         await self.broker.publish("events", names.gm_event_key(gm, self.lm), msg)
 
