@@ -120,7 +120,7 @@ class LmService:
         self.sup = Supervisor(lm)
         faults.arm(lm)  # a chaos run may step its clock (runtime.clock)
         self.users = TokenStore(access.users_file) if access.users_file is not None else None
-        self.owners: dict[UserId, GmId] = {}
+        self.owners: dict[UserId, GmId | None] = {}
         """Each user's GM: a launch for another GM's user is refused (``foreign_user``)."""
         self._read_owners()
         self.core = self._new_core(epoch=0)
@@ -160,9 +160,13 @@ class LmService:
     def _read_owners(self) -> None:
         """The config's users and the users file's (``megha user add`` adds to it while
         the federation runs): who is whose GM."""
-        owners = {UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs}
-        if self.users is not None:
-            owners |= {UserId(r.user): GmId(r.gm) for r in self.users.users()}
+        owners: dict[UserId, GmId | None] = {
+            UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs
+        }
+        if self.users is not None:  # a revoked user is no GM's (``user_revoked``)
+            owners |= {
+                UserId(r.user): None if r.revoked else GmId(r.gm) for r in self.users.users()
+            }
         if owners != self.owners:
             self.owners.clear()
             self.owners.update(owners)
