@@ -363,7 +363,9 @@ class LmService:
             try:
                 reply = await self.pool.post(
                     "/v1/start",
-                    StartTasks(lm=self.core.lm_id, epoch=self.epoch, tasks=starts),
+                    StartTasks(
+                        lm=self.core.lm_id, epoch=self.epoch, tasks=starts, sent=self.driver.clock()
+                    ),
                     expect=WorkerReports,
                     policy=ONE_TRY,
                 )
