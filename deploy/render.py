@@ -52,6 +52,7 @@ import yaml
 from common.config import (
     BROKER_ENV,
     STATE_ENV,
+    TLS_DIRNAME,
     FederationConfig,
     ProcessSpec,
     load_config,
@@ -74,7 +75,7 @@ from security.files import MOUNTED_ENV, ensure_private_dir, read_private, write_
 from security.identity import Role
 from security.party_keys import KEYS_DIRNAME, KEYS_FILE_ENV, file_name, write_party_keys
 from security.secret import SECRET_FILENAME, load_secret
-from security.tls import make_federation_tls
+from security.tls import CA_CERT, make_federation_tls
 from security.tokens import TOKENS_FILENAME
 
 Manifest = dict[str, Any]
@@ -250,6 +251,14 @@ COMPOSE_USER = (
 and mode (0600), so the process can read it, and ``load_secret``'s single-host rule
 (private, ours) holds inside the container as it does for ``megha up``."""
 RUN_SECRETS = "/run/secrets"
+TLS_PATH = f"{Path(CONFIG_PATH).parent}/{TLS_DIRNAME}"
+"""Where a container finds its certificate, key and the federation CA (the process plan's
+``--certfile``/``--keyfile`` and ``MEGHA_TLS_CA`` name them beside the config)."""
+BROKER_TLS_PATH = "/etc/rabbitmq/tls"
+AMQPS_PORT = 5671
+RABBITMQ_TLS_CONF = "./deploy/compose/rabbitmq/tls.conf"
+"""The broker's AMQPS listener (mounted when the federation's TLS is on): plain AMQP only
+on the container's own loopback (its health probe), AMQPS for everyone else."""
 CONTAINER_SECURITY: Manifest = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -267,11 +276,26 @@ def _mounts(private: Manifest) -> list[Manifest]:
     ]
 
 
-def _health_test(port: int) -> list[str]:
+HEALTH_TLS = (
+    "import socket, ssl, sys\n"
+    "host, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n"
+    "ctx = ssl.create_default_context(cafile=ca)\n"
+    "s = ctx.wrap_socket(socket.create_connection((host, port), 2), server_hostname='localhost')\n"
+    "s.sendall(b'GET /health HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n')\n"
+    "sys.exit(s.recv(64).split(b' ')[1:2] != [b'200'])\n"
+)
+"""The probe of a service that serves HTTPS: bash cannot speak TLS, so a bare interpreter
+(``-I -S``: the standard library only) asks, trusting the federation CA only."""
+
+
+def _health_test(port: int, tls: bool = False) -> list[str]:
     """``GET /health`` answered 200, asked by bash over ``/dev/tcp``: a probe runs every
     interval in every container for as long as it runs, and a Python interpreter per
     probe cost ~15x the CPU (3.3 s against 0.7 s of wall time for 5 ``docker exec``s at a
-    load average of 21 here)."""
+    load average of 21 here).  Over TLS (``tls``) it must be Python (``HEALTH_TLS``)."""
+    if tls:
+        ca = f"{TLS_PATH}/{CA_CERT}"
+        return ["CMD", "python3", "-I", "-S", "-c", HEALTH_TLS, "127.0.0.1", str(port), ca]
     ask = (
         f"exec 3<>/dev/tcp/127.0.0.1/{port}"
         ' && printf "GET /health HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nConnection: close\\r\\n\\r\\n" >&3'
@@ -297,7 +321,23 @@ def _compose_secrets(cfg: FederationConfig) -> dict[str, Manifest]:
             out[f"keys-{party.role.value}-{party.name}"] = {
                 "file": f"{SECRETS_VAR}/{KEYS_DIRNAME}/{file_name(party)}"
             }
+    if cfg.tls_on:  # the CA's certificate, and each process's and the broker's own pair
+        tls = f"{SECRETS_VAR}/{TLS_DIRNAME}"
+        out["tls-ca"] = {"file": f"{tls}/{CA_CERT}"}
+        for name in [*cfg.process_names, "broker"]:
+            out[f"tls-{name}-cert"] = {"file": f"{tls}/{name}.pem"}
+            out[f"tls-{name}-key"] = {"file": f"{tls}/{name}.key"}
     return out
+
+
+def _tls_mounts(name: str, directory: str) -> list[Manifest]:
+    """Process (or broker) ``name``'s certificate and key, and the CA's certificate, in
+    ``directory`` (never the CA's key: it stays with the operator)."""
+    return [
+        {"source": "tls-ca", "target": f"{directory}/{CA_CERT}"},
+        {"source": f"tls-{name}-cert", "target": f"{directory}/{name}.pem"},
+        {"source": f"tls-{name}-key", "target": f"{directory}/{name}.key"},
+    ]
 
 
 def _keys_secret(p: ProcessSpec) -> str:
@@ -340,6 +380,7 @@ def host_network(cfg: FederationConfig) -> FederationConfig:
         listen="127.0.0.1",
         addresses=addresses,
         broker_url=f"amqp://127.0.0.1:{HOST_BROKER['amqp']}/",
+        tls="auto",  # every process and the broker on one host's loopback: off there
     ).validate()
 
 
@@ -350,8 +391,9 @@ def host_network_toml(path: Path) -> str:
     table = tomllib.loads(path.read_text())["federation"]
     host = host_network(parse_config({"federation": table}, env={}))
     table.update(
-        host=host.host, listen=host.listen, broker_url=host.broker_url, addresses=host.addresses
-    )
+        host=host.host, listen=host.listen, broker_url=host.broker_url, addresses=host.addresses,
+        tls=host.tls,
+    )  # fmt: skip
     lines = ["[federation]"]
     lines += [f"{k} = {_toml(v)}" for k, v in table.items() if not isinstance(v, dict)]
     for key, sub in table.items():
@@ -369,9 +411,12 @@ def _toml(value: object) -> str:
     return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
 
 
-def _rabbitmq_service(network: str) -> Manifest:
-    """The broker: Debian's RabbitMQ, importing the secrets' definitions at boot."""
+def _rabbitmq_service(network: str, tls: bool = False) -> Manifest:
+    """The broker: Debian's RabbitMQ, importing the secrets' definitions at boot; with
+    ``tls``, its AMQPS listener (``RABBITMQ_TLS_CONF``) is the one others reach."""
     port = AMQP_PORT if network == "bridge" else HOST_BROKER["amqp"]
+    if tls:
+        port = AMQPS_PORT
     svc: Manifest = {
         "image": COMPOSE_RABBITMQ_IMAGE,
         # as the owner of the definitions (0600); the image's data directory is
@@ -394,9 +439,14 @@ def _rabbitmq_service(network: str) -> Manifest:
         },
         "restart": "unless-stopped",
     }
+    if tls:
+        if network != "bridge":
+            raise ConfigError("the broker's TLS listener is rendered for the bridge network only")
+        svc["secrets"] += _tls_mounts("broker", BROKER_TLS_PATH)
+        svc["volumes"].append(f"{RABBITMQ_TLS_CONF}:/etc/rabbitmq/conf.d/30-megha-tls.conf:ro")
     if network == "bridge":
         svc["hostname"] = "rabbitmq"
-        svc["ports"] = [f"{AMQP_PORT}:{AMQP_PORT}"]
+        svc["ports"] = [f"{port}:{port}"]
         return svc
     svc["network_mode"] = "host"
     svc["environment"] = {
@@ -427,6 +477,8 @@ def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Man
         mounts.append("megha-users")
     if p.role == "gm":
         depends.update({lm: {"condition": "service_healthy"} for lm in cfg.lm_ids})
+    if cfg.tls_on:  # its certificate and key, and the CA it trusts (process_plan's paths)
+        mounts += _tls_mounts(p.name, TLS_PATH)
     svc: Manifest = {**base, "command": p.argv, "environment": env, "secrets": mounts}
     if p.role != "gm":
         svc["volumes"] = [*base["volumes"], f"{p.name}-state:{STATE_DIR}"]
@@ -434,7 +486,7 @@ def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Man
     if "network_mode" not in base:
         svc["ports"] = [f"{p.port}:{p.port}"]
     svc["healthcheck"] = {
-        "test": _health_test(p.port),
+        "test": _health_test(p.port, cfg.tls_on),
         "interval": HEALTH_INTERVAL,
         "timeout": "3s",
         "retries": 30,
@@ -463,7 +515,7 @@ def compose(cfg: FederationConfig, network: str = "bridge") -> Manifest:
     }
     if network == "host":
         megha["network_mode"] = "host"
-    services: dict[str, Manifest] = {"rabbitmq": _rabbitmq_service(network)}
+    services: dict[str, Manifest] = {"rabbitmq": _rabbitmq_service(network, cfg.tls_on)}
     plan = process_plan(cfg, CONFIG_PATH)
     for p in plan:
         services[p.name] = _megha_service(cfg, p, megha)

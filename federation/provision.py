@@ -58,7 +58,7 @@ from security.secret import (
     secret_path,
 )
 from security.tls import make_federation_tls, trust_home
-from security.tokens import TokenStore
+from security.tokens import TOKENS_FILENAME, TokenStore
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 NO_RABBITMQCTL = (
@@ -162,11 +162,24 @@ def broker_credentials(cfg: FederationConfig, home: Path) -> BrokerCredentials:
 
 
 def _provision_broker(cfg: FederationConfig, home: Path) -> Path:
+    """Every party's broker login, but those of users revoked (``megha user revoke``):
+    provisioning again must not give a revoked user its login back."""
     ctl = _rabbitmqctl(cfg)
     again = (home / CREDENTIALS_FILENAME).exists()
     creds = broker_credentials(cfg, home)
-    provision(BrokerLayout.from_config(cfg), creds, ctl, allow_existing=again)
+    layout = BrokerLayout.from_config(cfg)
+    provision(layout, creds, ctl, allow_existing=again)
+    for user in revoked_users(home):
+        if user in dict(layout.users):
+            revoke_broker_login(cfg, home, user)
     return home / CREDENTIALS_FILENAME
+
+
+def revoked_users(home: Path) -> list[str]:
+    """The users whose token is revoked (``users.json``: the federation's revoked list)."""
+    if not (home / TOKENS_FILENAME).exists():
+        return []
+    return [r.user for r in TokenStore.in_home(home).users() if r.revoked]
 
 
 def revoke_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
@@ -201,7 +214,9 @@ def restore_broker_login(cfg: FederationConfig, home: Path, user: str) -> str:
 
 
 def issue_tokens(cfg: FederationConfig, home: Path) -> Path:
-    """A token for every configured user that has none the operator can hand over."""
+    """A token for every configured user that has none the operator can hand over.  A
+    revoked user stays revoked (``megha user add`` issues it a token again): its record
+    in ``users.json`` is the revoked list every GM and LM reads, also after a restart."""
     store = TokenStore.in_home(home)
     have = set(tokens_dir(home).iterdir()) if tokens_dir(home).is_dir() else set()
     now = time.time()
@@ -210,11 +225,17 @@ def issue_tokens(cfg: FederationConfig, home: Path) -> Path:
         if rec.user not in configured and not rec.revoked:
             store.revoke(rec.user, now=now)
     for u in cfg.user_configs:
-        save_outcome_key(home, u.user, u.gm)
         held = store.get(u.user)
-        if held is not None and not held.revoked and tokens_dir(home) / u.user in have:
+        if held is not None and held.revoked:
+            print(
+                f"user {u.user!r} stays revoked (`megha user add {u.user}` issues a new token)",
+                file=sys.stderr,
+            )
             continue
-        if held is not None and not held.revoked:
+        save_outcome_key(home, u.user, u.gm)
+        if held is not None and tokens_dir(home) / u.user in have:
+            continue
+        if held is not None:
             store.revoke(u.user, now=now)  # its token is lost: a new one replaces it
         token = store.add(u.user, gm=u.gm, share=u.share, now=now)
         save_token(home, u.user, token)

@@ -211,9 +211,7 @@ class GmService:
         self.tokens = TokenStore(access.users_file)
         lms = access.lm_identities()
         self.state_seals = access.opener("state", lms)
-        self.event_seals = sealing.Opener(
-            sealing.keyring_for(access.secret, lms), f"events.{gm}", window=EVENTS_WINDOW
-        )
+        self.event_seals = access.opener(f"events.{gm}", lms, window=EVENTS_WINDOW)
         self.resume_keys = sealing.keyring_for(access.secret, [access.me])
         self.resume_seal = access.sealer(epoch=int(time.time() * 1000))
         self.outcome_seal = OutcomeSealer(access.secret, gm, epoch=int(time.time() * 1000))

@@ -74,6 +74,7 @@ from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
 from security.access import Access
+from security.identity import gm as gm_identity
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
 from security.tokens import TokenStore
@@ -119,7 +120,7 @@ class LmService:
         self.sup = Supervisor(lm)
         faults.arm(lm)  # a chaos run may step its clock (runtime.clock)
         self.users = TokenStore(access.users_file) if access.users_file is not None else None
-        self.owners: dict[UserId, GmId] = {}
+        self.owners: dict[UserId, GmId | None] = {}
         """Each user's GM: a launch for another GM's user is refused (``foreign_user``)."""
         self._read_owners()
         self.core = self._new_core(epoch=0)
@@ -159,9 +160,13 @@ class LmService:
     def _read_owners(self) -> None:
         """The config's users and the users file's (``megha user add`` adds to it while
         the federation runs): who is whose GM."""
-        owners = {UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs}
-        if self.users is not None:
-            owners |= {UserId(r.user): GmId(r.gm) for r in self.users.users()}
+        owners: dict[UserId, GmId | None] = {
+            UserId(u.user): GmId(u.gm) for u in self.cfg.user_configs
+        }
+        if self.users is not None:  # a revoked user is no GM's (``user_revoked``)
+            owners |= {
+                UserId(r.user): None if r.revoked else GmId(r.gm) for r in self.users.users()
+            }
         if owners != self.owners:
             self.owners.clear()
             self.owners.update(owners)
@@ -366,7 +371,9 @@ class LmService:
             try:
                 reply = await self.pool.post(
                     "/v1/start",
-                    StartTasks(lm=self.core.lm_id, epoch=self.epoch, tasks=starts),
+                    StartTasks(
+                        lm=self.core.lm_id, epoch=self.epoch, tasks=starts, sent=self.driver.clock()
+                    ),
                     expect=WorkerReports,
                     policy=ONE_TRY,
                 )
@@ -385,7 +392,7 @@ class LmService:
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
         assert self.sealer is not None
-        seal = self.sealer.seal(body, f"events.{gm}")
+        seal = self.sealer.seal(body, f"events.{gm}", to=[gm_identity(gm)])
         msg = amqp.persistent(body, message_id=mid, headers=seal)
         await self.broker.publish("events", names.gm_event_key(gm, self.lm), msg)
 

@@ -89,11 +89,10 @@ from local_master.nodes import ActiveTask, NodeTable
 from local_master.reservations import Reservations
 from local_master.validation import (
     ASK_LATER,
-    FOREIGN_USER,
     REGISTER_FIRST,
     Address,
-    foreign_user,
     refuse_request,
+    refused_user,
     unknown_node,
 )
 from local_master.victims import choose
@@ -121,11 +120,11 @@ class LocalMaster(GangRequests, Registration):
         victims_younger_than_wait: bool = False,
         reroute: bool = False,
         durable: bool = False,
-        owners: Mapping[UserId, GmId] | None = None,
+        owners: Mapping[UserId, GmId | None] | None = None,
     ) -> None:
         self.lm_id = lm_id
         self.owners = owners
-        """Each user's GM (the driver keeps it current; ``validation.foreign_user``)."""
+        """Each user's GM (the driver keeps it current; ``validation.refused_user``; None: revoked)."""
         self.nodes = NodeTable(
             lm_id, epoch, nodes, home, alive=not awaiting_workers, log_limit=log_limit
         )
@@ -298,9 +297,10 @@ class LocalMaster(GangRequests, Registration):
         self, gm: GmId, p: Placement, now: float, effects: list[Effect]
     ) -> PlacementResult:
         spec = p.spec
-        if foreign_user(self.owners, spec.user, gm):
+        why = refused_user(self.owners, spec.user, gm)
+        if why is not None:
             self.counters.refused_foreign += 1
-            return PlacementResult(accepted=False, reason=FOREIGN_USER)
+            return PlacementResult(accepted=False, reason=why)
         held = self._held(spec, p.attempt, effects)
         if held is not None:
             self.counters.duplicates += 1
@@ -346,9 +346,10 @@ class LocalMaster(GangRequests, Registration):
             return [Reply(refused)]
         spec = req.spec
         self.counters.preemption_requests += 1
-        if foreign_user(self.owners, spec.user, req.gm):
+        why = refused_user(self.owners, spec.user, req.gm)
+        if why is not None:
             self.counters.refused_foreign += 1
-            return [self._preempt_response(req, now, False, FOREIGN_USER, None, ())]
+            return [self._preempt_response(req, now, False, why, None, ())]
         effects: list[Effect] = []
         held = self._held(spec, req.attempt, effects)
         if held is not None:

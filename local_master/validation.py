@@ -69,12 +69,19 @@ class Address:
 
 
 FOREIGN_USER = "foreign_user"
+USER_REVOKED = "user_revoked"
 
 
-def foreign_user(owners: Mapping[UserId, GmId] | None, user: UserId, gm: GmId) -> bool:
-    """Is ``user`` not GM ``gm``'s (``owners``: every user's GM; None: not checked, as
-    in the simulator, where every GM is the federation's own code)?"""
-    return owners is not None and owners.get(user) != gm
+def refused_user(owners: Mapping[UserId, GmId | None] | None, user: UserId, gm: GmId) -> str | None:
+    """Why GM ``gm`` may not launch for ``user``, or None: ``user_revoked`` (its token
+    is revoked: ``owners`` maps it to None; an LM started after the revocation refuses it
+    too), ``foreign_user`` (not ``gm``'s).  ``owners``: every user's GM; None: not
+    checked, as in the simulator, where every GM is the federation's own code."""
+    if owners is None:
+        return None
+    if user in owners and owners[user] is None:
+        return USER_REVOKED
+    return FOREIGN_USER if owners.get(user) != gm else None
 
 
 def refuse_request(specs: Iterable[TaskSpec], n_resources: int) -> Refused | None:

@@ -229,10 +229,19 @@ class Access:
 
     # -------------------------------------------------------------- broker
     def sealer(self, epoch: int) -> sealing.Sealer:
+        """An LM seals for each GM under the key of their channel (a GM holds the keys
+        of the LMs' channels to itself only: it cannot seal as an LM to another GM);
+        a GM seals what it returns to itself under its own key."""
+        if self.me.role == Role.LM:
+            keys = {g: sealing.sealing_key(self.secret, self.me, g) for g in self.gm_identities()}
+            return sealing.Sealer(self.me, keys, epoch)
         return sealing.Sealer(self.me, sealing.sealing_key(self.secret, self.me), epoch)
 
-    def opener(self, stream: str, senders: list[Identity]) -> sealing.Opener:
-        return sealing.Opener(sealing.keyring_for(self.secret, senders), stream)
+    def opener(self, stream: str, senders: list[Identity], *, window: int = 0) -> sealing.Opener:
+        """What this party opens ``senders``' messages on ``stream`` with: their MACs for
+        it, under the keys of their channels to it."""
+        keys = sealing.keyring_for(self.secret, senders, self.me)
+        return sealing.Opener(keys, stream, window=window, receiver=self.me)
 
     def outcome_key(self, gm: str, user: str) -> bytes:
         """The key ``gm``'s outcomes to ``user`` are sealed with (``security.outcomes``)."""

@@ -8,18 +8,22 @@ secret, the keys each service needs and nothing more, and writes them to
 Guarantees:
 
 * a party holds the keys of the HTTP channels it is an end of by ``ACCESS_POLICY``
-  (both directions: requests one way, signed answers the other), its own sealing
-  key (GMs and LMs), the sealing keys of the senders it opens (a GM: every LM's), and a
-  GM its outcome key (``security.outcomes``); a worker pool, which runs user code,
-  holds only the two keys of the channel with its own LM;
+  (both directions: requests one way, signed answers the other); an LM the sealing
+  keys of its channels to each GM (``amqp:lm:L>gm:G``), a GM those of every LM's
+  channel to itself, its own sealing key (the tasks it returns to itself) and its
+  outcome key (``security.outcomes``); a worker pool, which runs user code, holds only
+  the two keys of the channel with its own LM.  No key a party holds lets it speak as
+  another party to a third: a GM checks an LM's seals for itself but cannot make the
+  seal another GM checks;
 * asking a ``PartyKeys`` for any other key raises ``ConfigError`` (``key_not_held``):
   a leak of a pool's file signs as nobody else, and cannot make the keys of anyone
   else (HKDF is one-way);
 * a keys file names its holder: a service refuses a file made for another party
   (``wrong_keys_file``).
 
-What a MAC cannot give: a GM verifies LMs' seals with their keys, so a GM could
-forge an LM's state update to another GM (docs/security.md, *Not covered*).
+What a key shared by two cannot give: either end can make the other's messages to
+itself (a GM an LM's update to that GM, a pool its LM's call to that pool): harmless,
+as the only one it could fool is itself.
 """
 
 from __future__ import annotations
@@ -58,10 +62,13 @@ def http_labels(me: Identity, parties: Iterable[Identity]) -> set[str]:
 def labels_for(cfg: FederationConfig, me: Identity, parties: Iterable[Identity]) -> set[str]:
     """Every key label party ``me`` of ``cfg`` holds."""
     labels = http_labels(me, parties)
-    if me.role in (Role.GM, Role.LM):
-        labels.add(identity_label(me, sealing.PURPOSE))
+    gms = [Identity(Role.GM, g) for g in cfg.gm_ids]
+    if me.role == Role.LM:  # its channel to each GM (no key a GM would not check)
+        labels |= {channel_label(me, g, sealing.PURPOSE) for g in gms}
     if me.role == Role.GM:
-        labels |= {identity_label(Identity(Role.LM, x), sealing.PURPOSE) for x in cfg.lm_ids}
+        labels.add(identity_label(me, sealing.PURPOSE))  # the tasks it returns to itself
+        lms = [Identity(Role.LM, x) for x in cfg.lm_ids]
+        labels |= {channel_label(lm, me, sealing.PURPOSE) for lm in lms}  # to itself only
         labels.add(identity_label(me, outcomes.PURPOSE))
     return labels
 

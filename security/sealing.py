@@ -2,7 +2,12 @@
 
 A sender seals each message: AMQP headers carry its identity, the stream, an
 epoch and a sequence number, and an HMAC-SHA256 over all of them and the body
-under the sender's own key (``Secret.identity_key(sender, "amqp")``).
+under the sender's own key (``Secret.identity_key(sender, "amqp")``), or, for a
+message to named receivers, one such HMAC per receiver, each under the key of the
+channel ``sender>receiver`` (header ``x-megha-mac:<receiver>``).  An LM seals so: its
+state updates go to every GM, each GM holds only the keys of the channels from the
+LMs to itself, so a GM can check an LM's message but cannot make one another GM would
+take (a shared sender key would let any GM forge LM updates to the others).
 
 Guarantees of an ``Opener`` (one per receiver and stream):
 
@@ -47,6 +52,7 @@ HEADER_STREAM = "x-megha-stream"
 HEADER_EPOCH = "x-megha-epoch"
 HEADER_SEQ = "x-megha-seq"
 HEADER_MAC = "x-megha-mac"
+"""The MAC under the sender's own key; ``mac_header(receiver)`` names a receiver's."""
 MAX_COUNTER = 2**63 - 1
 """Epochs and sequence numbers fit an AMQP signed 64-bit header value."""
 
@@ -68,13 +74,25 @@ class DropReason(StrEnum):
     STALE_SEQ = "stale_seq"
 
 
-def sealing_key(secret: KeySource, sender: Identity) -> bytes:
-    return secret.identity_key(sender, PURPOSE)
+def mac_header(receiver: Identity | None) -> str:
+    """The header carrying the MAC for ``receiver`` (None: the sender's own key's)."""
+    return HEADER_MAC if receiver is None else f"{HEADER_MAC}:{receiver}"
 
 
-def keyring_for(secret: KeySource, senders: Iterable[Identity]) -> dict[Identity, bytes]:
-    """What a receiver opens messages of ``senders`` with (e.g. a GM: every LM)."""
-    return {s: sealing_key(secret, s) for s in senders}
+def sealing_key(secret: KeySource, sender: Identity, receiver: Identity | None = None) -> bytes:
+    """``sender``'s own sealing key, or (``receiver`` given) the key of the channel
+    ``sender>receiver``, which only those two hold."""
+    if receiver is None:
+        return secret.identity_key(sender, PURPOSE)
+    return secret.channel_key(sender, receiver, PURPOSE)
+
+
+def keyring_for(
+    secret: KeySource, senders: Iterable[Identity], receiver: Identity | None = None
+) -> dict[Identity, bytes]:
+    """What a receiver opens messages of ``senders`` with (e.g. GM G: every LM's channel
+    to G, ``receiver`` G)."""
+    return {s: sealing_key(secret, s, receiver) for s in senders}
 
 
 def _check_counter(name: str, value: int) -> None:
@@ -88,38 +106,59 @@ def _mac(key: bytes, sender: str, stream: str, epoch: int, seq: int, body: bytes
 
 
 def seal(
-    body: bytes, sender: Identity, epoch: int, seq: int, key: bytes, *, stream: str
+    body: bytes,
+    sender: Identity,
+    epoch: int,
+    seq: int,
+    key: bytes | Mapping[Identity, bytes],
+    *,
+    stream: str,
 ) -> dict[str, HeaderValue]:
     """The AMQP headers that authenticate ``body`` as ``sender``'s message ``(epoch, seq)``
-    on ``stream`` (e.g. ``"state"`` or ``"events.gm0"``)."""
+    on ``stream`` (e.g. ``"state"`` or ``"events.gm0"``): one MAC under ``key``, or, given
+    ``{receiver: channel key}``, one per receiver (``mac_header``)."""
     if not _STREAM.fullmatch(stream):
         raise ValueError(f"bad stream name {stream!r}")
     _check_counter("epoch", epoch)
     _check_counter("seq", seq)
     who = str(sender)
-    return {
+    headers: dict[str, HeaderValue] = {
         HEADER_SENDER: who,
         HEADER_STREAM: stream,
         HEADER_EPOCH: epoch,
         HEADER_SEQ: seq,
-        HEADER_MAC: _mac(key, who, stream, epoch, seq, body),
     }
+    if isinstance(key, bytes):
+        headers[HEADER_MAC] = _mac(key, who, stream, epoch, seq, body)
+        return headers
+    if not key:
+        raise ValueError("a seal for receivers needs at least one")
+    for receiver, k in key.items():
+        headers[mac_header(receiver)] = _mac(k, who, stream, epoch, seq, body)
+    return headers
 
 
 class Sealer:
-    """One sender's sealing state: its key, this run's epoch, the next sequence number."""
+    """One sender's sealing state: its key (or its channel keys, by receiver), this run's
+    epoch, the next sequence number."""
 
-    def __init__(self, sender: Identity, key: bytes, epoch: int) -> None:
+    def __init__(self, sender: Identity, key: bytes | Mapping[Identity, bytes], epoch: int) -> None:
         _check_counter("epoch", epoch)
         self.sender = sender
         self.epoch = epoch
-        self._key = key
+        self._key = key if isinstance(key, bytes) else dict(key)
         self.seq = 0
 
-    def seal(self, body: bytes, stream: str) -> dict[str, HeaderValue]:
-        """Headers for the next message; every stream sees increasing numbers."""
+    def seal(
+        self, body: bytes, stream: str, to: Iterable[Identity] | None = None
+    ) -> dict[str, HeaderValue]:
+        """Headers for the next message; every stream sees increasing numbers.  A sealer
+        of channel keys seals for the receivers ``to`` (None: all it has keys for)."""
         self.seq += 1
-        return seal(body, self.sender, self.epoch, self.seq, self._key, stream=stream)
+        key = self._key
+        if not isinstance(key, bytes) and to is not None:
+            key = {r: key[r] for r in to}
+        return seal(body, self.sender, self.epoch, self.seq, key, stream=stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,24 +202,25 @@ def authenticate(
     body: bytes,
     keyring: Mapping[Identity, bytes],
     stream: str,
+    receiver: Identity | None = None,
 ) -> Opened | Dropped:
     """Is ``body`` sealed, for ``stream``, by a sender of ``keyring``?  No ordering: a
     message that may come again or out of order (a returned task) is judged on its
-    own; ``Opener`` adds the ordering of a stream."""
+    own; ``Opener`` adds the ordering of a stream.  With ``receiver``, the MAC checked
+    is the one for it (``keyring`` then holds the senders' channel keys to it)."""
     h = headers or {}
+    mac_name = mac_header(receiver)
     missing = [
-        n
-        for n in (HEADER_SENDER, HEADER_STREAM, HEADER_EPOCH, HEADER_SEQ, HEADER_MAC)
-        if n not in h
+        n for n in (HEADER_SENDER, HEADER_STREAM, HEADER_EPOCH, HEADER_SEQ, mac_name) if n not in h
     ]
     if missing:
         return Dropped(DropReason.MISSING, f"missing {', '.join(missing)}")
-    who, stream_, mac = _text(h[HEADER_SENDER]), _text(h[HEADER_STREAM]), _text(h[HEADER_MAC])
+    who, stream_, mac = _text(h[HEADER_SENDER]), _text(h[HEADER_STREAM]), _text(h[mac_name])
     epoch, seq = _counter(h[HEADER_EPOCH]), _counter(h[HEADER_SEQ])
     if who is None or stream_ is None or mac is None or epoch is None or seq is None:
         return Dropped(DropReason.MALFORMED, "a seal header has the wrong type or range")
     if not _HEX64.fullmatch(mac):
-        return Dropped(DropReason.MALFORMED, f"{HEADER_MAC} is not 64 lower hex digits")
+        return Dropped(DropReason.MALFORMED, f"{mac_name} is not 64 lower hex digits")
     try:
         sender = Identity.parse(who)
     except ValidationError:
@@ -200,12 +240,21 @@ class Opener:
     sender, the last ``(epoch, seq)`` it accepted (and, with a ``window``, which of the
     ``window`` sequence numbers below it it accepted)."""
 
-    def __init__(self, keyring: Mapping[Identity, bytes], stream: str, *, window: int = 0) -> None:
+    def __init__(
+        self,
+        keyring: Mapping[Identity, bytes],
+        stream: str,
+        *,
+        window: int = 0,
+        receiver: Identity | None = None,
+    ) -> None:
         if not _STREAM.fullmatch(stream):
             raise ValueError(f"bad stream name {stream!r}")
         if window < 0:
             raise ValueError("window must be >= 0")
         self.stream = stream
+        self.receiver = receiver
+        """Whose MAC it checks (``mac_header``); None: the sender's own key's."""
         self.window = window
         self._keys = dict(keyring)
         self._last: dict[Identity, tuple[int, int]] = {}
@@ -235,7 +284,7 @@ class Opener:
         """What ``open`` would say, accepting nothing: a receiver that checks the body
         against the seal first (an LM's events must name that LM) ``commit``s only a
         message it takes, so one it refuses moves no sender's position."""
-        got = authenticate(headers, body, self._keys, self.stream)
+        got = authenticate(headers, body, self._keys, self.stream, self.receiver)
         if isinstance(got, Dropped):
             self.drops[got.reason] += 1
             return got

@@ -125,6 +125,9 @@ class WorkerPool:
         self.epoch = -1
         self.renewed = -1.0
         """When the LM last answered (its lease); -1: not yet."""
+        self.regained = -1.0
+        """When this pool was last back in touch with its LM after its lease had lapsed
+        (the ``sent`` of that renewal); a start the LM sent before it is stale."""
         self.running: dict[TaskKey, Running] = {}
         self.tombstones: OrderedDict[TaskKey, int] = OrderedDict()
         """The newest attempt of a task stopped here before it started (bounded): a
@@ -229,9 +232,12 @@ class WorkerPool:
             ]
         effects: list[Effect] = []
         started: list[WorkerReport] = []
-        if self._lease_expired(now):
+        if self._lease_expired(now) or 0 <= msg.sent < self.regained:
             # sent before this pool lost touch (it was frozen, or cut off): its LM may
-            # have placed these elsewhere since; they go back to it as LOST, not run
+            # have placed these elsewhere since; they go back to it as LOST, not run.
+            # Read after the lease was renewed again (a heartbeat's answer came first, a
+            # start sent before the lapse waited in a socket), it is as stale: its
+            # ``sent`` is before the renewal that ended the lapse
             self.counters.fenced += len(msg.tasks)
             lost = tuple(
                 WorkerReport(kind=ReportKind.LOST, node=s.node, user=s.spec.user,
@@ -357,12 +363,21 @@ class WorkerPool:
     def _on_registered(self, msg: Registered, now: float) -> list[Effect]:
         if msg.lm == self.lm:
             self.epoch = max(self.epoch, msg.epoch)
-            self.renewed = max(self.renewed, now)
+            self._renew(now, now)
         return []
 
     def _on_renewed(self, msg: LeaseRenewed, now: float) -> list[Effect]:
-        self.renewed = max(self.renewed, msg.sent if msg.sent >= 0 else now)
+        self._renew(msg.sent if msg.sent >= 0 else now, now)
         return []
+
+    def _renew(self, sent: float, now: float) -> None:
+        """The LM answered a request that left at ``sent``; if the lease had lapsed by
+        ``now``, this pool is back in touch as of ``sent`` (``regained``)."""
+        if sent <= self.renewed:
+            return
+        if self._lease_expired(now):
+            self.regained = max(self.regained, sent)
+        self.renewed = sent
 
     def _on_check_lease(self, msg: CheckLease, now: float) -> list[Effect]:
         return self._fence(now, msg.lease)

@@ -24,9 +24,14 @@ class StartTask(Wire, frozen=True, kw_only=True):
 
 @message("start_tasks")
 class StartTasks(Wire, frozen=True, kw_only=True):
+    """LM -> worker pool: start these attempts.  ``sent``: the LM's clock when it sent
+    them (-1: not said); a pool whose lease lapsed runs none sent before it was back in
+    touch with its LM (its LM may have given those attempts up and run them elsewhere)."""
+
     lm: LmId
     epoch: UInt = 0
     tasks: Annotated[tuple[StartTask, ...], n_items(1, MAX_JOB_TASKS)]
+    sent: Time = -1.0
 
 
 class StopTask(Wire, frozen=True, kw_only=True):

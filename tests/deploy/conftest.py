@@ -146,7 +146,9 @@ def check_broker_login(access: Access, definitions: dict[str, Any], cfg: Federat
     user, password = access.credentials.users[key], access.credentials.passwords[key]
     broker = urlsplit(cfg.broker_url)
     (url,) = access.broker_urls()
-    assert url == f"amqp://{user}:{password}@{broker.hostname}:{broker.port}/{cfg.name}"
+    assert url.split("?")[0] == (
+        f"{broker.scheme}://{user}:{password}@{broker.hostname}:{broker.port}/{cfg.name}"
+    )
     (entry,) = [u for u in definitions["users"] if u["name"] == user]
     salt = base64.b64decode(entry["password_hash"])[:4]
     assert entry["password_hash"] == rabbit_password_hash(password, salt)

@@ -20,12 +20,15 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jsonschema
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
-from common.config import load_config, parse_config, process_plan
+from common.config import FederationConfig, load_config, parse_config, process_plan
 from common.errors import ConfigError
 from deploy import render
 from security.access import Access
@@ -153,7 +156,11 @@ def test_every_service_and_the_broker_have_a_healthcheck(network: str) -> None:
             continue  # a run-to-completion job, not a service
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD", name
-        assert any("/dev/tcp/127.0.0.1/" in part for part in test), name
+        if test[1] == "python3":  # a service serving HTTPS, asked over TLS (HEALTH_TLS)
+            assert test[6:] == ["127.0.0.1", str(load_config(render.compose_config_file(network)).address(name)[1]),
+                                "/etc/megha/config/tls/ca.pem"], name  # fmt: skip
+        else:
+            assert any("/dev/tcp/127.0.0.1/" in part for part in test), name
         assert name == "rabbitmq" or any("GET /health" in part for part in test), name
     for name, svc in services.items():
         for dep, cond in svc.get("depends_on", {}).items():
@@ -235,9 +242,10 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         assert isinstance(access.secret, PartyKeys)
         assert access.secret.holder == access.me
         assert "MEGHA_SECRET_FILE" not in svc["environment"]
+        tls = check_tls_files(cfg, p.name, svc, files)
         if p.role == "worker":
             assert access.credentials is None
-            assert sorted(files) == [svc["environment"]["MEGHA_KEYS_FILE"]]
+            assert sorted(set(files) - tls) == [svc["environment"]["MEGHA_KEYS_FILE"]]
             continue
         assert access.credentials is not None
         assert list(access.credentials.passwords) == [str(access.me)]  # its own login only
@@ -246,6 +254,30 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
             assert access.users_file is not None
             users = {u.user for u in TokenStore(access.users_file).users()}
             assert users == {u.user for u in cfg.user_configs}
+
+
+def check_tls_files(
+    cfg: FederationConfig, name: str, svc: dict[str, Any], files: dict[str, bytes]
+) -> set[str]:
+    """With TLS on, process ``name`` mounts its own certificate and key and the CA's
+    certificate where its command and MEGHA_TLS_CA name them, and nothing else of the
+    CA (its key stays with the operator); its certificate names its host.  The paths."""
+    if not cfg.tls_on:
+        assert not [f for f in files if "/tls/" in f], name
+        return set()
+    cmd, env = svc["command"], svc["environment"]
+    cert, key = cmd[cmd.index("--certfile") + 1], cmd[cmd.index("--keyfile") + 1]
+    ca = env["MEGHA_TLS_CA"]
+    assert {cert, key, ca} == {f for f in files if "/tls/" in f}, name
+    assert not any(f.endswith("ca.key") for f in files)
+    leaf = x509.load_pem_x509_certificate(files[cert])
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert cfg.address(name)[0] in names.get_values_for_type(x509.DNSName), name
+    pair = serialization.load_pem_private_key(files[key], password=None)
+    assert pair.public_key() == leaf.public_key(), name  # the key is the certificate's
+    issuer = x509.load_pem_x509_certificate(files[ca])
+    leaf.verify_directly_issued_by(issuer)  # under the federation's CA
+    return {cert, key, ca}
 
 
 def test_the_bench_acts_as_the_operator(secrets_dir: Path) -> None:
@@ -258,7 +290,10 @@ def test_the_bench_acts_as_the_operator(secrets_dir: Path) -> None:
     cfg = load_config(render.COMPOSE_CONFIG)
     operator = Access.in_home(local, cfg)
     assert operator.secret.warning is None
-    assert operator.broker_urls()[0].startswith(f"amqp://{cfg.name}.operator.")
+    assert cfg.tls_on  # the broker's AMQPS listener, trusting the federation CA only
+    url = operator.broker_urls()[0]
+    assert url.startswith(f"amqps://{cfg.name}.operator.")
+    assert f"cafile={quote(str(local / 'tls' / 'ca.pem'), safe='')}" in url
 
 
 def test_the_broker_definitions_are_those_of_megha_up(secrets_dir: Path) -> None:
@@ -276,7 +311,7 @@ def test_the_broker_definitions_are_those_of_megha_up(secrets_dir: Path) -> None
 
 def test_rabbitmq_loads_the_definitions_it_is_given(network: str) -> None:
     rabbit = compose_file(network)["services"]["rabbitmq"]
-    (definitions,) = [s["target"] for s in rabbit["secrets"]]
+    (definitions,) = [s["target"] for s in rabbit["secrets"] if s["target"].endswith(".json")]
     conf = bind_mounts(rabbit)["/etc/rabbitmq/conf.d/20-megha.conf"]
     text = (ROOT / conf).read_text()
     assert f"definitions.local.path = {definitions}" in text
@@ -329,3 +364,20 @@ def test_the_image_runs_as_the_uid_the_pods_expect() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(rf"^USER {render.MEGHA_UID}$", text, re.MULTILINE)
     assert f"--uid {render.MEGHA_UID}" in text
+
+
+def test_the_bridge_broker_speaks_amqps_with_its_own_certificate() -> None:
+    """Issue 32 item 10 in compose: the broker of docker-compose.yml listens for AMQPS on
+    5671 with the certificate made for it (plain AMQP only on its own loopback), and the
+    services reach it as amqps://rabbitmq:5671/."""
+    cfg = load_config(render.COMPOSE_CONFIG)
+    assert cfg.broker_url == "amqps://rabbitmq:5671/"
+    rabbit = compose_file("bridge")["services"]["rabbitmq"]
+    assert rabbit["ports"] == ["5671:5671"]
+    targets = {s["source"]: s["target"] for s in rabbit["secrets"]}
+    conf = (ROOT / bind_mounts(rabbit)["/etc/rabbitmq/conf.d/30-megha-tls.conf"]).read_text()
+    assert f"ssl_options.certfile = {targets['tls-broker-cert']}" in conf
+    assert f"ssl_options.keyfile = {targets['tls-broker-key']}" in conf
+    assert f"ssl_options.cacertfile = {targets['tls-ca']}" in conf
+    assert "listeners.ssl.default = 5671" in conf
+    assert "listeners.tcp.default = 127.0.0.1:5672" in conf

@@ -7,6 +7,7 @@ No Docker engine is needed: scripts/compose-e2e is what brings the files up for 
 
 from __future__ import annotations
 
+import copy
 import http.server
 import re
 import socket
@@ -24,6 +25,7 @@ import yaml
 
 from common.config import BROKER_ENV, load_config, parse_config, process_plan
 from deploy import render
+from security import tls
 
 pytestmark = pytest.mark.deploy
 
@@ -79,7 +81,7 @@ def test_the_host_federation_is_the_bridge_one_on_another_network() -> None:
     table = tomllib.loads(render.COMPOSE_CONFIG.read_text())["federation"]
     ours = parse_config({"federation": table}, env={})
     theirs = load_config(render.COMPOSE_HOST_CONFIG)
-    moved = ("host", "listen", "addresses", "broker_url")
+    moved = ("host", "listen", "addresses", "broker_url", "tls")  # tls: auto, off there
     assert replace(theirs, **{k: getattr(ours, k) for k in moved}) == ours
     assert theirs == render.host_network(ours)
     for name in ours.process_names:
@@ -89,10 +91,37 @@ def test_the_host_federation_is_the_bridge_one_on_another_network() -> None:
     assert set(host_table) == set(table) | {"host"}
 
 
+def without_tls(compose: dict[str, Any]) -> dict[str, Any]:
+    """``compose`` with what its TLS adds taken out: the certificates' secrets and
+    mounts, ``--certfile``/``--keyfile``, ``MEGHA_TLS_CA``, the broker's TLS listener."""
+    out = copy.deepcopy(compose)
+    out["secrets"] = {k: v for k, v in out["secrets"].items() if not k.startswith("tls-")}
+    for svc in out["services"].values():
+        svc["secrets"] = [
+            s
+            for s in svc.get("secrets", [])
+            if not (isinstance(s, dict) and s["source"].startswith("tls-"))
+        ] or svc.get("secrets")
+        if not svc["secrets"]:
+            del svc["secrets"]
+        svc["volumes"] = [v for v in svc.get("volumes", []) if "tls.conf" not in v]
+        cmd = svc.get("command", [])
+        for flag in ("--certfile", "--keyfile"):
+            if flag in cmd:
+                i = cmd.index(flag)
+                del cmd[i : i + 2]
+        svc.get("environment", {}).pop("MEGHA_TLS_CA", None)
+    return out
+
+
 def test_both_files_run_the_same_processes_the_same_way() -> None:
     """Apart from the network (and so the bind address, the ports, the broker's ports and
-    which TOML is mounted), the two files are the same federation."""
-    a, b = bridge(), host()
+    which TOML is mounted) and TLS (on across the bridge's hosts, off on one host's
+    loopback: ``tls = "auto"``), the two files are the same federation."""
+    assert load_config(render.COMPOSE_CONFIG).tls_on
+    assert not load_config(render.COMPOSE_HOST_CONFIG).tls_on
+    assert not [k for k in host()["secrets"] if k.startswith("tls-")]
+    a, b = without_tls(bridge()), host()
     assert a["secrets"] == b["secrets"]
     assert a["volumes"] == b["volumes"]
     assert set(a["services"]) == set(b["services"])
@@ -179,19 +208,58 @@ def on_port(test: list[str], old: int, new: int) -> list[str]:
     return [arg.replace(f"/dev/tcp/127.0.0.1/{old}", f"/dev/tcp/127.0.0.1/{new}") for arg in test]
 
 
+@pytest.fixture
+def tls_health_server(tmp_path: Path) -> Iterator[tuple[int, type[_Health], Path]]:
+    """The health server over TLS, with a certificate of a federation CA made here."""
+    ca = tls.ensure_ca(tmp_path / "tls", "probe")
+    cert, key = tls.ensure_leaf(tmp_path / "tls", "lm0", ["lm0"])
+    handler = type("Handler", (_Health,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = tls.server_context(cert, key).wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], handler, ca
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def aimed(test: list[str], old: int, new: int, ca: Path | None = None) -> list[str]:
+    """A healthcheck's command aimed at another port (and, over TLS, trusting ``ca``)."""
+    if test[1] != "python3":
+        return on_port(test, old, new)
+    assert test[-2] == str(old)
+    return [*test[:-2], str(new), str(ca)]
+
+
 @pytest.mark.parametrize("network", render.NETWORKS)
 def test_the_health_probe_passes_on_200_only(
-    health_server: tuple[int, type[_Health]], network: str
+    health_server: tuple[int, type[_Health]],
+    tls_health_server: tuple[int, type[_Health], Path],
+    tmp_path: Path,
+    network: str,
 ) -> None:
-    """lm0's probe, as generated, against a server that answers /health 200, then 503."""
-    port, handler = health_server
+    """lm0's probe, as generated, against a server that answers /health 200, then 503
+    (over TLS where the federation's TLS is on: docker-compose.yml's); over TLS, a server
+    whose certificate another CA signed fails it too."""
     lm0 = load(render.COMPOSE_FILE if network == "bridge" else render.COMPOSE_HOST_FILE)
     test = lm0["services"]["lm0"]["healthcheck"]["test"]
     lm0_port = load_config(render.COMPOSE_CONFIG).address("lm0")[1]
-    assert probe(on_port(test, lm0_port, port)) == 0
+    on_tls = load_config(render.compose_config_file(network)).tls_on
+    assert on_tls == (network == "bridge")
+    if on_tls:
+        port, handler, ca = tls_health_server
+        other_ca = tls.ensure_ca(tmp_path / "other", "another federation")
+        assert probe(aimed(test, lm0_port, port, other_ca)) != 0  # not our CA's
+        plain_port, _ = health_server
+        assert probe(aimed(test, lm0_port, plain_port, ca)) != 0  # no TLS there
+    else:
+        (port, handler), ca = health_server, None
+    assert probe(aimed(test, lm0_port, port, ca)) == 0
     handler.status = 503  # up, not ready: an LM away from its broker
-    assert probe(on_port(test, lm0_port, port)) != 0
-    assert probe(on_port(test, lm0_port, free_port())) != 0  # nothing listens
+    assert probe(aimed(test, lm0_port, port, ca)) != 0
+    assert probe(aimed(test, lm0_port, free_port(), ca)) != 0  # nothing listens
 
 
 def test_the_broker_probe_passes_once_it_listens() -> None:

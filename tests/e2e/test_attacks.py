@@ -295,11 +295,12 @@ def test_a_forged_state_update_moves_no_gm_view(fed: Federation) -> None:
     cfg, home = fed
     secret = Access.in_home(home, cfg).secret
     body = _forged_update("lm0")
-    wrong_key = sealing.seal(body, lm("lm0"), 2**62, 1, b"k" * 32, stream="state")
+    gm0 = gm("gm0")
+    wrong_key = sealing.seal(body, lm("lm0"), 2**62, 1, {gm0: b"k" * 32}, stream="state")
     other_lm = sealing.seal(_forged_update("lm0"), lm("lm1"), 2**62, 1,
-                            sealing.sealing_key(secret, lm("lm1")), stream="state")  # fmt: skip
+                            {gm0: sealing.sealing_key(secret, lm("lm1"), gm0)}, stream="state")  # fmt: skip
     wrong_stream = sealing.seal(body, lm("lm0"), 2**62, 1,
-                                sealing.sealing_key(secret, lm("lm0")), stream="events.gm0")  # fmt: skip
+                                {gm0: sealing.sealing_key(secret, lm("lm0"), gm0)}, stream="events.gm0")  # fmt: skip
     for headers in (None, wrong_key, other_lm, wrong_stream):
         _operator_publish(cfg, home, f"{cfg.name}.state", "lm.lm0", body, headers)
     drops = lambda: service_state(cfg, home, "gm0")["dropped"]  # noqa: E731
@@ -347,10 +348,11 @@ async def _forged_events(cfg: FederationConfig, home: Path) -> dict[str, str]:
     await listen_dead_letters(sub, cfg, on_dead)
     body = _event(EventKind.FINISHED, "victim.t0", "u0")
     secret = Access.in_home(home, cfg).secret
-    lm1_key, stream = sealing.sealing_key(secret, lm("lm1")), "events.gm0"
+    gm0 = gm("gm0")
+    lm1_key, stream = {gm0: sealing.sealing_key(secret, lm("lm1"), gm0)}, "events.gm0"
     forged: dict[str, dict[str, Any]] = {
         "unsealed": {},
-        "wrong-key": dict(sealing.seal(body, lm("lm0"), 1, 1, b"x" * 32, stream=stream)),
+        "wrong-key": dict(sealing.seal(body, lm("lm0"), 1, 1, {gm0: b"x" * 32}, stream=stream)),
         "lm1-as-lm0": dict(sealing.seal(body, lm("lm1"), 2**62, 1, lm1_key, stream=stream)),
     }
     conn = await aio_pika.connect(Access.in_home(home, cfg).broker_urls()[0])

@@ -30,6 +30,7 @@ from security.tokens import TokenStore
 CFG = FederationConfig().validate()
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 LM0 = lm("lm0")
+GM0 = gm("gm0")
 BODY = b"events"
 
 
@@ -137,7 +138,7 @@ def finished_batch(seq: int) -> Delivery:
         at=time.time(),
     )  # fmt: skip
     body = codec.encode(TaskEvents(lm=LmId("lm0"), epoch=1, events=(ev,)))
-    key = sealing.sealing_key(SECRET, LM0)
+    key = {GM0: sealing.sealing_key(SECRET, LM0, GM0)}
     headers = dict(sealing.seal(body, LM0, 1, seq, key, stream="events.gm0"))
     return Delivery(body, headers, message_id=f"lm0.1.{seq}")
 
@@ -210,7 +211,7 @@ def test_a_batch_refused_for_its_body_moves_nothing_of_its_sender_s_stream(
     svc.feed = fed.append  # type: ignore[method-assign]
     guarded = consumer(svc.broker, svc._on_events)
     lm1 = lm("lm1")
-    key = sealing.sealing_key(SECRET, lm1)
+    key = {GM0: sealing.sealing_key(SECRET, lm1, GM0)}
     about_lm0 = finished_batch(1)
     headers = dict(sealing.seal(about_lm0.body, lm1, 2**62, 1, key, stream="events.gm0"))
     asyncio.run(guarded(Delivery(about_lm0.body, headers, message_id="x")))

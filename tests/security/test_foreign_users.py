@@ -22,7 +22,7 @@ GM0, GM1 = GmId("gm0"), GmId("gm1")
 OWNERS = {UserId("alice"): GM0, UserId("bob"): GM1}
 
 
-def make(owners: dict[UserId, GmId] | None = OWNERS) -> LocalMaster:
+def make(owners: dict[UserId, GmId | None] | None = OWNERS) -> LocalMaster:
     nodes = [NodeSpec(capacity=(4, 4), constraints=0xFFFFFFFF) for _ in range(2)]
     return LocalMaster(LmId("lm0"), nodes, [GM0, GM1], gms=[GM0, GM1], owners=owners)
 
@@ -83,3 +83,26 @@ def test_without_owners_nothing_is_checked() -> None:
     resp = launch(lm, make_task(1, 1, user="bob"), 0, GM0, attempt=1)[0]
     assert isinstance(resp, LaunchResponse)
     assert resp.results[0].reason == "ok"
+
+
+def test_an_lm_refuses_a_revoked_users_launch_and_preemption() -> None:
+    """Issue 32 item 2, after a restart: the users file marks alice revoked, so an LM
+    (started after the revocation, with nothing of hers held) runs nothing of hers,
+    whichever GM asks (its owners map her to no GM)."""
+    lm = make({UserId("alice"): None, UserId("bob"): GM1})
+    resp = launch(lm, make_task(1, 1, user="alice"), 0, GM0, attempt=1)[0]
+    assert isinstance(resp, LaunchResponse)
+    assert (resp.results[0].accepted, resp.results[0].reason) == (False, "user_revoked")
+    assert not lm.nodes.active
+    out = launch(lm, make_task(4, 4, user="bob"), 0, GM1, attempt=1)[0]
+    assert isinstance(out, LaunchResponse)
+    assert out.results[0].reason == "ok"  # bob runs on
+    req = PreemptRequest(
+        gm=GM0, lm=lm.lm_id, request_id=9, spec=make_task(4, 4, user="alice"),
+        attempt=1, victim=UserId("bob"), known_version=-1,
+    )  # fmt: skip
+    (reply,) = lm.handle(req, 2.0)
+    assert isinstance(reply, Reply)
+    assert isinstance(reply.msg, PreemptResponse)
+    assert (reply.msg.accepted, reply.msg.reason) == (False, "user_revoked")
+    assert len(lm.nodes.active) == 1  # bob's task untouched

@@ -54,11 +54,16 @@ def test_unsealed_or_forged_outcomes_are_dropped() -> None:
     lm0 = Access(lm("lm0"), CFG, PartyKeys.derive_from(SECRET, CFG, lm("lm0"), parties(CFG)))
     forgeries: list[tuple[dict[str, object] | None, bytes]] = [
         (None, data),  # unsealed
-        # an LM, with its own sealing key, as gm0
+        # an LM, with its sealing key to gm0, as gm0
         (
             dict(
                 sealing.seal(
-                    data, gm("gm0"), 1, 1, lm0.secret.identity_key(lm("lm0"), "amqp"), stream=STREAM
+                    data,
+                    gm("gm0"),
+                    1,
+                    1,
+                    lm0.secret.channel_key(lm("lm0"), gm("gm0"), "amqp"),
+                    stream=STREAM,
                 )
             ),
             data,

@@ -50,9 +50,14 @@ def test_a_worker_pool_holds_only_the_channel_with_its_own_lm() -> None:
 
 def test_an_lm_holds_no_gm_key_and_no_other_lms_seal() -> None:
     keys = keys_of(lm("lm0"))
-    assert keys.identity_key(lm("lm0"), "amqp") == SECRET.identity_key(lm("lm0"), "amqp")
+    for g in ("gm0", "gm1"):  # its channel to each GM
+        assert keys.channel_key(lm("lm0"), gm(g), "amqp") == SECRET.channel_key(
+            lm("lm0"), gm(g), "amqp"
+        )
     with pytest.raises(ConfigError):
-        keys.identity_key(lm("lm1"), "amqp")
+        keys.channel_key(lm("lm1"), gm("gm0"), "amqp")
+    with pytest.raises(ConfigError):
+        keys.identity_key(lm("lm0"), "amqp")  # no key every GM would check
     with pytest.raises(ConfigError):
         keys.channel_key(gm("gm0"), lm("lm1"), "http")
     with pytest.raises(ConfigError):
@@ -75,6 +80,44 @@ def test_a_gms_keys_work_with_its_peers_keys() -> None:
     # the operator's access (the whole secret) agrees with both
     op = Access(OPERATOR, CFG, SECRET)
     assert op.http_key(gm("gm0"), lm("lm0")) == g.http_key(gm("gm0"), lm("lm0"))
+
+
+def test_a_gms_keys_cannot_forge_an_lms_message_to_another_gm() -> None:
+    """Issue 32 item 7 (closed for the broker): a GM opens every LM's state updates and
+    events, yet nothing in its keys file makes a seal another GM takes as the LM's.  It
+    holds the keys of the LMs' channels to itself only; with a key every GM checked
+    (each LM's own ``amqp:lm:L``, as GMs held before), gm0 forged lm0 to gm1."""
+    g0, x = keys_of(gm("gm0")), Access(lm("lm0"), CFG, keys_of(lm("lm0")))
+    gm1 = Access(gm("gm1"), CFG, keys_of(gm("gm1")))
+    body = b"state of lm0, version 2**62"
+    state = gm1.opener("state", gm1.lm_identities())
+    # what lm0 seals, gm1 opens (and gm0 too, each with its own key)
+    sealed = x.sealer(epoch=5).seal(body, "state")
+    assert isinstance(state.open(sealed, body), sealing.Opened)
+    gm0 = Access(gm("gm0"), CFG, g0).opener("state", [lm("lm0")])
+    assert isinstance(gm0.open(sealed, body), sealing.Opened)
+    # gm0 seals with every key of its file, for every receiver header: gm1 takes none
+    for label, key in g0.keys.items():
+        for forged in (
+            sealing.seal(body, lm("lm0"), 6, 1, key, stream="state"),
+            sealing.seal(body, lm("lm0"), 6, 1, {gm("gm1"): key}, stream="state"),
+        ):
+            got = state.open(forged, body)
+            assert isinstance(got, sealing.Dropped), label
+            assert got.reason in ("bad_mac", "missing_header"), (label, got)
+    assert not any(k.startswith("amqp:lm:") and k.endswith(">gm:gm1") for k in g0.keys)
+    for ask in (
+        lambda: g0.channel_key(lm("lm0"), gm("gm1"), "amqp"),
+        lambda: g0.identity_key(lm("lm0"), "amqp"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            ask()
+        assert exc.value.reason == "key_not_held"
+    # the key every GM used to hold would have forged it
+    old = sealing.seal(body, lm("lm0"), 6, 1, SECRET.identity_key(lm("lm0"), "amqp"),
+                       stream="state")  # fmt: skip
+    legacy = sealing.Opener(sealing.keyring_for(SECRET, [lm("lm0")]), "state")
+    assert isinstance(legacy.open(old, body), sealing.Opened)
 
 
 def test_a_keys_file_is_its_holders_only(tmp_path: Path) -> None:

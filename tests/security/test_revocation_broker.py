@@ -16,6 +16,7 @@ import pytest
 
 from common.broker_names import submit_key
 from common.config import FederationConfig
+from common.errors import Unauthorized
 from federation import provision
 from federation.users import issue_token, revoke_user
 from security.broker_acl import CREDENTIALS_FILENAME, BrokerCredentials, Rabbitmqctl, teardown
@@ -104,3 +105,36 @@ def test_a_user_added_again_logs_in_with_a_new_password_only(
             await aio_pika.connect(old_url, timeout=5)
 
     asyncio.run(run())
+
+
+@needs_broker
+def test_a_revoked_user_stays_revoked_when_megha_up_provisions_again(
+    home: tuple[FederationConfig, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``megha up`` after ``megha user revoke``: provisioning issued every configured user
+    a token again, the revoked one included, and gave it its broker login back.  Now its
+    record stays revoked (its old token and any guess refused), no token file is written,
+    and it has no broker login; the other user keeps its token."""
+    cfg, path = home
+    old_token = (path / "tokens" / "u0").read_text().strip()
+    other_token = (path / "tokens" / "u1").read_text().strip()
+    revoke_user(path, "u0")
+    provision.prepare(cfg, path)  # megha up again
+    assert "user 'u0' stays revoked" in capsys.readouterr().err
+    store = TokenStore.in_home(path)
+    rec = store.get("u0")
+    assert rec is not None
+    assert rec.revoked
+    assert not (path / "tokens" / "u0").exists()
+    with pytest.raises(Unauthorized) as exc:
+        store.verify("u0", old_token)
+    assert exc.value.reason == "revoked_token"
+    assert store.verify("u1", other_token).user == "u1"  # the others are untouched
+    assert str(user("u0")) not in _creds(path).passwords
+    logins = Rabbitmqctl().run("list_users")
+    layout = Layout.from_config(cfg)
+    assert layout.broker_user(user("u1")) in logins  # the listing holds the logins
+    assert layout.broker_user(user("u0")) not in logins
+    # `megha user add` is the one way back
+    assert issue_token(path, "u0") is not None
+    assert not TokenStore.in_home(path).get("u0").revoked  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from common.effects import ToLm
+from common.effects import Reply, ToLm
 from common.ids import GmId, LmId
 from common.messages import (
     CheckLease,
@@ -156,3 +156,39 @@ def test_the_driver_feeds_cores_a_clock_a_wall_step_does_not_reach() -> None:
         [sys.executable, "-c", DRIVEN], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert 0.0 <= float(out) < 60.0
+
+
+def _start(task_id: str, sent: float) -> StartTasks:
+    spec = make_task(duration=60.0, task_id=task_id)
+    start = StartTask(node=1, spec=spec, attempt=1, gm=GmId("gm0"))  # type: ignore[arg-type]
+    return StartTasks(lm=LmId("lm0"), epoch=1, tasks=(start,), sent=sent)
+
+
+def _kinds(effects: list[object]) -> list[ReportKind]:
+    (reply,) = [e for e in effects if isinstance(e, Reply)]
+    return [r.kind for r in reply.msg.reports]  # type: ignore[attr-defined]
+
+
+def test_a_start_sent_before_a_lapse_is_not_run_when_a_renewal_came_first() -> None:
+    """The clock-step race (one run in three): lm0's start left at t=1.5 as its pool
+    froze; the pool woke at 12, its heartbeat's answer (sent at 12) renewed the lease
+    before the start, read from its socket, was handled, and it ran the attempt its LM
+    had given up at 9.5 and run elsewhere.  Now a start sent before the renewal that
+    ended the lapse goes back LOST; one sent after it runs."""
+    pool = _running_pool(1.0)
+    stale = _start("stale", sent=1.5)
+    assert _lost(pool, 12.0) == [ReportKind.LOST]  # the wake: fenced
+    pool.handle(LeaseRenewed(sent=12.0), 12.05)  # the heartbeat's answer came first
+    assert pool.regained == 12.0
+    assert _kinds(pool.handle(stale, 12.1)) == [ReportKind.LOST]
+    assert "stale" not in {k[1] for k in pool.running}
+    assert _kinds(pool.handle(_start("fresh", sent=12.2), 12.3)) == [ReportKind.STARTED]
+    # without a time (the simulator, an older LM) nothing changes
+    assert _kinds(pool.handle(_start("untimed", sent=-1.0), 12.4)) == [ReportKind.STARTED]
+
+
+def test_a_renewal_without_a_lapse_makes_no_start_stale() -> None:
+    pool = _running_pool(1.0)
+    pool.handle(LeaseRenewed(sent=1.5), 1.6)  # within the lease: no lapse
+    assert pool.regained == -1.0
+    assert _kinds(pool.handle(_start("t", sent=1.2), 1.7)) == [ReportKind.STARTED]

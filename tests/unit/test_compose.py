@@ -60,8 +60,12 @@ def test_compose_services_match_the_process_plan(name: str) -> None:
         assert host == (p.name if "host" not in name else "127.0.0.1")
         assert f"{cfg.listen}:{port}" in p.argv
         assert f"{config}:{IN_CONTAINER}:ro" in svc["volumes"]
-        probe = " ".join(svc["healthcheck"]["test"])
-        assert f"/dev/tcp/127.0.0.1/{port}" in probe
+        test = svc["healthcheck"]["test"]
+        probe = " ".join(test)
+        if cfg.tls_on:  # asked over TLS, trusting the federation CA (HEALTH_TLS)
+            assert test[-3:] == ["127.0.0.1", str(port), "/etc/megha/config/tls/ca.pem"]
+        else:
+            assert f"/dev/tcp/127.0.0.1/{port}" in probe
         assert "GET /health" in probe
 
 
