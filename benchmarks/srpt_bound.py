@@ -4,17 +4,22 @@ One queue over ``slots`` identical slots, no constraints, no delays, no decision
 make: a task starts the instant a slot is free.  ``fifo`` serves jobs in arrival order
 (each job's tasks in order); ``srpt`` serves next the job with the least remaining work
 not yet started (``global_master.policy.srpt``'s measure), non-preemptively, as Megha's
-``srpt`` does.  The ratio srpt / fifo is the bound beside the federation's runs
+``srpt`` does, aged as it is (its remaining work halved per ``half_life_s`` since the
+job arrived; ``inf``: plain SRPT).  The ratio srpt / fifo is the bound beside the federation's runs
 (``benchmarks/bench_order.py``): what ordering gains with placement perfect.
 
     python benchmarks/srpt_bound.py --trace ../shared/traces/YH1_sub.tr --slots 10000 \\
         --time-scale 0.248 --queues 4 --out results/srpt_bound.json
+
+``--half-lives 30,60,inf`` adds, per half-life, the aged SRPT's mean JCT and p99 of the
+tasks' allocation time (arrival to start) beside FIFO's: the trade the aging makes.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,18 +56,26 @@ def jobs_of_trace(
 
 def single_queue(jobs: Sequence[FlatJob], slots: int, order: str) -> list[float]:
     """Each job's completion time (last task's end - arrival) in the ideal queue."""
+    return serve(jobs, slots, order)[0]
+
+
+def serve(
+    jobs: Sequence[FlatJob], slots: int, order: str, half_life_s: float = math.inf
+) -> tuple[list[float], list[float]]:
+    """The ideal queue: each job's completion time (last task's end - arrival), and each
+    task's allocation time (its start - its job's arrival)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
     ranked = sorted(range(len(jobs)), key=lambda k: (jobs[k].arrival, k))
     nxt = [0] * len(jobs)  # next task of each job to start
     rem = [sum(j.durations) for j in jobs]
     done = [0.0] * len(jobs)
-    fifo: deque[int] = deque()
-    heap: list[tuple[float, int]] = []
+    alloc: list[float] = []
+    queue = _Queue(jobs, rem, order, half_life_s)
     ends: list[float] = []  # busy slots' end times
     i, now = 0, 0.0
-    while i < len(ranked) or fifo or heap:
-        if len(ends) >= slots or (not fifo and not heap):
+    while i < len(ranked) or queue:
+        if len(ends) >= slots or not queue:
             # next event: a slot frees (when all are busy) or a job arrives
             t_end = ends[0] if ends else float("inf")
             t_arr = jobs[ranked[i]].arrival if i < len(ranked) else float("inf")
@@ -70,21 +83,81 @@ def single_queue(jobs: Sequence[FlatJob], slots: int, order: str) -> list[float]
         while ends and ends[0] <= now:
             heapq.heappop(ends)
         while i < len(ranked) and jobs[ranked[i]].arrival <= now:
-            k = ranked[i]
-            fifo.append(k) if order == "fifo" else heapq.heappush(heap, (rem[k], k))
+            queue.push(ranked[i])
             i += 1
-        while len(ends) < slots and (fifo or heap):
-            k = fifo[0] if order == "fifo" else heap[0][1]
+        while len(ends) < slots and queue:
+            k = queue.head()
             d = jobs[k].durations[nxt[k]]
             nxt[k] += 1
             rem[k] -= d
+            alloc.append(now - jobs[k].arrival)
             heapq.heappush(ends, now + d)
             done[k] = max(done[k], now + d)
-            if nxt[k] == len(jobs[k].durations):
-                fifo.popleft() if order == "fifo" else heapq.heappop(heap)
-            elif order == "srpt":
-                heapq.heapreplace(heap, (rem[k], k))
-    return [done[k] - jobs[k].arrival for k in range(len(jobs))]
+            queue.served(k, last=nxt[k] == len(jobs[k].durations))
+    return [done[k] - jobs[k].arrival for k in range(len(jobs))], alloc
+
+
+class _Queue:
+    """The ideal queue's jobs: in arrival order (``fifo``) or by aged remaining work."""
+
+    def __init__(
+        self, jobs: Sequence[FlatJob], rem: list[float], order: str, half_life_s: float
+    ) -> None:
+        self.jobs, self.rem, self.order, self.half_life_s = jobs, rem, order, half_life_s
+        self.fifo: deque[int] = deque()
+        self.heap: list[tuple[float, int]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.fifo or self.heap)
+
+    def key(self, k: int) -> float:
+        if math.isinf(self.half_life_s):
+            return self.rem[k]
+        return math.log2(max(self.rem[k], 1e-9)) + self.jobs[k].arrival / self.half_life_s
+
+    def push(self, k: int) -> None:
+        if self.order == "fifo":
+            self.fifo.append(k)
+        else:
+            heapq.heappush(self.heap, (self.key(k), k))
+
+    def head(self) -> int:
+        return self.fifo[0] if self.order == "fifo" else self.heap[0][1]
+
+    def served(self, k: int, *, last: bool) -> None:
+        if self.order == "fifo":
+            if last:
+                self.fifo.popleft()
+        elif last:
+            heapq.heappop(self.heap)
+        else:
+            heapq.heapreplace(self.heap, (self.key(k), k))
+
+
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile (nearest rank below), 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+def half_lives(jobs: Sequence[FlatJob], slots: int, lives: Sequence[float]) -> dict[str, Any]:
+    """FIFO and SRPT aged by each half-life in the ideal queue: mean JCT, its factor of
+    FIFO's, the p99 of the tasks' allocation time and its factor of FIFO's."""
+    jct, alloc = serve(jobs, slots, "fifo")
+    fifo_mean, fifo_p99 = sum(jct) / len(jct), p99(alloc)
+    out: dict[str, Any] = {"fifo": {"jct_mean_s": fifo_mean, "alloc_p99_s": fifo_p99}}
+    for h in lives:
+        jct, alloc = serve(jobs, slots, "srpt", h)
+        mean, tail = sum(jct) / len(jct), p99(alloc)
+        out[f"srpt_half_life_{h:g}"] = {
+            "jct_mean_s": mean,
+            "jct_vs_fifo": mean / fifo_mean if fifo_mean > 0 else 1.0,
+            "alloc_p99_s": tail,
+            "alloc_p99_vs_fifo": tail / fifo_p99 if fifo_p99 > 0 else 1.0,
+        }
+    return out
 
 
 def partitioned(jobs: Sequence[FlatJob], slots: int, queues: int, order: str) -> list[float]:
@@ -135,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--duration-scale", type=float, default=1.0)
     ap.add_argument("--limit-jobs", type=int, default=None, help="the trace's first N jobs")
     ap.add_argument("--queues", type=int, default=1, help="also over N partitioned queues")
+    ap.add_argument(
+        "--half-lives", default="", help="comma list of SRPT half-lives (s; inf: plain SRPT)"
+    )
     ap.add_argument("--out", default="results/srpt_bound.json")
     args = ap.parse_args(argv)
     jobs = jobs_of_trace(
@@ -147,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "limit_jobs": args.limit_jobs,
         **bound(jobs, args.slots, args.queues),
     }
+    lives = [float(x) for x in args.half_lives.split(",") if x.strip()]
+    if lives:
+        result["half_lives"] = half_lives(jobs, args.slots, lives)
     write_json(Path(args.out), result)
     print(
         f"ideal single queue, {args.slots} slots, load {result['offered_load']:.2f}: "
@@ -156,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"; over {args.queues} queues: {result[f'{args.queues}_queues']}"
             if args.queues > 1
             else ""
+        )
+        + "".join(
+            f"\n  {name}: mean JCT {row['jct_mean_s']:.1f} s, alloc p99 {row['alloc_p99_s']:.1f} s"
+            for name, row in result.get("half_lives", {}).items()
         )
         + f"\nwrote {args.out}"
     )

@@ -75,10 +75,9 @@ class Preemptions:
         return True
 
     def _preempt_lower(self, task: Task, now: float, effects: list[Effect]) -> bool:
-        """A higher class's preemption of lower ones (``global_master.priority``); False:
-        no LM to ask now."""
-        placed = self.placed.values()
-        lm = self.classes.lm_for(task, now, self.lms, placed, self.fairness.preempt_room)
+        """A higher class's preemption of lower ones (``global_master.priority``: not
+        held to Alg. 2's rate limit, nor spending it); False: no LM to ask now."""
+        lm = self.classes.lm_for(task, now, self.lms, self.placed.values())
         if lm is None:
             return False
         self._send_preempt(task, task.user, lm, now, effects, lower_only=True)
@@ -92,7 +91,8 @@ class Preemptions:
         version = self.lm_views.version_of(lm)
         req = self.outbox.preempt(task, victim, lm, version, lower_only)
         self.counters.preemption_attempts += 1
-        self.fairness.preempt_sent(lm, now)
+        if not lower_only:
+            self.fairness.preempt_sent(lm, now)
         self.ledger.dispatch(InFlight(task, lm, -1, False, req.request_id))
         self.queues.on_dispatched(task, now)
         if self.journal is not None:

@@ -4,10 +4,22 @@ When no node in the GM's view has room for a task of class ``c > 0``, the GM ask
 LM to stop tasks of *any* user in a class below ``c`` (``PreemptRequest.lower_only``);
 the LM verifies on its true state and takes the lowest class first, then the least
 work thrown away (``local_master.victims``).  The existing preemption path's rules
-hold: after ``OverloadPolicy.class_preempt_grace_s`` of the task's wait (completions
-may free room first), within each LM's preemption budget (``preempt_per_lm`` per
-``preempt_period_s``, shared with Alg. 2's preemptions: the core passes the budget in),
-and each LM at most once per task.
+hold but one: after ``OverloadPolicy.class_preempt_grace_s`` of the task's wait
+(completions may free room first), least work thrown away, and each LM asked at most
+once per task -- and **not** Alg. 2's rate limit (``preempt_per_lm`` per
+``preempt_period_s``): a class preemption neither waits for that budget nor spends it.
+
+Why the rate limit is not needed here, and what bounds class preemptions instead.  The
+budget stops preemption *storms*: under Alg. 2 a victim's user falls below its share
+and may preempt back, on views that lag, round after round.  A class preemption cannot
+be answered in kind: its victims are of a strictly lower class than the task asking
+(the LM checks on its true state), a class is never raised for preemption (aging orders
+queues only), so a victim can never preempt its preemptor and the running classes only
+rise.  The number of class preemptions is bounded by the work that asks: at most one
+request per LM per higher-class task that found no room (``tried``), each stopping at
+most that task's demand of lower-class work.  Under the shared budget the top class
+waited for Alg. 2's refills (at 150% load on 1,000 workers, 1,097 class preemptions
+refused by the limit, the top class's allocation p99 67 s against 3.7 ms at 50%).
 
 The GM knows where its own lower-class tasks run; other GMs' only their LMs know, so
 the LMs holding this GM's lower-class tasks are asked first (most such tasks first),
@@ -19,13 +31,10 @@ Pure: values in, an LM (or None) out; it holds the LMs asked per task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from common.ids import LmId
 from common.model import Task, TaskKey
-
-Room = Callable[[LmId, float], int]
-"""How many preemption requests an LM may still get now (``Fairness.preempt_room``)."""
 
 
 class ClassPreemption:
@@ -37,15 +46,15 @@ class ClassPreemption:
         """LMs asked per task (read-only outside: empty means none held)."""
 
     def lm_for(
-        self, task: Task, now: float, lms: Sequence[LmId], placed: Iterable[Task], room: Room
+        self, task: Task, now: float, lms: Sequence[LmId], placed: Iterable[Task]
     ) -> LmId | None:
         """The LM to ask to preempt lower classes for ``task``; None: its class is the
-        lowest, its grace is not over, or every LM was asked or is out of budget."""
+        lowest, its grace is not over, or every LM was asked."""
         cls = task.spec.priority
         if cls == 0 or now - task.submitted_at < self.grace_s:
             return None
         tried = self.tried.setdefault(task.key, set())
-        open_lms = [lm for lm in lms if lm not in tried and room(lm, now) > 0]
+        open_lms = [lm for lm in lms if lm not in tried]
         if not open_lms:
             return None
         lower: dict[LmId, int] = {}

@@ -126,8 +126,10 @@ class Reservations:
         self, msg: CommitGang, nodes: NodeTable, now: float
     ) -> tuple[list[PlacementResult], list[ActiveTask]]:
         """Start the held attempts ``msg`` names: at once where nothing is lent, once it
-        is back otherwise.  A task no longer held (its lease ended) is placed if it
-        still fits its node, else refused ``hold_expired``."""
+        is back otherwise.  A task no longer held (its lease ended, or this LM restarted:
+        holds are not journaled) is refused ``hold_expired`` -- the commit names only
+        the attempt, not its placement -- and its GM counts a partial start and places
+        it on as a single task."""
         gang = gang_of(msg)
         held = self.by_gang.get(gang, {})
         results: list[PlacementResult] = []

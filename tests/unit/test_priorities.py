@@ -13,6 +13,7 @@ from common.dag import jobs_to_doc, parse_jobs
 from common.errors import ConfigError
 from common.ids import GmId, LmId, UserId
 from common.model import Task, TaskSpec, TaskState, UserConfig
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.inspect import task_answer
 from global_master.policy import make_policy
@@ -115,10 +116,10 @@ def test_an_lm_never_preempts_a_higher_class_and_takes_the_lowest_first() -> Non
     assert choose(spec(1, "c", cpu=2), A, runs, free, alive, masks, 10.0, lower_only=True) is None  # type: ignore[arg-type]
 
 
-def classed_gm() -> GlobalMaster:
+def classed_gm(overload: OverloadPolicy | None = None) -> GlobalMaster:
     users = [UserConfig(A, GM0, 0.5), UserConfig(B, GM0, 0.5)]
     queues = make_policy("fifo", users)(GM0, [A, B])
-    return GlobalMaster(GM0, [LM0], users, queues=queues)
+    return GlobalMaster(GM0, [LM0], users, queues=queues, overload=overload)
 
 
 def test_a_higher_class_at_its_share_preempts_a_lower_class_of_another_user() -> None:
@@ -138,6 +139,29 @@ def test_a_higher_class_at_its_share_preempts_a_lower_class_of_another_user() ->
     deliver(lm, gm, effects, 3.0)
     assert state(gm, more) is TaskState.PLACED
     assert gm.counters.preemptions_granted == 1
+
+
+def test_class_preemptions_neither_wait_for_nor_spend_alg2_s_rate_limit() -> None:
+    """One Alg. 2 preemption per LM per 10 s: two class-1 tasks arriving at once both
+    preempt at once, and Alg. 2's budget is still whole after them."""
+    lm = make_lm(nodes=[(2, 2), (2, 2)])
+    gm = classed_gm(OverloadPolicy(wait_index=True, preempt_per_lm=1, preempt_period_s=10.0))
+    sync_views(gm, lm)
+    lows = [spec(0, "a", cpu=2, job=f"low{k}") for k in range(2)]
+    submit(gm, lows, 0.0)
+    assert deliver(lm, gm, decide(gm, 1.0, max_tasks=2), 1.0) == []
+    assert all(state(gm, t) is TaskState.PLACED for t in lows)
+    highs = [spec(1, "b", cpu=2, job=f"high{k}") for k in range(2)]
+    submit(gm, highs, 2.0)
+    effects = decide(gm, 3.0, max_tasks=2)
+    reqs = preempts(effects)
+    assert len(reqs) == 2
+    assert all(r.lower_only for r in reqs)
+    assert gm.counters.preemptions_rate_limited == 0
+    assert gm.fairness.preempt_room(LM0, 3.0) == 1  # Alg. 2's budget untouched
+    deliver(lm, gm, effects, 3.0)
+    assert all(state(gm, t) is TaskState.PLACED for t in highs)
+    assert gm.counters.preemptions_granted == 2
 
 
 def test_a_lowest_class_task_never_asks_for_a_class_preemption() -> None:
