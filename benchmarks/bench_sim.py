@@ -4,6 +4,8 @@ Scenarios (issue 2, "How fast and how big"; issue 11, "under overload"):
   yh1    YH1_sub (122,878 tasks) on 10,000 workers, 4 GMs x 25 LMs, with Sparrow and the
          centralized baseline, via `megha simulate` itself.
   big    a synthetic 300,000-task workload on 50,000 workers, 10 GMs x 50 LMs (Megha only).
+  huge   a synthetic 1,000,000-task workload on 100,000 workers, 20 GMs x 100 LMs (Megha
+         only; issue 35: 10,000 jobs of 100 tasks of 10 s at ~70% of the slots).
   sweep  offered load 50-150% on YH1 and synthetic_FB, Megha vs Sparrow vs centralized
          (benchmarks/bench_sweep.py; --quick: 150 jobs per trace on 3,000 workers).
 Issue 12 (``benchmarks/sim_fidelity.py``): calibrate (live vs simulated allocation time),
@@ -12,6 +14,7 @@ Each of yh1 and big runs in a child process so its peak RSS is its own.  Writes 
 
     python benchmarks/bench_sim.py --scenario yh1 --trace ../shared/traces/YH1_sub.tr
     python benchmarks/bench_sim.py --scenario big
+    python benchmarks/bench_sim.py --scenario huge
     python benchmarks/bench_sim.py --scenario sweep --quick
 """
 
@@ -27,6 +30,13 @@ from pathlib import Path
 
 from benchmarks import sim_fidelity as fidelity
 
+SYNTHETIC = {
+    # jobs of 100 tasks, arrivals per second, mean task s, workers, GMs, LMs
+    "big": ("3000", "5", "60", "50000", "10", "50"),  # ~60% of 50,000 slots
+    "huge": ("10000", "70", "10", "100000", "20", "100"),  # ~70% of 100,000 slots
+}
+"""The synthetic scenarios' ``megha simulate`` options (Megha alone)."""
+
 
 def _child(cmd: list[str]) -> dict[str, float]:
     t0 = time.perf_counter()
@@ -41,7 +51,7 @@ def _child(cmd: list[str]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
-        "--scenario", choices=("yh1", "big", "sweep", *fidelity.SCENARIOS), required=True
+        "--scenario", choices=("yh1", *SYNTHETIC, "sweep", *fidelity.SCENARIOS), required=True
     )
     ap.add_argument("--trace", default="../shared/traces/YH1_sub.tr")
     ap.add_argument(
@@ -69,12 +79,12 @@ def main() -> None:
             "--baselines", "sparrow,centralized", "--out", str(results_dir),
         ]  # fmt: skip
     else:
-        # 3,000 jobs x 100 tasks, mean 60 s, arrivals at 5 jobs/s: ~60% of 50,000 slots
+        jobs, rate, mean, workers, gms, lms = SYNTHETIC[args.scenario]
         cmd = [
             *base,
-            "--workload", "synthetic", "--jobs-count", "3000", "--tasks-per-job", "100",
-            "--rate", "5", "--mean-duration", "60", "--workers", "50000", "--gms", "10",
-            "--lms", "50", "--baselines", "", "--out", str(results_dir),
+            "--workload", "synthetic", "--jobs-count", jobs, "--tasks-per-job", "100",
+            "--rate", rate, "--mean-duration", mean, "--workers", workers, "--gms", gms,
+            "--lms", lms, "--baselines", "", "--out", str(results_dir),
         ]  # fmt: skip
     figures = _child(cmd)
     summary = json.loads((results_dir / "summary.json").read_text())

@@ -140,6 +140,11 @@ class LmView:
         """Take a reported value if it is newer than what the view holds."""
         if node_version <= self.node_version[i]:
             return False
+        self._take(i, reported, node_version)
+        return True
+
+    def _take(self, i: int, reported: Resources, node_version: int) -> None:
+        """Take a reported value known to be newer than the view's."""
         self.node_version[i] = node_version
         pend = self.pending[i]
         old = self.free[i]
@@ -152,7 +157,6 @@ class LmView:
                 self.freed.add(i)
                 break
         self.avail[i] = not new or min(new) > 0
-        return True
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
         """Apply a delta; returns (something changed, a gap was detected).
@@ -163,8 +167,12 @@ class LmView:
         """
         newer = delta.version >= self.version
         changed = False
+        # (``set_node`` inlined: most nodes of a heartbeat are known already, and
+        # a delta is applied by every GM)
+        have, take = self.node_version, self._take
         for i, f, v in zip(delta.nodes, delta.free, delta.node_versions, strict=True):
-            if self.set_node(i, f, v):
+            if v > have[i]:
+                take(i, f, v)
                 changed = True
         gap = delta.base_version > self.version
         if newer:
@@ -215,9 +223,19 @@ class Views:
         """The distinct node capacities of the federation."""
         self._wanted: set[LmId] = set()
         """LMs asked for a snapshot that has not come yet."""
+        self._freed_sets: list[set[int]] | None = None
+        """Every view's ``freed`` (made again when a snapshot replaces a view)."""
         self._restart_counted: dict[LmId, int] = {}
         """The newest epoch of each LM counted in ``lm_restarts_seen``: an incarnation is
         counted once, however many of its updates come before its snapshot."""
+
+    def clear_freed(self) -> None:
+        """Forget the nodes freed in every view (no waiting task is woken by them)."""
+        sets = self._freed_sets
+        if sets is None:
+            sets = self._freed_sets = [v.freed for v in self.by_lm.values()]
+        for freed in filter(None, sets):  # (the empty ones skipped without a call)
+            freed.clear()
 
     def version_of(self, lm: LmId) -> int:
         """The version of ``lm``'s state this GM's view holds (-1: none)."""
@@ -272,6 +290,7 @@ class Views:
                     view.pending[i] = list(pend)
         view.apply(snap.state)
         self.by_lm[lm] = view
+        self._freed_sets = None
         totals = [v.capacity_total for v in self.by_lm.values() if v.n]
         self.capacity = [sum(col) for col in zip(*totals, strict=True)]
         self.node_caps = frozenset().union(*(v.capacity_kinds for v in self.by_lm.values()))
