@@ -24,6 +24,8 @@ once it has a view of every LM.  ``Views`` counts what it sees in the GM's count
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bitarray import bitarray
 
 from common.ids import GmId, LmId, UserId
@@ -138,25 +140,34 @@ class LmView:
     # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths)
     def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
         """Take a reported value if it is newer than what the view holds."""
-        if node_version <= self.node_version[i]:
-            return False
-        self._take(i, reported, node_version)
-        return True
+        return self._take((i,), (reported,), (node_version,))
 
-    def _take(self, i: int, reported: Resources, node_version: int) -> None:
-        """Take a reported value known to be newer than the view's."""
-        self.node_version[i] = node_version
-        pend = self.pending[i]
-        old = self.free[i]
-        if pend is None:
-            new = self.free[i] = list(reported)
-        else:
-            new = self.free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
-        for a, b in zip(new, old, strict=True):
-            if a > b:
-                self.freed.add(i)
-                break
-        self.avail[i] = not new or min(new) > 0
+    def _take(
+        self, nodes: Sequence[int], reported: Sequence[Resources], versions: Sequence[int]
+    ) -> bool:
+        """Take each reported value newer than the view's; whether any was.  (The hot
+        path of a GM: every GM applies every change of every LM, and most nodes of a
+        heartbeat are known already; hence one loop, with nothing looked up twice.)"""
+        have, pending, free, avail = self.node_version, self.pending, self.free, self.avail
+        freed = self.freed
+        changed = False
+        for i, f, v in zip(nodes, reported, versions, strict=True):
+            if v <= have[i]:
+                continue
+            changed = True
+            have[i] = v
+            pend = pending[i]
+            old = free[i]
+            if pend is None:
+                new = free[i] = list(f)
+            else:
+                new = free[i] = [x - p for x, p in zip(f, pend, strict=True)]
+            for x, y in zip(new, old, strict=True):
+                if x > y:
+                    freed.add(i)
+                    break
+            avail[i] = not new or min(new) > 0
+        return changed
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
         """Apply a delta; returns (something changed, a gap was detected).
@@ -166,14 +177,7 @@ class LmView:
         stays incomplete until a full snapshot arrives.
         """
         newer = delta.version >= self.version
-        changed = False
-        # (``set_node`` inlined: most nodes of a heartbeat are known already, and
-        # a delta is applied by every GM)
-        have, take = self.node_version, self._take
-        for i, f, v in zip(delta.nodes, delta.free, delta.node_versions, strict=True):
-            if v > have[i]:
-                take(i, f, v)
-                changed = True
+        changed = self._take(delta.nodes, delta.free, delta.node_versions)
         gap = delta.base_version > self.version
         if newer:
             if not gap:
