@@ -4,6 +4,8 @@ Scenarios (issue 2, "How fast and how big"; issue 11, "under overload"):
   yh1    YH1_sub (122,878 tasks) on 10,000 workers, 4 GMs x 25 LMs, with Sparrow and the
          centralized baseline, via `megha simulate` itself.
   big    a synthetic 300,000-task workload on 50,000 workers, 10 GMs x 50 LMs (Megha only).
+  huge   a synthetic 1,000,000-task workload on 100,000 workers, 20 GMs x 100 LMs (Megha
+         only; issue 35: 10,000 jobs of 100 tasks of 10 s at ~70% of the slots).
   memory peak RSS as the trace grows 4x on one federation (issue 35: bounded by what is in
          flight): 4,000 workers, 4 GMs x 8 LMs, jobs of 100 tasks of 10 s at ~70% load,
          --tasks (default 62,500 and 250,000), Megha alone, each size in its own child;
@@ -18,6 +20,7 @@ Each of yh1 and big runs in a child process so its peak RSS is its own.  Writes 
 
     python benchmarks/bench_sim.py --scenario yh1 --trace ../shared/traces/YH1_sub.tr
     python benchmarks/bench_sim.py --scenario big
+    python benchmarks/bench_sim.py --scenario huge
     python benchmarks/bench_sim.py --scenario memory [--tasks 62500,250000] [--tree DIR]
     python benchmarks/bench_sim.py --scenario 10m --timeout 36000
     python benchmarks/bench_sim.py --scenario sweep --quick
@@ -37,6 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import sim_fidelity as fidelity
+
+SYNTHETIC = {
+    # jobs of 100 tasks, arrivals per second, mean task s, workers, GMs, LMs
+    "big": ("3000", "5", "60", "50000", "10", "50"),  # ~60% of 50,000 slots
+    "huge": ("10000", "70", "10", "100000", "20", "100"),  # ~70% of 100,000 slots
+}
+"""The synthetic scenarios' ``megha simulate`` options (Megha alone)."""
 
 
 def _child(cmd: list[str]) -> dict[str, float]:
@@ -134,7 +144,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--scenario",
-        choices=("yh1", "big", "memory", "10m", "sweep", *fidelity.SCENARIOS),
+        choices=("yh1", *SYNTHETIC, "memory", "10m", "sweep", *fidelity.SCENARIOS),
         required=True,
     )
     ap.add_argument("--tasks", default="62500,250000", help="memory: the sizes (tasks)")
@@ -173,12 +183,12 @@ def main() -> None:
             "--baselines", "sparrow,centralized", "--out", str(results_dir),
         ]  # fmt: skip
     else:
-        # 3,000 jobs x 100 tasks, mean 60 s, arrivals at 5 jobs/s: ~60% of 50,000 slots
+        jobs, rate, mean, workers, gms, lms = SYNTHETIC[args.scenario]
         cmd = [
             *base,
-            "--workload", "synthetic", "--jobs-count", "3000", "--tasks-per-job", "100",
-            "--rate", "5", "--mean-duration", "60", "--workers", "50000", "--gms", "10",
-            "--lms", "50", "--baselines", "", "--out", str(results_dir),
+            "--workload", "synthetic", "--jobs-count", jobs, "--tasks-per-job", "100",
+            "--rate", rate, "--mean-duration", mean, "--workers", workers, "--gms", gms,
+            "--lms", lms, "--baselines", "", "--out", str(results_dir),
         ]  # fmt: skip
     figures = _child(cmd)
     summary = json.loads((results_dir / "summary.json").read_text())

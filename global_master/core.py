@@ -188,9 +188,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         if self._index and self.waiting:
             self._wake(now)
         else:
-            for v in self.views.values():
-                if v.freed:
-                    v.freed.clear()
+            self.lm_views.clear_freed()
         if self._held:  # placements held back may leave now
             for lm, placements in self.outbox.release_held(now):
                 self._send_launch(lm, placements, effects, now)

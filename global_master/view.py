@@ -24,6 +24,8 @@ once it has a view of every LM.  ``Views`` counts what it sees in the GM's count
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bitarray import bitarray
 
 from common.ids import GmId, LmId, UserId
@@ -138,21 +140,34 @@ class LmView:
     # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths)
     def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
         """Take a reported value if it is newer than what the view holds."""
-        if node_version <= self.node_version[i]:
-            return False
-        self.node_version[i] = node_version
-        pend = self.pending[i]
-        old = self.free[i]
-        if pend is None:
-            new = self.free[i] = list(reported)
-        else:
-            new = self.free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
-        for a, b in zip(new, old, strict=True):
-            if a > b:
-                self.freed.add(i)
-                break
-        self.avail[i] = not new or min(new) > 0
-        return True
+        return self._take((i,), (reported,), (node_version,))
+
+    def _take(
+        self, nodes: Sequence[int], reported: Sequence[Resources], versions: Sequence[int]
+    ) -> bool:
+        """Take each reported value newer than the view's; whether any was.  (The hot
+        path of a GM: every GM applies every change of every LM, and most nodes of a
+        heartbeat are known already; hence one loop, with nothing looked up twice.)"""
+        have, pending, free, avail = self.node_version, self.pending, self.free, self.avail
+        freed = self.freed
+        changed = False
+        for i, f, v in zip(nodes, reported, versions, strict=True):
+            if v <= have[i]:
+                continue
+            changed = True
+            have[i] = v
+            pend = pending[i]
+            old = free[i]
+            if pend is None:
+                new = free[i] = list(f)
+            else:
+                new = free[i] = [x - p for x, p in zip(f, pend, strict=True)]
+            for x, y in zip(new, old, strict=True):
+                if x > y:
+                    freed.add(i)
+                    break
+            avail[i] = not new or min(new) > 0
+        return changed
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
         """Apply a delta; returns (something changed, a gap was detected).
@@ -162,10 +177,7 @@ class LmView:
         stays incomplete until a full snapshot arrives.
         """
         newer = delta.version >= self.version
-        changed = False
-        for i, f, v in zip(delta.nodes, delta.free, delta.node_versions, strict=True):
-            if self.set_node(i, f, v):
-                changed = True
+        changed = self._take(delta.nodes, delta.free, delta.node_versions)
         gap = delta.base_version > self.version
         if newer:
             if not gap:
@@ -215,9 +227,19 @@ class Views:
         """The distinct node capacities of the federation."""
         self._wanted: set[LmId] = set()
         """LMs asked for a snapshot that has not come yet."""
+        self._freed_sets: list[set[int]] | None = None
+        """Every view's ``freed`` (made again when a snapshot replaces a view)."""
         self._restart_counted: dict[LmId, int] = {}
         """The newest epoch of each LM counted in ``lm_restarts_seen``: an incarnation is
         counted once, however many of its updates come before its snapshot."""
+
+    def clear_freed(self) -> None:
+        """Forget the nodes freed in every view (no waiting task is woken by them)."""
+        sets = self._freed_sets
+        if sets is None:
+            sets = self._freed_sets = [v.freed for v in self.by_lm.values()]
+        for freed in filter(None, sets):  # (the empty ones skipped without a call)
+            freed.clear()
 
     def version_of(self, lm: LmId) -> int:
         """The version of ``lm``'s state this GM's view holds (-1: none)."""
@@ -272,6 +294,7 @@ class Views:
                     view.pending[i] = list(pend)
         view.apply(snap.state)
         self.by_lm[lm] = view
+        self._freed_sets = None
         totals = [v.capacity_total for v in self.by_lm.values() if v.n]
         self.capacity = [sum(col) for col in zip(*totals, strict=True)]
         self.node_caps = frozenset().union(*(v.capacity_kinds for v in self.by_lm.values()))

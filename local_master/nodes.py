@@ -145,6 +145,9 @@ class NodeTable:
         self.home: list[GmId] = list(home)
         self.n_resources = len(self.capacity[0])
         self.free: list[list[int]] = [list(c) if alive else [0] * len(c) for c in self.capacity]
+        self._free_t: list[tuple[int, ...]] = [tuple(f) for f in self.free]
+        """Each node's free resources as of its last change, immutable: what deltas and
+        events carry (one tuple per change, shared by every message that reports it)."""
         self.alive: list[bool] = [alive] * len(nodes)
         self.last_seen: list[float] = [0.0] * len(nodes)
         self.node_version: list[int] = [0] * len(nodes)
@@ -154,6 +157,9 @@ class NodeTable:
         self.stopping: dict[tuple[TaskKey, int], ActiveTask] = {}
         """Preempted attempts (released) whose stop their pool has not confirmed yet."""
         self.usage: dict[Any, list[int]] = {}
+        self._usage_t: dict[Any, tuple[int, ...]] = {}
+        """``usage`` as deltas carry it (the same users in the same order, each row a
+        tuple made when it changes, not for every delta)."""
         self.recent_repartitions: deque[Repartition] = deque(maxlen=RECENT_REPARTITIONS)
         """The latest repartitions (for operators: ``local_master.inspect``)."""
         self._partition: dict[GmId, tuple[list[int], list[int]]] = {}
@@ -177,6 +183,7 @@ class NodeTable:
         return len(self.capacity)
 
     def _touch(self, node: int) -> None:
+        self._free_t[node] = tuple(self.free[node])
         self.version += 1
         self.node_version[node] = self.version
         self._log.append(node)
@@ -204,18 +211,16 @@ class NodeTable:
             nodes = range(self.n_nodes)
         else:
             nodes = sorted(set(self._log[base - self._log_base :]))
-        idx = tuple(NodeIndex(i) for i in nodes)
-        free = self.free
-        nv = self.node_version
+        idx: tuple[NodeIndex, ...] = tuple(nodes)  # type: ignore[arg-type]  # (NewType of int)
         return StateDelta(
             lm=self.lm,
             epoch=self.epoch,
             version=self.version,
             base_version=base,
             nodes=idx,
-            free=tuple(tuple(free[i]) for i in idx),
-            node_versions=tuple(nv[i] for i in idx),
-            usage={u: tuple(v) for u, v in self.usage.items()},
+            free=tuple(map(self._free_t.__getitem__, idx)),
+            node_versions=tuple(map(self.node_version.__getitem__, idx)),
+            usage=dict(self._usage_t),
             holds=self.gang_holds,
         )
 
@@ -223,7 +228,7 @@ class NodeTable:
         """What ``a``'s GM hears of it, with its node's fresh state."""
         return TaskEvent(
             kind=kind, lm=self.lm, gm=a.gm, user=a.spec.user, task_id=a.spec.task_id,
-            attempt=a.attempt, node=a.node, node_free=tuple(self.free[a.node]),
+            attempt=a.attempt, node=a.node, node_free=self._free_t[a.node],
             node_version=self.node_version[a.node], at=at, worker_at=a.worker_at,
             started_at=a.started_at, detail=detail, job_id=a.spec.job_id,
             queued_at=a.queued_at, spec=a.spec if kind in _GIVEN_BACK else None,
@@ -235,7 +240,7 @@ class NodeTable:
         return TaskEvent(
             kind=_REPORT_EVENT.get(rep.kind, EventKind.REQUEUED), lm=self.lm, gm=rep.gm,
             user=rep.user, task_id=rep.task_id, attempt=rep.attempt, node=rep.node,
-            node_free=tuple(self.free[rep.node]), node_version=self.node_version[rep.node],
+            node_free=self._free_t[rep.node], node_version=self.node_version[rep.node],
             at=rep.at, worker_at=rep.worker_at, started_at=rep.started_at, detail=rep.detail,
             job_id=rep.job_id, queued_at=rep.queued_at,
         )  # fmt: skip
@@ -307,6 +312,7 @@ class NodeTable:
             use = self.usage[spec.user] = [0] * self.n_resources
         for r, d in enumerate(spec.demand):
             use[r] += d
+        self._usage_t[spec.user] = tuple(use)
         logical = self.home[node] != gm
         key = (spec.user, spec.task_id)
         a = self.active[key] = ActiveTask(
@@ -355,8 +361,10 @@ class NodeTable:
         use = self.usage[user]
         for r, d in enumerate(a.spec.demand):
             use[r] -= d
-        if not any(use):
-            del self.usage[user]
+        if any(use):
+            self._usage_t[user] = tuple(use)
+        else:
+            del self.usage[user], self._usage_t[user]
         self._touch(node)
         if self.on_release is not None:
             self.on_release(key)
@@ -413,6 +421,7 @@ class NodeTable:
         use = self.usage.setdefault(s.spec.user, [0] * self.n_resources)
         for r, d in enumerate(s.spec.demand):
             use[r] += d
+        self._usage_t[s.spec.user] = tuple(use)
         if self.alive[s.node]:
             free = self.free[s.node]
             for r, d in enumerate(s.spec.demand):
