@@ -620,7 +620,9 @@ class LocalMaster(GangRequests, Registration):
         """Take back what a former incarnation wrote to its journal, before anything
         else reaches this one: the attempts it held (on nodes not alive until their pool
         registers: an attempt the pool no longer runs is then run again), the preempted
-        ones whose stop was not confirmed, and the ends and keeps."""
+        ones whose stop was not confirmed, and the ends and keeps.  An end's retention
+        counts from ``now`` (``Ends.restored``): a GM that restarts with this LM asks
+        late, and must learn what already ended before it places it again."""
         journal, self._journal = self._journal, None
         self.nodes.journal = self.ends.journal = None
         restored = durable.fold(records)
@@ -635,7 +637,7 @@ class LocalMaster(GangRequests, Registration):
         for h in (*restored.held.values(), *restored.stopping.values()):
             if self._restorable(h):
                 self.nodes.restore(h)
-        self.ends.expire(now)
+        self.ends.restored(now)
         self._journal = journal
         self.nodes.journal = self.ends.journal = journal
 

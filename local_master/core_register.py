@@ -110,11 +110,16 @@ class Registration:
         self, s: StartTask, started: WorkerReport | None, now: float, effects: list[Effect]
     ) -> None:
         """An attempt the registering pool runs: held here, unless this LM holds a newer
-        one, or it cannot be the truth (its GM is not of the federation, or it does not
-        fit its node): then it is stopped."""
+        one or saw it (or a newer one) end -- the registration is a copy the pool sent
+        again after a timeout, read late: held again, it would be a phantom that takes its
+        node's room and runs nothing -- or it cannot be the truth (its GM is not of the
+        federation, or it does not fit its node): then it is stopped."""
         key = (s.spec.user, s.spec.task_id)
         held = self.nodes.active.get(key)
         if held is not None and held.attempt >= s.attempt:
+            return
+        if self.ends.covering(key, s.spec.job_id, s.attempt) is not None:
+            self.counters.stale_reports += 1
             return
         if held is not None:  # an older attempt here: the pool's is the one that runs
             self.nodes.release(key)

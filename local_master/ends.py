@@ -8,6 +8,9 @@ Invariants:
 * The ends of a job its GM asked to keep (``KeepEnds``: its delivery is held long, and a
   restarted GM must learn what of it ended) move to ``kept`` when they expire, and stay
   until the GM lets the job go; nothing else outlives ``retain_s``.
+* An end a new incarnation restores from its journal is kept at least ``retain_s``
+  after the restore (``restored``): no GM could ask the LM while it was down, and the
+  GMs that restart with it ask late (a whole-federation restart takes minutes).
 * A GM keeps a job's ends once and lets them go once: ``let_go`` remembers each let-go
   for ``retain_s``, and a keep that comes after it (held back on the way, within its
   signature's freshness, far shorter than ``retain_s``) is ignored -- applied, it would
@@ -74,6 +77,9 @@ class Ends:
         """Ended attempts of those jobs past ``retain_s``, until their GM lets them go."""
         self.let_go: OrderedDict[JobKeyAt, float] = OrderedDict()
         """Jobs whose GM let their ends go in the last ``retain_s`` seconds (when)."""
+        self.since = -float("inf")
+        """When this incarnation restored its journal: no end expires before
+        ``since + retain_s`` (an end's age counts from its learning or from this)."""
         self.journal: list[object] | None = None
         """Where a durable LM's ends and keeps go (``JournalEnded``, ``JournalKeep``);
         None: not durable.  Expiry writes nothing: it follows from the times recorded."""
@@ -110,9 +116,12 @@ class Ends:
         )
 
     def expire(self, now: float) -> None:
-        """Forget the ends older than ``retain_s``, but those of jobs kept."""
+        """Forget the ends older than ``retain_s`` (and restored over ``retain_s``
+        ago), but those of jobs kept."""
         done = self.done
         horizon = now - self.retain_s
+        if horizon < self.since:
+            return
         while done:
             key, entry = next(iter(done.items()))
             if entry[2] > horizon:
@@ -122,6 +131,11 @@ class Ends:
                 job = (entry[0], key[0], entry[1][_JOB])
                 if job in self.keep_ends:
                     self.kept.setdefault(job, {})[key] = entry
+
+    def restored(self, now: float) -> None:
+        """A new incarnation took its journal back ``now``: what it remembers is kept
+        at least ``retain_s`` more, however old (it could answer no one while down)."""
+        self.since = now
 
     def keep(self, job: JobKeyAt, keep: bool, now: float) -> bool:
         """Keep (or let go) ``job``'s ends past ``retain_s``; False when a keep comes

@@ -26,6 +26,7 @@ from common.messages import (
     StartTask,
     StartTasks,
     TaskDue,
+    WorkerReport,
     WorkerReports,
 )
 from common.model import NodeSpec
@@ -169,3 +170,27 @@ def test_a_start_of_an_attempt_the_pool_fenced_is_not_run() -> None:
     pool.handle(LeaseRenewed(), 3.0)
     assert answered(pool_start(pool, t, 1, 3.0)) == [(ReportKind.LOST, 1)]
     assert ran(pool) == [("start", 1), ("stop", 1)]
+
+
+def test_a_registration_read_again_does_not_hold_an_attempt_that_ended_since() -> None:
+    """The pool re-sent its registration after a timeout and the LM read both copies:
+    an attempt the first named as running had ended since (the LM took its end), and the
+    second copy held it again -- a phantom that takes its node's room and runs nothing."""
+    lm = lm_of_one_node()
+    pool = WorkerPool(LM0, 1)
+    t = make_task(4, 4, task_id="t", duration=1.0)
+    (start,) = starts(lm.handle(launch_req(t, node=0), 1.0))
+    pool.handle(StartTasks(lm=LM0, epoch=lm.epoch, tasks=(start,)), 1.0)
+    reg = registration(pool, 1.5)
+    assert [s.attempt for s in reg.running] == [1]
+    lm.handle(reg, 1.5)
+    ended = pool.handle(TaskDue(user=t.user, task_id=t.task_id, attempt=1), 2.0)
+    (end,) = [e.msg for e in ended if isinstance(e, ToLm)]
+    assert isinstance(end, WorkerReport)
+    lm.handle(WorkerReports(lm=LM0, reports=(end,)), 2.0)
+    assert key(t) not in lm.nodes.active
+    lm.handle(reg, 3.0)  # the copy sent again, read late
+    assert key(t) not in lm.nodes.active
+    # the node's room is free: the next task of its size is placed there
+    nxt = make_task(4, 4, task_id="n", duration=1.0)
+    assert [s.spec.task_id for s in starts(lm.handle(launch_req(nxt, node=0), 3.0))] == ["n"]
