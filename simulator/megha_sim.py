@@ -321,6 +321,10 @@ class MeghaSimulation:
         """Jobs still to come of a stream (``stream_jobs``)."""
         self._stream_at = -math.inf
         self._streamed = 0
+        self._first_views()
+
+    def _first_views(self) -> None:
+        """Every GM starts from every LM's snapshot, as a live GM does on start."""
         for lm in self.lms.values():
             for g in self.gms:
                 self.gms[g].handle(lm.snapshot(g), 0.0)
