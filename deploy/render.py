@@ -46,6 +46,7 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -118,6 +119,16 @@ FEDERATION_SECRET = "megha-federation"
 """The Kubernetes Secret every process mounts (each only the keys it needs)."""
 OPERATOR_SECRET = "megha-operator"
 """The operator's files (every broker password, every token): the bench only."""
+TLS_SECRET = "megha-tls"
+"""The federation CA's certificate, and each process's and the broker's certificate and
+key (never the CA's key): each pod mounts its own pair and the CA's certificate."""
+
+
+def tls_files(cfg: FederationConfig) -> list[str]:
+    """The files of the secrets directory's ``tls/`` a deployment of ``cfg`` mounts: the
+    CA's certificate, a certificate and key per process and for the broker."""
+    pairs = [f"{name}.{ext}" for name in [*cfg.process_names, "broker"] for ext in ("pem", "key")]
+    return [CA_CERT, *pairs]
 
 
 def party_credentials_filename(role: str, ident: str) -> str:
@@ -167,6 +178,10 @@ def secrets_kustomization(cfg: FederationConfig, directory: Path) -> Manifest:
             {
                 "name": OPERATOR_SECRET,
                 "files": [SECRET_FILENAME, TOKENS_FILENAME, CREDENTIALS_FILENAME, *tokens],
+            },
+            {
+                "name": TLS_SECRET,
+                "files": [f"{f}={TLS_DIRNAME}/{f}" for f in tls_files(cfg)],
             },
             {"name": "rabbitmq-definitions", "files": [DEFINITIONS_FILENAME]},
             {"name": "rabbitmq-erlang-cookie", "files": [f"cookie={COOKIE_FILENAME}"]},
@@ -354,10 +369,11 @@ broker of the machine's own may hold (Debian's rabbitmq-server does)."""
 HOST_NODENAME = "megha@localhost"
 """The host-network broker's Erlang node (the machine's broker is ``rabbit@localhost``)."""
 STATE_DIR = "/var/lib/megha"
-"""Where each LM and worker pool has a named volume of its own (``NAME-state``), which
-outlives its container and ``docker compose down`` (but not ``down -v``): the place for
-what such a process must keep across a restart of the whole federation (issue 30).  The
-image makes it writable by any uid, as compose runs the processes as the secrets' owner."""
+"""Where each process has a named volume of its own (``NAME-state``), which outlives its
+container and ``docker compose down`` (but not ``down -v``): the place for what it must
+keep across a restart of the whole federation: an LM's and a pool's journal (issue 30), a
+GM's job history (``global_master.history``).  The image makes it writable by any uid, as
+compose runs the processes as the secrets' owner."""
 RABBITMQ_CONF = "./deploy/compose/rabbitmq/rabbitmq.conf"
 HEALTH_INTERVAL = "3s"
 """How often every container is probed, from start to end (compose 1.x knows no
@@ -480,9 +496,8 @@ def _megha_service(cfg: FederationConfig, p: ProcessSpec, base: Manifest) -> Man
     if cfg.tls_on:  # its certificate and key, and the CA it trusts (process_plan's paths)
         mounts += _tls_mounts(p.name, TLS_PATH)
     svc: Manifest = {**base, "command": p.argv, "environment": env, "secrets": mounts}
-    if p.role != "gm":
-        svc["volumes"] = [*base["volumes"], f"{p.name}-state:{STATE_DIR}"]
-        env[STATE_ENV] = STATE_DIR
+    svc["volumes"] = [*base["volumes"], f"{p.name}-state:{STATE_DIR}"]
+    env[STATE_ENV] = STATE_DIR
     if "network_mode" not in base:
         svc["ports"] = [f"{p.port}:{p.port}"]
     svc["healthcheck"] = {
@@ -537,7 +552,7 @@ def compose(cfg: FederationConfig, network: str = "bridge") -> Manifest:
         "depends_on": {g: {"condition": "service_healthy"} for g in cfg.gm_ids},
     }
     volumes: dict[str, Manifest] = {"rabbitmq-data": {}}
-    volumes.update({f"{p.name}-state": {} for p in plan if p.role != "gm"})
+    volumes.update({f"{p.name}-state": {} for p in plan})
     return {
         "services": services,
         "secrets": _compose_secrets(cfg),
@@ -648,22 +663,22 @@ def _env(p: ProcessSpec) -> list[Manifest]:
         env.append(
             {"name": INSTANCE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         )
-    if p.role != "gm":
-        env.append({"name": STATE_ENV, "value": STATE_DIR})
+    env.append({"name": STATE_ENV, "value": STATE_DIR})
     return env
 
 
 STATE_STORAGE = "1Gi"
-"""What each LM's and worker pool's journal volume asks for (a journal is compacted past
-8 MiB, with one snapshot beside it)."""
+"""What each process's journal volume asks for (a journal is compacted past 8 MiB, with
+one snapshot beside it)."""
 
 
 def state_claim(p: ProcessSpec) -> Manifest:
-    """The volume an LM or a worker pool keeps its journal on (``runtime.journal``), which
-    outlives its pods: a restart of the whole federation loses no task an LM took.  An
-    LM's active and standby share one (ReadWriteMany: the standby may run on another
-    node; it takes the journal over with the lead, after the former's lock); a pool's is
-    its own (ReadWriteOnce: one pod at a time, its Deployment recreates, never surges)."""
+    """The volume a process keeps its journal on (``runtime.journal``), which outlives its
+    pods: a restart of the whole federation loses no task an LM took, and no job history
+    a GM holds (``global_master.history``).  An LM's active and standby share one
+    (ReadWriteMany: the standby may run on another node; it takes the journal over with
+    the lead, after the former's lock); a GM's and a pool's is its own (ReadWriteOnce:
+    one pod at a time, its Deployment recreates, never surges)."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -699,8 +714,9 @@ def _pod_security() -> Manifest:
 
 
 def _probes() -> Manifest:
-    """A process's startup, readiness and liveness probes."""
-    http = {"port": "http"}
+    """A process's startup, readiness and liveness probes, over HTTPS, which it serves
+    (the kubelet does not check the certificate)."""
+    http: Manifest = {"port": "http", "scheme": "HTTPS"}
     return {
         # /health answers 200 only when the process can serve (a GM consumes, an LM is
         # connected to the broker): it gates traffic.  Liveness asks only whether the
@@ -743,8 +759,42 @@ def _apart(p: ProcessSpec) -> Manifest:
     }
 
 
+def _pod_volumes(p: ProcessSpec) -> list[Manifest]:
+    """The volumes of process ``p``'s pod: the config with, in ``tls/`` beside it, its own
+    certificate and key and the CA's certificate where ``process_plan`` names them (one
+    projected volume: a Secret mounted inside the ConfigMap's read-only mount could not
+    be), its secrets, a tmpfs, its journal's claim (``state_claim``)."""
+    tls = [
+        {"key": f, "path": f"{TLS_DIRNAME}/{f}", "mode": READ_ONLY}
+        for f in (CA_CERT, f"{p.name}.pem", f"{p.name}.key")
+    ]
+    return [
+        {
+            "name": "config",
+            "projected": {
+                "defaultMode": 0o444,
+                "sources": [
+                    {"configMap": {"name": "megha-config"}},
+                    {"secret": {"name": TLS_SECRET, "items": tls}},
+                ],
+            },
+        },
+        {
+            "name": "secret",
+            "secret": {
+                "secretName": FEDERATION_SECRET,
+                "defaultMode": READ_ONLY,
+                "items": _secret_items(p),
+            },
+        },
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "state", "persistentVolumeClaim": {"claimName": f"{p.name}-state"}},
+    ]
+
+
 def _pod(p: ProcessSpec) -> Manifest:
-    """The pod of process ``p``: probes, limits, a read-only root, no token, not root."""
+    """The pod of process ``p``: probes, limits, a read-only root, no token, not root;
+    serving HTTPS with its own certificate (``_pod_volumes``)."""
     container: Manifest = {
         "name": COMPONENT[p.role],
         "image": "megha",
@@ -757,6 +807,8 @@ def _pod(p: ProcessSpec) -> Manifest:
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [
             *_mounts({"name": "secret", "mountPath": SECRET_DIR, "readOnly": True}),
+            # its journal, on a claim that outlives the pod (state_claim)
+            {"name": "state", "mountPath": STATE_DIR},
         ],
     }
     spec: Manifest = {
@@ -765,24 +817,8 @@ def _pod(p: ProcessSpec) -> Manifest:
         "terminationGracePeriodSeconds": 15,
         "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [
-            {"name": "config", "configMap": {"name": "megha-config"}},
-            {
-                "name": "secret",
-                "secret": {
-                    "secretName": FEDERATION_SECRET,
-                    "defaultMode": READ_ONLY,
-                    "items": _secret_items(p),
-                },
-            },
-            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
-        ],
+        "volumes": _pod_volumes(p),
     }
-    if p.role != "gm":  # its journal, on a claim that outlives the pod (state_claim)
-        container["volumeMounts"].append({"name": "state", "mountPath": STATE_DIR})
-        spec["volumes"].append(
-            {"name": "state", "persistentVolumeClaim": {"claimName": f"{p.name}-state"}}
-        )
     if p.role == "lm":  # keep the standby off the active's node when the cluster has another
         spec["affinity"] = _apart(p)
     return {"metadata": {"labels": _labels(p)}, "spec": spec}
@@ -806,8 +842,8 @@ def _workload(p: ProcessSpec) -> Manifest:
                 "template": _pod(p),
             },
         }
-    # GMs are stateless and worker pools hold no state the LM cannot rebuild, but two
-    # copies of the same GM or pool must not run at once: Recreate, never surge.
+    # Two copies of the same GM or pool must not run at once (nor share its journal):
+    # Recreate, never surge.
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -881,22 +917,38 @@ def _bench_container() -> Manifest:
     }
 
 
+def _home_volume(cfg: FederationConfig) -> Manifest:
+    """The bench's ``$MEGHA_HOME``: the megha-operator Secret (the secret, every broker
+    login, the users' tokens under ``tokens/``) and the federation CA's certificate in
+    ``tls/`` (which ``Access.in_home`` trusts), not the CA's key."""
+    items = [
+        {"key": name, "path": name}
+        for name in (SECRET_FILENAME, CREDENTIALS_FILENAME, TOKENS_FILENAME)
+    ] + [{"key": token_key(u.user), "path": f"tokens/{u.user}"} for u in cfg.user_configs]
+    ca = [{"key": CA_CERT, "path": f"{TLS_DIRNAME}/{CA_CERT}"}]
+    return {
+        "name": "home",
+        "projected": {
+            "defaultMode": READ_ONLY,
+            "sources": [
+                {"secret": {"name": OPERATOR_SECRET, "items": items}},
+                {"secret": {"name": TLS_SECRET, "items": ca}},
+            ],
+        },
+    }
+
+
 def bench_job(cfg: FederationConfig) -> Manifest:
     """``megha bench`` as a suspended CronJob, run on demand::
 
         kubectl -n NAMESPACE create job --from=cronjob/megha-bench bench-1
 
-    It acts as the operator: the megha-operator Secret mounted as its ``$MEGHA_HOME``
-    (the secret, every broker login, the users' tokens under ``tokens/``)."""
+    It acts as the operator, from its mounted ``$MEGHA_HOME`` (``_home_volume``)."""
     labels = {
         "app.kubernetes.io/name": "megha",
         "app.kubernetes.io/part-of": "megha",
         "app.kubernetes.io/component": "bench",
     }
-    items = [
-        {"key": name, "path": name}
-        for name in (SECRET_FILENAME, CREDENTIALS_FILENAME, TOKENS_FILENAME)
-    ] + [{"key": token_key(u.user), "path": f"tokens/{u.user}"} for u in cfg.user_configs]
     pod: Manifest = {
         "metadata": {"labels": labels},
         "spec": {
@@ -907,14 +959,7 @@ def bench_job(cfg: FederationConfig) -> Manifest:
             "containers": [_bench_container()],
             "volumes": [
                 {"name": "config", "configMap": {"name": "megha-config"}},
-                {
-                    "name": "home",
-                    "secret": {
-                        "secretName": OPERATOR_SECRET,
-                        "defaultMode": READ_ONLY,
-                        "items": items,
-                    },
-                },
+                _home_volume(cfg),
                 {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
             ],
         },
@@ -969,14 +1014,14 @@ def _policy(
 def network_policies(cfg: FederationConfig, plan: list[ProcessSpec]) -> list[Manifest]:
     """Who may talk to whom, on which port, beyond base's default deny.
 
-    GM -> every LM (HTTP) and the broker; LM -> its worker pool and the broker;
-    worker pool -> its LM; bench -> the broker, and the GMs' and LMs' ``/v1/state``
-    and the first LM's and its pool's ``/v1/ping`` (the floor it measures).
+    GM -> every LM (HTTPS) and the broker (AMQPS); LM -> its worker pool and the
+    broker; worker pool -> its LM; bench -> the broker, and the GMs' and LMs'
+    ``/v1/state`` and the first LM's and its pool's ``/v1/ping`` (the floor it measures).
     """
     by_name = {p.name: p for p in plan}
     gm_ports = [by_name[g].port for g in cfg.gm_ids]
     lm_ports = [by_name[lm].port for lm in cfg.lm_ids]
-    to_broker: Manifest = {"to": [_component("rabbitmq")], "ports": _ports(AMQP_PORT)}
+    to_broker: Manifest = {"to": [_component("rabbitmq")], "ports": _ports(AMQPS_PORT)}
     floor_pool = by_name[f"{cfg.lm_ids[0]}-workers"]
     policies = [
         _policy(
@@ -1028,7 +1073,8 @@ def network_policies(cfg: FederationConfig, plan: list[ProcessSpec]) -> list[Man
 
 
 def check_kubernetes(cfg: FederationConfig) -> None:
-    """Refuse a config whose processes could not find each other in a namespace."""
+    """Refuse a config whose processes could not find each other in a namespace, or could
+    not reach base's broker (AMQPS only, on ``AMQPS_PORT``)."""
     if cfg.listen != "0.0.0.0":
         raise ConfigError('Kubernetes: set listen = "0.0.0.0" (pods bind all interfaces)')
     missing = []
@@ -1041,6 +1087,14 @@ def check_kubernetes(cfg: FederationConfig) -> None:
             "Kubernetes: every process is reached through the Service of its own name; "
             "add to [federation.addresses]: " + ", ".join(missing)
         )
+    plain = [u for u in cfg.broker_urls if not u.startswith("amqps://")]
+    plain += [u for u in cfg.broker_urls if urlsplit(u).port != AMQPS_PORT]
+    if not cfg.tls_on or plain:
+        raise ConfigError(
+            f"Kubernetes: base's RabbitMQ listens for AMQPS only, on {AMQPS_PORT}, and the "
+            f'pods mount their certificates: set tls = "on" and broker_url = '
+            f'"amqps://rabbitmq:{AMQPS_PORT}/"'
+        )
 
 
 def kubernetes(cfg: FederationConfig) -> list[Manifest]:
@@ -1051,8 +1105,7 @@ def kubernetes(cfg: FederationConfig) -> list[Manifest]:
     for p in plan:
         docs.append(_workload(p))
         docs.extend(_services(p))
-        if p.role != "gm":
-            docs.append(state_claim(p))
+        docs.append(state_claim(p))
     docs.append(bench_job(cfg))
     docs.extend(network_policies(cfg, plan))
     return docs

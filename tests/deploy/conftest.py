@@ -13,13 +13,15 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from common.config import FederationConfig, load_config
 from deploy import render
@@ -154,3 +156,34 @@ def check_broker_login(access: Access, definitions: dict[str, Any], cfg: Federat
     assert entry["password_hash"] == rabbit_password_hash(password, salt)
     assert [p["vhost"] for p in definitions["permissions"] if p["user"] == user] == [cfg.name]
     assert {"name": cfg.name} in definitions["vhosts"]
+
+
+def check_tls_files(
+    cfg: FederationConfig,
+    name: str,
+    argv: list[str],
+    env: Mapping[str, str],
+    files: dict[str, bytes],
+) -> set[str]:
+    """With TLS on, process ``name`` mounts its own certificate and key and the CA's
+    certificate where its command (``argv``) and MEGHA_TLS_CA (``env``) name them, and
+    nothing else of the CA (its key stays with the operator) nor any other process's
+    pair; its certificate names its host.  ``files``: in-container path -> bytes of
+    everything mounted.  Returns the three paths."""
+    if not cfg.tls_on:
+        assert not [f for f in files if "/tls/" in f], name
+        return set()
+    cert, key = argv[argv.index("--certfile") + 1], argv[argv.index("--keyfile") + 1]
+    ca = env["MEGHA_TLS_CA"]
+    assert {cert, key, ca} == {f for f in files if "/tls/" in f}, name
+    assert not any(f.endswith(("ca.key", "broker.key")) for f in files), name
+    assert [f for f in files if f.endswith(".key")] == [key], name  # no other private key
+    assert PurePosixPath(key).name == f"{name}.key", name
+    leaf = x509.load_pem_x509_certificate(files[cert])
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert cfg.address(name)[0] in names.get_values_for_type(x509.DNSName), name
+    pair = serialization.load_pem_private_key(files[key], password=None)
+    assert pair.public_key() == leaf.public_key(), name  # the key is the certificate's
+    issuer = x509.load_pem_x509_certificate(files[ca])
+    leaf.verify_directly_issued_by(issuer)  # under the federation's CA
+    return {cert, key, ca}

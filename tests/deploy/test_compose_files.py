@@ -17,6 +17,7 @@ import re
 import subprocess
 import sysconfig
 import tomllib
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,17 +26,15 @@ from urllib.parse import quote
 import jsonschema
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from common.config import FederationConfig, load_config, parse_config, process_plan
+from common.config import load_config, parse_config, process_plan
 from common.errors import ConfigError
 from deploy import render
 from security.access import Access
 from security.broker_acl import BrokerCredentials, BrokerLayout, definitions
 from security.party_keys import PartyKeys
 from security.tokens import TokenStore
-from tests.deploy.conftest import check_broker_login, start_access
+from tests.deploy.conftest import check_broker_login, check_tls_files, start_access
 
 pytestmark = pytest.mark.deploy
 
@@ -242,7 +241,7 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         assert isinstance(access.secret, PartyKeys)
         assert access.secret.holder == access.me
         assert "MEGHA_SECRET_FILE" not in svc["environment"]
-        tls = check_tls_files(cfg, p.name, svc, files)
+        tls = check_tls_files(cfg, p.name, svc["command"], svc["environment"], files)
         if p.role == "worker":
             assert access.credentials is None
             assert sorted(set(files) - tls) == [svc["environment"]["MEGHA_KEYS_FILE"]]
@@ -254,30 +253,6 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
             assert access.users_file is not None
             users = {u.user for u in TokenStore(access.users_file).users()}
             assert users == {u.user for u in cfg.user_configs}
-
-
-def check_tls_files(
-    cfg: FederationConfig, name: str, svc: dict[str, Any], files: dict[str, bytes]
-) -> set[str]:
-    """With TLS on, process ``name`` mounts its own certificate and key and the CA's
-    certificate where its command and MEGHA_TLS_CA name them, and nothing else of the
-    CA (its key stays with the operator); its certificate names its host.  The paths."""
-    if not cfg.tls_on:
-        assert not [f for f in files if "/tls/" in f], name
-        return set()
-    cmd, env = svc["command"], svc["environment"]
-    cert, key = cmd[cmd.index("--certfile") + 1], cmd[cmd.index("--keyfile") + 1]
-    ca = env["MEGHA_TLS_CA"]
-    assert {cert, key, ca} == {f for f in files if "/tls/" in f}, name
-    assert not any(f.endswith("ca.key") for f in files)
-    leaf = x509.load_pem_x509_certificate(files[cert])
-    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert cfg.address(name)[0] in names.get_values_for_type(x509.DNSName), name
-    pair = serialization.load_pem_private_key(files[key], password=None)
-    assert pair.public_key() == leaf.public_key(), name  # the key is the certificate's
-    issuer = x509.load_pem_x509_certificate(files[ca])
-    leaf.verify_directly_issued_by(issuer)  # under the federation's CA
-    return {cert, key, ca}
 
 
 def test_the_bench_acts_as_the_operator(secrets_dir: Path) -> None:
@@ -327,6 +302,16 @@ def test_kubernetes_render_refuses_a_config_pods_cannot_use() -> None:
     toml["federation"]["listen"] = "0.0.0.0"
     with pytest.raises(ConfigError, match=r'"gm0" = "gm0:18100"'):
         render.kubernetes(parse_config(toml, env={}))
+    # base's broker speaks AMQPS only, and the pods serve HTTPS with their certificates
+    cfg = load_config(render.OVERLAYS / "dev" / "federation.toml")
+    render.kubernetes(cfg)
+    for change in (
+        {"broker_url": "amqp://rabbitmq:5672/"},
+        {"broker_url": "amqps://rabbitmq:5672/"},
+        {"tls": "off"},
+    ):
+        with pytest.raises(ConfigError, match="AMQPS only"):
+            render.kubernetes(replace(cfg, **change))
 
 
 def hadolint() -> str:

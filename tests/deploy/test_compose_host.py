@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from common.config import BROKER_ENV, load_config, parse_config, process_plan
+from common.config import BROKER_ENV, STATE_ENV, load_config, parse_config, process_plan
 from deploy import render
 from security import tls
 
@@ -144,19 +144,21 @@ def test_both_files_run_the_same_processes_the_same_way() -> None:
         assert one == other, name
 
 
-def test_each_lm_and_pool_has_a_state_volume_of_its_own() -> None:
-    """What an LM or pool must keep across a restart of everything goes on a named volume
-    that outlives its container (issue 30); GMs keep nothing of their own."""
+def test_each_process_has_a_state_volume_of_its_own() -> None:
+    """What a process must keep across a restart of everything goes on a named volume
+    that outlives its container, in $MEGHA_STATE_DIR: an LM's or pool's journal (issue
+    30), a GM's job history (global_master.history: $MEGHA_STATE_DIR/<gm>/jobs.*)."""
     for compose in (bridge(), host()):
         volumes = compose["volumes"]
-        for p in process_plan(load_config(render.COMPOSE_CONFIG), render.CONFIG_PATH):
-            mounts = compose["services"][p.name].get("volumes", [])
-            state = [v for v in mounts if v.endswith(f":{render.STATE_DIR}")]
-            if p.role == "gm":
-                assert state == []
-                continue
-            assert state == [f"{p.name}-state:{render.STATE_DIR}"]
+        plan = process_plan(load_config(render.COMPOSE_CONFIG), render.CONFIG_PATH)
+        assert {p.role for p in plan} == {"gm", "lm", "worker"}
+        for p in plan:
+            svc = compose["services"][p.name]
+            state = [v for v in svc.get("volumes", []) if v.endswith(f":{render.STATE_DIR}")]
+            assert state == [f"{p.name}-state:{render.STATE_DIR}"], p.name
+            assert svc["environment"][STATE_ENV] == render.STATE_DIR, p.name
             assert f"{p.name}-state" in volumes
+        assert sorted(volumes) == sorted(["rabbitmq-data", *(f"{p.name}-state" for p in plan)])
     # the image makes the mount point writable by whichever uid compose runs it as
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert f"chmod 1777 {render.STATE_DIR}" in dockerfile

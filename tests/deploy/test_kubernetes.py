@@ -17,9 +17,12 @@ import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import quote, urlsplit
 
 import kubernetes_validate
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from common.config import (
     BROKER_ENV,
@@ -31,7 +34,7 @@ from common.config import (
     process_plan,
 )
 from deploy import render
-from deploy.render import AMQP_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID
+from deploy.render import AMQP_PORT, AMQPS_PORT, CONFIG_PATH, INSTANCE_ENV, MEGHA_UID
 from security.access import USERS_FILE_ENV, Access, load_tokens
 from security.broker_acl import CREDENTIALS_ENV
 from security.files import MOUNTED_ENV
@@ -43,6 +46,7 @@ from tests.deploy.conftest import (
     Manifest,
     by_kind,
     check_broker_login,
+    check_tls_files,
     containers,
     kustomize_run,
     place,
@@ -113,7 +117,10 @@ def test_the_configmap_parses_and_every_process_runs_as_planned(docs: list[Manif
         config = PurePosixPath(env[CONFIG_ENV]["value"])
         (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(config.parent)]
         (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
-        assert volume["configMap"]["name"].startswith("megha-config")
+        # (projected: with the process's certificates in tls/ beside it)
+        (source,) = [s["configMap"] for s in volume["projected"]["sources"] if "configMap" in s]
+        assert source["name"].startswith("megha-config")
+        assert source["name"] in by_kind(docs, "ConfigMap")  # kustomize named it, hash and all
         assert config.name == "federation.toml"
         # Others reach it at its address: a Service of that name, on that port.
         host, port = cfg.address(p.name)
@@ -141,18 +148,21 @@ def test_gms_are_stateless_deployments_and_each_lm_has_a_standby(docs: list[Mani
         assert pool["spec"]["strategy"]["type"] == "Recreate"
 
 
-def test_each_lm_and_pool_keeps_its_journal_on_a_claim_that_outlives_its_pods(
+def test_each_process_keeps_its_journal_on_a_claim_that_outlives_its_pods(
     docs: list[Manifest],
 ) -> None:
     """Issue 30: the whole federation restarting loses no task an LM took, on Kubernetes
     as with compose: each LM (active and standby share one claim, ReadWriteMany) and each
-    pool (its own, ReadWriteOnce) mounts a PersistentVolumeClaim at $MEGHA_STATE_DIR."""
+    pool (its own, ReadWriteOnce) mounts a PersistentVolumeClaim at $MEGHA_STATE_DIR; so
+    does each GM (its own, ReadWriteOnce), whose job history (global_master.history) a
+    restart of its pod would otherwise lose."""
     cfg = federation(docs)
     claims = by_kind(docs, "PersistentVolumeClaim")
     deployments, statefulsets = by_kind(docs, "Deployment"), by_kind(docs, "StatefulSet")
     for name, workload, mode in [
         *((lm, statefulsets[lm], "ReadWriteMany") for lm in cfg.lm_ids),
         *((f"{lm}-workers", deployments[f"{lm}-workers"], "ReadWriteOnce") for lm in cfg.lm_ids),
+        *((gm, deployments[gm], "ReadWriteOnce") for gm in cfg.gm_ids),
     ]:
         assert claims[f"{name}-state"]["spec"]["accessModes"] == [mode]
         assert "volumeClaimTemplates" not in workload["spec"]  # one claim, not one per pod
@@ -162,10 +172,7 @@ def test_each_lm_and_pool_keeps_its_journal_on_a_claim_that_outlives_its_pods(
         (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
         assert env_of(c)[STATE_ENV]["value"] == mount["mountPath"]
         assert not mount.get("readOnly")
-    for gm in cfg.gm_ids:  # stateless: what they held comes back from the broker
-        (c,) = pod_spec(deployments[gm])["containers"]
-        assert STATE_ENV not in env_of(c)
-    assert len(claims) == 2 * len(cfg.lm_ids)
+    assert len(claims) == 2 * len(cfg.lm_ids) + len(cfg.gm_ids)
 
 
 def test_rabbitmq_is_a_three_node_cluster_formed_by_kubernetes_peer_discovery(
@@ -205,7 +212,9 @@ def test_every_service_is_probed_on_health_and_metrics(docs: list[Manifest]) -> 
         assert c["readinessProbe"]["httpGet"]["path"] == "/health"
         assert c["livenessProbe"]["httpGet"]["path"] == "/metrics"
         assert c["startupProbe"]["httpGet"]["path"] == "/metrics"
+        assert "--certfile" in p.argv  # it serves HTTPS only: so must its probes ask
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            assert c[probe]["httpGet"]["scheme"] == "HTTPS", (p.name, probe)
             named = c[probe]["httpGet"]["port"]
             assert [port["containerPort"] for port in c["ports"] if port["name"] == named] == [
                 p.port
@@ -239,22 +248,35 @@ def test_namespace_enforces_the_restricted_pod_security_standard(docs: list[Mani
     }
 
 
+def secret_sources(volume: Manifest) -> list[tuple[str, list[Manifest], int]]:
+    """The Secrets a volume shows, each with its items and its files' mode: a Secret
+    volume's own, or the ``secret`` sources of a projected one."""
+    if "secret" in volume:
+        vol = volume["secret"]
+        return [(vol["secretName"], vol.get("items", []), vol["defaultMode"])]
+    projected = volume.get("projected", {})
+    return [
+        (src["secret"]["name"], src["secret"]["items"], projected["defaultMode"])
+        for src in projected.get("sources", [])
+        if "secret" in src
+    ]
+
+
 def mounted_files(workload: Manifest, secrets: dict[str, Manifest]) -> dict[str, bytes]:
-    """In-container path -> content of every Secret file the workload's container sees."""
+    """In-container path -> content of every Secret file the workload's container sees,
+    each readable by its owner only (0400; with fsGroup, its group too)."""
     spec = pod_spec(workload)
     (c,) = spec["containers"]
-    volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+    volumes = {v["name"]: secret_sources(v) for v in spec["volumes"]}
     files = {}
     for m in c["volumeMounts"]:
-        if m["name"] not in volumes:
-            continue
-        vol = volumes[m["name"]]
-        assert vol["defaultMode"] == 0o400, m["name"]
-        assert m["readOnly"] is True
-        data = secrets[vol["secretName"]]["data"]
-        items = vol.get("items") or [{"key": k, "path": k} for k in data]
-        for item in items:
-            files[f"{m['mountPath']}/{item['path']}"] = base64.b64decode(data[item["key"]])
+        for name, items, mode in volumes.get(m["name"], []):
+            assert m["readOnly"] is True
+            data = secrets[name]["data"]
+            for item in items or [{"key": k, "path": k} for k in data]:
+                assert item.get("mode", mode) == 0o400, (m["name"], item["key"])
+                path = f"{m['mountPath']}/{item['path']}"
+                files[path] = base64.b64decode(data[item["key"]])
     return files
 
 
@@ -276,8 +298,11 @@ def test_each_process_starts_with_its_own_keys_and_broker_login(
         files = mounted_files(workload, secrets)
         wanted = {KEYS_FILE_ENV} | ({CREDENTIALS_ENV} if p.role != "worker" else set())
         wanted |= {USERS_FILE_ENV} if p.role in ("gm", "lm") else set()
+        # its own certificate and key, the CA's certificate (issue 32 item 10)
+        tls = check_tls_files(cfg, p.name, c["command"], env, files)
+        assert len(tls) == 3, p.name
         # exactly the files the process is told about, no other party's
-        assert sorted(files) == sorted(env[k] for k in wanted), p.name
+        assert sorted(set(files) - tls) == sorted(env[k] for k in wanted), p.name
         access = start_access(cfg, p.name, env, files, tmp_path / p.name)
         assert access.secret.warning is None
         # its own keys only, never the federation secret (issue 32 item 7)
@@ -311,7 +336,13 @@ def test_the_bench_acts_as_the_operator_from_its_mounted_home(
         Path(placed).rename(target)
     operator = Access.in_home(local, cfg)  # what megha bench signs and logs in with
     assert operator.secret.warning is None
-    assert operator.broker_urls()[0].startswith(f"amqp://{cfg.name}.operator.")
+    # the broker's AMQPS listener and the services' HTTPS, trusting the federation CA
+    # only: its certificate, never its key nor any service's
+    assert sorted(p for p in files if "/tls/" in p) == [f"{home}/tls/ca.pem"]
+    assert not [p for p in files if p.endswith(".key")]
+    url = operator.broker_urls()[0]
+    assert url.startswith(f"amqps://{cfg.name}.operator.")
+    assert f"cafile={quote(str(local / 'tls' / 'ca.pem'), safe='')}" in url
     tokens = load_tokens(local)
     assert set(tokens) == {u.user for u in cfg.user_configs}
     store = TokenStore.in_home(local)
@@ -358,9 +389,7 @@ def secret_refs(docs: list[Manifest]) -> set[tuple[str, str]]:
                 if ref:
                     refs.add((ref["name"], ref["key"]))
         for v in spec.get("volumes", []):
-            if "secret" in v:
-                name = v["secret"]["secretName"]
-                items = v["secret"].get("items")
+            for name, items, _ in secret_sources(v):
                 if items:
                     refs |= {(name, i["key"]) for i in items}
                 else:  # the broker's own: one file each
@@ -376,6 +405,7 @@ def test_every_secret_a_pod_reads_is_generated_from_the_secrets_directory(
     assert {unhashed(n) for n in secrets} == {
         "megha-federation",
         "megha-operator",
+        "megha-tls",
         "rabbitmq-definitions",
         "rabbitmq-erlang-cookie",
     }
@@ -527,7 +557,9 @@ def pods_of(docs: list[Manifest]) -> list[Pod]:
             (),
         )
     )
-    pods.append(Pod("stranger", {"app": "something-else"}, (8000, 8100, 8200, AMQP_PORT)))
+    pods.append(
+        Pod("stranger", {"app": "something-else"}, (8000, 8100, 8200, AMQP_PORT, AMQPS_PORT))
+    )
     return pods
 
 
@@ -537,15 +569,15 @@ def expected_paths(docs: list[Manifest]) -> set[tuple[str, str, int]]:
     port = {p.name: p.port for p in plan_of(docs)}
     paths = {("rabbitmq", "rabbitmq", p) for p in (4369, 25672)}
     for gm in cfg.gm_ids:
-        paths |= {(gm, lm, port[lm]) for lm in cfg.lm_ids} | {(gm, "rabbitmq", AMQP_PORT)}
+        paths |= {(gm, lm, port[lm]) for lm in cfg.lm_ids} | {(gm, "rabbitmq", AMQPS_PORT)}
         paths.add(("megha-bench", gm, port[gm]))
     for lm in cfg.lm_ids:
         pool = f"{lm}-workers"
-        paths |= {(lm, pool, port[pool]), (pool, lm, port[lm]), (lm, "rabbitmq", AMQP_PORT)}
+        paths |= {(lm, pool, port[pool]), (pool, lm, port[lm]), (lm, "rabbitmq", AMQPS_PORT)}
         paths.add(("megha-bench", lm, port[lm]))
     floor = f"{cfg.lm_ids[0]}-workers"  # the pool whose /v1/ping the bench measures
-    paths |= {("megha-bench", floor, port[floor]), ("megha-bench", "rabbitmq", AMQP_PORT)}
-    paths.add(("user", "rabbitmq", AMQP_PORT))
+    paths |= {("megha-bench", floor, port[floor]), ("megha-bench", "rabbitmq", AMQPS_PORT)}
+    paths.add(("user", "rabbitmq", AMQPS_PORT))
     return paths
 
 
@@ -605,3 +637,93 @@ def test_the_broker_setup_installs_the_cookie_of_the_secret(
     assert installed.read_bytes() == cookie
     assert installed.stat().st_mode & 0o777 == 0o400
     assert len(cookie.strip()) == 64
+
+
+# ---------------------------------------------------------------- TLS (issue 32 item 10)
+def test_the_config_says_tls_on_and_the_services_reach_the_broker_over_amqps(
+    docs: list[Manifest],
+) -> None:
+    cfg = federation(docs)
+    assert cfg.tls == "on"
+    assert cfg.tls_on
+    for url in cfg.broker_urls:
+        parts = urlsplit(url)
+        assert (parts.scheme, parts.port) == ("amqps", AMQPS_PORT), url
+        svc = by_kind(docs, "Service")[parts.hostname or ""]  # base's broker, by its Service
+        ports = {sp["port"]: sp["targetPort"] for sp in svc["spec"]["ports"]}
+        assert ports[AMQPS_PORT] == "amqps"
+        assert AMQP_PORT not in [sp["port"] for sp in svc["spec"]["ports"]]
+    for p in plan_of(docs):
+        assert p.url.startswith("https://"), p.name  # how peers reach it
+
+
+def test_the_broker_listens_for_amqps_only_with_its_own_certificate(
+    docs: list[Manifest],
+) -> None:
+    """base's RabbitMQ: no plain AMQP listener; AMQPS on 5671 with the certificate made for
+    the broker, which names the host the services reach it by, under the CA they trust."""
+    cfg = federation(docs)
+    sts = by_kind(docs, "StatefulSet")["rabbitmq"]
+    (c,) = pod_spec(sts)["containers"]
+    conf = dict(
+        line.split(" = ", 1)
+        for line in by_kind(docs, "ConfigMap")["rabbitmq-config"]["data"]["rabbitmq.conf"]
+        .strip()
+        .splitlines()
+    )
+    assert conf["listeners.tcp"] == "none"
+    assert conf["listeners.ssl.default"] == str(AMQPS_PORT)
+    assert [p["containerPort"] for p in c["ports"] if p["name"] == "amqps"] == [AMQPS_PORT]
+    assert AMQP_PORT not in [p["containerPort"] for p in c["ports"]]
+    assert c["readinessProbe"]["tcpSocket"]["port"] == "amqps"
+    files = mounted_files(sts, by_kind(docs, "Secret"))
+    tls = {p: data for p, data in files.items() if "/tls/" in p}
+    cert, key, ca = (conf[f"ssl_options.{k}"] for k in ("certfile", "keyfile", "cacertfile"))
+    assert set(tls) == {cert, key, ca}  # its own pair and the CA's certificate, no more
+    leaf = x509.load_pem_x509_certificate(tls[cert])
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    for url in cfg.broker_urls:
+        assert urlsplit(url).hostname in names.get_values_for_type(x509.DNSName), url
+    pair = serialization.load_pem_private_key(tls[key], password=None)
+    assert pair.public_key() == leaf.public_key()
+    leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(tls[ca]))
+    # the CA the services trust (MEGHA_TLS_CA) is the one that signed the broker's
+    gm = by_kind(docs, "Deployment")[cfg.gm_ids[0]]
+    (gm_c,) = pod_spec(gm)["containers"]
+    assert (
+        mounted_files(gm, by_kind(docs, "Secret"))[env_of(gm_c)["MEGHA_TLS_CA"]["value"]]
+        == (tls[ca])
+    )
+
+
+def test_no_pod_holds_a_private_key_but_its_own(docs: list[Manifest]) -> None:
+    """Every pod mounts one private key at most, its own (the broker's: ``broker.key``);
+    the CA's key is in no Secret at all, so no pod can mount it."""
+    cfg = federation(docs)
+    secrets = by_kind(docs, "Secret")
+    (tls_name,) = [n for n in secrets if unhashed(n) == "megha-tls"]
+    assert sorted(secrets[tls_name]["data"]) == sorted(render.tls_files(cfg))
+    assert "ca.key" not in render.tls_files(cfg)
+    for name, secret in secrets.items():
+        assert not [k for k in secret.get("data", {}) if k.endswith("ca.key")], name
+    for workload in workloads(docs):
+        name = workload["metadata"]["name"]
+        keys = [
+            PurePosixPath(p).name for p in mounted_files(workload, secrets) if p.endswith(".key")
+        ]
+        own = {"rabbitmq": ["broker.key"], "megha-bench": []}.get(name, [f"{name}.key"])
+        assert keys == own, name
+
+
+def test_no_volume_is_mounted_inside_another(docs: list[Manifest]) -> None:
+    """A mount inside a ConfigMap's or Secret's (read-only) mount fails when the container
+    starts (its mount point cannot be made): the certificates are in the config's own
+    projected volume, in tls/ beside federation.toml, where process_plan names them."""
+    for workload in workloads(docs):
+        for c in containers(workload):
+            paths = [PurePosixPath(m["mountPath"]) for m in c.get("volumeMounts", [])]
+            for a in paths:
+                inner = [b for b in paths if b != a and b.is_relative_to(a)]
+                # base's RabbitMQ mounts one file of its config (subPath) into conf.d
+                inner = [b for b in inner if not str(b).startswith("/etc/rabbitmq/conf.d")]
+                assert not inner, (workload["metadata"]["name"], c["name"], a, inner)
