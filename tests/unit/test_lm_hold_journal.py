@@ -9,9 +9,10 @@ lease ended before the restore is not taken back.
 
 from __future__ import annotations
 
-from common.effects import Effect, Reply, ToWorker
-from common.ids import NodeIndex
+from common.effects import Effect, Reply, ToLm, ToWorker
+from common.ids import GmId, JobId, LmId, NodeIndex
 from common.messages import (
+    AdmitJob,
     CommitGang,
     JournalHeld,
     JournalHold,
@@ -22,11 +23,13 @@ from common.messages import (
     RegisterWorkers,
     ReserveRequest,
     ReserveResponse,
+    StageSpec,
     StartTask,
+    SubmitJob,
 )
-from common.model import TaskSpec
+from common.model import NodeSpec, TaskSpec
 from local_master.core import LocalMaster
-from tests.conftest import launch_req, make_task
+from tests.conftest import ALL, decide, launch_req, make_gm, make_task, sync_views
 from tests.unit.test_lm_journal import GM0, LM0, durable_lm, reborn, records, register
 
 
@@ -118,3 +121,44 @@ def test_a_hold_whose_room_the_pool_runs_something_in_is_dropped_at_registration
     assert not new.nodes.gang_holds
     assert new.nodes.free[0] == [2, 2]
     assert any(isinstance(r, JournalHoldGone) for r in records(effects))
+
+
+def federation_lm(lm: str, *, epoch: int = 1, awaiting: bool = False) -> LocalMaster:
+    nodes = [NodeSpec(capacity=(4, 4), constraints=ALL)] * 2
+    gms = [GmId(f"gm{i}") for i in range(3)]
+    return LocalMaster(
+        LmId(lm), nodes, [GM0, GM0], gms=gms, epoch=epoch, durable=True, awaiting_workers=awaiting
+    )  # fmt: skip
+
+
+def test_a_gm_commit_after_an_lm_restart_starts_the_whole_gang_no_partial_start() -> None:
+    lms = {LmId("lm0"): federation_lm("lm0"), LmId("lm1"): federation_lm("lm1")}
+    gm = make_gm(lms=("lm0", "lm1"))
+    sync_views(gm, *lms.values())
+    specs = [make_task(2, 1, job="g", duration=10.0) for _ in range(8)]  # every node of both
+    stage = StageSpec(stage_id=0, count=8, gang=True)
+    job = SubmitJob(job_id=JobId("g"), user=specs[0].user, token="", submitted_at=0.0,
+                    tasks=tuple(specs), stages=(stage,))  # fmt: skip
+    gm.handle(AdmitJob(job=job), 0.0)
+    journal1: list[object] = []
+    todo, commits = list(decide(gm, 1.0)), []
+    while todo:  # the reserve round; the commits are held back
+        e = todo.pop(0)
+        if isinstance(e, ToLm) and isinstance(e.msg, CommitGang):
+            commits.append(e)
+        elif isinstance(e, ToLm):
+            out = lms[e.lm].handle(e.msg, 1.0)
+            journal1 += records(out) if e.lm == "lm1" else []
+            todo += [x for a in out if isinstance(a, Reply) for x in gm.handle(a.msg, 1.0)]
+    assert {c.lm for c in commits} == {"lm0", "lm1"}
+    # lm1 restarts between its holds and the GM's commit: a new incarnation, its journal
+    lms[LmId("lm1")] = new = federation_lm("lm1", epoch=2, awaiting=True)
+    new.restore(journal1, 1.5)
+    nodes = (NodeIndex(0), NodeIndex(1))
+    new.handle(RegisterWorkers(lm=LmId("lm1"), nodes=nodes, at=1.6), 1.6)
+    for c in commits:
+        for a in lms[c.lm].handle(c.msg, 2.0):
+            if isinstance(a, Reply):
+                gm.handle(a.msg, 2.0)
+    assert [len(lm.active) for lm in lms.values()] == [4, 4]
+    assert gm.gang.stats["partial_starts"] == 0  # was 1: lm1 refused hold_expired
