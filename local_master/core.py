@@ -53,6 +53,7 @@ from common.messages import (
     HeldTask,
     JournalEnded,
     JournalHeld,
+    JournalHold,
     JournalKeep,
     KeepEnds,
     LaunchRequest,
@@ -148,7 +149,7 @@ class LocalMaster(GangRequests, Registration):
         self._journal: list[object] | None = [] if durable else None
         """``durable``: what changed in the active and stopping lists and the ends, for
         the driver to write to the journal before anything leaves (a ``Record``)."""
-        self.nodes.journal = self.ends.journal = self._journal
+        self.nodes.journal = self.ends.journal = self.reservations.journal = self._journal
         self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
             LaunchRequest: self._on_launch,
             PreemptRequest: self._on_preempt,
@@ -613,8 +614,8 @@ class LocalMaster(GangRequests, Registration):
     # ---------------------------------------------------------------- journal
     def records(self) -> list[object]:
         """This LM's durable state as journal records (a compacted journal): what its
-        active and stopping lists hold, and its ends and keeps."""
-        return [*self.nodes.records(), *self.ends.records()]
+        active and stopping lists hold, its ends and keeps, and its gang holds."""
+        return [*self.nodes.records(), *self.ends.records(), *self.reservations.records()]
 
     def restore(self, records: Iterable[object], now: float) -> None:
         """Take back what a former incarnation wrote to its journal, before anything
@@ -622,9 +623,11 @@ class LocalMaster(GangRequests, Registration):
         registers: an attempt the pool no longer runs is then run again), the preempted
         ones whose stop was not confirmed, and the ends and keeps.  An end's retention
         counts from ``now`` (``Ends.restored``): a GM that restarts with this LM asks
-        late, and must learn what already ended before it places it again."""
+        late, and must learn what already ended before it places it again.  The gang
+        holds whose lease lasts past ``now`` (or committed) are held again once the pool
+        has registered (``Reservations.resume``): a commit after the restart starts them."""
         journal, self._journal = self._journal, None
-        self.nodes.journal = self.ends.journal = None
+        self.nodes.journal = self.ends.journal = self.reservations.journal = None
         restored = durable.fold(records)
         for e in restored.ends:
             if isinstance(e, JournalKeep):
@@ -638,8 +641,13 @@ class LocalMaster(GangRequests, Registration):
             if self._restorable(h):
                 self.nodes.restore(h)
         self.ends.restored(now)
+        for hold in restored.holds.values():
+            if self._hold_restorable(hold, now):
+                self.reservations.restore(hold)
+        if self.address.registered:
+            self.reservations.resume(self.nodes, now)
         self._journal = journal
-        self.nodes.journal = self.ends.journal = journal
+        self.nodes.journal = self.ends.journal = self.reservations.journal = journal
 
     def _restorable(self, r: JournalHeld) -> bool:
         ok = self.nodes.has(r.start.node) and r.start.gm in self.gms
@@ -647,6 +655,16 @@ class LocalMaster(GangRequests, Registration):
             self.counters.journal_restored += 1
         else:
             self.counters.journal_skipped += 1
+        return ok
+
+    def _hold_restorable(self, r: JournalHold, now: float) -> bool:
+        """A hold of a GM of the federation on a node here, committed or under its lease."""
+        ok = self.nodes.has(r.placement.node) and r.gm in self.gms
+        if ok and not r.committed and now >= r.until:
+            self.reservations.expired += 1
+            return False
+        self.counters.journal_restored += ok
+        self.counters.journal_skipped += not ok
         return ok
 
     def _restore_end(self, r: JournalEnded) -> None:

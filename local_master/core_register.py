@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from common.metrics import LmCounters
     from local_master.ends import Ends
     from local_master.nodes import NodeTable
+    from local_master.reservations import Reservations
     from local_master.validation import Address
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
@@ -51,6 +52,7 @@ class Registration:
         nodes: NodeTable
         ends: Ends
         counters: LmCounters
+        reservations: Reservations
 
         @property
         def epoch(self) -> int: ...
@@ -103,6 +105,7 @@ class Registration:
             self._adopt(s, started.get((s.spec.user, s.spec.task_id, s.attempt)), now, effects)
         for e in msg.ended:
             self._learn_ended(e, now, effects)
+        self.reservations.resume(self.nodes, now)  # holds taken back from the journal
         self.address.register()
         return effects
 

@@ -16,6 +16,11 @@ Theory of operation (SPEC §7; Slurm's and Volcano's backfill, Armada's gang min
   (``reclaim``).  A hold committed while lent starts its attempt once what it lent is
   back; a borrower still running when the hold is due is stopped (preempted, back to
   its GM's queue), as Slurm ends a backfill job at its time limit.
+* **Journal**: a durable LM writes every hold as it changes (``JournalHold``: taken,
+  lent, repaid, committed) and its end (``JournalHoldGone``); a new incarnation takes
+  them back (``restore``: pending, holding nothing) and, once its pool registered what
+  runs, holds them again (``resume``): a commit that comes after an LM restart starts
+  what its former incarnation held, as long as the lease lasts.
 * Invariant (checked by the property tests): on every node, free + held (not lent) +
   the demands of active attempts = capacity, and free is never negative.
 
@@ -33,6 +38,9 @@ from common.ids import GmId, JobId, NodeIndex, UserId
 from common.messages import (
     CommitGang,
     GangHold,
+    HoldLoan,
+    JournalHold,
+    JournalHoldGone,
     Placement,
     PlacementResult,
     ReleaseGang,
@@ -89,6 +97,10 @@ class Reservations:
         whole), until they end."""
         self.expired = 0
         """Holds whose lease ended before a commit or a release (counted)."""
+        self.pending: list[Hold] = []
+        """Holds taken back from the journal, until the pool registers (``resume``)."""
+        self.journal: list[object] | None = None
+        """A durable LM's journal (``JournalHold``, ``JournalHoldGone``); None: not durable."""
         self.backfilled = 0
         self.backfill_stopped = 0
 
@@ -116,8 +128,7 @@ class Reservations:
             hold = Hold(
                 gang, p, p.node, now + req.lease_s, now + req.due_s, [0] * len(p.spec.demand)
             )
-            self.by_task[key] = hold
-            self.by_gang.setdefault(gang, {})[key] = hold
+            self._keep(hold)
             out.append(_HELD)
         self._publish(nodes)
         return out
@@ -126,10 +137,10 @@ class Reservations:
         self, msg: CommitGang, nodes: NodeTable, now: float
     ) -> tuple[list[PlacementResult], list[ActiveTask]]:
         """Start the held attempts ``msg`` names: at once where nothing is lent, once it
-        is back otherwise.  A task no longer held (its lease ended, or this LM restarted:
-        holds are not journaled) is refused ``hold_expired`` -- the commit names only
-        the attempt, not its placement -- and its GM counts a partial start and places
-        it on as a single task."""
+        is back otherwise.  A task no longer held (its lease ended, or its node died) is
+        refused ``hold_expired`` -- the commit names only the attempt, not its
+        placement -- and its GM counts a partial start and places it on as a single
+        task.  Holds outlive a restart of a durable LM (``restore``, ``resume``)."""
         gang = gang_of(msg)
         held = self.by_gang.get(gang, {})
         results: list[PlacementResult] = []
@@ -150,6 +161,8 @@ class Reservations:
             results.append(_HELD)
             if not any(hold.lent):
                 started.append(self._start(hold, nodes, now))
+            else:
+                self._write(hold)
         self._publish(nodes)
         return results, started
 
@@ -190,6 +203,7 @@ class Reservations:
             h.lent = [x + a for x, a in zip(h.lent, amount, strict=True)]
             h.borrowers[spec_key] = (p.attempt, amount)
             nodes.give(node, amount)
+            self._write(h)
             took.append(h)
         self.borrowed[spec_key] = took
         self.backfilled += 1
@@ -255,6 +269,49 @@ class Reservations:
         times = [min(h.lease_until, h.due) for h in self.by_task.values()]
         return min(times, default=float("inf"))
 
+    # -------------------------------------------------------------- journal
+    def records(self) -> list[JournalHold]:
+        """Every hold (pending ones too), as journal records (a compacted journal)."""
+        return [record(h) for h in (*self.by_task.values(), *self.pending)]
+
+    def restore(self, r: JournalHold) -> None:
+        """Take back a hold a former incarnation wrote: pending, holding nothing, until
+        its pool registers (``resume``)."""
+        p = r.placement
+        loans = {(x.user, x.task_id): (x.attempt, list(x.amount)) for x in r.loans}
+        hold = Hold(
+            (r.gm, r.user, r.job_id, r.stage), p, p.node, r.until, r.due, list(r.lent), loans,
+            r.committed,
+        )  # fmt: skip
+        self.pending = [h for h in self.pending if h.key != hold.key]
+        self.pending.append(hold)
+
+    def resume(self, nodes: NodeTable, now: float) -> None:
+        """The pool registered what runs: each hold taken back holds again what it held
+        (a loan to a backfill task that no longer runs is back in it), unless its lease
+        ended, its node is not alive, or what runs there left it no room (dropped)."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        for h in pending:
+            for b, (attempt, amount) in list(h.borrowers.items()):
+                a = nodes.active.get(b)
+                if a is None or a.attempt != attempt:
+                    del h.borrowers[b]
+                    h.lent = [x - y for x, y in zip(h.lent, amount, strict=True)]
+            free = nodes.free[h.node]
+            room = nodes.alive[h.node] and all(f >= x for f, x in zip(free, h.held, strict=True))
+            if not room or (not h.committed and now >= h.lease_until):
+                self.expired += now >= h.lease_until
+                if self.journal is not None:
+                    self.journal.append(JournalHoldGone(user=h.key[0], task_id=h.key[1]))
+                continue
+            nodes.take(h.node, h.held)
+            for b in h.borrowers:
+                self.borrowed.setdefault(b, []).append(h)
+            self._keep(h)
+        self._publish(nodes)
+
     # ------------------------------------------------------------- internals
     def _repay(self, h: Hold, key: TaskKey, nodes: NodeTable) -> bool:
         """Borrower ``key`` ended: what it borrowed goes back to ``h`` (if held still)."""
@@ -263,6 +320,7 @@ class Reservations:
             return False  # the hold ended meanwhile: the loan stays free
         nodes.take(h.node, amount)
         h.lent = [x - a for x, a in zip(h.lent, amount, strict=True)]
+        self._write(h)
         return True
 
     def _start(self, h: Hold, nodes: NodeTable, now: float) -> ActiveTask:
@@ -277,8 +335,19 @@ class Reservations:
         self._forget(h)
         nodes.give(h.node, h.held)
 
+    def _keep(self, h: Hold) -> None:
+        self.by_task[h.key] = h
+        self.by_gang.setdefault(h.gang, {})[h.key] = h
+        self._write(h)
+
+    def _write(self, h: Hold) -> None:
+        if self.journal is not None:
+            self.journal.append(record(h))
+
     def _forget(self, h: Hold) -> None:
         key = h.key
+        if self.journal is not None:
+            self.journal.append(JournalHoldGone(user=key[0], task_id=key[1]))
         del self.by_task[key]
         held = self.by_gang[h.gang]
         del held[key]
@@ -301,4 +370,17 @@ class Reservations:
         )  # fmt: skip
 
 
-__all__ = ["GangKey", "Hold", "Reservations"]
+def record(h: Hold) -> JournalHold:
+    """Hold ``h`` as its journal record."""
+    gm, user, job_id, stage = h.gang
+    loans = tuple(
+        HoldLoan(user=b[0], task_id=b[1], attempt=attempt, amount=tuple(amount))
+        for b, (attempt, amount) in h.borrowers.items()
+    )
+    return JournalHold(
+        gm=gm, user=user, job_id=job_id, stage=stage, placement=h.placement, until=h.lease_until,
+        due=h.due, lent=tuple(h.lent), loans=loans, committed=h.committed,
+    )  # fmt: skip
+
+
+__all__ = ["GangKey", "Hold", "Reservations", "record"]

@@ -50,9 +50,12 @@ from common.messages.gangs import (
 )
 from common.messages.jobs import AdmitJob, AdmitMore, CancelJob, CancelTasks, StageSpec, SubmitJob
 from common.messages.journal import (
+    HoldLoan,
     JournalDropped,
     JournalEnded,
     JournalHeld,
+    JournalHold,
+    JournalHoldGone,
     JournalKeep,
     JournalTaken,
     JournalUnreported,
@@ -176,10 +179,13 @@ __all__ = [
     "GmInput",
     "Heartbeat",
     "HeldTask",
+    "HoldLoan",
     "JobRefusal",
     "JournalDropped",
     "JournalEnded",
     "JournalHeld",
+    "JournalHold",
+    "JournalHoldGone",
     "JournalKeep",
     "JournalTaken",
     "JournalUnreported",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from common.ids import GmId, JobId, TaskId, UserId
+from common.messages.placement import Placement
 from common.messages.state import HeldTask, PlacedRef
 from common.messages.workers import EndedAttempt, StartTask
-from common.model import Time
+from common.model import Resources, Time
 from common.schema import Seq, UInt, Wire, message
 
 
@@ -51,6 +52,43 @@ class JournalKeep(Wire, frozen=True, kw_only=True):
     job_id: JobId
     keep: bool
     at: Time
+
+
+class HoldLoan(Wire, frozen=True, kw_only=True):
+    """What of a hold attempt ``attempt`` of a backfill task borrows (``amount``)."""
+
+    user: UserId
+    task_id: TaskId
+    attempt: UInt
+    amount: Resources
+
+
+@message("journal_hold")
+class JournalHold(Wire, frozen=True, kw_only=True):
+    """LM journal: gang stage ``stage`` of ``gm``'s job holds ``placement`` (its node, its
+    demand) under a lease ``until``, due at ``due`` (the LM's steady clock); what it lends
+    to backfill tasks (``lent``, by ``loans``) and whether its GM committed it.  Written
+    whole at every change of the hold: the last word on a task wins."""
+
+    gm: GmId
+    user: UserId
+    job_id: JobId
+    stage: UInt
+    placement: Placement
+    until: Time
+    due: Time
+    lent: Resources
+    loans: Seq[HoldLoan] = ()
+    committed: bool = False
+
+
+@message("journal_hold_gone")
+class JournalHoldGone(Wire, frozen=True, kw_only=True):
+    """LM journal: the hold of the task ended (started by its commit, released, expired,
+    or dropped with its node)."""
+
+    user: UserId
+    task_id: TaskId
 
 
 @message("journal_unreported")

@@ -17,6 +17,7 @@ from common import codec
 from common.effects import Effect, Record, ToGm, ToLm, ToWorker
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
+    CommitGang,
     EndedAttempt,
     EventKind,
     Heartbeat,
@@ -25,10 +26,14 @@ from common.messages import (
     JournalHeld,
     KeepEnds,
     LaunchResponse,
+    PlacedRef,
+    Placement,
     PreemptRequest,
     RegisterWorkers,
+    ReleaseGang,
     ReportKind,
     ReportsTaken,
+    ReserveRequest,
     StartTask,
     StartTasks,
     TaskDue,
@@ -223,6 +228,9 @@ ops = st.lists(
         st.tuples(st.just("stopped"), st.integers(0, 7), st.just(0), st.just(0)),
         st.tuples(st.just("keep"), st.integers(0, 1), st.booleans(), st.just(0)),
         st.tuples(st.just("tick"), st.integers(1, 200), st.just(0), st.just(0)),
+        st.tuples(st.just("reserve"), st.integers(0, 7), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("commit"), st.integers(0, 7), st.just(0), st.just(0)),
+        st.tuples(st.just("release"), st.integers(0, 7), st.just(0), st.just(0)),
     ),
     max_size=40,
 )
@@ -233,6 +241,8 @@ ops = st.lists(
 # an end that expired at a heartbeat, then a keep of its job: the live LM had dropped it,
 # the reborn one replayed the keep first and kept it (found by this test)
 @example(seq=[("launch", 0, 0, 1), ("end", 0, False, 0), ("tick", 119, 0, 0), ("keep", 0, True, 0)])
+# a hold lends to a backfill task, is committed while lent, starts once the loan is back
+@example(seq=[("reserve", 2, 3, 0), ("launch", 1, 0, 1), ("commit", 2, 0, 0), ("end", 1, True, 0)])
 def test_the_journal_and_its_compaction_give_back_the_same_state(
     seq: list[tuple[str, int, object, int]],
 ) -> None:
@@ -284,15 +294,72 @@ def test_the_journal_and_its_compaction_give_back_the_same_state(
         elif op == "tick":
             now += i
             effects = lm.handle(Heartbeat(), now)
+        elif op in ("reserve", "commit", "release"):
+            effects = gang_op(lm, op, spec, int(arg), now)  # type: ignore[call-overload]
         else:
             continue
         journal += records(effects)
         # the live LM forgets the ends past retain_s at its next heartbeat: compared as
         # after it; a new incarnation keeps what it restores retain_s more
         lm.ends.expire(now)
-        restored_like(reborn(journal, now), lm, now)
+        born = reborn(journal, now)
+        restored_like(born, lm, now)
+        assert holds(born, now) == holds(lm, now)
+        registered_like(born, lm, now)
     compacted = [codec.decode(codec.encode(r)) for r in lm.records()]
-    restored_like(reborn(compacted, now), lm, now)
+    born = reborn(compacted, now)
+    restored_like(born, lm, now)
+    assert holds(born, now) == holds(lm, now)
+    registered_like(born, lm, now)
+
+
+def holds(lm: LocalMaster, now: float) -> dict[object, object]:
+    """Every gang hold of ``lm`` (taken back and pending too) a restart at ``now`` keeps:
+    committed, or under its lease."""
+    res = lm.reservations
+    return {
+        h.key: (h.gang, h.placement, h.lease_until, h.due, h.lent, h.borrowers, h.committed)
+        for h in (*res.by_task.values(), *res.pending)
+        if h.committed or now < h.lease_until
+    }
+
+
+def registered_like(born: LocalMaster, live: LocalMaster, now: float) -> None:
+    """Once its pool registered what runs (what ``live`` holds), ``born`` holds again
+    every hold ``live`` keeps, and on every node free + held + running = capacity."""
+    n = born.nodes
+    running = tuple(a.start() for a in live.nodes.active.values())
+    born.handle(RegisterWorkers(lm=LM0, nodes=tuple(map(NodeIndex, range(len(NODES)))),
+                                at=now, running=running), now)  # fmt: skip
+    assert not born.reservations.pending
+    assert holds(born, now) == holds(live, now)
+    for node in range(n.n_nodes):
+        total = list(n.free[node])
+        assert min(total) >= 0
+        for h in born.reservations.by_task.values():
+            if h.node == node:
+                total = [t + x for t, x in zip(total, h.held, strict=True)]
+        for a in n.active.values():
+            if a.node == node:
+                total = [t + d for t, d in zip(total, a.spec.demand, strict=True)]
+        assert tuple(total) == n.capacity[node]
+
+
+def gang_op(lm: LocalMaster, op: str, spec: TaskSpec, arg: int, now: float) -> list[Effect]:
+    """Hold ``spec`` on node ``arg`` (a lease of 5 to 30), commit it, or release its gang."""
+    gang = {"gm": GM0, "lm": LM0, "user": spec.user, "job_id": spec.job_id, "stage": 0}
+    if op == "reserve":
+        lease = 5.0 + 5 * arg
+        placed = Placement(spec=spec, attempt=1 + arg % 2, node=NodeIndex(arg % 3))
+        return lm.handle(ReserveRequest(**gang, request_id=1, placements=(placed,), lease_s=lease,
+                                        due_s=lease, known_version=-1), now)  # fmt: skip
+    if op == "commit":
+        hold = lm.reservations.by_task.get((spec.user, spec.task_id))
+        attempt = hold.placement.attempt if hold is not None else 1
+        ref = PlacedRef(user=spec.user, task_id=spec.task_id, attempt=attempt)
+        msg = CommitGang(**gang, request_id=2, tasks=(ref,), known_version=-1)
+        return lm.handle(msg, now)
+    return lm.handle(ReleaseGang(**gang), now)
 
 
 def test_a_pool_keeps_its_unreported_ends_across_its_death() -> None:
