@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from common.effects import ToLm
 from common.ids import GmId, TaskId, UserId
-from common.messages import CancelJob, CancelTasks, Decide, EventKind, StartTasks, TaskEvents
+from common.messages import (
+    CancelJob,
+    CancelTasks,
+    Decide,
+    EventKind,
+    PreemptRequest,
+    StartTasks,
+    TaskEvents,
+)
 from common.model import TaskState
+from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.core_users import CANCELLED
 from local_master.core import LocalMaster
@@ -111,3 +120,43 @@ def test_a_redelivered_return_of_a_cancelled_task_does_not_queue_it_again() -> N
     assert not list(gm.queues)
     assert not gm.has_work()
     assert not gm.jobs
+
+
+def test_a_task_cancelled_while_its_preemption_is_in_flight_is_stopped_where_it_was_placed() -> (
+    None
+):
+    """Found by ``test_cancel_stateful``: u1's task is placed by a preemption (u0's task
+    the victim) and its job is cancelled before the LM's answer comes.  The accepted
+    answer places it on that LM, which is asked to stop it (the GM had no LM for it: an
+    assertion failed in the core)."""
+    lm0, lm1 = make_lm("lm0", [(2, 2, 0b01)]), make_lm("lm1", [(2, 2, 0b11)])
+    users = (("u0", "gm0", 0.2), ("u1", "gm0", 0.6), ("u2", "gm0", 0.2))
+    gm = make_gm("gm0", ("lm0", "lm1"), users, max_retries=2, patience=3,
+                 overload=OverloadPolicy(launch_window=0))  # fmt: skip
+    net = Network({gm.gm_id: gm}, {lm0.lm_id: lm0, lm1.lm_id: lm1})
+    net.start(0.0)
+    alive(lm0, 0.0)
+    alive(lm1, 0.0)
+    net.submit(GmId("gm0"), [make_task(2, 1, constraints=0b10, user="u0", task_id="t0", job="j1")], 0.25)  # fmt: skip
+    net.decide(GmId("gm0"), 0.5)
+    net.submit(GmId("gm0"), [make_task(1, 1, constraints=0b11, user="u1", task_id="t1", job="j2")], 0.75)  # fmt: skip
+    net.run(1.0)  # u0's t0 fills lm1's node
+    net.decide(GmId("gm0"), 1.25)  # u1 is under its share: t1 preempts t0
+    (pre,) = [e.msg for e in net.wire if isinstance(e.msg, PreemptRequest)]
+    assert pre.lm == "lm1"
+    net.deliver(0, 1.5)  # lm1 stops t0 and places t1
+    t1 = (UserId("u1"), TaskId("t1"))
+    assert t1 in lm1.active
+    net.send(gm.handle(CancelJob(user="u1", job_id="j2"), 1.75), 1.75, src_gm=GmId("gm0"))
+    net.deliver(0, 2.0)  # the answer: t1 placed on lm1, and stopped there
+    assert gm.state_of(t1) == TaskState.PLACED
+    assert gm.tasks_of([t1])[0].lm == "lm1"
+    (cancel,) = [e.msg for e in net.wire if isinstance(e.msg, CancelTasks)]
+    assert cancel.lm == "lm1"
+    assert [r.task_id for r in cancel.tasks] == ["t1"]
+    net.run(2.25)
+    net.work_all(2.5)  # lm1's pool stops t0 and t1
+    net.run(2.75)
+    assert net.outcomes[t1].reason == CANCELLED
+    assert t1 not in lm1.active
+    assert gm.state_of(t1) is None
