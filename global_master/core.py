@@ -652,19 +652,21 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     def _orphan(self, ev: TaskEvent, now: float, effects: list[Effect]) -> None:
         """An event about a task of this GM's users that it does not hold: recovery
         keeps it for the task's job; an end may be told to its user now; a task its LM
-        gave back is queued again (nothing else holds it)."""
+        gave back is queued again (nothing else holds it) unless its job ended here
+        lately (every task of it ended and was told: the event is a late or redelivered
+        copy about an attempt that ended, e.g. a stop confirmed after the task finished)."""
         key = (ev.user, ev.task_id)
         if ev.user not in self.queues or key in self.live:
             return  # a task this GM holds: its current attempt decides, not this one
         if self.ledger.holds(key):
             return  # ended in a job recorded here (a copy of its end): told once already
-        back = self.recovery.given_back(ev, self.gm_id)
+        recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
+        back = None if recent else self.recovery.given_back(ev, self.gm_id)
         if back is not None:
             self.counters.orphans_queued += 1
             self.live[back.key] = back
             self._back_to_front(back, now, effects)
             return
-        recent = ev.job_id is not None and self.ledger.is_recent((ev.user, ev.job_id))
         end = self.recovery.orphan(ev, recent)
         if end is not None:
             self._ended(end.task, effects, finished=end.finished, reason=end.reason)

@@ -221,6 +221,7 @@ class Answers:
         if resp.accepted:
             self.counters.preemptions_granted += len(resp.preempted)
             self._forget(key)
+            task.lm = resp.lm  # placed there, as a launch's acceptance has it
             self._accepted(task, resp.reason, resp.attempt, now, effects)
             return effects
         task.mark(Phase.PROCESSING, now)
