@@ -31,7 +31,7 @@ from common.config import STATE_ENV, FederationConfig
 from common.effects import Record
 from global_master.lifecycle import HistoryRecord, JobBook
 from runtime.clock import steady
-from runtime.journal import COMPACT_BYTES, Journal, JournalBusy
+from runtime.journal import COMPACT_BYTES, Journal, JournalBusy, sync_every
 
 log = logging.getLogger("megha.gm.history")
 
@@ -101,12 +101,8 @@ class JobHistory:
         self.compactions += 1
 
     async def sync_forever(self) -> None:
-        if self.sync_s == 0:
-            return
-        while True:
-            await asyncio.sleep(self.sync_s)
-            if self.journal.dirty:
-                await asyncio.to_thread(self.journal.sync)
+        """``fdatasync`` what was written, every ``sync_s`` (off the event loop)."""
+        await sync_every(self.journal, self.sync_s)
 
     def close(self) -> None:
         self.journal.sync()

@@ -211,6 +211,17 @@ COMPACT_BYTES = 8 << 20
 """A log past this many bytes is compacted into a snapshot of the service's state."""
 
 
+async def sync_every(journal: Journal, sync_s: float) -> None:
+    """``fdatasync`` what ``journal`` was written, every ``sync_s`` (off the event loop;
+    0: never here, each write is synced as it is made)."""
+    if sync_s == 0:
+        return
+    while True:
+        await asyncio.sleep(sync_s)
+        if journal.dirty:
+            await asyncio.to_thread(journal.sync)
+
+
 class DurableState:
     """A service's journal as its driver uses it: the records read back (decoded) at the
     start, each ``Record`` effect written before the rest of its message's effects leave,
@@ -283,12 +294,7 @@ class DurableState:
 
     async def sync_forever(self) -> None:
         """``fdatasync`` what was written, every ``sync_s`` (off the event loop)."""
-        if self.sync_s == 0:
-            return
-        while True:
-            await asyncio.sleep(self.sync_s)
-            if self.journal.dirty:
-                await asyncio.to_thread(self.journal.sync)
+        await sync_every(self.journal, self.sync_s)
 
     def close(self) -> None:
         self.flush()
