@@ -465,8 +465,15 @@ class RabbitSandbox:
         if self._lock is None:
             raise TestbedError("open the sandbox first")
         wanted = 2 if management else 1
-        on_ip = free_ports(listen_ip, wanted)
+        # this sandbox's other nodes may not have bound their ports yet (free to a bind
+        # check): none of theirs, nor epmd's, is handed out again
         taken = {n.amqp_port for n in self.nodes} | {n.dist_port for n in self.nodes}
+        taken |= {n.management_port for n in self.nodes if n.management_port is not None}
+        taken.add(self.epmd_port)
+        while True:
+            on_ip = free_ports(listen_ip, wanted)
+            if taken.isdisjoint(on_ip):
+                break
         while True:
             dist = free_ports("127.0.0.1", 1)[0]
             if dist not in taken and dist not in on_ip:

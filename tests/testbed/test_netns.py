@@ -102,7 +102,8 @@ def test_jitter_spreads_and_loss_drops(tb: Testbed) -> None:
     try:
         samples = sorted(tb.tcp_rtt("a", "b", count=40))
         assert samples[0] >= 2.9
-        assert samples[-1] < 25.0  # 9 ms, and room for a busy machine
+        # 6 +- 3 ms each way on one end; a busy machine delays a few samples more, not most
+        assert samples[len(samples) // 2] < 15.0
         assert samples[-4] - samples[3] > 1.0  # p90 - p10: the delays differ
         tb.set_latency("a", 1, loss_pct=50)
         delivered = tb.udp_delivered("a", "b", 400)
