@@ -20,6 +20,7 @@ from common.dag import children_of, finish_times, make_job
 from global_master.policy import altruism, altruism_tail, sjf
 from global_master.policy.jobs import JobState, StageState
 from global_master.policy.vectors import dominant
+from tests.unit.packing_calls import packing_calls
 from tests.unit.test_pack_alone import reference
 
 DEMANDS = [(1, 1), (2, 1), (1, 2), (3, 2), (4, 4)]
@@ -170,27 +171,11 @@ def test_a_deep_chain_is_packed_by_its_recipes() -> None:
     them after the first plan made the recipes (forward and reverse)."""
     chain = [[(1, 1.0 + s / 7), (0, 2.0)] for s in range(60)]
     job = _job([], chain)
-    calls = {"alone": 0, "scheduler": 0}
-    alone, start = altruism._Packing._alone, altruism._Packing._start_ready
-
-    def count_alone(self: altruism._Packing, s: int) -> list[int] | None:
-        calls["alone"] += 1
-        return alone(self, s)
-
-    def count_start(self: altruism._Packing) -> None:
-        calls["scheduler"] += 1
-        start(self)
-
-    altruism._Packing._alone = count_alone  # type: ignore[method-assign]
-    altruism._Packing._start_ready = count_start  # type: ignore[method-assign]
-    try:
+    with packing_calls() as calls:
         _same_packings(job, 0.0, [4.0, 4.0])
         _step(job, 0.0, 1, 0)
         calls.update(alone=0, scheduler=0)
         _same_packings(job, 1.0, [4.0, 4.0])
-    finally:
-        altruism._Packing._alone = alone  # type: ignore[method-assign]
-        altruism._Packing._start_ready = start  # type: ignore[method-assign]
     # one forward and three reverse packings: each packs the released first link alone
     # (runnable: not in the tail), and the 58 links after it by their recipes
     assert calls == {"alone": 4, "scheduler": 0}

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from common.dag import make_job
 from global_master.policy import altruism
 from global_master.policy.jobs import JobState, StageState
+from tests.unit.packing_calls import packing_calls
 
 REFERENCE = "aa9ebb5"
 """main before the chain fast path."""
@@ -113,23 +114,7 @@ def test_a_chain_is_packed_link_by_link_without_the_scheduler() -> None:
                                    for s in range(50)])  # fmt: skip
     stages = {s.stage_id: StageState(s.parents, {t.task_id: t for t in s.tasks}, 0)
               for s in job.stages}  # fmt: skip
-    calls = {"alone": 0, "scheduler": 0}
-    alone, start = altruism._Packing._alone, altruism._Packing._start_ready
-
-    def count_alone(self: altruism._Packing, s: int) -> list[int] | None:
-        calls["alone"] += 1
-        return alone(self, s)
-
-    def count_start(self: altruism._Packing) -> None:
-        calls["scheduler"] += 1
-        start(self)
-
-    altruism._Packing._alone = count_alone  # type: ignore[method-assign]
-    altruism._Packing._start_ready = count_start  # type: ignore[method-assign]
-    try:
+    with packing_calls() as calls:
         finish = altruism.forward_pack(0.0, [2.0, 2.0], [2.0, 2.0], stages, [])
-    finally:
-        altruism._Packing._alone = alone  # type: ignore[method-assign]
-        altruism._Packing._start_ready = start  # type: ignore[method-assign]
     assert finish == reference().forward_pack(0.0, [2.0, 2.0], [2.0, 2.0], stages, [])
     assert calls == {"alone": 50, "scheduler": 0}
