@@ -22,7 +22,7 @@ from common.cluster import ClusterSpec, make_federation, parse_users, profile
 from common.errors import ConfigError
 from common.ids import GmId, LmId
 from common.model import UserConfig
-from common.overload import OVERLOAD_DEFAULTS, PRIORITY_AGING_S, OverloadPolicy
+from common.overload import OVERLOAD_DEFAULTS, PRIORITY_AGING_S, SRPT_HALF_LIFE_S, OverloadPolicy
 from common.taskenv import check_allow
 
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -182,6 +182,10 @@ class FederationConfig:
     """A task of a priority class above 0 preempts lower classes after waiting this long."""
     priority_aging_s: float = PRIORITY_AGING_S
     """Seconds of waiting that raise a task's priority class by one (fifo, srpt)."""
+    srpt_half_life_s: float = SRPT_HALF_LIFE_S
+    """``srpt``: a waiting job's remaining work counts half per this many seconds since it
+    arrived, so a job k times larger goes first after log2(k) half-lives (``inf``: plain
+    SRPT, which can starve a large job)."""
 
     # ------------------------------------------------------------ derived
     @property
@@ -388,9 +392,12 @@ class FederationConfig:
                 f"queue_policy must be one of {', '.join(QUEUE_POLICIES)}, "
                 f"not {self.queue_policy!r}"
             )
-        if not self.priority_aging_s > 0 or self.class_preempt_grace_s < 0:
+        if not (self.priority_aging_s > 0 and self.srpt_half_life_s > 0) or (
+            self.class_preempt_grace_s < 0
+        ):
             raise ConfigError(
-                "priority_aging_s must be > 0 and class_preempt_grace_s >= 0",
+                "priority_aging_s and srpt_half_life_s (inf: no aging) must be > 0, "
+                "class_preempt_grace_s >= 0",
                 reason="bad_config",
             )
         if not 0.0 <= self.p_altruism <= 1.0:

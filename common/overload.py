@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OVERLOAD_DEFAULTS", "PRIORITY_AGING_S", "OverloadPolicy"]
+__all__ = ["OVERLOAD_DEFAULTS", "PRIORITY_AGING_S", "SRPT_HALF_LIFE_S", "OverloadPolicy"]
 
 PRIORITY_AGING_S = 3600.0
 """Seconds of waiting that raise a task's priority class by one (the default of
 ``global_master.policy.classes``; ``priority_aging_s`` in ``megha.toml``)."""
+
+SRPT_HALF_LIFE_S = 60.0
+"""``srpt``: a waiting job's remaining work counts half per this many seconds since it
+arrived (the default of ``global_master.policy.srpt``; ``srpt_half_life_s`` in
+``megha.toml``, ``megha simulate --srpt-half-life``; ``inf``: plain SRPT)."""
 
 
 @dataclass(frozen=True, slots=True)

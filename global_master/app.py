@@ -120,6 +120,7 @@ def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
         p_altruism=cfg.p_altruism,
         seed=cfg.seed,
         aging_s=cfg.priority_aging_s,
+        srpt_half_life_s=cfg.srpt_half_life_s,
     )(gm, mine)
     return GlobalMaster(
         gm,

@@ -331,8 +331,8 @@ def _shape(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         dest="queue_policy",
-        help="order of each GM's user queues: fifo (Megha), drf, drf-wc, tetris, sjf, carbyne, "
-        "carbyne-pack",
+        help="order of each GM's user queues: fifo (Megha), srpt (least remaining work, aged by "
+        "srpt_half_life_s), drf, drf-wc, tetris, sjf, carbyne, carbyne-pack",
     )
     p.add_argument("--p-altruism", type=float, help="Carbyne's P(altruism), 0..1")
     p.add_argument(

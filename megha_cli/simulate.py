@@ -19,6 +19,7 @@ from common.cluster import PROFILES
 from common.errors import ConfigError
 from common.metrics import PERCENTILE_KEYS
 from global_master.policy import AGING_S
+from global_master.policy.srpt import SRPT_HALF_LIFE_S
 from megha_cli.arguments import positive_float, positive_int
 from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
@@ -45,6 +46,19 @@ def _ints(text: str) -> list[int]:
 
 _positive_int = positive_int
 _positive_float = positive_float
+
+
+def _half_life(text: str) -> float:
+    """``--srpt-half-life``: > 0 seconds, or ``inf`` (no aging)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or inf, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text!r}")
+    return value
+
+
 _count = _ranged(int, "an integer", zero=True)
 _non_negative = _ranged(float, "a finite number", zero=True)
 _probability = _ranged(float, "a probability", zero=True, most=1.0)
@@ -218,6 +232,14 @@ def _order_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"s of waiting that raise a task's class by one (default {AGING_S:.0f}; the "
         "aging bound that keeps low classes from starving)",
+    )
+    order.add_argument(
+        "--srpt-half-life",
+        type=_half_life,
+        default=None,
+        help=f"srpt: a waiting job's remaining work counts half per this many s since it "
+        f"arrived (default {SRPT_HALF_LIFE_S:.0f}; a job k times larger goes first after "
+        "log2(k) half-lives; inf: plain SRPT)",
     )
 
 

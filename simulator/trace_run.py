@@ -25,6 +25,7 @@ from common.ids import GmId, LmId
 from common.model import UserConfig
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.policy import AGING_S, POLICIES, make_policy
+from global_master.policy.srpt import SRPT_HALF_LIFE_S
 from reporting.files import write_json
 from reporting.plots import plot_cdfs, plot_components
 from reporting.tally import Floats
@@ -228,6 +229,11 @@ def _aging(args: argparse.Namespace) -> float:
     return AGING_S if aging is None else aging
 
 
+def _half_life(args: argparse.Namespace) -> float:
+    half_life: float | None = getattr(args, "srpt_half_life", None)
+    return SRPT_HALF_LIFE_S if half_life is None else half_life
+
+
 def _outstanding(sim: MeghaSimulation) -> Callable[[], int]:
     return lambda: sim.outstanding
 
@@ -286,7 +292,10 @@ def run_schedulers(
         for policy in trace_policies(getattr(args, "policies", None)):
             jobs, total, outstanding = _jobs_of(args, users)
             first = jobs if first is None else first
-            factory = make_policy(policy, users, seed=args.seed, aging_s=_aging(args))
+            factory = make_policy(
+                policy, users, seed=args.seed, aging_s=_aging(args),
+                srpt_half_life_s=_half_life(args),
+            )  # fmt: skip
             sim = MeghaSimulation(
                 clusters, gm_ids, users, cfg, queues_factory=factory, **_streamed()
             )

@@ -31,7 +31,7 @@ from global_master.policy.drf import DrfQueues
 from global_master.policy.jobs import JobQueues
 from global_master.policy.packing import TetrisQueues
 from global_master.policy.sjf import SjfQueues
-from global_master.policy.srpt import SrptQueues
+from global_master.policy.srpt import SRPT_HALF_LIFE_S, SrptQueues
 from global_master.queues import UserQueues
 
 __all__ = [
@@ -61,10 +61,12 @@ def make_policy(
     seed: int = 0,
     patience: int = 8,
     aging_s: float = AGING_S,
+    srpt_half_life_s: float = SRPT_HALF_LIFE_S,
 ) -> QueuesFactory:
     """A ``queues_factory`` for the simulator and the live GM, by policy name.  ``fifo``
     and ``srpt`` serve jobs' priority classes, aged by ``aging_s``
-    (``global_master.policy.classes``); the DAG policies ignore classes."""
+    (``global_master.policy.classes``), ``srpt``'s remaining work by ``srpt_half_life_s``; the
+    DAG policies ignore classes."""
     if name not in POLICIES:
         raise ConfigError(
             f"unknown queue policy {name!r} (known: {', '.join(POLICIES)})",
@@ -77,7 +79,9 @@ def make_policy(
         if name == "fifo":
             return ClassedFifo(mine, aging_s=aging_s, patience=patience)
         if name == "srpt":
-            return ClassedSrpt(mine, aging_s=aging_s, patience=patience)
+            return ClassedSrpt(
+                mine, aging_s=aging_s, patience=patience, half_life_s=srpt_half_life_s
+            )
         if name in ("drf", "drf-wc"):
             return DrfQueues(mine, shares=mine_shares, work_conserving=name == "drf-wc")
         if name == "tetris":

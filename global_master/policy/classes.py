@@ -251,10 +251,16 @@ class ClassedQueues(UserQueues):
     before the policy, ``ClassedFifo``, ``ClassedSrpt``)."""
 
     def __init__(
-        self, users: Iterable[UserId], *, aging_s: float = AGING_S, patience: int = 8
+        self,
+        users: Iterable[UserId],
+        *,
+        aging_s: float = AGING_S,
+        patience: int = 8,
+        **policy: float,
     ) -> None:
+        """``policy``: the ordering policy's own settings (``srpt``'s ``half_life_s``)."""
         self.aging = Aging(aging_s)
-        super().__init__(users, patience=patience)
+        super().__init__(users, patience=patience, **policy)
         self.waiting = ClassedWaiting(self.waiting.new_queue, self.aging)
 
     def new_queue(self) -> TaskQueue:

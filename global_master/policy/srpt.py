@@ -55,15 +55,13 @@ from typing import ClassVar
 
 from common.ids import JobId, UserId
 from common.model import Task, TaskKey
+from common.overload import SRPT_HALF_LIFE_S as SRPT_HALF_LIFE_S
 from global_master.queues import QueueKind, TaskQueue, UserQueues, WaitClass, WaitingTasks
 
 JobKey = tuple[UserId, JobId]
 
 UNKNOWN_DURATION_S = 1.0
 """What a task of unknown duration (0: a live job that gave none) counts as."""
-
-SRPT_HALF_LIFE_S = 60.0
-"""A waiting job's remaining work counts half per this many seconds since it arrived."""
 
 Rank = tuple[float, int]
 """A job's place in a queue: (aged remaining work, arrival order), smaller first."""

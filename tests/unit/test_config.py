@@ -35,6 +35,8 @@ def test_broker_url_from_the_environment() -> None:
         {"profile": "quantum"},
         {"nodes_per_lm": 2, "gms": 3},
         {"max_user_tasks": -1},
+        {"srpt_half_life_s": 0.0},
+        {"srpt_half_life_s": float("nan")},
     ],
 )
 def test_bad_config_is_a_clear_error(table: dict[str, object]) -> None:
@@ -63,3 +65,12 @@ def test_toml_round_trip(tmp_path: object) -> None:
     cfg = FederationConfig(gms=2, users="a:0.5@gm0,b:0.5@gm1", constraints=True)
     again = parse_config(tomllib.loads(cfg.to_toml()), env={})
     assert again == cfg
+
+
+def test_srpt_half_life_is_a_federation_key_and_inf_means_no_aging() -> None:
+    assert parse_config({}, env={}).srpt_half_life_s == 60.0
+    cfg = parse_config({"federation": {"srpt_half_life_s": 300.0}}, env={})
+    assert cfg.srpt_half_life_s == 300.0
+    assert parse_config(
+        {"federation": {"srpt_half_life_s": float("inf")}}, env={}
+    ).srpt_half_life_s == float("inf")

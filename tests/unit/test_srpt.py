@@ -107,3 +107,27 @@ def test_make_policy_builds_srpt_queues() -> None:
     q = make_policy("srpt", users)(GmId("gm0"), [A])
     assert isinstance(q, SrptQueues)
     assert q.kind == "fifo"
+
+
+def _big_then_small(half_life_s: float) -> tuple[list[Task], list[Task], Task | None]:
+    """A job 8x larger arrives at 0, a small one at 300 s: which the GM's srpt serves."""
+    q = make_policy("srpt", [UserConfig(A, GmId("gm0"), 1.0)], srpt_half_life_s=half_life_s)(
+        GmId("gm0"), [A]
+    )
+    big = [Task(spec=make_task(user="a", job="big", duration=8.0), submitted_at=0.0)]
+    small = [Task(spec=make_task(user="a", job="small", duration=1.0), submitted_at=300.0)]
+    for t in (*big, *small):
+        q.push_back(t)
+    return big, small, q.pop()
+
+
+def test_the_half_life_set_for_the_policy_decides_when_a_large_job_goes_first() -> None:
+    # log2(8) = 3 half-lives: 60 s each puts the big job ahead after 180 s < 300 s
+    big, _, first = _big_then_small(60.0)
+    assert first is big[0]
+    # 200 s each: after 600 s, so the small job, 300 s younger, still goes first
+    _, small, first = _big_then_small(200.0)
+    assert first is small[0]
+    # no aging (plain SRPT): least work first, however long the big one waited
+    _, small, first = _big_then_small(float("inf"))
+    assert first is small[0]
