@@ -640,6 +640,8 @@ class LocalMaster(GangRequests, Registration):
         for h in (*restored.held.values(), *restored.stopping.values()):
             if self._restorable(h):
                 self.nodes.restore(h)
+                if h.gang and not h.stopping:  # a gang's part: never a lone victim
+                    self.reservations.gang_tasks.add((h.start.spec.user, h.start.spec.task_id))
         self.ends.restored(now)
         for hold in restored.holds.values():
             if self._hold_restorable(hold, now):

@@ -91,6 +91,8 @@ class ActiveTask:
     worker_at: float = -1.0
     started_at: float = -1.0
     queued_at: float = -1.0
+    gang: bool = False
+    """Started by a gang's commit (``local_master.reservations``): journaled with it."""
 
     def held(self, ended_at: float = -1.0, ok: bool = True) -> HeldTask:
         """What a GM learns of it (ended at ``ended_at`` if that is not -1)."""
@@ -300,10 +302,11 @@ class NodeTable:
         altruistic: bool,
         now: float,
         queued_at: float = -1.0,
+        gang: bool = False,
     ) -> ActiveTask:
         """Take ``spec.demand`` from ``node`` for attempt ``attempt`` of ``gm``'s task
-        (a logical node if ``node`` is in another GM's partition); the caller checked it
-        fits."""
+        (a logical node if ``node`` is in another GM's partition; ``gang``: started by a
+        gang's commit); the caller checked it fits."""
         free = self.free[node]
         for r, d in enumerate(spec.demand):
             free[r] -= d
@@ -317,12 +320,12 @@ class NodeTable:
         key = (spec.user, spec.task_id)
         a = self.active[key] = ActiveTask(
             spec, attempt, NodeIndex(node), gm, logical, altruistic, accepted_at=now,
-            queued_at=queued_at,
+            queued_at=queued_at, gang=gang,
         )  # fmt: skip
         self.on_node[node].add(key)
         self._touch(node)
         if self.journal is not None:
-            self.journal.append(JournalHeld(start=a.start(), accepted_at=now))
+            self.journal.append(JournalHeld(start=a.start(), accepted_at=now, gang=gang))
         if logical:
             self.recent_repartitions.append(
                 Repartition(now, key, attempt, NodeIndex(node), self.home[node], gm, spec.demand)
@@ -395,10 +398,11 @@ class NodeTable:
     def records(self) -> list[JournalHeld]:
         """The attempts held and stopping, as journal records (a compacted journal)."""
         out = [
-            JournalHeld(start=a.start(), accepted_at=a.accepted_at) for a in self.active.values()
+            JournalHeld(start=a.start(), accepted_at=a.accepted_at, gang=a.gang)
+            for a in self.active.values()
         ]
         out.extend(
-            JournalHeld(start=a.start(), accepted_at=a.accepted_at, stopping=True)
+            JournalHeld(start=a.start(), accepted_at=a.accepted_at, stopping=True, gang=a.gang)
             for a in self.stopping.values()
         )
         return out
@@ -411,7 +415,7 @@ class NodeTable:
         key = (s.spec.user, s.spec.task_id)
         a = ActiveTask(
             s.spec, s.attempt, s.node, s.gm, self.home[s.node] != s.gm, s.altruistic,
-            accepted_at=row.accepted_at, queued_at=s.queued_at,
+            accepted_at=row.accepted_at, queued_at=s.queued_at, gang=row.gang,
         )  # fmt: skip
         if row.stopping:
             self.stopping[(key, s.attempt)] = a

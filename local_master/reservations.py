@@ -328,7 +328,9 @@ class Reservations:
         p = h.placement
         nodes.give(h.node, p.spec.demand)
         self.gang_tasks.add(h.key)
-        return nodes.place(p.spec, p.attempt, h.node, h.gang[0], p.altruistic, now, p.queued_at)
+        return nodes.place(
+            p.spec, p.attempt, h.node, h.gang[0], p.altruistic, now, p.queued_at, gang=True
+        )
 
     def _drop(self, h: Hold, nodes: NodeTable) -> None:
         """The hold ends without starting: what it holds (not what it lent) is free."""

@@ -21,6 +21,8 @@ class JournalHeld(Wire, frozen=True, kw_only=True):
     start: StartTask
     accepted_at: Time
     stopping: bool = False
+    gang: bool = False
+    """Started by a gang's commit: never a preemption victim alone, after a restart too."""
 
 
 @message("journal_dropped")

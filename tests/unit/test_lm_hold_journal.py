@@ -95,6 +95,30 @@ def test_a_hold_outlives_a_restart_and_the_commit_after_it_starts_the_part() -> 
     assert not third.reservations.pending
 
 
+def test_a_gangs_started_part_is_no_lone_victim_after_a_restart() -> None:
+    """A gang runs whole or not at all: the attempts its commit started stay out of the
+    preemption victims in the next incarnation, restored from the journal as written and
+    from a compacted one (before, the restored attempts were ordinary victims)."""
+    lm = durable_lm()
+    a, b = make_task(2, 3, job="g"), make_task(4, 1, job="g")
+    loner = make_task(1, 1, job="solo")
+    journal = records(reserve(lm, (a, 0), (b, 1), now=1.0, lease=30.0))
+    _, effects = commit(lm, a, b, now=2.0)
+    journal += records(effects) + records(lm.handle(launch_req(loner, node=2), 2.5))
+    gang = {(a.user, a.task_id), (b.user, b.task_id)}
+    keys = {(loner.user, loner.task_id), *gang}
+    for written in (journal, list(lm.records())):
+        new = reborn(written, 5.0)
+        assert set(new.nodes.active) == keys
+        victims = {
+            (v.spec.user, v.spec.task_id) for v in new.reservations.victims(new.nodes.active)
+        }
+        assert victims == {(loner.user, loner.task_id)}
+        # and the incarnation after it, from what this one compacts
+        third = reborn(list(new.records()), 6.0)
+        assert new.reservations.gang_tasks == third.reservations.gang_tasks == gang
+
+
 def test_a_hold_whose_lease_ended_before_the_restore_is_not_taken_back() -> None:
     lm = durable_lm()
     a = make_task(2, 2, job="g")
