@@ -55,6 +55,7 @@ from common.messages import (
     JournalHeld,
     JournalHold,
     JournalKeep,
+    JournalRestored,
     KeepEnds,
     LaunchRequest,
     LaunchResponse,
@@ -635,6 +636,8 @@ class LocalMaster(GangRequests, Registration):
                 # a heartbeat before it: a keep does not bring them back
                 self.ends.expire(e.at)
                 self.ends.keep((e.gm, e.user, e.job_id), e.keep, e.at)
+            elif isinstance(e, JournalRestored):  # a former incarnation's restore
+                self.ends.restored(e.at)
             else:
                 self._restore_end(e)
         for h in (*restored.held.values(), *restored.stopping.values()):
@@ -650,6 +653,8 @@ class LocalMaster(GangRequests, Registration):
             self.reservations.resume(self.nodes, now)
         self._journal = journal
         self.nodes.journal = self.ends.journal = self.reservations.journal = journal
+        if journal is not None:  # written before anything this incarnation does
+            journal.append(JournalRestored(at=now))
 
     def _restorable(self, r: JournalHeld) -> bool:
         ok = self.nodes.has(r.start.node) and r.start.gm in self.gms

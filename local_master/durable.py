@@ -26,6 +26,7 @@ from common.messages import (
     JournalHold,
     JournalHoldGone,
     JournalKeep,
+    JournalRestored,
 )
 from common.model import TaskKey
 
@@ -37,7 +38,7 @@ class Restored:
 
     held: dict[TaskKey, JournalHeld] = field(default_factory=dict)
     stopping: dict[tuple[TaskKey, int], JournalHeld] = field(default_factory=dict)
-    ends: list[JournalEnded | JournalKeep] = field(default_factory=list)
+    ends: list[JournalEnded | JournalKeep | JournalRestored] = field(default_factory=list)
     holds: dict[TaskKey, JournalHold] = field(default_factory=dict)
 
 
@@ -58,7 +59,7 @@ def fold(records: Iterable[object]) -> Restored:
                 stopping.pop((key, r.attempt), None)
             elif key in held and held[key].start.attempt == r.attempt:
                 del held[key]
-        elif isinstance(r, JournalEnded | JournalKeep):
+        elif isinstance(r, JournalEnded | JournalKeep | JournalRestored):
             out.ends.append(r)
         elif isinstance(r, JournalHold):
             out.holds[(r.placement.spec.user, r.placement.spec.task_id)] = r

@@ -10,7 +10,9 @@ Invariants:
   until the GM lets the job go; nothing else outlives ``retain_s``.
 * An end a new incarnation restores from its journal is kept at least ``retain_s``
   after the restore (``restored``): no GM could ask the LM while it was down, and the
-  GMs that restart with it ask late (a whole-federation restart takes minutes).
+  GMs that restart with it ask late (a whole-federation restart takes minutes).  The
+  restore is journaled (``JournalRestored``), so the incarnation after it, replaying
+  the same keeps, forgets nothing this one kept.
 * A GM keeps a job's ends once and lets them go once: ``let_go`` remembers each let-go
   for ``retain_s``, and a keep that comes after it (held back on the way, within its
   signature's freshness, far shorter than ``retain_s``) is ignored -- applied, it would
@@ -26,7 +28,7 @@ from collections import OrderedDict
 from typing import Any
 
 from common.ids import GmId, JobId, UserId
-from common.messages import ENDS_RETAINED_S, HeldTask, JournalEnded, JournalKeep
+from common.messages import ENDS_RETAINED_S, HeldTask, JournalEnded, JournalKeep, JournalRestored
 from common.model import TaskKey, TaskSpec
 
 JobKeyAt = tuple[GmId, UserId, JobId]
@@ -159,10 +161,12 @@ class Ends:
 
     def records(self) -> list[object]:
         """Everything kept here as journal records (a compacted journal's ends): the
-        keeps and let-gos first, then every end oldest first, kept ones included."""
-        out: list[object] = [
+        keeps and let-gos first, then every end oldest first, kept ones included; first of
+        all, when this incarnation restored its journal (``since``)."""
+        out: list[object] = [JournalRestored(at=self.since)] if self.since > -float("inf") else []
+        out.extend(
             JournalKeep(gm=g, user=u, job_id=j, keep=True, at=0.0) for g, u, j in self.keep_ends
-        ]
+        )
         out.extend(
             JournalKeep(gm=g, user=u, job_id=j, keep=False, at=at)
             for (g, u, j), at in self.let_go.items()

@@ -44,6 +44,7 @@ from common.messages import (
     JournalHold,
     JournalHoldGone,
     JournalKeep,
+    JournalRestored,
     JournalTaken,
     JournalUnreported,
     KeepEnds,
@@ -261,6 +262,7 @@ def samples() -> dict[str, object]:
         ),
         "journal_hold_gone": JournalHoldGone(user=USER, task_id=TaskId("t.0001")),
         "journal_keep": JournalKeep(gm=GM, user=USER, job_id=JOB, keep=True, at=12.0),
+        "journal_restored": JournalRestored(at=100.5),
         "journal_taken": JournalTaken(
             attempts=(PlacedRef(user=USER, task_id=TaskId("t.0001"), attempt=1),)
         ),

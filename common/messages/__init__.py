@@ -57,6 +57,7 @@ from common.messages.journal import (
     JournalHold,
     JournalHoldGone,
     JournalKeep,
+    JournalRestored,
     JournalTaken,
     JournalUnreported,
 )
@@ -187,6 +188,7 @@ __all__ = [
     "JournalHold",
     "JournalHoldGone",
     "JournalKeep",
+    "JournalRestored",
     "JournalTaken",
     "JournalUnreported",
     "KeepEnds",

@@ -65,6 +65,15 @@ class HoldLoan(Wire, frozen=True, kw_only=True):
     amount: Resources
 
 
+@message("journal_restored")
+class JournalRestored(Wire, frozen=True, kw_only=True):
+    """LM journal: an incarnation took the journal back at ``at`` (its steady clock): the
+    ends before this record are kept at least their retention after ``at``, so the
+    incarnation after it keeps what this one kept (``local_master.ends``)."""
+
+    at: Time
+
+
 @message("journal_hold")
 class JournalHold(Wire, frozen=True, kw_only=True):
     """LM journal: gang stage ``stage`` of ``gm``'s job holds ``placement`` (its node, its
