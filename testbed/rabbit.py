@@ -112,8 +112,11 @@ class RabbitNode:
         amqp_port: int,
         dist_port: int,
         management_port: int | None,
+        dist_optfile: Path | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self.dist_optfile = dist_optfile
+        """Erlang distribution over TLS with this ``-ssl_dist_optfile`` (None: in clear)."""
         self.name = name
         self.nodename = f"{name}@localhost"
         self.listen_ip = listen_ip
@@ -158,6 +161,10 @@ class RabbitNode:
             "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
+        if self.dist_optfile is not None:  # the server's links and the CLI's, over TLS
+            tls = f"-proto_dist inet_tls -ssl_dist_optfile {self.dist_optfile}"
+            env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] += f" {tls}"
+            env["RABBITMQ_CTL_ERL_ARGS"] = tls
         return env
 
     # -- lifecycle -------------------------------------------------------------------
@@ -456,9 +463,15 @@ class RabbitSandbox:
         return env
 
     def node(
-        self, name: str, *, listen_ip: str = "127.0.0.1", management: bool = False
+        self,
+        name: str,
+        *,
+        listen_ip: str = "127.0.0.1",
+        management: bool = False,
+        dist_optfile: Path | None = None,
     ) -> RabbitNode:
-        """A new node (not started) with free AMQP and distribution ports."""
+        """A new node (not started) with free AMQP and distribution ports (its links to
+        other nodes over TLS as ``dist_optfile`` says, if given)."""
         full = f"{self.dir.name.replace('_', '')}-{name}"
         if not name.replace("-", "").isalnum() or any(n.name == full for n in self.nodes):
             raise ValueError(f"node name {name!r}: letters, digits and '-', unique")
@@ -485,15 +498,26 @@ class RabbitSandbox:
             amqp_port=on_ip[0],
             dist_port=dist,
             management_port=on_ip[1] if management else None,
+            dist_optfile=dist_optfile,
         )
         self.nodes.append(node)
         return node
 
     def cluster(
-        self, size: int = 3, *, name: str = "c", listen_ip: str = "127.0.0.1"
+        self,
+        size: int = 3,
+        *,
+        name: str = "c",
+        listen_ip: str = "127.0.0.1",
+        dist_optfile: Path | None = None,
     ) -> RabbitCluster:
         """``size`` new nodes ``NAME0``, ``NAME1``, ... as one cluster (call ``start``)."""
-        return RabbitCluster([self.node(f"{name}{i}", listen_ip=listen_ip) for i in range(size)])
+        return RabbitCluster(
+            [
+                self.node(f"{name}{i}", listen_ip=listen_ip, dist_optfile=dist_optfile)
+                for i in range(size)
+            ]
+        )
 
     def close(self) -> None:
         """Kill every node and the epmd, delete the directory, release the lock."""

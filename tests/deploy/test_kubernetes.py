@@ -696,6 +696,30 @@ def test_the_broker_listens_for_amqps_only_with_its_own_certificate(
     )
 
 
+def test_the_broker_nodes_link_over_tls_with_the_mounted_certificates(
+    docs: list[Manifest],
+) -> None:
+    """Erlang distribution over TLS for the server and its CLI calls (probes, preStop),
+    with an options file of the ConfigMap that names the broker's mounted pair and the
+    CA's certificate, and verifies the peer both ways (``tests/e2e/test_broker_dist_tls.py``
+    clusters two nodes with it)."""
+    sts = by_kind(docs, "StatefulSet")["rabbitmq"]
+    (c,) = pod_spec(sts)["containers"]
+    env = env_of(c)
+    data = by_kind(docs, "ConfigMap")["rabbitmq-config"]["data"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/rabbitmq/megha"]
+    optfile = f"{mount['mountPath']}/inter_node_tls.config"
+    want = f"-proto_dist inet_tls -ssl_dist_optfile {optfile}"
+    assert want in " ".join(env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]["value"].split())
+    assert env["RABBITMQ_CTL_ERL_ARGS"]["value"] == want
+    text = data["inter_node_tls.config"]
+    files = mounted_files(sts, by_kind(docs, "Secret"))
+    named = set(re.findall(r'"(/etc/rabbitmq/tls/[^"]+)"', text))
+    assert named == {p for p in files if "/tls/" in p}
+    assert text.count("{verify, verify_peer}") == 2
+    assert "{fail_if_no_peer_cert, true}" in text
+
+
 def test_no_pod_holds_a_private_key_but_its_own(docs: list[Manifest]) -> None:
     """Every pod mounts one private key at most, its own (the broker's: ``broker.key``);
     the CA's key is in no Secret at all, so no pod can mount it."""
