@@ -36,6 +36,7 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -84,7 +85,7 @@ from common.metrics import LmCounters
 from common.model import NodeSpec, Resources, TaskKey, TaskSpec, key_of
 from common.reasons import NO_ROOM, Answer
 from local_master import durable
-from local_master.core_register import Registration
+from local_master.core_register import REGISTRATIONS_REMEMBERED, Registration
 from local_master.ends import Ends
 from local_master.gang_requests import GangRequests
 from local_master.nodes import ActiveTask, NodeTable
@@ -137,6 +138,8 @@ class LocalMaster(GangRequests, Registration):
         self.gms: frozenset[GmId] = frozenset(home) | frozenset(gms)
         """The federation's GMs (the only ones whose requests are taken)."""
         self.address = Address(lm_id, self.gms, registered=not awaiting_workers)
+        self.registrations_taken: deque[RegisterWorkers] = deque(maxlen=REGISTRATIONS_REMEMBERED)
+        """The latest registrations taken: a copy of one is not taken again."""
         self.report_starts = report_starts
         self.victims_younger_than_wait = victims_younger_than_wait
         """Preempt only tasks that ran for less time than the requester waited

@@ -9,6 +9,7 @@ Part of the core (``local_master.core.LocalMaster`` inherits ``Registration``): 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,12 +42,18 @@ if TYPE_CHECKING:
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 
+REGISTRATIONS_REMEMBERED = 8
+"""How many registrations an LM knows again (a copy: the same message, ``at`` included).  A pool sends one at a time
+(the next only once one was taken), so a copy of an older one than these is not on its
+way any more."""
+
 
 class Registration:
     """A pool's registration into the node table (a mixin of ``LocalMaster``)."""
 
     if TYPE_CHECKING:  # what these steps use of the core (``LocalMaster`` has them)
         lm_id: LmId
+        registrations_taken: deque[RegisterWorkers]
         gms: frozenset[GmId]
         address: Address
         nodes: NodeTable
@@ -77,8 +84,14 @@ class Registration:
             bad = next((s.node for s in msg.running if not has(s.node)), None)
         if bad is not None:
             return [Reply(unknown_node(bad))]
-        self._seen(msg.nodes, now)
         effects: list[Effect] = [Reply(Registered(lm=self.lm_id, epoch=self.epoch))]
+        if any(msg.at == m.at and msg == m for m in self.registrations_taken):
+            # a copy the pool sent again after a timeout, read late: what it says was
+            # taken, and may have changed since (an attempt ended or was stopped)
+            self.counters.stale_reports += 1
+            return effects
+        self.registrations_taken.append(msg)
+        self._seen(msg.nodes, now)
         # what this LM holds on those nodes and the pool no longer runs (the pool
         # restarted) is lost; what it accepted after the pool spoke may still be on its way
         # (an attempt it reports ended is settled by that report below, not run again)

@@ -15,16 +15,19 @@ from msgspec.structs import replace
 from common.effects import After, Record, Reply, RunCommand, ToGm, ToLm, ToWorker
 from common.ids import GmId, JobId, LmId, NodeIndex
 from common.messages import (
+    CancelTasks,
     CheckLease,
     CheckWorkers,
     EventKind,
     LeaseRenewed,
+    PlacedRef,
     RegisterPool,
     RegisterWorkers,
     ReportKind,
     ReportsTaken,
     StartTask,
     StartTasks,
+    StopTasks,
     TaskDue,
     WorkerReport,
     WorkerReports,
@@ -192,5 +195,33 @@ def test_a_registration_read_again_does_not_hold_an_attempt_that_ended_since() -
     lm.handle(reg, 3.0)  # the copy sent again, read late
     assert key(t) not in lm.nodes.active
     # the node's room is free: the next task of its size is placed there
+    nxt = make_task(4, 4, task_id="n", duration=1.0)
+    assert [s.spec.task_id for s in starts(lm.handle(launch_req(nxt, node=0), 3.0))] == ["n"]
+
+
+def test_a_registration_read_again_does_not_hold_an_attempt_stopped_since() -> None:
+    """As above, but the attempt was stopped in between (its task cancelled, the pool
+    confirmed the stop): the late copy held it again, a phantom its GM had been told was
+    stopped.  A registration is taken once: a copy (the same ``at``) changes nothing."""
+    lm = lm_of_one_node()
+    pool = WorkerPool(LM0, 1)
+    t = make_task(4, 4, task_id="t", duration=10.0)
+    (start,) = starts(lm.handle(launch_req(t, node=0), 1.0))
+    pool.handle(StartTasks(lm=LM0, epoch=lm.epoch, tasks=(start,)), 1.0)
+    reg = registration(pool, 1.5)
+    lm.handle(reg, 1.5)
+    ref = PlacedRef(user=t.user, task_id=t.task_id, attempt=1)
+    stops = [e.msg for e in lm.handle(CancelTasks(gm=GM0, lm=LM0, tasks=(ref,)), 2.0)
+             if isinstance(e, ToWorker)]  # fmt: skip
+    assert stops
+    batch = StopTasks(lm=LM0, epoch=lm.epoch, tasks=tuple(stops))
+    (answer,) = [e.msg for e in pool.handle(batch, 2.1) if isinstance(e, Reply)]
+    assert isinstance(answer, WorkerReports)
+    assert [r.kind for r in answer.reports] == [ReportKind.STOPPED]
+    lm.handle(answer, 2.2)  # the stop's answer
+    assert key(t) not in lm.nodes.active
+    assert not lm.nodes.stopping
+    lm.handle(reg, 3.0)  # the copy sent again, read late
+    assert key(t) not in lm.nodes.active
     nxt = make_task(4, 4, task_id="n", duration=1.0)
     assert [s.spec.task_id for s in starts(lm.handle(launch_req(nxt, node=0), 3.0))] == ["n"]
