@@ -154,7 +154,11 @@ class LocalMaster(GangRequests, Registration):
         """``durable``: what changed in the active and stopping lists and the ends, for
         the driver to write to the journal before anything leaves (a ``Record``)."""
         self.nodes.journal = self.ends.journal = self.reservations.journal = self._journal
-        self._handlers: dict[type, Callable[[Any, float], list[Effect]]] = {
+        self._handlers = self._handler_table()
+
+    def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
+        """Each message an LM takes, and its handler."""
+        return {
             LaunchRequest: self._on_launch,
             PreemptRequest: self._on_preempt,
             SnapshotRequest: self._on_snapshot_request,
