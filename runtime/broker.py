@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+import os
 import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import aio_pika
@@ -38,13 +42,14 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
     AbstractExchange,
-    AbstractIncomingMessage,
     AbstractQueue,
 )
+from aiormq.abc import AbstractChannel as RawChannel
+from aiormq.abc import ChannelFrame, DeliveredMessage
 from pamqp import encode as amqp_encode
 from pamqp import header as amqp_header
 from pamqp.commands import Basic
-from pamqp.common import FieldValue
+from pamqp.common import FieldTable, FieldValue
 
 from common.config import FederationConfig
 from common.errors import InvalidInput, MeghaError
@@ -116,7 +121,7 @@ def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -
 amqp_header.ContentHeader.unmarshal = _read_content_header_or_mark  # type: ignore[method-assign]
 
 
-def properties_bytes(msg: AbstractIncomingMessage) -> int:
+def properties_bytes(msg: Delivery) -> int:
     """The bytes of a delivery's AMQP properties on the wire (0 if not known)."""
     headers = msg.headers or {}
     size = headers.get(PROPERTIES_BYTES_HEADER, headers.get(TOO_LARGE_HEADER, 0))
@@ -147,7 +152,7 @@ def _sendable(headers: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]
     return out
 
 
-OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
+OnMessage = Callable[["Delivery"], Awaitable[None]]
 PUBLISH_ERRORS = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
 TRANSIENT = (
     aio_pika.exceptions.AMQPConnectionError,
@@ -171,29 +176,257 @@ MAX_FAILURES_KEPT = 10_000
 
 
 Headers = Mapping[str, str | int]
+MSGPACK = "application/x-msgpack"
+_UNSET = (None,) * 9
+"""The properties other than the content type, headers, delivery mode and message id."""
+_SHORT_STRINGS: dict[str, bytes] = {}
+
+
+def _short_string(value: str) -> bytes:
+    """``amqp_encode.short_string``, remembered (content types)."""
+    out = _SHORT_STRINGS.get(value)
+    if out is None:
+        out = _SHORT_STRINGS[value] = amqp_encode.short_string(value)
+    return out
+
+
+def _table(headers: FieldTable) -> bytes:
+    """``amqp_encode.field_table``, byte for byte, without its per-value dispatch for
+    the strings, integers and booleans a message's headers hold (anything else, and a
+    name pamqp would cut, goes through pamqp's own)."""
+    parts = []
+    for name, value in sorted(headers.items()):
+        key = name.encode()
+        if len(key) > 128:
+            return amqp_encode.field_table(headers)
+        parts.append(len(key).to_bytes(1, "big") + key)
+        if type(value) is str:
+            raw = value.encode()
+            parts.append(b"S" + len(raw).to_bytes(4, "big") + raw)
+        elif type(value) is int:
+            parts.append(amqp_encode.table_integer(value))
+        elif type(value) is bool:
+            parts.append(b"t\x01" if value else b"t\x00")
+        else:
+            try:
+                parts.append(amqp_encode.encode_table_value(value))
+            except TypeError:
+                return amqp_encode.field_table(headers)  # its error, with the name
+    out = b"".join(parts)
+    return len(out).to_bytes(4, "big") + out
+
+
+class Properties(Basic.Properties):
+    """``Basic.Properties`` made without validation (its values are this module's own)
+    and marshalled without pamqp's generic walk over every property when only the
+    content type, headers, delivery mode and message id are set (the bytes are the same;
+    ``tests/unit/test_broker_wire.py`` compares them)."""
+
+    def __init__(
+        self,
+        content_type: str | None,
+        headers: FieldTable | None,
+        delivery_mode: int | None,
+        message_id: str | None,
+    ) -> None:
+        self.content_type = content_type
+        self.content_encoding = None
+        self.headers = headers
+        self.delivery_mode = delivery_mode
+        self.priority = None
+        self.correlation_id = None
+        self.reply_to = None
+        self.expiration = None
+        self.message_id = message_id
+        self.timestamp = None
+        self.message_type = None
+        self.user_id = None
+        self.app_id = None
+        self.cluster_id = ""
+
+    def marshal(self) -> bytes:
+        others = (self.content_encoding, self.priority, self.correlation_id, self.reply_to,
+                  self.expiration, self.timestamp, self.message_type, self.user_id, self.app_id)  # fmt: skip
+        if self.cluster_id or others != _UNSET:
+            return super().marshal()
+        flags, parts = 0, []
+        if self.content_type:
+            flags |= 0x8000
+            parts.append(_short_string(self.content_type))
+        if self.headers is not None:
+            flags |= 0x2000
+            parts.append(_table(self.headers))
+        if self.delivery_mode is not None:
+            flags |= 0x1000
+            parts.append(amqp_encode.octet(self.delivery_mode))
+        if self.message_id:
+            flags |= 0x0080
+            parts.append(amqp_encode.short_string(self.message_id))
+        return flags.to_bytes(2, "big") + b"".join(parts)
+
+
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count()
+
+
+def _message_id() -> str:
+    """An id unique to this message (a random prefix per process and a count): what
+    aiormq would draw a UUID for, per publish, to match a returned message to its
+    confirm; an id kept across the publish's retries."""
+    return f"{_ID_PREFIX}.{next(_ids)}"
+
+
+class Outgoing:
+    """A message to publish: its body and its AMQP properties, made once (an
+    ``aio_pika.Message`` sets ~20 attributes through a guarded ``__setattr__`` and
+    builds its properties again at each publish)."""
+
+    __slots__ = ("body", "properties")
+
+    def __init__(self, body: bytes, properties: Basic.Properties) -> None:
+        self.body = body
+        self.properties = properties
+
+    @property
+    def headers(self) -> FieldTable | None:
+        return self.properties.headers
+
+    @property
+    def delivery_mode(self) -> int | None:
+        return self.properties.delivery_mode
+
+    @property
+    def message_id(self) -> str | None:
+        return self.properties.message_id
 
 
 def persistent(
     body: bytes, *, message_id: str | None = None, headers: Headers | None = None
-) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        content_type="application/x-msgpack",
-        message_id=message_id,
-        headers=dict(headers) if headers else None,
-    )
+) -> Outgoing:
+    """A persistent message (delivery mode 2): a durable queue keeps it on disk."""
+    props = Properties(MSGPACK, dict(headers) if headers else None, 2, message_id or _message_id())
+    return Outgoing(body, props)
 
 
 def transient(
     body: bytes, *, message_id: str | None = None, headers: Headers | None = None
-) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        content_type="application/x-msgpack",
-        message_id=message_id,
-        headers=dict(headers) if headers else None,
+) -> Outgoing:
+    """A message the broker may keep in memory only (no delivery mode)."""
+    props = Properties(
+        MSGPACK, dict(headers) if headers else None, None, message_id or _message_id()
     )
+    return Outgoing(body, props)
+
+
+class _Acks:
+    """The acks of one consumer channel, sent together once per turn of the event loop:
+    acks of the lowest deliveries in hand go as one ``multiple`` ack up to the highest of
+    them (what is acked is exactly what was acked one by one before), the others one
+    by one; a nack or a reject goes at once.  Every delivery of the channel that needs
+    an ack must come through ``Broker.consume`` (a ``multiple`` ack would take one it
+    does not know of); deliveries without (``no_ack``) are not counted by the broker."""
+
+    def __init__(self, channel: RawChannel) -> None:
+        self.channel = channel
+        self.in_hand: set[int] = set()
+        """Delivered, needing an ack, not settled."""
+        self._lowest: list[int] = []
+        """A heap of delivery tags: its smallest in ``in_hand`` is the lowest in hand."""
+        self._acked: list[int] = []
+        """Acked since the last flush, not sent."""
+        self._flushing = False
+        self.frames_sent = 0
+
+    def delivered(self, tag: int) -> None:
+        self.in_hand.add(tag)
+        heapq.heappush(self._lowest, tag)
+
+    def ack(self, tag: int) -> None:
+        self._acked.append(tag)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def settled(self, tag: int) -> None:
+        """``tag`` was nacked or rejected (sent by the caller)."""
+        self.in_hand.discard(tag)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        acked, self._acked = sorted(self._acked), []
+        for tag in acked:
+            self.in_hand.discard(tag)
+        lowest = self._lowest
+        while lowest and lowest[0] not in self.in_hand:
+            heapq.heappop(lowest)
+        if len(lowest) > 2 * len(self.in_hand) + 64:  # settled tags under a long-held one
+            lowest[:] = self.in_hand
+            heapq.heapify(lowest)
+        first = lowest[0] if lowest else acked[-1] + 1
+        below = [t for t in acked if t < first]
+        frames: list[Any] = [Basic.Ack(delivery_tag=t) for t in acked if t > first]
+        if below:
+            frames.insert(0, Basic.Ack(delivery_tag=below[-1], multiple=len(below) > 1))
+        if self.channel.is_closed:  # the broker put them back: they come again
+            return
+        frame = ChannelFrame.marshall(channel_number=self.channel.number, frames=frames)
+        self.frames_sent += len(frames)
+        out: asyncio.Queue[ChannelFrame] = self.channel.write_queue  # type: ignore[attr-defined]
+        try:
+            out.put_nowait(frame)
+        except asyncio.QueueFull:  # the writer is behind: wait for room, in order
+            asyncio.get_running_loop().create_task(out.put(frame))
+
+
+class Delivery:
+    """One delivery from a queue: its body, headers and ids, settled once (acked,
+    nacked or rejected); what an ``aio_pika.IncomingMessage`` was, without its ~20
+    guarded attributes and its second task per delivery."""
+
+    __slots__ = (
+        "_acks",
+        "_settled",
+        "body",
+        "delivery_tag",
+        "headers",
+        "message_id",
+        "redelivered",
+    )  # fmt: skip
+
+    def __init__(self, raw: DeliveredMessage, acks: _Acks | None) -> None:
+        props = raw.header.properties
+        self.body: bytes = raw.body
+        self.headers: dict[str, FieldValue] = props.headers or {}
+        self.message_id: str | None = props.message_id
+        deliver = raw.delivery
+        self.redelivered = bool(getattr(deliver, "redelivered", False))
+        self.delivery_tag: int = getattr(deliver, "delivery_tag", 0)
+        self._acks = acks
+        self._settled = acks is None
+        if acks is not None:
+            acks.delivered(self.delivery_tag)
+
+    def _settle(self) -> _Acks:
+        if self._acks is None:
+            raise TypeError("a delivery consumed without acks cannot be settled")
+        if self._settled:
+            raise aio_pika.exceptions.MessageProcessError("Message already processed", self)
+        self._settled = True
+        return self._acks
+
+    async def ack(self) -> None:
+        """Acked with the channel's other acks of this turn of the loop."""
+        self._settle().ack(self.delivery_tag)
+
+    async def nack(self, requeue: bool = True) -> None:
+        acks = self._settle()
+        acks.settled(self.delivery_tag)
+        await acks.channel.basic_nack(self.delivery_tag, requeue=requeue)
+
+    async def reject(self, requeue: bool = False) -> None:
+        acks = self._settle()
+        acks.settled(self.delivery_tag)
+        await acks.channel.basic_reject(self.delivery_tag, requeue=requeue)
 
 
 async def connect(url: str) -> AbstractConnection:
@@ -343,6 +576,7 @@ class Broker:
         self.handler_errors = 0
         self.reconnects = 0
         self._failures: dict[str, int] = {}
+        self._acks: list[_Acks] = []
         """Messages whose handler raised once in this process (by ``delivery_key``)."""
 
     @property
@@ -448,7 +682,7 @@ class Broker:
         self,
         exchange: str,
         routing_key: str,
-        message: aio_pika.Message,
+        message: Outgoing | aio_pika.Message,
         *,
         mandatory: bool = True,
         policy: Backoff | None = None,
@@ -465,8 +699,18 @@ class Broker:
             if self._pub_nacked:
                 await self._reopen_pub()
             ex: AbstractExchange = getattr(self.ex, exchange)
-            try:
-                await ex.publish(message, routing_key=routing_key, mandatory=mandatory)
+            pub = self.pub
+            if pub is None or pub.is_closed:
+                raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
+            ch = await pub.get_underlay_channel()
+            try:  # aiormq's publish, as aio_pika's exchange made it, without its Message
+                await ch.basic_publish(
+                    message.body,
+                    exchange=ex.name,
+                    routing_key=routing_key,
+                    properties=message.properties,
+                    mandatory=mandatory,
+                )
             except aiormq.exceptions.DeliveryError as exc:
                 if isinstance(exc.frame, Basic.Nack):  # e.g. a quorum queue electing a leader
                     # a channel that saw a queue's leader go keeps nacking it: a new one
@@ -486,9 +730,7 @@ class Broker:
             on_retry=count,
         )
 
-    async def dead_letter(
-        self, msg: AbstractIncomingMessage, queue: str, reason: str, detail: str
-    ) -> None:
+    async def dead_letter(self, msg: Delivery, queue: str, reason: str, detail: str) -> None:
         """Refuse a message: to the dead-letter exchange with its reason, its size and
         at most the first ``DEAD_LETTER_BODY`` bytes of its body, then ack."""
         self.dead_lettered += 1
@@ -504,14 +746,8 @@ class Broker:
                 SIZE_HEADER: len(body),
                 TRUNCATED_HEADER: len(body) > DEAD_LETTER_BODY,
             }
-            await self.ex.dlx.publish(
-                aio_pika.Message(
-                    body[:DEAD_LETTER_BODY],
-                    headers=headers,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                routing_key="",
-            )
+            letter = Outgoing(body[:DEAD_LETTER_BODY], Properties(None, headers, 2, _message_id()))
+            await self.ex.dlx.publish(letter, routing_key="")  # type: ignore[call-overload]
         except PUBLISH_ERRORS:  # the queue's own dead-lettering still keeps the message
             log.exception("%s: dead-letter publish failed; rejecting instead", self.name)
             with contextlib.suppress(*PUBLISH_ERRORS):
@@ -521,26 +757,51 @@ class Broker:
             await msg.ack()
 
     async def consume(
-        self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False
+        self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False, guard: bool = True
     ) -> None:
-        """Consume ``queue`` with ``handler``; nothing a handler raises loops forever."""
+        """Consume ``queue`` with ``handler`` (through aiormq's channel: a ``Delivery``
+        each, no ``aio_pika.IncomingMessage``); guarded (``guarded``), nothing a handler
+        raises loops forever."""
+        ch = await queue.channel.get_underlay_channel()
+        acks = None if no_ack else self._acks_of(ch)
+        take = self.guarded(queue.name, handler, no_ack=no_ack) if guard else handler
 
-        async def guarded(msg: AbstractIncomingMessage) -> None:
+        async def deliver(raw: DeliveredMessage) -> None:
+            await take(Delivery(raw, acks))
+
+        await ch.basic_consume(queue.name, deliver, no_ack=no_ack)
+
+    def _acks_of(self, ch: RawChannel) -> _Acks:
+        """The acks of channel ``ch`` (one ``_Acks`` per channel: ``multiple`` acks count
+        every delivery of it)."""
+        self._acks = [a for a in self._acks if not a.channel.is_closed]
+        for a in self._acks:
+            if a.channel is ch:
+                return a
+        a = _Acks(ch)
+        self._acks.append(a)
+        return a
+
+    def guarded(self, queue: str, handler: OnMessage, *, no_ack: bool = False) -> OnMessage:
+        """``handler``, with a refusal (``MeghaError``) dead-lettered and any other
+        exception logged and retried (``_failed``); with ``no_ack``, both dropped."""
+
+        async def guarded(msg: Delivery) -> None:
             try:
                 _check_properties(msg)
                 await handler(msg)
             except MeghaError as exc:
                 if not no_ack:
-                    await self.dead_letter(msg, queue.name, exc.reason, str(exc))
+                    await self.dead_letter(msg, queue, exc.reason, str(exc))
             except Exception as exc:
                 self.handler_errors += 1
-                log.exception("%s: consumer of %s failed", self.name, queue.name)
+                log.exception("%s: consumer of %s failed", self.name, queue)
                 if not no_ack:
-                    await self._failed(msg, queue.name, exc)
+                    await self._failed(msg, queue, exc)
 
-        await queue.consume(guarded, no_ack=no_ack)
+        return guarded
 
-    async def _failed(self, msg: AbstractIncomingMessage, queue: str, exc: Exception) -> None:
+    async def _failed(self, msg: Delivery, queue: str, exc: Exception) -> None:
         """A handler raised something other than a refusal: the message goes back to its
         queue after a pause (longer each time); the ``HANDLER_ATTEMPTS``-th time it fails
         here it is dead-lettered (``handler_error``).  Counted per message in this
@@ -559,7 +820,7 @@ class Broker:
             await msg.nack(requeue=True)
 
 
-def _check_properties(msg: AbstractIncomingMessage) -> None:
+def _check_properties(msg: Delivery) -> None:
     """Refuse a delivery whose properties were too large or not readable (unhandled)."""
     headers = msg.headers or {}
     unreadable = headers.get(UNREADABLE_HEADER)
