@@ -90,7 +90,118 @@ frame size did not, and the broker closed the connection on every redelivery).""
 _MARKERS = frozenset({UNREADABLE_HEADER, TOO_LARGE_HEADER, PROPERTIES_BYTES_HEADER})
 log = logging.getLogger("megha.broker")
 
-_read_content_header = amqp_header.ContentHeader.unmarshal
+_pamqp_read_content_header = amqp_header.ContentHeader.unmarshal
+_pamqp_read_deliver = Basic.Deliver.unmarshal
+_pamqp_read_ack = Basic.Ack.unmarshal
+_U16, _U32, _TAG_AND_BITS = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">qB")
+_TABLE_INTS = {ord(k): struct.Struct(f">{f}") for k, f in
+               (("b", "b"), ("s", "h"), ("u", "H"), ("I", "i"), ("i", "I"), ("l", "q"))}  # fmt: skip
+"""The table's integer types pamqp decodes as these structs (``pamqp.decode``)."""
+_FAST_FLAGS = 0x8000 | 0x2000 | 0x1000 | 0x0080
+"""Content type, headers, delivery mode, message id: what this federation's messages set."""
+
+
+class _Slow(Exception):
+    """Not a shape the fast readers know: pamqp's own reader decides."""
+
+
+def _short_str(data: bytes, at: int) -> tuple[str, int]:
+    end = at + 1 + data[at]
+    if end > len(data):
+        raise _Slow
+    return data[at + 1 : end].decode(), end
+
+
+def _read_table(data: bytes, at: int) -> tuple[dict[str, FieldValue], int]:
+    """A field table of strings, integers and booleans, as ``pamqp.decode.field_table``
+    reads it; ``_Slow`` for anything else (another type, a string that is not UTF-8, a
+    length past the table)."""
+    (length,) = _U32.unpack_from(data, at)
+    at += 4
+    end = at + length
+    if end > len(data):
+        raise _Slow
+    out: dict[str, FieldValue] = {}
+    while at < end:
+        key_end = at + 1 + data[at]
+        if key_end >= end:
+            raise _Slow
+        key = data[at + 1 : key_end].decode()
+        kind, at = data[key_end], key_end + 1
+        value: FieldValue
+        if kind == 0x53:  # S
+            (n,) = _U32.unpack_from(data, at)
+            if at + 4 + n > end:
+                raise _Slow
+            value, at = data[at + 4 : at + 4 + n].decode(), at + 4 + n
+        elif kind == 0x74 and at < end:  # t
+            value, at = bool(data[at]), at + 1
+        elif kind in _TABLE_INTS and at + _TABLE_INTS[kind].size <= end:
+            (value,) = _TABLE_INTS[kind].unpack_from(data, at)
+            at += _TABLE_INTS[kind].size
+        else:
+            raise _Slow
+        out[key] = value
+    if at != end:
+        raise _Slow
+    return out, end
+
+
+def _read_properties(props: Basic.Properties, data: bytes) -> None:
+    """``Basic.Properties.unmarshal`` of the properties a federation's messages carry
+    (``_FAST_FLAGS``; ``data`` from the flags on); ``_Slow`` for any other."""
+    (flags,) = _U16.unpack_from(data, 0)
+    if flags & ~_FAST_FLAGS:
+        raise _Slow
+    at = 2
+    if flags & 0x8000:
+        props.content_type, at = _short_str(data, at)
+    if flags & 0x2000:
+        props.headers, at = _read_table(data, at)
+    if flags & 0x1000:
+        props.delivery_mode, at = data[at], at + 1
+    if flags & 0x0080:
+        props.message_id, at = _short_str(data, at)
+
+
+def _read_content_header(self: amqp_header.ContentHeader, data: bytes) -> None:
+    """``ContentHeader.unmarshal``, the same values, without pamqp's walk over every
+    property's type for the properties of this federation's own messages (pamqp reads
+    any other, and raises what it raises)."""
+    try:
+        self.class_id, self.weight, self.body_size = struct.unpack_from(">HHQ", data, 0)
+        _read_properties(self.properties, data[12:])
+    except (_Slow, IndexError, struct.error, UnicodeDecodeError):
+        self.properties = Basic.Properties()
+        _pamqp_read_content_header(self, data)
+
+
+def _read_deliver(self: Basic.Deliver, data: bytes) -> None:
+    """``Basic.Deliver.unmarshal``, the same values, read directly (one per delivery)."""
+    try:
+        consumer_tag, at = _short_str(data, 0)
+        tag, bits = _TAG_AND_BITS.unpack_from(data, at)
+        exchange, at = _short_str(data, at + 9)
+        routing_key, at = _short_str(data, at)
+    except (_Slow, IndexError, struct.error, UnicodeDecodeError):
+        _pamqp_read_deliver(self, data)
+        return
+    self.consumer_tag, self.delivery_tag, self.redelivered = consumer_tag, tag, bool(bits & 1)
+    self.exchange, self.routing_key = exchange, routing_key
+
+
+def _read_ack(self: Basic.Ack, data: bytes) -> None:
+    """``Basic.Ack.unmarshal`` (a publisher confirm), the same values, read directly."""
+    try:
+        tag, bits = _TAG_AND_BITS.unpack_from(data, 0)
+    except struct.error:
+        _pamqp_read_ack(self, data)
+        return
+    self.delivery_tag, self.multiple = tag, bool(bits & 1)
+
+
+Basic.Deliver.unmarshal = _read_deliver  # type: ignore[method-assign,assignment]
+Basic.Ack.unmarshal = _read_ack  # type: ignore[method-assign,assignment]
 
 
 def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -> None:
