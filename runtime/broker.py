@@ -200,6 +200,26 @@ def _read_ack(self: Basic.Ack, data: bytes) -> None:
     self.delivery_tag, self.multiple = tag, bool(bits & 1)
 
 
+_pamqp_marshal_publish = Basic.Publish.marshal
+_PUBLISH_FRAMES: dict[tuple[object, ...], bytes] = {}
+"""Marshalled ``Basic.Publish`` methods, by their fields (a process publishes to a few
+routing keys: users', GMs', LMs'); at most ``MAX_PUBLISH_FRAMES``."""
+MAX_PUBLISH_FRAMES = 4096
+
+
+def _marshal_publish(self: Basic.Publish) -> bytes:
+    """``Basic.Publish.marshal``, remembered by its fields (it is the same for every
+    message to one exchange and routing key)."""
+    key = (self.ticket, self.exchange, self.routing_key, self.mandatory, self.immediate)
+    out = _PUBLISH_FRAMES.get(key)
+    if out is None:
+        out = _pamqp_marshal_publish(self)
+        if len(_PUBLISH_FRAMES) < MAX_PUBLISH_FRAMES:
+            _PUBLISH_FRAMES[key] = out
+    return out
+
+
+Basic.Publish.marshal = _marshal_publish  # type: ignore[method-assign,assignment]
 Basic.Deliver.unmarshal = _read_deliver  # type: ignore[method-assign,assignment]
 Basic.Ack.unmarshal = _read_ack  # type: ignore[method-assign,assignment]
 

@@ -282,3 +282,17 @@ def test_deliveries_and_confirms_are_read_as_pamqp_reads_them(method: Any) -> No
     pamqp_read(theirs, data)
     for name in method.__slots__:
         assert getattr(ours, name) == getattr(theirs, name) == getattr(method, name), name
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [("megha.submit", "u0", True, False), ("megha.events", "gm.gm0.lm0", True, False),
+     ("", "", False, False), ("x", "é.ü", False, True)],
+)  # fmt: skip
+def test_a_publish_method_is_marshalled_once_and_the_same(fields: tuple[Any, ...]) -> None:
+    exchange, key, mandatory, immediate = fields
+    method = Basic.Publish(0, exchange, key, mandatory, immediate)
+    assert method.marshal() == broker._pamqp_marshal_publish(method)
+    assert method.marshal() == broker._pamqp_marshal_publish(method)  # remembered
+    other = Basic.Publish(0, exchange, key + "x", mandatory, immediate)
+    assert other.marshal() == broker._pamqp_marshal_publish(other) != method.marshal()
