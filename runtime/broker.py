@@ -21,6 +21,14 @@ connection fails over to the next node that answers, the process's setups (queue
 consumers) run again there, then ``on_reconnect`` (a GM asks for fresh snapshots).
 With ``queue_type = "quorum"`` every durable queue is a quorum queue, replicated
 over the cluster, so losing one node loses no job, event or outcome.
+
+The hot path skips aio-pika's per-message objects (issue 35): a consumer gets a
+``Delivery`` straight from aiormq's channel, and its acks go out once per turn of the
+event loop, the lowest ones as one ``multiple`` ack (``_Acks``); a publish is aiormq's
+``basic_publish`` of an ``Outgoing`` whose ``Properties`` are made once.  pamqp's generic
+readers and writers are bypassed only for the shapes this federation sends (a delivery,
+a confirm, a header table of strings, integers and booleans), to the same bytes and
+values; anything else goes through pamqp.
 """
 
 from __future__ import annotations
@@ -410,7 +418,9 @@ def _message_id() -> str:
 class Outgoing:
     """A message to publish: its body and its AMQP properties, made once (an
     ``aio_pika.Message`` sets ~20 attributes through a guarded ``__setattr__`` and
-    builds its properties again at each publish)."""
+    builds its properties again at each publish).  Its message id matches a returned
+    message to its publish: publish it again only after the last publish of it ended
+    (a retry), never twice at once."""
 
     __slots__ = ("body", "properties")
 
