@@ -12,7 +12,9 @@ services run): it declares a private federation's topology on the broker, then
 
 and writes its process's CPU (user + system) per message for each, and the broker's
 (the ``beam.smp`` process, shared with whatever else runs: a rough figure).  Arms go
-old, new, new, old... and the medians' ratios are reported.
+old, new, new, old... and the medians' ratios are reported.  ``--transient`` publishes
+messages the broker need not write to disk (what persistence costs it: ``--against``
+this very tree, once with and once without).
 
     python benchmarks/bench_amqp.py --against /work/wt/amqplean-base --rounds 3
 
@@ -86,7 +88,8 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
 
         async def one(i: int) -> None:
             async with sem:
-                msg = amqp.persistent(body, message_id=f"m{i}", headers=SEAL)
+                make = amqp.transient if args.transient else amqp.persistent
+                msg = make(body, message_id=f"m{i}", headers=SEAL)
                 await b.publish("events", key, msg)
 
         c0, k0, t0 = _cpu(), _beam_cpu(), time.perf_counter()
@@ -140,6 +143,7 @@ def _run_arm(tree: str, args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, str(Path(__file__).resolve()), "--arm", "--tree", tree,
         "--arm-out", str(out), "--n", str(args.n), "--body", str(args.body),
         "--concurrency", str(args.concurrency), "--prefetch", str(args.prefetch),
+        *(["--transient"] if args.transient else []),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": tree}
     subprocess.run(argv, env=env, cwd=tree, check=True)
@@ -160,6 +164,7 @@ def main() -> int:
     ap.add_argument("--body", type=int, default=600, help="body bytes")
     ap.add_argument("--concurrency", type=int, default=16, help="publishes in flight")
     ap.add_argument("--prefetch", type=int, default=200)
+    ap.add_argument("--transient", action="store_true", help="publish transient messages")
     ap.add_argument("--out", default="results/bench_amqp.json")
     ap.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
