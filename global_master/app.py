@@ -23,7 +23,6 @@ import time
 from collections import deque
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
 from aiohttp import web
 from msgspec.structs import replace
 
@@ -161,7 +160,7 @@ class GmService:
         self._keep_ends_order: dict[LmId, asyncio.Lock] = {}
         """``KeepEnds`` to one LM leave in the order the core made them (a lock is FIFO): a
         job's "keep" retried while its LM is away never lands after its "let go"."""
-        self.deliveries: dict[tuple[UserId, JobId, bool], AbstractIncomingMessage] = {}
+        self.deliveries: dict[tuple[UserId, JobId, bool], amqp.Delivery] = {}
         """Jobs taken from the users' queues, until settled: by user, job id, and
         whether they are tasks this GM returned (their ids may be a user's job's)."""
         self._admission_order: dict[UserId, asyncio.Lock] = {}
@@ -275,7 +274,7 @@ class GmService:
                 continue
             q = await amqp.open_queue(sub, cfg.user_queue(u.user))
 
-            async def job(msg: AbstractIncomingMessage, user: UserId = u.user) -> None:
+            async def job(msg: amqp.Delivery, user: UserId = u.user) -> None:
                 await self._on_job(user, msg)
 
             await self.broker.consume(q, job)
@@ -296,7 +295,7 @@ class GmService:
         if self.core.ready:
             self._ready.set()
 
-    async def _on_state(self, msg: AbstractIncomingMessage) -> None:
+    async def _on_state(self, msg: amqp.Delivery) -> None:
         """A state update, if an LM sealed it and it is newer than what that LM sent
         before (anything else is dropped and counted: see ``state_seals.drops``)."""
         seal = self.state_seals.check(msg.headers, msg.body)
@@ -319,7 +318,7 @@ class GmService:
     def _persist(self, eff: Persist) -> None:
         self._persisted[eff.job.user] = self.persists.add(eff.job.user, eff.job)
 
-    async def _on_events(self, msg: AbstractIncomingMessage) -> None:
+    async def _on_events(self, msg: amqp.Delivery) -> None:
         """Task events; acknowledged once what they produced is on the broker (outcomes
         to users, returned tasks made durable), so a GM killed in between gets them
         again (outcomes are at least once; a returned task is never lost).  A batch
@@ -359,7 +358,7 @@ class GmService:
             await self.persists.sent(persisted)
         await msg.ack()
 
-    async def _on_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
+    async def _on_job(self, user: UserId, msg: amqp.Delivery) -> None:
         size = len(msg.body) + amqp.properties_bytes(msg)  # its headers are held too
         shed = self.unread.take(user, size, redelivered=bool(msg.redelivered))
         if shed is not None:
@@ -373,7 +372,7 @@ class GmService:
         finally:
             self.unread.done(user, size)
 
-    async def _read_job(self, user: UserId, msg: AbstractIncomingMessage) -> None:
+    async def _read_job(self, user: UserId, msg: amqp.Delivery) -> None:
         """Who sent it, before anything is decoded; then its shape; then the job itself,
         with a record of it on local disk (``runtime.poison``) while it is handled."""
         queue = self.cfg.user_queue(user)
@@ -404,7 +403,7 @@ class GmService:
                                   reason="ambiguous_fields")  # fmt: skip
             await self._admit(user, job, msg)
 
-    async def _admit(self, user: UserId, job: SubmitJob, msg: AbstractIncomingMessage) -> None:
+    async def _admit(self, user: UserId, job: SubmitJob, msg: amqp.Delivery) -> None:
         too_many = intake.dag_edges_error(job)
         if too_many is not None:  # before the core holds any of it
             self.refused_jobs += 1
@@ -442,9 +441,7 @@ class GmService:
                 reason="internal_error",
             ) from exc
 
-    def _check_submitter(
-        self, user: UserId, head: intake.Head, msg: AbstractIncomingMessage
-    ) -> None:
+    def _check_submitter(self, user: UserId, head: intake.Head, msg: amqp.Delivery) -> None:
         """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this
         GM returned to the queue itself (sealed by it).  Read off the body's first fields
         (``intake.peek``): nothing of an unproven sender's job is decoded."""
@@ -595,7 +592,7 @@ class GmService:
         return pages.state_page(self)
 
 
-async def _ack(msg: AbstractIncomingMessage) -> None:
+async def _ack(msg: amqp.Delivery) -> None:
     try:
         await msg.ack()
     except Exception as exc:  # channel gone: the broker will redeliver; the core knows it

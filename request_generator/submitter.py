@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
 
 from common import broker_names as names
 from common import codec
@@ -188,11 +187,12 @@ class Submitter:
             q = await amqp.open_queue(b.sub, self.cfg.user_events_queue(user))
             gm = self.gm_of(user)
             key = self.access.outcome_key(gm, user)
-            await q.consume(functools.partial(self._on_outcomes, gm, key), no_ack=True)
+            on_outcomes = functools.partial(self._on_outcomes, gm, key)
+            await b.consume(q, on_outcomes, no_ack=True, guard=False)
         if self.access.me == OPERATOR:
             dq = await b.sub.declare_queue(exclusive=True, auto_delete=True)
             await dq.bind(self.cfg.dead_letter_exchange, routing_key="")
-            await dq.consume(self._on_dead, no_ack=True)
+            await b.consume(dq, self._on_dead, no_ack=True, guard=False)
 
     def gm_of(self, user: str) -> str:
         """``user``'s GM: the config's, else the users file's (a user added later)."""
@@ -279,7 +279,7 @@ class Submitter:
             queue = queue.decode("utf-8", "replace")
         return queue == self.cfg.user_queue(user) and "x-death" not in headers
 
-    async def _on_dead(self, msg: AbstractIncomingMessage) -> None:
+    async def _on_dead(self, msg: amqp.Delivery) -> None:
         """A refused submission of this submitter: its tasks end as failed, with the GM's
         reason.  Only a GM's refusal of a job from its own user's queue counts: anyone
         can have a message of any body dead-lettered (see ``_refused_by_a_service``)."""
@@ -308,7 +308,7 @@ class Submitter:
             self.refused[job.job_id] = reason
             out.changed.set()
 
-    async def _on_outcomes(self, gm: str, key: bytes, msg: AbstractIncomingMessage) -> None:
+    async def _on_outcomes(self, gm: str, key: bytes, msg: amqp.Delivery) -> None:
         self.take_outcomes(gm, key, msg.headers, msg.body)
 
     def take_outcomes(

@@ -21,15 +21,27 @@ connection fails over to the next node that answers, the process's setups (queue
 consumers) run again there, then ``on_reconnect`` (a GM asks for fresh snapshots).
 With ``queue_type = "quorum"`` every durable queue is a quorum queue, replicated
 over the cluster, so losing one node loses no job, event or outcome.
+
+The hot path skips aio-pika's per-message objects (issue 35): a consumer gets a
+``Delivery`` straight from aiormq's channel, and its acks go out once per turn of the
+event loop, the lowest ones as one ``multiple`` ack (``_Acks``); a publish is aiormq's
+``basic_publish`` of an ``Outgoing`` whose ``Properties`` are made once.  pamqp's generic
+readers and writers are bypassed only for the shapes this federation sends (a delivery,
+a confirm, a header table of strings, integers and booleans), to the same bytes and
+values; anything else goes through pamqp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+import os
 import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import aio_pika
@@ -38,13 +50,14 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractConnection,
     AbstractExchange,
-    AbstractIncomingMessage,
     AbstractQueue,
 )
+from aiormq.abc import AbstractChannel as RawChannel
+from aiormq.abc import ChannelFrame, DeliveredMessage
 from pamqp import encode as amqp_encode
 from pamqp import header as amqp_header
 from pamqp.commands import Basic
-from pamqp.common import FieldValue
+from pamqp.common import FieldTable, FieldValue
 
 from common.config import FederationConfig
 from common.errors import InvalidInput, MeghaError
@@ -85,7 +98,138 @@ frame size did not, and the broker closed the connection on every redelivery).""
 _MARKERS = frozenset({UNREADABLE_HEADER, TOO_LARGE_HEADER, PROPERTIES_BYTES_HEADER})
 log = logging.getLogger("megha.broker")
 
-_read_content_header = amqp_header.ContentHeader.unmarshal
+_pamqp_read_content_header = amqp_header.ContentHeader.unmarshal
+_pamqp_read_deliver = Basic.Deliver.unmarshal
+_pamqp_read_ack = Basic.Ack.unmarshal
+_U16, _U32, _TAG_AND_BITS = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">qB")
+_TABLE_INTS = {ord(k): struct.Struct(f">{f}") for k, f in
+               (("b", "b"), ("s", "h"), ("u", "H"), ("I", "i"), ("i", "I"), ("l", "q"))}  # fmt: skip
+"""The table's integer types pamqp decodes as these structs (``pamqp.decode``)."""
+_FAST_FLAGS = 0x8000 | 0x2000 | 0x1000 | 0x0080
+"""Content type, headers, delivery mode, message id: what this federation's messages set."""
+
+
+class _Slow(Exception):
+    """Not a shape the fast readers know: pamqp's own reader decides."""
+
+
+def _short_str(data: bytes, at: int) -> tuple[str, int]:
+    end = at + 1 + data[at]
+    if end > len(data):
+        raise _Slow
+    return data[at + 1 : end].decode(), end
+
+
+def _read_table(data: bytes, at: int) -> tuple[dict[str, FieldValue], int]:
+    """A field table of strings, integers and booleans, as ``pamqp.decode.field_table``
+    reads it; ``_Slow`` for anything else (another type, a string that is not UTF-8, a
+    length past the table)."""
+    (length,) = _U32.unpack_from(data, at)
+    at += 4
+    end = at + length
+    if end > len(data):
+        raise _Slow
+    out: dict[str, FieldValue] = {}
+    while at < end:
+        key_end = at + 1 + data[at]
+        if key_end >= end:
+            raise _Slow
+        key = data[at + 1 : key_end].decode()
+        kind, at = data[key_end], key_end + 1
+        value: FieldValue
+        if kind == 0x53:  # S
+            (n,) = _U32.unpack_from(data, at)
+            if at + 4 + n > end:
+                raise _Slow
+            value, at = data[at + 4 : at + 4 + n].decode(), at + 4 + n
+        elif kind == 0x74 and at < end:  # t
+            value, at = bool(data[at]), at + 1
+        elif kind in _TABLE_INTS and at + _TABLE_INTS[kind].size <= end:
+            (value,) = _TABLE_INTS[kind].unpack_from(data, at)
+            at += _TABLE_INTS[kind].size
+        else:
+            raise _Slow
+        out[key] = value
+    if at != end:
+        raise _Slow
+    return out, end
+
+
+def _read_properties(props: Basic.Properties, data: bytes) -> None:
+    """``Basic.Properties.unmarshal`` of the properties a federation's messages carry
+    (``_FAST_FLAGS``; ``data`` from the flags on); ``_Slow`` for any other."""
+    (flags,) = _U16.unpack_from(data, 0)
+    if flags & ~_FAST_FLAGS:
+        raise _Slow
+    at = 2
+    if flags & 0x8000:
+        props.content_type, at = _short_str(data, at)
+    if flags & 0x2000:
+        props.headers, at = _read_table(data, at)
+    if flags & 0x1000:
+        props.delivery_mode, at = data[at], at + 1
+    if flags & 0x0080:
+        props.message_id, at = _short_str(data, at)
+
+
+def _read_content_header(self: amqp_header.ContentHeader, data: bytes) -> None:
+    """``ContentHeader.unmarshal``, the same values, without pamqp's walk over every
+    property's type for the properties of this federation's own messages (pamqp reads
+    any other, and raises what it raises)."""
+    try:
+        self.class_id, self.weight, self.body_size = struct.unpack_from(">HHQ", data, 0)
+        _read_properties(self.properties, data[12:])
+    except (_Slow, IndexError, struct.error, UnicodeDecodeError):
+        self.properties = Basic.Properties()
+        _pamqp_read_content_header(self, data)
+
+
+def _read_deliver(self: Basic.Deliver, data: bytes) -> None:
+    """``Basic.Deliver.unmarshal``, the same values, read directly (one per delivery)."""
+    try:
+        consumer_tag, at = _short_str(data, 0)
+        tag, bits = _TAG_AND_BITS.unpack_from(data, at)
+        exchange, at = _short_str(data, at + 9)
+        routing_key, at = _short_str(data, at)
+    except (_Slow, IndexError, struct.error, UnicodeDecodeError):
+        _pamqp_read_deliver(self, data)
+        return
+    self.consumer_tag, self.delivery_tag, self.redelivered = consumer_tag, tag, bool(bits & 1)
+    self.exchange, self.routing_key = exchange, routing_key
+
+
+def _read_ack(self: Basic.Ack, data: bytes) -> None:
+    """``Basic.Ack.unmarshal`` (a publisher confirm), the same values, read directly."""
+    try:
+        tag, bits = _TAG_AND_BITS.unpack_from(data, 0)
+    except struct.error:
+        _pamqp_read_ack(self, data)
+        return
+    self.delivery_tag, self.multiple = tag, bool(bits & 1)
+
+
+_pamqp_marshal_publish = Basic.Publish.marshal
+_PUBLISH_FRAMES: dict[tuple[object, ...], bytes] = {}
+"""Marshalled ``Basic.Publish`` methods, by their fields (a process publishes to a few
+routing keys: users', GMs', LMs'); at most ``MAX_PUBLISH_FRAMES``."""
+MAX_PUBLISH_FRAMES = 4096
+
+
+def _marshal_publish(self: Basic.Publish) -> bytes:
+    """``Basic.Publish.marshal``, remembered by its fields (it is the same for every
+    message to one exchange and routing key)."""
+    key = (self.ticket, self.exchange, self.routing_key, self.mandatory, self.immediate)
+    out = _PUBLISH_FRAMES.get(key)
+    if out is None:
+        out = _pamqp_marshal_publish(self)
+        if len(_PUBLISH_FRAMES) < MAX_PUBLISH_FRAMES:
+            _PUBLISH_FRAMES[key] = out
+    return out
+
+
+Basic.Publish.marshal = _marshal_publish  # type: ignore[method-assign,assignment]
+Basic.Deliver.unmarshal = _read_deliver  # type: ignore[method-assign,assignment]
+Basic.Ack.unmarshal = _read_ack  # type: ignore[method-assign,assignment]
 
 
 def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -> None:
@@ -116,7 +260,7 @@ def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -
 amqp_header.ContentHeader.unmarshal = _read_content_header_or_mark  # type: ignore[method-assign]
 
 
-def properties_bytes(msg: AbstractIncomingMessage) -> int:
+def properties_bytes(msg: Delivery) -> int:
     """The bytes of a delivery's AMQP properties on the wire (0 if not known)."""
     headers = msg.headers or {}
     size = headers.get(PROPERTIES_BYTES_HEADER, headers.get(TOO_LARGE_HEADER, 0))
@@ -147,7 +291,7 @@ def _sendable(headers: Mapping[str, FieldValue] | None) -> dict[str, FieldValue]
     return out
 
 
-OnMessage = Callable[[AbstractIncomingMessage], Awaitable[None]]
+OnMessage = Callable[["Delivery"], Awaitable[None]]
 PUBLISH_ERRORS = (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError)
 TRANSIENT = (
     aio_pika.exceptions.AMQPConnectionError,
@@ -171,29 +315,259 @@ MAX_FAILURES_KEPT = 10_000
 
 
 Headers = Mapping[str, str | int]
+MSGPACK = "application/x-msgpack"
+_UNSET = (None,) * 9
+"""The properties other than the content type, headers, delivery mode and message id."""
+_SHORT_STRINGS: dict[str, bytes] = {}
+
+
+def _short_string(value: str) -> bytes:
+    """``amqp_encode.short_string``, remembered (content types)."""
+    out = _SHORT_STRINGS.get(value)
+    if out is None:
+        out = _SHORT_STRINGS[value] = amqp_encode.short_string(value)
+    return out
+
+
+def _table(headers: FieldTable) -> bytes:
+    """``amqp_encode.field_table``, byte for byte, without its per-value dispatch for
+    the strings, integers and booleans a message's headers hold (anything else, and a
+    name pamqp would cut, goes through pamqp's own)."""
+    parts = []
+    for name, value in sorted(headers.items()):
+        key = name.encode()
+        if len(key) > 128:
+            return amqp_encode.field_table(headers)
+        parts.append(len(key).to_bytes(1, "big") + key)
+        if type(value) is str:
+            raw = value.encode()
+            parts.append(b"S" + len(raw).to_bytes(4, "big") + raw)
+        elif type(value) is int:
+            parts.append(amqp_encode.table_integer(value))
+        elif type(value) is bool:
+            parts.append(b"t\x01" if value else b"t\x00")
+        else:
+            try:
+                parts.append(amqp_encode.encode_table_value(value))
+            except TypeError:
+                return amqp_encode.field_table(headers)  # its error, with the name
+    out = b"".join(parts)
+    return len(out).to_bytes(4, "big") + out
+
+
+class Properties(Basic.Properties):
+    """``Basic.Properties`` made without validation (its values are this module's own)
+    and marshalled without pamqp's generic walk over every property when only the
+    content type, headers, delivery mode and message id are set (the bytes are the same;
+    ``tests/unit/test_broker_wire.py`` compares them)."""
+
+    def __init__(
+        self,
+        content_type: str | None,
+        headers: FieldTable | None,
+        delivery_mode: int | None,
+        message_id: str | None,
+    ) -> None:
+        self.content_type = content_type
+        self.content_encoding = None
+        self.headers = headers
+        self.delivery_mode = delivery_mode
+        self.priority = None
+        self.correlation_id = None
+        self.reply_to = None
+        self.expiration = None
+        self.message_id = message_id
+        self.timestamp = None
+        self.message_type = None
+        self.user_id = None
+        self.app_id = None
+        self.cluster_id = ""
+
+    def marshal(self) -> bytes:
+        others = (self.content_encoding, self.priority, self.correlation_id, self.reply_to,
+                  self.expiration, self.timestamp, self.message_type, self.user_id, self.app_id)  # fmt: skip
+        if self.cluster_id or others != _UNSET:
+            return super().marshal()
+        flags, parts = 0, []
+        if self.content_type:
+            flags |= 0x8000
+            parts.append(_short_string(self.content_type))
+        if self.headers is not None:
+            flags |= 0x2000
+            parts.append(_table(self.headers))
+        if self.delivery_mode is not None:
+            flags |= 0x1000
+            parts.append(amqp_encode.octet(self.delivery_mode))
+        if self.message_id:
+            flags |= 0x0080
+            parts.append(amqp_encode.short_string(self.message_id))
+        return flags.to_bytes(2, "big") + b"".join(parts)
+
+
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count()
+
+
+def _message_id() -> str:
+    """An id unique to this message (a random prefix per process and a count): what
+    aiormq would draw a UUID for, per publish, to match a returned message to its
+    confirm; an id kept across the publish's retries."""
+    return f"{_ID_PREFIX}.{next(_ids)}"
+
+
+class Outgoing:
+    """A message to publish: its body and its AMQP properties, made once (an
+    ``aio_pika.Message`` sets ~20 attributes through a guarded ``__setattr__`` and
+    builds its properties again at each publish).  Its message id matches a returned
+    message to its publish: publish it again only after the last publish of it ended
+    (a retry), never twice at once."""
+
+    __slots__ = ("body", "properties")
+
+    def __init__(self, body: bytes, properties: Basic.Properties) -> None:
+        self.body = body
+        self.properties = properties
+
+    @property
+    def headers(self) -> FieldTable | None:
+        return self.properties.headers
+
+    @property
+    def delivery_mode(self) -> int | None:
+        return self.properties.delivery_mode
+
+    @property
+    def message_id(self) -> str | None:
+        return self.properties.message_id
 
 
 def persistent(
     body: bytes, *, message_id: str | None = None, headers: Headers | None = None
-) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        content_type="application/x-msgpack",
-        message_id=message_id,
-        headers=dict(headers) if headers else None,
-    )
+) -> Outgoing:
+    """A persistent message (delivery mode 2): a durable queue keeps it on disk."""
+    props = Properties(MSGPACK, dict(headers) if headers else None, 2, message_id or _message_id())
+    return Outgoing(body, props)
 
 
 def transient(
     body: bytes, *, message_id: str | None = None, headers: Headers | None = None
-) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        content_type="application/x-msgpack",
-        message_id=message_id,
-        headers=dict(headers) if headers else None,
+) -> Outgoing:
+    """A message the broker may keep in memory only (no delivery mode)."""
+    props = Properties(
+        MSGPACK, dict(headers) if headers else None, None, message_id or _message_id()
     )
+    return Outgoing(body, props)
+
+
+class _Acks:
+    """The acks of one consumer channel, sent together once per turn of the event loop:
+    acks of the lowest deliveries in hand go as one ``multiple`` ack up to the highest of
+    them (what is acked is exactly what was acked one by one before), the others one
+    by one; a nack or a reject goes at once.  Every delivery of the channel that needs
+    an ack must come through ``Broker.consume`` (a ``multiple`` ack would take one it
+    does not know of); deliveries without (``no_ack``) are not counted by the broker."""
+
+    def __init__(self, channel: RawChannel) -> None:
+        self.channel = channel
+        self.in_hand: set[int] = set()
+        """Delivered, needing an ack, not settled."""
+        self._lowest: list[int] = []
+        """A heap of delivery tags: its smallest in ``in_hand`` is the lowest in hand."""
+        self._acked: list[int] = []
+        """Acked since the last flush, not sent."""
+        self._flushing = False
+        self.frames_sent = 0
+
+    def delivered(self, tag: int) -> None:
+        self.in_hand.add(tag)
+        heapq.heappush(self._lowest, tag)
+
+    def ack(self, tag: int) -> None:
+        self._acked.append(tag)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def settled(self, tag: int) -> None:
+        """``tag`` was nacked or rejected (sent by the caller)."""
+        self.in_hand.discard(tag)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        acked, self._acked = sorted(self._acked), []
+        for tag in acked:
+            self.in_hand.discard(tag)
+        lowest = self._lowest
+        while lowest and lowest[0] not in self.in_hand:
+            heapq.heappop(lowest)
+        if len(lowest) > 2 * len(self.in_hand) + 64:  # settled tags under a long-held one
+            lowest[:] = self.in_hand
+            heapq.heapify(lowest)
+        first = lowest[0] if lowest else acked[-1] + 1
+        below = [t for t in acked if t < first]
+        frames: list[Any] = [Basic.Ack(delivery_tag=t) for t in acked if t > first]
+        if below:
+            frames.insert(0, Basic.Ack(delivery_tag=below[-1], multiple=len(below) > 1))
+        if self.channel.is_closed:  # the broker put them back: they come again
+            return
+        frame = ChannelFrame.marshall(channel_number=self.channel.number, frames=frames)
+        self.frames_sent += len(frames)
+        out: asyncio.Queue[ChannelFrame] = self.channel.write_queue  # type: ignore[attr-defined]
+        try:
+            out.put_nowait(frame)
+        except asyncio.QueueFull:  # the writer is behind: wait for room, in order
+            asyncio.get_running_loop().create_task(out.put(frame))
+
+
+class Delivery:
+    """One delivery from a queue: its body, headers and ids, settled once (acked,
+    nacked or rejected); what an ``aio_pika.IncomingMessage`` was, without its ~20
+    guarded attributes and its second task per delivery."""
+
+    __slots__ = (
+        "_acks",
+        "_settled",
+        "body",
+        "delivery_tag",
+        "headers",
+        "message_id",
+        "redelivered",
+    )  # fmt: skip
+
+    def __init__(self, raw: DeliveredMessage, acks: _Acks | None) -> None:
+        props = raw.header.properties
+        self.body: bytes = raw.body
+        self.headers: dict[str, FieldValue] = props.headers or {}
+        self.message_id: str | None = props.message_id
+        deliver = raw.delivery
+        self.redelivered = bool(getattr(deliver, "redelivered", False))
+        self.delivery_tag: int = getattr(deliver, "delivery_tag", 0)
+        self._acks = acks
+        self._settled = acks is None
+        if acks is not None:
+            acks.delivered(self.delivery_tag)
+
+    def _settle(self) -> _Acks:
+        if self._acks is None:
+            raise TypeError("a delivery consumed without acks cannot be settled")
+        if self._settled:
+            raise aio_pika.exceptions.MessageProcessError("Message already processed", self)
+        self._settled = True
+        return self._acks
+
+    async def ack(self) -> None:
+        """Acked with the channel's other acks of this turn of the loop."""
+        self._settle().ack(self.delivery_tag)
+
+    async def nack(self, requeue: bool = True) -> None:
+        acks = self._settle()
+        acks.settled(self.delivery_tag)
+        await acks.channel.basic_nack(self.delivery_tag, requeue=requeue)
+
+    async def reject(self, requeue: bool = False) -> None:
+        acks = self._settle()
+        acks.settled(self.delivery_tag)
+        await acks.channel.basic_reject(self.delivery_tag, requeue=requeue)
 
 
 async def connect(url: str) -> AbstractConnection:
@@ -343,6 +717,7 @@ class Broker:
         self.handler_errors = 0
         self.reconnects = 0
         self._failures: dict[str, int] = {}
+        self._acks: list[_Acks] = []
         """Messages whose handler raised once in this process (by ``delivery_key``)."""
 
     @property
@@ -448,7 +823,7 @@ class Broker:
         self,
         exchange: str,
         routing_key: str,
-        message: aio_pika.Message,
+        message: Outgoing | aio_pika.Message,
         *,
         mandatory: bool = True,
         policy: Backoff | None = None,
@@ -465,8 +840,18 @@ class Broker:
             if self._pub_nacked:
                 await self._reopen_pub()
             ex: AbstractExchange = getattr(self.ex, exchange)
-            try:
-                await ex.publish(message, routing_key=routing_key, mandatory=mandatory)
+            pub = self.pub
+            if pub is None or pub.is_closed:
+                raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
+            ch = await pub.get_underlay_channel()
+            try:  # aiormq's publish, as aio_pika's exchange made it, without its Message
+                await ch.basic_publish(
+                    message.body,
+                    exchange=ex.name,
+                    routing_key=routing_key,
+                    properties=message.properties,
+                    mandatory=mandatory,
+                )
             except aiormq.exceptions.DeliveryError as exc:
                 if isinstance(exc.frame, Basic.Nack):  # e.g. a quorum queue electing a leader
                     # a channel that saw a queue's leader go keeps nacking it: a new one
@@ -486,9 +871,7 @@ class Broker:
             on_retry=count,
         )
 
-    async def dead_letter(
-        self, msg: AbstractIncomingMessage, queue: str, reason: str, detail: str
-    ) -> None:
+    async def dead_letter(self, msg: Delivery, queue: str, reason: str, detail: str) -> None:
         """Refuse a message: to the dead-letter exchange with its reason, its size and
         at most the first ``DEAD_LETTER_BODY`` bytes of its body, then ack."""
         self.dead_lettered += 1
@@ -504,14 +887,8 @@ class Broker:
                 SIZE_HEADER: len(body),
                 TRUNCATED_HEADER: len(body) > DEAD_LETTER_BODY,
             }
-            await self.ex.dlx.publish(
-                aio_pika.Message(
-                    body[:DEAD_LETTER_BODY],
-                    headers=headers,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
-                routing_key="",
-            )
+            letter = Outgoing(body[:DEAD_LETTER_BODY], Properties(None, headers, 2, _message_id()))
+            await self.ex.dlx.publish(letter, routing_key="")  # type: ignore[call-overload]
         except PUBLISH_ERRORS:  # the queue's own dead-lettering still keeps the message
             log.exception("%s: dead-letter publish failed; rejecting instead", self.name)
             with contextlib.suppress(*PUBLISH_ERRORS):
@@ -521,26 +898,51 @@ class Broker:
             await msg.ack()
 
     async def consume(
-        self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False
+        self, queue: AbstractQueue, handler: OnMessage, *, no_ack: bool = False, guard: bool = True
     ) -> None:
-        """Consume ``queue`` with ``handler``; nothing a handler raises loops forever."""
+        """Consume ``queue`` with ``handler`` (through aiormq's channel: a ``Delivery``
+        each, no ``aio_pika.IncomingMessage``); guarded (``guarded``), nothing a handler
+        raises loops forever."""
+        ch = await queue.channel.get_underlay_channel()
+        acks = None if no_ack else self._acks_of(ch)
+        take = self.guarded(queue.name, handler, no_ack=no_ack) if guard else handler
 
-        async def guarded(msg: AbstractIncomingMessage) -> None:
+        async def deliver(raw: DeliveredMessage) -> None:
+            await take(Delivery(raw, acks))
+
+        await ch.basic_consume(queue.name, deliver, no_ack=no_ack)
+
+    def _acks_of(self, ch: RawChannel) -> _Acks:
+        """The acks of channel ``ch`` (one ``_Acks`` per channel: ``multiple`` acks count
+        every delivery of it)."""
+        self._acks = [a for a in self._acks if not a.channel.is_closed]
+        for a in self._acks:
+            if a.channel is ch:
+                return a
+        a = _Acks(ch)
+        self._acks.append(a)
+        return a
+
+    def guarded(self, queue: str, handler: OnMessage, *, no_ack: bool = False) -> OnMessage:
+        """``handler``, with a refusal (``MeghaError``) dead-lettered and any other
+        exception logged and retried (``_failed``); with ``no_ack``, both dropped."""
+
+        async def guarded(msg: Delivery) -> None:
             try:
                 _check_properties(msg)
                 await handler(msg)
             except MeghaError as exc:
                 if not no_ack:
-                    await self.dead_letter(msg, queue.name, exc.reason, str(exc))
+                    await self.dead_letter(msg, queue, exc.reason, str(exc))
             except Exception as exc:
                 self.handler_errors += 1
-                log.exception("%s: consumer of %s failed", self.name, queue.name)
+                log.exception("%s: consumer of %s failed", self.name, queue)
                 if not no_ack:
-                    await self._failed(msg, queue.name, exc)
+                    await self._failed(msg, queue, exc)
 
-        await queue.consume(guarded, no_ack=no_ack)
+        return guarded
 
-    async def _failed(self, msg: AbstractIncomingMessage, queue: str, exc: Exception) -> None:
+    async def _failed(self, msg: Delivery, queue: str, exc: Exception) -> None:
         """A handler raised something other than a refusal: the message goes back to its
         queue after a pause (longer each time); the ``HANDLER_ATTEMPTS``-th time it fails
         here it is dead-lettered (``handler_error``).  Counted per message in this
@@ -559,7 +961,7 @@ class Broker:
             await msg.nack(requeue=True)
 
 
-def _check_properties(msg: AbstractIncomingMessage) -> None:
+def _check_properties(msg: Delivery) -> None:
     """Refuse a delivery whose properties were too large or not readable (unhandled)."""
     headers = msg.headers or {}
     unreadable = headers.get(UNREADABLE_HEADER)

@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -109,6 +109,7 @@ class PoisonGuard:
     def __init__(self, directory: Path, *, master: str | None = None) -> None:
         self.dir = directory
         self.master = master if master is not None else master_identity()
+        self._master_json = json.dumps(self.master)
         self.verdicts: dict[str, Verdict] = {}
         self.poisoned = 0
         self._fd = -1
@@ -170,28 +171,21 @@ class PoisonGuard:
             with contextlib.suppress(OSError):
                 (self.dir / f"v-{key}").unlink(missing_ok=True)
 
-    @contextlib.asynccontextmanager
-    async def handling(self, key: str, verdict: Verdict = Verdict.FRESH) -> AsyncIterator[None]:
-        """Hold a record of the delivery ``key`` while it is handled; a suspect is
-        handled alone."""
-        alone = verdict is Verdict.SUSPECT
-        await self._enter(alone)
-        slot = self._record(key, suspect=alone)
-        try:
-            yield
-        finally:
-            if slot is not None:
-                self._clear(slot)
-            self._leave(alone)
-            if alone:
-                self.settle(key)
+    def handling(self, key: str, verdict: Verdict = Verdict.FRESH) -> _Handling:
+        """Hold a record of the delivery ``key`` while it is handled (``async with``); a
+        suspect is handled alone."""
+        return _Handling(self, key, verdict is Verdict.SUSPECT)
 
     def _record(self, key: str, *, suspect: bool) -> int | None:
         """Write the record of ``key`` into a free slot (in the page cache when this
         returns: it outlives the process); the slot, or None without a record."""
         if self._broken:
             return None
-        data = json.dumps({"key": key, "master": self.master, "suspect": suspect}).encode()
+        # json.dumps({"key": key, "master": self.master, "suspect": suspect}), by parts
+        data = (
+            f'{{"key": {json.dumps(key)}, "master": {self._master_json}, '
+            f'"suspect": {"true" if suspect else "false"}}}'
+        ).encode()
         if len(data) >= SLOT:  # (a key is 32 hex digits, a master "pid:start")
             self._disable(OSError(f"a record of {len(data)} bytes does not fit a slot"))
             return None
@@ -231,7 +225,8 @@ class PoisonGuard:
 
     async def _enter(self, alone: bool) -> None:
         if not alone:
-            await self._until(lambda: not self._exclusive and not self._waiting_exclusive)
+            if self._exclusive or self._waiting_exclusive:
+                await self._until(lambda: not self._exclusive and not self._waiting_exclusive)
             self._active += 1
             return
         self._waiting_exclusive += 1
@@ -248,3 +243,26 @@ class PoisonGuard:
         else:
             self._active -= 1
         self._wake()
+
+
+class _Handling:
+    """``PoisonGuard.handling``'s context: the record of one delivery while it is handled
+    (a class, not a generator-based context manager: one per job)."""
+
+    __slots__ = ("alone", "guard", "key", "slot")
+
+    def __init__(self, guard: PoisonGuard, key: str, alone: bool) -> None:
+        self.guard, self.key, self.alone = guard, key, alone
+        self.slot: int | None = None
+
+    async def __aenter__(self) -> None:
+        await self.guard._enter(self.alone)
+        self.slot = self.guard._record(self.key, suspect=self.alone)
+
+    async def __aexit__(self, *_: object) -> None:
+        g = self.guard
+        if self.slot is not None:
+            g._clear(self.slot)
+        g._leave(self.alone)
+        if self.alone:
+            g.settle(self.key)

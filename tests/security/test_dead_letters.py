@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -157,21 +156,13 @@ def test_a_delivery_with_unreadable_properties_is_dead_lettered_unhandled() -> N
     dlx = Marshalled()
     b._ex = Exchanges(dlx, dlx, dlx, dlx)  # type: ignore[arg-type]
     handled: list[object] = []
-    consumers: list[Callable[[Any], Awaitable[None]]] = []
-
-    class Queue:
-        name = "fed.user.u0"
-
-        async def consume(self, callback: Callable[[Any], Awaitable[None]], **_: Any) -> None:
-            consumers.append(callback)
 
     async def handler(msg: object) -> None:
         handled.append(msg)
 
     props = _delivered(HEADERS_FLAG + _table(b"\x01a" + _nested_arrays(2_000))).properties
     msg = Delivered(b"job", props.headers)
-    asyncio.run(b.consume(Queue(), handler))  # type: ignore[arg-type]
-    asyncio.run(consumers[0](msg))
+    asyncio.run(b.guarded("fed.user.u0", handler)(msg))  # type: ignore[arg-type]
     assert handled == []
     (out,) = dlx.published
     assert out.headers is not None

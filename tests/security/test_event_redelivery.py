@@ -67,16 +67,7 @@ class Delivery:
 
 def consumer(b: Broker, handler: Any) -> Any:
     """The guarded consumer ``Broker.consume`` makes of ``handler``."""
-    got: list[Any] = []
-
-    class Queue:
-        name = "fed.gm.gm0.events"
-
-        async def consume(self, callback: Any, **_: Any) -> None:
-            got.append(callback)
-
-    asyncio.run(b.consume(Queue(), handler))  # type: ignore[arg-type]
-    return got[0]
+    return b.guarded("fed.gm.gm0.events", handler)
 
 
 # ------------------------------------------------------------------ the seal's window

@@ -242,20 +242,12 @@ def test_a_header_table_over_the_bound_is_never_parsed(monkeypatch: pytest.Monke
 
 def _consume_one(b: Broker, headers: dict[str, Any]) -> tuple[list[object], Delivery]:
     handled: list[object] = []
-    consumers: list[Any] = []
-
-    class Queue:
-        name = "fed.user.u0"
-
-        async def consume(self, callback: Any, **_: Any) -> None:
-            consumers.append(callback)
 
     async def handler(msg: object) -> None:
         handled.append(msg)
 
     msg = Delivery(b"job", headers=headers)
-    asyncio.run(b.consume(Queue(), handler))  # type: ignore[arg-type]
-    asyncio.run(consumers[0](msg))
+    asyncio.run(b.guarded("fed.user.u0", handler)(msg))  # type: ignore[arg-type]
     return handled, msg
 
 

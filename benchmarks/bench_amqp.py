@@ -1,0 +1,208 @@
+"""The AMQP hot path per message: publish (confirmed) and consume + ack, this tree
+against another checkout, alternating in one sitting (issue 35 item 1).
+
+Each arm is a fresh process with its own tree first on ``sys.path`` and uvloop (as the
+services run): it declares a private federation's topology on the broker, then
+
+* ``publish``: ``--n`` persistent messages (``--body`` bytes, a seal-sized header
+  table) through ``Broker.publish`` to a GM's events queue, ``--concurrency`` at a
+  time, each waiting for its confirm (as a GM's or LM's publishes do);
+* ``consume``: the same messages taken back through ``Broker.consume``, each acked by
+  its handler (as a GM's consumer does);
+
+and writes its process's CPU (user + system) per message for each, and the broker's
+(the ``beam.smp`` process, shared with whatever else runs: a rough figure).  Arms go
+old, new, new, old... and the medians' ratios are reported.  ``--transient`` publishes
+messages the broker need not write to disk (what persistence costs it: ``--against``
+this very tree, once with and once without).
+
+    python benchmarks/bench_amqp.py --against /work/wt/amqplean-base --rounds 3
+
+writes ``--out`` (JSON).  Needs RabbitMQ on 127.0.0.1:5672.  Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+SEAL: dict[str, str | int] = {
+    "x-megha-sender": "lm:lm0",
+    "x-megha-epoch": 1764300000000,
+    "x-megha-seq": 123456,
+    "x-megha-mac": "k1:" + "ab" * 32,
+    "x-megha-to": "gm:gm0",
+}
+"""A header table of the size and shape of a sealed message's (~300 bytes)."""
+
+
+def _beam_cpu() -> float:
+    """The CPU seconds so far of the shared RabbitMQ node's ``beam.smp`` (0 if not
+    found)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "beam.smp":
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        if "/var/lib/rabbitmq" in argv and "-hidden" not in argv:  # the node, not a CLI
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from common import broker_names as names
+    from common.config import FederationConfig
+    from runtime import broker as amqp
+
+    cfg = replace(FederationConfig(), name=f"bench-amqp-{os.getpid()}").validate()
+    await amqp.declare_topology(cfg, cfg.broker_url)
+    b = amqp.Broker(cfg, "bench", urls=[cfg.broker_url])
+    await b.open(prefetch=args.prefetch)
+    body = bytes(range(256)) * (args.body // 256) + b"x" * (args.body % 256)
+    key = names.gm_event_key("gm0", "lm0")
+    out: dict[str, Any] = {}
+    try:
+        sem = asyncio.Semaphore(args.concurrency)
+
+        async def one(i: int) -> None:
+            async with sem:
+                make = amqp.transient if args.transient else amqp.persistent
+                msg = make(body, message_id=f"m{i}", headers=SEAL)
+                await b.publish("events", key, msg)
+
+        c0, k0, t0 = _cpu(), _beam_cpu(), time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(args.n)))
+        c1, k1, t1 = _cpu(), _beam_cpu(), time.perf_counter()
+        out["publish"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0)
+
+        done = asyncio.Event()
+        seen = [0]
+
+        async def handler(msg: Any) -> None:
+            assert msg.body == body
+            await msg.ack()
+            seen[0] += 1
+            if seen[0] == args.n:
+                done.set()
+
+        assert b.sub is not None
+        q = await amqp.open_queue(b.sub, cfg.gm_events_queue("gm0"))
+        c0, k0, t0 = _cpu(), _beam_cpu(), time.perf_counter()
+        await b.consume(q, handler)
+        await asyncio.wait_for(done.wait(), 120)
+        c1, k1, t1 = _cpu(), _beam_cpu(), time.perf_counter()
+        out["consume"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0)
+    finally:
+        await b.close()
+        await amqp.delete_topology(cfg, cfg.broker_url)
+    return out
+
+
+def _figures(n: int, cpu: float, beam: float, wall: float) -> dict[str, float]:
+    return {
+        "client_us_per_msg": round(1e6 * cpu / n, 2),
+        "broker_us_per_msg": round(1e6 * beam / n, 2),
+        "msgs_per_s": round(n / wall, 1),
+    }
+
+
+def _arm(args: argparse.Namespace) -> int:
+    sys.path.insert(0, args.tree)
+    import uvloop
+
+    out = uvloop.run(_arm_async(args))
+    Path(args.arm_out).write_text(json.dumps(out) + "\n")
+    return 0
+
+
+def _run_arm(tree: str, args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(tempfile.mkstemp(prefix="amqp-arm-", suffix=".json")[1])
+    argv = [
+        sys.executable, str(Path(__file__).resolve()), "--arm", "--tree", tree,
+        "--arm-out", str(out), "--n", str(args.n), "--body", str(args.body),
+        "--concurrency", str(args.concurrency), "--prefetch", str(args.prefetch),
+        *(["--transient"] if args.transient else []),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": tree}
+    subprocess.run(argv, env=env, cwd=tree, check=True)
+    rows: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return rows
+
+
+def _median(rows: list[dict[str, Any]], phase: str, key: str) -> float:
+    return round(float(statistics.median(r[phase][key] for r in rows)), 2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", default="", help="the old checkout (required)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=5000, help="messages per phase")
+    ap.add_argument("--body", type=int, default=600, help="body bytes")
+    ap.add_argument("--concurrency", type=int, default=16, help="publishes in flight")
+    ap.add_argument("--prefetch", type=int, default=200)
+    ap.add_argument("--transient", action="store_true", help="publish transient messages")
+    ap.add_argument("--out", default="results/bench_amqp.json")
+    ap.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
+    ap.add_argument("--arm-out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.arm:
+        return _arm(args)
+    if not args.against:
+        ap.error("--against OLD_TREE is required")
+    arms: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    trees = {"old": args.against, "new": str(HERE)}
+    for r in range(args.rounds):
+        for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            row = {"loadavg_before": os.getloadavg(), **_run_arm(trees[which], args)}
+            arms[which].append(row)
+            print(which, json.dumps(row), flush=True)
+    summary: dict[str, Any] = {}
+    for phase in ("publish", "consume"):
+        summary[phase] = {}
+        for key in ("client_us_per_msg", "broker_us_per_msg", "msgs_per_s"):
+            o, n = _median(arms["old"], phase, key), _median(arms["new"], phase, key)
+            summary[phase][key] = {
+                "old": o,
+                "new": n,
+                "new_over_old": round(n / o, 3) if o else None,
+            }
+    doc = {
+        "how": " ".join(sys.argv),
+        "trees": trees,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "summary": summary,
+        "arms": arms,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
