@@ -1,0 +1,177 @@
+"""The lean server path's HTTP/1.1 reading and writing (``runtime.http._Connection``).
+
+A service's peers post messages the one way ``runtime.h1`` writes them: ``POST`` to a
+message route, HTTP/1.1, ``Content-Length``, keep-alive, a dozen ASCII headers.  Such a
+request is read here, and its answer written, without aiohttp's request, response and
+middleware objects (about a fifth of an LM's CPU).  Anything else -- another method or
+path, HTTP/1.0, chunked, ``Expect``, ``Upgrade``, ``Content-Encoding``, ``Connection``
+other than keep-alive, a repeated header, a byte outside printable ASCII, a long head,
+obs-fold -- is ``HANDOVER``: the connection gives every byte it holds, unread, to
+aiohttp, which answers it (or refuses it) exactly as it does without this path.  What
+this module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+
+MAX_HEAD: Final = 8190
+"""The longest head read here (aiohttp's line limit: any line of a head this long is
+one aiohttp takes); a longer one is handed over, to be read or refused there."""
+MAX_FIELDS: Final = 24
+"""Header lines read here (a signed call has about ten); more are handed over."""
+MAX_LENGTH_DIGITS: Final = 10
+
+_TCHAR: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_HEAD_BYTES: Final = bytes(range(0x20, 0x7F)) + b"\t\r\n"
+_DIGITS: Final = b"0123456789"
+_PREFIX: Final = b"POST /"
+_VERSION: Final = b" HTTP/1.1"
+_REFUSED_FIELDS: Final = frozenset(
+    {"transfer-encoding", "expect", "upgrade", "content-encoding", "te", "trailer"}
+)
+"""Fields that change how a request is framed, decoded or answered: aiohttp's."""
+
+
+class _Handover:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HANDOVER"
+
+
+HANDOVER: Final = _Handover()
+"""Not a request this path reads: aiohttp reads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request head read here: ``POST path HTTP/1.1`` and its fields."""
+
+    path: str
+    fields: tuple[tuple[str, str], ...]
+    """Names as sent, values without surrounding whitespace, in order."""
+    length: int
+    """The body's ``Content-Length``."""
+    size: int
+    """Bytes of the head, its blank line included: the body starts there."""
+
+
+def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover | None:
+    """The head at the start of ``buf`` if this path reads it, ``HANDOVER`` if it does
+    not (nor ever will, whatever follows), ``None`` if it may once more bytes come."""
+    if not buf.startswith(_PREFIX):
+        return None if _PREFIX.startswith(buf) else HANDOVER
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        if len(buf) >= MAX_HEAD or not _partial_ok(buf, routes):
+            return HANDOVER
+        return None
+    if buf[:end].translate(None, _HEAD_BYTES):
+        return HANDOVER
+    lines = buf[:end].split(b"\r\n")
+    target = _target(lines[0], routes)
+    if target is None:
+        return HANDOVER
+    fields = _fields(lines[1:])
+    if fields is None:
+        return HANDOVER
+    length = _length(fields)
+    if length is None:
+        return HANDOVER
+    return Head(target, fields, length, end + 4)
+
+
+def _partial_ok(buf: bytes, routes: frozenset[bytes]) -> bool:
+    """May ``buf``, a head not yet whole, still become one read here?  (A bare LF, a
+    control byte or a wrong request line is handed over at once, not after 8 KiB.)"""
+    if buf.translate(None, _HEAD_BYTES):
+        return False
+    whole = buf[: buf.rfind(b"\r\n")] if b"\r\n" in buf else b""
+    rest = buf[len(whole) :].removeprefix(b"\r\n").removesuffix(b"\r")
+    if b"\r" in rest or b"\n" in rest:
+        return False
+    if not whole:
+        return True  # the request line is not whole yet
+    lines = whole.split(b"\r\n")
+    return _target(lines[0], routes) is not None and _fields(lines[1:]) is not None
+
+
+def _target(line: bytes, routes: frozenset[bytes]) -> str | None:
+    if not line.endswith(_VERSION):
+        return None
+    target = line[5 : -len(_VERSION)]
+    return target.decode("ascii") if target in routes else None
+
+
+def _fields(lines: list[bytes]) -> tuple[tuple[str, str], ...] | None:
+    """The header fields, or None if one is not read here (malformed, repeated, a
+    framing field, obs-fold, a lone CR or LF)."""
+    if len(lines) > MAX_FIELDS:
+        return None
+    out = []
+    seen = set()
+    for line in lines:
+        colon = line.find(b":")
+        if colon <= 0 or b"\r" in line or b"\n" in line:
+            return None
+        name = line[:colon]
+        if name.translate(None, _TCHAR):
+            return None
+        low = name.lower().decode("ascii")
+        if low in seen or low in _REFUSED_FIELDS:
+            return None
+        seen.add(low)
+        value = line[colon + 1 :].strip(b" \t").decode("ascii")
+        if low == "connection" and value.lower() != "keep-alive":
+            return None
+        out.append((name.decode("ascii"), value))
+    return tuple(out)
+
+
+def _length(fields: tuple[tuple[str, str], ...]) -> int | None:
+    """The ``Content-Length`` of a request with a ``Host`` (aiohttp refuses one
+    without), if read here."""
+    if not any(name.lower() == "host" for name, _ in fields):
+        return None
+    for name, value in fields:
+        if name.lower() == "content-length":
+            digits = value.encode("ascii")
+            if (
+                not digits
+                or digits.translate(None, _DIGITS)
+                or len(digits) > MAX_LENGTH_DIGITS
+                or (len(digits) > 1 and digits[0] == 0x30)
+            ):
+                return None
+            return int(digits)
+    return None
+
+
+_PHRASES: Final = {
+    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 409: "Conflict", 413: "Request Entity Too Large",
+    422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable",
+}  # fmt: skip
+
+
+def answer_bytes(
+    status: int, body: bytes, headers: dict[str, str], *, close: bool, phrase: str = ""
+) -> bytes:
+    """An answer as aiohttp writes it (status line, ``headers``, ``Content-Length``
+    unless a 204, ``Date``, ``Server``, ``Connection: close`` when closing), in one
+    piece for one ``transport.write``."""
+    lines = [f"HTTP/1.1 {status} {phrase or _PHRASES.get(status, '')}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if status != 204:
+        lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Date: {rfc822_formatted_time()}")
+    lines.append(f"Server: {SERVER_SOFTWARE}")
+    if close:
+        lines.append("Connection: close")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("latin-1") + body
