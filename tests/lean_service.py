@@ -57,7 +57,8 @@ class Pool:
         self.ready = True
         self.hold = asyncio.Event()
         self.hold.set()
-        self.fed = 0
+        self.fed = asyncio.Event()
+        """Set once a message reached ``durable``."""
 
     async def open(self) -> None:
         return None
@@ -75,7 +76,7 @@ class Pool:
         return None if self.ready else Refused(reason="not_ready", detail="registering")
 
     async def durable(self, msg: object) -> None:
-        self.fed += 1
+        self.fed.set()
         await asyncio.sleep(0)
         await self.hold.wait()
 

@@ -137,7 +137,9 @@ CASES: dict[str, tuple[Callable[[], list[bytes]], list[int]]] = {
     ),
     "another body than signed": (lambda: [call(stop("echo"), signed_body=b"x")], [401]),
     "a body over the limit": (
-        lambda: [call(b"").replace(b"Content-Length: 0", b"Content-Length: %d" % (CFG.max_body + 1))],
+        lambda: [
+            call(b"").replace(b"Content-Length: 0", b"Content-Length: %d" % (CFG.max_body + 1))
+        ],
         [413],
     ),
     "a caller not allowed": (
@@ -245,8 +247,7 @@ def test_a_graceful_shutdown_waits_for_the_call_being_served() -> None:
         await site.start()
         port = runner.addresses[0][1]
         sent = asyncio.create_task(asyncio.to_thread(_exchange, port, [call(stop("echo"))]))
-        while pool.fed == 0:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(pool.fed.wait(), 10.0)
         cleanup = asyncio.create_task(runner.cleanup())
         await asyncio.sleep(0.1)
         assert not cleanup.done()  # waits for the call in flight
