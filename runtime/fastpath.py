@@ -6,8 +6,8 @@ request is read here, and its answer written, without aiohttp's request, respons
 middleware objects (about a fifth of an LM's CPU).  Anything else -- another method or
 path, HTTP/1.0, chunked, ``Expect``, ``Upgrade``, ``Content-Encoding``, ``Connection``
 other than keep-alive, a repeated header, a byte outside printable ASCII, a long head,
-obs-fold -- is ``HANDOVER``: the connection gives every byte it holds, unread, to
-aiohttp, which answers it (or refuses it) exactly as it does without this path.  What
+obs-fold -- or a head that did not come whole in one read is ``HANDOVER``: the connection gives
+every byte it holds, unread, to aiohttp, which answers it (or refuses it) exactly as it does without this path.  What
 this module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``).
 """
 
@@ -61,17 +61,13 @@ class Head:
     """Bytes of the head, its blank line included: the body starts there."""
 
 
-def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover | None:
-    """The head at the start of ``buf`` if this path reads it, ``HANDOVER`` if it does
-    not (nor ever will, whatever follows), ``None`` if it may once more bytes come."""
-    if not buf.startswith(_PREFIX):
-        return None if _PREFIX.startswith(buf) else HANDOVER
+def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
+    """The head at the start of ``buf`` if this path reads it, else ``HANDOVER``.  A
+    head not whole in ``buf`` is handed over too: a peer writes each request in one
+    write, so its head comes whole (``buf`` is what came); one that trickles in is
+    aiohttp's to read, to time out or to refuse, as if this path did not exist."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-    if end < 0:
-        if len(buf) >= MAX_HEAD or not _partial_ok(buf, routes):
-            return HANDOVER
-        return None
-    if buf[:end].translate(None, _HEAD_BYTES):
+    if end < 0 or not buf.startswith(_PREFIX) or buf[:end].translate(None, _HEAD_BYTES):
         return HANDOVER
     lines = buf[:end].split(b"\r\n")
     target = _target(lines[0], routes)
@@ -84,21 +80,6 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover | None:
     if length is None:
         return HANDOVER
     return Head(target, fields, length, end + 4)
-
-
-def _partial_ok(buf: bytes, routes: frozenset[bytes]) -> bool:
-    """May ``buf``, a head not yet whole, still become one read here?  (A bare LF, a
-    control byte or a wrong request line is handed over at once, not after 8 KiB.)"""
-    if buf.translate(None, _HEAD_BYTES):
-        return False
-    whole = buf[: buf.rfind(b"\r\n")] if b"\r\n" in buf else b""
-    rest = buf[len(whole) :].removeprefix(b"\r\n").removesuffix(b"\r")
-    if b"\r" in rest or b"\n" in rest:
-        return False
-    if not whole:
-        return True  # the request line is not whole yet
-    lines = whole.split(b"\r\n")
-    return _target(lines[0], routes) is not None and _fields(lines[1:]) is not None
 
 
 def _target(line: bytes, routes: frozenset[bytes]) -> str | None:

@@ -294,8 +294,6 @@ class _Connection(web.RequestHandler):
                 if not held:
                     return
                 head = fastpath.parse_head(bytes(held[: fastpath.MAX_HEAD + 4]), lane.paths)
-                if head is None:
-                    return  # more to come (bounded: MAX_HEAD, the keep-alive timer)
                 if not isinstance(head, fastpath.Head):
                     self._hand_over()
                     return
