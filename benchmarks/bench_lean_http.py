@@ -27,13 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import uvloop
 from aiohttp import web
 
-from common.messages import StopTask, StopTasks
+from common.messages import StopTasks
 from runtime import h1, http
-from tests.lean_service import LM0, POOL, pool_app
+from tests.lean_service import LM0, POOL, pool_app, stop_tasks
 
 ARMS = ("lean", "aiohttp")
 
@@ -59,9 +58,10 @@ def _wait_listening(port: int) -> None:
     raise SystemExit(f"bench_lean_http: no server on port {port}")
 
 
-def _cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return float(t.user + t.system)
+def _cpu(pid: int) -> float:
+    """The process's CPU seconds so far, user and system (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _batch(peer: http.Peer, msg: StopTasks, n: int) -> list[float]:
@@ -73,24 +73,21 @@ async def _batch(peer: http.Peer, msg: StopTasks, n: int) -> list[float]:
     return rtts
 
 
-async def _run(args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int]) -> dict:
+async def _run(
+    args: argparse.Namespace, ports: dict[str, int], pids: dict[str, int]
+) -> dict[str, object]:
     client = h1.Client(limit_per_host=4, keepalive_s=240.0, timeout_s=10.0)
     peers = {arm: http.Peer(POOL, f"http://127.0.0.1:{ports[arm]}", LM0, client) for arm in ARMS}
-    procs = {arm: psutil.Process(pids[arm]) for arm in ARMS}
-    tasks = tuple(
-        StopTask(node=i, user="u", task_id=f"echo-{i}", attempt=0, gm="gm0")
-        for i in range(args.tasks)
-    )
-    msg = StopTasks(lm="lm0", tasks=tasks)
+    msg = stop_tasks("echo", n=args.tasks)
     for arm in ARMS:  # warm: connections open, incarnations learnt, code loaded
         await _batch(peers[arm], msg, 200)
     cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
     rtt: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for r in range(args.rounds):
         for arm in ARMS if r % 2 == 0 else tuple(reversed(ARMS)):
-            c0 = _cpu(procs[arm])
+            c0 = _cpu(pids[arm])
             rtt[arm] += await _batch(peers[arm], msg, args.samples)
-            cpu[arm].append((_cpu(procs[arm]) - c0) / args.samples)
+            cpu[arm].append((_cpu(pids[arm]) - c0) / args.samples)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     await client.close()
     per_call = {arm: statistics.median(cpu[arm]) * 1e6 for arm in ARMS}

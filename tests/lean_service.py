@@ -95,10 +95,19 @@ def pool_app(pool: Pool | None = None) -> web.Application:
     return app
 
 
+def stop_tasks(task_id: str, lm_name: str = "lm0", n: int = 1) -> StopTasks:
+    """A ``StopTasks`` of ``n`` tasks, the first's id scripting the answer."""
+    tasks = tuple(
+        StopTask(node=i, user="u", task_id=f"{task_id}-{i}" if i else task_id, attempt=0,
+                 gm="gm0")
+        for i in range(n)
+    )  # fmt: skip
+    return StopTasks(lm=lm_name, tasks=tasks)
+
+
 def stop(task_id: str, lm_name: str = "lm0") -> bytes:
     """A ``StopTasks`` body whose one task's id scripts the answer."""
-    task = StopTask(node=0, user="u", task_id=task_id, attempt=0, gm="gm0")
-    return codec.encode(StopTasks(lm=lm_name, tasks=(task,)))
+    return codec.encode(stop_tasks(task_id, lm_name))
 
 
 def call(
