@@ -13,6 +13,7 @@ this module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -26,9 +27,7 @@ MAX_FIELDS: Final = 24
 """Header lines read here (a signed call has about ten); more are handed over."""
 MAX_LENGTH_DIGITS: Final = 10
 
-_TCHAR: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _HEAD_BYTES: Final = bytes(range(0x20, 0x7F)) + b"\t\r\n"
-_DIGITS: Final = b"0123456789"
 _PREFIX: Final = b"POST /"
 _VERSION: Final = b" HTTP/1.1"
 _REFUSED_FIELDS: Final = frozenset(
@@ -69,68 +68,54 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
     if end < 0 or not buf.startswith(_PREFIX) or buf[:end].translate(None, _HEAD_BYTES):
         return HANDOVER
-    lines = buf[:end].split(b"\r\n")
-    target = _target(lines[0], routes)
-    if target is None:
+    first = buf.find(b"\r\n")
+    line = buf[:first]
+    if not line.endswith(_VERSION) or line[5 : -len(_VERSION)] not in routes:
         return HANDOVER
-    fields = _fields(lines[1:])
+    fields = _fields(buf[first + 2 : end + 2].decode("ascii"))
     if fields is None:
         return HANDOVER
     length = _length(fields)
     if length is None:
         return HANDOVER
-    return Head(target, fields, length, end + 4)
+    return Head(line[5 : -len(_VERSION)].decode("ascii"), fields, length, end + 4)
 
 
-def _target(line: bytes, routes: frozenset[bytes]) -> str | None:
-    if not line.endswith(_VERSION):
+_T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_LINES = re.compile(rf"(?:[{_T}]+:[\x20-\x7e\t]*\r\n){{1,{MAX_FIELDS}}}")
+"""Header lines read here: a token, a colon, printable ASCII or tabs (no obs-fold, no
+lone CR or LF, no space before the colon)."""
+_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*\r\n")
+
+
+def _fields(block: str) -> tuple[tuple[str, str], ...] | None:
+    """The header fields of ``block`` (its lines, each with its CRLF), or None if one
+    is not read here (malformed, repeated, a framing field, too many)."""
+    if _LINES.fullmatch(block) is None:
         return None
-    target = line[5 : -len(_VERSION)]
-    return target.decode("ascii") if target in routes else None
-
-
-def _fields(lines: list[bytes]) -> tuple[tuple[str, str], ...] | None:
-    """The header fields, or None if one is not read here (malformed, repeated, a
-    framing field, obs-fold, a lone CR or LF)."""
-    if len(lines) > MAX_FIELDS:
+    fields = tuple(_FIELD.findall(block))
+    low = {name.lower(): value for name, value in fields}
+    if len(low) != len(fields) or not _REFUSED_FIELDS.isdisjoint(low):
         return None
-    out = []
-    seen = set()
-    for line in lines:
-        colon = line.find(b":")
-        if colon <= 0 or b"\r" in line or b"\n" in line:
-            return None
-        name = line[:colon]
-        if name.translate(None, _TCHAR):
-            return None
-        low = name.lower().decode("ascii")
-        if low in seen or low in _REFUSED_FIELDS:
-            return None
-        seen.add(low)
-        value = line[colon + 1 :].strip(b" \t").decode("ascii")
-        if low == "connection" and value.lower() != "keep-alive":
-            return None
-        out.append((name.decode("ascii"), value))
-    return tuple(out)
+    if low.get("connection", "keep-alive").lower() != "keep-alive":
+        return None
+    return fields
 
 
 def _length(fields: tuple[tuple[str, str], ...]) -> int | None:
     """The ``Content-Length`` of a request with a ``Host`` (aiohttp refuses one
     without), if read here."""
-    if not any(name.lower() == "host" for name, _ in fields):
+    low = {name.lower(): value for name, value in fields}
+    digits = low.get("content-length", "")
+    if (
+        "host" not in low
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(digits) > MAX_LENGTH_DIGITS
+        or (len(digits) > 1 and digits[0] == "0")
+    ):
         return None
-    for name, value in fields:
-        if name.lower() == "content-length":
-            digits = value.encode("ascii")
-            if (
-                not digits
-                or digits.translate(None, _DIGITS)
-                or len(digits) > MAX_LENGTH_DIGITS
-                or (len(digits) > 1 and digits[0] == 0x30)
-            ):
-                return None
-            return int(digits)
-    return None
+    return int(digits)
 
 
 _PHRASES: Final = {
