@@ -19,6 +19,11 @@ the body -- and signs its answer, bound to the request's nonce, a refusal as any
 a ``Peer`` checks that signature, and takes an answer without it (a 4xx too: anyone on
 the path may have written it) for no answer.
 
+The usual call of a peer -- a signed keep-alive ``POST`` to a message route -- takes a
+lean path (``runtime.fastpath``, ``_Lane``): the same checks, counters and answers as
+the middlewares and ``message_route``, without aiohttp's request, middleware and
+response objects; anything else is aiohttp's, as before.
+
 Client: a ``Peer`` posts one message to one service over a keep-alive connection and
 decodes one answer, retrying transient failures with the runtime's backoff; every
 request it retries is idempotent (an ``Idempotency-Key`` header names it) and signed
@@ -198,7 +203,11 @@ class _Connection(web.RequestHandler):
     is refused as every other refusal is (JSON, its reason, counted, one log line):
     aiohttp answers it before any middleware runs, in plain text, and logs a traceback
     at ERROR for each.  A 5xx (a server bug) stays aiohttp's.  A connection whose first
-    request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408)."""
+    request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408).
+
+    A peer's usual call to a message route is served by the app's lean path (``_Lane``)
+    without aiohttp's request objects; the first request that path does not read hands
+    the connection, and every byte of it not yet served, to aiohttp for good."""
 
     __slots__ = ("_busy", "_head", "_head_timer", "_held", "_lane", "_metrics", "_paused",
                  "_unproven")  # fmt: skip
@@ -297,7 +306,11 @@ class _Connection(web.RequestHandler):
                 if not isinstance(head, fastpath.Head):
                     self._hand_over()
                     return
-                checked = lane.check_head(head)
+                try:
+                    checked = lane.check_head(head)
+                except Exception:  # a server bug: aiohttp's path meets it too, and 500s
+                    self._hand_over()
+                    return
                 if isinstance(checked, MeghaError):
                     if len(held) < head.size + head.length:
                         # aiohttp refuses it as well, and drains the body it will not

@@ -6,6 +6,7 @@ does not read, unchanged: each case is sent to the same app served both ways."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import time
@@ -274,3 +275,16 @@ def test_a_body_never_finished_is_closed_with_the_keep_alive() -> None:
             await runner.cleanup()
 
     assert asyncio.run(run()) == b""  # closed, no answer
+
+
+def test_with_the_access_log_on_every_call_is_aiohttps(caplog: pytest.LogCaptureFixture) -> None:
+    """The access log is aiohttp's: a connection that writes it takes no lean path."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+
+    async def run() -> list[bytes]:
+        async with served(pool_app()) as port:
+            return await asyncio.to_thread(_exchange, port, [call(stop("echo"))])
+
+    got = asyncio.run(run())
+    assert _answer(got[0])[0] == 200
+    assert any('"POST /v1/stop HTTP/1.1" 200' in r.getMessage() for r in caplog.records)
