@@ -19,6 +19,11 @@ the body -- and signs its answer, bound to the request's nonce, a refusal as any
 a ``Peer`` checks that signature, and takes an answer without it (a 4xx too: anyone on
 the path may have written it) for no answer.
 
+The usual call of a peer -- a signed keep-alive ``POST`` to a message route -- takes a
+lean path (``runtime.fastpath``, ``_Lane``): the same checks, counters and answers as
+the middlewares and ``message_route``, without aiohttp's request, middleware and
+response objects; anything else is aiohttp's, as before.
+
 Client: a ``Peer`` posts one message to one service over a keep-alive connection and
 decodes one answer, retrying transient failures with the runtime's backoff; every
 request it retries is idempotent (an ``Idempotency-Key`` header names it) and signed
@@ -40,13 +45,14 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
+from multidict import CIMultiDict
 
 from common import codec
 from common.config import ID_ENV, FederationConfig, load_config
 from common.errors import DecodeError, MeghaError, Unauthorized, ValidationError
 from common.messages import Refused
 from common.reasons import RequestReason
-from runtime import h1
+from runtime import fastpath, h1
 from runtime.clock import steady
 from runtime.driver import CoreDriver
 from runtime.gcwatch import GcWatch
@@ -126,11 +132,7 @@ def refusal_response(
 ) -> web.Response:
     """The JSON answer to a refused request, logged and counted."""
     if isinstance(exc, MeghaError):
-        _count_refusal(request, exc.reason)
-        # every part may come from the client: %r escapes newlines and control
-        # characters, so no refusal can forge a line of the log
-        log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), exc.reason)
-        return error_response(exc)
+        return refusal_of(request.app.get(METRICS_KEY), request.method, request.path, exc)
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         _count_refusal(request, "too_large")
         return web.json_response(
@@ -150,6 +152,17 @@ def refusal_response(
     _count_refusal(request, "bad_http_body")
     log.info("refused %r %r: %r (%r)", request.method, request.path, str(exc), "bad_http_body")
     return web.json_response({"error": "bad_http_body", "detail": str(exc)[:300]}, status=400)
+
+
+def refusal_of(
+    metrics: ServiceMetrics | None, method: str, path: str, exc: MeghaError
+) -> web.Response:
+    """The JSON answer to a request refused with ``exc``, logged and counted."""
+    _count(metrics, exc.reason)
+    # every part may come from the client: %r escapes newlines and control
+    # characters, so no refusal can forge a line of the log
+    log.info("refused %r %r: %r (%r)", method, path, str(exc), exc.reason)
+    return error_response(exc)
 
 
 # ------------------------------------------------- requests no middleware sees
@@ -190,18 +203,34 @@ class _Connection(web.RequestHandler):
     is refused as every other refusal is (JSON, its reason, counted, one log line):
     aiohttp answers it before any middleware runs, in plain text, and logs a traceback
     at ERROR for each.  A 5xx (a server bug) stays aiohttp's.  A connection whose first
-    request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408)."""
+    request does not come whole within ``HEAD_TIMEOUT_S`` is closed (408).
 
-    __slots__ = ("_head_timer", "_metrics", "_unproven")
+    A peer's usual call to a message route is served by the app's lean path (``_Lane``)
+    without aiohttp's request objects; the first request that path does not read hands
+    the connection, and every byte of it not yet served, to aiohttp for good."""
+
+    __slots__ = ("_busy", "_head", "_head_timer", "_held", "_lane", "_metrics", "_paused",
+                 "_unproven")  # fmt: skip
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._metrics = manager.metrics
         self._unproven = manager.unproven
         self._head_timer: asyncio.TimerHandle | None = None
+        self._lane = manager.lane
+        """The lean path of the app's message routes, until a request it does not read
+        hands the connection over to aiohttp (``_hand_over``), for good."""
+        self._held = bytearray()
+        """What came and the lean path has not served yet."""
+        self._head: tuple[fastpath.Head, signing.Claim] | None = None
+        """The head of the request whose body is coming, its headers' checks passed."""
+        self._busy = False
+        self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._logging_enabled:
+            self._lane = None  # the access log is aiohttp's: it reads every request
         self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._head_overdue)
         unproven = self._unproven
         while len(unproven) >= MAX_UNPROVEN:
@@ -215,6 +244,7 @@ class _Connection(web.RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._unproven.pop(self, None)
+        self._lane, self._held, self._head = None, bytearray(), None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -249,6 +279,106 @@ class _Connection(web.RequestHandler):
             % (status, phrase.encode(), len(body), body)
         )
         self.force_close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lane is None:
+            super().data_received(data)
+            return
+        if self._force_close or self._close:
+            return
+        self._held += data
+        if self._busy:  # a request is being served: the next waits, reading paused
+            if not self._paused and self.transport is not None:
+                self.transport.pause_reading()
+                self._paused = True
+            return
+        self._advance()
+
+    def _advance(self) -> None:
+        """Serve what is held while it is a request the lean path reads; hand the
+        connection over to aiohttp at the first that is not."""
+        while (lane := self._lane) is not None and not self._busy and not self._force_close:
+            held = self._held
+            if self._head is None:
+                if not held:
+                    return
+                head = fastpath.parse_head(bytes(held[: fastpath.MAX_HEAD + 4]), lane.paths)
+                if not isinstance(head, fastpath.Head):
+                    self._hand_over()
+                    return
+                try:
+                    checked = lane.check_head(head)
+                except Exception:  # a server bug: aiohttp's path meets it too, and 500s
+                    self._hand_over()
+                    return
+                if isinstance(checked, MeghaError):
+                    if len(held) < head.size + head.length:
+                        # aiohttp refuses it as well, and drains the body it will not
+                        # read before it closes (a close now could lose the answer)
+                        self._hand_over()
+                    else:
+                        self._request_count += 1
+                        self._write(lane.refused(head.path, checked), close=True)
+                    return
+                self._request_count += 1
+                self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+                self._head = (head, checked)
+            head, claim = self._head
+            end = head.size + head.length
+            if len(held) < end:
+                return  # the body is coming (at most the app's limit: checked)
+            body = bytes(held[head.size : end])
+            del held[:end]
+            self._head = None
+            self._busy = self._request_in_progress = True
+            if self._manager is not None:
+                self._manager.requests_count += 1
+            self._loop.create_task(self._serve(lane, head, claim, body))
+
+    async def _serve(
+        self, lane: _Lane, head: fastpath.Head, claim: signing.Claim, body: bytes
+    ) -> None:
+        """Answer one request of the lean path, in one write; then the next held."""
+        try:
+            try:
+                out, close = await lane.answer(head.path, claim, body, self)
+            except Exception as exc:  # a server bug: aiohttp's 500, logged as aiohttp does
+                self.log_exception("Error handling request from %s", self.peername, exc_info=exc)
+                out, close = fastpath.answer_bytes(500, INTERNAL_ERROR, _TEXT, close=True), True
+            self._write(out, close)
+        finally:
+            self._busy = self._request_in_progress = False
+            if self._handler_waiter is not None:  # a graceful shutdown waits for it
+                self._handler_waiter.set_result(None)
+        if self._force_close or self.transport is None:
+            return
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        if self._keepalive_handle is None:
+            self._keepalive_handle = self._loop.call_at(
+                self._next_keepalive_close_time, self._process_keepalive
+            )
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        self._advance()
+
+    def _write(self, out: bytes, close: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # the client went
+        transport.write(out)
+        if close:
+            self.force_close()
+
+    def _hand_over(self) -> None:
+        """aiohttp reads this connection from here on, starting with every byte held
+        (its parser has seen none of them: it reads them as it would have)."""
+        held = bytes(self._held)
+        self._lane, self._held = None, bytearray()
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        super().data_received(held)
 
     def handle_error(
         self,
@@ -285,12 +415,15 @@ class _Server(web.Server):
     and connection settings: keep-alive, logger, access log), making ``_Connection``s:
     aiohttp's ``Server`` names its connection class, there is no argument for it."""
 
-    def __init__(self, made: web.Server, metrics: ServiceMetrics | None) -> None:
+    def __init__(
+        self, made: web.Server, metrics: ServiceMetrics | None, lane: _Lane | None = None
+    ) -> None:
         super().__init__(
             made.request_handler, request_factory=made.request_factory,
             handler_cancellation=made.handler_cancellation, **made._kwargs,
         )  # fmt: skip
         self.metrics = metrics
+        self.lane = lane
         self.unproven: dict[_Connection, None] = {}
         """Open connections without a proven caller yet, oldest first."""
 
@@ -300,18 +433,22 @@ class _Server(web.Server):
 
 class ServiceRunner(web.AppRunner):
     """A ``web.AppRunner`` whose connections refuse requests aiohttp's parser cannot read
-    with a JSON reason, counted in the app's metrics (``runtime.gunicorn_worker`` serves
-    every service with it)."""
+    with a JSON reason, counted in the app's metrics, and serve a peer's usual call to a
+    message route by the lean path (``runtime.fastpath``; ``runtime.gunicorn_worker``
+    serves every service with it)."""
 
-    __slots__ = ()
+    __slots__ = ("lean",)
 
-    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, *, lean: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("max_headers", MAX_HEADERS)
         super().__init__(app, **kwargs)
+        self.lean = lean
+        """Serve the app's message routes' usual requests by the lean path (``_Lane``)."""
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # the app started and frozen
-        return _Server(made, self.app.get(METRICS_KEY))
+        lane = _Lane.of(self.app) if self.lean else None
+        return _Server(made, self.app.get(METRICS_KEY), lane)
 
 
 CALLER_KEY = web.RequestKey("caller", Identity)
@@ -339,7 +476,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     try:
         # Nothing of the body is read until the headers prove a caller allowed here: an
         # unsigned 15 MiB POST costs its headers, not 15 MiB of memory.
-        _check_length(request)
+        _check_length(request.content_length, request.app[CONFIG_KEY].max_body)
         claim = signing.verify_headers(
             request.headers, request.method, request.raw_path, access.keyring, time.time(),
             replays,
@@ -373,18 +510,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return resp
 
 
-def _check_length(request: web.Request) -> None:
+def _check_length(length: int | None, limit: int) -> None:
     """413 for a body declared larger than the app's limit, before any of it is read."""
-    limit = request.app[CONFIG_KEY].max_body
-    if request.content_length is not None and request.content_length > limit:
-        raise DecodeError(
-            f"body of {request.content_length} bytes exceeds {limit}", reason="too_large"
-        )
+    if length is not None and length > limit:
+        raise DecodeError(f"body of {length} bytes exceeds {limit}", reason="too_large")
 
 
 async def read_body(request: web.Request) -> bytes:
     """The (authenticated) body, read whole (up to the app's limit; 413 beyond it)."""
-    _check_length(request)
+    _check_length(request.content_length, request.app[CONFIG_KEY].max_body)
     body = await request.read()
     metrics = request.app.get(METRICS_KEY)
     if metrics is not None:
@@ -508,6 +642,111 @@ def message_route(kind: type | tuple[type, ...]) -> Handler:
     return handle
 
 
+ROUTES_KEY: web.AppKey[dict[str, Any]] = web.AppKey("routes", dict)
+"""An app's message routes (``service_app``): path -> the kind of message it takes."""
+INTERNAL_ERROR = b"500 Internal Server Error\n\nServer got itself in trouble"
+"""aiohttp's answer to a handler's exception (``RequestHandler.handle_error``)."""
+_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+
+
+class _Lane:
+    """The lean path of an app's message routes (``runtime.fastpath``): the checks,
+    counters and answers of ``auth_middleware`` and ``message_route``, in their order,
+    without aiohttp's request, middleware and response objects."""
+
+    __slots__ = ("access", "kinds", "max_body", "metrics", "mine", "paths", "replays", "svc")
+
+    def __init__(self, app: web.Application) -> None:
+        routes: dict[str, type | tuple[type, ...]] = app[ROUTES_KEY]
+        self.kinds = dict(routes)
+        self.paths = frozenset(path.encode("ascii") for path in self.kinds)
+        self.max_body = app[CONFIG_KEY].max_body
+        self.access = app[ACCESS_KEY]
+        self.replays = app[REPLAYS_KEY]
+        self.mine = app[INCARNATION_KEY]
+        self.svc = app[SERVICE_KEY]
+        self.metrics = app.get(METRICS_KEY)
+
+    @classmethod
+    def of(cls, app: web.Application) -> _Lane | None:
+        """The lane of ``app`` if it has message routes served as ``service_app``
+        serves them (its two middlewares, nothing changing the answers on the way)."""
+        routes = app.get(ROUTES_KEY)
+        if not routes or SERVICE_KEY not in app or len(app.on_response_prepare):
+            return None
+        if tuple(app.middlewares) != (errors_middleware, auth_middleware):
+            return None
+        if not all(path.isascii() and path.isprintable() for path in routes):
+            return None
+        return cls(app)
+
+    def check_head(self, head: fastpath.Head) -> signing.Claim | MeghaError:
+        """``auth_middleware``'s checks before any of the body (they record nothing):
+        the claim, or why the request is refused (``refused``: the answer)."""
+        try:
+            _check_length(head.length, self.max_body)
+            claim = signing.verify_headers(
+                CIMultiDict(head.fields), "POST", head.path, self.access.keyring, time.time(),
+                self.replays,
+            )  # fmt: skip
+            signing.authorize(claim.identity, self.access.me, "POST", head.path)
+        except MeghaError as exc:
+            return exc
+        return claim
+
+    def refused(self, path: str, exc: MeghaError) -> bytes:
+        """The refusal, counted and logged, of a request whose caller is not proven:
+        the connection closes after it."""
+        resp = refusal_of(self.metrics, "POST", path, exc)
+        body = resp.body if isinstance(resp.body, bytes) else b""
+        return fastpath.answer_bytes(resp.status, body, dict(resp.headers), close=True)
+
+    async def answer(
+        self, path: str, claim: signing.Claim, body: bytes, conn: _Connection
+    ) -> tuple[bytes, bool]:
+        """The answer to a request whose head passed ``check_head``, and whether the
+        connection closes after it: as ``auth_middleware`` around ``message_route``."""
+        now = time.time()
+        try:
+            caller = signing.verify_body(claim, body, now, self.replays)
+        except MeghaError as exc:
+            return self.refused(path, exc), True
+        conn.proven()
+        try:
+            status, out, headers = await self._handle(path, caller, claim, body)
+        except MeghaError as exc:  # a proven caller's refusal: signed, as any answer
+            resp = refusal_of(self.metrics, "POST", path, exc)
+            status, headers = resp.status, dict(resp.headers)
+            out = resp.body if isinstance(resp.body, bytes) else b""
+        key = self.access.http_key(self.access.me, caller)
+        headers.update(
+            signing.sign_response(status, out, claim.nonce, self.access.me, key, now, self.mine)
+        )
+        return fastpath.answer_bytes(status, out, headers, close=False), False
+
+    async def _handle(
+        self, path: str, caller: Identity, claim: signing.Claim, body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """``message_route``'s handler: status, body and headers of the answer."""
+        if self.metrics is not None:
+            self.metrics.requests.labels(path).inc()
+        msg: object = codec.decode(body, expect=self.kinds[path], max_size=self.max_body)
+        check_claim(caller, msg)
+        signing.check_incarnation(caller, claim, self.mine)
+        svc = self.svc
+        refused = svc.refusal()
+        if refused is None:
+            answer = svc.driver.feed(msg)
+            await svc.durable(msg)
+            if answer is None:
+                return 204, b"", {}
+            if not isinstance(answer, Refused):
+                return 200, codec.encode(answer), {"Content-Type": MSGPACK}
+            refused = answer
+        resp = reply_response(refused)
+        return resp.status, resp.body if isinstance(resp.body, bytes) else b"", dict(resp.headers)
+
+
 async def health_handler(request: web.Request) -> web.Response:
     svc = request.app[SERVICE_KEY]
     status = svc.status()
@@ -541,6 +780,7 @@ def service_app(
     watch = app[GC_KEY] = GcWatch()
     for path, kind in (routes or {}).items():
         app.router.add_post(path, message_route(kind))
+    app[ROUTES_KEY] = dict(routes or {})  # served by the lean path too (``_Lane``)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         codec.compile_all()  # before the first task, not during it

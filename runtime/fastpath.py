@@ -1,0 +1,143 @@
+"""The lean server path's HTTP/1.1 reading and writing (``runtime.http._Connection``).
+
+A service's peers post messages the one way ``runtime.h1`` writes them: ``POST`` to a
+message route, HTTP/1.1, ``Content-Length``, keep-alive, a dozen ASCII headers.  Such a
+request is read here, and its answer written, without aiohttp's request, response and
+middleware objects (about a fifth of an LM's CPU).  Anything else -- another method or
+path, HTTP/1.0, chunked, ``Expect``, ``Upgrade``, ``Content-Encoding``, ``Connection``
+other than keep-alive, a repeated header, a byte outside printable ASCII, a long head,
+obs-fold -- or a head that did not come whole in one read is ``HANDOVER``: the connection gives
+every byte it holds, unread, to aiohttp, which answers it (or refuses it) exactly as it does without this path.  What
+this module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+
+MAX_HEAD: Final = 8190
+"""The longest head read here (aiohttp's line limit: any line of a head this long is
+one aiohttp takes); a longer one is handed over, to be read or refused there."""
+MAX_FIELDS: Final = 24
+"""Header lines read here (a signed call has about ten); more are handed over."""
+MAX_LENGTH_DIGITS: Final = 10
+
+_HEAD_BYTES: Final = bytes(range(0x20, 0x7F)) + b"\t\r\n"
+_PREFIX: Final = b"POST /"
+_VERSION: Final = b" HTTP/1.1"
+_REFUSED_FIELDS: Final = frozenset(
+    {"transfer-encoding", "expect", "upgrade", "content-encoding", "te", "trailer"}
+)
+"""Fields that change how a request is framed, decoded or answered: aiohttp's."""
+
+
+class _Handover:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HANDOVER"
+
+
+HANDOVER: Final = _Handover()
+"""Not a request this path reads: aiohttp reads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request head read here: ``POST path HTTP/1.1`` and its fields."""
+
+    path: str
+    fields: tuple[tuple[str, str], ...]
+    """Names as sent, values without surrounding whitespace, in order."""
+    length: int
+    """The body's ``Content-Length``."""
+    size: int
+    """Bytes of the head, its blank line included: the body starts there."""
+
+
+def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
+    """The head at the start of ``buf`` if this path reads it, else ``HANDOVER``.  A
+    head not whole in ``buf`` is handed over too: a peer writes each request in one
+    write, so its head comes whole (``buf`` is what came); one that trickles in is
+    aiohttp's to read, to time out or to refuse, as if this path did not exist."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0 or not buf.startswith(_PREFIX) or buf[:end].translate(None, _HEAD_BYTES):
+        return HANDOVER
+    first = buf.find(b"\r\n")
+    line = buf[:first]
+    if not line.endswith(_VERSION) or line[5 : -len(_VERSION)] not in routes:
+        return HANDOVER
+    fields = _fields(buf[first + 2 : end + 2].decode("ascii"))
+    if fields is None:
+        return HANDOVER
+    length = _length(fields)
+    if length is None:
+        return HANDOVER
+    return Head(line[5 : -len(_VERSION)].decode("ascii"), fields, length, end + 4)
+
+
+_T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_LINES = re.compile(rf"(?:[{_T}]+:[\x20-\x7e\t]*\r\n){{1,{MAX_FIELDS}}}")
+"""Header lines read here: a token, a colon, printable ASCII or tabs (no obs-fold, no
+lone CR or LF, no space before the colon)."""
+_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*\r\n")
+
+
+def _fields(block: str) -> tuple[tuple[str, str], ...] | None:
+    """The header fields of ``block`` (its lines, each with its CRLF), or None if one
+    is not read here (malformed, repeated, a framing field, too many)."""
+    if _LINES.fullmatch(block) is None:
+        return None
+    fields = tuple(_FIELD.findall(block))
+    low = {name.lower(): value for name, value in fields}
+    if len(low) != len(fields) or not _REFUSED_FIELDS.isdisjoint(low):
+        return None
+    if low.get("connection", "keep-alive").lower() != "keep-alive":
+        return None
+    return fields
+
+
+def _length(fields: tuple[tuple[str, str], ...]) -> int | None:
+    """The ``Content-Length`` of a request with a ``Host`` (aiohttp refuses one
+    without), if read here."""
+    low = {name.lower(): value for name, value in fields}
+    digits = low.get("content-length", "")
+    if (
+        "host" not in low
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(digits) > MAX_LENGTH_DIGITS
+        or (len(digits) > 1 and digits[0] == "0")
+    ):
+        return None
+    return int(digits)
+
+
+_PHRASES: Final = {
+    200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 409: "Conflict", 413: "Request Entity Too Large",
+    422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable",
+}  # fmt: skip
+
+
+def answer_bytes(
+    status: int, body: bytes, headers: dict[str, str], *, close: bool, phrase: str = ""
+) -> bytes:
+    """An answer as aiohttp writes it (status line, ``headers``, ``Content-Length``
+    unless a 204, ``Date``, ``Server``, ``Connection: close`` when closing), in one
+    piece for one ``transport.write``."""
+    lines = [f"HTTP/1.1 {status} {phrase or _PHRASES.get(status, '')}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if status != 204:
+        lines.append(f"Content-Length: {len(body)}")
+    lines.append(f"Date: {rfc822_formatted_time()}")
+    lines.append(f"Server: {SERVER_SOFTWARE}")
+    if close:
+        lines.append("Connection: close")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("latin-1") + body
