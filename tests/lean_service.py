@@ -14,6 +14,7 @@ from aiohttp import web
 from common import codec
 from common.config import FederationConfig
 from common.errors import ValidationError
+from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
 from common.messages import Refused, StopTask, StopTasks
 from runtime import http
 from runtime.prometheus import ServiceMetrics
@@ -98,11 +99,11 @@ def pool_app(pool: Pool | None = None) -> web.Application:
 def stop_tasks(task_id: str, lm_name: str = "lm0", n: int = 1) -> StopTasks:
     """A ``StopTasks`` of ``n`` tasks, the first's id scripting the answer."""
     tasks = tuple(
-        StopTask(node=i, user="u", task_id=f"{task_id}-{i}" if i else task_id, attempt=0,
-                 gm="gm0")
+        StopTask(node=NodeIndex(i), user=UserId("u"),
+                 task_id=TaskId(f"{task_id}-{i}" if i else task_id), attempt=0, gm=GmId("gm0"))
         for i in range(n)
     )  # fmt: skip
-    return StopTasks(lm=lm_name, tasks=tasks)
+    return StopTasks(lm=LmId(lm_name), tasks=tasks)
 
 
 def stop(task_id: str, lm_name: str = "lm0") -> bytes:
