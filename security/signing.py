@@ -250,6 +250,13 @@ class Claim:
     digest: str
     signature: str
     incarnation: str = ""
+    who: str = ""
+    """``identity`` as the header wrote it (``str(identity)``; "": not kept)."""
+
+    @property
+    def caller(self) -> str:
+        """``str(identity)``, without making it again."""
+        return self.who or str(self.identity)
 
 
 def _incarnation(h: Mapping[str, str], twice: bool) -> str:
@@ -261,12 +268,30 @@ def _incarnation(h: Mapping[str, str], twice: bool) -> str:
     return value
 
 
+_PARSED: dict[str, Identity] = {}
+"""Identities parsed from headers, by their text (a service hears from a handful)."""
+PARSED_MAX = 1024
+"""Identities ``_PARSED`` holds at most (more are parsed each time: memory stays bounded
+whatever names unproven callers send)."""
+
+
+def _identity(text: str) -> Identity:
+    """The identity written ``text`` (``str`` of it gives ``text`` back)."""
+    identity = _PARSED.get(text)
+    if identity is None:
+        try:
+            identity = Identity.parse(text)
+        except ValidationError as exc:
+            raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
+        if len(_PARSED) < PARSED_MAX:
+            _PARSED[text] = identity
+    return identity
+
+
 def _parse(headers: Mapping[str, str]) -> Claim:
     h, incarnation_twice = _our_headers(headers)
-    try:
-        identity = Identity.parse(h[_LOW[HEADER_IDENTITY]])
-    except ValidationError as exc:
-        raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
+    who = h[_LOW[HEADER_IDENTITY]]
+    identity = _identity(who)
     millis = h[_LOW[HEADER_TIMESTAMP]]
     nonce = h[_LOW[HEADER_NONCE]]
     digest = h[_LOW[HEADER_DIGEST]]
@@ -278,14 +303,14 @@ def _parse(headers: Mapping[str, str]) -> Claim:
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
     incarnation = _incarnation(h, incarnation_twice)
-    return Claim(identity, millis, nonce, digest, signature, incarnation)
+    return Claim(identity, millis, nonce, digest, signature, incarnation, who)
 
 
 def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:
     expected = _mac(
         key,
         _canonical(
-            kind, method.upper(), path, str(claim.identity), claim.millis, claim.nonce,
+            kind, method.upper(), path, claim.caller, claim.millis, claim.nonce,
             claim.digest, claim.incarnation,
         ),
     )  # fmt: skip
@@ -320,7 +345,7 @@ def verify_headers(
     if key is None:
         raise _refuse(Refusal.UNKNOWN_IDENTITY, f"{claim.identity} may not call this service")
     _check_mac(claim, "request", method, path, key)
-    refusal = replay_cache.check(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    refusal = replay_cache.check(claim.caller, claim.nonce, int(claim.millis) / 1000, now)
     if refusal is not None:
         raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
     return claim
@@ -332,7 +357,7 @@ def verify_body(claim: Claim, body: bytes, now: float, replay_cache: ReplayCache
     uses none up), and freshness and replays are checked again (the body took time,
     and a copy of the request may have been admitted meanwhile)."""
     _check_digest(claim, body)
-    refusal = replay_cache.admit(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    refusal = replay_cache.admit(claim.caller, claim.nonce, int(claim.millis) / 1000, now)
     if refusal is not None:
         raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
     return claim.identity
