@@ -219,10 +219,37 @@ _OURS = _SIGNED_LOW | {_INCARNATION_LOW}
 
 
 def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
-    """Our headers, by lower-case name, in one pass over the request's (each name
-    lower-cased once), and whether the incarnation came twice (refused after the
-    other fields' checks, as ``_incarnation``).  A duplicated signed header is refused
-    (a proxy and this code could otherwise read different copies)."""
+    """Our headers, by lower-case name, and whether the incarnation came twice (refused
+    after the other fields' checks, as ``_incarnation``).  A duplicated signed header is
+    refused (a proxy and this code could otherwise read different copies).  A multidict
+    (aiohttp's and ``runtime.h1``'s headers) is asked for our names only; any other
+    mapping is read in one pass (each name lower-cased once)."""
+    getall = getattr(headers, "getall", None)
+    if getall is None:
+        found, incarnation_twice = _scan(headers)
+    else:
+        found = {}
+        for name, low in _SIGNED_NAMES:
+            values = getall(name, ())
+            if values:
+                if len(values) > 1:
+                    raise _refuse(Refusal.MALFORMED, f"header {name} given twice")
+                found[low] = values[0]
+        values = getall(HEADER_INCARNATION, ())
+        if values:
+            found[_INCARNATION_LOW] = values[0]
+        incarnation_twice = len(values) > 1
+    if len(found) - (_INCARNATION_LOW in found) < len(SIGNED_HEADERS):
+        missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
+        raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
+    return found, incarnation_twice
+
+
+_SIGNED_NAMES = tuple((h, _LOW[h]) for h in SIGNED_HEADERS)
+
+
+def _scan(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+    """``_our_headers`` of a mapping that is not a multidict: one pass over it."""
     found: dict[str, str] = {}
     incarnation_twice = False
     for name, value in headers.items():
@@ -233,9 +260,6 @@ def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
             incarnation_twice = True
         elif low in _OURS:
             found[low] = value
-    missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
-    if missing:
-        raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
     return found, incarnation_twice
 
 
