@@ -172,8 +172,9 @@ class WorkerPool:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"a worker pool does not handle {type(msg).__name__}") from None
-        if self.lease_s is not None and type(msg) is not LeaseRenewed:
-            fenced = self._fence(now, self.lease_s)
+        lease = self.lease_s
+        if lease is not None and now - self.renewed > lease and type(msg) is not LeaseRenewed:
+            fenced = self._fence(now, lease)  # (its own checks: within the lease, none)
             if fenced:
                 return self._recorded(fenced + handler(msg, now))
         return self._recorded(handler(msg, now))
