@@ -50,7 +50,7 @@ import math
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -225,20 +225,8 @@ def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     (aiohttp's and ``runtime.h1``'s headers) is asked for our names only; any other
     mapping is read in one pass (each name lower-cased once)."""
     getall = getattr(headers, "getall", None)
-    if getall is None:
-        found, incarnation_twice = _scan(headers)
-    else:
-        found = {}
-        for name, low in _SIGNED_NAMES:
-            values = getall(name, ())
-            if values:
-                if len(values) > 1:
-                    raise _refuse(Refusal.MALFORMED, f"header {name} given twice")
-                found[low] = values[0]
-        values = getall(HEADER_INCARNATION, ())
-        if values:
-            found[_INCARNATION_LOW] = values[0]
-        incarnation_twice = len(values) > 1
+    asked = None if getall is None else _asked(getall)
+    found, incarnation_twice = _scan(headers) if asked is None else asked
     if len(found) - (_INCARNATION_LOW in found) < len(SIGNED_HEADERS):
         missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
         raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
@@ -246,6 +234,22 @@ def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
 
 
 _SIGNED_NAMES = tuple((h, _LOW[h]) for h in SIGNED_HEADERS)
+
+
+def _asked(getall: Callable[[str, tuple[()]], Sequence[str]]) -> tuple[dict[str, str], bool] | None:
+    """``_our_headers`` of a multidict, by its ``getall``; None if a signed header came
+    twice (refused by ``_scan``, in its words: the name as the request wrote it)."""
+    found: dict[str, str] = {}
+    for name, low in _SIGNED_NAMES:
+        values = getall(name, ())
+        if values:
+            if len(values) > 1:
+                return None
+            found[low] = values[0]
+    values = getall(HEADER_INCARNATION, ())
+    if values:
+        found[_INCARNATION_LOW] = values[0]
+    return found, len(values) > 1
 
 
 def _scan(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
