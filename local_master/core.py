@@ -101,6 +101,9 @@ from local_master.validation import (
 from local_master.victims import choose
 
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
+_STARTED, _STOPPED, _LOST, _FINISHED = (
+    ReportKind.STARTED, ReportKind.STOPPED, ReportKind.LOST, ReportKind.FINISHED,
+)  # fmt: skip
 _OK = PlacementResult(accepted=True, reason=Answer.OK)
 _FITS, _REROUTED = Answer.OK, Answer.REROUTED  # (bound once: see local_master.nodes)
 
@@ -461,39 +464,40 @@ class LocalMaster(GangRequests, Registration):
         if (refused := self.address.refuse(msg.lm, None, REGISTER_FIRST)) is not None:
             return [Reply(refused)]
         effects: list[Effect] = []
+        has, report = self.nodes.has, self._report
         for rep in msg.reports:
-            if not self.nodes.has(rep.node):
+            if not has(rep.node):
                 self.counters.stale_reports += 1
                 continue
-            self._report(rep, now, effects)
+            report(rep, now, effects)
         return effects
 
     def _report(self, rep: WorkerReport, now: float, effects: list[Effect]) -> None:
         nodes = self.nodes
-        nodes.last_seen[rep.node] = now
+        node, kind = rep.node, rep.kind
+        nodes.last_seen[node] = now
         key = (rep.user, rep.task_id)
-        if rep.kind == ReportKind.STOPPED:
-            self._preempted(self.nodes.stopped((key, rep.attempt)), now, effects)
+        if kind == _STOPPED:
+            self._preempted(nodes.stopped((key, rep.attempt)), now, effects)
             return
         a = nodes.active.get(key)
-        if a is None or a.node != rep.node or a.attempt != rep.attempt:
+        if a is None or a.node != node or a.attempt != rep.attempt:
             self._stale_report(rep, a is None, effects)
             return
         a.worker_at = rep.worker_at
         if rep.started_at >= 0:
             a.started_at = rep.started_at
-        if rep.kind == ReportKind.STARTED:
+        if kind == _STARTED:
             if self.report_starts:
                 effects.append(ToGm(a.gm, nodes.event(EventKind.STARTED, a, rep.at)))
             return
         nodes.release(key)
-        if rep.kind == ReportKind.LOST:  # its pool stopped it: placed again (new attempt)
+        if kind == _LOST:  # its pool stopped it: placed again (new attempt)
             effects.extend(self._relaunch([a], now))
             return
-        ok = rep.kind == ReportKind.FINISHED
+        ok = kind == _FINISHED
         self.ends.retire(key, a.gm, a.held(ended_at=rep.at, ok=ok), now)
-        kind = EventKind.FINISHED if ok else EventKind.FAILED
-        ev = nodes.event(kind, a, rep.at, rep.detail)
+        ev = nodes.event(EventKind.FINISHED if ok else EventKind.FAILED, a, rep.at, rep.detail)
         if rep.exit_code is not None or rep.stdout or rep.stderr:  # a command's end
             ev = structs.replace(ev, exit_code=rep.exit_code, stdout=rep.stdout, stderr=rep.stderr)
         effects.append(ToGm(a.gm, ev))

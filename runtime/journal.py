@@ -34,6 +34,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from common import codec
@@ -53,6 +54,18 @@ class JournalBusy(RuntimeError):
 def frame(payload: bytes) -> bytes:
     """One record as written on disk."""
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def framed(payloads: Iterable[bytes]) -> bytes:
+    """Records as written on disk, one after the other: ``frame`` of each, joined (the
+    payloads are not copied into a frame each first)."""
+    pack, crc32 = _FRAME.pack, zlib.crc32
+    parts: list[bytes] = []
+    add = parts.append
+    for p in payloads:
+        add(pack(len(p), crc32(p)))
+        add(p)
+    return b"".join(parts)
 
 
 def read_frames(data: bytes) -> tuple[list[bytes], int]:
@@ -146,13 +159,17 @@ class Journal:
         """Append records (one ``write``): in the page cache when this returns."""
         if not payloads:
             return
-        data = b"".join(frame(p) for p in payloads)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._log_fd, view)
-            view = view[n:]
+        self.write_framed(framed(payloads), len(payloads))
+
+    def write_framed(self, data: bytes, records: int) -> None:
+        """Append ``records`` records already framed (``framed``) as ``data``, whole."""
+        n = os.write(self._log_fd, data)
+        if n < len(data):  # a short write (a signal, a full pipe): the rest follows
+            view = memoryview(data)[n:]
+            while view:
+                view = view[os.write(self._log_fd, view) :]
         self.log_bytes += len(data)
-        self.records_logged += len(payloads)
+        self.records_logged += records
         self._dirty = True
 
     @property
@@ -175,7 +192,7 @@ class Journal:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as f:
             f.write(frame(_MAGIC + str(gen).encode()))
-            f.write(b"".join(frame(p) for p in payloads))
+            f.write(framed(payloads))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.dir / f"{self.name}.snap")
@@ -238,7 +255,7 @@ class DurableState:
         self.records_written = 0
         self.compactions = 0
         self.writes = 0
-        self._pending: list[bytes] = []
+        self._pending: list[object] = []
 
     def open(self) -> list[object]:
         """Lock the journal and decode what it holds (``JournalBusy``: another process
@@ -257,11 +274,11 @@ class DurableState:
 
     def record(self, eff: Record) -> None:
         """Take ``eff``'s records: in the page cache by the end of this loop turn or the
-        next ``flush`` (at once without a running loop; on disk too when ``sync_s`` is 0)."""
-        payloads = [codec.encode(r) for r in eff.records]
+        next ``flush`` (at once without a running loop; on disk too when ``sync_s`` is 0).
+        They are encoded when written, all of a turn in one go (records are frozen)."""
         self.records_written += len(eff.records)
         if self.sync_s == 0:
-            self._pending += payloads
+            self._pending.extend(eff.records)
             self.flush()
             self.journal.sync()
             return
@@ -271,7 +288,7 @@ class DurableState:
             loop = None
         if not self._pending and loop is not None:
             loop.call_soon(self.flush)
-        self._pending += payloads
+        self._pending.extend(eff.records)
         if loop is None:
             self.flush()
 
@@ -279,7 +296,8 @@ class DurableState:
         """Write the records taken so far (one ``write``)."""
         if self._pending:
             pending, self._pending = self._pending, []
-            self.journal.append(pending)
+            encode = codec.encode
+            self.journal.write_framed(framed([encode(r) for r in pending]), len(pending))
             self.writes += 1
 
     @property

@@ -50,7 +50,7 @@ import math
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -135,7 +135,7 @@ def _mac(key: bytes, message: bytes) -> str:
 
 
 def _check_path(path: str) -> None:
-    if not path.startswith("/") or any(c in path for c in "\r\n"):
+    if not path.startswith("/") or "\r" in path or "\n" in path:
         raise ValueError(f"not a raw request path: {path[:80]!r}")
 
 
@@ -219,10 +219,41 @@ _OURS = _SIGNED_LOW | {_INCARNATION_LOW}
 
 
 def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
-    """Our headers, by lower-case name, in one pass over the request's (each name
-    lower-cased once), and whether the incarnation came twice (refused after the
-    other fields' checks, as ``_incarnation``).  A duplicated signed header is refused
-    (a proxy and this code could otherwise read different copies)."""
+    """Our headers, by lower-case name, and whether the incarnation came twice (refused
+    after the other fields' checks, as ``_incarnation``).  A duplicated signed header is
+    refused (a proxy and this code could otherwise read different copies).  A multidict
+    (aiohttp's and ``runtime.h1``'s headers) is asked for our names only; any other
+    mapping is read in one pass (each name lower-cased once)."""
+    getall = getattr(headers, "getall", None)
+    asked = None if getall is None else _asked(getall)
+    found, incarnation_twice = _scan(headers) if asked is None else asked
+    if len(found) - (_INCARNATION_LOW in found) < len(SIGNED_HEADERS):
+        missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
+        raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
+    return found, incarnation_twice
+
+
+_SIGNED_NAMES = tuple((h, _LOW[h]) for h in SIGNED_HEADERS)
+
+
+def _asked(getall: Callable[[str, tuple[()]], Sequence[str]]) -> tuple[dict[str, str], bool] | None:
+    """``_our_headers`` of a multidict, by its ``getall``; None if a signed header came
+    twice (refused by ``_scan``, in its words: the name as the request wrote it)."""
+    found: dict[str, str] = {}
+    for name, low in _SIGNED_NAMES:
+        values = getall(name, ())
+        if values:
+            if len(values) > 1:
+                return None
+            found[low] = values[0]
+    values = getall(HEADER_INCARNATION, ())
+    if values:
+        found[_INCARNATION_LOW] = values[0]
+    return found, len(values) > 1
+
+
+def _scan(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+    """``_our_headers`` of a mapping that is not a multidict: one pass over it."""
     found: dict[str, str] = {}
     incarnation_twice = False
     for name, value in headers.items():
@@ -233,9 +264,6 @@ def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
             incarnation_twice = True
         elif low in _OURS:
             found[low] = value
-    missing = [h for h in SIGNED_HEADERS if _LOW[h] not in found]
-    if missing:
-        raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
     return found, incarnation_twice
 
 
@@ -250,6 +278,13 @@ class Claim:
     digest: str
     signature: str
     incarnation: str = ""
+    who: str = ""
+    """``identity`` as the header wrote it (``str(identity)``; "": not kept)."""
+
+    @property
+    def caller(self) -> str:
+        """``str(identity)``, without making it again."""
+        return self.who or str(self.identity)
 
 
 def _incarnation(h: Mapping[str, str], twice: bool) -> str:
@@ -261,12 +296,30 @@ def _incarnation(h: Mapping[str, str], twice: bool) -> str:
     return value
 
 
+_PARSED: dict[str, Identity] = {}
+"""Identities parsed from headers, by their text (a service hears from a handful)."""
+PARSED_MAX = 1024
+"""Identities ``_PARSED`` holds at most (more are parsed each time: memory stays bounded
+whatever names unproven callers send)."""
+
+
+def _identity(text: str) -> Identity:
+    """The identity written ``text`` (``str`` of it gives ``text`` back)."""
+    identity = _PARSED.get(text)
+    if identity is None:
+        try:
+            identity = Identity.parse(text)
+        except ValidationError as exc:
+            raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
+        if len(_PARSED) < PARSED_MAX:
+            _PARSED[text] = identity
+    return identity
+
+
 def _parse(headers: Mapping[str, str]) -> Claim:
     h, incarnation_twice = _our_headers(headers)
-    try:
-        identity = Identity.parse(h[_LOW[HEADER_IDENTITY]])
-    except ValidationError as exc:
-        raise _refuse(Refusal.MALFORMED, f"bad {HEADER_IDENTITY}: {exc}") from None
+    who = h[_LOW[HEADER_IDENTITY]]
+    identity = _identity(who)
     millis = h[_LOW[HEADER_TIMESTAMP]]
     nonce = h[_LOW[HEADER_NONCE]]
     digest = h[_LOW[HEADER_DIGEST]]
@@ -278,14 +331,14 @@ def _parse(headers: Mapping[str, str]) -> Claim:
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
     incarnation = _incarnation(h, incarnation_twice)
-    return Claim(identity, millis, nonce, digest, signature, incarnation)
+    return Claim(identity, millis, nonce, digest, signature, incarnation, who)
 
 
 def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:
     expected = _mac(
         key,
         _canonical(
-            kind, method.upper(), path, str(claim.identity), claim.millis, claim.nonce,
+            kind, method.upper(), path, claim.caller, claim.millis, claim.nonce,
             claim.digest, claim.incarnation,
         ),
     )  # fmt: skip
@@ -320,7 +373,7 @@ def verify_headers(
     if key is None:
         raise _refuse(Refusal.UNKNOWN_IDENTITY, f"{claim.identity} may not call this service")
     _check_mac(claim, "request", method, path, key)
-    refusal = replay_cache.check(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    refusal = replay_cache.check(claim.caller, claim.nonce, int(claim.millis) / 1000, now)
     if refusal is not None:
         raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
     return claim
@@ -332,7 +385,7 @@ def verify_body(claim: Claim, body: bytes, now: float, replay_cache: ReplayCache
     uses none up), and freshness and replays are checked again (the body took time,
     and a copy of the request may have been admitted meanwhile)."""
     _check_digest(claim, body)
-    refusal = replay_cache.admit(str(claim.identity), claim.nonce, int(claim.millis) / 1000, now)
+    refusal = replay_cache.admit(claim.caller, claim.nonce, int(claim.millis) / 1000, now)
     if refusal is not None:
         raise _refuse(refusal, f"{refusal.value} from {claim.identity}")
     return claim.identity

@@ -143,11 +143,13 @@ class WorkerService:
             self.state.compact(self.core.records())
 
     def _report(self, eff: ToLm) -> None:
-        if isinstance(eff.msg, RegisterWorkers):
-            self.sup.spawn(self._register(eff.msg), "registration with the LM")
-            return
-        assert isinstance(eff.msg, WorkerReport)
-        self.reports.add("lm", eff.msg)
+        msg = eff.msg
+        if type(msg) is WorkerReport:  # (every task's end: checked first)
+            self.reports.add("lm", msg)
+        elif isinstance(msg, RegisterWorkers):
+            self.sup.spawn(self._register(msg), "registration with the LM")
+        else:
+            raise TypeError(f"a pool sends its LM no {type(msg).__name__}")
 
     def _journal_out(self) -> None:
         """The journal's records of this loop turn to the page cache: called before

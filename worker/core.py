@@ -42,7 +42,6 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from msgspec.structs import replace
@@ -85,23 +84,22 @@ LAUNCH_LOG = 20_000
 """Rows a pool's launch log keeps (a reader polling every few seconds misses none)."""
 
 
-@dataclass(slots=True)
 class Running:
-    start: StartTask
-    worker_at: float
-    started_at: float = -1.0
+    """An attempt running here: its start, when it reached this pool (``worker_at``) and
+    when it started (``started_at``, -1: not yet).  The start's parts read on every
+    report are kept as attributes of their own (read several times per task)."""
 
-    @property
-    def spec(self) -> TaskSpec:
-        return self.start.spec
+    __slots__ = ("attempt", "gm", "node", "queued_at", "spec", "start", "started_at", "worker_at")
 
-    @property
-    def attempt(self) -> int:
-        return self.start.attempt
-
-    @property
-    def node(self) -> NodeIndex:
-        return self.start.node
+    def __init__(self, start: StartTask, worker_at: float, started_at: float = -1.0) -> None:
+        self.start = start
+        self.spec: TaskSpec = start.spec
+        self.attempt: int = start.attempt
+        self.node: NodeIndex = start.node
+        self.gm = start.gm
+        self.queued_at = start.queued_at
+        self.worker_at = worker_at
+        self.started_at = started_at
 
 
 class WorkerPool:
@@ -174,8 +172,9 @@ class WorkerPool:
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"a worker pool does not handle {type(msg).__name__}") from None
-        if self.lease_s is not None and type(msg) is not LeaseRenewed:
-            fenced = self._fence(now, self.lease_s)
+        lease = self.lease_s
+        if lease is not None and now - self.renewed > lease and type(msg) is not LeaseRenewed:
+            fenced = self._fence(now, lease)  # (its own checks: within the lease, none)
             if fenced:
                 return self._recorded(fenced + handler(msg, now))
         return self._recorded(handler(msg, now))
@@ -476,31 +475,33 @@ class WorkerPool:
         out: tuple[int | None, bytes, bytes] | None = None,
     ) -> list[Effect]:  # fmt: skip
         """The attempt ended (``out``: its command's exit code, stdout and stderr)."""
-        del self.running[(r.spec.user, r.spec.task_id)]
-        self._log(("end", r.spec.user, r.spec.task_id, r.attempt, r.node, now))
+        spec = r.spec
+        key = (spec.user, spec.task_id)
+        del self.running[key]
+        self._log(("end", spec.user, spec.task_id, r.attempt, r.node, now))
         if ok:
             self.counters.finished += 1
         else:
             self.counters.failed += 1
-        kind = ReportKind.FINISHED if ok else ReportKind.FAILED
-        report = self._report(kind, r, now, detail)
+        report = self._report(ReportKind.FINISHED if ok else ReportKind.FAILED, r, now, detail)
         if out is not None:
             report = replace(report, exit_code=out[0], stdout=out[1], stderr=out[2])
-        self._unreported((r.spec.user, r.spec.task_id), EndedAttempt(start=r.start, report=report))
+        self._unreported(key, EndedAttempt(start=r.start, report=report))
         return [ToLm(self.lm, report)]
 
     def _report(self, kind: ReportKind, r: Running, now: float, detail: str = "") -> WorkerReport:
+        spec = r.spec
         return WorkerReport(
             kind=kind,
             node=r.node,
-            user=r.spec.user,
-            task_id=r.spec.task_id,
+            user=spec.user,
+            task_id=spec.task_id,
             attempt=r.attempt,
-            gm=r.start.gm,
+            gm=r.gm,
             at=now,
             worker_at=r.worker_at,
             started_at=r.started_at,
             detail=detail,
-            job_id=r.spec.job_id,
-            queued_at=r.start.queued_at,
+            job_id=spec.job_id,
+            queued_at=r.queued_at,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import pytest
 from multidict import CIMultiDict
@@ -162,6 +163,41 @@ def test_a_duplicated_header_is_refused() -> None:
     with pytest.raises(Unauthorized) as exc:
         verify(h, "POST", "/v1/launch", BODY, keyring(), NOW, ReplayCache())
     assert exc.value.reason == Refusal.MALFORMED
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["none", "duplicate", "duplicate_other_case", "missing", "incarnation_twice", "bad_value"],
+)
+def test_a_multidict_and_a_mapping_of_the_same_headers_get_the_same_verdict(change: str) -> None:
+    """Headers read from a multidict (asked for our names) and from any other mapping
+    (read in one pass) are judged alike: accepted, or refused for the same reason."""
+    pairs = list(sign("POST", "/v1/launch", BODY, GM0, signing_key(SECRET, GM0, LM0), NOW,
+                      incarnation="ab" * 8).items())  # fmt: skip
+    if change == "duplicate":
+        pairs.append((HEADER_NONCE, "A" * 24))
+    elif change == "duplicate_other_case":
+        pairs.append((HEADER_DIGEST.upper(), "0" * 64))
+    elif change == "missing":
+        pairs = [(k, v) for k, v in pairs if k != HEADER_TIMESTAMP]
+    elif change == "incarnation_twice":
+        pairs.append(("x-megha-incarnation", "cd" * 8))
+    elif change == "bad_value":
+        pairs = [(k, "short" if k == HEADER_NONCE else v) for k, v in pairs]
+
+    def verdict(headers: Mapping[str, str]) -> str:
+        try:
+            verify_headers(headers, "POST", "/v1/launch", keyring(), NOW, ReplayCache())
+        except Unauthorized as exc:
+            return exc.reason
+        return "ok"
+
+    expected = {"none": "ok", "duplicate": Refusal.MALFORMED, "missing": Refusal.MISSING,
+                "duplicate_other_case": Refusal.MALFORMED, "bad_value": Refusal.MALFORMED,
+                "incarnation_twice": Refusal.MALFORMED}[change]  # fmt: skip
+    assert verdict(CIMultiDict(pairs)) == expected
+    if change != "duplicate":  # (a dict keeps one of a name given twice in one case)
+        assert verdict(dict(pairs)) == expected
 
 
 def test_aiohttp_headers_verify() -> None:
