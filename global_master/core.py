@@ -149,6 +149,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         # what the hot paths look at before asking a piece (empty: nothing to ask)
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
+        self._revoked_users = self.revocations.users
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -347,13 +348,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         batches: Batches = {}
         if not self.ready:
             return effects
+        pop, place, processing = self.queues.pop, self._place, Phase.PROCESSING
         for _ in range(max_tasks):
-            task = self.queues.pop()
+            task = pop()
             if task is None:
                 break
-            task.mark(Phase.PROCESSING, now)
+            task.mark(processing, now)
             self.counters.decisions += 1
-            self._place(task, now, batches, effects)
+            place(task, now, batches, effects)
         return self._end_round(batches, effects, now)
 
     def _end_round(self, batches: Batches, effects: list[Effect], now: float) -> list[Effect]:
@@ -386,8 +388,9 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
-        if task.user in self.revocations:  # came back from an LM (stopped) or crossed
-            self._revoked(task, effects)
+        spec = task.spec
+        if self._revoked_users and spec.user in self._revoked_users:  # came back from an
+            self._revoked(task, effects)  # LM (stopped) or crossed
             return
         if self.cancelled and task.key in self.cancelled:
             self._cancel_ends(task, effects)
@@ -399,7 +402,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             and self.gang.place(self, task, now, effects)
         ):
             return  # a gang stage's task: its gang places it (global_master.gang)
-        mask, demand = task.constraints, task.demand
+        mask, demand = spec.constraints, spec.demand
         views, match, choose = self.views, self.placer.match, self.queues.choose_node
         # 1. internal partitions; 2. external partitions: repartition
         for internal in (True, False):
@@ -428,22 +431,26 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self, task: Task, view: LmView, node: int, repartition: bool, batches: Batches, now: float
     ) -> None:
         """A match: reserved in the view, in flight in the ledger, into its LM's batch."""
-        view.reserve(node, task.demand)
-        task.attempt += 1
-        self.ledger.dispatch(InFlight(task, view.lm, node, repartition))
-        self.queues.on_dispatched(task, now)
+        spec, lm, queues = task.spec, view.lm, self.queues
+        view.reserve(node, spec.demand)
+        attempt = task.attempt = task.attempt + 1
+        self.ledger.dispatch(InFlight(task, lm, node, repartition))
+        queues.on_dispatched(task, now)
         if repartition:
             self.counters.repartition_requests += 1
         else:
             self.counters.placed_internal += 1
-        self.queues.placed(task.user)
+        queues.placed(spec.user)
         if self.journal is not None:
             self.journal.note(
-                task.key, now, "repartition" if repartition else "launch", lm=view.lm,
-                node=node, partition=view.home[node], detail=f"attempt {task.attempt}",
+                (spec.user, spec.task_id), now, "repartition" if repartition else "launch",
+                lm=lm, node=node, partition=view.home[node], detail=f"attempt {attempt}",
             )  # fmt: skip
-        batches.setdefault(view.lm, []).append(
-            Placement(spec=task.spec, attempt=task.attempt, node=NodeIndex(node),
+        batch = batches.get(lm)
+        if batch is None:
+            batch = batches[lm] = []
+        batch.append(
+            Placement(spec=spec, attempt=attempt, node=NodeIndex(node),
                       repartition=repartition, altruistic=task.altruistic,
                       queued_at=task.submitted_at)
         )  # fmt: skip

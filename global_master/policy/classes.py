@@ -263,14 +263,36 @@ class ClassedQueues(UserQueues):
     def pop(self) -> Task | None:
         """The best task of all users' queues (neither empty nor parked); round-robin
         from the user after the last served among those that tie."""
-        n = len(self._order)
-        turn = [self._order[(self._next + k) % n] for k in range(n)]
-        user = pick([u for u in turn if not self.parked(u)], self.queues.get)
-        if user is None:
+        order, queues, start = self._order, self.queues, self._next
+        fails, patience = self._failures, self.patience
+        n = len(order)
+        held: list[tuple[int, ClassedQueue]] = []
+        one: int | None = None  # the one class every held queue serves, if so
+        mixed = False
+        for k in range(n):
+            user = order[(start + k) % n]
+            q: Any = queues[user]
+            if not q or fails.get(user, 0) >= min(patience, len(q)):  # empty or ``parked``
+                continue
+            held.append((k, q))
+            if not mixed:
+                by_class = q.by_class
+                if len(by_class) != 1:
+                    mixed = True
+                elif one is None:
+                    one = next(iter(by_class))
+                elif one not in by_class:
+                    mixed = True
+        if not held:
             return None
-        self._next = (self._order.index(user) + 1) % n
+        k, q = held[0]  # one class: the first user in turn (``pick``)
+        if mixed:
+            bests = [(k, q, q.best()) for k, q in held]
+            cls = max(b for _, _, b in bests)[1]
+            k, q = next((k, q) for k, q, b in bests if b[1] == cls)
+        self._next = (start + k + 1) % n
         self._size -= 1
-        return self.queues[user].popleft()
+        return q.popleft()
 
     def ahead_of(self, task: Task) -> list[str]:
         """Why ``task`` waits behind other classes, for ``megha why`` (empty: none do)."""
