@@ -72,9 +72,11 @@ _NOTED_AT_END = frozenset((EventKind.STARTED, EventKind.FINISHED, EventKind.FAIL
 noted when the task ends)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EndedTask:
-    """What is kept of a task once it finished or failed: atoms and tuples of atoms
+    """What is kept of a task once it finished or failed (never changed once made; not
+    frozen: a frozen dataclass sets each field through ``object.__setattr__``, 2-3x
+    the cost of making one, and a busy GM makes one per task): atoms and tuples of atoms
     only.  A GM keeps thousands; the collector untracks tuples of atoms, so a full
     collection walks one object per ended task instead of the ~17 a ``Task`` and its
     ``Trail`` are (it was 0.14-0.22 s per full collection in a busy GM)."""
@@ -211,10 +213,12 @@ class Journal:
         key = task.key
         self.note(key, at, "finished" if finished else "failed", lm=task.lm or "", detail=reason)
         trail = self.trails.pop(key)
-        self.ended.pop(key, None)
-        self.ended[key] = EndedTask.of(task, trail, finished=finished, reason=reason)
-        while len(self.ended) > self.limit:
-            self.ended.popitem(last=False)
+        ended = self.ended
+        if key in ended:
+            del ended[key]
+        ended[key] = EndedTask.of(task, trail, finished=finished, reason=reason)
+        while len(ended) > self.limit:
+            ended.popitem(last=False)
 
     def trail(self, key: TaskKey) -> Trail:
         """The timeline of a task this GM holds (empty if it was never tried)."""

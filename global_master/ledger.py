@@ -44,6 +44,9 @@ from common.transitions import NEXT, check
 JobKey = tuple[UserId, JobId]
 _Q, _D, _P = TaskState.QUEUED, TaskState.DISPATCHED, TaskState.PLACED
 _F, _X = TaskState.FINISHED, TaskState.FAILED
+_STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED
+_QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
+_COMMUNICATION, _WORKER_QUEUEING = Phase.COMMUNICATION, Phase.WORKER_QUEUEING
 """(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
 _SEND_QUEUED = _D in NEXT[_Q]
 """The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
@@ -364,24 +367,24 @@ class Ledger:
         """An event about ``task``'s current attempt (``current``): its times; a task
         that ended or came back (preempted, requeued) leaves ``placed``."""
         if ev.worker_at >= 0:
-            task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
+            task.mark(_WORKER_QUEUEING, ev.worker_at)
         if ev.started_at >= 0:
             task.start(ev.started_at)
         kind = ev.kind
-        if kind == EventKind.STARTED:
+        if kind == _STARTED:
             return
         del self.placed[task.key]
-        if kind == EventKind.FINISHED or kind == EventKind.FAILED:
+        if kind in (_FINISHED, _FAILED):
             task.finished_at = ev.at
             return
-        task.mark(Phase.COMMUNICATION, ev.at)
-        task.mark(Phase.QUEUEING, now)
+        task.mark(_COMMUNICATION, ev.at)
+        task.mark(_QUEUEING, now)
 
 
 def round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
     """A request's trip, in the task's allocation-time ledger: on the wire, validated
     at the LM, on the wire back."""
     if request_sent >= 0:
-        task.mark(Phase.COMMUNICATION, request_sent)
-    task.mark(Phase.PROCESSING, received)
-    task.mark(Phase.COMMUNICATION, sent)
+        task.mark(_COMMUNICATION, request_sent)
+    task.mark(_PROCESSING, received)
+    task.mark(_COMMUNICATION, sent)
