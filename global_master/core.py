@@ -314,19 +314,22 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     ) -> None:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
-        key = task.key
-        self.cancelled.discard(key)
+        spec = task.spec
+        user = spec.user
+        key = (user, spec.task_id)
+        if self.cancelled:
+            self.cancelled.discard(key)
         if self.journal is not None:
             self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
             self.counters.tasks_finished += 1
         else:
             self.counters.failed += 1
-        self._forget(key)
+        if self._retries or self._tried or self.classes.tried:
+            self._forget(key)
         if tell:
-            outcome = TaskOutcome(task=task, finished=finished, reason=reason)
-            effects.append(ToUser(task.user, outcome))
-        jk = (task.user, task.job_id)
+            effects.append(ToUser(user, TaskOutcome(task=task, finished=finished, reason=reason)))
+        jk = (user, spec.job_id)
         rec = self.jobs.get(jk)
         if rec is None or (self.admitting and self.admission.pending(jk, key)):
             # adopted after a restart: its job may still be redelivered, or still have
@@ -410,13 +413,12 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         ):
             return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = spec.constraints, spec.demand
-        views, match, choose = self.views, self.placer.match, self.queues.choose_node
+        views = self.views
         # 1. internal partitions; 2. external partitions: repartition
-        for internal in (True, False):
-            found = match(views, mask, demand, internal, choose)
-            if found is not None:
-                self._dispatch(task, found[0], found[1], not internal, batches, now)
-                return
+        found = self.placer.find(views, mask, demand, self.queues.choose_node)
+        if found is not None:
+            self._dispatch(task, found[0], found[1], found[2], batches, now)
+            return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)

@@ -77,15 +77,19 @@ class InFlightTable(dict[TaskKey, InFlight]):
     def __setitem__(self, key: TaskKey, fl: InFlight) -> None:
         if key in self:
             self._forget(self[key])
-        super().__setitem__(key, fl)
-        self._shares.pop(fl.task.user, None)
-        per = self.demands.setdefault(fl.task.user, {})
-        d = tuple(fl.task.demand)
+        dict.__setitem__(self, key, fl)
+        spec = fl.task.spec
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands.get(user)
+        if per is None:
+            per = self.demands[user] = {}
+        d = tuple(spec.demand)
         per[d] = per.get(d, 0) + 1
 
     def __delitem__(self, key: TaskKey) -> None:
         self._forget(self[key])
-        super().__delitem__(key)
+        dict.__delitem__(self, key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
         if key in self:
@@ -93,13 +97,15 @@ class InFlightTable(dict[TaskKey, InFlight]):
         return super().pop(key, *default)
 
     def _forget(self, fl: InFlight) -> None:
-        self._shares.pop(fl.task.user, None)
-        per = self.demands[fl.task.user]
-        d = tuple(fl.task.demand)
+        spec = fl.task.spec
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands[user]
+        d = tuple(spec.demand)
         if per[d] == 1:
             del per[d]
             if not per:
-                del self.demands[fl.task.user]
+                del self.demands[user]
         else:
             per[d] -= 1
 

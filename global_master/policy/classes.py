@@ -98,15 +98,18 @@ class ClassedQueue:
         return q is not None and task in q
 
     def _class(self, task: Task) -> TaskQueue:
-        c = task.spec.priority
+        spec = task.spec
+        c = spec.priority
         q = self.by_class.get(c)
         if q is None:
             q = self.by_class[c] = self.make()
             self.arrivals[c] = deque()
-        self.seq += 1
-        self.where[task.key] = self.seq
+        seq = self.seq = self.seq + 1
+        self.where[(spec.user, spec.task_id)] = seq
         self.size += 1
-        self.aging.saw(task.submitted_at)
+        aging, at = self.aging, task.submitted_at
+        if at > aging.now:  # (``Aging.saw``, inline)
+            aging.now = at
         return q
 
     def append(self, task: Task) -> None:
@@ -157,12 +160,17 @@ class ClassedQueue:
         """The next task: of the class with the highest effective class."""
         if not self.size:
             raise IndexError("pop from an empty ClassedQueue")
-        if len(self.by_class) == 1:  # one class: its queue's own order, no aging to weigh
-            c = next(iter(self.by_class))
-            task = self.by_class[c].popleft()
-            self._gone(task, c)
-            if c in self.by_class:
+        by_class = self.by_class
+        if len(by_class) == 1:  # one class: its queue's own order, no aging to weigh
+            c, q = next(iter(by_class.items()))
+            task = q.popleft()
+            spec = task.spec  # (``_gone``, inline)
+            del self.where[(spec.user, spec.task_id)]
+            self.size -= 1
+            if q:
                 self._bound(c)
+            else:
+                del by_class[c], self.arrivals[c]
             return task
         _, c = self.best()
         q = self.by_class[c]
@@ -272,7 +280,8 @@ class ClassedQueues(UserQueues):
         for k in range(n):
             user = order[(start + k) % n]
             q: Any = queues[user]
-            if not q or fails.get(user, 0) >= min(patience, len(q)):  # empty or ``parked``
+            size = q.size
+            if not size or fails.get(user, 0) >= min(patience, size):  # empty or ``parked``
                 continue
             held.append((k, q))
             if not mixed:
