@@ -98,7 +98,8 @@ def _run_arm(tree: Path, paths: list[str], repeat: int) -> dict[str, Any]:
     done = subprocess.run(
         [*cmd, str(repeat), *paths], cwd=tree, env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(done.stdout)
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

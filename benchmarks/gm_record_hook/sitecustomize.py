@@ -39,7 +39,7 @@ def _child() -> None:
             out.flush()
             return handle(msg, now)
 
-        core.handle = taped
+        core.handle = taped  # type: ignore[method-assign]
         return core
 
     app._make_core = recording

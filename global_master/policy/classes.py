@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from common.ids import UserId
 from common.model import Task, TaskKey
@@ -271,7 +271,8 @@ class ClassedQueues(UserQueues):
     def pop(self) -> Task | None:
         """The best task of all users' queues (neither empty nor parked); round-robin
         from the user after the last served among those that tie."""
-        order, queues, start = self._order, self.queues, self._next
+        order, start = self._order, self._next
+        queues = cast("dict[UserId, ClassedQueue]", self.queues)  # (``new_queue``'s)
         fails, patience = self._failures, self.patience
         n = len(order)
         held: list[tuple[int, ClassedQueue]] = []
@@ -279,7 +280,7 @@ class ClassedQueues(UserQueues):
         mixed = False
         for k in range(n):
             user = order[(start + k) % n]
-            q: Any = queues[user]
+            q = queues[user]
             size = q.size
             if not size or fails.get(user, 0) >= min(patience, size):  # empty or ``parked``
                 continue
