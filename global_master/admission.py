@@ -109,6 +109,10 @@ class Admission:
         self.queued = end
 
 
+FIT_MEMO = 4096
+"""Distinct demands whose fit ``Admissions.spec_error`` remembers (then it starts over)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Cluster:
     """What admission checks a task's demand against: the federation as the views
@@ -133,6 +137,9 @@ class Admissions:
         self.held: dict[UserId, deque[tuple[AdmitJob, float]]] = {}
         """Jobs that came while an earlier job of their user was in ``admitting``: they
         follow it, so that a user's jobs are queued in the order they came."""
+        self._fit: tuple[Collection[Resources], dict[Resources, bool]] = (frozenset(), {})
+        """Whether some node capacity covers a demand, per demand (at most ``FIT_MEMO``),
+        for the capacities it was asked of (a job's tasks mostly share a few demands)."""
 
     # ------------------------------------------------------------- slices
     def hold(self, msg: AdmitJob, came: float) -> bool:
@@ -259,7 +266,15 @@ class Admissions:
             bad = taskenv.refusal(spec.env, self.limits.env_allow)
             if bad is not None:
                 return Refusal(JobReason(bad[0]), f"task {task_id}: {bad[1]}")
-        if not any(fits(cap, demand) for cap in cluster.node_caps):
+        caps, memo = self._fit
+        if caps is not cluster.node_caps:
+            caps, memo = self._fit = (cluster.node_caps, {})
+        fit = memo.get(demand)
+        if fit is None:
+            if len(memo) >= FIT_MEMO:
+                memo.clear()
+            fit = memo[demand] = any(fits(cap, demand) for cap in caps)
+        if not fit:
             return Refusal(JobReason.IMPOSSIBLE_RESOURCES, (
                 f"task {task_id}: demand {demand} exceeds every node's capacity"
             ))  # fmt: skip

@@ -90,6 +90,13 @@ __all__ = ["AdmissionLimits", "GlobalMaster"]
 Batches = dict[LmId, list[Placement]]
 """A round's placements, per LM (each LM's leave in one launch request)."""
 
+# enum members the hot paths compare with, bound once (a member read off its class
+# costs ~10x a global's on 3.11)
+_STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED
+_RELAUNCHED, _PREEMPTED = EventKind.RELAUNCHED, EventKind.PREEMPTED
+_QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
+_NO_FREE_RESOURCES = WaitReason.NO_FREE_RESOURCES
+
 
 class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     """One GM: user queues in, launch / repartition / preemption requests out."""
@@ -149,6 +156,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         # what the hot paths look at before asking a piece (empty: nothing to ask)
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
+        self._revoked_users = self.revocations.users
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -306,19 +314,22 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     ) -> None:
         """A task finished or failed for good: tell its user (unless a predecessor of
         this GM did); retire its job when done."""
-        key = task.key
-        self.cancelled.discard(key)
+        spec = task.spec
+        user = spec.user
+        key = (user, spec.task_id)
+        if self.cancelled:
+            self.cancelled.discard(key)
         if self.journal is not None:
             self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
             self.counters.tasks_finished += 1
         else:
             self.counters.failed += 1
-        self._forget(key)
+        if self._retries or self._tried or self.classes.tried:
+            self._forget(key)
         if tell:
-            outcome = TaskOutcome(task=task, finished=finished, reason=reason)
-            effects.append(ToUser(task.user, outcome))
-        jk = (task.user, task.job_id)
+            effects.append(ToUser(user, TaskOutcome(task=task, finished=finished, reason=reason)))
+        jk = (user, spec.job_id)
         rec = self.jobs.get(jk)
         if rec is None or (self.admitting and self.admission.pending(jk, key)):
             # adopted after a restart: its job may still be redelivered, or still have
@@ -347,13 +358,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         batches: Batches = {}
         if not self.ready:
             return effects
+        pop, place, processing = self.queues.pop, self._place, _PROCESSING
         for _ in range(max_tasks):
-            task = self.queues.pop()
+            task = pop()
             if task is None:
                 break
-            task.mark(Phase.PROCESSING, now)
+            task.mark(processing, now)
             self.counters.decisions += 1
-            self._place(task, now, batches, effects)
+            place(task, now, batches, effects)
         return self._end_round(batches, effects, now)
 
     def _end_round(self, batches: Batches, effects: list[Effect], now: float) -> list[Effect]:
@@ -386,8 +398,9 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
 
     def _place(self, task: Task, now: float, batches: Batches, effects: list[Effect]) -> None:
         """One pass of the decision path for one task (Alg. 1, then Alg. 2)."""
-        if task.user in self.revocations:  # came back from an LM (stopped) or crossed
-            self._revoked(task, effects)
+        spec = task.spec
+        if self._revoked_users and spec.user in self._revoked_users:  # came back from an
+            self._revoked(task, effects)  # LM (stopped) or crossed
             return
         if self.cancelled and task.key in self.cancelled:
             self._cancel_ends(task, effects)
@@ -399,14 +412,13 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             and self.gang.place(self, task, now, effects)
         ):
             return  # a gang stage's task: its gang places it (global_master.gang)
-        mask, demand = task.constraints, task.demand
-        views, match, choose = self.views, self.placer.match, self.queues.choose_node
+        mask, demand = spec.constraints, spec.demand
+        views = self.views
         # 1. internal partitions; 2. external partitions: repartition
-        for internal in (True, False):
-            found = match(views, mask, demand, internal, choose)
-            if found is not None:
-                self._dispatch(task, found[0], found[1], not internal, batches, now)
-                return
+        found = self.placer.find(views, mask, demand, self.queues.choose_node)
+        if found is not None:
+            self._dispatch(task, found[0], found[1], found[2], batches, now)
+            return
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
@@ -416,7 +428,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             view, node = held  # backfill: reserved-but-idle room, free until it is due
             self._dispatch(task, view, node, view.home[node] != self.gm_id, batches, now)
             return
-        self._note(task, WaitReason.NO_FREE_RESOURCES, now)
+        self._note(task, _NO_FREE_RESOURCES, now)
         if task.spec.priority and self._preempt_lower(task, now, effects):
             return
         # altruistic tasks (Carbyne) use only what is free: never a reason to preempt
@@ -428,22 +440,26 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self, task: Task, view: LmView, node: int, repartition: bool, batches: Batches, now: float
     ) -> None:
         """A match: reserved in the view, in flight in the ledger, into its LM's batch."""
-        view.reserve(node, task.demand)
-        task.attempt += 1
-        self.ledger.dispatch(InFlight(task, view.lm, node, repartition))
-        self.queues.on_dispatched(task, now)
+        spec, lm, queues = task.spec, view.lm, self.queues
+        view.reserve(node, spec.demand)
+        attempt = task.attempt = task.attempt + 1
+        self.ledger.dispatch(InFlight(task, lm, node, repartition))
+        queues.on_dispatched(task, now)
         if repartition:
             self.counters.repartition_requests += 1
         else:
             self.counters.placed_internal += 1
-        self.queues.placed(task.user)
+        queues.placed(spec.user)
         if self.journal is not None:
             self.journal.note(
-                task.key, now, "repartition" if repartition else "launch", lm=view.lm,
-                node=node, partition=view.home[node], detail=f"attempt {task.attempt}",
+                (spec.user, spec.task_id), now, "repartition" if repartition else "launch",
+                lm=lm, node=node, partition=view.home[node], detail=f"attempt {attempt}",
             )  # fmt: skip
-        batches.setdefault(view.lm, []).append(
-            Placement(spec=task.spec, attempt=task.attempt, node=NodeIndex(node),
+        batch = batches.get(lm)
+        if batch is None:
+            batch = batches[lm] = []
+        batch.append(
+            Placement(spec=spec, attempt=attempt, node=NodeIndex(node),
                       repartition=repartition, altruistic=task.altruistic,
                       queued_at=task.submitted_at)
         )  # fmt: skip
@@ -464,7 +480,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         could fit it."""
         self.counters.requeues += 1
         self._forget(task.key)
-        task.mark(Phase.QUEUEING, now)
+        task.mark(_QUEUEING, now)
         if wait and self._index:
             self.counters.waited += 1
             self.waiting.add(task)
@@ -609,7 +625,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         if seen:
             self.queues.new_epoch()
         kind = ev.kind
-        if kind == EventKind.RELAUNCHED:
+        if kind == _RELAUNCHED:
             task = self.ledger.relaunched(ev)
             if task is None:
                 self.counters.stale_events += 1
@@ -630,14 +646,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self.ledger.took(task, ev, now)
         if self.journal is not None:
             self.journal.event(task.key, ev)
-        if kind == EventKind.STARTED:
+        if kind == _STARTED:
             return
-        if kind == EventKind.FINISHED or kind == EventKind.FAILED:
+        if kind in (_FINISHED, _FAILED):
             self.counters.ends_seen += 1
             self.counters.end_lag_s += now - ev.at
             if task.user not in self.queues:
                 return
-            if kind == EventKind.FINISHED:
+            if kind == _FINISHED:
                 self.queues.on_finished(task, now)
                 self._ended(task, effects, finished=True, reason="")
             else:
@@ -645,7 +661,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
                 self._fail(task, why, effects)
             return
         # preempted or requeued: back to the front of its own queue, never lost
-        if kind == EventKind.PREEMPTED:
+        if kind == _PREEMPTED:
             self.counters.preempted_requeued += 1
         self._back_to_front(task, now, effects)
 

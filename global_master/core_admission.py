@@ -165,8 +165,9 @@ class AdmissionSteps:
                 self.book.opened(job, now)
             self.counters.jobs_admitted += 1
         adm.queued_upto(end, tasks)
+        live = self.live
         for t in tasks:
-            self.live[t.key] = t
+            live[t.key] = t
         if dag is not None:
             # what runs, is on its way to an LM or ended is never released again
             out = [t.task_id for t in (*found.adopted, *found.sent)]
@@ -175,9 +176,10 @@ class AdmissionSteps:
                 self.queues.on_dispatched(t, now)
         else:
             skip = {t.key for t in found.adopted} | {t.key for t, _ in found.ended} | found.kept
+            push = self.queues.push_back
             for t in tasks:
-                if t.key not in skip:
-                    self.queues.push_back(t)
+                if not skip or t.key not in skip:
+                    push(t)
         return self._resume(found, dag is not None, now)
 
     def _redelivered(self, tasks: list[Task], dag: bool) -> Redelivered:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 _MISSING = PlacementResult(accepted=False, reason=Answer.MISSING_RESULT)
 _REROUTED = Answer.REROUTED  # (bound once: an enum member read off its class is slow on 3.11)
+_PROCESSING, _REFUSED_BY_LM = Phase.PROCESSING, WaitReason.REFUSED_BY_LM
 
 
 class Answers:
@@ -143,9 +144,9 @@ class Answers:
 
     def _refused(self, task: Task, now: float, lm: LmId, why: str) -> Task:
         """An LM refused ``task`` (or will never answer): it is decided again."""
-        task.mark(Phase.PROCESSING, now)
+        task.mark(_PROCESSING, now)
         self.queues.on_returned(task, now)
-        self._note(task, WaitReason.REFUSED_BY_LM, now, lm, why)
+        self._note(task, _REFUSED_BY_LM, now, lm, why)
         return task
 
     def _inconsistency(self, external: bool) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from common.messages import EventKind, TaskEvent
 from common.model import Task, TaskKey
@@ -64,11 +65,18 @@ class Trail:
 
 StepRow = tuple[float, str, str, int, str, str, int, float]
 """A ``Step`` as a tuple of atoms (the fields in order)."""
+_ROW = attrgetter("at", "what", "lm", "node", "partition", "detail", "count", "last_at")
+"""A ``Step``'s ``StepRow`` (one C call per step)."""
+_NOTED_AT_END = frozenset((EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED))
+"""Event kinds not noted as steps of their own (a start is its own step; an end is
+noted when the task ends)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EndedTask:
-    """What is kept of a task once it finished or failed: atoms and tuples of atoms
+    """What is kept of a task once it finished or failed (never changed once made; not
+    frozen: a frozen dataclass sets each field through ``object.__setattr__``, 2-3x
+    the cost of making one, and a busy GM makes one per task): atoms and tuples of atoms
     only.  A GM keeps thousands; the collector untracks tuples of atoms, so a full
     collection walks one object per ended task instead of the ~17 a ``Task`` and its
     ``Trail`` are (it was 0.14-0.22 s per full collection in a busy GM)."""
@@ -95,10 +103,7 @@ class EndedTask:
             task.user, task.task_id, task.job_id, task.attempt, task.lm or "",
             task.submitted_at, task.started_at, task.finished_at, task.decisions,
             tuple(task.waits), tuple(task.components()), finished, reason,
-            tuple(
-                (s.at, s.what, s.lm, s.node, s.partition, s.detail, s.count, s.last_at)
-                for s in trail.steps
-            ),
+            tuple(map(_ROW, trail.steps)),
             trail.dropped,
         )  # fmt: skip
 
@@ -133,8 +138,9 @@ class Journal:
     ) -> None:
         """Append a step to ``key``'s timeline (the same step again only counts)."""
         trail = self.trails.get(key)
-        if trail is None:
-            trail = self.trails[key] = Trail()
+        if trail is None:  # a task's first step (the bound keeps at least one)
+            self.trails[key] = Trail([Step(at, what, lm, node, partition, detail, 1, at)])
+            return
         steps = trail.steps
         if steps:
             last = steps[-1]
@@ -181,15 +187,17 @@ class Journal:
     def started(self, key: TaskKey, at: float, lm: str, node: int) -> None:
         """The task started at ``at`` (said by several events: noted once)."""
         trail = self.trails.get(key)
-        if trail is not None and any(s.what == "started" and s.at == at for s in trail.steps):
-            return
+        if trail is not None:
+            for s in trail.steps:
+                if s.at == at and s.what == "started":
+                    return
         self.note(key, at, "started", lm=lm, node=node)
 
     def event(self, key: TaskKey, ev: TaskEvent) -> None:
         """An LM's event about task ``key`` (an end is noted when the task ends)."""
         if ev.started_at >= 0:
             self.started(key, ev.started_at, ev.lm, ev.node)
-        if ev.kind not in (EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED):
+        if ev.kind not in _NOTED_AT_END:
             self.note(key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
 
     def close_task(self, task: Task, *, finished: bool, reason: str) -> None:
@@ -205,10 +213,12 @@ class Journal:
         key = task.key
         self.note(key, at, "finished" if finished else "failed", lm=task.lm or "", detail=reason)
         trail = self.trails.pop(key)
-        self.ended.pop(key, None)
-        self.ended[key] = EndedTask.of(task, trail, finished=finished, reason=reason)
-        while len(self.ended) > self.limit:
-            self.ended.popitem(last=False)
+        ended = self.ended
+        if key in ended:
+            del ended[key]
+        ended[key] = EndedTask.of(task, trail, finished=finished, reason=reason)
+        while len(ended) > self.limit:
+            ended.popitem(last=False)
 
     def trail(self, key: TaskKey) -> Trail:
         """The timeline of a task this GM holds (empty if it was never tried)."""

@@ -44,6 +44,9 @@ from common.transitions import NEXT, check
 JobKey = tuple[UserId, JobId]
 _Q, _D, _P = TaskState.QUEUED, TaskState.DISPATCHED, TaskState.PLACED
 _F, _X = TaskState.FINISHED, TaskState.FAILED
+_STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED
+_QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
+_COMMUNICATION, _WORKER_QUEUEING = Phase.COMMUNICATION, Phase.WORKER_QUEUEING
 """(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
 _SEND_QUEUED = _D in NEXT[_Q]
 """The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
@@ -74,15 +77,19 @@ class InFlightTable(dict[TaskKey, InFlight]):
     def __setitem__(self, key: TaskKey, fl: InFlight) -> None:
         if key in self:
             self._forget(self[key])
-        super().__setitem__(key, fl)
-        self._shares.pop(fl.task.user, None)
-        per = self.demands.setdefault(fl.task.user, {})
-        d = tuple(fl.task.demand)
+        dict.__setitem__(self, key, fl)
+        spec = fl.task.spec
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands.get(user)
+        if per is None:
+            per = self.demands[user] = {}
+        d = tuple(spec.demand)
         per[d] = per.get(d, 0) + 1
 
     def __delitem__(self, key: TaskKey) -> None:
         self._forget(self[key])
-        super().__delitem__(key)
+        dict.__delitem__(self, key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
         if key in self:
@@ -90,13 +97,15 @@ class InFlightTable(dict[TaskKey, InFlight]):
         return super().pop(key, *default)
 
     def _forget(self, fl: InFlight) -> None:
-        self._shares.pop(fl.task.user, None)
-        per = self.demands[fl.task.user]
-        d = tuple(fl.task.demand)
+        spec = fl.task.spec
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands[user]
+        d = tuple(spec.demand)
         if per[d] == 1:
             del per[d]
             if not per:
-                del self.demands[fl.task.user]
+                del self.demands[user]
         else:
             per[d] -= 1
 
@@ -364,24 +373,24 @@ class Ledger:
         """An event about ``task``'s current attempt (``current``): its times; a task
         that ended or came back (preempted, requeued) leaves ``placed``."""
         if ev.worker_at >= 0:
-            task.mark(Phase.WORKER_QUEUEING, ev.worker_at)
+            task.mark(_WORKER_QUEUEING, ev.worker_at)
         if ev.started_at >= 0:
             task.start(ev.started_at)
         kind = ev.kind
-        if kind == EventKind.STARTED:
+        if kind == _STARTED:
             return
         del self.placed[task.key]
-        if kind == EventKind.FINISHED or kind == EventKind.FAILED:
+        if kind in (_FINISHED, _FAILED):
             task.finished_at = ev.at
             return
-        task.mark(Phase.COMMUNICATION, ev.at)
-        task.mark(Phase.QUEUEING, now)
+        task.mark(_COMMUNICATION, ev.at)
+        task.mark(_QUEUEING, now)
 
 
 def round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
     """A request's trip, in the task's allocation-time ledger: on the wire, validated
     at the LM, on the wire back."""
     if request_sent >= 0:
-        task.mark(Phase.COMMUNICATION, request_sent)
-    task.mark(Phase.PROCESSING, received)
-    task.mark(Phase.COMMUNICATION, sent)
+        task.mark(_COMMUNICATION, request_sent)
+    task.mark(_PROCESSING, received)
+    task.mark(_COMMUNICATION, sent)

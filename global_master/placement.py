@@ -76,6 +76,28 @@ class Placer:
                 return view, node
         return None
 
+    def find(
+        self, views: dict[LmId, LmView], mask: int, demand: Resources, choose: NodeChooser | None
+    ) -> tuple[LmView, int, bool] | None:
+        """Alg. 1 both ways, as ``match`` internal then ``match`` external (one call: a
+        decision's hot path): the view, the node, and whether it is a repartition.
+        None: no node of any kind fits."""
+        lms, n, me, rr = self.lms, len(self.lms), self.gm, self.rr
+        fit = choose or LmView.first_fit
+        full_skips = fit is LmView.first_fit and all(demand)  # first fit needs an avail node
+        for internal in (True, False):
+            start = rr[internal]
+            for k in range(n):
+                at = (start + k) % n
+                view = views[lms[at]]
+                if full_skips and not view.avail.any():
+                    continue
+                node = fit(view, view.eligible(mask, me, internal), demand)
+                if node >= 0:
+                    rr[internal] = at
+                    return view, node, not internal
+        return None
+
     def next_round(self) -> None:
         """A round of decisions placed something: the next walks start at the next LM."""
         n = len(self.lms)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from common.ids import UserId
 from common.model import Task, TaskKey
@@ -98,15 +98,18 @@ class ClassedQueue:
         return q is not None and task in q
 
     def _class(self, task: Task) -> TaskQueue:
-        c = task.spec.priority
+        spec = task.spec
+        c = spec.priority
         q = self.by_class.get(c)
         if q is None:
             q = self.by_class[c] = self.make()
             self.arrivals[c] = deque()
-        self.seq += 1
-        self.where[task.key] = self.seq
+        seq = self.seq = self.seq + 1
+        self.where[(spec.user, spec.task_id)] = seq
         self.size += 1
-        self.aging.saw(task.submitted_at)
+        aging, at = self.aging, task.submitted_at
+        if at > aging.now:  # (``Aging.saw``, inline)
+            aging.now = at
         return q
 
     def append(self, task: Task) -> None:
@@ -157,12 +160,17 @@ class ClassedQueue:
         """The next task: of the class with the highest effective class."""
         if not self.size:
             raise IndexError("pop from an empty ClassedQueue")
-        if len(self.by_class) == 1:  # one class: its queue's own order, no aging to weigh
-            c = next(iter(self.by_class))
-            task = self.by_class[c].popleft()
-            self._gone(task, c)
-            if c in self.by_class:
+        by_class = self.by_class
+        if len(by_class) == 1:  # one class: its queue's own order, no aging to weigh
+            c, q = next(iter(by_class.items()))
+            task = q.popleft()
+            spec = task.spec  # (``_gone``, inline)
+            del self.where[(spec.user, spec.task_id)]
+            self.size -= 1
+            if q:
                 self._bound(c)
+            else:
+                del by_class[c], self.arrivals[c]
             return task
         _, c = self.best()
         q = self.by_class[c]
@@ -269,14 +277,38 @@ class ClassedQueues(UserQueues):
     def pop(self) -> Task | None:
         """The best task of all users' queues (neither empty nor parked); round-robin
         from the user after the last served among those that tie."""
-        n = len(self._order)
-        turn = [self._order[(self._next + k) % n] for k in range(n)]
-        user = pick([u for u in turn if not self.parked(u)], self.queues.get)
-        if user is None:
+        order, start = self._order, self._next
+        queues = cast("dict[UserId, ClassedQueue]", self.queues)  # (``new_queue``'s)
+        fails, patience = self._failures, self.patience
+        n = len(order)
+        held: list[tuple[int, ClassedQueue]] = []
+        one: int | None = None  # the one class every held queue serves, if so
+        mixed = False
+        for k in range(n):
+            user = order[(start + k) % n]
+            q = queues[user]
+            size = q.size
+            if not size or fails.get(user, 0) >= min(patience, size):  # empty or ``parked``
+                continue
+            held.append((k, q))
+            if not mixed:
+                by_class = q.by_class
+                if len(by_class) != 1:
+                    mixed = True
+                elif one is None:
+                    one = next(iter(by_class))
+                elif one not in by_class:
+                    mixed = True
+        if not held:
             return None
-        self._next = (self._order.index(user) + 1) % n
+        k, q = held[0]  # one class: the first user in turn (``pick``)
+        if mixed:
+            bests = [(k, q, q.best()) for k, q in held]
+            cls = max(b for _, _, b in bests)[1]
+            k, q = next((k, q) for k, q, b in bests if b[1] == cls)
+        self._next = (start + k + 1) % n
         self._size -= 1
-        return self.queues[user].popleft()
+        return q.popleft()
 
     def ahead_of(self, task: Task) -> list[str]:
         """Why ``task`` waits behind other classes, for ``megha why`` (empty: none do)."""
