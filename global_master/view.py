@@ -25,7 +25,6 @@ once it has a view of every LM.  ``Views`` counts what it sees in the GM's count
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import gt
 from types import MappingProxyType
 
 from bitarray import bitarray, frozenbitarray
@@ -34,9 +33,6 @@ from common.ids import GmId, LmId, UserId
 from common.messages import ClusterLayout, SnapshotRequest, StateDelta, StateSnapshot, TaskEvent
 from common.metrics import GmCounters
 from common.model import N_CONSTRAINTS, Resources
-
-_Shape = tuple[tuple[bitarray, ...], Mapping[GmId, bitarray]]
-"""A layout's constraint vectors and partitions (``_shape``)."""
 
 
 class LmView:
@@ -67,15 +63,15 @@ class LmView:
         self.lm: LmId = layout.lm
         n = self.n = len(layout.capacity)
         self.capacity: list[Resources] = list(layout.capacity)
-        self.capacity_total: tuple[int, ...] = tuple(map(sum, zip(*self.capacity, strict=True)))
+        shape = _shape(layout)
+        self.capacity_total: tuple[int, ...] = shape.capacity_total
         """The cluster's capacity in each resource (fixed with the layout)."""
-        self.capacity_kinds: frozenset[Resources] = frozenset(self.capacity)
+        self.capacity_kinds: frozenset[Resources] = shape.capacity_kinds
         """The distinct node capacities of the cluster."""
         self.node_masks: list[int] = list(layout.constraints)
         self.home: list[GmId] = list(layout.home)
-        self.constraint_vectors: Sequence[bitarray]
-        self.partitions: Mapping[GmId, bitarray]
-        self.constraint_vectors, self.partitions = _shape(layout)
+        self.constraint_vectors: Sequence[bitarray] = shape.constraint_vectors
+        self.partitions: Mapping[GmId, bitarray] = shape.partitions
         widths = {len(c) for c in self.capacity_kinds}
         self.free: list[Sequence[int]] = (
             [(0,) * widths.pop()] * n
@@ -92,7 +88,7 @@ class LmView:
         self.epoch = -1
         """The LM incarnation this view follows (a restarted LM counts versions anew)."""
         self.usage: dict[UserId, Resources] = {}
-        self.freed: set[int] = set(range(n))
+        self.freed: set[int] = set(shape.nodes)
         """Nodes whose free resources grew since the GM last looked (its waiting tasks
         that could fit there are woken); a new view counts every node as freed."""
         self._eligible: dict[tuple[int, GmId, bool], bitarray] = {}
@@ -178,8 +174,10 @@ class LmView:
                 avail[i] = not new or min(new) > 0
             if len(new) != len(old):
                 raise ValueError(f"node {i}: {len(new)} resources, the view has {len(old)}")
-            if any(map(gt, new, old)):  # (not ``zip(strict=True)``: its keyword is slow)
-                freed.add(i)
+            for x, y in zip(new, old):  # noqa: B905  (lengths checked: a keyword is slow here)
+                if x > y:
+                    freed.add(i)
+                    break
         return changed
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
@@ -232,24 +230,40 @@ class LmView:
         self.avail[i] = not f or min(f) > 0
 
 
-_SHAPES: dict[tuple[tuple[int, ...], tuple[GmId, ...]], _Shape] = {}
-"""Each cluster layout's constraint vectors and partitions, made once however many
-views of it there are (every GM holds a view of every LM: in a simulation they share
-them; a view made again from a snapshot of the same LM finds them here)."""
+class _Shape:
+    """What a cluster layout determines for every view of it: immutable, shared."""
+
+    __slots__ = ("capacity_kinds", "capacity_total", "constraint_vectors", "nodes", "partitions")
+
+    def __init__(self, layout: ClusterLayout) -> None:
+        n = len(layout.capacity)
+        self.capacity_total = tuple(map(sum, zip(*layout.capacity, strict=True)))
+        self.capacity_kinds = frozenset(layout.capacity)
+        self.constraint_vectors = tuple(
+            map(frozenbitarray, _constraint_vectors(layout.constraints, n))
+        )
+        self.partitions: Mapping[GmId, bitarray] = MappingProxyType(
+            {g: frozenbitarray(v) for g, v in _partitions(layout.home).items()}
+        )
+        self.nodes = frozenset(range(n))
+
+
+_SHAPES: dict[tuple[tuple[Resources, ...], tuple[int, ...], tuple[GmId, ...]], _Shape] = {}
+"""Each cluster layout's shape (``_Shape``), made once however many views of it there
+are (every GM holds a view of every LM: in a simulation they share it; a view made
+again from a snapshot of the same LM finds it here)."""
 SHAPES_KEPT = 1024
 """How many layouts ``_SHAPES`` keeps (the oldest made goes first)."""
 
 
 def _shape(layout: ClusterLayout) -> _Shape:
-    """``layout``'s constraint vectors and partitions: immutable, shared by its views."""
-    key = (tuple(layout.constraints), tuple(layout.home))
+    """``layout``'s shape, shared by its views."""
+    key = (tuple(layout.capacity), tuple(layout.constraints), tuple(layout.home))
     shape = _SHAPES.get(key)
     if shape is None:
         if len(_SHAPES) >= SHAPES_KEPT:
             del _SHAPES[next(iter(_SHAPES))]
-        vectors = tuple(map(frozenbitarray, _constraint_vectors(key[0], len(key[0]))))
-        parts = MappingProxyType({g: frozenbitarray(v) for g, v in _partitions(key[1]).items()})
-        shape = _SHAPES[key] = (vectors, parts)
+        shape = _SHAPES[key] = _Shape(layout)
     return shape
 
 
