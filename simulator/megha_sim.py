@@ -709,11 +709,7 @@ class MeghaSimulation:
                 out = eff.msg
                 self.book.done(out.task, t, "" if out.finished else out.reason or "failed")
             elif isinstance(eff, ToGm):
-                evs = events.get(eff.gm)
-                if evs is None:
-                    events[eff.gm] = [eff.msg]
-                else:
-                    evs.append(eff.msg)
+                events.setdefault(eff.gm, []).append(eff.msg)
             elif isinstance(eff, ToLm):
                 msg = eff.msg
                 if isinstance(msg, WorkerReport):
