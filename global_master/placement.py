@@ -150,7 +150,6 @@ def woken(
                 if skip_empty and 0 in room:
                     continue
                 node_mask = masks[i]
-                copied = False
                 if classes is None:
                     classes = waiting.class_order()
                 for cls in classes:
@@ -165,10 +164,7 @@ def woken(
                     if users_first is None and len(waiting.by_class[cls]) > 1:
                         users_first = order()
                     got = waiting.take(cls, k, users_first or ())
-                    if not copied:
-                        room, copied = list(room), True
-                    for r, d in enumerate(demand):
-                        room[r] -= d * len(got)
+                    room = [x - d * len(got) for x, d in zip(room, demand, strict=True)]
                     out.extend(got)
                 if not waiting:
                     break

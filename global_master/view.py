@@ -24,9 +24,10 @@ once it has a view of every LM.  ``Views`` counts what it sees in the GM's count
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
-from bitarray import bitarray
+from bitarray import bitarray, frozenbitarray
 
 from common.ids import GmId, LmId, UserId
 from common.messages import ClusterLayout, SnapshotRequest, StateDelta, StateSnapshot, TaskEvent
@@ -62,21 +63,23 @@ class LmView:
         self.lm: LmId = layout.lm
         n = self.n = len(layout.capacity)
         self.capacity: list[Resources] = list(layout.capacity)
-        self.capacity_total: tuple[int, ...] = tuple(map(sum, zip(*self.capacity, strict=True)))
+        shape = _shape(layout)
+        self.capacity_total: tuple[int, ...] = shape.capacity_total
         """The cluster's capacity in each resource (fixed with the layout)."""
-        self.capacity_kinds: frozenset[Resources] = frozenset(self.capacity)
+        self.capacity_kinds: frozenset[Resources] = shape.capacity_kinds
         """The distinct node capacities of the cluster."""
         self.node_masks: list[int] = list(layout.constraints)
         self.home: list[GmId] = list(layout.home)
-        masks = self.node_masks
-        self.constraint_vectors: list[bitarray] = [
-            bitarray([m >> c & 1 for m in masks], endian="little") for c in range(N_CONSTRAINTS)
-        ]
-        self.partitions: dict[GmId, bitarray] = {
-            g: bitarray([h == g for h in self.home], endian="little")
-            for g in dict.fromkeys(self.home)
-        }
-        self.free: list[list[int]] = [[0] * len(c) for c in self.capacity]
+        self.constraint_vectors: Sequence[bitarray] = shape.constraint_vectors
+        self.partitions: Mapping[GmId, bitarray] = shape.partitions
+        widths = {len(c) for c in self.capacity_kinds}
+        self.free: list[Sequence[int]] = (
+            [(0,) * widths.pop()] * n
+            if len(widths) == 1
+            else [(0,) * len(c) for c in self.capacity]
+        )
+        """Each node's free resources in this view: a reported value as it came (shared
+        with the message, so never changed in place: ``_own`` copies before a write)."""
         self.pending: list[list[int] | None] = [None] * n
         self.node_version: list[int] = [-1] * n
         self.avail = bitarray(n, endian="little")
@@ -85,7 +88,7 @@ class LmView:
         self.epoch = -1
         """The LM incarnation this view follows (a restarted LM counts versions anew)."""
         self.usage: dict[UserId, Resources] = {}
-        self.freed: set[int] = set(range(n))
+        self.freed: set[int] = set(shape.nodes)
         """Nodes whose free resources grew since the GM last looked (its waiting tasks
         that could fit there are woken); a new view counts every node as freed."""
         self._eligible: dict[tuple[int, GmId, bool], bitarray] = {}
@@ -137,7 +140,8 @@ class LmView:
 
     # ------------------------------------------------------------- updates
     # ``avail[i]``: node i has some of every resource free, all(x > 0 for x in free[i])
-    # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths)
+    # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths; of a
+    # reported value, never negative, ``0 not in f``: the same again)
     def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
         """Take a reported value if it is newer than what the view holds."""
         return self._take((i,), (reported,), (node_version,))
@@ -156,17 +160,24 @@ class LmView:
                 continue
             changed = True
             have[i] = v
-            pend = pending[i]
             old = free[i]
+            pend = pending[i]
+            new: Sequence[int]
             if pend is None:
-                new = free[i] = list(f)
+                if f == old:  # the value held: nothing freed, ``avail`` as it was
+                    free[i] = f
+                    continue
+                new = free[i] = f  # kept as reported (never changed in place: ``_own``)
+                avail[i] = 0 not in f  # (reported values are never negative: ``Resources``)
             else:
                 new = free[i] = [x - p for x, p in zip(f, pend, strict=True)]
-            for x, y in zip(new, old, strict=True):
+                avail[i] = not new or min(new) > 0
+            if len(new) != len(old):
+                raise ValueError(f"node {i}: {len(new)} resources, the view has {len(old)}")
+            for x, y in zip(new, old):  # noqa: B905  (lengths checked: a keyword is slow here)
                 if x > y:
                     freed.add(i)
                     break
-            avail[i] = not new or min(new) > 0
         return changed
 
     def apply(self, delta: StateDelta) -> tuple[bool, bool]:
@@ -192,18 +203,24 @@ class LmView:
         pend = self.pending[i]
         if pend is None:
             pend = self.pending[i] = [0] * len(demand)
-        f = self.free[i]
+        f = self._own(i)
         for r, d in enumerate(demand):
             pend[r] += d
             f[r] -= d
         self.avail[i] = not f or min(f) > 0
+
+    def _own(self, i: int) -> list[int]:
+        """Node ``i``'s free resources copied into a list of this view's own, to change
+        (what it held may be a reported value, shared with the message and other views)."""
+        f = self.free[i] = list(self.free[i])
+        return f
 
     def release(self, i: int, demand: Resources) -> None:
         """The answer came (or never will): ``demand`` on node ``i`` is no longer pending."""
         pend = self.pending[i]
         if pend is None:
             return
-        f = self.free[i]
+        f = self._own(i)
         for r, d in enumerate(demand):
             pend[r] -= d
             f[r] += d
@@ -211,6 +228,72 @@ class LmView:
             self.pending[i] = None
         self.freed.add(i)
         self.avail[i] = not f or min(f) > 0
+
+
+class _Shape:
+    """What a cluster layout determines for every view of it: immutable, shared."""
+
+    __slots__ = ("capacity_kinds", "capacity_total", "constraint_vectors", "nodes", "partitions")
+
+    def __init__(self, layout: ClusterLayout) -> None:
+        n = len(layout.capacity)
+        self.capacity_total = tuple(map(sum, zip(*layout.capacity, strict=True)))
+        self.capacity_kinds = frozenset(layout.capacity)
+        self.constraint_vectors = tuple(
+            map(frozenbitarray, _constraint_vectors(layout.constraints, n))
+        )
+        self.partitions: Mapping[GmId, bitarray] = MappingProxyType(
+            {g: frozenbitarray(v) for g, v in _partitions(layout.home).items()}
+        )
+        self.nodes = frozenset(range(n))
+
+
+_SHAPES: dict[tuple[tuple[Resources, ...], tuple[int, ...], tuple[GmId, ...]], _Shape] = {}
+"""Each cluster layout's shape (``_Shape``), made once however many views of it there
+are (every GM holds a view of every LM: in a simulation they share it; a view made
+again from a snapshot of the same LM finds it here)."""
+SHAPES_KEPT = 1024
+"""How many layouts ``_SHAPES`` keeps (the oldest made goes first)."""
+
+
+def _shape(layout: ClusterLayout) -> _Shape:
+    """``layout``'s shape, shared by its views."""
+    key = (tuple(layout.capacity), tuple(layout.constraints), tuple(layout.home))
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) >= SHAPES_KEPT:
+            del _SHAPES[next(iter(_SHAPES))]
+        shape = _SHAPES[key] = _Shape(layout)
+    return shape
+
+
+def _constraint_vectors(masks: Sequence[int], n: int) -> list[bitarray]:
+    """Per machine constraint, the nodes that meet it (bit i: node i), from the nodes'
+    constraint masks (one pass over the nodes with any constraint)."""
+    vectors = [bitarray(n, endian="little") for _ in range(N_CONSTRAINTS)]
+    for v in vectors:
+        v.setall(0)
+    every = (1 << N_CONSTRAINTS) - 1
+    for i, m in enumerate(masks):
+        m &= every
+        while m:
+            low = m & -m
+            vectors[low.bit_length() - 1][i] = 1
+            m ^= low
+    return vectors
+
+
+def _partitions(home: Sequence[GmId]) -> dict[GmId, bitarray]:
+    """Per GM with a node here (in the order they first appear), its partition's nodes."""
+    n = len(home)
+    parts: dict[GmId, bitarray] = {}
+    for i, g in enumerate(home):
+        v = parts.get(g)
+        if v is None:
+            v = parts[g] = bitarray(n, endian="little")
+            v.setall(0)
+        v[i] = 1
+    return parts
 
 
 class Views:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from common.ids import GmId, LmId, NodeIndex
@@ -214,14 +215,23 @@ class NodeTable:
         else:
             nodes = sorted(set(self._log[base - self._log_base :]))
         idx: tuple[NodeIndex, ...] = tuple(nodes)  # type: ignore[arg-type]  # (NewType of int)
+        free: tuple[Resources, ...]
+        versions: tuple[int, ...]
+        if len(idx) > 1:  # (an itemgetter of several indexes gives a tuple, in their order)
+            pick = itemgetter(*idx)
+            free, versions = pick(self._free_t), pick(self.node_version)
+        elif idx:
+            free, versions = (self._free_t[idx[0]],), (self.node_version[idx[0]],)
+        else:
+            free = versions = ()
         return StateDelta(
             lm=self.lm,
             epoch=self.epoch,
             version=self.version,
             base_version=base,
             nodes=idx,
-            free=tuple(map(self._free_t.__getitem__, idx)),
-            node_versions=tuple(map(self.node_version.__getitem__, idx)),
+            free=free,
+            node_versions=versions,
             usage=dict(self._usage_t),
             holds=self.gang_holds,
         )

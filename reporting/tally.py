@@ -138,7 +138,8 @@ class TaskTally:
         self.waits = [0] * len(WaitReason)
         self.waited = [0] * len(WaitReason)
 
-    def add(self, t: Task) -> None:
+    def add(self, t: Task, components: list[float] | None = None) -> None:
+        """One task (``components``: ``t.components()`` if the caller has it already)."""
         self.tasks += 1
         for r, n in enumerate(t.waits):
             self.waits[r] += n
@@ -149,7 +150,7 @@ class TaskTally:
         if t.started_at > t.first_started_at:
             self.restarted += 1
         user = self.users.setdefault(t.user, len(self.users))
-        comps = t.components()[: len(COMPONENTS)]
+        comps = (t.components() if components is None else components)[: len(COMPONENTS)]
         self.values.add(
             t.allocation_time,
             t.first_allocation_time,

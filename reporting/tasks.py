@@ -43,18 +43,23 @@ def task_state(task: Task, failure: str | None) -> str:
     return "unfinished"
 
 
-def task_row(task: Task, failure: str | None = None) -> list[Any]:
+def task_row(
+    task: Task, failure: str | None = None, components: list[float] | None = None
+) -> list[Any]:
     """One CSV row per task, in ``TASK_COLUMNS`` order: identity, timestamps,
     allocation time and its split, decisions and waits, how it ended and why it failed
-    (``failure``: None unless it failed)."""
+    (``failure``: None unless it failed; ``components``: ``task.components()`` if the
+    caller has it already)."""
     started = task.started_at
+    if components is None:
+        components = task.components()
     return [
         task.task_id, task.job_id, task.user, task.gm or "",
         round(task.submitted_at, 9), round(task.first_started_at, 9),
         round(started, 9), round(task.finished_at, 9),
         round(task.allocation_time, 9), round(task.first_allocation_time, 9),
         round(max(0.0, started - task.first_started_at), 9) if started >= 0 else -1.0,
-        *(round(value, 9) for value in task.components()),
+        *(round(value, 9) for value in components),
         task.attempt, task.decisions,
         *task.waits,
         task_state(task, failure), failure or "",
@@ -144,9 +149,16 @@ class OrderedRows:
         self._writer = csv.writer(self._line)
         self.rows = 0
 
-    def add(self, index: int, task: Task, failure: str | None = None) -> None:
-        """``task``'s row, ``index``-th in the order; ``failure``: why it failed."""
-        self._writer.writerow(task_row(task, failure))
+    def add(
+        self,
+        index: int,
+        task: Task,
+        failure: str | None = None,
+        components: list[float] | None = None,
+    ) -> None:
+        """``task``'s row, ``index``-th in the order; ``failure``: why it failed
+        (``components``: ``task_row``'s)."""
+        self._writer.writerow(task_row(task, failure, components))
         self._run.append((index, self._line.line.encode()))
         self.rows += 1
         if len(self._run) >= self._run_rows:

@@ -11,6 +11,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+_push = heapq.heappush
+
 _FIRST = 1 << 62
 """Arrivals (``EventLoop.arrival``) take sequence numbers below every other event's."""
 
@@ -28,8 +30,9 @@ class EventLoop:
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` at virtual time ``t`` (never in the past)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (t if t > self.now else self.now, self._seq, fn, args))
+        self._seq = seq = self._seq + 1
+        now = self.now
+        _push(self._heap, (t if t > now else now, seq, fn, args))
 
     def arrival(self, t: float, rank: int, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` at ``t`` before every other event of that instant, after
@@ -39,7 +42,10 @@ class EventLoop:
         heapq.heappush(self._heap, (t if t > self.now else self.now, rank - _FIRST, fn, args))
 
     def after(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
-        self.at(self.now + delay, fn, *args)
+        self._seq = seq = self._seq + 1
+        now = self.now
+        t = now + delay
+        _push(self._heap, (t if t > now else now, seq, fn, args))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -56,15 +62,18 @@ class EventLoop:
         heap = self._heap
         pop = heapq.heappop
         n = 0
+        mark = progress_every
         while heap:
-            t, _, fn, args = heap[0]
+            entry = pop(heap)
+            t = entry[0]
             if until is not None and t > until:
+                heapq.heappush(heap, entry)  # (the same entry: its place is unchanged)
                 break
-            pop(heap)
             self.now = t
-            fn(*args)
+            entry[2](*entry[3])
             n += 1
-            if n % progress_every == 0:
+            if n == mark:
+                mark += progress_every
                 if progress is not None:
                     progress(t)
                 if stop is not None and stop():

@@ -45,7 +45,8 @@ class RunRecords:
     def task(self, index: int, task: Task, failure: str = "") -> None:
         """``task`` ended (or the run did), ``index``-th submitted; ``failure``: why
         it failed ("" unless it did)."""
-        self.tally.add(task)
+        comps = task.components()  # (once, for the tally and the row)
+        self.tally.add(task, comps)
         cls = task.spec.priority
         self.classes[cls] = self.classes.get(cls, 0) + 1
         if task.started_at >= 0:
@@ -53,7 +54,7 @@ class RunRecords:
         if failure:
             self.failed_tasks += 1
         if self.rows is not None:
-            self.rows.add(index, task, failure or None)
+            self.rows.add(index, task, failure or None, comps)
 
     def job(self, jct: float | None) -> None:
         """A job's last task ended: it completed in ``jct`` s, or failed (None)."""

@@ -228,7 +228,7 @@ def test_a_rerouted_placement_counts_the_inconsistency_and_is_placed_without_ret
     assert deliver(lm, gm, first, 2.0) == []  # nothing to send again
     assert state(gm, t) is TaskState.PLACED
     assert lm.active[key(t)].node == 1
-    assert gm.views[LM0].free[1] == [1, 1]  # the answer's delta says where it went
+    assert list(gm.views[LM0].free[1]) == [1, 1]  # the answer's delta says where it went
     counted = (gm.counters.internal_inconsistencies, gm.counters.external_inconsistencies)
     assert counted == ((0, 1) if external else (1, 0))
     assert gm.counters.rerouted == 1
@@ -432,7 +432,7 @@ def test_task_events_move_tasks_between_states_and_tell_the_user() -> None:
     assert net.outcomes[key(a)].finished
     assert not net.outcomes[key(b)].finished
     assert "failed on worker" in net.outcomes[key(b)].reason
-    assert gm.views[LM0].free == [[4, 4], [4, 4]]  # learnt from the events, not a heartbeat
+    assert gm.views[LM0].free == [(4, 4), (4, 4)]  # learnt from the events, not a heartbeat
     assert gm.jobs == {}  # the job is done: nothing of it stays behind
     assert len(net.settled) == 1
 
@@ -567,7 +567,7 @@ def test_deltas_apply_in_any_order_and_a_gap_asks_for_a_snapshot() -> None:
     assert b.handle(h2.msg, 3.0) == []  # asked once, not again
     b.handle(h1.msg, 3.0)
     for gm in (a, b):
-        assert gm.views[LM0].free == [[2, 2], [2, 2]]
+        assert gm.views[LM0].free == [(2, 2), (2, 2)]
         assert gm.views[LM0].node_version == [3, 2]
     assert a.views[LM0].version == 3
     assert b.counters.gaps == 2  # h2 was delivered twice
@@ -578,7 +578,7 @@ def test_deltas_apply_in_any_order_and_a_gap_asks_for_a_snapshot() -> None:
     assert b.views[LM0].version == 3
     # an old update never takes the view back
     a.handle(h1.msg, 4.0)
-    assert a.views[LM0].free == [[2, 2], [2, 2]]
+    assert a.views[LM0].free == [(2, 2), (2, 2)]
     assert a.views[LM0].version == 3
 
 

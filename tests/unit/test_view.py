@@ -3,6 +3,8 @@ and the pending-reservation invariant ``free == reported - pending``."""
 
 from __future__ import annotations
 
+import pytest
+
 from common.ids import GmId, LmId, NodeIndex, UserId
 from common.messages import ClusterLayout, StateDelta
 from global_master.view import LmView
@@ -108,7 +110,7 @@ def test_per_node_versions_make_deltas_order_independent() -> None:
         a.apply(d)
     for d in (d3, d1, d2):
         b.apply(d)
-    assert a.free == b.free == [[4, 4], [2, 2]]
+    assert a.free == b.free == [(4, 4), (2, 2)]  # the reported values, as they came
     assert a.node_version == b.node_version == [5, 4]
     assert a.version == 5
 
@@ -118,7 +120,7 @@ def test_a_gap_is_detected_and_the_version_waits_for_a_snapshot() -> None:
     changed, gap = view.apply(delta(5, 6, {0: ((1, 1), 6)}))
     assert changed
     assert gap
-    assert view.free == [[1, 1]]  # the node is still taken: its version is newer
+    assert view.free == [(1, 1)]  # the node is still taken: its version is newer
     assert view.version == 1
     changed, gap = view.apply(full([(1, 1)], version=6))
     assert not gap
@@ -129,7 +131,7 @@ def test_an_old_delta_never_takes_a_node_back() -> None:
     view = make_view([(4, 4)], [0])
     view.apply(delta(1, 3, {0: ((0, 0), 3)}))
     changed, _ = view.apply(delta(1, 2, {0: ((4, 4), 2)}))
-    assert view.free == [[0, 0]]
+    assert view.free == [(0, 0)]
     assert view.version == 3
     assert view.node_version == [3]
     assert not changed
@@ -154,3 +156,36 @@ def test_partitions_and_constraint_vectors_follow_the_layout() -> None:
     assert view.constraint_vectors[0].to01() == "1010"
     assert view.constraint_vectors[1].to01() == "0110"
     assert all(v.to01() == "0000" for v in view.constraint_vectors[2:])
+
+
+def test_views_of_one_layout_share_its_vectors_and_none_can_change_them() -> None:
+    def layout(masks: tuple[int, ...]) -> ClusterLayout:
+        return ClusterLayout(lm="lm0", capacity=((1,),) * 3, constraints=masks, home=("g0",) * 3)
+
+    a, b = LmView(layout((1, 2, 3))), LmView(layout((1, 2, 3)))  # as two GMs' views
+    other = LmView(layout((1, 2, 2)))
+    assert a.constraint_vectors is b.constraint_vectors
+    assert a.partitions is b.partitions
+    assert other.constraint_vectors[0].to01() == "100"
+    assert a.constraint_vectors[0].to01() == "101"
+    with pytest.raises(TypeError):
+        a.constraint_vectors[0][1] = 1
+    with pytest.raises(TypeError):
+        a.partitions["g0"][0] = 0  # type: ignore[index]
+    assert a.eligible(0b1, GmId("g0"), True).to01() == "101"
+    assert a.eligible(0b1, GmId("g0"), False).to01() == "000"
+
+
+def test_a_reservation_never_changes_the_reported_value_other_views_hold() -> None:
+    a, b = make_view([(4, 4)], [0]), make_view([(4, 4)], [0])
+    reported = (2, 2)
+    for v in (a, b):
+        v.apply(delta(1, 2, {0: (reported, 2)}))
+    a.reserve(0, (1, 1))
+    assert reported == (2, 2)
+    assert list(a.free[0]) == [1, 1]
+    assert list(b.free[0]) == [2, 2]
+    a.release(0, (1, 1))
+    assert list(a.free[0]) == [2, 2]
+    assert a.avail[0]
+    assert b.avail[0]
