@@ -58,7 +58,7 @@ from common.messages import (
     StateDelta,
     SubmitJob,
 )
-from common.model import Phase, Task, TaskKey, WaitReason, fits
+from common.model import Phase, Task, TaskKey, TaskState, WaitReason, fits
 from global_master.ledger import InFlight, InFlightTable
 from global_master.outbox import Outbox
 from global_master.placement import Placer
@@ -69,6 +69,10 @@ GangKey = tuple[UserId, JobId, int]
 """A gang stage: (user, job id, stage id)."""
 
 UNSCHEDULABLE = "gang_unschedulable"
+
+
+_COMMITTED = (TaskState.PLACED, TaskState.FINISHED, TaskState.FAILED)
+"""What a gang's member is in only once its gang committed."""
 
 
 class GangCore(Protocol):
@@ -83,6 +87,8 @@ class GangCore(Protocol):
 
     @property
     def live(self) -> Mapping[TaskKey, Task]: ...
+
+    def state_of(self, key: TaskKey) -> TaskState | None: ...
 
     def _note(
         self, task: Task, reason: WaitReason, now: float, lm: str = "", why: str = ""
@@ -162,6 +168,7 @@ class Gangs:
         self.stats = {
             "gangs": 0, "committed": 0, "unschedulable": 0, "reserve_requests": 0,
             "released": 0, "backoffs": 0, "partial_starts": 0, "backfilled": 0,
+            "committed_before": 0,
         }  # fmt: skip
         self.requests: dict[int, tuple[GangKey, LmId, list[TaskKey]]] = {}
         """Reserve requests unanswered: the gang, the LM, the tasks in request order."""
@@ -216,6 +223,14 @@ class Gangs:
         any task is (False: a member its gang no longer owns)."""
         g = self.gangs.get(self.member[task.key])
         if g is None:
+            return False
+        if not g.tasks and not g.holds and any(gm.state_of(k) in _COMMITTED for k in g.members):
+            # a member ran already: the gang committed under an earlier incarnation of this
+            # GM (no member runs before its commit), and this task was left over (a
+            # ``min`` gang's rest, or one given back since): an ordinary task now, as it
+            # was then -- made a gang again it would wait for ``need`` tasks that run
+            self.stats["committed_before"] += 1
+            self._forget(g)
             return False
         g.tasks[task.key] = task
         for key in g.members:

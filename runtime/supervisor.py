@@ -68,9 +68,21 @@ class Supervisor:
         self._track(self._tg.create_task(self._guard(coro, what)))
 
     def run_forever(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
-        """Run a loop the process cannot live without."""
+        """Run a loop the process cannot live without (its death is logged, with its
+        traceback, before the group takes the process down)."""
         assert self._tg is not None, "the supervisor is not running"
-        self._track(self._tg.create_task(coro, name=f"{self.name}:{what}"))
+        self._track(self._tg.create_task(self._fatal(coro, what), name=f"{self.name}:{what}"))
+
+    async def _fatal(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self.failures += 1
+            log.critical("%s: %s died; the process exits to be restarted", self.name, what,
+                         exc_info=True)  # fmt: skip
+            raise
 
     @property
     def running(self) -> int:

@@ -258,3 +258,33 @@ def test_gang_settings_that_could_never_commit_are_refused() -> None:
 
     with pytest.raises(ConfigError, match="commit margin"):
         GangSettings(lease_s=1.0, commit_margin_s=1.0)
+
+
+def test_a_gang_committed_before_a_gm_restart_leaves_its_rest_ordinary_tasks() -> None:
+    """A ``min`` gang committed 8 of 10 (the other 2 ordinary tasks, waiting for room);
+    its GM restarts and its job is delivered again.  The restarted GM learns the 8 that
+    run from the LMs' snapshots; the 2 left are ordinary tasks, as they were: made a
+    gang again they waited for 8 ready tasks that never come (live: a job of the e2e
+    gang test never finished after its GM's process was restarted)."""
+    gm, lms = two_lms()
+    lm0, lm1 = lms[LmId("lm0")], lms[LmId("lm1")]
+    lm1.handle(_hold_all(lm1), 0.0)  # unseen by this GM
+    specs = gang_specs(10, cpu=1)
+    job = gang_job(specs, need=8)
+    gm.handle(job, 0.0)
+    route(gm, lms, decide(gm, 1.0), 1.0)
+    assert gm.gang.stats["committed"] == 1
+    assert len(lm0.active) == 8
+    left = [t for t in specs if (t.user, t.task_id) not in lm0.active]
+    again = make_gm(lms=("lm0", "lm1"))  # the GM's process restarted
+    sync_views(again, *lms.values())  # snapshots: what runs
+    again.handle(AdmitJob(job=job.job, redelivered=True), 2.0)  # its delivery, again
+    # room comes (the foreign hold goes): the 2 are placed as any task is
+    lm1.handle(ReleaseGang(gm=GmId("gm0"), lm=lm1.lm_id, user=U0, job_id=JobId("x"), stage=0), 3.0)
+    sync_views(again, *lms.values())
+    for now in (4.0, 5.0, 6.0):
+        assert not sent(route(again, lms, decide(again, now), now), ReserveRequest)
+    assert {(t.user, t.task_id) for t in left} <= set(lm1.active)
+    assert again.gang.stats["committed_before"] == 1
+    for t in left:
+        assert again.gang.describe((t.user, t.task_id)) is None  # no gang waits for them
