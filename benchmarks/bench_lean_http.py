@@ -32,6 +32,8 @@ from aiohttp import web
 
 from common.messages import StopTasks
 from runtime import h1, http
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' service, from a checkout
 from tests.lean_service import LM0, POOL, pool_app, stop_tasks
 
 ARMS = ("lean", "aiohttp")
