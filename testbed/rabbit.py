@@ -318,6 +318,20 @@ class RabbitNode:
         return "\n".join(text)
 
 
+def _ctl_until(node: RabbitNode, args: tuple[str, ...], deadline: float) -> str:
+    """``node.ctl(*args)``, tried again while the CLI cannot reach the node (exit 69, as a
+    loaded machine's CLI sees a node over TLS links now and then) until ``deadline``;
+    any other failure at once.  The cluster steps (stop_app, join_cluster, start_app)
+    take a repeat of one that went through."""
+    while True:
+        try:
+            return node.ctl(*args)
+        except TestbedError as exc:
+            if "exited 69" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(1.0)
+
+
 class RabbitCluster:
     """Nodes joined into one RabbitMQ cluster; made by ``RabbitSandbox.cluster``."""
 
@@ -333,9 +347,8 @@ class RabbitCluster:
             node.wait_ready(max(1.0, deadline - time.monotonic()))
         seed = self.nodes[0].nodename
         for node in self.nodes[1:]:
-            node.ctl("stop_app")
-            node.ctl("join_cluster", seed)
-            node.ctl("start_app")
+            for step in (("stop_app",), ("join_cluster", seed), ("start_app",)):
+                _ctl_until(node, step, deadline)
         self.wait_running(len(self.nodes), timeout=max(1.0, deadline - time.monotonic()))
 
     @property
