@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 
 REGISTRATIONS_REMEMBERED = 8
-"""How many registrations an LM knows again (a copy: the same message, ``at`` included).  A pool sends one at a time
-(the next only once one was taken), so a copy of an older one than these is not on its
-way any more."""
+"""How many registrations an LM knows again (a copy: the same message, ``at``
+included).  A pool sends one at a time (the next only once one was taken), so a copy of
+an older one than these is not on its way any more."""
 
 
 class Registration:

@@ -51,14 +51,21 @@ class Supervisor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guard(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+    async def _guard(self, coro: Coroutine[Any, Any, Any], what: str, fatal: bool = False) -> None:
+        """``coro``, its failure logged; ``fatal``: raised again, for the group to take
+        the process down (a loop it cannot live without)."""
         try:
             await coro
         except asyncio.CancelledError:
             raise
         except Exception:
             self.failures += 1
-            log.exception("%s: %s failed", self.name, what)
+            if not fatal:
+                log.exception("%s: %s failed", self.name, what)
+                return
+            log.critical("%s: %s died; the process exits to be restarted", self.name, what,
+                         exc_info=True)  # fmt: skip
+            raise
 
     def spawn(self, coro: Coroutine[Any, Any, Any], what: str = "background job") -> None:
         """Run a short job; its failure is logged, never propagated."""
@@ -71,18 +78,9 @@ class Supervisor:
         """Run a loop the process cannot live without (its death is logged, with its
         traceback, before the group takes the process down)."""
         assert self._tg is not None, "the supervisor is not running"
-        self._track(self._tg.create_task(self._fatal(coro, what), name=f"{self.name}:{what}"))
-
-    async def _fatal(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            self.failures += 1
-            log.critical("%s: %s died; the process exits to be restarted", self.name, what,
-                         exc_info=True)  # fmt: skip
-            raise
+        self._track(
+            self._tg.create_task(self._guard(coro, what, fatal=True), name=f"{self.name}:{what}")
+        )
 
     @property
     def running(self) -> int:
