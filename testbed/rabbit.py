@@ -287,9 +287,25 @@ class RabbitNode:
     # -- commands --------------------------------------------------------------------
 
     def ctl(self, *args: str, timeout: float = 30.0) -> str:
-        """Run ``rabbitmqctl -n NODE ARGS`` and return its stdout."""
+        """Run ``rabbitmqctl -n NODE ARGS`` and return its stdout.
+
+        Over TLS links a loaded machine's CLI misses a running node now and then (exit
+        69, "unable to perform an operation", while epmd and the node both answer): the
+        command is tried again while the server process lives, until ``timeout``.  A
+        node whose process is gone fails at once, as do other exits.  The commands
+        tried again here (status, stop_app, join_cluster, start_app, listings) take a
+        repeat of one that went through."""
         argv = [str(RABBIT_BIN / "rabbitmqctl"), "-n", self.nodename, *args]
-        return run(argv, timeout=timeout, env=self.env()).stdout
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                return run(argv, timeout=left, env=self.env()).stdout
+            except TestbedError as exc:
+                unreachable = "exited 69" in str(exc) and self.dist_optfile is not None
+                if not unreachable or not self.running or time.monotonic() + 1.0 > deadline:
+                    raise
+            time.sleep(1.0)
 
     def queues(self, timeout: float = 30.0) -> dict[str, int]:
         """Queue name -> ready messages on this node's vhost ``/``."""
@@ -318,20 +334,6 @@ class RabbitNode:
         return "\n".join(text)
 
 
-def _ctl_until(node: RabbitNode, args: tuple[str, ...], deadline: float) -> str:
-    """``node.ctl(*args)``, tried again while the CLI cannot reach the node (exit 69, as a
-    loaded machine's CLI sees a node over TLS links now and then) until ``deadline``;
-    any other failure at once.  The cluster steps (stop_app, join_cluster, start_app)
-    take a repeat of one that went through."""
-    while True:
-        try:
-            return node.ctl(*args)
-        except TestbedError as exc:
-            if "exited 69" not in str(exc) or time.monotonic() > deadline:
-                raise
-        time.sleep(1.0)
-
-
 class RabbitCluster:
     """Nodes joined into one RabbitMQ cluster; made by ``RabbitSandbox.cluster``."""
 
@@ -348,7 +350,7 @@ class RabbitCluster:
         seed = self.nodes[0].nodename
         for node in self.nodes[1:]:
             for step in (("stop_app",), ("join_cluster", seed), ("start_app",)):
-                _ctl_until(node, step, deadline)
+                node.ctl(*step, timeout=max(1.0, deadline - time.monotonic()))
         self.wait_running(len(self.nodes), timeout=max(1.0, deadline - time.monotonic()))
 
     @property
