@@ -191,8 +191,11 @@ class JobQueues(UserQueues):
         self._no_fit: dict[int, list[Resources]] = {}
         """Per constraint mask, the smallest demands that found no node in this epoch."""
         self._fit_memo: dict[tuple[int, Resources], bool] = {}
-        self._popped: dict[TaskId, Ask | None] = {}
-        """Tasks handed to the GM (or back from an LM) whose fate is not known yet."""
+        self._popped: dict[TaskId, tuple[Ask | None, int]] = {}
+        """Tasks handed to the GM (or back from an LM) whose fate is not known yet: the
+        ask handed out and the plan (``_plan_no``) it came from."""
+        self._plan_no = 0
+        """Plans made so far: an ask is spent from, and refunded to, its own plan's budgets."""
         self.counters: dict[str, float] = {
             "plans": 0,
             "default_started": 0,
@@ -262,9 +265,15 @@ class JobQueues(UserQueues):
     def push_back(self, task: Task) -> None:
         job = self._job_for(task)
         job.enqueue(task)
-        if task.task_id in self._popped:  # could not be placed: wait for a new epoch
+        popped = self._popped.pop(task.task_id, None)
+        if popped is not None and popped[1] != self._plan_no and popped[0] is not None:
+            # handed out by a plan made over since (a gang held the task meanwhile): the
+            # budgets it was spent from are gone, and the new plan counted it neither
+            # queued nor held: it is queued anew, for the next plan to weigh
+            popped = None
+        if popped is not None:  # could not be placed: wait for a new epoch
             # the job is as it was before the pop: its cached results still hold
-            ask = self._popped.pop(task.task_id)
+            ask = popped[0]
             if ask is None:
                 ask = Ask(task, altruistic=task.altruistic)
             else:
@@ -354,7 +363,7 @@ class JobQueues(UserQueues):
             task = self._oversize.pop()
             if self._take_from_queue(task):
                 task.altruistic = False
-                self._popped[task.task_id] = None
+                self._popped[task.task_id] = (None, self._plan_no)
                 return task
         i = self._next_ask_or_replan() if self._misses < self.patience else None
         if i is None:
@@ -365,7 +374,7 @@ class JobQueues(UserQueues):
         self._take_from_queue(task)
         self._spend(ask)
         task.altruistic = ask.altruistic
-        self._popped[task.task_id] = ask
+        self._popped[task.task_id] = (ask, self._plan_no)
         return task
 
     def _take_from_queue(self, task: Task) -> bool:
@@ -500,7 +509,7 @@ class JobQueues(UserQueues):
         if job is not None and task.task_id in job.stage_of:
             st = job.stages[job.stage_of[task.task_id]]
             st.waiting.setdefault(task.task_id, task)
-        self._popped[task.task_id] = None
+        self._popped[task.task_id] = (None, self._plan_no)
         self._dirty = True
 
     def on_finished(self, task: Task, now: float) -> None:
@@ -529,6 +538,7 @@ class JobQueues(UserQueues):
 
     def _replan(self) -> None:
         self._dirty = False
+        self._plan_no += 1
         self._scan = 0
         self._short.clear()
         self._spent = False

@@ -336,6 +336,52 @@ def test_policies_never_hand_out_more_than_capacity_and_finish_every_job(
     assert not q.jobs
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(POLICIES),
+    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=5),
+    seed=st.integers(0, 1000),
+)
+def test_a_task_held_across_plans_comes_back_to_the_plan_of_its_return(
+    policy: type[JobQueues], sizes: list[int], seed: int
+) -> None:
+    """As a gang holds popped tasks while other events make new plans, then gives some
+    back (``push_back``): a task handed out by a plan made over since is queued anew,
+    never charged to (or refunded into) the budgets of a plan that did not hand it out,
+    and every task is still handed out once and ends; usage stays within capacity."""
+    cap = (6, 6)
+    users = [UserId(u) for u in ("A", "B")]
+    q = policy(users, capacity=cap)
+    rng = random.Random(seed)
+    all_ids: set[TaskId] = set()
+    for k, n in enumerate(sizes):
+        job = make_job(f"j{k}", "AB"[k % 2], 0.0, [(0, [((1, 1), 1.0)] * n, [])])
+        all_ids |= {t.task_id for t in job.tasks}
+        q.add_job(job, 0.0)
+    now, held, running, done = 0.0, list[Task](), list[tuple[float, Task]](), set[TaskId]()
+    for _ in range(300):
+        while (t := q.pop()) is not None:
+            if rng.random() < 0.4:
+                held.append(t)  # a gang holds it: neither dispatched nor back yet
+            else:
+                q.on_dispatched(t, now)
+                running.append((now + t.duration, t))
+        if held and (not running or rng.random() < 0.5):
+            q.push_back(held.pop(rng.randrange(len(held))))  # no node: back, as the GM does
+            q.new_epoch()
+        used = [sum(t.demand[r] for _, t in running) for r in range(2)]
+        assert all(u <= c for u, c in zip(used, cap, strict=True))
+        if not running:
+            continue
+        running.sort(key=lambda p: (p[0], rng.random()))
+        now, t = running.pop(0)
+        q.on_finished(t, now)
+        done.add(t.task_id)
+        q.new_epoch()
+    assert done == all_ids
+    assert not q.jobs
+
+
 # ------------------------------------------------------- failure of a DAG task
 def _gm_with(policy: str) -> GlobalMaster:
     users = [UserConfig(A, GmId("gm0"), 1.0)]
