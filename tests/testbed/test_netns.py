@@ -76,25 +76,32 @@ def test_hosts_and_root_reach_each_other_fast_without_latency(tb: Testbed) -> No
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_latency_adds_the_delay_of_each_end_to_a_round_trip(backend: str) -> None:
+    """Every round trip takes at least the delays set, and the quickest takes about
+    them: a busy machine (the tap backend forwards in user space) slows some samples,
+    even most, but a delay added twice or not at all shows in the quickest one too."""
     with Testbed(["a", "b"], backend=backend) as bed:  # type: ignore[arg-type]
         assert bed.backend == backend
-        base = statistics.median(bed.tcp_rtt("a", "b"))
+        base = bed.tcp_rtt("a", "b")
         bed.set_latency("a", 5)
-        one_end = statistics.median(bed.tcp_rtt("a", "b"))
-        reverse = statistics.median(bed.tcp_rtt("b", "a"))
-        from_root = statistics.median(bed.tcp_rtt(None, "a"))
+        one_end = bed.tcp_rtt("a", "b")
+        reverse = bed.tcp_rtt("b", "a")
+        from_root = bed.tcp_rtt(None, "a")
         bed.set_latency("b", 5)
-        both_ends = statistics.median(bed.tcp_rtt("a", "b"))
+        both_ends = bed.tcp_rtt("a", "b")
         bed.clear_latency("a")
         bed.clear_latency("b")
-        cleared = statistics.median(bed.tcp_rtt("a", "b"))
-    print(f"{backend}: rtt ms base {base:.3f}, a+5 {one_end:.3f} / reverse {reverse:.3f}, "
-          f"root->a {from_root:.3f}, both+5 {both_ends:.3f}, cleared {cleared:.3f}")  # fmt: skip
-    assert base < 2.0
+        cleared = bed.tcp_rtt("a", "b")
+    shown = {"base": base, "a+5": one_end, "reverse": reverse, "root->a": from_root,
+             "both+5": both_ends, "cleared": cleared}  # fmt: skip
+    print(
+        backend,
+        {k: f"min {min(v):.3f} median {statistics.median(v):.3f}" for k, v in shown.items()},
+    )
+    assert min(base) < 2.0
     for rtt in (one_end, reverse, from_root):
-        assert 5.0 <= rtt < 9.0
-    assert 10.0 <= both_ends < 15.0
-    assert cleared < 2.0
+        assert 5.0 <= min(rtt) < 9.0
+    assert 10.0 <= min(both_ends) < 15.0
+    assert min(cleared) < 2.0
 
 
 def test_jitter_spreads_and_loss_drops(tb: Testbed) -> None:
