@@ -107,6 +107,12 @@ Asked = LaunchRequest | PreemptRequest | ReserveRequest | CommitGang
 """Requests sent until their LM answers (``_ask_until_answered``)."""
 SNAPSHOTS = Backoff(first_s=0.1, cap_s=2.0, deadline_s=None)
 """A GM cannot decide without a view of every LM: it asks until the LM answers."""
+KEEPS_LINGER_S = 0.5
+"""To an LM busy with them (4 or more in this span), a GM's keeps and let-gos leave no
+sooner than this after its previous ones (``Batcher``): they are in no hurry, a job's
+keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
+this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
+an overloaded run sent 4.3 jobs per message."""
 EVENTS_WINDOW = 4096
 """Sequence numbers of one LM's event batches that may arrive out of order, each once
 (``sealing.Opener``): a batch put back on the queue after a failure comes back behind
@@ -162,7 +168,7 @@ class GmService:
         self._cancel_order: dict[LmId, asyncio.Lock] = {}
         """``CancelTasks`` to one LM leave in the order the core made them (FIFO lock)."""
         self.keeps: Batcher[LmId, JobKeep] = Batcher(
-            self.sup, self._send_keeps, "kept ends", max_items=MAX_KEEPS, linger_s=cfg.linger_s
+            self.sup, self._send_keeps, "kept ends", max_items=MAX_KEEPS, linger_s=KEEPS_LINGER_S
         )  # (``_send_keeps``)
         self.deliveries: dict[tuple[UserId, JobId, bool], amqp.Delivery] = {}
         """Jobs taken from the users' queues, until settled: by user, job id, and
@@ -511,7 +517,7 @@ class GmService:
 
     async def _send_keeps(self, lm: LmId, jobs: list[JobKeep]) -> None:
         """The jobs whose ends ``lm`` is to keep or let go, from the core's ``KeepEnds``
-        of a loop turn (or of a linger, when busy), as one message: one at a time, in
+        of a loop turn (of ``KEEPS_LINGER_S``, when busy), as one message: one at a time, in
         the order the core made them, so a job's "keep" retried while its LM is away
         never lands after its "let go" (the LM would keep its ends for ever)."""
         msg = KeepEnds(gm=self.core.gm_id, lm=lm, jobs=tuple(jobs))

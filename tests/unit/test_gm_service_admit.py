@@ -17,7 +17,7 @@ from common.config import FederationConfig
 from common.errors import MeghaError
 from common.ids import GmId, JobId, UserId
 from common.messages import AdmitJob, SubmitJob
-from global_master.app import GmService
+from global_master.app import KEEPS_LINGER_S, GmService
 from security.access import Access
 from security.identity import gm
 from security.secret import Secret
@@ -111,3 +111,5 @@ def test_keep_ends_of_a_turn_go_to_each_lm_as_one_message_in_the_order_made(
     both = [[("a", True), ("b", True)], [("a", False), ("b", False)]]
     assert landed == dict.fromkeys(core.lms, both)
     assert svc.keeps.traffic() == {"messages": 2 * len(core.lms), "items": 4 * len(core.lms)}
+    # to a busy LM they linger longer than the completion path's messages: in no hurry
+    assert svc.keeps.linger_s == KEEPS_LINGER_S > CFG.linger_s
