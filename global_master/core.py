@@ -47,6 +47,7 @@ from common.messages import (
     EventKind,
     GangRetry,
     HeldTask,
+    JobKeep,
     KeepEnds,
     LaunchResponse,
     Placement,
@@ -276,14 +277,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
                 effects += self._keep_ends(settled[0], keep=False)
 
     def _keep_ends(self, jk: tuple[UserId, JobId], keep: bool = True) -> list[Effect]:
-        """Ask every LM to keep (or let go) the ended attempts of job ``jk``."""
+        """Ask every LM to keep (or let go) the ended attempts of job ``jk``: one
+        message per job and LM, as the simulator delivers them (the live service sends
+        those of one loop turn to one LM together)."""
         if keep:
             self.counters.jobs_keeping_ends += 1
         user, job_id = jk
-        return [
-            ToLm(lm, KeepEnds(gm=self.gm_id, lm=lm, user=user, job_id=job_id, keep=keep))
-            for lm in self.lms
-        ]
+        jobs = (JobKeep(user=user, job_id=job_id, keep=keep),)
+        return [ToLm(lm, KeepEnds(gm=self.gm_id, lm=lm, jobs=jobs)) for lm in self.lms]
 
     def _persist(self, task: Task, now: float, effects: list[Effect]) -> None:
         """A task back in the queue whose job was acknowledged: keep it on the broker."""

@@ -83,6 +83,7 @@ def state_page(svc: GmService) -> dict[str, Any]:
             "events_in": svc.events_in.as_dict(),
             "outcomes": svc.outcomes.traffic(),
             "persists": svc.persists.traffic(),
+            "keep_ends": svc.keeps.traffic(),
         },
         "dead_lettered": svc.broker.dead_lettered,
         "dropped": {

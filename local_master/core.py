@@ -433,13 +433,15 @@ class LocalMaster(GangRequests, Registration):
         return [Reply(self.snapshot(req.gm))]
 
     def _on_keep_ends(self, msg: KeepEnds, now: float) -> list[Effect]:
-        """A GM keeps (or lets go) the ended attempts of one of its jobs past
-        ``retain_s``; taken before the pool registers (a keep after the job's let-go is
-        late and ignored: ``Ends.keep``)."""
+        """A GM keeps (or lets go) the ended attempts of some of its jobs past
+        ``retain_s``, in the order it names them; taken before the pool registers (a
+        keep after the job's let-go is late and ignored: ``Ends.keep``)."""
         if (refused := self.address.refuse(msg.lm, msg.gm)) is not None:
             return [Reply(refused)]
-        if not self.ends.keep((msg.gm, msg.user, msg.job_id), msg.keep, now):
-            self.counters.stale_keep_ends += 1
+        gm, keep = msg.gm, self.ends.keep
+        for j in msg.jobs:
+            if not keep((gm, j.user, j.job_id), j.keep, now):
+                self.counters.stale_keep_ends += 1
         return []
 
     def _on_cancel(self, msg: CancelTasks, now: float) -> list[Effect]:

@@ -37,6 +37,7 @@ from common.messages import (
     Heartbeat,
     HeldTask,
     HoldLoan,
+    JobKeep,
     JobRefusal,
     JournalDropped,
     JournalEnded,
@@ -308,7 +309,14 @@ def samples() -> dict[str, object]:
             received_at=26.25,
             sent_at=26.5,
         ),
-        "keep_ends": KeepEnds(gm=GM, lm=LM, user=USER, job_id=JOB, keep=False),
+        "keep_ends": KeepEnds(
+            gm=GM,
+            lm=LM,
+            jobs=(
+                JobKeep(user=USER, job_id=JOB, keep=False),
+                JobKeep(user=USER, job_id=JobId("j2"), keep=True),
+            ),
+        ),
         "cancel_job": CancelJob(user=USER, job_id=JOB),
         "cancel_tasks": CancelTasks(
             gm=GM, lm=LM, tasks=(PlacedRef(user=USER, task_id=TaskId("t-1"), attempt=2**32),)

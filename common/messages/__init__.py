@@ -74,9 +74,11 @@ from common.messages.placement import (
 )
 from common.messages.state import (
     ENDS_RETAINED_S,
+    MAX_KEEPS,
     ClusterLayout,
     GangHold,
     HeldTask,
+    JobKeep,
     KeepEnds,
     PlacedRef,
     SnapshotRequest,
@@ -159,6 +161,7 @@ WorkerInput = (
 __all__ = [
     "ENDS_RETAINED_S",
     "MAX_JOB_TASKS",
+    "MAX_KEEPS",
     "MAX_STAGES",
     "OUTPUT_BYTES",
     "AdmitJob",
@@ -181,6 +184,7 @@ __all__ = [
     "Heartbeat",
     "HeldTask",
     "HoldLoan",
+    "JobKeep",
     "JobRefusal",
     "JournalDropped",
     "JournalEnded",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages._base import Version
 from common.model import Resources, TaskSpec, Time
-from common.schema import Map, Seq, UInt, Wire, message
+from common.schema import Map, Seq, UInt, Wire, message, n_items
 
 
 class GangHold(Wire, frozen=True, kw_only=True):
@@ -105,15 +107,29 @@ a restarted GM learns from it what of a redelivered job ended, and runs none of 
 again.  A job whose delivery is held longer than a fraction of this is ``KeepEnds``'d."""
 
 
-@message("keep_ends")
-class KeepEnds(Wire, frozen=True, kw_only=True):
-    """GM -> every LM: keep (or, ``keep`` False, stop keeping) the ended attempts of one
-    of its jobs past ``ENDS_RETAINED_S``.  Its delivery is still held, so the job comes
-    back if the GM dies, possibly long after some of its tasks (a DAG's first stages, a
-    flat job's head under overload) ended: the snapshot must still say so."""
+class JobKeep(Wire, frozen=True, kw_only=True):
+    """One job's word in a ``KeepEnds``: keep its ended attempts, or (``keep`` False)
+    let them go."""
 
-    gm: GmId
-    lm: LmId
     user: UserId
     job_id: JobId
     keep: bool
+
+
+MAX_KEEPS = 10_000
+"""Jobs one ``KeepEnds`` names at most (a GM's driver sends more as several)."""
+
+
+@message("keep_ends")
+class KeepEnds(Wire, frozen=True, kw_only=True):
+    """GM -> one LM: keep (or, ``keep`` False, stop keeping) the ended attempts of
+    these jobs of its past ``ENDS_RETAINED_S``, applied in the order given.  A job's
+    delivery is still held, so the job comes back if the GM dies, possibly long after
+    some of its tasks (a DAG's first stages, a flat job's head under overload) ended:
+    the snapshot must still say so.  The GM's core names one job per message; its
+    service sends those of one loop turn to one LM as one message, in order (a job's
+    keep before its let-go)."""
+
+    gm: GmId
+    lm: LmId
+    jobs: Annotated[tuple[JobKeep, ...], n_items(1, MAX_KEEPS)]

@@ -34,6 +34,7 @@ from common.config import FederationConfig
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     EventKind,
+    JobKeep,
     KeepEnds,
     LaunchRequest,
     Placement,
@@ -534,8 +535,9 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
     # a GM that speaks in another GM's name (its launches, its snapshots)
     for msg, where in (
         (SnapshotRequest(gm=GmId("gm1"), lm=LmId("lm0")), "/v1/snapshot"),
-        (KeepEnds(gm=GmId("gm1"), lm=LmId("lm0"), user=UserId("u0"), job_id=JobId("j"),
-                  keep=True), "/v1/keep-ends"),
+        (KeepEnds(gm=GmId("gm1"), lm=LmId("lm0"),
+                  jobs=(JobKeep(user=UserId("u0"), job_id=JobId("j"), keep=True),)),
+         "/v1/keep-ends"),
         (LaunchRequest(gm=GmId("gm1"), lm=LmId("lm0"), request_id=1, known_version=-1,
                        placements=(_placement(),)), "/v1/launch"),
     ):  # fmt: skip
@@ -544,8 +546,8 @@ def test_internal_calls_must_be_signed_fresh_and_allowed(fed: Federation) -> Non
         assert post(cfg.lm_url("lm0") + where, raw, signed) == (403, "sender_mismatch")
     # ... while in its own name, bound to lm0's incarnation, it may (a job of its held
     # long: 204, nothing to answer); unbound, or bound to another, it may not
-    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), user=UserId("u0"),
-                                job_id=JobId("j"), keep=False))  # fmt: skip
+    kept = (JobKeep(user=UserId("u0"), job_id=JobId("j"), keep=False),)
+    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), jobs=kept))
     url, bound = cfg.lm_url("lm0") + "/v1/keep-ends", incarnation(cfg.lm_url("lm0"))
     for to, status in ((bound, 204), ("", 401), ("0" * 16, 401)):
         signed = me.sign(lm("lm0"), "POST", "/v1/keep-ends", raw, time.time(), to)
@@ -570,8 +572,8 @@ def test_a_call_replayed_to_a_restarted_service_is_refused(fed: Federation) -> N
     the incarnation it is meant for."""
     cfg, home = fed
     me = as_party(cfg, home, gm("gm0"))
-    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm1"), user=UserId("u0"),
-                                job_id=JobId("replayed"), keep=False))  # fmt: skip
+    kept = (JobKeep(user=UserId("u0"), job_id=JobId("replayed"), keep=False),)
+    raw = codec.encode(KeepEnds(gm=GmId("gm0"), lm=LmId("lm1"), jobs=kept))
     url = cfg.lm_url("lm1") + "/v1/keep-ends"
     signed = me.sign(lm("lm1"), "POST", "/v1/keep-ends", raw, time.time(),
                      incarnation(cfg.lm_url("lm1")))  # fmt: skip

@@ -18,7 +18,7 @@ from common import codec
 from common.config import FederationConfig
 from common.errors import Unauthorized
 from common.ids import GmId, JobId, LmId, UserId
-from common.messages import KeepEnds
+from common.messages import JobKeep, KeepEnds
 from runtime import h1, http
 from security import signing
 from security.access import Access
@@ -28,7 +28,9 @@ from tests.served import served
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 CFG = FederationConfig().validate()
-ASK = KeepEnds(gm=GmId("gm0"), lm=LmId("lm0"), user=UserId("u0"), job_id=JobId("j"), keep=True)
+ASK = KeepEnds(
+    gm=GmId("gm0"), lm=LmId("lm0"), jobs=(JobKeep(user=UserId("u0"), job_id=JobId("j"), keep=True),)
+)
 PATH = "/v1/keep-ends"
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.effects import JobSettled, Reply, ToGm, ToLm, ToUser
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
     Heartbeat,
+    JobKeep,
     KeepEnds,
     Refused,
     ReportKind,
@@ -210,7 +213,7 @@ def test_a_gm_killed_mid_dag_finds_the_parents_ended_and_the_child_running(polic
 
 # ------------------------------------------------- ends kept while a job is held
 def keep(lm: LocalMaster, job: str, on: bool, gm: str = "gm0", at: float = 0.0) -> list[object]:
-    msg = KeepEnds(gm=GmId(gm), lm=lm.lm_id, user=U0, job_id=JobId(job), keep=on)
+    msg = KeepEnds(gm=GmId(gm), lm=lm.lm_id, jobs=(JobKeep(user=U0, job_id=JobId(job), keep=on),))
     return lm.handle(msg, at)  # type: ignore[return-value]
 
 
@@ -260,7 +263,9 @@ def test_a_keep_held_back_until_after_the_let_go_is_ignored() -> None:
 
 def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> None:
     lm = make_lm(nodes=[(4, 4)])
-    other = KeepEnds(gm=GmId("gm0"), lm=LmId("lm9"), user=U0, job_id=JobId("j"), keep=True)
+    other = KeepEnds(
+        gm=GmId("gm0"), lm=LmId("lm9"), jobs=(JobKeep(user=U0, job_id=JobId("j"), keep=True),)
+    )
     for msg, reason in (
         (keep(lm, "j", True, gm="gm9"), "unknown_gm"),
         (lm.handle(other, 0.0), "wrong_lm"),
@@ -269,11 +274,56 @@ def test_an_lm_takes_keep_ends_only_from_a_gm_of_its_own_and_for_itself() -> Non
     assert not lm.ends.keep_ends
 
 
+def test_an_lm_applies_a_gm_s_keeps_in_one_message_in_the_order_given() -> None:
+    """One ``KeepEnds`` carries a turn's keeps and let-gos of several jobs: applied in
+    order, a job kept then let go in it is let go; a keep after its let-go is late
+    (ignored, counted); another GM's job of the same user and id is not touched."""
+    lm = make_lm(nodes=[(4, 4)])
+    gm0, gm1 = GmId("gm0"), GmId("gm1")
+    assert keep(lm, "j", True, gm="gm1") == []
+
+    def word(job: str, on: bool) -> JobKeep:
+        return JobKeep(user=U0, job_id=JobId(job), keep=on)
+
+    jobs = (word("j", True), word("j", False), word("k", False), word("k", True), word("m", True))
+    assert lm.handle(KeepEnds(gm=gm0, lm=lm.lm_id, jobs=jobs), 1.0) == []
+    assert lm.ends.keep_ends == {(gm1, U0, JobId("j")), (gm0, U0, JobId("m"))}
+    assert set(lm.ends.let_go) == {(gm0, U0, JobId("j")), (gm0, U0, JobId("k"))}
+    assert lm.counters.stale_keep_ends == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("jkm"), st.booleans(), st.integers(1, 4)), min_size=1, max_size=12
+    ),
+)
+def test_a_batch_of_keeps_does_what_its_jobs_one_message_each_do(
+    words: list[tuple[str, bool, int]],
+) -> None:
+    """Whatever the words and however the service groups them into messages (its turns):
+    the same ends kept, let go and ignored as one message per word (the core's own)."""
+    one, grouped = make_lm(nodes=[(4, 4)]), make_lm(nodes=[(4, 4)])
+    for i, (job, on, _) in enumerate(words):
+        keep(one, job, on, at=float(i))
+    at, batch = 0.0, list[JobKeep]()
+    for i, (job, on, cut) in enumerate(words):
+        batch.append(JobKeep(user=U0, job_id=JobId(job), keep=on))
+        if cut == 1 or i == len(words) - 1:  # the turn ends: its words leave together
+            grouped.handle(KeepEnds(gm=GmId("gm0"), lm=grouped.lm_id, jobs=tuple(batch)), at)
+            at, batch = float(i + 1), []
+    # (the let-gos' times differ by when each message came: compare what is kept)
+    assert grouped.ends.keep_ends == one.ends.keep_ends
+    assert set(grouped.ends.let_go) == set(one.ends.let_go)
+    assert grouped.counters.stale_keep_ends == one.counters.stale_keep_ends
+
+
 def keeps(effects: Sequence[object]) -> list[tuple[str, str, bool]]:
     return [
-        (e.lm, e.msg.job_id, e.msg.keep)
+        (e.lm, j.job_id, j.keep)
         for e in effects
         if isinstance(e, ToLm) and isinstance(e.msg, KeepEnds)
+        for j in e.msg.jobs
     ]
 
 

@@ -17,7 +17,7 @@ from common.config import FederationConfig
 from common.errors import MeghaError
 from common.ids import GmId, JobId, UserId
 from common.messages import AdmitJob, SubmitJob
-from global_master.app import GmService
+from global_master.app import KEEPS_LINGER_S, GmService
 from security.access import Access
 from security.identity import gm
 from security.secret import Secret
@@ -68,30 +68,48 @@ def test_a_job_the_core_raises_on_ends_explicitly_and_is_not_held(
     assert (U0, JobId("j"), False) in svc.deliveries
 
 
-def test_keep_ends_to_one_lm_leave_in_the_order_the_core_made_them(tmp_path: Path) -> None:
-    """A job's "keep" retried while its LM is away must not land after its "let go"
-    (the LM would keep the job's ends for ever): posts to one LM go one after another."""
-    from common.effects import ToLm
+def test_keep_ends_of_a_turn_go_to_each_lm_as_one_message_in_the_order_made(
+    tmp_path: Path,
+) -> None:
+    """The core names one job per ``KeepEnds`` and LM; the service sends those of one
+    loop turn to one LM as one message, one message at a time, in the order the core
+    made them: a job's "keep" retried while its LM is away never lands after its "let
+    go" (the LM would keep the job's ends for ever)."""
     from common.ids import LmId
     from common.messages import KeepEnds
 
     svc, _ = service(tmp_path)
-    landed: list[bool] = []
+    core = svc.core
+    landed: dict[LmId, list[list[tuple[str, bool]]]] = {}
 
-    class SlowFirst:
+    class AwayAtFirst:
+        def __init__(self, lm: LmId) -> None:
+            self.lm = lm
+
         async def post(self, path: str, msg: KeepEnds, **_: Any) -> None:
-            assert path == "/v1/keep-ends"
-            if msg.keep:  # the LM is away: the first post takes a while to land
+            assert (path, msg.gm, msg.lm) == ("/v1/keep-ends", "gm0", self.lm)
+            if not landed.get(self.lm):  # the LM is away: the first post takes a while
                 await asyncio.sleep(0.05)
-            landed.append(msg.keep)
+            landed.setdefault(self.lm, []).append([(j.job_id, j.keep) for j in msg.jobs])
 
-    lm0 = LmId("lm0")
-    svc.lms[lm0] = SlowFirst()  # type: ignore[assignment]
+    a, b = (U0, JobId("a")), (U0, JobId("b"))
 
-    async def both() -> None:
-        asks = [KeepEnds(gm=GmId("gm0"), lm=lm0, user=U0, job_id=JobId("j"), keep=k)
-                for k in (True, False)]  # fmt: skip
-        await asyncio.gather(*(svc._send(ToLm(lm0, m)) for m in asks))
+    async def turns() -> None:
+        async with svc.sup:
+            for lm in core.lms:
+                svc.lms[lm] = AwayAtFirst(lm)  # type: ignore[assignment]
+            svc.driver.carry_out(core._keep_ends(a) + core._keep_ends(b))  # one turn
+            await asyncio.sleep(0.01)  # its messages are on their way
+            svc.driver.carry_out(core._keep_ends(a, keep=False))
+            svc.driver.carry_out(core._keep_ends(b, keep=False))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if all(len(landed.get(lm, ())) == 2 for lm in core.lms):
+                    break
 
-    asyncio.run(both())
-    assert landed == [True, False]
+    asyncio.run(turns())
+    both = [[("a", True), ("b", True)], [("a", False), ("b", False)]]
+    assert landed == dict.fromkeys(core.lms, both)
+    assert svc.keeps.traffic() == {"messages": 2 * len(core.lms), "items": 4 * len(core.lms)}
+    # to a busy LM they linger longer than the completion path's messages: in no hurry
+    assert svc.keeps.linger_s == KEEPS_LINGER_S > CFG.linger_s

@@ -21,6 +21,7 @@ from common.messages import (
     EndedAttempt,
     EventKind,
     Heartbeat,
+    JobKeep,
     JournalDropped,
     JournalEnded,
     JournalHeld,
@@ -288,7 +289,9 @@ def test_the_journal_and_its_compaction_give_back_the_same_state(
             effects = lm.handle(WorkerReports(lm=LM0, reports=(rep,)), now)
         elif op == "keep":
             msg = KeepEnds(
-                gm=GM0, lm=LM0, user=UserId(f"u{i}"), job_id=JobId(f"j{i}"), keep=bool(arg)
+                gm=GM0,
+                lm=LM0,
+                jobs=(JobKeep(user=UserId(f"u{i}"), job_id=JobId(f"j{i}"), keep=bool(arg)),),
             )
             effects = lm.handle(msg, now)
         elif op == "tick":

@@ -12,6 +12,7 @@ from __future__ import annotations
 from common.ids import JobId
 from common.messages import (
     Heartbeat,
+    JobKeep,
     JournalRestored,
     KeepEnds,
     LaunchResponse,
@@ -36,7 +37,7 @@ def _finished_then_restarted() -> tuple[list[object], LocalMaster, TaskSpec]:
     first = reborn(journal, 100.0)
     retain = first.ends.retain_s
     journal += records(register(first, 101.0))
-    keep = KeepEnds(gm=GM0, lm=LM0, user=t.user, job_id=JobId("other"), keep=True)
+    keep = KeepEnds(gm=GM0, lm=LM0, jobs=(JobKeep(user=t.user, job_id=JobId("other"), keep=True),))
     journal += records(first.handle(keep, 100.0 + retain * 0.5))
     journal += records(first.handle(Heartbeat(), 100.0 + retain * 0.5))
     assert (t.user, t.task_id) in first.ends  # the first restored one keeps it
