@@ -32,9 +32,13 @@ from aiohttp import web
 
 from common.messages import StopTasks
 from runtime import h1, http
+from security.access import Access
+from security.identity import OPERATOR as OPERATOR_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' service, from a checkout
-from tests.lean_service import LM0, POOL, pool_app, stop_tasks
+from tests.lean_service import CFG, LM0, POOL, SECRET, pool_app, stop_tasks
+
+OPERATOR = Access(OPERATOR_ID, CFG, SECRET)
 
 ARMS = ("lean", "aiohttp")
 
@@ -66,11 +70,19 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _batch(peer: http.Peer, msg: StopTasks, n: int) -> list[float]:
+async def _batch(peer: http.Peer, msg: StopTasks | None, n: int) -> list[float]:
+    """``n`` calls back to back: ``msg`` to ``/v1/stop`` as the LM, or (None) the
+    operator's empty ``/v1/ping``, the floor ``megha bench`` measures."""
     rtts = []
     for _ in range(n):
         t0 = time.perf_counter()
-        await peer.post("/v1/stop", msg, expect=StopTasks)
+        if msg is not None:
+            await peer.post("/v1/stop", msg, expect=StopTasks)
+        else:
+            headers = OPERATOR.sign(POOL, "POST", "/v1/ping", b"", time.time())
+            answer = await peer.http.post(peer.urls[0] + "/v1/ping", b"", headers)
+            if answer.status != 200:
+                raise SystemExit(f"bench_lean_http: a ping answered {answer.status}")
         rtts.append(time.perf_counter() - t0)
     return rtts
 
@@ -80,7 +92,7 @@ async def _run(
 ) -> dict[str, object]:
     client = h1.Client(limit_per_host=4, keepalive_s=240.0, timeout_s=10.0)
     peers = {arm: http.Peer(POOL, f"http://127.0.0.1:{ports[arm]}", LM0, client) for arm in ARMS}
-    msg = stop_tasks("echo", n=args.tasks)
+    msg = None if args.ping else stop_tasks("echo", n=args.tasks)
     for arm in ARMS:  # warm: connections open, incarnations learnt, code loaded
         await _batch(peers[arm], msg, 200)
     cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
@@ -110,6 +122,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rounds, alternating the arms' order")
     ap.add_argument("--tasks", type=int, default=4, help="tasks per StopTasks message")
     ap.add_argument("--base-port", type=int, default=42100, help="the two servers' first port")
+    ap.add_argument("--ping", action="store_true", help="the operator's /v1/ping instead")
     args = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     ports = {arm: args.base_port + i for i, arm in enumerate(ARMS)}
@@ -130,7 +143,9 @@ def main() -> None:
             proc.terminate()
             proc.join(5)
     result = {
-        "what": "server CPU per signed POST to a message route: lean path vs aiohttp's path",
+        "what": "server CPU per signed POST to "
+        + ("/v1/ping (the floor)" if args.ping else "a message route")
+        + ": lean path vs aiohttp's path",
         "args": vars(args),
         "loadavg": os.getloadavg(),
         **figures,

@@ -73,8 +73,10 @@ def _top_functions(where: Path) -> dict[str, Any]:
     for f in sorted(where.glob("*.txt")):
         role = "workers" if f.stem.endswith("-workers") else f.stem.rstrip("0123456789")
         own, incl = roles.setdefault(role, (Counter(), Counter()))
-        for line in f.read_text().splitlines():
+        for line in f.read_text(errors="replace").splitlines():
             stack, _, n = line.rpartition(" ")
+            if not n.isdigit():  # a line py-spy cut short as it stopped
+                continue
             frames = stack.split(";")
             own[frames[-1]] += int(n)
             for fr in set(frames):
@@ -119,6 +121,48 @@ def _broker_pids() -> list[int]:
             except OSError:
                 continue
     return out
+
+
+def _io_of(pid: int) -> tuple[int, int, int]:
+    """A process's read-class and write-class system calls so far (``/proc/PID/io``:
+    sockets, files and pipes) and its context switches (voluntary and not); zeros once
+    it has gone or where the kernel does not say."""
+    try:
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except (OSError, ValueError):
+        return 0, 0, 0
+    switches = sum(int(x.split()[1]) for x in status if "ctxt_switches:" in x)
+    return int(io.get("syscr", 0)), int(io.get("syscw", 0)), switches
+
+
+def _io_by_role(home: Path) -> dict[str, tuple[int, int, int]]:
+    """Read and write system calls and context switches so far, per role (as
+    ``_cpu_by_role``)."""
+    pids: defaultdict[str, list[int]] = defaultdict(list)
+    for name, pid in service_pids(home).items():
+        pids["workers" if name.endswith("-workers") else name.rstrip("0123456789")].append(pid)
+    pids["broker"] = _broker_pids()
+    pids["bench_client"] = [os.getpid()]
+    out = {}
+    for role, ps in pids.items():
+        got = [_io_of(p) for p in ps]
+        out[role] = (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got))
+    return out
+
+
+def _syscalls_per_task(
+    io0: dict[str, tuple[int, int, int]], io1: dict[str, tuple[int, int, int]], tasks: int
+) -> dict[str, dict[str, float]]:
+    """System calls (reads, writes: sockets, journals) and context switches per task,
+    per role, between two ``_io_by_role``."""
+    return {
+        role: {
+            what: round((c[i] - io0.get(role, (0, 0, 0))[i]) / tasks, 3)
+            for i, what in enumerate(("reads", "writes", "switches"))
+        }
+        for role, c in io1.items()
+    }
 
 
 def _cpu_by_role(home: Path) -> dict[str, tuple[float, float]]:
@@ -193,9 +237,9 @@ def _step(
     t = time.time()
     seconds = kw.get("jobs", 0) / max(kw.get("rate") or kw.get("job_rate") or 1.0, 1e-9)
     spies = _start_profilers(home, out / "profile", seconds) if profile else []
-    cpu0 = _cpu_by_role(home)
+    cpu0, io0 = _cpu_by_role(home), _io_by_role(home)
     s = bench(cfg, opts, home)
-    cpu1 = _cpu_by_role(home)
+    cpu1, io1 = _cpu_by_role(home), _io_by_role(home)
     for spy in spies:
         spy.wait(timeout=60)
     offered = s["offered_tasks_per_s"]
@@ -228,6 +272,7 @@ def _step(
         "cpu_system_share": {role: round(k / max(u + k, 1e-9), 2) for role, (u, k) in used.items()},
     }
     row["cpu_ms_per_task"]["total"] = round(sum(row["cpu_ms_per_task"].values()), 3)
+    row["syscalls_per_task"] = _syscalls_per_task(io0, io1, n)
     before.clear()
     before.update(s["traffic"])
     before["gm_ends"] = ends

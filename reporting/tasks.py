@@ -43,6 +43,16 @@ def task_state(task: Task, failure: str | None) -> str:
     return "unfinished"
 
 
+_EXACT = float(2**23)
+"""From here on (in magnitude) a float has no bit below 1e-9 that ``round(x, 9)``
+could change: it is its own rounding (a Unix timestamp is ~2**30)."""
+
+
+def _r9(x: float) -> float:
+    """``round(x, 9)``, without its decimal conversion where it is ``x`` itself."""
+    return x if not -_EXACT < x < _EXACT else round(x, 9)
+
+
 def task_row(
     task: Task, failure: str | None = None, components: list[float] | None = None
 ) -> list[Any]:
@@ -50,16 +60,17 @@ def task_row(
     allocation time and its split, decisions and waits, how it ended and why it failed
     (``failure``: None unless it failed; ``components``: ``task.components()`` if the
     caller has it already)."""
-    started = task.started_at
+    submitted, first, started = task.submitted_at, task.first_started_at, task.started_at
     if components is None:
         components = task.components()
+    spec = task.spec
     return [
-        task.task_id, task.job_id, task.user, task.gm or "",
-        round(task.submitted_at, 9), round(task.first_started_at, 9),
-        round(started, 9), round(task.finished_at, 9),
-        round(task.allocation_time, 9), round(task.first_allocation_time, 9),
-        round(max(0.0, started - task.first_started_at), 9) if started >= 0 else -1.0,
-        *(round(value, 9) for value in components),
+        spec.task_id, spec.job_id, spec.user, task.gm or "",
+        _r9(submitted), _r9(first), _r9(started), _r9(task.finished_at),
+        _r9(started - submitted) if started >= 0 else -1.0,
+        _r9(first - submitted) if first >= 0 else -1.0,
+        _r9(max(0.0, started - first)) if started >= 0 else -1.0,
+        *[round(value, 9) for value in components],
         task.attempt, task.decisions,
         *task.waits,
         task_state(task, failure), failure or "",
@@ -79,9 +90,12 @@ class TaskCsv:
         self._writer.writerow(TASK_COLUMNS)
         self._flush_every = max(1, flush_every)
 
-    def write(self, task: Task, failure: str | None = None) -> None:
-        """``task``'s row; ``failure``: why it failed, None unless it did."""
-        self._writer.writerow(task_row(task, failure))
+    def write(
+        self, task: Task, failure: str | None = None, components: list[float] | None = None
+    ) -> None:
+        """``task``'s row; ``failure``: why it failed, None unless it did
+        (``components``: ``task.components()`` if the caller has it already)."""
+        self._writer.writerow(task_row(task, failure, components))
         self.rows += 1
         if self.rows % self._flush_every == 0:
             self._fh.flush()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import random
 import sys
@@ -354,8 +355,9 @@ class RunTally:
     def add(self, task: Task, published_at: float, failure: str | None = None) -> None:
         """A task that ended (or never will), submitted at ``published_at``;
         ``failure``: why it failed, None unless it did."""
-        self.csv.write(task, failure)
-        self.tasks.add(task)
+        components = task.components()
+        self.csv.write(task, failure, components)
+        self.tasks.add(task, components)
         if task.started_at >= 0:
             self.publish.add(task.submitted_at - published_at, task.started_at - published_at)
             self.first = min(self.first, task.submitted_at)
@@ -577,10 +579,12 @@ async def _drive(
                 ),
                 asyncio.ensure_future(log.follow(session)),
             ]
+            gc.freeze()  # the workload and what set it up: no collection walks them again
             try:
                 span = await _submit_all(sub, jobs, opts, n_tasks)
                 await _wait_done(sub, n_tasks, opts)
             finally:
+                gc.unfreeze()
                 for f in followers:
                     f.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -28,7 +28,8 @@ event loop, the lowest ones as one ``multiple`` ack (``_Acks``); a publish is ai
 ``basic_publish`` of an ``Outgoing`` whose ``Properties`` are made once.  pamqp's generic
 readers and writers are bypassed only for the shapes this federation sends (a delivery,
 a confirm, a header table of strings, integers and booleans), to the same bytes and
-values; anything else goes through pamqp.
+values; anything else goes through pamqp.  A frame already whole in the socket's buffer
+is taken from it at once (``_get_frame``), not through aiormq's three awaited reads.
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ from aio_pika.abc import (
 )
 from aiormq.abc import AbstractChannel as RawChannel
 from aiormq.abc import ChannelFrame, DeliveredMessage
+from aiormq.connection import FrameReceiver
+from pamqp import body as amqp_body
+from pamqp import constants
 from pamqp import encode as amqp_encode
+from pamqp import frame as amqp_frame
 from pamqp import header as amqp_header
 from pamqp.commands import Basic
 from pamqp.common import FieldTable, FieldValue
+from pamqp.exceptions import PAMQPException
 
 from common.config import FederationConfig
 from common.errors import InvalidInput, MeghaError
@@ -258,6 +264,51 @@ def _read_content_header_or_mark(self: amqp_header.ContentHeader, data: bytes) -
 
 
 amqp_header.ContentHeader.unmarshal = _read_content_header_or_mark  # type: ignore[method-assign]
+
+_aiormq_get_frame = FrameReceiver.get_frame
+_FRAME_HEAD = struct.Struct(">BHI")
+"""A frame's type, channel and payload size (``pamqp.frame.frame_parts``)."""
+_UNMARSHAL = {
+    constants.FRAME_METHOD: amqp_frame._unmarshal_method_frame,
+    constants.FRAME_HEADER: amqp_frame._unmarshal_header_frame,
+    constants.FRAME_BODY: amqp_body.ContentBody,
+}
+"""What ``pamqp.frame.unmarshal`` makes of a method, header or body frame's payload (a
+body's is its value)."""
+
+
+async def _get_frame(self: FrameReceiver) -> tuple[int, int, Any]:
+    """``FrameReceiver.get_frame``: a method, header or body frame already whole in the
+    reader's buffer is taken from it at once, the same frame (aiormq read each frame
+    with three awaited reads into a ``BytesIO`` under a lock, then pamqp looked for a
+    protocol header and split the frame again: per delivery, three times).  Anything
+    else -- a frame not all here yet, a heartbeat, the connection's start, an error
+    pending, a frame without its end byte -- goes through aiormq's own reader."""
+    reader = getattr(self, "reader", None)
+    buf = getattr(reader, "_buffer", None)
+    if (
+        buf is None
+        or len(buf) < 8
+        or not self.started
+        or self.lock.locked()
+        or reader._exception is not None  # type: ignore[union-attr]
+    ):
+        return await _aiormq_get_frame(self)
+    kind, channel, size = _FRAME_HEAD.unpack_from(buf, 0)
+    end = 7 + size
+    read = _UNMARSHAL.get(kind)
+    if read is None or not size or len(buf) <= end or buf[end] != constants.FRAME_END:
+        return await _aiormq_get_frame(self)
+    payload = bytes(buf[7:end])
+    del buf[: end + 1]
+    reader._maybe_resume_transport()  # type: ignore[union-attr]
+    try:
+        return end + 1, channel, read(payload)
+    except PAMQPException as exc:
+        raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+
+
+FrameReceiver.get_frame = _get_frame  # type: ignore[method-assign]
 
 
 def properties_bytes(msg: Delivery) -> int:

@@ -553,10 +553,23 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+PING = "/v1/ping"
+
+
 async def ping_handler(request: web.Request) -> web.Response:
-    """The floor: an authenticated empty request, answered at once."""
+    """The floor: an authenticated empty request, answered at once (on the lean path
+    too, as a peer's message is: ``_Lane``)."""
     await read_body(request)
     return web.Response(body=b"", content_type=MSGPACK)
+
+
+def _pings_as_base_app(app: web.Application) -> bool:
+    """``app`` answers ``POST /v1/ping`` with ``ping_handler`` (``base_app``'s route)."""
+    return any(
+        r.method == "POST" and r.resource is not None and r.resource.canonical == PING
+        and r.handler is ping_handler
+        for r in app.router.routes()
+    )  # fmt: skip
 
 
 def base_app(cfg: FederationConfig, access: Access) -> web.Application:
@@ -567,7 +580,7 @@ def base_app(cfg: FederationConfig, access: Access) -> web.Application:
     app[ACCESS_KEY] = access
     app[REPLAYS_KEY] = signing.ReplayCache()
     app[INCARNATION_KEY] = signing.new_incarnation()
-    app.router.add_post("/v1/ping", ping_handler)
+    app.router.add_post(PING, ping_handler)
     return app
 
 
@@ -659,7 +672,8 @@ class _Lane:
     def __init__(self, app: web.Application) -> None:
         routes: dict[str, type | tuple[type, ...]] = app[ROUTES_KEY]
         self.kinds = dict(routes)
-        self.paths = frozenset(path.encode("ascii") for path in self.kinds)
+        pings = [PING] if _pings_as_base_app(app) and PING not in routes else []
+        self.paths = frozenset(path.encode("ascii") for path in [*self.kinds, *pings])
         self.max_body = app[CONFIG_KEY].max_body
         self.access = app[ACCESS_KEY]
         self.replays = app[REPLAYS_KEY]
@@ -727,9 +741,12 @@ class _Lane:
     async def _handle(
         self, path: str, caller: Identity, claim: signing.Claim, body: bytes
     ) -> tuple[int, bytes, dict[str, str]]:
-        """``message_route``'s handler: status, body and headers of the answer."""
+        """``message_route``'s handler (or ``ping_handler``'s): status, body and headers
+        of the answer."""
         if self.metrics is not None:
             self.metrics.requests.labels(path).inc()
+        if path == PING and path not in self.kinds:  # the floor: answered at once
+            return 200, b"", {"Content-Type": MSGPACK}
         msg: object = codec.decode(body, expect=self.kinds[path], max_size=self.max_body)
         check_claim(caller, msg)
         signing.check_incarnation(caller, claim, self.mine)

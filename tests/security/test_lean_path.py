@@ -18,10 +18,14 @@ from aiohttp import web
 from runtime import http
 from security import signing
 from security.access import Access
-from security.identity import lm
+from security.identity import OPERATOR as OPERATOR_ID
+from security.identity import Identity, lm
 from tests import raw_http
 from tests.lean_service import CFG, POOL, SECRET, Pool, call, pool_app, stop
 from tests.served import refused, served
+
+OPERATOR = Access(OPERATOR_ID, CFG, SECRET)
+LM0_ID = lm("lm0")
 
 IGNORED = frozenset({"date", signing.HEADER_TIMESTAMP.lower(), signing.HEADER_SIGNATURE.lower()})
 """Headers that differ between any two answers (the time, and the signature over it)."""
@@ -102,7 +106,7 @@ def _both(
     return lean, slow, lean_app, slow_app
 
 
-def _same(lean: list[bytes], slow: list[bytes]) -> None:
+def _same(lean: list[bytes], slow: list[bytes], caller: Identity = LM0_ID) -> None:
     assert len(lean) == len(slow)
     for a, b in zip(lean, slow, strict=True):
         if a in (b"closed", b"open", b"more"):
@@ -114,7 +118,7 @@ def _same(lean: list[bytes], slow: list[bytes]) -> None:
             k: v for k, v in hb.items() if k not in IGNORED
         }
         if signing.HEADER_SIGNATURE.lower() in ha:
-            key = signing.signing_key(SECRET, POOL, lm("lm0"))
+            key = signing.signing_key(SECRET, POOL, caller)
             for raw in (a, b):
                 status, body, headers = _answer(raw)
                 nonce = headers[signing.HEADER_NONCE.lower()]
@@ -156,7 +160,7 @@ CASES: dict[str, tuple[Callable[[], list[bytes]], list[int]]] = {
         lambda: [call(stop("echo")), b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"],
         [200, 200],
     ),
-    "a ping (not a message route)": (
+    "a ping by a peer not allowed to": (
         lambda: [call(b"", "/v1/ping")],
         [403],
     ),
@@ -183,6 +187,26 @@ def _counted(app: web.Application) -> list[str]:
     """The app's counters (refusals by reason, requests by route), not their times."""
     text = app[http.METRICS_KEY].render().decode()
     return [line for line in text.splitlines() if "_created" not in line]
+
+
+def test_the_operators_pings_are_answered_on_the_lean_path_as_aiohttp_answers_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served_lean: list[str] = []
+    handle = http._Lane._handle
+
+    async def counted(lane: http._Lane, path: str, *a: object) -> object:
+        served_lean.append(path)
+        return await handle(lane, path, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(http._Lane, "_handle", counted)
+    pings = [call(b"", "/v1/ping", sender=OPERATOR), call(b"xy", "/v1/ping", sender=OPERATOR)]
+    lean, slow, lean_app, slow_app = _both(lambda: [*pings, call(stop("echo"))])
+    _same(lean[:2], slow[:2], caller=OPERATOR_ID)
+    _same(lean[2:], slow[2:])
+    assert [_answer(raw)[0] for raw in lean[:3]] == [200, 200, 200]
+    assert _counted(lean_app) == _counted(slow_app)
+    assert served_lean == ["/v1/ping", "/v1/ping", "/v1/stop"]  # not handed to aiohttp
 
 
 def test_a_request_a_byte_at_a_time_is_answered_the_same() -> None:

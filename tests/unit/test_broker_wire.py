@@ -11,6 +11,7 @@ import decimal
 from typing import Any
 
 import aio_pika
+import aiormq.exceptions
 import pytest
 from pamqp import frame as amqp_frame
 from pamqp import header
@@ -296,3 +297,113 @@ def test_a_publish_method_is_marshalled_once_and_the_same(fields: tuple[Any, ...
     assert method.marshal() == broker._pamqp_marshal_publish(method)  # remembered
     other = Basic.Publish(0, exchange, key + "x", mandatory, immediate)
     assert other.marshal() == broker._pamqp_marshal_publish(other) != method.marshal()
+
+
+def _frames_of(data: bytes, chunks: list[int]) -> tuple[list[Any], list[Any]]:
+    """What ``FrameReceiver`` reads from ``data`` fed in ``chunks`` (sizes; the rest
+    at the end), with runtime.broker's reader and with aiormq's own, until EOF."""
+    return _read_frames(data, chunks, broker._get_frame), _read_frames(
+        data, chunks, broker._aiormq_get_frame
+    )
+
+
+def _read_frames(data: bytes, chunks: list[int], get: Any) -> list[Any]:
+    from aiormq.connection import FrameReceiver
+
+    async def feed(reader: asyncio.StreamReader) -> None:
+        at = 0
+        for n in [*chunks, len(data)]:  # a chunk at a time, the reader reading between
+            reader.feed_data(data[at : at + n])
+            at += n
+            await asyncio.sleep(0)
+        reader.feed_eof()
+
+    async def read() -> list[Any]:
+        reader = asyncio.StreamReader()
+        feeding = asyncio.get_running_loop().create_task(feed(reader))
+        await asyncio.sleep(0)
+        receiver = FrameReceiver(reader)
+        receiver.started = True
+        out = []
+        while True:
+            try:
+                out.append(await get(receiver))
+            except (StopAsyncIteration, AttributeError):
+                break
+            except Exception as exc:  # the same refusal either way
+                out.append(type(exc))
+                break
+        await feeding
+        return out
+
+    return asyncio.run(read())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, type | int):
+        return bool(a == b)
+    if type(a) is not type(b):
+        return False
+    if hasattr(a, "value") and not hasattr(a, "__slots__"):  # a body
+        return bool(a.value == b.value)
+    if isinstance(a, header.ContentHeader):
+        return (a.body_size, a.properties) == (b.body_size, b.properties)
+    return all(getattr(a, n) == getattr(b, n) for n in getattr(a, "__slots__", ()))
+
+
+def _delivery_bytes(tag: int, body: bytes) -> bytes:
+    from pamqp import body as amqp_body
+    from pamqp import heartbeat
+
+    props = Properties("application/x-msgpack", {"x-megha-seq": tag}, 2, f"m{tag}")
+    return b"".join(
+        amqp_frame.marshal(f, 1)
+        for f in (
+            Basic.Deliver("ctag", tag, False, "megha.events", "gm.gm0.lm0"),
+            header.ContentHeader(0, len(body), props),
+            amqp_body.ContentBody(body),
+            Basic.Ack(tag, True),
+        )
+    ) + amqp_frame.marshal(heartbeat.Heartbeat(), 0)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [[], [1], [7], [8], [40], [3, 50, 1, 200], [1] * 64],
+)
+def test_frames_are_read_from_the_buffer_as_aiormq_reads_them(chunks: list[int]) -> None:
+    data = b"".join(_delivery_bytes(t, b"x" * t) for t in (1, 2, 300))
+    ours, theirs = _frames_of(data, chunks)
+    assert len(ours) == len(theirs) == 16  # 15 frames, then the stream's end mid-frame
+    assert all(_same(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert ours[-1] is aiormq.exceptions.AMQPConnectionError
+
+
+def test_whole_frames_in_the_buffer_are_taken_without_aiormq_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slow: list[int] = []
+    aiormq_get_frame = broker._aiormq_get_frame
+
+    async def counted(receiver: Any) -> Any:
+        slow.append(1)
+        return await aiormq_get_frame(receiver)
+
+    monkeypatch.setattr(broker, "_aiormq_get_frame", counted)
+    data = b"".join(_delivery_bytes(t, b"y" * 10) for t in (1, 2))
+    ours = _read_frames(data, [], broker._get_frame)
+    assert len(ours) == 11
+    assert len(slow) == 2 + 1  # the two heartbeats, then the end of the stream
+
+
+def test_a_frame_without_its_end_byte_is_refused_as_aiormq_refuses_it() -> None:
+    good = _delivery_bytes(1, b"abc")
+    first = 8 + int.from_bytes(good[3:7], "big")  # the deliver frame, its end byte last
+    bad = good[: first - 1] + b"\x00" + good[first:]
+    for data in (bad, good[:20]):
+        ours, theirs = _frames_of(data, [])
+        assert len(ours) == len(theirs)
+        assert all(_same(a, b) for a, b in zip(ours, theirs, strict=True))
+        assert ours[-1] is aiormq.exceptions.AMQPConnectionError or isinstance(ours[-1], type)
