@@ -369,10 +369,8 @@ class FederationConfig:
             raise ConfigError("journal_sync_s must be within [0, 60] s")
         if self.node_lost_after_s < 0:
             raise ConfigError("node_lost_after_s must be >= 0")
-        if self.launch_window < 0:
-            raise ConfigError("launch_window must be >= 0 (0: no limit)")
-        if self.launch_full_batch < 0:
-            raise ConfigError("launch_full_batch must be >= 0 (0: never)")
+        if min(self.launch_window, self.launch_full_batch) < 0:
+            raise ConfigError("launch_window, launch_full_batch must be >= 0 (0: no limit, never)")
         if self.max_user_tasks < 0:
             raise ConfigError("max_user_tasks must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):
