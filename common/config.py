@@ -176,6 +176,9 @@ class FederationConfig:
     launch_window: int = OVERLOAD_DEFAULTS.launch_window
     """Launch requests a GM keeps unanswered per LM (0: no limit); the rest wait and share
     the next request."""
+    launch_full_batch: int = OVERLOAD_DEFAULTS.launch_full_batch
+    """Held placements for one LM that leave at once, in one request beyond the window
+    (0: never)."""
     reroute_at_lm: bool = OVERLOAD_DEFAULTS.reroute_at_lm
     """An LM places a task whose node has no room on another that fits, not refusing it."""
     class_preempt_grace_s: float = OVERLOAD_DEFAULTS.class_preempt_grace_s
@@ -201,6 +204,7 @@ class FederationConfig:
             repartition_batching=self.repartition_batching,
             repartition_period_s=self.repartition_period_s,
             launch_window=self.launch_window,
+            launch_full_batch=self.launch_full_batch,
             reroute_at_lm=self.reroute_at_lm,
             class_preempt_grace_s=self.class_preempt_grace_s,
         )
@@ -365,8 +369,8 @@ class FederationConfig:
             raise ConfigError("journal_sync_s must be within [0, 60] s")
         if self.node_lost_after_s < 0:
             raise ConfigError("node_lost_after_s must be >= 0")
-        if self.launch_window < 0:
-            raise ConfigError("launch_window must be >= 0 (0: no limit)")
+        if min(self.launch_window, self.launch_full_batch) < 0:
+            raise ConfigError("launch_window, launch_full_batch must be >= 0 (0: no limit, never)")
         if self.max_user_tasks < 0:
             raise ConfigError("max_user_tasks must be >= 0 (0: no limit)")
         if self.queue_type not in ("quorum", "classic"):

@@ -56,6 +56,11 @@ class OverloadPolicy:
     """A GM keeps at most this many launch requests per LM unanswered (0: no limit);
     placements on that LM decided meanwhile wait and travel together in the next
     request, sent as an answer comes back (Nagle's algorithm for launches)."""
+    launch_full_batch: int = 0
+    """With a launch window: held placements for one LM that number this many leave at
+    once, in one request beyond the window (Nagle's full segment; at most one such
+    request per LM unanswered; 0: never).  A burst does not wait a round trip for the
+    previous answer, while a trickle still waits for company."""
     class_preempt_grace_s: float = 0.0
     """A task of a priority class above 0 that finds no room preempts lower classes
     after waiting this long (``global_master.priority``); completions may free room
@@ -77,6 +82,7 @@ OVERLOAD_DEFAULTS = OverloadPolicy(
     repartition_batching=True,
     repartition_period_s=0.0,
     launch_window=1,
+    launch_full_batch=8,
     reroute_at_lm=True,
 )
 """What ``megha simulate`` and ``megha up`` use (see docs/overload.md for the figures)."""

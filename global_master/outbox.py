@@ -9,7 +9,9 @@ Invariants:
   ``preempt_answered``) exactly once.
 * A decision's placements leave in one launch request per LM (``release``).  With a
   ``launch_window``, at most that many launch requests per LM are unanswered: what is
-  decided meanwhile is *held* and leaves with the next one.  With repartition batching,
+  decided meanwhile is *held* and leaves with the next one, unless it reaches
+  ``launch_full_batch`` placements: then it leaves at once, one request beyond the
+  window (Nagle's full segment).  With repartition batching,
   one repartition request per LM is in flight and at most one leaves per
   ``repartition_period_s``; repartitions decided meanwhile travel together in the next.
   A held placement stays reserved in the GM's view and its task in flight
@@ -39,6 +41,7 @@ class Outbox:
     def __init__(self, gm: GmId, overload: OverloadPolicy) -> None:
         self.gm = gm
         self.launch_window = overload.launch_window
+        self.full_batch = overload.launch_full_batch
         self.batching = overload.repartition_batching
         self.period = overload.repartition_period_s
         self.passes_all = not self.launch_window and not self.batching
@@ -75,7 +78,7 @@ class Outbox:
         """Placements held back: what leaves now, one request per LM that may take one."""
         out: list[Release] = []
         for lm in list(self.held):
-            if not self._window_full(lm):
+            if not self._window_full(lm, len(self.held[lm])):
                 go = self._release(lm, self.held.pop(lm), now)
                 if go:
                     out.append((lm, go))
@@ -83,7 +86,7 @@ class Outbox:
 
     def _release(self, lm: LmId, placements: list[Placement], now: float) -> list[Placement]:
         """What of ``placements`` goes to ``lm`` now; the rest is held."""
-        if self._window_full(lm):
+        if self._window_full(lm, len(placements)):
             self.held[lm] = placements
             return []
         if self.batching and self._rep_busy(lm, now) and any(p.repartition for p in placements):
@@ -91,12 +94,17 @@ class Outbox:
             return [p for p in placements if not p.repartition]
         return placements
 
-    def _window_full(self, lm: LmId) -> bool:
-        """``lm`` has as many launch requests of this GM unanswered as the window allows."""
+    def _window_full(self, lm: LmId, n_held: int) -> bool:
+        """``lm`` has as many launch requests of this GM unanswered as the window allows,
+        for ``n_held`` placements waiting: a full batch may have one request more."""
         window = self.launch_window
         if not window:
             return False
-        return self._open_launches[lm] >= window
+        n = self._open_launches[lm]
+        full = self.full_batch
+        if full and n_held >= full:
+            return n > window
+        return n >= window
 
     def _rep_busy(self, lm: LmId, now: float) -> bool:
         """A repartition request to ``lm`` is unanswered, or went out too lately."""

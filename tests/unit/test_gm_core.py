@@ -27,7 +27,7 @@ from common.messages import (
     TaskEvent,
 )
 from common.model import TaskSpec, TaskState, UserConfig, WaitReason
-from common.overload import OverloadPolicy
+from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.core import AdmissionLimits, GlobalMaster
 from local_master.core import LocalMaster
 from tests.conftest import (
@@ -258,6 +258,34 @@ def test_with_a_launch_window_placements_wait_for_the_answer_and_share_the_next_
     assert gm.counters.launch_requests == 2
     assert deliver(lm, gm, after, 3.0) == []
     assert {state(gm, t) for t in (a, b, c)} == {TaskState.PLACED}
+
+
+def test_a_full_batch_of_held_placements_leaves_without_waiting_for_the_answer() -> None:
+    # Nagle's full segment: a trickle waits for the answer, a burst does not wait a
+    # round trip; one request beyond the window at most
+    lm = make_lm(nodes=[(8, 8)] * 4)
+    gm = make_gm(overload=OverloadPolicy(launch_window=1, launch_full_batch=2))
+    sync_views(gm, lm)
+    tasks = [make_task() for _ in range(6)]
+    submit(gm, tasks, 0.0)
+    first = decide(gm, 1.0)
+    assert launches(decide(gm, 1.1)) == []  # one held: it waits for company
+    (burst,) = launches(decide(gm, 1.2))  # two held: a full batch leaves at once
+    assert [p.spec.task_id for p in burst.placements] == [t.task_id for t in tasks[1:3]]
+    assert launches(decide(gm, 1.3) + decide(gm, 1.4) + decide(gm, 1.5)) == []  # 2 open
+    (held,) = launches(deliver(lm, gm, first, 2.0))  # an answer opens the window
+    assert [p.spec.task_id for p in held.placements] == [t.task_id for t in tasks[3:]]
+
+
+def test_by_default_a_burst_of_placements_does_not_wait_for_the_answer() -> None:
+    lm = make_lm(nodes=[(16, 16)] * 4)
+    gm = make_gm(overload=OVERLOAD_DEFAULTS)
+    sync_views(gm, lm)
+    n = OVERLOAD_DEFAULTS.launch_full_batch
+    submit(gm, [make_task() for _ in range(1 + n)], 0.0)
+    first = decide(gm, 1.0)
+    second = decide(gm, 1.1, n)  # before the first request is answered
+    assert [len(r.placements) for r in launches(first + second)] == [1, n]
 
 
 def test_refused_too_often_the_task_goes_to_the_back_of_its_queue() -> None:
