@@ -8,7 +8,8 @@ declaration (``ValidationError`` naming the field).  Each message is encoded onc
 hop and decoded once.
 
 Decoding takes msgspec's fast path: the envelope, then the fields straight into the
-struct, in C.  Only a body msgspec refuses takes the explaining path, which answers it
+struct, in C; then the characters of all its ids, in one pass (``common.schema.ids_ok``;
+msgspec checked their lengths).  Only a body refused there takes the explaining path, which answers it
 exactly as the codec always has: msgpack-python unpacks it with the same limits as
 before (a body it cannot read is ``malformed_body``), the envelope is checked part by
 part, and ``common.schema.explain`` names the reason and the field.  msgspec and the
@@ -26,7 +27,7 @@ import msgspec
 
 from common import messages as _messages  # noqa: F401 - registers every message
 from common.errors import DecodeError, ValidationError
-from common.schema import REGISTRY, TAGS, explain
+from common.schema import REGISTRY, TAGS, explain, ids_ok
 
 SCHEMA_VERSION = 2
 MAX_BODY = 8 * 1024 * 1024
@@ -91,7 +92,9 @@ def decode(
             and env.version == SCHEMA_VERSION
             and (expect is None or issubclass(cls, expect))
         ):
-            return _decoder(cls).decode(env.fields)
+            msg = _decoder(cls).decode(env.fields)
+            if ids_ok(msg):
+                return msg
         refusal = None
     except msgspec.MsgspecError as exc:
         refusal = exc
@@ -141,7 +144,9 @@ def _explain(
     try:
         # msgspec refused the bytes but may take the map msgpack made of them (a key
         # given twice: the last one counts, as it always has)
-        return msgspec.convert(fields, cls)
+        msg = msgspec.convert(fields, cls)
+        if ids_ok(msg):
+            return msg
     except msgspec.ValidationError as exc:
         refusal = exc
     err = explain(cls, fields) or _as_validation_error(refusal)

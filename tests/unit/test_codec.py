@@ -29,6 +29,8 @@ ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:@+-
 def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values the schema accepts for a field of msgspec type ``t``."""
     if isinstance(t, mi.Metadata):
+        if (t.extra or {}).get("kind") == "id":
+            return st.text(ID_CHARS, min_size=1, max_size=12)
         return strategy(t.type)
     if isinstance(t, mi.StructType):
         return st.builds(t.cls, **{f.name: strategy(f.type) for f in t.fields})
@@ -47,8 +49,6 @@ def strategy(t: mi.Type) -> st.SearchStrategy[Any]:
         lo = -1.0 if t.ge is None or t.ge < -1.0 else float(t.ge)
         return st.floats(min_value=lo, max_value=2e9, allow_nan=False, allow_infinity=False)
     if isinstance(t, mi.StrType):
-        if t.pattern is not None:
-            return st.text(ID_CHARS, min_size=1, max_size=12)
         return st.text(max_size=20)
     if isinstance(t, mi.BytesType):
         return st.binary(max_size=40)
