@@ -46,6 +46,15 @@ class _Envelope(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=
 
 _ENCODER = msgspec.msgpack.Encoder()
 _ENVELOPE = msgspec.msgpack.Decoder(_Envelope)
+_HEADS: dict[bytes, type] = {
+    head: cls
+    for tag, cls in REGISTRY.items()
+    if len(head := _ENCODER.encode((tag, SCHEMA_VERSION, None))[:-1]) == len(tag.encode()) + 3
+}
+"""``[tag, version,`` in msgpack, by the message class it names, where it is 3 bytes
+and the tag's: an array of 3, a fixstr (``0xa0`` + its length) and a fixint.  Read
+off the bytes it saves the envelope's decoder a walk over the fields (0.6 us of 5.4
+for a 10-task launch)."""
 _DECODERS: dict[type, msgspec.msgpack.Decoder[Any]] = {}
 
 
@@ -85,20 +94,29 @@ def decode(
     if not data:
         raise DecodeError("empty body", reason="empty_body")
     try:
-        env = _ENVELOPE.decode(data)
-        cls = REGISTRY.get(env.tag)
-        if (
-            cls is not None
-            and env.version == SCHEMA_VERSION
-            and (expect is None or issubclass(cls, expect))
-        ):
-            msg = _decoder(cls).decode(env.fields)
+        cls, fields = _split(data)
+        if cls is not None and (expect is None or issubclass(cls, expect)):
+            msg = _decoder(cls).decode(fields)
             if ids_ok(msg):
                 return msg
         refusal = None
     except msgspec.MsgspecError as exc:
         refusal = exc
     return _explain(data, expect, refusal)
+
+
+def _split(data: bytes | bytearray | memoryview) -> tuple[type | None, Any]:
+    """The class of a body's message (None: no such tag, or another version) and its
+    fields, undecoded.  A head as msgspec and msgpack write it (``_HEADS``) is read
+    off the bytes; any other goes through the envelope's decoder, which must step
+    over the fields in full to find their end."""
+    if type(data) is bytes and len(data) > 2:
+        end = data[1] - 0x9D  # after a fixstr of n bytes (0xa0 + n): n + 3
+        cls = _HEADS.get(data[:end])
+        if cls is not None:
+            return cls, memoryview(data)[end:]
+    env = _ENVELOPE.decode(data)
+    return (REGISTRY.get(env.tag) if env.version == SCHEMA_VERSION else None), env.fields
 
 
 def _unpack(data: bytes, max_size: int) -> Any:
