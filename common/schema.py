@@ -11,7 +11,8 @@ the annotations, as ``msgspec.Meta`` constraints:
 * ``finite(lo, hi)``: a finite float (an integer is taken); ``Time`` and ``Seconds`` in
   ``common.model``.
 * ``Text``: at most ``MAX_TEXT`` characters; an id (``GmId``, ``TaskId`` ...): 1..
-  ``MAX_ID_LEN`` characters of ``[A-Za-z0-9._:@+-]`` (``common.ids``).
+  ``MAX_ID_LEN`` characters of ``[A-Za-z0-9._:@+-]`` (``common.ids``): msgspec checks
+  the length, ``ids_ok`` the characters of all a decoded message's ids at once.
 * ``Seq[T]`` (a tuple), ``Map[K, V]``: at most ``MAX_ITEMS`` items; ``n_items(lo, hi,
   below=...)`` narrows; ``T | None``; another struct (nested, without a tag).
 
@@ -289,12 +290,12 @@ def _first_refused(x: list[Any], t: mi.Type) -> int:
     if not isinstance(t, mi.StructType):
         return 0
     try:
-        msgspec.convert(x, list[t.cls])  # type: ignore[name-defined]
+        taken = msgspec.convert(x, list[t.cls])  # type: ignore[name-defined]
         n = len(x)
     except msgspec.ValidationError as exc:
         m = _INDEX.search(str(exc))
         n = int(m.group(1)) if m else 0
-    taken = msgspec.convert(x[:n], list[t.cls])  # type: ignore[name-defined]
+        taken = msgspec.convert(x[:n], list[t.cls])  # type: ignore[name-defined]
     return next((i for i, item in enumerate(taken) if not ids_ok(item)), n)
 
 
@@ -383,7 +384,7 @@ def _block(head: str, lines: list[str], here: list[str]) -> list[str]:
     """``head`` and, indented under it, ``lines`` then the ids in ``here`` added to
     ``out``, all at once; nothing if there is no id."""
     if here:
-        lines = [*lines, f"out += ({', '.join(here)},)"]
+        lines = [*lines, f"out += ({', '.join(here)}{',' if len(here) == 1 else ''})"]
     return [head, *("    " + line for line in lines)] if lines else []
 
 

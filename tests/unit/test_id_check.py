@@ -5,7 +5,9 @@ the same reason and field."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import textwrap
 from typing import Annotated, Any
 
 import msgpack
@@ -19,7 +21,7 @@ from msgspec import inspect as mi
 from common import codec
 from common.errors import ValidationError
 from common.ids import ID_PATTERN, MAX_ID_LEN, is_id_text
-from common.schema import REGISTRY, ids_function, ids_ok
+from common.schema import REGISTRY, ids_function, ids_ok, ids_source
 from tests.unit.test_codec import ID_CHARS, of
 
 OLD_ID = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LEN, pattern=ID_PATTERN)]
@@ -118,6 +120,11 @@ def test_the_ids_listed_are_every_id_of_the_message(tag: str) -> None:
         assert sorted(ids(msg)) == sorted(_ids_walked(msg, mi.type_info(cls)))
 
     check()
+
+
+def test_the_source_of_a_launch_is_the_one_documented() -> None:
+    doc = inspect.cleandoc(ids_source.__doc__ or "").split("::\n\n", 1)[1]
+    assert ids_source(REGISTRY["launch"]) == textwrap.dedent(doc).strip()
 
 
 def test_a_message_without_ids_passes() -> None:
