@@ -1,8 +1,10 @@
 """Cost of the wire codec: encode and decode of the messages that carry the work.
 
 Cases: a 10-task ``LaunchRequest`` (GM -> LM, the hot path of every decision), a
-10,000-task ``SubmitJob`` (a large job, user -> GM) and a ``StateUpdated`` of a
-1,000-node delta (an LM heartbeat).  Each figure is the best of ``--repeats`` timings of
+10,000-task ``SubmitJob`` (a large job, user -> GM), a ``StateUpdated`` of a
+1,000-node delta (an LM heartbeat), and the other hops of 10 tasks: ``LaunchResponse``
+(LM -> GM), ``StartTasks`` (LM -> pool), ``WorkerReports`` of their ends (pool -> LM)
+and ``TaskEvents`` (LM -> GM).  Each figure is the best of ``--repeats`` timings of
 ``codec.encode`` / ``codec.decode`` in CPU time of the process (microseconds per message):
 on a shared machine, other processes' load changes it less than wall-clock time.
 
@@ -68,7 +70,104 @@ def _cases() -> dict[str, object]:
         "launch_10": launch,
         "submit_job_10000": job,
         "state_updated_1000": StateUpdated(delta=delta),
+        **_hops_cases(spec),
     }
+
+
+def _hops_cases(spec: Callable[[int], Any]) -> dict[str, object]:
+    """What else a task crosses, 10 tasks each: the LM's answer to a launch, its starts
+    to a pool, the pool's end reports, the LM's end events to the GM."""
+    from common import messages as m
+    from common.ids import GmId, LmId, NodeIndex, UserId
+
+    gm, lm = GmId("gm0"), LmId("lm1")
+    delta = m.StateDelta(
+        lm=lm,
+        epoch=1,
+        version=9010,
+        base_version=9000,
+        nodes=tuple(NodeIndex(i * 7) for i in range(10)),
+        free=tuple((i * 1000, 2048) for i in range(10)),
+        node_versions=tuple(range(9001, 9011)),
+        usage={UserId("u3"): (10_000, 20_480)},
+    )
+    response = m.LaunchResponse(
+        gm=gm,
+        lm=lm,
+        request_id=4242,
+        results=tuple(m.PlacementResult(accepted=True) for _ in range(10)),
+        delta=delta,
+        request_sent_at=101.5,
+        received_at=101.6,
+        sent_at=101.7,
+    )
+    starts = m.StartTasks(
+        lm=lm,
+        epoch=1,
+        sent=101.7,
+        tasks=tuple(
+            m.StartTask(node=NodeIndex(i * 7), spec=spec(i), attempt=1, gm=gm, queued_at=100.0 + i)
+            for i in range(10)
+        ),
+    )
+    return {
+        "launch_response_10": response,
+        "start_tasks_10": starts,
+        **_ends_cases(spec),
+    }
+
+
+def _ends_cases(spec: Callable[[int], Any]) -> dict[str, object]:
+    """The ends of 10 tasks: a pool's reports to its LM, the LM's events to the GM."""
+    from common import messages as m
+    from common.ids import GmId, LmId, NodeIndex, UserId
+
+    gm, lm, user = GmId("gm0"), LmId("lm1"), UserId("u3")
+    reports = m.WorkerReports(
+        lm=lm,
+        reports=tuple(
+            m.WorkerReport(
+                kind=m.ReportKind.FINISHED,
+                node=NodeIndex(i * 7),
+                user=user,
+                task_id=spec(i).task_id,
+                attempt=1,
+                gm=gm,
+                job_id=spec(i).job_id,
+                queued_at=100.0 + i,
+                at=114.2,
+                worker_at=101.8,
+                started_at=101.9,
+                exit_code=0,
+            )
+            for i in range(10)
+        ),
+    )
+    events = m.TaskEvents(
+        lm=lm,
+        epoch=1,
+        events=tuple(
+            m.TaskEvent(
+                kind=m.EventKind.FINISHED,
+                lm=lm,
+                gm=gm,
+                user=user,
+                task_id=spec(i).task_id,
+                attempt=1,
+                node=NodeIndex(i * 7),
+                node_free=(64_000, 16_384),
+                node_version=9011 + i,
+                job_id=spec(i).job_id,
+                queued_at=100.0 + i,
+                at=114.2,
+                worker_at=101.8,
+                started_at=101.9,
+                exit_code=0,
+            )
+            for i in range(10)
+        ),
+    )
+    return {"worker_reports_10": reports, "task_events_10": events}
 
 
 def _best(fn: Callable[[], object], repeats: int, budget_s: float) -> float:

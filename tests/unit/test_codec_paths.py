@@ -1,4 +1,4 @@
-"""The codec's two paths agree: msgspec (the fast path) takes a body exactly when the
+"""The codec's two paths agree: msgspec and ``ids_ok`` (the fast path) take a body exactly when the
 explaining path (``common.schema.explain``) finds nothing wrong with it, so a refusal
 always gets its reason and field, never msgspec's bare words.  And the refusals tests
 rely on, named as they always were."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from common import codec
 from common.errors import DecodeError, ValidationError
-from common.schema import REGISTRY, explain
+from common.schema import REGISTRY, explain, ids_ok
 from tests.unit.test_codec import of
 from tests.wire_refusals import dropped_at, replaced_at
 
@@ -45,11 +45,12 @@ def _places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...
 
 
 def _fast_takes(cls: type, plain: Any) -> bool:
+    """msgspec takes it, and its ids are made of id characters (the codec's fast path)."""
     try:
-        msgspec.msgpack.decode(msgpack.packb(plain, use_bin_type=True), type=cls)
+        msg = msgspec.msgpack.decode(msgpack.packb(plain, use_bin_type=True), type=cls)
     except msgspec.ValidationError:
         return False
-    return True
+    return ids_ok(msg)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
