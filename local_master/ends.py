@@ -7,7 +7,9 @@ Invariants:
   restarted GM learns what already ran.  A task is in it at most once (its last end).
 * The ends of a job its GM asked to keep (``KeepEnds``: its delivery is held long, and a
   restarted GM must learn what of it ended) move to ``kept`` when they expire, and stay
-  until the GM lets the job go; nothing else outlives ``retain_s``.
+  until the GM lets the job go; nothing else outlives ``retain_s``.  A task's end is in
+  ``done`` or in ``kept``, never both (``kept_at`` says where), and a late launch of a
+  kept attempt is recognised as one of ``done`` is.
 * An end a new incarnation restores from its journal is kept at least ``retain_s``
   after the restore (``restored``): no GM could ask the LM while it was down, and the
   GMs that restart with it ask late (a whole-federation restart takes minutes).  The
@@ -77,6 +79,8 @@ class Ends:
         """Jobs (GM, user, job) whose GM asked that their ended attempts be kept."""
         self.kept: dict[JobKeyAt, dict[TaskKey, Ended]] = {}
         """Ended attempts of those jobs past ``retain_s``, until their GM lets them go."""
+        self.kept_at: dict[TaskKey, JobKeyAt] = {}
+        """The job under which each task's kept end is (an end is in ``done`` or here)."""
         self.let_go: OrderedDict[JobKeyAt, float] = OrderedDict()
         """Jobs whose GM let their ends go in the last ``retain_s`` seconds (when)."""
         self.since = -float("inf")
@@ -93,6 +97,9 @@ class Ends:
         """Task ``key``'s attempt ``held`` (for ``gm``) ended; this LM learnt it ``now``."""
         self.done[key] = (gm, ended_row(held), now)
         self.done.move_to_end(key)
+        job = self.kept_at.pop(key, None)
+        if job is not None:  # a later attempt: the task's end is this one now, as a
+            self._unkeep(job, key)  # new incarnation's replay of the journal has it
         if self.journal is not None:
             self.journal.append(JournalEnded(gm=gm, held=held, learnt_at=now))
 
@@ -102,7 +109,10 @@ class Ends:
         which is a new task); else None."""
         past = self.done.get(key)
         if past is None:
-            return None
+            at = self.kept_at.get(key)  # an end past retain_s, of a job kept: a late
+            if at is None:  # launch of its attempt must not run it again
+                return None
+            past = self.kept[at][key]
         row = past[1]
         if row[_ATTEMPT] >= attempt and row[_JOB] == job:
             return row[_ATTEMPT], row[_OK]
@@ -133,6 +143,7 @@ class Ends:
                 job = (entry[0], key[0], entry[1][_JOB])
                 if job in self.keep_ends:
                     self.kept.setdefault(job, {})[key] = entry
+                    self.kept_at[key] = job
 
     def restored(self, now: float) -> None:
         """A new incarnation took its journal back ``now``: what it remembers is kept
@@ -151,13 +162,20 @@ class Ends:
             self.keep_ends.add(job)
         else:
             self.keep_ends.discard(job)
-            self.kept.pop(job, None)
+            for key in self.kept.pop(job, ()):
+                del self.kept_at[key]
             let_go[job] = now
             let_go.move_to_end(job)
         if self.journal is not None:
             gm, user, job_id = job
             self.journal.append(JournalKeep(gm=gm, user=user, job_id=job_id, keep=keep, at=now))
         return True
+
+    def _unkeep(self, job: JobKeyAt, key: TaskKey) -> None:
+        ends = self.kept[job]
+        del ends[key]
+        if not ends:
+            del self.kept[job]
 
     def records(self) -> list[object]:
         """Everything kept here as journal records (a compacted journal's ends): the

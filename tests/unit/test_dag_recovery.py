@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.effects import JobSettled, Reply, ToGm, ToLm, ToUser
+from common.effects import JobSettled, Reply, ToGm, ToLm, ToUser, ToWorker
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
     AdmitJob,
     Heartbeat,
     JobKeep,
     KeepEnds,
+    LaunchResponse,
     Refused,
     ReportKind,
     StageSpec,
@@ -236,6 +237,33 @@ def test_an_lm_keeps_the_ends_of_a_job_its_gm_holds_past_its_retention() -> None
     assert keep(lm, "held", False) == []  # settled: let go at once
     assert snapshot_ends(lm) == set()
     assert not lm.ends.keep_ends
+    assert not lm.ends.kept
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_late_launch_of_an_attempt_whose_end_is_kept_does_not_run_it_again(
+    finished: bool,
+) -> None:
+    """Past ``retain_s`` a held job's end is only in ``kept``: a late copy of its
+    launch (the GM's, redelivered) is answered with the end, as within ``retain_s``, and
+    starts nothing; a later attempt's end then replaces the kept one (one end a task)."""
+    lm = make_lm(nodes=[(4, 4)])
+    lm.ends.retain_s = 10.0
+    spec = make_task(job="held")
+    keep(lm, "held", True)
+    lm.handle(launch_req(spec, 0), 0.0)
+    kind = ReportKind.FINISHED if finished else ReportKind.FAILED
+    lm.handle(report(lm.lm_id, kind, spec, 0, 1.0), 1.0)
+    lm.handle(Heartbeat(), 20.0)  # past retention: kept, no longer in done
+    assert (spec.user, spec.task_id) not in lm.ends.done
+    again = lm.handle(launch_req(spec, 0), 21.0)
+    (answer,) = [e.msg for e in again if isinstance(e.msg, LaunchResponse)]
+    assert answer.results[0].reason == ("finished" if finished else "failed")
+    assert not lm.nodes.active
+    assert not [e for e in again if isinstance(e, ToWorker)]
+    lm.handle(launch_req(spec, 0, attempt=2), 22.0)  # the GM's retry: a new attempt
+    lm.handle(report(lm.lm_id, ReportKind.FINISHED, spec, 0, 23.0, attempt=2), 23.0)
+    assert [h.attempt for h in lm.snapshot(GmId("gm0")).held] == [2]
     assert not lm.ends.kept
 
 

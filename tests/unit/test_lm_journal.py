@@ -244,6 +244,10 @@ ops = st.lists(
 @example(seq=[("launch", 0, 0, 1), ("end", 0, False, 0), ("tick", 119, 0, 0), ("keep", 0, True, 0)])
 # a hold lends to a backfill task, is committed while lent, starts once the loan is back
 @example(seq=[("reserve", 2, 3, 0), ("launch", 1, 0, 1), ("commit", 2, 0, 0), ("end", 1, True, 0)])
+# a kept end (past retain_s) and a late launch of its attempt: the live LM ran it again,
+# and held two ends of one task where its journal's replay held one
+@example(seq=[("keep", 1, True, 0), ("launch", 5, 0, 1), ("end", 5, False, 0),
+              ("tick", 119, 0, 0), ("launch", 5, 0, 1), ("end", 5, False, 0)])  # fmt: skip
 def test_the_journal_and_its_compaction_give_back_the_same_state(
     seq: list[tuple[str, int, object, int]],
 ) -> None:
