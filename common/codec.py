@@ -162,8 +162,9 @@ def _explain(
         raise DecodeError(f"unexpected message {tag!r} here", reason="unexpected_message")
     try:
         # msgspec refused the bytes but may take the map msgpack made of them (a key
-        # given twice: the last one counts, as it always has)
-        msg = msgspec.convert(fields, cls)
+        # given twice: the last one counts, as it always has); msgpack has bytes of its
+        # own, so a string is no bytes here either (convert would take it as base64)
+        msg = msgspec.convert(fields, cls, builtin_types=_NATIVE)
         if ids_ok(msg):
             return msg
     except msgspec.ValidationError as exc:
@@ -171,6 +172,9 @@ def _explain(
     err = explain(cls, fields) or _as_validation_error(refusal)
     raise err.at(tag) from None
 
+
+_NATIVE = (bytes, bytearray)
+"""Types msgpack carries itself: ``msgspec.convert`` takes them only as themselves."""
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
 

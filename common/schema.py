@@ -290,12 +290,12 @@ def _first_refused(x: list[Any], t: mi.Type) -> int:
     if not isinstance(t, mi.StructType):
         return 0
     try:
-        taken = msgspec.convert(x, list[t.cls])  # type: ignore[name-defined]
+        taken = msgspec.convert(x, list[t.cls], builtin_types=(bytes, bytearray))  # type: ignore[name-defined]
         n = len(x)
     except msgspec.ValidationError as exc:
         m = _INDEX.search(str(exc))
         n = int(m.group(1)) if m else 0
-        taken = msgspec.convert(x[:n], list[t.cls])  # type: ignore[name-defined]
+        taken = msgspec.convert(x[:n], list[t.cls], builtin_types=(bytes, bytearray))  # type: ignore[name-defined]
     return next((i for i, item in enumerate(taken) if not ids_ok(item)), n)
 
 
