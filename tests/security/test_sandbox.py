@@ -622,17 +622,21 @@ def test_scratch_is_bounded_in_all_and_gone_after_the_task(pol: SandboxPolicy) -
     assert b"No space left on device" in res.stderr_tail
     assert 40 < int(files.split("=")[1]) < 64  # the inodes ran out
     assert int(mounts) >= 4  # the scratch: holder, /tmp, /var/tmp, /dev/shm
-    assert not any(_mounts_scratch(Path(p)) for p in Path("/proc").iterdir() if p.name.isdigit())
+    procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    assert not any(_mounts_scratch(p, pol.work_root) for p in procs)
     again = sh("ls -A /tmp /dev/shm | grep -c '^f[0-9]'", small)  # the same uid: a new scratch
     assert again.uid == res.uid or len(pol.uids(0)) > 1
     assert again.stdout.strip() == b"0"
 
 
-def _mounts_scratch(proc: Path) -> bool:
+def _mounts_scratch(proc: Path, under: str) -> bool:
+    """Whether process ``proc`` still has a scratch mounted under ``under`` (this test's
+    work root: other tests' tasks may hold theirs meanwhile)."""
     try:
-        return "megha-scratch" in (proc / "mountinfo").read_text()
+        lines = (proc / "mountinfo").read_text().splitlines()
     except OSError:
         return False
+    return any("megha-scratch" in ln and ln.split()[4].startswith(under) for ln in lines)
 
 
 @spawns
