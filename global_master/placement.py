@@ -100,8 +100,9 @@ class Placer:
 
     def next_round(self) -> None:
         """A round of decisions placed something: the next walks start at the next LM."""
-        n = len(self.lms)
-        self.rr = {k: (v + 1) % n for k, v in self.rr.items()}
+        n, rr = len(self.lms), self.rr  # (in place: once per round, no dict made)
+        rr[True] = (rr[True] + 1) % n
+        rr[False] = (rr[False] + 1) % n
 
     def feasible(self, views: Iterable[LmView], mask: int, demand: Resources) -> bool:
         """Some node of some LM could ever run this class (memoized)."""

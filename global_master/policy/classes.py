@@ -65,14 +65,43 @@ class Aging:
         return task.spec.priority + max(0.0, self.now - task.submitted_at) / self.aging_s
 
 
+class ClassCount:
+    """How many queues of a waiting index hold each priority class, and whether any
+    class's queue keeps an order of its own (``srpt``'s ``JobHeap``): with one class
+    and none such, the index's classes are offered freed room in the order they came,
+    asked of no queue (``ClassedWaiting.class_order``)."""
+
+    __slots__ = ("keyed", "queues")
+
+    def __init__(self) -> None:
+        self.queues: dict[int, int] = {}
+        self.keyed = False
+
+    def made(self, c: int, q: TaskQueue) -> None:
+        self.queues[c] = self.queues.get(c, 0) + 1
+        if isinstance(q, JobHeap):
+            self.keyed = True
+
+    def emptied(self, c: int) -> None:
+        left = self.queues[c] - 1
+        if left:
+            self.queues[c] = left
+        else:
+            del self.queues[c]
+
+
 class ClassedQueue:
     """One queue per priority class (made by ``make``); behaves as a ``TaskQueue``."""
 
-    __slots__ = ("aging", "arrivals", "by_class", "make", "seq", "size", "where")
+    __slots__ = ("aging", "arrivals", "by_class", "count", "make", "seq", "size", "where")
 
-    def __init__(self, make: Callable[[], TaskQueue], aging: Aging) -> None:
+    def __init__(
+        self, make: Callable[[], TaskQueue], aging: Aging, count: ClassCount | None = None
+    ) -> None:
+        """``count``: the waiting index's tally of classes held (None: not kept)."""
         self.make = make
         self.aging = aging
+        self.count = count
         self.by_class: dict[int, TaskQueue] = {}
         self.arrivals: dict[int, deque[tuple[int, Task]]] = {}
         """Per class, the tasks in the order they came (to find the oldest; an entry
@@ -104,6 +133,8 @@ class ClassedQueue:
         if q is None:
             q = self.by_class[c] = self.make()
             self.arrivals[c] = deque()
+            if self.count is not None:
+                self.count.made(c, q)
         seq = self.seq = self.seq + 1
         self.where[(spec.user, spec.task_id)] = seq
         self.size += 1
@@ -171,6 +202,8 @@ class ClassedQueue:
                 self._bound(c)
             else:
                 del by_class[c], self.arrivals[c]
+                if self.count is not None:
+                    self.count.emptied(c)
             return task
         _, c = self.best()
         q = self.by_class[c]
@@ -195,6 +228,8 @@ class ClassedQueue:
         self.size -= 1
         if not self.by_class[c]:
             del self.by_class[c], self.arrivals[c]
+            if self.count is not None:
+                self.count.emptied(c)
 
 
 class ClassedWaiting(WaitingTasks):
@@ -204,14 +239,18 @@ class ClassedWaiting(WaitingTasks):
     def __init__(self, make: Callable[[], TaskQueue], aging: Aging) -> None:
         super().__init__()
         self.make, self.aging = make, aging
+        self.held = ClassCount()
 
     def new_queue(self) -> TaskQueue:
-        return ClassedQueue(self.make, self.aging)
+        return ClassedQueue(self.make, self.aging, self.held)
 
     def class_order(self) -> list[WaitClass]:
         """Classes whose next task is of the highest effective priority class first
         (then, under ``srpt``, the least remaining work); ties as they came.  With one
         priority class waiting, the order of the queues below (plain FIFO: as they came)."""
+        held = self.held
+        if len(held.queues) <= 1 and not held.keyed:  # one class, no order of its own
+            return list(self.by_class)
         keys: dict[WaitClass, tuple[float, ...]] = {}
         for c, users in self.by_class.items():
             heads = [q.head_key() for q in users.values() if isinstance(q, ClassedQueue)]

@@ -93,3 +93,20 @@ def test_a_task_of_a_billion_seconds_runs_at_a_ten_second_heartbeat() -> None:
     assert res.stuck == 0
     assert res.job_completion[JobId("j0")] == pytest.approx(1e9, abs=1.0)
     assert res.job_completion[JobId("j1")] == pytest.approx(1.0, abs=0.1)
+
+
+def test_a_run_spares_the_collector_and_gives_its_settings_back() -> None:
+    """During a run the collector's young generation waits for ``GC_YOUNG`` objects
+    and what existed before is frozen; after it, the thresholds and the frozen objects
+    are as they were (the simulator's time only: no decision depends on it)."""
+    import gc
+
+    from simulator.megha_sim import GC_YOUNG, _few_collections
+
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with _few_collections():
+        assert gc.get_threshold() == (GC_YOUNG, *before[1:])
+        assert gc.get_freeze_count() >= frozen
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == frozen
+    assert GC_YOUNG >= 1_000_000  # at 50,000: ~6 s of a 200,000-task run's 54 s

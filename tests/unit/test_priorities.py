@@ -4,9 +4,12 @@ the other way round; ``megha why`` names the classes ahead."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from common.dag import jobs_to_doc, parse_jobs
@@ -17,7 +20,8 @@ from common.overload import OverloadPolicy
 from global_master.core import GlobalMaster
 from global_master.inspect import task_answer
 from global_master.policy import make_policy
-from global_master.policy.classes import Aging, ClassedFifo, ClassedQueue
+from global_master.policy.classes import Aging, ClassedFifo, ClassedQueue, ClassedWaiting
+from global_master.queues import WaitClass
 from local_master.victims import choose
 from tests.conftest import (
     decide,
@@ -197,3 +201,83 @@ def test_a_job_file_names_a_job_s_class_and_refuses_a_bad_one() -> None:
     for bad in (True, -1, 1001, 1.5):
         with pytest.raises(ConfigError, match="priority"):
             parse_jobs({**doc, "jobs": [{**job, "priority": bad}]})
+
+
+def _full_class_order(waiting: ClassedWaiting) -> list[WaitClass]:
+    """``ClassedWaiting.class_order`` as it was before it kept a count of the classes
+    held: every class's queues asked for their head."""
+    keys = {
+        c: min((q.head_key() for q in users.values()), default=(math.inf,))
+        for c, users in waiting.by_class.items()
+    }
+    if len({k[1] for k in keys.values() if len(k) > 1}) <= 1:
+        return sorted(waiting.by_class, key=lambda c: keys[c][2:])
+    return sorted(waiting.by_class, key=keys.__getitem__)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["add", "add", "take", "take_user", "remove"]),
+            st.integers(0, 2),  # priority class (add); how many (take)
+            st.integers(0, 2),  # wait class: constraints
+            st.sampled_from(["a", "b", "c"]),
+            st.floats(0, 500),
+        ),
+        max_size=40,
+    ),
+    aging_s=st.sampled_from([50.0, float("inf")]),
+    one_class=st.booleans(),
+)
+def test_the_waiting_index_offers_classes_in_the_order_every_queue_would_give(
+    ops: list[tuple[str, int, int, str, float]], aging_s: float, one_class: bool
+) -> None:
+    """Freed room is offered to the waiting classes in the order their queues' heads
+    give (the aging of each class's oldest task), whether one priority class waits
+    (asked of no queue) or several; taking and removing tasks keeps the count right."""
+    q = ClassedFifo([A, B, UserId("c")], aging_s=aging_s)
+    waiting = q.waiting
+    assert isinstance(waiting, ClassedWaiting)
+    held: list[Task] = []
+    for op, n, mask, user, at in ops:
+        if op == "add":
+            s = replace(spec(0 if one_class else n, user), constraints=mask)
+            t = Task(spec=s, submitted_at=at)
+            q.aging.saw(at)
+            waiting.add(t)
+            held.append(t)
+        elif op == "take" and waiting.by_class:
+            cls = list(waiting.by_class)[mask % len(waiting.by_class)]
+            for t in waiting.take(cls, n + 1, [UserId(user)]):
+                held.remove(t)
+        elif op == "take_user":
+            for t in waiting.take_user(UserId(user), n + 1):
+                held.remove(t)
+        elif op == "remove" and held:
+            t = held[mask % len(held)]
+            assert waiting.remove(t)
+            held.remove(t)
+        assert waiting.class_order() == _full_class_order(waiting)
+        priorities = {t.spec.priority for t in held}
+        assert set(waiting.held.queues) == priorities
+        for u in ("a", "b", "c"):
+            assert waiting.count(UserId(u)) == sum(t.spec.user == u for t in held)
+
+
+def test_one_waiting_class_is_ordered_without_asking_its_queues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one priority class waiting under FIFO, the order is the order the classes
+    came, known without asking any queue for its head (a GM asked it on every message
+    that freed a node: under overload, per waiting class and user, per message)."""
+    q = ClassedFifo([A, B], aging_s=100.0)
+    for m in (2, 1, 3):
+        q.waiting.add(Task(spec=replace(spec(0, "a"), constraints=m), submitted_at=m))
+        q.waiting.add(Task(spec=replace(spec(0, "b"), constraints=m), submitted_at=m))
+
+    def asked(self: ClassedQueue) -> tuple[float, ...]:
+        raise AssertionError("a queue was asked for its head")
+
+    monkeypatch.setattr(ClassedQueue, "head_key", asked)
+    assert [c[0] for c in q.waiting.class_order()] == [2, 1, 3]
