@@ -152,7 +152,7 @@ def _arm(args: argparse.Namespace) -> int:
     window = _watch_the_run(rg, bl, home, cfg)
     where = Path(tempfile.mkdtemp(prefix="halving-steps-"))
     rows: list[dict[str, Any]] = []
-    traffic: dict[str, dict[str, int]] = {}
+    traffic: dict[str, Any] = {}
     # the tree's own (megha_cli.federation in older trees, federation.processes now)
     names = vars(bl)
     names["start_federation"](cfg, home)
@@ -203,7 +203,7 @@ def _summary(row: dict[str, Any], tree: str, load: tuple[float, ...]) -> dict[st
         "label", "offered_tasks_per_s", "throughput_tasks_per_s", "tasks",
         "unfinished_tasks", "failed_tasks", "allocation_s", "cpu_ms_per_task",
         "run_cpu_ms_per_task", "run_s", "cpu_system_share", "traffic", "sustained",
-        "counters", "profile", "gc_since_start", "end_to_gm_s", "wall_s",
+        "counters", "profile", "gc_since_start", "end_to_gm_s", "end_path_ms", "wall_s",
         "lm_requests_per_task", "jobs_keeping_ends",
     )  # fmt: skip
     return {"tree": tree, "loadavg_before": load, **{k: row[k] for k in keep if k in row}}

@@ -195,16 +195,45 @@ def _per_task(
     return out
 
 
-def _ends_at_gms(services: dict[str, Any]) -> dict[str, int]:
-    """The task ends the GMs heard of so far and their summed lag (the end on the worker
-    -> its event at the GM) in microseconds (kept between steps beside the traffic)."""
-    ends = lag = 0
+def _ends_at_gms(services: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per point of an end's way to its GM, the task ends that passed it so far and their
+    summed lag there (the end on the worker -> that point) in microseconds (kept between
+    steps beside the traffic): the pool's reports leaving, the LM taking them, its events
+    leaving, and the GM taking them (``gm``: the GM core's ``end_lag_s``)."""
+    out = {p: {"ends": 0, "lag_us": 0} for p in END_POINTS}
+
+    def add(point: str, ends: Any, lag_s: Any) -> None:
+        out[point]["ends"] += int(ends)
+        out[point]["lag_us"] += round(1e6 * float(lag_s))
+
     for name, page in services.items():
         if name.startswith("gm"):
             c = page.get("counters", {})
-            ends += int(c.get("ends_seen", 0))
-            lag += round(1e6 * float(c.get("end_lag_s", 0.0)))
-    return {"ends": ends, "lag_us": lag}
+            add("gm", c.get("ends_seen", 0), c.get("end_lag_s", 0.0))
+        for point, e in page.get("end_lag", {}).items():
+            add(point, e["ends"], e["lag_s"])
+    return out
+
+
+END_POINTS = ("pool_sent", "lm_got", "lm_sent", "gm")
+
+
+def _end_segments(ends: dict[str, dict[str, int]], ends0: dict[str, Any]) -> dict[str, float]:
+    """A step's mean lag (ms) at each point, and each segment's share: the pool's wait
+    (``pool_linger``), its hop to the LM, the LM's wait, its hop to the GM (the broker)."""
+    at: dict[str, float] = {}
+    for p in END_POINTS:
+        e0 = ends0.get(p, {"ends": 0, "lag_us": 0})
+        n = ends[p]["ends"] - e0["ends"]
+        if n > 0:
+            at[p] = (ends[p]["lag_us"] - e0["lag_us"]) / 1e3 / n
+    out = {f"at_{p}_ms": round(v, 2) for p, v in at.items()}
+    if len(at) == len(END_POINTS):
+        out["pool_linger_ms"] = round(at["pool_sent"], 2)
+        out["pool_to_lm_ms"] = round(at["lm_got"] - at["pool_sent"], 2)
+        out["lm_linger_ms"] = round(at["lm_sent"] - at["lm_got"], 2)
+        out["lm_to_gm_ms"] = round(at["gm"] - at["lm_sent"], 2)
+    return out
 
 
 def _gc_by_role(services: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -229,7 +258,7 @@ def _step(
     home: Path,
     out: Path,
     label: str,
-    before: dict[str, dict[str, int]],
+    before: dict[str, Any],
     profile: bool = False,
     **kw: Any,
 ) -> dict[str, Any]:
@@ -245,8 +274,9 @@ def _step(
     offered = s["offered_tasks_per_s"]
     n = max(s["tasks"], 1)
     ends = _ends_at_gms(s["services"])
-    ends0 = before.get("gm_ends", {"ends": 0, "lag_us": 0})
-    ended = ends["ends"] - ends0["ends"]
+    ends0: dict[str, Any] = before.get("gm_ends", {})
+    gm0 = ends0.get("gm", {"ends": 0, "lag_us": 0})
+    ended = ends["gm"]["ends"] - gm0["ends"]
     zero = (0.0, 0.0)
     used = {r: (u - cpu0.get(r, zero)[0], k - cpu0.get(r, zero)[1]) for r, (u, k) in cpu1.items()}
     row = {
@@ -263,7 +293,8 @@ def _step(
         "counters": s["counters"],  # this step's (bench reports a run's own)
         "traffic": _per_task(s["traffic"], before, s["tasks"]),
         # how long a GM's view still held a slot after its task ended (mean over the step)
-        "end_to_gm_s": round((ends["lag_us"] - ends0["lag_us"]) / 1e6 / max(ended, 1), 6),
+        "end_to_gm_s": round((ends["gm"]["lag_us"] - gm0["lag_us"]) / 1e6 / max(ended, 1), 6),
+        "end_path_ms": _end_segments(ends, ends0),
         "gc_since_start": _gc_by_role(s["services"]),
         "wall_s": round(time.time() - t, 1),
         # CPU per task, whatever else the machine does: 2 cores give 2,000 CPU-ms a second
@@ -383,7 +414,7 @@ def _steps(
     unless ``--no-ramp-stop``): the steps' rows and the floor."""
     where = Path(args.out).parent / "bench_live"
     rows: list[dict[str, Any]] = []
-    traffic: dict[str, dict[str, int]] = {}  # the counts after the previous step
+    traffic: dict[str, Any] = {}  # the counts after the previous step
     spaced = asyncio.run(_spaced_floor(cfg, home))
     # 50% load: 120 one-slot nodes, 0.5 s tasks -> capacity 240 tasks/s; offer 120/s.
     per_job = 4

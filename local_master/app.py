@@ -34,6 +34,7 @@ from common.messages import (
     CancelTasks,
     CheckWorkers,
     CommitGang,
+    EventKind,
     Heartbeat,
     KeepEnds,
     LaunchRequest,
@@ -41,6 +42,7 @@ from common.messages import (
     Refused,
     RegisterWorkers,
     ReleaseGang,
+    ReportKind,
     ReserveRequest,
     SnapshotRequest,
     StartTask,
@@ -59,7 +61,7 @@ from local_master.core import LocalMaster
 from runtime import broker as amqp
 from runtime import faults, h1
 from runtime.clock import steady
-from runtime.driver import Batcher, CoreDriver
+from runtime.driver import Batcher, CoreDriver, EndLag
 from runtime.election import UNREACHABLE_ERRORS, Election, Outcome
 from runtime.http import (
     Peer,
@@ -85,6 +87,8 @@ START_PATIENCE_S = 10.0
 """How long starts go on being sent to a pool that does not answer (then its nodes
 time out and their tasks go back)."""
 _RNG = random.Random()
+_ENDS = (EventKind.FINISHED, EventKind.FAILED)
+_REPORTED_ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 
 log = logging.getLogger("megha.lm")
 
@@ -138,6 +142,10 @@ class LmService:
             self.sup, self._publish_events, "task events", linger_s=cfg.linger_s,
             headroom=lambda: self.core.idle_nodes(),
         )  # fmt: skip
+        self.ends_got = EndLag()
+        """Ends as their reports are taken from the pool; ``ends_sent``, as their events
+        leave for the GM (benchmarks: where an end's way to its GM goes)."""
+        self.ends_sent = EndLag()
         self.active = False
         self.stepped_down = ""
         self.worker_errors = 0
@@ -350,6 +358,9 @@ class LmService:
         produced are on the broker first (an LM that dies right after loses nothing).
         A launch is answered once its starts left for the pool."""
         self._journal_out()
+        if type(msg) is WorkerReports:
+            ends = (r.at for r in msg.reports if r.kind in _REPORTED_ENDS)
+            self.ends_got.note(ends, self.driver.clock())
         if isinstance(msg, WorkerReports | RegisterWorkers) and self._event_tickets:
             await self.events.sent(dict(self._event_tickets))
         elif isinstance(msg, LaunchRequest):
@@ -389,6 +400,7 @@ class LmService:
 
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
         self._journal_out()
+        self.ends_sent.note((e.at for e in events if e.kind in _ENDS), self.driver.clock())
         body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
         mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
         assert self.sealer is not None
@@ -451,6 +463,7 @@ class LmService:
             "leader": self.election.page(),
             "worker_errors": self.worker_errors,
             "batches": {"to_pool": self.to_pool.traffic(), "events": self.events.traffic()},
+            "end_lag": {"lm_got": self.ends_got.as_dict(), "lm_sent": self.ends_sent.as_dict()},
             "background_failures": self.sup.failures,
         }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from common.effects import After, Effect, Reply
@@ -100,6 +100,27 @@ class Traffic:
 
     def as_dict(self) -> dict[str, int]:
         return {"messages": self.messages, "items": self.items}
+
+
+class EndLag:
+    """Task ends that passed a point of the completion path, and their summed lag there:
+    that point's clock minus the end on the worker (benchmarks: where an end's way to its
+    GM goes, segment by segment; ``common.metrics``' ``end_lag_s`` is the GM's own)."""
+
+    __slots__ = ("ends", "lag_s")
+
+    def __init__(self) -> None:
+        self.ends = 0
+        self.lag_s = 0.0
+
+    def note(self, ends: Iterable[float], now: float) -> None:
+        """``ends``: when each end passing now happened (the same clock as ``now``)."""
+        for at in ends:
+            self.ends += 1
+            self.lag_s += now - at
+
+    def as_dict(self) -> dict[str, float]:
+        return {"ends": self.ends, "lag_s": round(self.lag_s, 6)}
 
 
 class Batcher(Generic[K, T]):

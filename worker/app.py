@@ -29,6 +29,7 @@ from common.messages import (
     Registered,
     RegisterPool,
     RegisterWorkers,
+    ReportKind,
     ReportsTaken,
     StartTasks,
     StopTasks,
@@ -38,7 +39,7 @@ from common.messages import (
 )
 from common.reasons import RequestReason
 from runtime import faults, h1
-from runtime.driver import Batcher, CoreDriver
+from runtime.driver import Batcher, CoreDriver, EndLag
 from runtime.http import (
     MSGPACK,
     SERVICE_KEY,
@@ -64,6 +65,7 @@ REPORTS = Backoff(first_s=0.05, cap_s=2.0, deadline_s=None)
 LEASE_SHARE = 0.6
 """A pool's lease is this share of the LM's worker timeout: it stops its tasks before
 its LM declares its nodes dead and places them elsewhere."""
+_ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 """Reports are retried until the LM takes them: they are never dropped."""
 
 
@@ -104,6 +106,8 @@ class WorkerService:
             self.sup, self._send_reports, "reports to the LM", max_items=2000,
             linger_s=cfg.linger_s, headroom=lambda: self.core.idle_nodes(),
         )  # fmt: skip
+        self.ends_sent = EndLag()
+        """Ends as their reports leave for the LM (first try): the pool's own wait."""
         d = self.driver
         d.on(ToLm, self._report)
         d.on(Record, self._record)
@@ -186,6 +190,7 @@ class WorkerService:
         assert self.lm is not None
         self._journal_out()
         msg = WorkerReports(lm=self.core.lm, reports=tuple(reports))
+        self.ends_sent.note((r.at for r in reports if r.kind in _ENDS), self.driver.clock())
         while True:
             await self.registered.wait()
             try:
@@ -259,6 +264,7 @@ class WorkerService:
             "sandbox": self.sandbox.uids.gauges(),
             "reports_pending": self.reports.pending(),
             "batches": {"reports": self.reports.traffic()},
+            "end_lag": {"pool_sent": self.ends_sent.as_dict()},
             "at": time.time(),
         }
 
