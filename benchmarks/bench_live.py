@@ -136,16 +136,21 @@ def _io_of(pid: int) -> tuple[int, int, int]:
     return int(io.get("syscr", 0)), int(io.get("syscw", 0)), switches
 
 
-def _io_by_role(home: Path) -> dict[str, tuple[int, int, int]]:
-    """Read and write system calls and context switches so far, per role (as
-    ``_cpu_by_role``)."""
+def _pids_by_role(home: Path) -> dict[str, list[int]]:
+    """The processes of each role: GMs, LMs, worker pools, the broker and this client."""
     pids: defaultdict[str, list[int]] = defaultdict(list)
     for name, pid in service_pids(home).items():
         pids["workers" if name.endswith("-workers") else name.rstrip("0123456789")].append(pid)
     pids["broker"] = _broker_pids()
     pids["bench_client"] = [os.getpid()]
+    return pids
+
+
+def _io_by_role(home: Path) -> dict[str, tuple[int, int, int]]:
+    """Read and write system calls and context switches so far, per role (as
+    ``_cpu_by_role``)."""
     out = {}
-    for role, ps in pids.items():
+    for role, ps in _pids_by_role(home).items():
         got = [_io_of(p) for p in ps]
         out[role] = (sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got))
     return out
@@ -168,13 +173,8 @@ def _syscalls_per_task(
 def _cpu_by_role(home: Path) -> dict[str, tuple[float, float]]:
     """CPU seconds (user, system) used so far by the GMs, LMs, worker pools, broker and
     this client."""
-    pids: defaultdict[str, list[int]] = defaultdict(list)
-    for name, pid in service_pids(home).items():
-        pids["workers" if name.endswith("-workers") else name.rstrip("0123456789")].append(pid)
-    pids["broker"] = _broker_pids()
-    pids["bench_client"] = [os.getpid()]
     out = {}
-    for role, ps in pids.items():
+    for role, ps in _pids_by_role(home).items():
         times = [_cpu_s(p) for p in ps]
         out[role] = (sum(u for u, _ in times), sum(k for _, k in times))
     return out
