@@ -466,9 +466,8 @@ class JobQueues(UserQueues):
     def _spend(self, ask: Ask) -> None:
         self._spent = True
         take(self._room, ask.task.demand)
-        pool = self._pools.get(ask.job) if ask.job is not None else None
-        if pool is not None:  # (as ``_refund``: a job planned without a pool takes none)
-            take(pool, ask.task.demand)
+        if ask.job is not None:  # every ask of a plan has its job's pool (``_within_pools``)
+            take(self._pools[ask.job], ask.task.demand)
 
     def _refund(self, ask: Ask) -> None:
         give(self._room, ask.task.demand)
