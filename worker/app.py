@@ -20,7 +20,7 @@ from aiohttp import web
 
 from common import codec
 from common.config import STATE_ENV, FederationConfig
-from common.effects import KillCommand, Record, RunCommand, ToLm
+from common.effects import After, KillCommand, Record, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
 from common.messages import (
     CheckLease,
@@ -58,6 +58,7 @@ from security.identity import lm as lm_identity
 from security.sandbox import Sandbox, SandboxPolicy
 from worker.core import WorkerPool
 from worker.runner import Runner
+from worker.timers import DueTimers
 
 log = logging.getLogger("megha.worker")
 
@@ -67,6 +68,10 @@ LEASE_SHARE = 0.6
 its LM declares its nodes dead and places them elsewhere."""
 _ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 """Reports are retried until the LM takes them: they are never dropped."""
+TICK_SHARE = 0.2
+"""Synthetic tasks' ends due within this share of ``linger_s`` share one loop timer
+(``worker.timers``): 10 ms by default, a fifth of what a busy pool's reports wait for
+their batch anyway; ``linger_s`` 0, a timer each."""
 
 
 class WorkerService:
@@ -108,7 +113,15 @@ class WorkerService:
         )  # fmt: skip
         self.ends_sent = EndLag()
         """Ends as their reports leave for the LM (first try): the pool's own wait."""
+        self.timers = DueTimers(self.driver.feed, TICK_SHARE * cfg.linger_s)
+        """Synthetic tasks' ends: one loop timer per tick for all due in it, and those
+        due by the time a start comes or the reports leave, then."""
+        self._joining: list[WorkerReport] | None = None
+        """Reports of ends fed as a batch of reports leaves: they join it."""
+        self.joined = 0
+        """Reports that joined a batch as it left (``_send_reports``)."""
         d = self.driver
+        d.on(After, self.timers.after)
         d.on(ToLm, self._report)
         d.on(Record, self._record)
         d.on(RunCommand, self.runner.run)
@@ -149,7 +162,10 @@ class WorkerService:
     def _report(self, eff: ToLm) -> None:
         msg = eff.msg
         if type(msg) is WorkerReport:  # (every task's end: checked first)
-            self.reports.add("lm", msg)
+            if self._joining is not None:
+                self._joining.append(msg)
+            else:
+                self.reports.add("lm", msg)
         elif isinstance(msg, RegisterWorkers):
             self.sup.spawn(self._register(msg), "registration with the LM")
         else:
@@ -186,8 +202,22 @@ class WorkerService:
             self.registered.clear()
             self.driver.feed(RegisterPool())
 
+    def _ends_due(self) -> list[WorkerReport]:
+        """Feed the ends due by now whose tick has not come yet: their reports."""
+        self._joining = []
+        try:
+            self.timers.run_due()
+        finally:
+            joining, self._joining = self._joining, None
+        return joining
+
     async def _send_reports(self, _: str, reports: list[WorkerReport]) -> None:
         assert self.lm is not None
+        if len(reports) < self.reports.max_items:  # ends due by now go with them
+            joining = self._ends_due()
+            if joining:
+                reports = reports + joining
+                self.joined += len(joining)
         self._journal_out()
         msg = WorkerReports(lm=self.core.lm, reports=tuple(reports))
         self.ends_sent.note((r.at for r in reports if r.kind in _ENDS), self.driver.clock())
@@ -250,8 +280,19 @@ class WorkerService:
 
     async def durable(self, msg: object) -> None:
         """Only the journal's records to write: a pool's answers carry nothing its LM
-        keeps for it."""
+        keeps for it.  (Awake for a start or a stop: the ends due by now are fed.)"""
+        self.timers.run_due()
         self._journal_out()
+
+    def _timer_page(self) -> dict[str, float]:
+        """Loop timers armed for ends so far, ends waiting for theirs, the tick."""
+        t = self.timers
+        return {"armed": t.timers, "waiting": t.pending(), "tick_s": t.tick_s}
+
+    def _report_traffic(self) -> dict[str, int]:
+        """Report posts and the reports they carried (those that joined one too)."""
+        traffic = self.reports.traffic()
+        return {**traffic, "items": traffic["items"] + self.joined}
 
     def state_page(self) -> dict[str, Any]:
         return {
@@ -263,7 +304,8 @@ class WorkerService:
             "counters": self.counters(),
             "sandbox": self.sandbox.uids.gauges(),
             "reports_pending": self.reports.pending(),
-            "batches": {"reports": self.reports.traffic()},
+            "timers": self._timer_page(),
+            "batches": {"reports": self._report_traffic()},
             "end_lag": {"pool_sent": self.ends_sent.as_dict()},
             "at": time.time(),
         }

@@ -1,0 +1,126 @@
+"""A worker pool's task timers: one loop timer per tick for every end due in it.
+
+The core asks for a timer per synthetic task (``After(duration, TaskDue)``).  A loop
+timer each, at 1,000 tasks/s over three pools, woke each pool about once per task end:
+the loop's wake-up, the end handled with the caches cold, a journal write of its own,
+for one end at a time (``benchmarks/bench_pool_service.py``).  Here the ends due within
+the same tick of ``tick_s`` share one loop timer, at the tick's end: they are fed one
+after the other in one loop turn, so one wake-up and one journal write serve them all.
+
+The pool is awake anyway when a start comes or its reports leave: ``run_due`` feeds
+then whatever is due by now (a tick it empties loses its timer), so an end due before
+its reports' batch leaves goes with that batch, as it did with a timer of its own.
+
+A task ends at most ``tick_s`` after its duration, never before it (it holds its
+resources at least that long); ends fed together go in the order they were asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+from collections.abc import Callable
+
+from common.effects import After
+
+log = logging.getLogger("megha.worker.timers")
+
+
+class _Tick:
+    __slots__ = ("due", "handle")
+
+    def __init__(self) -> None:
+        self.due: list[tuple[float, object]] = []
+        """(when it is due, the message), loop time."""
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class DueTimers:
+    """``After`` effects carried out by ticks of ``tick_s`` (0: a loop timer each)."""
+
+    def __init__(self, feed: Callable[[object], object], tick_s: float) -> None:
+        if not tick_s >= 0:
+            raise ValueError("tick_s must be >= 0")
+        self.feed = feed
+        self.tick_s = tick_s
+        self._ticks: dict[int, _Tick] = {}
+        """Messages waiting, by tick (tick ``k`` ends at ``k * tick_s``, loop time)."""
+        self._order: list[int] = []
+        """The ticks waiting, a heap (a tick fired or emptied stays until popped)."""
+        self.timers = 0
+        """Loop timers armed so far."""
+        self.fed = 0
+        """Messages fed so far."""
+
+    def after(self, eff: After) -> None:
+        loop = asyncio.get_running_loop()
+        if self.tick_s <= 0:
+            self.timers += 1
+            loop.call_later(eff.delay, self._fire_one, eff.msg)
+            return
+        due = loop.time() + max(eff.delay, 0.0)
+        k = math.ceil(due / self.tick_s)
+        tick = self._ticks.get(k)
+        if tick is None:
+            tick = self._ticks[k] = _Tick()
+            tick.handle = loop.call_at(k * self.tick_s, self._fire, k)
+            heapq.heappush(self._order, k)
+            self.timers += 1
+        tick.due.append((due, eff.msg))
+
+    def pending(self) -> int:
+        """Messages waiting for their time."""
+        return sum(len(t.due) for t in self._ticks.values())
+
+    def run_due(self) -> int:
+        """Feed now every message due by now (before its tick's timer); how many."""
+        if not self._order:
+            return 0
+        now = asyncio.get_running_loop().time()
+        order, ticks = self._order, self._ticks
+        fed = 0
+        while order and (order[0] - 1) * self.tick_s < now:  # the tick has begun
+            k = order[0]
+            tick = ticks.get(k)
+            if tick is None:  # fired already
+                heapq.heappop(order)
+                continue
+            if k * self.tick_s <= now:  # all of it is due
+                heapq.heappop(order)
+                del ticks[k]
+                if tick.handle is not None:
+                    tick.handle.cancel()
+                fed += self._feed_all(tick.due)
+                continue
+            ready = [d for d in tick.due if d[0] <= now]
+            if ready:
+                tick.due = [d for d in tick.due if d[0] > now]
+                fed += self._feed_all(ready)
+                if not tick.due:
+                    heapq.heappop(order)
+                    del ticks[k]
+                    if tick.handle is not None:
+                        tick.handle.cancel()
+            break  # the ticks after it have not begun
+        return fed
+
+    def _fire_one(self, msg: object) -> None:
+        self.fed += 1
+        self.feed(msg)
+
+    def _fire(self, k: int) -> None:
+        tick = self._ticks.pop(k, None)
+        if tick is not None:
+            self._feed_all(tick.due)
+
+    def _feed_all(self, due: list[tuple[float, object]]) -> int:
+        self.fed += len(due)
+        feed = self.feed
+        for _, msg in due:
+            try:
+                feed(msg)
+            except Exception:  # as the loop does with a timer's: logged, the others go on
+                log.exception("timer message %s failed", type(msg).__name__)
+        return len(due)
