@@ -69,9 +69,11 @@ its LM declares its nodes dead and places them elsewhere."""
 _ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
 """Reports are retried until the LM takes them: they are never dropped."""
 TICK_SHARE = 0.2
-"""Synthetic tasks' ends due within this share of ``linger_s`` share one loop timer
-(``worker.timers``): 10 ms by default, a fifth of what a busy pool's reports wait for
-their batch anyway; ``linger_s`` 0, a timer each."""
+"""Synthetic tasks' ends due within a tick of this share of ``linger_s`` share one loop
+timer, a tick after the tick's end (``worker.timers``): 10 ms by default, a fifth of
+what a busy pool's reports wait for their batch anyway.  An end is fed at the pool's
+first wake-up after it is due (a start, a stop, its reports leaving or answered), 20 ms
+after it at the latest; ``linger_s`` 0: a timer each, as before."""
 
 
 class WorkerService:
@@ -113,7 +115,8 @@ class WorkerService:
         )  # fmt: skip
         self.ends_sent = EndLag()
         """Ends as their reports leave for the LM (first try): the pool's own wait."""
-        self.timers = DueTimers(self.driver.feed, TICK_SHARE * cfg.linger_s)
+        tick = TICK_SHARE * cfg.linger_s
+        self.timers = DueTimers(self.driver.feed, tick, grace_s=tick)
         """Synthetic tasks' ends: one loop timer per tick for all due in it, and those
         due by the time a start comes or the reports leave, then."""
         self._joining: list[WorkerReport] | None = None
@@ -230,6 +233,7 @@ class WorkerService:
                 # (a pool back from a cut takes starts again without waiting a heartbeat)
                 self.driver.feed(LeaseRenewed(sent=sent))
                 self.driver.feed(ReportsTaken(reports=msg.reports))
+                self.timers.run_due()  # awake: the ends due by now, journaled with it
                 return
             except PeerRefused as exc:
                 if exc.reason == RequestReason.REGISTER_FIRST:

@@ -62,6 +62,30 @@ def test_ends_due_in_one_tick_share_one_loop_timer_and_none_comes_early() -> Non
         assert at >= due - 1e-3  # (the loop's clock has a millisecond's grain)
 
 
+def test_a_tick_s_timer_comes_its_grace_late_and_a_wake_up_before_feeds_it() -> None:
+    async def run() -> tuple[list[Any], list[Any], int, list[Any]]:
+        loop = asyncio.get_running_loop()
+        fed: list[tuple[float, Any]] = []
+        timers = DueTimers(_fed_at(fed, loop), tick_s=0.01, grace_s=1.0)
+        timers.after(After(0.0, _due(0)))
+        timers.after(After(0.0, _due(1)))
+        await asyncio.sleep(0.05)  # due, and its tick over: its timer not come yet
+        before = [m.task_id for _, m in fed]
+        n = timers.run_due()  # a wake-up: both fed, the timer cancelled
+        woke = [m.task_id for _, m in fed]
+        timers.after(After(0.0, _due(2)))  # no wake-up comes: the timer does
+        await asyncio.sleep(0.05)
+        not_yet = [m.task_id for _, m in fed]
+        await asyncio.sleep(1.2)
+        return before, woke, n, [not_yet, [m.task_id for _, m in fed]]
+
+    before, woke, n, (not_yet, last) = asyncio.run(run())
+    assert before == []
+    assert (woke, n) == (["t0", "t1"], 2)
+    assert not_yet == ["t0", "t1"]
+    assert last == ["t0", "t1", "t2"]
+
+
 def test_a_tick_of_zero_arms_a_timer_each() -> None:
     async def run() -> tuple[DueTimers, list[tuple[float, Any]]]:
         loop = asyncio.get_running_loop()
@@ -121,20 +145,24 @@ def test_a_failing_message_does_not_keep_the_others_of_its_tick() -> None:
 def test_a_negative_tick_is_refused() -> None:
     with pytest.raises(ValueError, match="tick_s"):
         DueTimers(lambda m: None, tick_s=-1.0)
+    with pytest.raises(ValueError, match="grace_s"):
+        DueTimers(lambda m: None, tick_s=1.0, grace_s=-1.0)
 
 
 # ------------------------------------------------------------ the pool service
 class _Lm:
-    """The pool's LM, answering at once: what each post carried."""
+    """The pool's LM, answering at once (or after ``wait_s``): what each post carried."""
 
     def __init__(self) -> None:
         self.reports: list[list[WorkerReport]] = []
+        self.wait_s = 0.0
 
     async def post(self, path: str, msg: Any, *, expect: Any = None, policy: Any = None) -> Any:
         if path == "/v1/register":
             return Registered(lm=LmId("lm0"), epoch=1)
         if path == "/v1/worker-report":
             self.reports.append(list(msg.reports))
+            await asyncio.sleep(self.wait_s)
             return WorkerReports(lm=LmId("lm0"), reports=())
         return None
 
@@ -167,7 +195,7 @@ def test_the_pool_s_ends_of_one_tick_share_a_timer() -> None:
         svc, _ = await _pool(linger_s=0.05)
         svc.driver.feed(_starts([0.003, 0.004, 0.005, 0.006]))
         armed = svc.timers.timers
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.15)  # (its tick, its grace: 20 ms at most)
         finished = svc.core.counters.finished
         await svc.close()
         return armed, svc.timers.tick_s, finished
@@ -183,7 +211,8 @@ def test_ends_due_as_the_reports_leave_go_with_them() -> None:
     come: one post, not one now and one at the tick."""
 
     async def run() -> tuple[list[list[str]], int]:
-        svc, lm = await _pool(linger_s=1.0)  # a tick of 0.2 s
+        svc, lm = await _pool(linger_s=1.0)
+        svc.timers.tick_s = 1e9  # no tick comes within the test
         svc.driver.feed(_starts([0.0, 0.01, 5.0]))  # t0, t1 soon; t2 much later
         await asyncio.sleep(0.03)  # due, their tick to come
         assert svc.core.counters.finished == 0
@@ -200,7 +229,8 @@ def test_ends_due_as_the_reports_leave_go_with_them() -> None:
 
 def test_a_start_feeds_the_ends_due_by_then() -> None:
     async def run() -> int:
-        svc, _ = await _pool(linger_s=1.0)  # a tick of 0.2 s
+        svc, _ = await _pool(linger_s=1.0)
+        svc.timers.tick_s = 1e9  # no tick comes within the test
         svc.driver.feed(_starts([0.0]))
         await asyncio.sleep(0.01)
         msg = _starts([1.0], name="s")
@@ -212,3 +242,18 @@ def test_a_start_feeds_the_ends_due_by_then() -> None:
         return finished
 
     assert asyncio.run(run()) == 1
+
+
+def test_ends_due_as_the_lm_answers_reports_are_fed_then() -> None:
+    async def run() -> tuple[int, int, int]:
+        svc, lm = await _pool(linger_s=1.0)
+        svc.timers.tick_s = 1e9  # no tick comes within the test
+        lm.wait_s = 0.05
+        svc.driver.feed(_starts([0.01]))  # due while the reports are on their way
+        await svc._send_reports("lm", [])
+        got = (svc.core.counters.finished, svc.reports.pending(), len(lm.reports))
+        await asyncio.sleep(0.01)  # its report leaves
+        await svc.close()
+        return got
+
+    assert asyncio.run(run()) == (1, 1, 1)  # fed as the answer came; to leave next
