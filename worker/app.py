@@ -16,9 +16,9 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
-from common import codec
 from common.config import STATE_ENV, FederationConfig
 from common.effects import After, KillCommand, Record, RunCommand, ToLm
 from common.ids import LmId, NodeIndex
@@ -318,6 +318,22 @@ class WorkerService:
 LAUNCH_FIELDS = ("what", "user", "task_id", "attempt", "node", "at")
 
 
+class LaunchRow(msgspec.Struct, frozen=True):
+    """A row of the launch log as the msgpack page carries it: a map of
+    ``LAUNCH_FIELDS``, encoded by msgspec.  (Each row a dict, packed by msgpack, was
+    ~7 us per row: two rows per task, the benchmark polls every pool every 2 s.)"""
+
+    what: str
+    user: str
+    task_id: str
+    attempt: int
+    node: int
+    at: float
+
+
+_PAGE = msgspec.msgpack.Encoder()
+
+
 async def launches_handler(request: web.Request) -> web.Response:
     """The pool's latest starts, ends and stops (operators; the fault suite):
     ``?after=N`` for the rows numbered above N; ``next`` is the cursor for the next
@@ -334,16 +350,18 @@ async def launches_handler(request: web.Request) -> web.Response:
         detail = "after: an integer >= 0"
         return web.json_response({"error": "bad_query", "detail": detail}, status=400)
     rows, missed = svc.core.launches_after(after)
-    page = {
+    page: dict[str, Any] = {
         "lm": svc.core.lm,
-        "launches": [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in rows],
+        "launches": None,
         "next": svc.core.launch_seq,
         "missed": missed,
         "incarnation": svc.incarnation,
         "at": svc.driver.clock(),  # the clock its rows' times are on
     }
     if request.headers.get("Accept") == MSGPACK:  # the bench polls it while it measures
-        return web.Response(body=codec.pack_plain(page), content_type=MSGPACK)
+        page["launches"] = [LaunchRow(*row) for row in rows]
+        return web.Response(body=_PAGE.encode(page), content_type=MSGPACK)
+    page["launches"] = [dict(zip(LAUNCH_FIELDS, row, strict=True)) for row in rows]
     return web.json_response(page)
 
 
