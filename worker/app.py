@@ -275,8 +275,12 @@ class WorkerService:
     def refusal(self) -> Refused | None:
         """Starts and stops wait until the LM has answered this pool's registration
         (503: the LM sends them again).  A start taken before would run behind the
-        registration's back: the LM, told nothing runs here, would run it again."""
+        registration's back: the LM, told nothing runs here, would run it again.
+
+        Asked right before a start or a stop is fed: the ends due by now are fed first
+        (``worker.timers``), so a stop finds ended what ended before it came."""
         if self.registered.is_set():
+            self.timers.run_due()
             return None
         return Refused(
             reason=RequestReason.NOT_READY, detail=f"{self.ident()} awaits its LM's registration"
@@ -284,8 +288,7 @@ class WorkerService:
 
     async def durable(self, msg: object) -> None:
         """Only the journal's records to write: a pool's answers carry nothing its LM
-        keeps for it.  (Awake for a start or a stop: the ends due by now are fed.)"""
-        self.timers.run_due()
+        keeps for it."""
         self._journal_out()
 
     def _timer_page(self) -> dict[str, float]:

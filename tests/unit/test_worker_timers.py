@@ -15,8 +15,11 @@ from common.effects import After
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
     Registered,
+    ReportKind,
     StartTask,
     StartTasks,
+    StopTask,
+    StopTasks,
     TaskDue,
     WorkerReport,
     WorkerReports,
@@ -227,15 +230,16 @@ def test_ends_due_as_the_reports_leave_go_with_them() -> None:
     assert joined == 2
 
 
-def test_a_start_feeds_the_ends_due_by_then() -> None:
+def test_a_start_feeds_the_ends_due_by_then_first() -> None:
     async def run() -> int:
         svc, _ = await _pool(linger_s=1.0)
         svc.timers.tick_s = 1e9  # no tick comes within the test
         svc.driver.feed(_starts([0.0]))
         await asyncio.sleep(0.01)
         msg = _starts([1.0], name="s")
+        assert svc.refusal() is None  # (as the service's routes ask before the feed)
+        assert svc.core.counters.finished == 1
         svc.driver.feed(msg)
-        await svc.durable(msg)  # (as the service's routes do after the feed)
         finished = svc.core.counters.finished
         await asyncio.sleep(0.01)  # its report leaves
         await svc.close()
@@ -257,3 +261,27 @@ def test_ends_due_as_the_lm_answers_reports_are_fed_then() -> None:
         return got
 
     assert asyncio.run(run()) == (1, 1, 1)  # fed as the answer came; to leave next
+
+
+def test_a_stop_after_a_task_s_end_finds_it_ended() -> None:
+    """Its end is due but its tick to come: the stop does not make it STOPPED."""
+
+    async def run() -> tuple[list[ReportKind], int]:
+        svc, _ = await _pool(linger_s=1.0)
+        svc.timers.tick_s = 1e9  # no tick comes within the test
+        svc.driver.feed(_starts([0.0]))
+        await asyncio.sleep(0.01)
+        stop = StopTasks(lm=LmId("lm0"), epoch=1, tasks=(
+            StopTask(user=UserId("u"), task_id=TaskId("t0"), attempt=1, node=NodeIndex(0),
+                     gm=GmId("gm0")),
+        ))  # fmt: skip
+        assert svc.refusal() is None  # (as the service's routes ask before the feed)
+        answer = svc.driver.feed(stop)
+        assert isinstance(answer, WorkerReports)
+        await asyncio.sleep(0.01)  # its report leaves
+        await svc.close()
+        return [r.kind for r in answer.reports], svc.core.counters.finished
+
+    kinds, finished = asyncio.run(run())
+    assert finished == 1
+    assert kinds == [ReportKind.STOPPED]  # confirmed: it runs here no more (it ended)
