@@ -10,13 +10,16 @@ in the same process (no sockets: each post is encoded, then answered at once):
 
 * starts arrive as an LM sends them: every ``--every-ms`` a ``StartTasks`` of
   ``rate * every`` synthetic tasks (decoded, fed, made durable, the answer encoded,
-  as ``runtime.http``'s lean lane does), each of an exponential duration of mean
-  ``--mean-ms`` (bench_live's ramp: 20 ms), for ``--seconds``;
+  as ``runtime.http``'s lean lane does, its ``refusal`` asked first), each of an
+  exponential duration of mean ``--mean-ms`` (bench_live's ramp: 20 ms), for
+  ``--seconds``;
 * the pool's reports, heartbeats and registration go to the stand-in.
 
 Per arm: CPU time (``time.process_time``) per task, voluntary context switches per
 task (the loop's wake-ups), journal writes per task and report posts per task (each
-a signed request live; that cost is not here).  Median over rounds; ratio new/old.
+a signed request live; that cost is not here), and how late the pool fed its tasks'
+ends on average (``end_late_ms``: ``worker.timers``; 0 for a tree that had a loop
+timer per task).  Median over rounds; ratio new/old.
 
     python benchmarks/bench_pool_service.py --against /work/wt/base --rounds 5
 
@@ -113,6 +116,7 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
                                        gm=GmId("gm0"), queued_at=0.0))  # fmt: skip
             body = codec.encode(StartTasks(lm=lm, epoch=1, tasks=tuple(tasks), sent=-1.0))
             msg = codec.decode(body, expect=StartTasks)
+            svc.refusal()  # as the routes ask before they feed
             answer = svc.driver.feed(msg)
             await svc.durable(msg)
             codec.encode(answer)
@@ -132,6 +136,7 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
     await asyncio.sleep(0.5)
     gc.collect()
     posts0, items0 = dict(stand_in.posts), stand_in.items
+    late0 = _late(svc)
     done0 = finished()
     writes0 = svc.state.writes if svc.state is not None else 0
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -141,6 +146,7 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
     await asyncio.sleep(0.2)  # the last reports leave
     cpu = time.process_time() - cpu0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    late = _late(svc)
     writes = (svc.state.writes if svc.state is not None else 0) - writes0
     reports = stand_in.posts.get("/v1/worker-report", 0) - posts0.get("/v1/worker-report", 0)
     await svc.close()
@@ -152,7 +158,17 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
         "journal_writes_per_task": round(writes / n, 3),
         "report_posts_per_task": round(reports / n, 4),
         "reports_per_post": round((stand_in.items - items0) / max(reports, 1), 2),
+        "end_late_ms": round(1e3 * (late[0] - late0[0]) / max(late[1] - late0[1], 1), 3),
     }
+
+
+def _late(svc: Any) -> tuple[float, int]:
+    """How late the pool's timers fed what they fed, in all, and how many (a tree
+    without ``worker.timers``: the loop's timers, on time)."""
+    timers = getattr(svc, "timers", None)
+    if timers is None:
+        return 0.0, 0
+    return float(timers.late_s), int(timers.fed)
 
 
 def _arm(args: argparse.Namespace) -> int:

@@ -292,9 +292,11 @@ class WorkerService:
         self._journal_out()
 
     def _timer_page(self) -> dict[str, float]:
-        """Loop timers armed for ends so far, ends waiting for theirs, the tick."""
+        """Loop timers armed for ends so far, ends waiting for theirs, the tick and its
+        grace, ends fed and how late they were in all."""
         t = self.timers
-        return {"armed": t.timers, "waiting": t.pending(), "tick_s": t.tick_s}
+        return {"armed": t.timers, "waiting": t.pending(), "tick_s": t.tick_s,
+                "grace_s": t.grace_s, "fed": t.fed, "late_s": round(t.late_s, 6)}  # fmt: skip
 
     def _report_traffic(self) -> dict[str, int]:
         """Report posts and the reports they carried (those that joined one too)."""

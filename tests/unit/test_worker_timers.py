@@ -285,3 +285,16 @@ def test_a_stop_after_a_task_s_end_finds_it_ended() -> None:
     kinds, finished = asyncio.run(run())
     assert finished == 1
     assert kinds == [ReportKind.STOPPED]  # confirmed: it runs here no more (it ended)
+
+
+def test_how_late_the_messages_were_fed_is_summed() -> None:
+    async def run() -> DueTimers:
+        timers = DueTimers(lambda m: None, tick_s=10.0)
+        timers.after(After(0.0, _due(0)))
+        await asyncio.sleep(0.03)
+        timers.run_due()
+        return timers
+
+    timers = asyncio.run(run())
+    assert timers.fed == 1
+    assert 0.02 <= timers.late_s < 10.0
