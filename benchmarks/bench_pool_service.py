@@ -17,8 +17,9 @@ in the same process (no sockets: each post is encoded, then answered at once):
 
 Per arm: CPU time (``time.process_time``) per task, voluntary context switches per
 task (the loop's wake-ups), journal writes per task and report posts per task (each
-a signed request live; that cost is not here), and how late the pool fed its tasks'
-ends on average (``end_late_ms``: ``worker.timers``; 0 for a tree that had a loop
+a signed request live; that cost is not here), the mean wait from a task's end as it
+was due to its report leaving (``report_wait_ms``: what its LM waits to hear of it),
+and how late the pool fed its tasks' ends on average (``end_late_ms``: ``worker.timers``; 0 for a tree that had a loop
 timer per task).  Median over rounds; ratio new/old.
 
     python benchmarks/bench_pool_service.py --against /work/wt/base --rounds 5
@@ -52,10 +53,15 @@ N_NODES = 40  # one LM's share of bench_live's 120 nodes
 class _LmStandIn:
     """The pool's LM without sockets: every post encoded, answered at once, counted."""
 
-    def __init__(self, lm: Any) -> None:
+    def __init__(self, lm: Any, clock: Any) -> None:
         self.lm = lm
+        self.clock = clock
         self.posts: dict[str, int] = {}
         self.items = 0
+        self.due: dict[str, float] = {}
+        """Each task's end as it was due (the pool's clock), by task id."""
+        self.waited = [0.0, 0]
+        """From each end's due instant until its report left, summed; how many."""
 
     async def post(self, path: str, msg: Any, *, expect: Any = None, policy: Any = None) -> Any:
         from common import codec
@@ -68,6 +74,12 @@ class _LmStandIn:
             return Registered(lm=self.lm, epoch=1)
         if path == "/v1/worker-report":
             self.items += len(msg.reports)
+            now = self.clock()
+            for r in msg.reports:
+                due = self.due.pop(r.task_id, None)
+                if due is not None:
+                    self.waited[0] += now - due
+                    self.waited[1] += 1
             return WorkerReports(lm=self.lm, reports=())
         return None
 
@@ -91,7 +103,7 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
     lm = LmId(cfg.lm_ids[0])
     svc = WorkerService(cfg, lm, Access(workers(lm), cfg, secret))
     await svc.open()
-    stand_in = _LmStandIn(lm)
+    stand_in = _LmStandIn(lm, svc.driver.clock)
     svc.lm = stand_in  # type: ignore[assignment]  # before the registration runs
     await asyncio.wait_for(svc.registered.wait(), 5.0)
     rng = random.Random(7)
@@ -117,6 +129,9 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
             body = codec.encode(StartTasks(lm=lm, epoch=1, tasks=tuple(tasks), sent=-1.0))
             msg = codec.decode(body, expect=StartTasks)
             svc.refusal()  # as the routes ask before they feed
+            now = svc.driver.clock()
+            for t in tasks:
+                stand_in.due[t.spec.task_id] = now + t.spec.duration
             answer = svc.driver.feed(msg)
             await svc.durable(msg)
             codec.encode(answer)
@@ -137,6 +152,7 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
     gc.collect()
     posts0, items0 = dict(stand_in.posts), stand_in.items
     late0 = _late(svc)
+    waited0 = list(stand_in.waited)
     done0 = finished()
     writes0 = svc.state.writes if svc.state is not None else 0
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -158,6 +174,9 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
         "journal_writes_per_task": round(writes / n, 3),
         "report_posts_per_task": round(reports / n, 4),
         "reports_per_post": round((stand_in.items - items0) / max(reports, 1), 2),
+        "report_wait_ms": round(
+            1e3 * (stand_in.waited[0] - waited0[0]) / max(stand_in.waited[1] - waited0[1], 1), 3
+        ),
         "end_late_ms": round(1e3 * (late[0] - late0[0]) / max(late[1] - late0[1], 1), 3),
     }
 

@@ -73,7 +73,8 @@ TICK_SHARE = 0.2
 timer, a tick after the tick's end (``worker.timers``): 10 ms by default, a fifth of
 what a busy pool's reports wait for their batch anyway.  An end is fed at the pool's
 first wake-up after it is due (a start, a stop, its reports leaving or answered), 20 ms
-after it at the latest; ``linger_s`` 0: a timer each, as before."""
+after it at the latest.  A quiet pool (less than an end a tick), or ``linger_s`` 0: a
+timer each, as before."""
 
 
 class WorkerService:
@@ -296,7 +297,8 @@ class WorkerService:
         grace, ends fed and how late they were in all."""
         t = self.timers
         return {"armed": t.timers, "waiting": t.pending(), "tick_s": t.tick_s,
-                "grace_s": t.grace_s, "fed": t.fed, "late_s": round(t.late_s, 6)}  # fmt: skip
+                "grace_s": t.grace_s, "asked_per_s": round(t.rate, 3), "fed": t.fed,
+                "late_s": round(t.late_s, 6)}  # fmt: skip
 
     def _report_traffic(self) -> dict[str, int]:
         """Report posts and the reports they carried (those that joined one too)."""

@@ -15,7 +15,8 @@ wake-ups the pool has anyway, many in one turn, with one journal write.
 
 A task ends at most ``tick_s + grace_s`` after its duration, never before it (it holds
 its resources at least that long); ends fed together go in the order they were asked
-for within a tick.
+for within a tick.  A quiet pool (fewer ends than one a tick) keeps a loop timer per
+end: alone in its tick, an end would only wait, and its report leaves at once.
 """
 
 from __future__ import annotations
@@ -40,11 +41,26 @@ class _Tick:
         self.handle: asyncio.TimerHandle | None = None
 
 
+RATE_WINDOW_S = 1.0
+"""Timers asked for are counted over windows this long (the rate that says busy)."""
+
+
 class DueTimers:
-    """``After`` effects carried out by ticks of ``tick_s`` (0: a loop timer each)."""
+    """``After`` effects carried out by ticks of ``tick_s`` while busy, a loop timer
+    each otherwise (``tick_s`` 0: always).
+
+    Busy: the timers asked for over the latest window came at ``busy_per_tick`` or more
+    per tick.  A quiet pool's end gains nothing by waiting for others (it would be
+    alone in its tick) and its report leaves at once, not with a batch: it keeps a
+    timer of its own, on time."""
 
     def __init__(
-        self, feed: Callable[[object], object], tick_s: float, grace_s: float = 0.0
+        self,
+        feed: Callable[[object], object],
+        tick_s: float,
+        grace_s: float = 0.0,
+        *,
+        busy_per_tick: float = 1.0,
     ) -> None:
         if not tick_s >= 0 or not grace_s >= 0:
             raise ValueError("tick_s and grace_s must be >= 0")
@@ -53,6 +69,11 @@ class DueTimers:
         self.grace_s = grace_s if tick_s > 0 else 0.0
         """How long after its tick's end a tick's timer comes: the wake-ups in between
         (``run_due``) feed what is due first."""
+        self.busy_per_tick = busy_per_tick
+        self.rate = 0.0
+        """Timers asked for per second over the latest whole window."""
+        self._window = (-math.inf, 0)
+        """The current window: when it began (loop time), timers asked for in it."""
         self._ticks: dict[int, _Tick] = {}
         """Messages waiting, by tick (tick ``k`` ends at ``k * tick_s``, loop time)."""
         self._order: list[int] = []
@@ -67,11 +88,18 @@ class DueTimers:
 
     def after(self, eff: After) -> None:
         loop = asyncio.get_running_loop()
-        if self.tick_s <= 0:
+        now = loop.time()
+        began, asked = self._window
+        if now - began >= RATE_WINDOW_S:
+            if asked:  # (the first window: nothing asked before it, its rate unknown)
+                self.rate = asked / (now - began)
+            began, asked = now, 0
+        self._window = (began, asked + 1)
+        if self.tick_s <= 0 or self.rate * self.tick_s < self.busy_per_tick:
             self.timers += 1
             loop.call_later(eff.delay, self._fire_one, eff.msg)
             return
-        due = loop.time() + max(eff.delay, 0.0)
+        due = now + max(eff.delay, 0.0)
         k = math.ceil(due / self.tick_s)
         tick = self._ticks.get(k)
         if tick is None:

@@ -46,7 +46,7 @@ def test_ends_due_in_one_tick_share_one_loop_timer_and_none_comes_early() -> Non
     async def run() -> tuple[DueTimers, list[tuple[float, Any]], list[float]]:
         loop = asyncio.get_running_loop()
         fed: list[tuple[float, Any]] = []
-        timers = DueTimers(_fed_at(fed, loop), tick_s=0.05)
+        timers = DueTimers(_fed_at(fed, loop), tick_s=0.05, busy_per_tick=0)
         asked = loop.time()
         delays = [0.001, 0.004, 0.002, 0.003]
         # the same tick unless a tick's end falls within 5 ms from now: then two
@@ -69,7 +69,7 @@ def test_a_tick_s_timer_comes_its_grace_late_and_a_wake_up_before_feeds_it() -> 
     async def run() -> tuple[list[Any], list[Any], int, list[Any]]:
         loop = asyncio.get_running_loop()
         fed: list[tuple[float, Any]] = []
-        timers = DueTimers(_fed_at(fed, loop), tick_s=0.01, grace_s=1.0)
+        timers = DueTimers(_fed_at(fed, loop), tick_s=0.01, grace_s=1.0, busy_per_tick=0)
         timers.after(After(0.0, _due(0)))
         timers.after(After(0.0, _due(1)))
         await asyncio.sleep(0.05)  # due, and its tick over: its timer not come yet
@@ -87,6 +87,28 @@ def test_a_tick_s_timer_comes_its_grace_late_and_a_wake_up_before_feeds_it() -> 
     assert (woke, n) == (["t0", "t1"], 2)
     assert not_yet == ["t0", "t1"]
     assert last == ["t0", "t1", "t2"]
+
+
+def test_a_quiet_pool_s_ends_keep_a_timer_each_a_busy_one_s_share_them() -> None:
+    async def run() -> tuple[int, int, float]:
+        loop = asyncio.get_running_loop()
+        fed: list[tuple[float, Any]] = []
+        timers = DueTimers(_fed_at(fed, loop), tick_s=0.05, busy_per_tick=2.0)
+        for i in range(3):  # the first window: its rate unknown, quiet
+            timers.after(After(0.001, _due(i)))
+        quiet = timers.timers
+        timers._window = (loop.time() - 1.0, 120)  # 120 asked in the last second:
+        for i in range(3, 7):  # 6 per tick, busy
+            timers.after(After(0.001, _due(i)))
+        busy = timers.timers - quiet
+        await asyncio.sleep(0.15)
+        assert len(fed) == 7
+        return quiet, busy, timers.rate
+
+    quiet, busy, rate = asyncio.run(run())
+    assert quiet == 3
+    assert busy <= 2
+    assert rate == pytest.approx(120.0, rel=0.05)
 
 
 def test_a_tick_of_zero_arms_a_timer_each() -> None:
@@ -108,7 +130,7 @@ def test_run_due_feeds_what_is_due_and_an_emptied_tick_fires_no_more() -> None:
     async def run() -> tuple[int, int, list[Any], list[Any], list[Any]]:
         loop = asyncio.get_running_loop()
         fed: list[tuple[float, Any]] = []
-        timers = DueTimers(_fed_at(fed, loop), tick_s=10.0)  # its timer would come late
+        timers = DueTimers(_fed_at(fed, loop), tick_s=10.0, busy_per_tick=0)  # comes late
         timers.after(After(0.0, _due(0)))
         timers.after(After(0.02, _due(1)))
         timers.after(After(30.0, _due(2)))  # a later tick
@@ -136,7 +158,7 @@ def test_a_failing_message_does_not_keep_the_others_of_its_tick() -> None:
                 raise RuntimeError("boom")
             got.append(msg.task_id)
 
-        timers = DueTimers(feed, tick_s=0.01)
+        timers = DueTimers(feed, tick_s=0.01, busy_per_tick=0)
         for i in range(3):
             timers.after(After(0.0, _due(i)))
         await asyncio.sleep(0.05)
@@ -196,6 +218,7 @@ async def _pool(linger_s: float) -> tuple[WorkerService, _Lm]:
 def test_the_pool_s_ends_of_one_tick_share_a_timer() -> None:
     async def run() -> tuple[int, float, int]:
         svc, _ = await _pool(linger_s=0.05)
+        svc.timers.busy_per_tick = 0  # (as busy)
         svc.driver.feed(_starts([0.003, 0.004, 0.005, 0.006]))
         armed = svc.timers.timers
         await asyncio.sleep(0.15)  # (its tick, its grace: 20 ms at most)
@@ -216,6 +239,7 @@ def test_ends_due_as_the_reports_leave_go_with_them() -> None:
     async def run() -> tuple[list[list[str]], int]:
         svc, lm = await _pool(linger_s=1.0)
         svc.timers.tick_s = 1e9  # no tick comes within the test
+        svc.timers.busy_per_tick = 0  # (as busy)
         svc.driver.feed(_starts([0.0, 0.01, 5.0]))  # t0, t1 soon; t2 much later
         await asyncio.sleep(0.03)  # due, their tick to come
         assert svc.core.counters.finished == 0
@@ -234,6 +258,7 @@ def test_a_start_feeds_the_ends_due_by_then_first() -> None:
     async def run() -> int:
         svc, _ = await _pool(linger_s=1.0)
         svc.timers.tick_s = 1e9  # no tick comes within the test
+        svc.timers.busy_per_tick = 0  # (as busy)
         svc.driver.feed(_starts([0.0]))
         await asyncio.sleep(0.01)
         msg = _starts([1.0], name="s")
@@ -252,6 +277,7 @@ def test_ends_due_as_the_lm_answers_reports_are_fed_then() -> None:
     async def run() -> tuple[int, int, int]:
         svc, lm = await _pool(linger_s=1.0)
         svc.timers.tick_s = 1e9  # no tick comes within the test
+        svc.timers.busy_per_tick = 0  # (as busy)
         lm.wait_s = 0.05
         svc.driver.feed(_starts([0.01]))  # due while the reports are on their way
         await svc._send_reports("lm", [])
@@ -269,6 +295,7 @@ def test_a_stop_after_a_task_s_end_finds_it_ended() -> None:
     async def run() -> tuple[list[ReportKind], int]:
         svc, _ = await _pool(linger_s=1.0)
         svc.timers.tick_s = 1e9  # no tick comes within the test
+        svc.timers.busy_per_tick = 0  # (as busy)
         svc.driver.feed(_starts([0.0]))
         await asyncio.sleep(0.01)
         stop = StopTasks(lm=LmId("lm0"), epoch=1, tasks=(
@@ -289,7 +316,7 @@ def test_a_stop_after_a_task_s_end_finds_it_ended() -> None:
 
 def test_how_late_the_messages_were_fed_is_summed() -> None:
     async def run() -> DueTimers:
-        timers = DueTimers(lambda m: None, tick_s=10.0)
+        timers = DueTimers(lambda m: None, tick_s=10.0, busy_per_tick=0)
         timers.after(After(0.0, _due(0)))
         await asyncio.sleep(0.03)
         timers.run_due()
