@@ -84,14 +84,12 @@ class _LmStandIn:
         return None
 
 
-async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
+async def _open_pool(state: str) -> tuple[Any, _LmStandIn]:
+    """The tree's pool service, open and registered with its stand-in LM."""
     from dataclasses import replace
 
-    from common import codec
     from common.config import STATE_ENV, FederationConfig
-    from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
-    from common.messages import StartTask, StartTasks
-    from common.model import TaskSpec
+    from common.ids import LmId
     from security.access import Access
     from security.identity import workers
     from security.secret import Secret
@@ -106,78 +104,96 @@ async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
     stand_in = _LmStandIn(lm, svc.driver.clock)
     svc.lm = stand_in  # type: ignore[assignment]  # before the registration runs
     await asyncio.wait_for(svc.registered.wait(), 5.0)
-    rng = random.Random(7)
-    every: float = args.every_ms / 1e3
-    rate: float = args.rate
-    per_batch = max(1, round(rate * every))
-    batches = int(args.seconds / every)
-    seq = 0
+    return svc, stand_in
 
-    async def load(n_batches: int) -> int:
-        nonlocal seq
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for b in range(n_batches):
-            tasks = []
-            for _ in range(per_batch):
-                seq += 1
-                spec = TaskSpec(task_id=TaskId(f"t{seq}"), job_id=JobId(f"j{seq // 10}"),
-                                user=UserId("u0"), demand=(1, 1),
-                                duration=rng.expovariate(1e3 / args.mean_ms))  # fmt: skip
-                tasks.append(StartTask(spec=spec, attempt=1, node=NodeIndex(seq % N_NODES),
-                                       gm=GmId("gm0"), queued_at=0.0))  # fmt: skip
-            body = codec.encode(StartTasks(lm=lm, epoch=1, tasks=tuple(tasks), sent=-1.0))
-            msg = codec.decode(body, expect=StartTasks)
+
+class _Load:
+    """Starts as an LM sends them, paced: ``per_batch`` tasks every ``every`` s."""
+
+    def __init__(self, svc: Any, stand_in: _LmStandIn, args: argparse.Namespace) -> None:
+        self.svc, self.stand_in = svc, stand_in
+        self.every: float = args.every_ms / 1e3
+        rate: float = args.rate
+        self.per_batch = max(1, round(rate * self.every))
+        self.mean_s: float = args.mean_ms / 1e3
+        self.rng = random.Random(7)
+        self.seq = 0
+
+    def _starts(self) -> Any:
+        from common.ids import GmId, JobId, NodeIndex, TaskId, UserId
+        from common.messages import StartTask, StartTasks
+        from common.model import TaskSpec
+
+        tasks = []
+        for _ in range(self.per_batch):
+            self.seq += 1
+            seq = self.seq
+            spec = TaskSpec(task_id=TaskId(f"t{seq}"), job_id=JobId(f"j{seq // 10}"),
+                            user=UserId("u0"), demand=(1, 1),
+                            duration=self.rng.expovariate(1 / self.mean_s))  # fmt: skip
+            tasks.append(StartTask(spec=spec, attempt=1, node=NodeIndex(seq % N_NODES),
+                                   gm=GmId("gm0"), queued_at=0.0))  # fmt: skip
+        return StartTasks(lm=self.svc.core.lm, epoch=1, tasks=tuple(tasks), sent=-1.0)
+
+    async def run(self, seconds: float) -> int:
+        """Send starts for ``seconds``; how many tasks."""
+        from common import codec
+        from common.messages import StartTasks
+
+        svc, loop = self.svc, asyncio.get_running_loop()
+        t0, batches = loop.time(), int(seconds / self.every)
+        for b in range(batches):
+            msg = codec.decode(codec.encode(self._starts()), expect=StartTasks)
             svc.refusal()  # as the routes ask before they feed
             now = svc.driver.clock()
-            for t in tasks:
-                stand_in.due[t.spec.task_id] = now + t.spec.duration
+            for t in msg.tasks:
+                self.stand_in.due[t.spec.task_id] = now + t.spec.duration
             answer = svc.driver.feed(msg)
             await svc.durable(msg)
             codec.encode(answer)
-            wait = t0 + (b + 1) * every - loop.time()
+            wait = t0 + (b + 1) * self.every - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-        return n_batches * per_batch
+        return int(batches * self.per_batch)
 
-    def finished() -> int:
-        return int(svc.core.counters.finished)
 
-    async def all_done(n: int) -> None:
-        while finished() - done0 < n:  # noqa: ASYNC110  (the pool's own counter)
-            await asyncio.sleep(0.01)
+def _counts(svc: Any, stand_in: _LmStandIn) -> dict[str, float]:
+    """What the figures are differences of."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    late, fed = _late(svc)
+    return {
+        "cpu": time.process_time(), "user": ru.ru_utime, "sys": ru.ru_stime,
+        "switches": ru.ru_nvcsw, "finished": svc.core.counters.finished,
+        "writes": svc.state.writes if svc.state is not None else 0,
+        "posts": stand_in.posts.get("/v1/worker-report", 0), "items": stand_in.items,
+        "waited": stand_in.waited[0], "heard": stand_in.waited[1], "late": late, "fed": fed,
+    }  # fmt: skip
 
-    await load(int(0.5 / every))  # warm
+
+async def _run(args: argparse.Namespace, state: str) -> dict[str, Any]:
+    svc, stand_in = await _open_pool(state)
+    load = _Load(svc, stand_in, args)
+    await load.run(0.5)  # warm
     await asyncio.sleep(0.5)
     gc.collect()
-    posts0, items0 = dict(stand_in.posts), stand_in.items
-    late0 = _late(svc)
-    waited0 = list(stand_in.waited)
-    done0 = finished()
-    writes0 = svc.state.writes if svc.state is not None else 0
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu0 = time.process_time()
-    n = await load(batches)
-    await all_done(n)
+    c0 = _counts(svc, stand_in)
+    n = await load.run(args.seconds)
+    while svc.core.counters.finished - c0["finished"] < n:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)  # the last reports leave
-    cpu = time.process_time() - cpu0
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    late = _late(svc)
-    writes = (svc.state.writes if svc.state is not None else 0) - writes0
-    reports = stand_in.posts.get("/v1/worker-report", 0) - posts0.get("/v1/worker-report", 0)
+    c1 = _counts(svc, stand_in)
     await svc.close()
+    d = {k: c1[k] - c0[k] for k in c0}
     return {
-        "us_per_task": round(1e6 * cpu / n, 2),
-        "user_us_per_task": round(1e6 * (ru1.ru_utime - ru0.ru_utime) / n, 2),
-        "sys_us_per_task": round(1e6 * (ru1.ru_stime - ru0.ru_stime) / n, 2),
-        "wakeups_per_task": round((ru1.ru_nvcsw - ru0.ru_nvcsw) / n, 3),
-        "journal_writes_per_task": round(writes / n, 3),
-        "report_posts_per_task": round(reports / n, 4),
-        "reports_per_post": round((stand_in.items - items0) / max(reports, 1), 2),
-        "report_wait_ms": round(
-            1e3 * (stand_in.waited[0] - waited0[0]) / max(stand_in.waited[1] - waited0[1], 1), 3
-        ),
-        "end_late_ms": round(1e3 * (late[0] - late0[0]) / max(late[1] - late0[1], 1), 3),
+        "us_per_task": round(1e6 * d["cpu"] / n, 2),
+        "user_us_per_task": round(1e6 * d["user"] / n, 2),
+        "sys_us_per_task": round(1e6 * d["sys"] / n, 2),
+        "wakeups_per_task": round(d["switches"] / n, 3),
+        "journal_writes_per_task": round(d["writes"] / n, 3),
+        "report_posts_per_task": round(d["posts"] / n, 4),
+        "reports_per_post": round(d["items"] / max(d["posts"], 1), 2),
+        "report_wait_ms": round(1e3 * d["waited"] / max(d["heard"], 1), 3),
+        "end_late_ms": round(1e3 * d["late"] / max(d["fed"], 1), 3),
     }
 
 

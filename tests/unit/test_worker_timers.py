@@ -5,6 +5,7 @@ the time the pool's reports leave go with them."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -47,9 +48,10 @@ def test_ends_due_in_one_tick_share_one_loop_timer_and_none_comes_early() -> Non
         loop = asyncio.get_running_loop()
         fed: list[tuple[float, Any]] = []
         timers = DueTimers(_fed_at(fed, loop), tick_s=0.05, busy_per_tick=0)
+        # just after a tick began: all four are due within it (the loop's grain: 1 ms)
+        await asyncio.sleep(math.ceil(loop.time() / 0.05) * 0.05 - loop.time() + 0.002)
         asked = loop.time()
         delays = [0.001, 0.004, 0.002, 0.003]
-        # the same tick unless a tick's end falls within 5 ms from now: then two
         for i, d in enumerate(delays):
             timers.after(After(d, _due(i)))
         dues = [asked + d for d in delays]
@@ -58,7 +60,7 @@ def test_ends_due_in_one_tick_share_one_loop_timer_and_none_comes_early() -> Non
 
     timers, fed, dues = asyncio.run(run())
     assert [m.task_id for _, m in fed] == ["t0", "t1", "t2", "t3"]  # in the order asked
-    assert timers.timers <= 2
+    assert timers.timers <= 2  # one, unless the loop came late to the tick
     assert timers.fed == 4
     assert timers.pending() == 0
     for (at, _), due in zip(fed, dues, strict=True):
