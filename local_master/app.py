@@ -139,9 +139,13 @@ class LmService:
         )
         self._event_tickets: dict[GmId, int] = {}
         self.events: Batcher[GmId, TaskEvent] = Batcher(
-            self.sup, self._publish_events, "task events", linger_s=cfg.linger_s,
-            headroom=lambda: self.core.idle_nodes(),
-        )  # fmt: skip
+            self.sup, self._publish_events, "task events"
+        )
+        """Events leave in the loop turn that made them, never lingering: nearly all
+        come of a pool's report, which the LM answers once they are on the broker, and
+        the pool sends its next report only after that answer -- one report's events can
+        never meet the next one's, so a linger would only add a timer wake-up per GM and
+        hold up the report's answer, and the slots its ends freed, for nothing."""
         self.ends_got = EndLag()
         """Ends as their reports are taken from the pool; ``ends_sent``, as their events
         leave for the GM (benchmarks: where an end's way to its GM goes)."""
