@@ -83,6 +83,8 @@ from security.tokens import TokenStore
 
 ONE_TRY = Backoff(deadline_s=0.0)
 RETRIES = Backoff()
+USERS_EVERY_S = 1.0
+"""How often the users file is looked at (``megha user add`` while running)."""
 START_PATIENCE_S = 10.0
 """How long starts go on being sent to a pool that does not answer (then its nodes
 time out and their tasks go back)."""
@@ -139,9 +141,13 @@ class LmService:
         )
         self._event_tickets: dict[GmId, int] = {}
         self.events: Batcher[GmId, TaskEvent] = Batcher(
-            self.sup, self._publish_events, "task events", linger_s=cfg.linger_s,
-            headroom=lambda: self.core.idle_nodes(),
-        )  # fmt: skip
+            self.sup, self._publish_events, "task events"
+        )
+        """Events leave in the loop turn that made them, never lingering: nearly all
+        come of a pool's report, which the LM answers once they are on the broker, and
+        the pool sends its next report only after that answer -- one report's events can
+        never meet the next one's, so a linger would only add a timer wake-up per GM and
+        hold up the report's answer, and the slots its ends freed, for nothing."""
         self.ends_got = EndLag()
         """Ends as their reports are taken from the pool; ``ends_sent``, as their events
         leave for the GM (benchmarks: where an end's way to its GM goes)."""
@@ -179,11 +185,39 @@ class LmService:
             self.owners.clear()
             self.owners.update(owners)
 
+    def _reload_users(self) -> None:
+        if self.users is not None and self.users.reload_if_changed():
+            self._read_owners()
+
     async def _watch_users(self) -> None:
+        """The users file every second (with a ``heartbeat_s`` over a second: ``_tick``
+        looks at it each heartbeat otherwise, in the same wake-up)."""
         while True:
-            await asyncio.sleep(1.0)
-            if self.users is not None and self.users.reload_if_changed():
-                self._read_owners()
+            await asyncio.sleep(USERS_EVERY_S)
+            self._reload_users()
+
+    def _periodic(self) -> None:
+        """Start what this process does every so often, standby or active."""
+        if self.cfg.heartbeat_s > USERS_EVERY_S:
+            self.sup.run_forever(self._watch_users(), "users file")
+        self.sup.run_forever(self._tick(), "users file, heartbeat and liveness")
+
+    async def _tick(self) -> None:
+        """Every ``heartbeat_s``, one wake-up for all that is periodic here: the users
+        file, then (active) the state update to the GMs (``Heartbeat``) and the pool's
+        liveness (``CheckWorkers``) in that order, as their two timers fired before.  An
+        idle LM woke for each of the three every second."""
+        check = CheckWorkers(
+            timeout=self.cfg.worker_timeout_s, lost_after=self.cfg.node_lost_after_s
+        )
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            self._reload_users()
+            if not self.active:
+                continue
+            steady.observe()  # a step of the wall clock shows on the state page
+            self.driver.feed(Heartbeat())
+            self.driver.feed(check)
 
     async def open(self) -> None:
         await self.sup.__aenter__()
@@ -197,7 +231,7 @@ class LmService:
             policy=policy,
             max_answer=self.cfg.max_body,
         )
-        self.sup.run_forever(self._watch_users(), "users file")
+        self._periodic()
         await self.broker.open()
         self.broker.on_disconnect = self._broker_lost
         if self.cfg.lm_standby:
@@ -244,13 +278,7 @@ class LmService:
         d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
         d.on(ToGm, self._event_to_gm)
         d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
-        # no node is alive before the worker pool registers what it runs
-        d.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
-        check = CheckWorkers(
-            timeout=self.cfg.worker_timeout_s, lost_after=self.cfg.node_lost_after_s
-        )
-        d.every(self.cfg.heartbeat_s, lambda: check, "liveness")
-        self.active = True
+        self.active = True  # from now on ``_tick`` feeds its heartbeats and checks
         log.info("%s active, epoch %d", self.lm, epoch)
 
     async def _take_journal(self) -> list[object]:
