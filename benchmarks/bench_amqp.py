@@ -142,14 +142,16 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
                 msg = make(body, message_id=f"m{i}", headers=headers)
                 await b.publish("events", key, msg, mandatory=mandatory)
 
+        n = args.n if args.burst else 0
         c0, k0, t0 = _cpu(), _beam_cpu(beam), time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(args.n)))
+        await asyncio.gather(*(one(i) for i in range(n)))
         c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
-        out["publish"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle)
+        if n:
+            out["publish"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle)
 
         done = asyncio.Event()
         seen = [0]
-        want = [args.n]
+        want = [n]
 
         async def handler(msg: Any) -> None:
             assert msg.body == body
@@ -162,9 +164,10 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
         q = await amqp.open_queue(b.sub, cfg.gm_events_queue("gm0"))
         c0, k0, t0 = _cpu(), _beam_cpu(beam), time.perf_counter()
         await b.consume(q, handler)
-        await asyncio.wait_for(done.wait(), 120)
-        c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
-        out["consume"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle)
+        if n:
+            await asyncio.wait_for(done.wait(), 120)
+            c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
+            out["consume"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle)
 
         if args.rate > 0:  # the live shape: sparse publishes, each delivered at once
             done.clear()
@@ -217,6 +220,7 @@ def _run_arm(tree: str, args: argparse.Namespace, extra: list[str]) -> dict[str,
         "--queue-version", str(args.queue_version),
         *(["--transient"] if args.transient else []),
         *(["--no-mandatory"] if args.no_mandatory else []),
+        *([] if args.burst else ["--no-burst"]),
         *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": tree}
@@ -240,6 +244,12 @@ def main() -> int:
     ap.add_argument("--prefetch", type=int, default=200)
     ap.add_argument("--transient", action="store_true", help="publish transient messages")
     ap.add_argument("--no-mandatory", action="store_true", help="publish without mandatory")
+    ap.add_argument(
+        "--no-burst",
+        dest="burst",
+        action="store_false",
+        help="skip the publish and consume phases (with --rate: the paced phase only)",
+    )
     ap.add_argument("--headers", choices=("seal", "none"), default="seal")
     ap.add_argument("--queue-version", type=int, default=0, help="x-queue-version (0: unset)")
     ap.add_argument(
@@ -273,7 +283,8 @@ def main() -> int:
             arms[which].append(row)
             print(which, json.dumps(row), flush=True)
     summary: dict[str, Any] = {}
-    for phase in ("publish", "consume", *(["pipe"] if args.rate > 0 else [])):
+    phases = [*(["publish", "consume"] if args.burst else []), *(["pipe"] if args.rate > 0 else [])]
+    for phase in phases:
         summary[phase] = {}
         keys = ("client_us_per_msg", "broker_us_per_msg", "broker_net_us_per_msg", "msgs_per_s")
         for key in keys:
