@@ -88,6 +88,16 @@ def _beam_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _syscalls(pid: int | str) -> int:
+    """Read-class plus write-class system calls so far of process ``pid`` (sockets,
+    files; ``/proc/PID/io``), 0 where the kernel does not say."""
+    try:
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    except (OSError, ValueError):
+        return 0
+    return int(io.get("syscr", 0)) + int(io.get("syscw", 0))
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -143,11 +153,11 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
                 await b.publish("events", key, msg, mandatory=mandatory)
 
         n = args.n if args.burst else 0
-        c0, k0, t0 = _cpu(), _beam_cpu(beam), time.perf_counter()
+        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
         await asyncio.gather(*(one(i) for i in range(n)))
-        c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
+        c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
         if n:
-            out["publish"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle)
+            out["publish"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
 
         done = asyncio.Event()
         seen = [0]
@@ -162,19 +172,19 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
 
         assert b.sub is not None
         q = await amqp.open_queue(b.sub, cfg.gm_events_queue("gm0"))
-        c0, k0, t0 = _cpu(), _beam_cpu(beam), time.perf_counter()
+        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
         await b.consume(q, handler)
         if n:
             await asyncio.wait_for(done.wait(), 120)
-            c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
-            out["consume"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle)
+            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+            out["consume"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
 
         if args.rate > 0:  # the live shape: sparse publishes, each delivered at once
             done.clear()
             seen[0], want[0] = 0, args.n
             loop = asyncio.get_running_loop()
             tasks = []
-            c0, k0, t0 = _cpu(), _beam_cpu(beam), time.perf_counter()
+            c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
             start = loop.time()
             for i in range(args.n):
                 delay = start + i / args.rate - loop.time()
@@ -184,16 +194,30 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
                 tasks.append(loop.create_task(b.publish("events", key, msg, mandatory=mandatory)))
             await asyncio.gather(*tasks)
             await asyncio.wait_for(done.wait(), 120)
-            c1, k1, t1 = _cpu(), _beam_cpu(beam), time.perf_counter()
-            out["pipe"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle)
+            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+            out["pipe"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
     finally:
         await b.close()
         await amqp.delete_topology(cfg, cfg.broker_url)
     return out
 
 
-def _figures(n: int, cpu: float, beam: float, wall: float, idle: float) -> dict[str, float]:
+def _sys_pair(beam: int) -> tuple[int, int]:
+    return _syscalls("self"), _syscalls(beam)
+
+
+def _figures(
+    n: int,
+    cpu: float,
+    beam: float,
+    wall: float,
+    idle: float,
+    s0: tuple[int, int],
+    s1: tuple[int, int],
+) -> dict[str, float]:
     return {
+        "client_syscalls_per_msg": round((s1[0] - s0[0]) / n, 2),
+        "broker_syscalls_per_msg": round((s1[1] - s0[1]) / n, 2),
         "client_us_per_msg": round(1e6 * cpu / n, 2),
         "broker_us_per_msg": round(1e6 * beam / n, 2),
         "broker_net_us_per_msg": round(1e6 * (beam - idle * wall) / n, 2),
@@ -286,7 +310,14 @@ def main() -> int:
     phases = [*(["publish", "consume"] if args.burst else []), *(["pipe"] if args.rate > 0 else [])]
     for phase in phases:
         summary[phase] = {}
-        keys = ("client_us_per_msg", "broker_us_per_msg", "broker_net_us_per_msg", "msgs_per_s")
+        keys = (
+            "client_us_per_msg",
+            "broker_us_per_msg",
+            "broker_net_us_per_msg",
+            "client_syscalls_per_msg",
+            "broker_syscalls_per_msg",
+            "msgs_per_s",
+        )
         for key in keys:
             o, n = _median(arms["old"], phase, key), _median(arms["new"], phase, key)
             summary[phase][key] = {
