@@ -24,8 +24,16 @@ over the cluster, so losing one node loses no job, event or outcome.
 
 The hot path skips aio-pika's per-message objects (issue 35): a consumer gets a
 ``Delivery`` straight from aiormq's channel, and its acks go out once per turn of the
-event loop, the lowest ones as one ``multiple`` ack (``_Acks``); a publish is aiormq's
-``basic_publish`` of an ``Outgoing`` whose ``Properties`` are made once.  pamqp's generic
+event loop, the lowest ones as one ``multiple`` ack (``_Acks``).  A publish of an
+``Outgoing`` (its ``Properties`` made once) is marshalled here, method, header and body
+frames in one ``bytes`` (``publish_frames``), and written straight to the socket when
+nothing waits in aiormq's write queue (``_write``; acks too); its confirm is registered
+in aiormq's channel as aiormq's ``basic_publish`` registers it (``_send_publish``), and
+a confirm that finds the channel's frame queue empty settles its publishes in the
+connection's reader (``_ConfirmFrames``): no channel lock, drain future, writer task or
+channel reader task per publish.  Whenever the order of delivery tags could suffer
+(another publish holds the channel's lock, the write queue is full), aiormq's own
+``basic_publish`` publishes.  Messages stay persistent and confirmed.  pamqp's generic
 readers and writers are bypassed only for the shapes this federation sends (a delivery,
 a confirm, a header table of strings, integers and booleans), to the same bytes and
 values; anything else goes through pamqp.  A frame already whole in the socket's buffer
@@ -489,77 +497,6 @@ def _take_confirms_at_once(ch: Any) -> None:
         frames: Any = ch.frames
         frames.__class__ = _ConfirmFrames
         frames.megha_channel = ch
-
-
-class _DeliveryFrames(asyncio.Queue):  # type: ignore[type-arg]
-    """The frame queue of a consumer channel (``_take_deliveries_at_once``): a delivery
-    whose method frame finds it empty is put together here, in aiormq's connection
-    reader, from its header and body frames as they come (a channel's content frames
-    follow its method frame, nothing between), and its consumer's task started, as
-    aiormq's ``_on_deliver_frame`` does in the channel's reader task (one hop and three
-    queued frames per delivery); anything else, and a delivery behind other frames,
-    is queued.  A frame that does not belong to the delivery in hand sends it, as it
-    came, to the channel's reader (which refuses it as aiormq does)."""
-
-    megha_channel: Any
-    megha_held: list[Any]
-    """The delivery in hand: its method frame, then its header and body frames."""
-    megha_size: int
-
-    def put_nowait(self, item: Any) -> None:
-        frame = item[1]
-        held = self.megha_held
-        if not held:
-            if type(frame) is Basic.Deliver and self.empty():
-                held.append(frame)
-                self.megha_size = 0
-                return
-            super().put_nowait(item)
-            return
-        if len(held) == 1:
-            if not isinstance(frame, amqp_header.ContentHeader):
-                self._give_back(item)
-                return
-        elif isinstance(frame, amqp_body.ContentBody):
-            self.megha_size += len(frame.value)
-        else:
-            self._give_back(item)
-            return
-        held.append(frame)
-        header = held[1]
-        if self.megha_size < header.body_size:
-            return
-        self.megha_held = []
-        deliver = held[0]
-        body = held[2].value if len(held) == 3 else b"".join(f.value for f in held[2:])
-        ch = self.megha_channel
-        message = DeliveredMessage(delivery=deliver, header=header, body=body, channel=ch)
-        if deliver.consumer_tag is None:
-            log.warning("Frame %r has no consumer tag", deliver)
-            return
-        consumer = ch.consumers.get(deliver.consumer_tag)
-        if consumer is not None:
-            task = ch.create_task(consumer(message))
-            task.add_done_callback(ch._on_consumer_done)
-
-    def _give_back(self, item: Any) -> None:
-        """The frames in hand, then ``item``, to the channel's reader, past the queue's
-        bound (it was empty when they came, and they came in its stead)."""
-        held, self.megha_held = self.megha_held, []
-        for x in [*((0, frame) for frame in held), item]:
-            self._put(x)
-            self._unfinished_tasks += 1  # type: ignore[attr-defined]
-        self._finished.clear()  # type: ignore[attr-defined]
-        self._wakeup_next(self._getters)  # type: ignore[attr-defined]
-
-
-def _take_deliveries_at_once(ch: Any) -> None:
-    """Consumer channel ``ch``'s deliveries start their consumers from the connection's
-    reader (``_DeliveryFrames``).  The queue object stays the one its reader awaits."""
-    if type(ch.frames) is asyncio.Queue:
-        frames: Any = ch.frames
-        frames.__class__ = _DeliveryFrames
-        frames.megha_channel, frames.megha_held, frames.megha_size = ch, [], 0
 
 
 def _forget(ch: Any, tag: int, message_id: str) -> None:
@@ -1220,7 +1157,6 @@ class Broker:
         each, no ``aio_pika.IncomingMessage``); guarded (``guarded``), nothing a handler
         raises loops forever."""
         ch = await queue.channel.get_underlay_channel()
-        _take_deliveries_at_once(ch)
         acks = None if no_ack else self._acks_of(ch)
         take = self.guarded(queue.name, handler, no_ack=no_ack) if guard else handler
 

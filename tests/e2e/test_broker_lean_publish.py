@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import replace
+from typing import Any
 
 import aiormq.exceptions
 import pytest
@@ -37,7 +38,8 @@ async def round_trip(cfg: FederationConfig) -> tuple[dict[str, bytes], dict[str,
         key = names.gm_event_key("gm0", "lm0")
         sizes = [0, 1, 600, 131_072 - 8, 131_072 - 7, 300_000]
         sent = {f"m{i}": bytes([i % 256]) * sizes[i % len(sizes)] for i in range(120)}
-        raw = await b.pub.get_underlay_channel()  # type: ignore[union-attr]
+        assert b.pub is not None
+        raw: Any = await b.pub.get_underlay_channel()
 
         async def one(mid: str) -> None:
             if mid == "m7":  # aiormq's own publish, on the same channel, meanwhile

@@ -2,8 +2,7 @@
 connection): the bytes it writes are aiormq's, its confirms are settled by aiormq's
 own bookkeeping (acks, ``multiple`` acks, nacks, returns, a channel closing), it gives
 way to aiormq's ``basic_publish`` whenever the order of delivery tags could suffer, and
-frames go straight to the socket only when nothing waits before them.  A consumer
-channel's deliveries start their consumers as aiormq's reader would."""
+frames go straight to the socket only when nothing waits before them."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 
 import aiormq.exceptions
 import pytest
-from aiormq.abc import ChannelFrame, DeliveredMessage
+from aiormq.abc import ChannelFrame
 from aiormq.base import Base
 from aiormq.channel import Channel
 from pamqp import body as amqp_body
@@ -59,13 +58,10 @@ class Connection(Base):
         return "fake"
 
 
-def channel(writer: Writer | None = None, *, consumer: bool = False) -> Channel:
-    """A publisher channel (confirms settled by ``runtime.broker``) or a consumer one."""
-    ch = Channel(Connection(writer), 3, publisher_confirms=not consumer)  # type: ignore[arg-type]
-    if consumer:
-        broker._take_deliveries_at_once(ch)
-    else:
-        broker._take_confirms_at_once(ch)
+def channel(writer: Writer | None = None) -> Channel:
+    """A publisher channel, its confirms settled by ``runtime.broker``."""
+    ch = Channel(Connection(writer), 3, publisher_confirms=True)  # type: ignore[arg-type]
+    broker._take_confirms_at_once(ch)
     return ch
 
 
@@ -228,79 +224,5 @@ def test_acks_go_straight_to_the_socket_too() -> None:
         await asyncio.sleep(0)
         assert [(type(f), f.delivery_tag) for f in frames_of(writer.data[0])] == [(Basic.Ack, 1)]
         await ch.close()
-
-    asyncio.run(run())
-
-
-def _delivery(tag: int, body: bytes) -> list[Any]:
-    props = Properties(broker.MSGPACK, {"x-megha-seq": tag}, 2, f"m{tag}")
-    chunks = [body[i : i + 100] for i in range(0, len(body), 100)]
-    return [
-        Basic.Deliver("ctag", tag, False, "megha.events", "gm.gm0.lm0"),
-        header.ContentHeader(body_size=len(body), properties=props),
-        *(amqp_body.ContentBody(c) for c in chunks),
-    ]
-
-
-@pytest.mark.parametrize("size", [0, 5, 250])
-def test_a_delivery_starts_its_consumer_from_the_connection_reader(size: int) -> None:
-    async def run() -> None:
-        ch = channel(consumer=True)
-        got: list[DeliveredMessage] = []
-
-        async def consumer(message: DeliveredMessage) -> None:
-            got.append(message)
-
-        ch.consumers["ctag"] = consumer
-        body = bytes(range(size % 256)) * (size // 256) + b"q" * (size % 256)
-        for f in _delivery(1, body):
-            ch.frames.put_nowait((0, f))
-        assert ch.frames.empty()
-        await asyncio.sleep(0)
-        assert len(got) == 1
-        assert got[0].body == body
-        assert got[0].delivery.delivery_tag == 1
-        assert got[0].header.properties.message_id == "m1"
-        assert got[0].channel is ch
-        await ch.close()
-
-    asyncio.run(run())
-
-
-def test_a_delivery_behind_other_frames_goes_through_aiormq_reader() -> None:
-    async def run() -> None:
-        ch = channel(consumer=True)
-        got: list[bytes] = []
-
-        async def consumer(message: DeliveredMessage) -> None:
-            got.append(message.body)
-
-        ch.consumers["ctag"] = consumer
-        for f in [*_delivery(1, b"one"), *_delivery(2, b"two")]:
-            await ch.frames.put((0, f))
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert got == [b"one", b"two"]
-        ch.frames.put_nowait((0, Basic.Cancel("other")))
-        for f in _delivery(3, b"three"):  # behind the cancel: aiormq's reader reads it
-            ch.frames.put_nowait((0, f))
-        assert ch.frames.qsize() == 4
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert got == [b"one", b"two", b"three"]
-        await ch.close()
-
-    asyncio.run(run())
-
-
-def test_a_frame_out_of_place_in_a_delivery_gives_the_frames_back_in_order() -> None:
-    async def run() -> None:
-        ch = Channel(Connection(), 4, publisher_confirms=False, frame_buffer=2)  # type: ignore[arg-type]
-        broker._take_deliveries_at_once(ch)
-        deliver, head, _ = _delivery(1, b"abc")
-        stray = Basic.Ack(delivery_tag=1)
-        for f in (deliver, head, stray):  # past the queue's bound of 2: none is lost
-            ch.frames.put_nowait((0, f))
-        assert [ch.frames.get_nowait()[1] for _ in range(3)] == [deliver, head, stray]
 
     asyncio.run(run())
