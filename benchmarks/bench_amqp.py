@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -46,22 +48,54 @@ SEAL: dict[str, str | int] = {
 """A header table of the size and shape of a sealed message's (~300 bytes)."""
 
 
-def _beam_cpu() -> float:
-    """The CPU seconds so far of the shared RabbitMQ node's ``beam.smp`` (0 if not
-    found)."""
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on TCP ``port`` (``/proc/net/tcp*``)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    out.add(f[9])
+    return out
+
+
+def _beam_pid(port: int) -> int:
+    """The ``beam.smp`` of the RabbitMQ node listening on ``port`` (0 if none is found):
+    the node the bench talks to, not another one on this machine."""
+    inodes = _listening_inodes(port)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip() != "beam.smp":
                 continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fds = os.listdir(f"/proc/{pid}/fd")
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds}
         except OSError:
             continue
-        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-        if "/var/lib/rabbitmq" in argv and "-hidden" not in argv:  # the node, not a CLI
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return 0.0
+        if any(f"socket:[{i}]" in links for i in inodes):
+            return int(pid)
+    return 0
+
+
+def _beam_cpu(pid: int) -> float:
+    """The CPU seconds so far (user + system) of the ``beam.smp`` ``pid`` (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _syscalls(pid: int | str) -> int:
+    """Read-class plus write-class system calls so far of process ``pid`` (sockets,
+    files; ``/proc/PID/io``), 0 where the kernel does not say."""
+    try:
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    except (OSError, ValueError):
+        return 0
+    return int(io.get("syscr", 0)) + int(io.get("syscw", 0))
 
 
 def _cpu() -> float:
@@ -69,61 +103,124 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _with_queue_version(topology: Any, version: int) -> Any:
+    """``security.broker_acl.topology`` with every queue declared as classic queue
+    version ``version`` (``x-queue-version``): what that version costs the broker."""
+    from dataclasses import replace
+
+    def topo(layout: Any) -> Any:
+        t = topology(layout)
+        qs = tuple(
+            replace(q, arguments=(*q.arguments, ("x-queue-version", version))) for q in t.queues
+        )
+        return replace(t, queues=qs)
+
+    return topo
+
+
 async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
+    from urllib.parse import urlparse
 
     from common import broker_names as names
     from common.config import FederationConfig
     from runtime import broker as amqp
 
-    cfg = replace(FederationConfig(), name=f"bench-amqp-{os.getpid()}").validate()
+    cfg = replace(FederationConfig(), name=f"bench-amqp-{os.getpid()}", broker_url=args.url)
+    cfg = cfg.validate()
+    beam = _beam_pid(urlparse(args.url).port or 5672)
+    if args.queue_version:
+        amqp.topology = _with_queue_version(amqp.topology, args.queue_version)  # type: ignore[attr-defined]
     await amqp.declare_topology(cfg, cfg.broker_url)
     b = amqp.Broker(cfg, "bench", urls=[cfg.broker_url])
     await b.open(prefetch=args.prefetch)
     body = bytes(range(256)) * (args.body // 256) + b"x" * (args.body % 256)
     key = names.gm_event_key("gm0", "lm0")
+    headers = SEAL if args.headers == "seal" else None
+    make = amqp.transient if args.transient else amqp.persistent
+    mandatory = not args.no_mandatory
     out: dict[str, Any] = {}
+    k0, t0 = _beam_cpu(beam), time.perf_counter()
+    await asyncio.sleep(1.0)
+    out["broker_idle_us_per_s"] = round(1e6 * (_beam_cpu(beam) - k0) / (time.perf_counter() - t0))
+    idle = out["broker_idle_us_per_s"] / 1e6
     try:
         sem = asyncio.Semaphore(args.concurrency)
 
         async def one(i: int) -> None:
             async with sem:
-                make = amqp.transient if args.transient else amqp.persistent
-                msg = make(body, message_id=f"m{i}", headers=SEAL)
-                await b.publish("events", key, msg)
+                msg = make(body, message_id=f"m{i}", headers=headers)
+                await b.publish("events", key, msg, mandatory=mandatory)
 
-        c0, k0, t0 = _cpu(), _beam_cpu(), time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(args.n)))
-        c1, k1, t1 = _cpu(), _beam_cpu(), time.perf_counter()
-        out["publish"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0)
+        n = args.n if args.burst else 0
+        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+        await asyncio.gather(*(one(i) for i in range(n)))
+        c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+        if n:
+            out["publish"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
 
         done = asyncio.Event()
         seen = [0]
+        want = [n]
 
         async def handler(msg: Any) -> None:
             assert msg.body == body
             await msg.ack()
             seen[0] += 1
-            if seen[0] == args.n:
+            if seen[0] == want[0]:
                 done.set()
 
         assert b.sub is not None
         q = await amqp.open_queue(b.sub, cfg.gm_events_queue("gm0"))
-        c0, k0, t0 = _cpu(), _beam_cpu(), time.perf_counter()
+        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
         await b.consume(q, handler)
-        await asyncio.wait_for(done.wait(), 120)
-        c1, k1, t1 = _cpu(), _beam_cpu(), time.perf_counter()
-        out["consume"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0)
+        if n:
+            await asyncio.wait_for(done.wait(), 120)
+            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+            out["consume"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
+
+        if args.rate > 0:  # the live shape: sparse publishes, each delivered at once
+            done.clear()
+            seen[0], want[0] = 0, args.n
+            loop = asyncio.get_running_loop()
+            tasks = []
+            c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+            start = loop.time()
+            for i in range(args.n):
+                delay = start + i / args.rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                msg = make(body, message_id=f"p{i}", headers=headers)
+                tasks.append(loop.create_task(b.publish("events", key, msg, mandatory=mandatory)))
+            await asyncio.gather(*tasks)
+            await asyncio.wait_for(done.wait(), 120)
+            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
+            out["pipe"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
     finally:
         await b.close()
         await amqp.delete_topology(cfg, cfg.broker_url)
     return out
 
 
-def _figures(n: int, cpu: float, beam: float, wall: float) -> dict[str, float]:
+def _sys_pair(beam: int) -> tuple[int, int]:
+    return _syscalls("self"), _syscalls(beam)
+
+
+def _figures(
+    n: int,
+    cpu: float,
+    beam: float,
+    wall: float,
+    idle: float,
+    s0: tuple[int, int],
+    s1: tuple[int, int],
+) -> dict[str, float]:
     return {
+        "client_syscalls_per_msg": round((s1[0] - s0[0]) / n, 2),
+        "broker_syscalls_per_msg": round((s1[1] - s0[1]) / n, 2),
         "client_us_per_msg": round(1e6 * cpu / n, 2),
         "broker_us_per_msg": round(1e6 * beam / n, 2),
+        "broker_net_us_per_msg": round(1e6 * (beam - idle * wall) / n, 2),
         "msgs_per_s": round(n / wall, 1),
     }
 
@@ -137,13 +234,18 @@ def _arm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_arm(tree: str, args: argparse.Namespace) -> dict[str, Any]:
+def _run_arm(tree: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     out = Path(tempfile.mkstemp(prefix="amqp-arm-", suffix=".json")[1])
     argv = [
         sys.executable, str(Path(__file__).resolve()), "--arm", "--tree", tree,
         "--arm-out", str(out), "--n", str(args.n), "--body", str(args.body),
         "--concurrency", str(args.concurrency), "--prefetch", str(args.prefetch),
+        "--url", args.url, "--rate", str(args.rate), "--headers", args.headers,
+        "--queue-version", str(args.queue_version),
         *(["--transient"] if args.transient else []),
+        *(["--no-mandatory"] if args.no_mandatory else []),
+        *([] if args.burst else ["--no-burst"]),
+        *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": tree}
     subprocess.run(argv, env=env, cwd=tree, check=True)
@@ -165,7 +267,29 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16, help="publishes in flight")
     ap.add_argument("--prefetch", type=int, default=200)
     ap.add_argument("--transient", action="store_true", help="publish transient messages")
+    ap.add_argument("--no-mandatory", action="store_true", help="publish without mandatory")
+    ap.add_argument(
+        "--no-burst",
+        dest="burst",
+        action="store_false",
+        help="skip the publish and consume phases (with --rate: the paced phase only)",
+    )
+    ap.add_argument("--headers", choices=("seal", "none"), default="seal")
+    ap.add_argument("--queue-version", type=int, default=0, help="x-queue-version (0: unset)")
+    ap.add_argument(
+        "--rate", type=float, default=0.0, help="also a paced publish+consume phase (msgs/s)"
+    )
+    ap.add_argument(
+        "--url",
+        default="amqp://guest:guest@127.0.0.1:5672/",
+        help="the broker (a private node keeps others' traffic out of its CPU figure)",
+    )
     ap.add_argument("--out", default="results/bench_amqp.json")
+    ap.add_argument(
+        "--new-args",
+        default="",
+        help="options for the new arm only (e.g. '--transient', against this very tree)",
+    )
     ap.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     ap.add_argument("--arm-out", help=argparse.SUPPRESS)
@@ -176,15 +300,25 @@ def main() -> int:
         ap.error("--against OLD_TREE is required")
     arms: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     trees = {"old": args.against, "new": str(HERE)}
+    extra = {"old": [], "new": shlex.split(args.new_args)}
     for r in range(args.rounds):
         for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
-            row = {"loadavg_before": os.getloadavg(), **_run_arm(trees[which], args)}
+            row = {"loadavg_before": os.getloadavg(), **_run_arm(trees[which], args, extra[which])}
             arms[which].append(row)
             print(which, json.dumps(row), flush=True)
     summary: dict[str, Any] = {}
-    for phase in ("publish", "consume"):
+    phases = [*(["publish", "consume"] if args.burst else []), *(["pipe"] if args.rate > 0 else [])]
+    for phase in phases:
         summary[phase] = {}
-        for key in ("client_us_per_msg", "broker_us_per_msg", "msgs_per_s"):
+        keys = (
+            "client_us_per_msg",
+            "broker_us_per_msg",
+            "broker_net_us_per_msg",
+            "client_syscalls_per_msg",
+            "broker_syscalls_per_msg",
+            "msgs_per_s",
+        )
+        for key in keys:
             o, n = _median(arms["old"], phase, key), _median(arms["new"], phase, key)
             summary[phase][key] = {
                 "old": o,

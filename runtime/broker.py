@@ -24,8 +24,16 @@ over the cluster, so losing one node loses no job, event or outcome.
 
 The hot path skips aio-pika's per-message objects (issue 35): a consumer gets a
 ``Delivery`` straight from aiormq's channel, and its acks go out once per turn of the
-event loop, the lowest ones as one ``multiple`` ack (``_Acks``); a publish is aiormq's
-``basic_publish`` of an ``Outgoing`` whose ``Properties`` are made once.  pamqp's generic
+event loop, the lowest ones as one ``multiple`` ack (``_Acks``).  A publish of an
+``Outgoing`` (its ``Properties`` made once) is marshalled here, method, header and body
+frames in one ``bytes`` (``publish_frames``), and written straight to the socket when
+nothing waits in aiormq's write queue (``_write``; acks too); its confirm is registered
+in aiormq's channel as aiormq's ``basic_publish`` registers it (``_send_publish``), and
+a confirm that finds the channel's frame queue empty settles its publishes in the
+connection's reader (``_ConfirmFrames``): no channel lock, drain future, writer task or
+channel reader task per publish.  Whenever the order of delivery tags could suffer
+(another publish holds the channel's lock, the write queue is full), aiormq's own
+``basic_publish`` publishes.  Messages stay persistent and confirmed.  pamqp's generic
 readers and writers are bypassed only for the shapes this federation sends (a delivery,
 a confirm, a header table of strings, integers and booleans), to the same bytes and
 values; anything else goes through pamqp.  A frame already whole in the socket's buffer
@@ -55,7 +63,7 @@ from aio_pika.abc import (
 )
 from aiormq.abc import AbstractChannel as RawChannel
 from aiormq.abc import ChannelFrame, DeliveredMessage
-from aiormq.connection import FrameReceiver
+from aiormq.connection import FrameReceiver, TCPTransportFactory, TLSTransportFactory
 from pamqp import body as amqp_body
 from pamqp import constants
 from pamqp import encode as amqp_encode
@@ -310,6 +318,193 @@ async def _get_frame(self: FrameReceiver) -> tuple[int, int, Any]:
 
 FrameReceiver.get_frame = _get_frame  # type: ignore[method-assign]
 
+_FRAME_END = bytes((constants.FRAME_END,))
+_HEADER_HEAD = struct.Struct(">BHIHHQ")
+"""A content header frame's type, channel and size, then its class, weight and body size."""
+_BODY_HEAD = struct.Struct(">BHI")
+_PUBLISH_HEADS: dict[tuple[int, str, str, bool], bytes] = {}
+"""Whole ``Basic.Publish`` method frames, by channel, exchange, routing key and mandatory
+flag (at most ``MAX_PUBLISH_FRAMES``)."""
+
+
+def publish_frames(
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    mandatory: bool,
+    properties: Basic.Properties,
+    body: bytes,
+    max_content: int,
+) -> bytes:
+    """The frames of one publish -- method, content header, body in frames of at most
+    ``max_content`` bytes -- as one ``bytes``: what aiormq's ``basic_publish`` writes
+    (``ChannelFrame.marshall`` of pamqp's frames), byte for byte, the method frame made
+    once per exchange and routing key."""
+    key = (channel, exchange, routing_key, mandatory)
+    head = _PUBLISH_HEADS.get(key)
+    if head is None:
+        method = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+        head = amqp_frame.marshal(method, channel)
+        if len(_PUBLISH_HEADS) < MAX_PUBLISH_FRAMES:
+            _PUBLISH_HEADS[key] = head
+    props = properties.marshal()
+    size = 12 + len(props)
+    header = _HEADER_HEAD.pack(constants.FRAME_HEADER, channel, size, Basic.frame_id, 0, len(body))
+    parts = [head, header, props, _FRAME_END]
+    for at in range(0, len(body), max_content):
+        chunk = body[at : at + max_content]
+        parts += (_BODY_HEAD.pack(constants.FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END)
+    return b"".join(parts)
+
+
+def _remember_writer(create: Any) -> Any:
+    """``TransportFactory.create``, keeping the stream writer it made on the factory (one
+    per aiormq connection): ``_write`` writes to it directly."""
+
+    async def create_and_remember(self: Any, url: Any, **kwargs: Any) -> Any:
+        reader, writer = await create(self, url, **kwargs)
+        self.megha_writer = writer
+        return reader, writer
+
+    return create_and_remember
+
+
+for _factory in (TCPTransportFactory, TLSTransportFactory):
+    _factory.create = _remember_writer(_factory.create)  # type: ignore[method-assign]
+WRITE_BUFFER_LIMIT = 64 * 1024
+"""Past this many bytes unsent in the socket's buffer, frames wait in aiormq's queue."""
+
+
+def _write(ch: Any, payload: bytes) -> None:
+    """Frames of channel ``ch`` to the socket: written at once when nothing waits in
+    aiormq's write queue (so no frame sent before them is passed over) and the socket
+    keeps up; else queued behind the others (aiormq's writer task writes them)."""
+    queue: asyncio.Queue[ChannelFrame] = ch.write_queue
+    factory = getattr(getattr(ch, "connection", None), "_transport_factory", None)
+    writer = getattr(factory, "megha_writer", None)
+    if (
+        writer is not None
+        and queue.empty()
+        and not writer.transport.is_closing()
+        and writer.transport.get_write_buffer_size() < WRITE_BUFFER_LIMIT
+    ):
+        writer.write(payload)
+        return
+    frame = ChannelFrame(payload=payload, should_close=False)
+    try:
+        queue.put_nowait(frame)
+    except asyncio.QueueFull:  # the writer is behind: wait for room, in order
+        asyncio.get_running_loop().create_task(queue.put(frame))
+
+
+def _send_publish(
+    ch: Any,
+    exchange: str,
+    routing_key: str,
+    properties: Basic.Properties,
+    body: bytes,
+    mandatory: bool,
+) -> tuple[asyncio.Future[Any], int, str] | None:
+    """Publish on aiormq channel ``ch`` (with confirms) at once, without awaiting: the
+    frames, marshalled here, go to the connection's write queue, and the confirm's future
+    is registered as aiormq's ``basic_publish`` registers it (by delivery tag, and the
+    message id for a return), so aiormq's reader settles it.  ``None`` when this cannot
+    be done here and now -- another publish of the channel holds its lock (the delivery
+    tags must follow the order on the wire), the write queue is full, the message has
+    no id -- and aiormq's own ``basic_publish`` must."""
+    message_id = properties.message_id
+    if (
+        not ch.publisher_confirms
+        or not message_id
+        or ch._Channel__lock.locked()
+        or ch.write_queue.full()
+    ):
+        return None
+    if ch.is_closed:
+        raise aiormq.exceptions.ChannelInvalidStateError(f"{ch!r} closed")
+    payload = publish_frames(
+        ch.number, exchange, routing_key, mandatory, properties, body, ch.max_content_size
+    )
+    ch.delivery_tag += 1
+    tag = ch.delivery_tag
+    confirmation: asyncio.Future[Any] = ch.loop.create_future()
+    ch.confirmations[tag] = confirmation
+    ch.message_id_delivery_tag[message_id] = tag
+    _write(ch, payload)
+    if not getattr(ch, "_megha_confirms_watched", False):
+        ch._megha_confirms_watched = True
+        ch._closing.add_done_callback(_fail_confirms_of(ch))
+    return confirmation, tag, message_id
+
+
+def _fail_confirms_of(ch: Any) -> Callable[[asyncio.Future[Any]], None]:
+    """When channel ``ch`` closes, every confirm still awaited fails with its reason (what
+    aiormq's future store does to the futures it made; ``_send_publish``'s are not in it)."""
+
+    def fail(closing: asyncio.Future[Any]) -> None:
+        exc: BaseException | None = None
+        if not closing.cancelled():
+            exc = closing.exception()
+        if exc is None or isinstance(exc, asyncio.CancelledError):
+            exc = aiormq.exceptions.ChannelInvalidStateError(f"{ch!r} closed")
+        for confirmation in list(ch.confirmations.values()):
+            if isinstance(confirmation, asyncio.Future) and not confirmation.done():
+                confirmation.set_exception(exc)
+
+    return fail
+
+
+class _ConfirmFrames(asyncio.Queue):  # type: ignore[type-arg]
+    """The frame queue of a publisher channel (``_take_confirms_at_once``): a confirm that
+    finds it empty settles its publishes at once, in aiormq's connection reader, as
+    aiormq's ``_on_confirm_frame`` would in the channel's own reader task one turn later
+    (a hop per confirm); anything else, and a confirm behind other frames, is queued."""
+
+    megha_channel: Any
+
+    def put_nowait(self, item: Any) -> None:
+        frame = item[1]
+        if type(frame) in _CONFIRMS and self.empty():
+            _confirm(self.megha_channel, frame)
+            return
+        super().put_nowait(item)
+
+
+_CONFIRMS = (Basic.Ack, Basic.Nack)
+
+
+def _confirm(ch: Any, frame: Basic.Ack | Basic.Nack) -> None:
+    """aiormq's ``_on_confirm_frame``, the publishes a ``multiple`` confirm settles
+    settled in one pass (aiormq scheduled one callback per publish)."""
+    if not ch.publisher_confirms:
+        return
+    tag = frame.delivery_tag
+    confirmations = ch.confirmations
+    if tag not in confirmations:
+        log.error("Unexpected confirmation frame %r from broker", frame)
+        return
+    if frame.multiple:
+        for t in [t for t in confirmations if t <= tag]:
+            ch._confirm_delivery(t, frame)
+    else:
+        ch._confirm_delivery(tag, frame)
+
+
+def _take_confirms_at_once(ch: Any) -> None:
+    """Publisher channel ``ch``'s confirms settle in the connection's reader
+    (``_ConfirmFrames``).  The queue object stays the one its reader awaits."""
+    if type(ch.frames) is asyncio.Queue:
+        frames: Any = ch.frames
+        frames.__class__ = _ConfirmFrames
+        frames.megha_channel = ch
+
+
+def _forget(ch: Any, tag: int, message_id: str) -> None:
+    """A publish ended: its message id no longer names its delivery tag (a return would
+    find it by its id), as aiormq forgets it."""
+    if ch.message_id_delivery_tag.get(message_id) == tag:
+        del ch.message_id_delivery_tag[message_id]
+
 
 def properties_bytes(msg: Delivery) -> int:
     """The bytes of a delivery's AMQP properties on the wire (0 if not known)."""
@@ -563,11 +758,7 @@ class _Acks:
             return
         frame = ChannelFrame.marshall(channel_number=self.channel.number, frames=frames)
         self.frames_sent += len(frames)
-        out: asyncio.Queue[ChannelFrame] = self.channel.write_queue  # type: ignore[attr-defined]
-        try:
-            out.put_nowait(frame)
-        except asyncio.QueueFull:  # the writer is behind: wait for room, in order
-            asyncio.get_running_loop().create_task(out.put(frame))
+        _write(self.channel, frame.payload)
 
 
 class Delivery:
@@ -803,6 +994,7 @@ class Broker:
         self._url_index = i
         try:
             pub = await conn.channel(publisher_confirms=True, on_return_raises=True)
+            _take_confirms_at_once(await pub.get_underlay_channel())
             ex = await open_exchanges(pub, self.cfg)
             sub = await conn.channel(publisher_confirms=False)
             await sub.set_qos(prefetch_count=self._prefetch)
@@ -847,6 +1039,7 @@ class Broker:
                 return
             old = self.pub
             pub = await self.conn.channel(publisher_confirms=True, on_return_raises=True)
+            _take_confirms_at_once(await pub.get_underlay_channel())
             self._ex = await open_exchanges(pub, self.cfg)
             self.pub = pub
             self._pub_nacked = False
@@ -895,14 +1088,23 @@ class Broker:
             if pub is None or pub.is_closed:
                 raise aiormq.exceptions.ChannelInvalidStateError(f"{pub!r} closed")
             ch = await pub.get_underlay_channel()
-            try:  # aiormq's publish, as aio_pika's exchange made it, without its Message
-                await ch.basic_publish(
-                    message.body,
-                    exchange=ex.name,
-                    routing_key=routing_key,
-                    properties=message.properties,
-                    mandatory=mandatory,
-                )
+            properties = message.properties
+            try:
+                sent = _send_publish(ch, ex.name, routing_key, properties, message.body, mandatory)
+                if sent is None:  # aiormq's publish, as aio_pika's exchange made it
+                    await ch.basic_publish(
+                        message.body,
+                        exchange=ex.name,
+                        routing_key=routing_key,
+                        properties=properties,
+                        mandatory=mandatory,
+                    )
+                else:
+                    confirmation, tag, message_id = sent
+                    try:
+                        await confirmation
+                    finally:
+                        _forget(ch, tag, message_id)
             except aiormq.exceptions.DeliveryError as exc:
                 if isinstance(exc.frame, Basic.Nack):  # e.g. a quorum queue electing a leader
                     # a channel that saw a queue's leader go keeps nacking it: a new one
