@@ -13,6 +13,8 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
+import msgspec
+
 PERCENTILE_KEYS = ("p50", "p90", "p99", "p999", "max", "mean")
 
 
@@ -185,6 +187,25 @@ _Attempt = tuple[tuple[str, str], int]
 """(user, task id) and attempt number."""
 
 
+class LaunchRow(msgspec.Struct, frozen=True, gc=False):
+    """A row of a worker pool's launch log, as ``DuplicateLaunches`` reads it: an
+    attempt's ``start``, ``end`` or ``stop`` at ``at`` (the pool's clock)."""
+
+    what: str
+    user: str
+    task_id: str
+    attempt: int
+    at: float
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> LaunchRow:
+        """A row given as a mapping (a log read whole), its values taken as their types."""
+        return cls(
+            row["what"], str(row["user"]), str(row["task_id"]), int(row["attempt"]),
+            float(row["at"]),
+        )  # fmt: skip
+
+
 class DuplicateLaunches:
     """Tasks that ran twice, from the worker pools' logs read as they come (``add`` one
     row: ``what`` start, end or stop; an attempt's rows come from one pool, in order):
@@ -244,41 +265,80 @@ class DuplicateLaunches:
                 self._died.add((task, attempt))
 
     def add(self, row: Mapping[str, Any]) -> None:
-        self.rows += 1
-        task = (str(row["user"]), str(row["task_id"]))
-        attempt, at = int(row["attempt"]), float(row["at"])
-        where = None
-        if row.get("incarnation") is not None:
-            where = (str(row["pool"]), str(row["incarnation"]))
-            self.heard(*where, at)
-        spans = self.spans.setdefault(task, {})
-        if row["what"] == "start":
-            if attempt in spans:
-                if (task, attempt) not in self._died:
-                    self.twice.setdefault(task, f"attempt {attempt} started twice")
-                elif _overlap(spans):
-                    self.twice.setdefault(task, "two attempts at once")
-                self._died.discard((task, attempt))
-            spans[attempt] = [at, math.inf]
-            if where is not None:
-                self._running.setdefault(where, set()).add((task, attempt))
-        else:
-            span = spans.get(attempt)
-            if span is not None and span[1] == math.inf:
-                span[1] = at
-            if where is not None:
-                self._running.get(where, set()).discard((task, attempt))
-            if row["what"] == "end":
-                n = self.ends[task] = self.ends.get(task, 0) + 1
-                if n > 1:
-                    self.twice.setdefault(task, self._ended_twice(task))
-                elif where is not None:
-                    self._first_end[task] = where
-                if self.horizon_s is not None:
-                    self._ended.append((at, task))
-        if self.horizon_s is not None:
-            self._latest = max(self._latest, at)
-            self._forget(self._latest - self.horizon_s)
+        """One row (``what``, ``user``, ``task_id``, ``attempt``, ``at``; and ``pool``
+        with the pool process's ``incarnation``, if it names one)."""
+        incarnation = row.get("incarnation")
+        pool = row["pool"] if incarnation is not None else ""
+        self.add_rows((LaunchRow.of(row),), pool, incarnation)
+
+    def add_rows(self, rows: Iterable[LaunchRow], pool: str, incarnation: object | None) -> None:
+        """A page of one pool's log: ``add`` of each row, in order, as if it named
+        ``pool`` and ``incarnation`` (None: a pool that does not name it), with the
+        same findings and state after each row, in one pass: the pool process is
+        heard of with the page's first row and then once with its latest time (one
+        process: no restart between), and the horizon is looked at only when it
+        would forget something."""
+        spans_of, running_of, died = self.spans, self._running, self._died
+        ends, twice, first_end = self.ends, self.twice, self._first_end
+        horizon = self.horizon_s
+        ended = self._ended
+        latest = self._latest
+        where: tuple[str, str] | None = None
+        running: set[_Attempt] | None = None
+        heard_at = -math.inf
+        inf = math.inf
+        n = 0
+        try:
+            for row in rows:
+                n += 1
+                task = (row.user, row.task_id)
+                attempt, at = row.attempt, row.at
+                if incarnation is not None:
+                    if where is None:  # the first row: a new process of the pool, maybe
+                        where = (str(pool), str(incarnation))
+                        self.heard(*where, at)
+                        running = running_of.get(where)
+                    elif at > heard_at:
+                        heard_at = at
+                spans = spans_of.get(task)
+                if spans is None:
+                    spans = spans_of[task] = {}
+                what = row.what
+                if what == "start":
+                    if attempt in spans:
+                        if (task, attempt) not in died:
+                            twice.setdefault(task, f"attempt {attempt} started twice")
+                        elif _overlap(spans):
+                            twice.setdefault(task, "two attempts at once")
+                        died.discard((task, attempt))
+                    spans[attempt] = [at, inf]
+                    if where is not None:
+                        if running is None:
+                            running = running_of.setdefault(where, set())
+                        running.add((task, attempt))
+                else:
+                    span = spans.get(attempt)
+                    if span is not None and span[1] == inf:
+                        span[1] = at
+                    if running is not None:
+                        running.discard((task, attempt))
+                    if what == "end":
+                        k = ends[task] = ends.get(task, 0) + 1
+                        if k > 1:
+                            twice.setdefault(task, self._ended_twice(task))
+                        elif where is not None:
+                            first_end[task] = where
+                        if horizon is not None:
+                            ended.append((at, task))
+                if horizon is not None:
+                    if at > latest:
+                        latest = self._latest = at
+                    if ended and ended[0][0] < latest - horizon:
+                        self._forget(latest - horizon)
+        finally:
+            self.rows += n
+            if where is not None and heard_at > -inf:
+                self.heard(*where, heard_at)
 
     def _forget(self, before: float) -> None:
         """Judge and forget the tasks that ended and were quiet since ``before``."""

@@ -70,8 +70,15 @@ class FloatColumns:
         """One row: a value per column, in order."""
         if len(values) != len(self.names):
             raise ValueError(f"{len(values)} values for {len(self.names)} columns")
+        self.extend(values)
+
+    def extend(self, values: Sequence[float]) -> None:
+        """Rows one after the other, flat: a value per column, in order, for each."""
+        rows, rest = divmod(len(values), len(self.names))
+        if rest:
+            raise ValueError(f"{len(values)} values for rows of {len(self.names)} columns")
         self._buf.extend(values)
-        self.rows += 1
+        self.rows += rows
         if len(self._buf) >= self._limit:
             if self._file is None:
                 # held open across calls, closed by ``close``
@@ -137,27 +144,49 @@ class TaskTally:
         self.users: dict[str, int] = {}
         self.waits = [0] * len(WaitReason)
         self.waited = [0] * len(WaitReason)
+        self._no_waits = [0] * len(WaitReason)
 
     def add(self, t: Task, components: list[float] | None = None) -> None:
         """One task (``components``: ``t.components()`` if the caller has it already)."""
-        self.tasks += 1
-        for r, n in enumerate(t.waits):
-            self.waits[r] += n
-            self.waited[r] += 1 if n else 0
-        if t.started_at < 0:
-            return
-        self.started += 1
-        if t.started_at > t.first_started_at:
-            self.restarted += 1
-        user = self.users.setdefault(t.user, len(self.users))
-        comps = (t.components() if components is None else components)[: len(COMPONENTS)]
-        self.values.add(
-            t.allocation_time,
-            t.first_allocation_time,
-            t.started_at - t.first_started_at,
-            *comps,
-            float(user),
-        )
+        self.add_many([t], None if components is None else [components])
+
+    def add_many(self, tasks: Sequence[Task], components: Sequence[list[float]] | None) -> None:
+        """Tasks one after the other (``components``: each one's ``t.components()``, if
+        the caller has them), their figures added to the columns at once."""
+        if components is None:
+            components = [t.components() for t in tasks]
+        zero = self._no_waits
+        waits, waited, users = self.waits, self.waited, self.users
+        values: list[float] = []
+        started = restarted = 0
+        k = len(COMPONENTS)
+        for t, comps in zip(tasks, components, strict=True):
+            w = t.waits
+            if w != zero:
+                for r, n in enumerate(w):
+                    waits[r] += n
+                    waited[r] += 1 if n else 0
+            start = t.started_at
+            if start < 0:
+                continue
+            started += 1
+            first, sub = t.first_started_at, t.submitted_at
+            if start > first:
+                restarted += 1
+            user = users.get(t.spec.user)
+            if user is None:
+                user = users[t.spec.user] = len(users)
+            values += (
+                start - sub,  # t.allocation_time, started
+                first - sub if first >= 0 else -1.0,  # t.first_allocation_time
+                start - first,
+                *comps[:k],
+                float(user),
+            )
+        self.tasks += len(tasks)
+        self.started += started
+        self.restarted += restarted
+        self.values.extend(values)
 
     def allocation_times(self) -> Floats:
         """Every started task's allocation time (for a CDF)."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import uvloop
 from msgspec.structs import replace
 
@@ -37,7 +38,7 @@ from common.config import FederationConfig
 from common.dag import DagJob, load_jobs
 from common.errors import ConfigError, DecodeError, MeghaError
 from common.ids import JobId, LmId, TaskId, UserId
-from common.metrics import DuplicateLaunches, percentiles
+from common.metrics import DuplicateLaunches, LaunchRow, percentiles
 from common.model import Task, TaskKey, TaskSpec, new_task
 from common.units import check_live
 from reporting.fairness import Span
@@ -51,7 +52,7 @@ from reporting.live import (
     write_outputs,
 )
 from reporting.tally import FloatColumns, TaskTally
-from reporting.tasks import TaskCsv
+from reporting.tasks import TaskCsv, components_of
 from request_generator.submitter import Outcomes, Submitter
 from runtime import h1
 from runtime.http import MSGPACK
@@ -206,12 +207,39 @@ async def measure_floor(
     return rtts
 
 
+class LaunchPage(msgspec.Struct, frozen=True, gc=False):
+    """A worker pool's answer to ``GET /v1/launches`` (``worker.app``), the fields the
+    bench reads: rows, typed as the check takes them (the pool's other fields are
+    skipped), the cursor for the next call, the rows it no longer held, its process
+    and its clock."""
+
+    launches: list[LaunchRow]
+    next: int
+    missed: int
+    at: float
+    incarnation: str | None = None
+
+
+_PAGE = msgspec.msgpack.Decoder(LaunchPage)
+
+
+def read_page(body: bytes) -> LaunchPage:
+    """A launch page, with the bounds of a message (``DecodeError``, a ``ValueError``,
+    if it is not one)."""
+    if len(body) > codec.MAX_BODY:
+        raise DecodeError(f"body of {len(body)} bytes exceeds {codec.MAX_BODY}", reason="too_large")
+    try:
+        return _PAGE.decode(body)
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(f"not a launch page: {exc}") from None
+
+
 class LaunchLog:
     """The worker pools' logs of starts, ends and stops, followed as they grow (each
     pool keeps only its latest rows): ``poll`` fetches what is new since the last
-    call into ``check`` (or ``rows`` with ``keep``), each row with its ``pool`` and
-    that pool process's ``incarnation``; ``missed`` counts rows a pool dropped before
-    they were read."""
+    call into ``check`` (and, with ``keep``, into ``rows`` as the pool wrote them,
+    each row with its ``pool`` and that pool process's ``incarnation``); ``missed``
+    counts rows a pool dropped before they were read."""
 
     def __init__(
         self,
@@ -235,39 +263,43 @@ class LaunchLog:
         for lm in self.cfg.lm_ids:
             after = self._after.get(lm, 0)
             try:
-                page = await self._page(session, lm, after)
+                body = await self._fetch(session, lm, after)
+                page = read_page(body)
                 if after and self._restarted(lm, page, after):  # its log began anew
-                    page = await self._page(session, lm, 0)
+                    body = await self._fetch(session, lm, 0)
+                    page = read_page(body)
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, DecodeError):
                 continue
-            self._after[lm] = int(page["next"])
-            pool, incarnation = f"{lm}-workers", page.get("incarnation")
+            self._after[lm] = page.next
+            pool, incarnation = f"{lm}-workers", page.incarnation
             self._incarnation[lm] = incarnation
             if incarnation is not None:
-                self.check.heard(pool, str(incarnation), float(page["at"]))
+                self.check.heard(pool, incarnation, page.at)
             if not record:
                 continue
-            self.missed += int(page["missed"])
-            for row in page["launches"]:
-                row["pool"], row["incarnation"] = pool, incarnation
-                self.check.add(row)
+            self.missed += page.missed
+            self.check.add_rows(page.launches, pool, incarnation)
             if self.keep:
-                self.rows.extend(page["launches"])
+                rows = codec.unpack_plain(body)["launches"]
+                for row in rows:
+                    row["pool"], row["incarnation"] = pool, incarnation
+                self.rows.extend(rows)
 
-    def _restarted(self, lm: LmId, page: Any, after: int) -> bool:
+    def _restarted(self, lm: LmId, page: LaunchPage, after: int) -> bool:
         """Another process of the pool answered (or, from a pool that does not name
         its incarnation, one whose log is shorter than what was read)."""
-        if page.get("incarnation") is not None and lm in self._incarnation:
-            return bool(page["incarnation"] != self._incarnation[lm])
-        return int(page["next"]) < after
+        if page.incarnation is not None and lm in self._incarnation:
+            return page.incarnation != self._incarnation[lm]
+        return page.next < after
 
-    async def _page(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> Any:
+    async def _fetch(self, session: aiohttp.ClientSession, lm: LmId, after: int) -> bytes:
+        """The pool's page of rows above ``after``, as it sent it."""
         path = f"/v1/launches?after={after}"
         headers = signed(self.access, workers_identity(lm), "GET", path)
         headers["Accept"] = MSGPACK  # cheaper than JSON for the pool it polls while it runs
         async with session.get(self.cfg.worker_url(lm) + path, headers=headers) as r:
             r.raise_for_status()
-            return codec.unpack_plain(await r.read())
+            return await r.read()
 
     async def follow(self, session: aiohttp.ClientSession, every_s: float = 2.0) -> None:
         """Poll until cancelled."""
@@ -355,32 +387,65 @@ class RunTally:
     def add(self, task: Task, published_at: float, failure: str | None = None) -> None:
         """A task that ended (or never will), submitted at ``published_at``;
         ``failure``: why it failed, None unless it did."""
-        components = task.components()
-        self.csv.write(task, failure, components)
-        self.tasks.add(task, components)
-        if task.started_at >= 0:
-            self.publish.add(task.submitted_at - published_at, task.started_at - published_at)
-            self.first = min(self.first, task.submitted_at)
-            self.last = max(self.last, task.started_at)
-            if task.finished_at >= task.started_at:
-                user = self.users.setdefault(task.user, len(self.users))
-                demand = [*task.demand, *[0] * (self.width - len(task.demand))]
-                self.runs.add(task.started_at, task.finished_at, float(user), *demand)
-        j = self._job_at.get(task.job_id)
-        if j is None:
-            return
-        rec = self._open.get(j)
-        if rec is None:  # tasks left, latest end, whether every task so far ended
-            rec = self._open[j] = [float(self._job_size[j]), -math.inf, 1.0]
-        rec[0] -= 1
-        if task.finished_at >= 0:
-            rec[1] = max(rec[1], task.finished_at)
-        else:
-            rec[2] = 0.0
-        if rec[0] <= 0:
-            del self._open[j]
-            if rec[2]:
-                self.job_end[j] = rec[1]
+        self.add_many([(task, published_at)], [failure])
+
+    def add_many(
+        self, ended: Sequence[tuple[Task, float]], failures: Sequence[str | None] | None = None
+    ) -> None:
+        """Tasks that ended, each with its publication time, as ``add`` takes them one
+        after the other (``failures``: each one's, None: none failed): their rows
+        written at once, their figures added to the columns at once."""
+        tasks = [task for task, _ in ended]
+        components = [components_of(task) for task in tasks]
+        self.csv.write_many(tasks, failures, components)
+        self.tasks.add_many(tasks, components)
+        publish: list[float] = []
+        runs: list[float] = []
+        width, users = self.width, self.users
+        zeros = (0,) * width
+        first, last = self.first, self.last
+        job_at, job_size, job_end, jobs_open = (
+            self._job_at,
+            self._job_size,
+            self.job_end,
+            self._open,
+        )
+        try:
+            for task, published_at in ended:
+                start, end = task.started_at, task.finished_at
+                spec = task.spec
+                if start >= 0:
+                    sub = task.submitted_at
+                    publish += (sub - published_at, start - published_at)
+                    first = min(first, sub)
+                    last = max(last, start)
+                    if end >= start:
+                        user = users.get(spec.user)
+                        if user is None:
+                            user = users[spec.user] = len(users)
+                        demand = spec.demand
+                        if len(demand) > width:
+                            raise ValueError(f"a demand of {len(demand)} resources, not {width}")
+                        runs += (start, end, float(user), *demand, *zeros[len(demand) :])
+                j = job_at.get(spec.job_id)
+                if j is None:
+                    continue
+                rec = jobs_open.get(j)
+                if rec is None:  # tasks left, latest end, whether every task so far ended
+                    rec = jobs_open[j] = [float(job_size[j]), -math.inf, 1.0]
+                rec[0] -= 1
+                if end >= 0:
+                    rec[1] = max(rec[1], end)
+                else:
+                    rec[2] = 0.0
+                if rec[0] <= 0:
+                    del jobs_open[j]
+                    if rec[2]:
+                        job_end[j] = rec[1]
+        finally:
+            self.first, self.last = first, last
+            self.publish.extend(publish)
+            self.runs.extend(runs)
 
     def spans(self) -> Iterator[Span]:
         """The runs of the tasks that started and ended, for ``usage_samples``."""
@@ -523,8 +588,10 @@ async def _ping_during_run(
 
 def sink_into(tally: RunTally, outcomes: Outcomes) -> Callable[[Task, float], None]:
     """What ``outcomes`` hands ``tally``: each task that ended, with why it failed if it
-    did (``outcomes.failed`` holds a failed task's reason until it finishes after all)."""
+    did (``outcomes.failed`` holds a failed task's reason until it finishes after all);
+    also, as ``outcomes.sink_many``, the tasks of a message that finished, together."""
     failed = outcomes.failed
+    outcomes.sink_many = tally.add_many
     return lambda task, at: tally.add(task, at, failed.get(task.key))
 
 
@@ -537,7 +604,7 @@ def close_tally(outcomes: Outcomes, tally: RunTally) -> list[tuple[TaskKey, Task
     unfinished = [(key, spec, at) for key, (spec, at) in outcomes.outstanding.items()]
     for _, spec, at in unfinished:
         tally.add(new_task(spec, at), at)
-    outcomes.sink = None
+    outcomes.sink = outcomes.sink_many = None
     tally.csv.close()
     return unfinished
 
@@ -592,7 +659,7 @@ async def _drive(
             states = await fetch_states(session, cfg, access)
             await log.poll(session)
     except BaseException:  # (Ctrl-C) outcomes still come until the submitter closes
-        sub.outcomes.sink = None
+        sub.outcomes.sink = sub.outcomes.sink_many = None
         tally.close()
         raise
     finally:

@@ -26,7 +26,7 @@ from common import codec
 from common.config import FederationConfig
 from common.dag import DagJob
 from common.errors import MeghaError
-from common.messages import JobRefusal, SubmitJob, TaskOutcomes
+from common.messages import JobRefusal, SubmitJob, TaskOutcome, TaskOutcomes
 from common.model import Task, TaskKey, TaskSpec
 from runtime import broker as amqp
 from runtime.retry import Backoff, GiveUp
@@ -65,6 +65,9 @@ class Outcomes:
     keep: bool = True
     sink: Callable[[Task, float], None] | None = None
     """Where a task goes once finished (or, at ``settle``, failed), with its submission time."""
+    sink_many: Callable[[list[tuple[Task, float]]], None] | None = None
+    """Where the tasks of a message of outcomes that finished go together, each with its
+    submission time, instead of one by one to ``sink`` (``record_all``)."""
     owns: Callable[[TaskKey], bool] | None = None
     """Not keeping: which tasks not outstanding are this submitter's (an outcome for one
     is a duplicate; for another, someone else's); None: all."""
@@ -107,30 +110,55 @@ class Outcomes:
 
     def record(self, task: Task, finished: bool, reason: str = "") -> None:
         """One task's outcome: finished, or failed for ``reason``."""
-        key = task.key
+        at = self._take(task, finished, reason)
+        if at is not None and self.sink is not None:
+            self.sink(task, at)
+
+    def record_all(self, outcomes: Iterable[TaskOutcome]) -> None:
+        """A message's outcomes, in order, each as ``record`` takes it; the tasks that
+        finished go to ``sink_many`` together, if it is set."""
+        many = self.sink_many
+        if many is None:
+            for o in outcomes:
+                self.record(o.task, o.finished, o.reason)
+            return
+        done: list[tuple[Task, float]] = []
+        take = self._take
+        for o in outcomes:
+            task = o.task
+            at = take(task, o.finished, o.reason)
+            if at is not None:
+                done.append((task, at))
+        if done:
+            many(done)
+
+    def _take(self, task: Task, finished: bool, reason: str) -> float | None:
+        """``record`` but for the sink: its submission time if the task goes there now."""
+        spec = task.spec
+        key = (spec.user, spec.task_id)
         if key in self.finished:
             self.duplicates += 1
-            return
+            return None
         entry = self.outstanding.pop(key, None)
         if entry is None and key not in self.failed and not self.keep:
             if self._mine(key):  # done already
                 self.duplicates += 1
-            return
+            return None
         at = entry[1] if entry is not None else self.failed_at.get(key)
         if not finished:
             self.failed[key] = reason
             self.failed_tasks[key] = task
             if at is not None:
                 self.failed_at[key] = at
-            return
-        self.failed.pop(key, None)
-        self.failed_tasks.pop(key, None)
-        self.failed_at.pop(key, None)
+            return None
+        if self.failed or self.failed_tasks or self.failed_at:
+            self.failed.pop(key, None)
+            self.failed_tasks.pop(key, None)
+            self.failed_at.pop(key, None)
         self.n_finished += 1
         if self.keep:
             self.finished[key] = task
-        if self.sink is not None and at is not None:
-            self.sink(task, at)
+        return at
 
     def settle(self) -> None:
         """The failed tasks to ``sink``: they will not finish now."""
@@ -333,7 +361,6 @@ class Submitter:
         if isinstance(batch, JobRefusal):
             self._job_refused(batch)
             return
-        for o in batch.outcomes:
-            out.events += 1
-            out.record(o.task, o.finished, o.reason)
+        out.events += len(batch.outcomes)
+        out.record_all(batch.outcomes)
         out.changed.set()

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from common import codec
 from common.config import load_config
 from common.metrics import DuplicateLaunches, duplicate_launches
 from request_generator.bench import LaunchLog
@@ -151,7 +152,7 @@ def test_a_pool_restart_hides_no_real_duplicate() -> None:
 
 
 class FakePool:
-    """``LaunchLog._page`` of pools whose process may change: ``rows`` numbered from 1."""
+    """``LaunchLog._fetch`` of pools whose process may change: ``rows`` numbered from 1."""
 
     def __init__(self) -> None:
         self.incarnation = "p1"
@@ -161,14 +162,17 @@ class FakePool:
     def restart(self, now: float) -> None:
         self.incarnation, self.rows, self.now = self.incarnation + "'", [], now
 
-    async def page(self, _session: object, _lm: object, after: int) -> dict[str, Any]:
-        return {
-            "launches": [dict(r) for r in self.rows[after:]],
-            "next": len(self.rows),
-            "missed": 0,
-            "incarnation": self.incarnation,
-            "at": self.now,
-        }
+    async def fetch(self, _session: object, _lm: object, after: int) -> bytes:
+        return codec.pack_plain(
+            {
+                "lm": "lm0",
+                "launches": [{**r, "node": 0} for r in self.rows[after:]],
+                "next": len(self.rows),
+                "missed": 0,
+                "incarnation": self.incarnation,
+                "at": self.now,
+            }
+        )
 
 
 def test_the_bench_tells_a_restarted_pool_by_its_incarnation(
@@ -180,7 +184,7 @@ def test_the_bench_tells_a_restarted_pool_by_its_incarnation(
     cfg = replace(load_config(None), lms=1)
     pool = FakePool()
     log = LaunchLog(cfg, cast(Any, None), horizon_s=120.0)
-    monkeypatch.setattr(log, "_page", pool.page)
+    monkeypatch.setattr(log, "_fetch", pool.fetch)
 
     async def run() -> None:
         await log.poll(cast(Any, None), record=False)
