@@ -186,16 +186,17 @@ class GmService:
         self.recent_allocations: deque[tuple[float, float]] = deque(maxlen=RECENT_ALLOCATIONS)
         """(when it finished, allocation time) of the latest finished tasks: the
         operators' last-minute tails (``/v1/state`` ``allocations``)."""
-        self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
+        self.outcomes: Batcher[UserId, tuple[TaskOutcome, Held | None]] = Batcher(
             self.sup, self._publish_outcomes, "task outcomes", linger_s=cfg.linger_s
         )
-        self.persists: Batcher[UserId, SubmitJob] = Batcher(
+        self.persists: Batcher[UserId, tuple[SubmitJob, Held | None]] = Batcher(
             self.sup, self._publish_persists, "returned tasks made durable"
         )
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
-        self._tickets: dict[UserId, int] = {}
-        self._persisted: dict[UserId, int] = {}
+        self._holding: Held | None = None
+        """The event delivery being fed: what the core makes of it (outcomes, returned
+        tasks) carries it, and the flush that publishes the last of them acks it."""
         self.consuming = False
         self.refused_jobs = 0
         self.redelivered_jobs = 0
@@ -321,12 +322,18 @@ class GmService:
         self.feed(update)
 
     def _to_user(self, eff: ToUser) -> None:
-        self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
+        held = self._holding
+        if held is not None:
+            held.left += 1
+        self.outcomes.add(eff.user, (eff.msg, held))
         if eff.msg.finished:
             self.recent_allocations.append((time.time(), eff.msg.task.allocation_time))
 
     def _persist(self, eff: Persist) -> None:
-        self._persisted[eff.job.user] = self.persists.add(eff.job.user, eff.job)
+        held = self._holding
+        if held is not None:
+            held.left += 1
+        self.persists.add(eff.job.user, (eff.job, held))
 
     async def _on_events(self, msg: amqp.Delivery) -> None:
         """Task events; acknowledged once what they produced is on the broker (outcomes
@@ -347,26 +354,27 @@ class GmService:
             )
         self.event_seals.commit(seal)
         first = False
+        held = Held(msg)
         try:
-            self._tickets, self._persisted = {}, {}
             first = self.events_seen.first_time(msg.message_id)
             if first:
                 faults.strike("consumer_error")
                 self.events_in.note(len(events.events))
+                self._holding = held
                 self.feed(events)
         except Exception as exc:
+            held.failed = True  # what it produced is published, never acked for it
             if not isinstance(exc, MeghaError):  # it comes back: take it then
                 self.event_seals.release(seal)
                 if first:
                     self.events_seen.forget(msg.message_id)
             raise
-        tickets, persisted = self._tickets, self._persisted
-        self._tickets, self._persisted = {}, {}
-        if tickets:
-            await self.outcomes.sent(tickets)
-        if persisted:
-            await self.persists.sent(persisted)
-        await msg.ack()
+        finally:
+            self._holding = None
+        if not held.left:  # nothing to wait for
+            await msg.ack()
+        # else acked by the flush publishing the last of it (``_published``): no wait
+        # here, no wake-up of every waiting delivery at each flush
 
     async def _on_job(self, user: UserId, msg: amqp.Delivery) -> None:
         size = len(msg.body) + amqp.properties_bytes(msg)  # its headers are held too
@@ -572,19 +580,34 @@ class GmService:
                     return None
                 log.warning("%s did not answer %s (%s): asking again", peer.name, path, exc)
 
-    async def _publish_persists(self, user: UserId, jobs: list[SubmitJob]) -> None:
-        for job in jobs:
+    async def _publish_persists(
+        self, user: UserId, jobs: list[tuple[SubmitJob, Held | None]]
+    ) -> None:
+        for i, (job, _) in enumerate(jobs):
             body = codec.encode(job)
             seal = self.resume_seal.seal(body, f"resume.{user}")
-            await self.broker.publish(
-                "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
-            )
+            try:
+                await self.broker.publish(
+                    "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
+                )
+            except BaseException:
+                _unpublished(jobs[i:])
+                raise
+            await _published(jobs[i : i + 1])
 
-    async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
-        body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
+    async def _publish_outcomes(
+        self, user: UserId, outcomes: list[tuple[TaskOutcome, Held | None]]
+    ) -> None:
+        msg = TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(o for o, _ in outcomes))
+        body = codec.encode(msg)
         key = names.user_event_key(user, self.core.gm_id)
         seal = self.outcome_seal.seal(body, user)
-        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
+        try:
+            await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
+        except BaseException:
+            _unpublished(outcomes)
+            raise
+        await _published(outcomes)
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM.
@@ -617,6 +640,35 @@ class GmService:
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
+
+
+class Held:
+    """An event delivery held unacknowledged until what the core made of it (task
+    outcomes, returned tasks: ``left`` of them) is on the broker.  A failed publication
+    of any of them keeps it unacknowledged: the broker delivers it again (to this GM
+    once its channel is gone, or to the next)."""
+
+    __slots__ = ("failed", "left", "msg")
+
+    def __init__(self, msg: amqp.Delivery) -> None:
+        self.msg = msg
+        self.left = 0
+        self.failed = False
+
+
+async def _published(items: list[tuple[Any, Held | None]]) -> None:
+    """``items`` are on the broker: the deliveries of which they were the last, acked."""
+    for _, held in items:
+        if held is not None:
+            held.left -= 1
+            if not held.left and not held.failed:
+                await _ack(held.msg)
+
+
+def _unpublished(items: list[tuple[Any, Held | None]]) -> None:
+    for _, held in items:
+        if held is not None:
+            held.failed = True
 
 
 async def _ack(msg: amqp.Delivery) -> None:

@@ -1,0 +1,190 @@
+"""The GM's task-event deliveries are acknowledged by the flush that publishes the last
+of their outcomes: the consumer returns at once (no task per delivery waits for the
+flush, none is woken by every flush), a delivery is acked only once everything made of
+it is on the broker, and never when a publication of its outcomes failed (the broker
+delivers it again).  No broker: the service is built, its core a stub."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import codec
+from common.config import FederationConfig
+from common.effects import ToUser
+from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
+from common.messages import EventKind, TaskEvent, TaskEvents, TaskOutcome, TaskOutcomes
+from common.model import Task, TaskSpec
+from global_master.app import GmService
+from security import sealing
+from security.access import Access
+from security.identity import gm, lm
+from security.secret import Secret
+from security.tokens import TokenStore
+
+CFG = FederationConfig().validate()
+SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
+U0 = UserId("u0")
+LM0, GM0 = lm("lm0"), gm("gm0")
+
+
+class Delivery:
+    def __init__(self, body: bytes, headers: dict[str, Any], message_id: str) -> None:
+        self.body, self.headers, self.message_id = body, headers, message_id
+        self.redelivered = False
+        self.acks = 0
+
+    async def ack(self) -> None:
+        self.acks += 1
+
+
+def batch(seq: int, n: int = 2) -> Delivery:
+    evs = tuple(
+        TaskEvent(
+            kind=EventKind.FINISHED,
+            lm=LmId("lm0"),
+            gm=GmId("gm0"),
+            user=U0,
+            task_id=TaskId(f"t{seq}.{i}"),
+            attempt=1,
+            node=NodeIndex(0),
+            node_free=(1,),
+            node_version=1,
+            at=time.time(),
+        )
+        for i in range(n)
+    )
+    body = codec.encode(TaskEvents(lm=LmId("lm0"), epoch=1, events=evs))
+    key = {GM0: sealing.sealing_key(SECRET, LM0, GM0)}
+    return Delivery(body, dict(sealing.seal(body, LM0, 1, seq, key, stream="events.gm0")),
+                    f"lm0.1.{seq}")  # fmt: skip
+
+
+class Stub:
+    """A core answering each event with its task's outcome."""
+
+    def handle(self, msg: object, now: float) -> list[Any]:
+        if not isinstance(msg, TaskEvents):
+            return []
+        out = []
+        for ev in msg.events:
+            spec = TaskSpec(task_id=ev.task_id, job_id=JobId("j"), user=U0, demand=(1, 1),
+                            duration=1.0)  # fmt: skip
+            out.append(ToUser(user=U0, msg=TaskOutcome(task=Task(spec=spec), finished=True)))
+        return out
+
+
+def service(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[GmService, list[Any]]:
+    monkeypatch.setenv("MEGHA_RUN_DIR", str(home / "run"))
+    store = TokenStore.in_home(home)
+    store.add("u0", gm="gm0", share=1.0, now=0.0)
+    svc = GmService(CFG, GmId("gm0"), Access(GM0, CFG, SECRET, users_file=store.path))
+    svc.driver.core = Stub()
+    return svc, []
+
+
+def test_an_event_delivery_is_acked_once_its_outcomes_are_published_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, published = service(tmp_path, monkeypatch)
+    gate = asyncio.Event()
+
+    async def publish(exchange: str, key: str, body: Any, **_: Any) -> None:
+        await gate.wait()
+        published.append(codec.decode(body.body, expect=TaskOutcomes))
+
+    svc.broker.publish = publish  # type: ignore[method-assign]
+
+    async def run() -> None:
+        async with svc.sup:
+            first, second = batch(1), batch(2)
+            # the consumer returns at once: nothing waits on the flush per delivery
+            await asyncio.wait_for(svc._on_events(first), 1.0)
+            await asyncio.wait_for(svc._on_events(second), 1.0)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert (first.acks, second.acks) == (0, 0)  # outcomes not on the broker yet
+            gate.set()
+            for _ in range(50):
+                await asyncio.sleep(0)
+                if first.acks and second.acks:
+                    break
+            assert (first.acks, second.acks) == (1, 1)
+            assert sum(len(p.outcomes) for p in published) == 4
+
+    asyncio.run(run())
+
+
+def test_a_delivery_whose_outcomes_failed_to_publish_is_never_acked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later flush that succeeds acks its own deliveries, not those of the failed one
+    (a count of items sent would have covered them)."""
+    svc, published = service(tmp_path, monkeypatch)
+    calls = 0
+
+    async def publish(exchange: str, key: str, body: Any, **_: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        if calls == 1:
+            raise RuntimeError("the broker refused it")
+        published.append(body)
+
+    svc.broker.publish = publish  # type: ignore[method-assign]
+
+    async def run() -> None:
+        async with svc.sup:
+            lost = batch(1)
+            await svc._on_events(lost)
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert calls == 1
+            later = batch(2)
+            await svc._on_events(later)
+            for _ in range(50):
+                await asyncio.sleep(0)
+                if later.acks:
+                    break
+            assert later.acks == 1
+            assert lost.acks == 0
+            assert svc.sup.failures == 1
+
+    asyncio.run(run())
+
+
+def test_a_delivery_whose_handling_raised_is_not_acked_by_the_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core made an outcome of it, then raised: the consumer's guard settles the
+    delivery (put back); the flush publishing that outcome does not ack it as well."""
+    svc, published = service(tmp_path, monkeypatch)
+    stub = svc.driver.core
+
+    class Raises:
+        def handle(self, msg: object, now: float) -> list[Any]:
+            effects = stub.handle(msg, now)  # type: ignore[attr-defined]
+            svc.driver.carry_out(effects)
+            raise RuntimeError("a bug after the outcomes")
+
+    async def publish(exchange: str, key: str, body: Any, **_: Any) -> None:
+        published.append(body)
+
+    svc.broker.publish = publish  # type: ignore[method-assign]
+    svc.driver.core = Raises()
+
+    async def run() -> None:
+        async with svc.sup:
+            d = batch(1)
+            with pytest.raises(RuntimeError):
+                await svc._on_events(d)
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert published  # the outcomes went (at least once)
+            assert d.acks == 0
+
+    asyncio.run(run())
