@@ -29,7 +29,7 @@ from msgspec.structs import replace
 from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
-from common.effects import JobRefused, JobSettled, Persist, Record, ToLm, ToUser
+from common.effects import After, JobRefused, JobSettled, Persist, Record, ToLm, ToUser
 from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
@@ -113,6 +113,9 @@ sooner than this after its previous ones (``Batcher``): they are in no hurry, a 
 keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
 this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
 an overloaded run sent 4.3 jobs per message."""
+DECIDE_TICK_S = 0.5
+"""While tasks are queued, the decide loop is woken this often without any input
+(``GmService._tick``)."""
 EVENTS_WINDOW = 4096
 """Sequence numbers of one LM's event batches that may arrive out of order, each once
 (``sealing.Opener``): a batch put back on the queue after a failure comes back behind
@@ -193,6 +196,9 @@ class GmService:
             self.sup, self._publish_persists, "returned tasks made durable"
         )
         self._wake = asyncio.Event()
+        self._ticker: asyncio.TimerHandle | None = None
+        """The decide loop's tick (``_tick``), while it runs and tasks are queued."""
+        self._deciding = False
         self._ready = asyncio.Event()
         self._holding: Held | None = None
         """The event delivery being fed: what the core makes of it (outcomes, returned
@@ -203,6 +209,7 @@ class GmService:
         self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
         d = self.driver
+        d.on(After, self._after)
         d.on(ToLm, self._to_lm)
         d.on(ToUser, self._to_user)
         d.on(JobSettled, self._ack)
@@ -303,7 +310,9 @@ class GmService:
     def feed(self, msg: object) -> None:
         self.driver.feed(msg)
         self._wake.set()
-        if self.core.ready:
+        if self._ticker is None and self._deciding:
+            self._ticker = asyncio.get_running_loop().call_later(DECIDE_TICK_S, self._tick)
+        if not self._ready.is_set() and self.core.ready:
             self._ready.set()
 
     async def _on_state(self, msg: amqp.Delivery) -> None:
@@ -611,19 +620,42 @@ class GmService:
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM.
-        Woken by any input, or after 0.5 s without (a timer, not ``wait_for``: that
-        made a task per wake-up)."""
+        Woken by any input (``feed``; the core's own timers' messages too), and by the
+        tick while tasks are queued (``_tick``)."""
         core = self.core
         batch = Decide(max_tasks=self.cfg.decide_batch)
-        loop = asyncio.get_running_loop()
-        while True:
-            timer = loop.call_later(0.5, self._wake.set)
-            await self._wake.wait()
-            timer.cancel()
-            self._wake.clear()
-            while core.has_work():
-                self.driver.feed(batch)
-                await asyncio.sleep(0)
+        wake = self._wake
+        self._deciding = True
+        self._tick()
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                while core.has_work():
+                    self.driver.feed(batch)
+                    await asyncio.sleep(0)
+        finally:
+            self._deciding = False
+            if self._ticker is not None:
+                self._ticker.cancel()
+                self._ticker = None
+
+    def _tick(self) -> None:
+        """Wake the decide loop every ``DECIDE_TICK_S`` while the core holds queued
+        tasks (what may wait on no input: a task parked, a policy's order); with none,
+        nothing is decidable until an input comes, and ``feed`` starts the tick again.
+        One timer at a time, where one was made and cancelled per wake-up (per input,
+        under load), and none while idle, where one woke the process twice a second."""
+        self._ticker = None
+        if not len(self.core.queues):
+            return
+        self._wake.set()
+        self._ticker = asyncio.get_running_loop().call_later(DECIDE_TICK_S, self._tick)
+
+    def _after(self, eff: After) -> None:
+        """A core's timer: its message comes back through ``feed``, waking the decide
+        loop (what it put back in the queues is decided then, not at the next tick)."""
+        asyncio.get_running_loop().call_later(eff.delay, self.feed, eff.msg)
 
     # ----------------------------------------------------------------- pages
     def ident(self) -> str:

@@ -17,7 +17,7 @@ from common import codec
 from common.config import FederationConfig
 from common.effects import ToUser
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
-from common.messages import EventKind, TaskEvent, TaskEvents, TaskOutcome, TaskOutcomes
+from common.messages import Decide, EventKind, TaskEvent, TaskEvents, TaskOutcome, TaskOutcomes
 from common.model import Task, TaskSpec
 from global_master.app import GmService
 from security import sealing
@@ -188,3 +188,86 @@ def test_a_delivery_whose_handling_raised_is_not_acked_by_the_flush(
             assert d.acks == 0
 
     asyncio.run(run())
+
+
+def test_the_decide_loop_makes_no_timer_per_wake_up_ticks_while_tasks_wait_and_not_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken by every input, the decide loop makes no timer per wake-up; while tasks are
+    queued it is woken every ``DECIDE_TICK_S`` (work that became decidable without an
+    input is decided then); with none queued no timer is left: an idle GM sleeps."""
+    import global_master.app as app
+
+    monkeypatch.setattr(app, "DECIDE_TICK_S", 0.05, raising=False)
+    svc, _ = service(tmp_path, monkeypatch)
+    queued: list[int] = []
+    decidable = [False]
+    decided = [0]
+
+    class Core:
+        ready = True
+        queues = queued
+
+        def has_work(self) -> bool:
+            return decidable[0] and bool(queued)
+
+    def feed(msg: object) -> None:
+        if isinstance(msg, Decide):
+            decided[0] += 1
+            queued.pop()
+
+    svc.core = Core()  # type: ignore[assignment]
+    svc.driver.feed = feed  # type: ignore[method-assign,assignment]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        timers = [0]
+        call_later = loop.call_later
+
+        def counted(delay: float, cb: Any, *args: Any) -> asyncio.TimerHandle:
+            if getattr(cb, "__self__", None) in (svc, svc._wake):  # the service's timers
+                timers[0] += 1
+            return call_later(delay, cb, *args)
+
+        loop.call_later = counted  # type: ignore[method-assign]
+        async with svc.sup:
+            svc.sup.run_forever(svc._decide_loop(), "decide loop")
+            await asyncio.sleep(0)
+            queued.extend([1, 2, 3])  # queued, not decidable yet (say, parked)
+            for _ in range(200):  # inputs, each waking the loop
+                svc.feed(object())
+                await asyncio.sleep(0)
+            assert timers[0] <= 1
+            decidable[0] = True  # without an input: decided at the next tick
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if decided[0] == 3:
+                    break
+            assert decided[0] == 3
+            await asyncio.sleep(0.1)  # the tick that finds nothing queued stops
+            before = timers[0]
+            await asyncio.sleep(0.3)
+            assert timers[0] == before  # idle: no timer, no wake-up
+
+    asyncio.run(run())  # leaving the supervisor cancels its loops
+
+
+def test_a_core_timer_s_message_wakes_the_decide_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``After`` comes back through the service's ``feed``: what it puts in the queues
+    (a large job's next slice) is decided at once, not at the next tick."""
+    from common.effects import After
+
+    svc, _ = service(tmp_path, monkeypatch)
+    fed: list[object] = []
+    svc.driver.feed = fed.append  # type: ignore[method-assign,assignment]
+    later = object()
+
+    async def run() -> None:
+        svc.driver.carry_out([After(0.0, later)])
+        await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert fed == [later]
+    assert svc._wake.is_set()
