@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from typing import Any
@@ -113,6 +114,11 @@ sooner than this after its previous ones (``Batcher``): they are in no hurry, a 
 keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
 this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
 an overloaded run sent 4.3 jobs per message."""
+REVOCATIONS_S = 1.0
+"""Revoked tokens are looked for this often (``GmService._look_at_tokens``), on an input
+that comes anyway (LM state updates) ..."""
+REVOCATIONS_IDLE_S = 5.0
+"""... or by a timer of its own this long after the last look, without such inputs."""
 DECIDE_TICK_S = 0.5
 """While tasks are queued, the decide loop is woken this often without any input
 (``GmService._tick``)."""
@@ -198,12 +204,14 @@ class GmService:
         self._wake = asyncio.Event()
         self._ticker: asyncio.TimerHandle | None = None
         """The decide loop's tick (``_tick``), while it runs and tasks are queued."""
-        self._deciding = False
         self._ready = asyncio.Event()
         self._holding: Held | None = None
         """The event delivery being fed: what the core makes of it (outcomes, returned
         tasks) carries it, and the flush that publishes the last of them acks it."""
         self.consuming = False
+        self._told: dict[str, bool] = {}
+        """Whether each user was last told to the core as revoked (``_look_at_tokens``)."""
+        self._tokens_looked_at = -math.inf
         self.refused_jobs = 0
         self.redelivered_jobs = 0
         self.events_in = Traffic()
@@ -263,17 +271,25 @@ class GmService:
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
 
     async def _watch_revocations(self) -> None:
-        """Once a second: users of this GM whose token was revoked (``megha user
-        revoke``) or issued again since the last look go to the core, which ends a
-        revoked user's tasks (``global_master.revocation``)."""
-        told: dict[str, bool] = {}
+        """Users of this GM whose token was revoked (``megha user revoke``) or issued
+        again since the last look go to the core, which ends a revoked user's tasks
+        (``global_master.revocation``): looked at once a second, on a state update
+        (``_on_state``: every LM sends one a second, so the look costs no wake-up of
+        its own), or here at the latest ``REVOCATIONS_IDLE_S`` after the last look."""
         while True:
-            self.tokens.refresh(time.time())
-            for rec in self.tokens.users():
-                if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
-                    told[rec.user] = rec.revoked
-                    self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
-            await asyncio.sleep(1.0)
+            self._look_at_tokens(time.monotonic())
+            await asyncio.sleep(REVOCATIONS_IDLE_S)
+
+    def _look_at_tokens(self, now: float) -> None:
+        if now - self._tokens_looked_at < REVOCATIONS_S:
+            return
+        self._tokens_looked_at = now
+        self.tokens.refresh(time.time())
+        told = self._told
+        for rec in self.tokens.users():
+            if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
+                told[rec.user] = rec.revoked
+                self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
 
     async def _consume_state(self) -> None:
         """LM state updates (this GM's queue of them)."""
@@ -310,8 +326,6 @@ class GmService:
     def feed(self, msg: object) -> None:
         self.driver.feed(msg)
         self._wake.set()
-        if self._ticker is None and self._deciding:
-            self._ticker = asyncio.get_running_loop().call_later(DECIDE_TICK_S, self._tick)
         if not self._ready.is_set() and self.core.ready:
             self._ready.set()
 
@@ -329,6 +343,8 @@ class GmService:
             return
         self.state_seals.commit(seal)
         self.feed(update)
+        if self.consuming:
+            self._look_at_tokens(time.monotonic())
 
     def _to_user(self, eff: ToUser) -> None:
         held = self._holding
@@ -625,8 +641,7 @@ class GmService:
         core = self.core
         batch = Decide(max_tasks=self.cfg.decide_batch)
         wake = self._wake
-        self._deciding = True
-        self._tick()
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 await wake.wait()
@@ -634,8 +649,9 @@ class GmService:
                 while core.has_work():
                     self.driver.feed(batch)
                     await asyncio.sleep(0)
+                if self._ticker is None and len(core.queues):  # tasks left waiting
+                    self._ticker = loop.call_later(DECIDE_TICK_S, self._tick)
         finally:
-            self._deciding = False
             if self._ticker is not None:
                 self._ticker.cancel()
                 self._ticker = None
@@ -643,9 +659,10 @@ class GmService:
     def _tick(self) -> None:
         """Wake the decide loop every ``DECIDE_TICK_S`` while the core holds queued
         tasks (what may wait on no input: a task parked, a policy's order); with none,
-        nothing is decidable until an input comes, and ``feed`` starts the tick again.
-        One timer at a time, where one was made and cancelled per wake-up (per input,
-        under load), and none while idle, where one woke the process twice a second."""
+        nothing is decidable until an input comes, which wakes the loop itself (and it
+        starts the tick again if tasks are left).  One timer at a time, where one was
+        made and cancelled per wake-up (per input, under load), and none while idle,
+        where one woke the process twice a second."""
         self._ticker = None
         if not len(self.core.queues):
             return

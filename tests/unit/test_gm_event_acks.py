@@ -271,3 +271,38 @@ def test_a_core_timer_s_message_wakes_the_decide_loop(
     asyncio.run(run())
     assert fed == [later]
     assert svc._wake.is_set()
+
+
+def test_a_state_update_looks_for_revoked_tokens_at_most_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token revoked is found on the next LM state update (they come every second
+    anyway), not by a timer waking an idle GM each second for it; and looked for at
+    most once a second."""
+    from common.messages import StateDelta, StateUpdated, UserAccess
+
+    svc, _ = service(tmp_path, monkeypatch)
+    fed: list[object] = []
+    svc.driver.feed = fed.append  # type: ignore[method-assign,assignment]
+    svc.consuming = True
+    svc.tokens.check_every_s = 0.0
+    sealer = sealing.Sealer(LM0, {GM0: sealing.sealing_key(SECRET, LM0, GM0)}, 1)
+
+    def update(version: int) -> Delivery:
+        delta = StateDelta(lm=LmId("lm0"), version=version, base_version=version - 1,
+                           nodes=(), free=(), node_versions=())  # fmt: skip
+        body = codec.encode(StateUpdated(delta=delta))
+        return Delivery(body, dict(sealer.seal(body, "state")), f"s{version}")
+
+    async def run() -> None:
+        await svc._on_state(update(1))  # type: ignore[arg-type]
+        assert [m for m in fed if isinstance(m, UserAccess)] == []
+        TokenStore(svc.tokens.path).revoke("u0", now=1.0)
+        svc._tokens_looked_at -= 1.0  # a second went by
+        await svc._on_state(update(2))  # type: ignore[arg-type]
+        assert [m for m in fed if isinstance(m, UserAccess)] == [UserAccess(user=U0, revoked=True)]
+        looked = svc._tokens_looked_at
+        await svc._on_state(update(3))  # type: ignore[arg-type]
+        assert svc._tokens_looked_at == looked  # not again within the second
+
+    asyncio.run(run())
