@@ -61,33 +61,28 @@ async def _pause(s: float) -> None:
         await asyncio.sleep(0)
 
 
-def _arm(tree: str, batches: int, per_batch: int, burst: int, gap_s: float,
-         publish_s: float) -> dict[str, Any]:  # fmt: skip
-    sys.path.insert(0, tree)
-    from common import codec
+def _service(publish_s: float) -> tuple[Any, list[int]]:
+    """A GM service of ``gm0`` around a stub core, its broker's publications counted."""
     from common.config import FederationConfig
     from common.effects import ToUser
-    from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
-    from common.messages import EventKind, TaskEvent, TaskEvents, TaskOutcome
+    from common.ids import GmId, JobId, TaskId, UserId
+    from common.messages import TaskEvents, TaskOutcome
     from common.model import Task, TaskSpec
     from global_master.app import GmService
-    from security import sealing
     from security.access import Access
-    from security.identity import gm, lm
-    from security.secret import Secret
+    from security.identity import gm
     from security.tokens import TokenStore
 
     cfg = FederationConfig().validate()
-    secret = Secret.from_text("0123456789abcdef0123456789abcdef-bench", "bench")
     home = Path(tempfile.mkdtemp(prefix="bench-gm-service-"))
     os.environ["MEGHA_RUN_DIR"] = str(home / "run")
     store = TokenStore.in_home(home)
     store.add("u0", gm="gm0", share=1.0, now=0.0)
-    svc = GmService(cfg, GmId("gm0"), Access(gm("gm0"), cfg, secret, users_file=store.path))
-    spec = TaskSpec(task_id=TaskId("t"), job_id=JobId("j"), user=UserId("u0"), demand=(1, 1),
+    svc = GmService(cfg, GmId("gm0"), Access(gm("gm0"), cfg, _secret(), users_file=store.path))
+    user = UserId("u0")
+    spec = TaskSpec(task_id=TaskId("t"), job_id=JobId("j"), user=user, demand=(1, 1),
                     duration=0.02)  # fmt: skip
     outcome = TaskOutcome(task=Task(spec=spec, attempt=1), finished=True)
-    user = UserId("u0")
 
     class Stub:
         """A core that answers each event with its task's outcome."""
@@ -105,50 +100,67 @@ def _arm(tree: str, batches: int, per_batch: int, burst: int, gap_s: float,
         published[0] += 1
 
     svc.broker.publish = publish  # type: ignore[method-assign, assignment]
+    return svc, published
+
+
+def _secret() -> Any:
+    from security.secret import Secret
+
+    return Secret.from_text("0123456789abcdef0123456789abcdef-bench", "bench")
+
+
+def _deliveries(batches: int, per_batch: int) -> list[_Delivery]:
+    """``batches`` sealed task-event batches of lm0 to gm0, ``per_batch`` ends each."""
+    from common import codec
+    from common.ids import GmId, LmId, NodeIndex, TaskId, UserId
+    from common.messages import EventKind, TaskEvent, TaskEvents
+    from security import sealing
+    from security.identity import gm, lm
+
     lm0, gm0 = lm("lm0"), gm("gm0")
-    key = {gm0: sealing.sealing_key(secret, lm0, gm0)}
-    deliveries = []
+    key = {gm0: sealing.sealing_key(_secret(), lm0, gm0)}
+    out = []
     for seq in range(1, batches + 1):
         evs = tuple(
-            TaskEvent(
-                kind=EventKind.FINISHED,
-                lm=LmId("lm0"),
-                gm=GmId("gm0"),
-                user=user,
-                task_id=TaskId(f"t{seq}.{i}"),
-                attempt=1,
-                node=NodeIndex(0),
-                node_free=(1,),
-                node_version=1,
-                at=1.0,
-            )
+            TaskEvent(kind=EventKind.FINISHED, lm=LmId("lm0"), gm=GmId("gm0"),
+                      user=UserId("u0"), task_id=TaskId(f"t{seq}.{i}"), attempt=1,
+                      node=NodeIndex(0), node_free=(1,), node_version=1, at=1.0)
             for i in range(per_batch)
-        )
+        )  # fmt: skip
         body = codec.encode(TaskEvents(lm=LmId("lm0"), epoch=1, events=evs))
         headers = dict(sealing.seal(body, lm0, 1, seq, key, stream="events.gm0"))
-        deliveries.append(_Delivery(body, headers, f"lm0.1.{seq}"))
+        out.append(_Delivery(body, headers, f"lm0.1.{seq}"))
+    return out
+
+
+async def _drive(svc: Any, deliveries: list[_Delivery], burst: int, gap_s: float) -> float:
+    """The CPU the service spends until every delivery is acked."""
     guarded = svc.broker.guarded("events", svc._on_events)
+    await svc.sup.__aenter__()
+    svc.sup.run_forever(svc._decide_loop(), "decide loop")
+    loop = asyncio.get_running_loop()
+    gc.collect()
+    t0 = time.process_time()
+    tasks: set[asyncio.Task[None]] = set()
+    for i in range(0, len(deliveries), burst):
+        for d in deliveries[i : i + burst]:  # a task each, as aiormq hands them
+            t: asyncio.Task[None] = loop.create_task(guarded(d))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        await _pause(gap_s)
+    while ACKED[0] < len(deliveries):
+        await _pause(gap_s)
+    used = time.process_time() - t0
+    await svc.sup.__aexit__(None, None, None)
+    return used
 
-    async def run() -> float:
-        await svc.sup.__aenter__()
-        svc.sup.run_forever(svc._decide_loop(), "decide loop")
-        loop = asyncio.get_running_loop()
-        gc.collect()
-        t0 = time.process_time()
-        tasks: set[asyncio.Task[None]] = set()
-        for i in range(0, batches, burst):
-            for d in deliveries[i : i + burst]:  # a task each, as aiormq hands them
-                t: asyncio.Task[None] = loop.create_task(guarded(d))  # type: ignore[arg-type]
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-            await _pause(gap_s)
-        while ACKED[0] < len(deliveries):
-            await _pause(gap_s)
-        used = time.process_time() - t0
-        await svc.sup.__aexit__(None, None, None)
-        return used
 
-    used = asyncio.run(run())
+def _arm(tree: str, batches: int, per_batch: int, burst: int, gap_s: float,
+         publish_s: float) -> dict[str, Any]:  # fmt: skip
+    sys.path.insert(0, tree)
+    svc, published = _service(publish_s)
+    deliveries = _deliveries(batches, per_batch)
+    used = asyncio.run(_drive(svc, deliveries, burst, gap_s))
     return {
         "events": batches * per_batch,
         "cpu_us_per_event": round(1e6 * used / (batches * per_batch), 3),

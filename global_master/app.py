@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from typing import Any
@@ -60,12 +59,12 @@ from common.messages import (
     TaskEvents,
     TaskOutcome,
     TaskOutcomes,
-    UserAccess,
     UserTasksStopped,
 )
-from global_master import frontdoor, history, intake, pages
+from global_master import frontdoor, history, intake, pages, watch
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
+from global_master.held import Held, ack, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
@@ -114,11 +113,6 @@ sooner than this after its previous ones (``Batcher``): they are in no hurry, a 
 keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
 this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
 an overloaded run sent 4.3 jobs per message."""
-REVOCATIONS_S = 1.0
-"""Revoked tokens are looked for this often (``GmService._look_at_tokens``), on an input
-that comes anyway (LM state updates) ..."""
-REVOCATIONS_IDLE_S = 5.0
-"""... or by a timer of its own this long after the last look, without such inputs."""
 DECIDE_TICK_S = 0.5
 """While tasks are queued, the decide loop is woken this often without any input
 (``GmService._tick``)."""
@@ -165,6 +159,7 @@ class GmService:
         self.access = access
         self._open_keys(access, gm)
         self.core = _make_core(cfg, gm)
+        self.token_watch = watch.TokenWatch(self.tokens, self.core, self.feed)
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
@@ -202,20 +197,19 @@ class GmService:
             self.sup, self._publish_persists, "returned tasks made durable"
         )
         self._wake = asyncio.Event()
-        self._ticker: asyncio.TimerHandle | None = None
-        """The decide loop's tick (``_tick``), while it runs and tasks are queued."""
+        self._ticker: asyncio.TimerHandle | None = None  # (``_tick``)
         self._ready = asyncio.Event()
-        self._holding: Held | None = None
-        """The event delivery being fed: what the core makes of it (outcomes, returned
-        tasks) carries it, and the flush that publishes the last of them acks it."""
+        self._holding: Held | None = None  # the event delivery being fed (``_on_events``)
         self.consuming = False
-        self._told: dict[str, bool] = {}
-        """Whether each user was last told to the core as revoked (``_look_at_tokens``)."""
-        self._tokens_looked_at = -math.inf
         self.refused_jobs = 0
         self.redelivered_jobs = 0
         self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
+        self.history = history.for_gm(cfg, gm, self.core.book)
+        self._carry_out_effects()
+
+    def _carry_out_effects(self) -> None:
+        """What carrying out each of the core's effects means here."""
         d = self.driver
         d.on(After, self._after)
         d.on(ToLm, self._to_lm)
@@ -223,7 +217,6 @@ class GmService:
         d.on(JobSettled, self._ack)
         d.on(JobRefused, self._dead_letter)
         d.on(Persist, self._persist)
-        self.history = history.for_gm(cfg, gm, self.core.book)
         if self.history is not None:
             d.on(Record, self.history.record)
 
@@ -267,29 +260,8 @@ class GmService:
         await self.broker.add_setup(self._consume_jobs_and_events)
         self.consuming = True
         self.sup.run_forever(self._decide_loop(), "decide loop")
-        self.sup.run_forever(self._watch_revocations(), "revocations")
+        self.sup.run_forever(self.token_watch.forever(), "revocations")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
-
-    async def _watch_revocations(self) -> None:
-        """Users of this GM whose token was revoked (``megha user revoke``) or issued
-        again since the last look go to the core, which ends a revoked user's tasks
-        (``global_master.revocation``): looked at once a second, on a state update
-        (``_on_state``: every LM sends one a second, so the look costs no wake-up of
-        its own), or here at the latest ``REVOCATIONS_IDLE_S`` after the last look."""
-        while True:
-            self._look_at_tokens(time.monotonic())
-            await asyncio.sleep(REVOCATIONS_IDLE_S)
-
-    def _look_at_tokens(self, now: float) -> None:
-        if now - self._tokens_looked_at < REVOCATIONS_S:
-            return
-        self._tokens_looked_at = now
-        self.tokens.refresh(time.time())
-        told = self._told
-        for rec in self.tokens.users():
-            if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
-                told[rec.user] = rec.revoked
-                self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
 
     async def _consume_state(self) -> None:
         """LM state updates (this GM's queue of them)."""
@@ -343,8 +315,8 @@ class GmService:
             return
         self.state_seals.commit(seal)
         self.feed(update)
-        if self.consuming:
-            self._look_at_tokens(time.monotonic())
+        if self.consuming:  # (``global_master.watch``)
+            self.token_watch.look(time.monotonic())
 
     def _to_user(self, eff: ToUser) -> None:
         held = self._holding
@@ -398,7 +370,7 @@ class GmService:
             self._holding = None
         if not held.left:  # nothing to wait for
             await msg.ack()
-        # else acked by the flush publishing the last of it (``_published``): no wait
+        # else acked by the flush publishing the last of it (``held.published``): no wait
         # here, no wake-up of every waiting delivery at each flush
 
     async def _on_job(self, user: UserId, msg: amqp.Delivery) -> None:
@@ -515,7 +487,7 @@ class GmService:
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
-            self.sup.spawn(_ack(msg), "job ack")
+            self.sup.spawn(ack(msg), "job ack")
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1
@@ -616,9 +588,9 @@ class GmService:
                     "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
                 )
             except BaseException:
-                _unpublished(jobs[i:])
+                unpublished(jobs[i:])
                 raise
-            await _published(jobs[i : i + 1])
+            await published(jobs[i : i + 1])
 
     async def _publish_outcomes(
         self, user: UserId, outcomes: list[tuple[TaskOutcome, Held | None]]
@@ -630,9 +602,9 @@ class GmService:
         try:
             await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
         except BaseException:
-            _unpublished(outcomes)
+            unpublished(outcomes)
             raise
-        await _published(outcomes)
+        await published(outcomes)
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM.
@@ -657,12 +629,9 @@ class GmService:
                 self._ticker = None
 
     def _tick(self) -> None:
-        """Wake the decide loop every ``DECIDE_TICK_S`` while the core holds queued
-        tasks (what may wait on no input: a task parked, a policy's order); with none,
-        nothing is decidable until an input comes, which wakes the loop itself (and it
-        starts the tick again if tasks are left).  One timer at a time, where one was
-        made and cancelled per wake-up (per input, under load), and none while idle,
-        where one woke the process twice a second."""
+        """Wake the decide loop every ``DECIDE_TICK_S`` while tasks are queued (they may
+        wait on no input: parked, a policy's order); with none, only an input brings
+        work.  No timer per wake-up, none while idle."""
         self._ticker = None
         if not len(self.core.queues):
             return
@@ -689,42 +658,6 @@ class GmService:
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
-
-
-class Held:
-    """An event delivery held unacknowledged until what the core made of it (task
-    outcomes, returned tasks: ``left`` of them) is on the broker.  A failed publication
-    of any of them keeps it unacknowledged: the broker delivers it again (to this GM
-    once its channel is gone, or to the next)."""
-
-    __slots__ = ("failed", "left", "msg")
-
-    def __init__(self, msg: amqp.Delivery) -> None:
-        self.msg = msg
-        self.left = 0
-        self.failed = False
-
-
-async def _published(items: list[tuple[Any, Held | None]]) -> None:
-    """``items`` are on the broker: the deliveries of which they were the last, acked."""
-    for _, held in items:
-        if held is not None:
-            held.left -= 1
-            if not held.left and not held.failed:
-                await _ack(held.msg)
-
-
-def _unpublished(items: list[tuple[Any, Held | None]]) -> None:
-    for _, held in items:
-        if held is not None:
-            held.failed = True
-
-
-async def _ack(msg: amqp.Delivery) -> None:
-    try:
-        await msg.ack()
-    except Exception as exc:  # channel gone: the broker will redeliver; the core knows it
-        log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
 
 
 def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Application:

@@ -298,11 +298,11 @@ def test_a_state_update_looks_for_revoked_tokens_at_most_once_a_second(
         await svc._on_state(update(1))  # type: ignore[arg-type]
         assert [m for m in fed if isinstance(m, UserAccess)] == []
         TokenStore(svc.tokens.path).revoke("u0", now=1.0)
-        svc._tokens_looked_at -= 1.0  # a second went by
+        svc.token_watch.looked_at -= 1.0  # a second went by
         await svc._on_state(update(2))  # type: ignore[arg-type]
         assert [m for m in fed if isinstance(m, UserAccess)] == [UserAccess(user=U0, revoked=True)]
-        looked = svc._tokens_looked_at
+        looked = svc.token_watch.looked_at
         await svc._on_state(update(3))  # type: ignore[arg-type]
-        assert svc._tokens_looked_at == looked  # not again within the second
+        assert svc.token_watch.looked_at == looked  # not again within the second
 
     asyncio.run(run())
