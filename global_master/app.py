@@ -29,7 +29,7 @@ from msgspec.structs import replace
 from common import broker_names as names
 from common import codec
 from common.config import FederationConfig
-from common.effects import JobRefused, JobSettled, Persist, Record, ToLm, ToUser
+from common.effects import After, JobRefused, JobSettled, Persist, Record, ToLm, ToUser
 from common.errors import ConfigError, DecodeError, MeghaError, Unauthorized
 from common.ids import GmId, JobId, LmId, UserId
 from common.messages import (
@@ -59,12 +59,12 @@ from common.messages import (
     TaskEvents,
     TaskOutcome,
     TaskOutcomes,
-    UserAccess,
     UserTasksStopped,
 )
-from global_master import frontdoor, history, intake, pages
+from global_master import frontdoor, history, intake, pages, watch
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
+from global_master.held import Held, ack, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
@@ -113,6 +113,9 @@ sooner than this after its previous ones (``Batcher``): they are in no hurry, a 
 keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
 this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
 an overloaded run sent 4.3 jobs per message."""
+DECIDE_TICK_S = 0.5
+"""While tasks are queued, the decide loop is woken this often without any input
+(``GmService._tick``)."""
 EVENTS_WINDOW = 4096
 """Sequence numbers of one LM's event batches that may arrive out of order, each once
 (``sealing.Opener``): a batch put back on the queue after a failure comes back behind
@@ -156,6 +159,7 @@ class GmService:
         self.access = access
         self._open_keys(access, gm)
         self.core = _make_core(cfg, gm)
+        self.token_watch = watch.TokenWatch(self.tokens, self.core, self.feed)
         self.sup = Supervisor(gm)
         self.driver = CoreDriver(self.core, self.sup)
         self.broker = amqp.Broker(cfg, gm, urls=access.broker_urls())
@@ -186,28 +190,33 @@ class GmService:
         self.recent_allocations: deque[tuple[float, float]] = deque(maxlen=RECENT_ALLOCATIONS)
         """(when it finished, allocation time) of the latest finished tasks: the
         operators' last-minute tails (``/v1/state`` ``allocations``)."""
-        self.outcomes: Batcher[UserId, TaskOutcome] = Batcher(
+        self.outcomes: Batcher[UserId, tuple[TaskOutcome, Held | None]] = Batcher(
             self.sup, self._publish_outcomes, "task outcomes", linger_s=cfg.linger_s
         )
-        self.persists: Batcher[UserId, SubmitJob] = Batcher(
+        self.persists: Batcher[UserId, tuple[SubmitJob, Held | None]] = Batcher(
             self.sup, self._publish_persists, "returned tasks made durable"
         )
         self._wake = asyncio.Event()
+        self._ticker: asyncio.TimerHandle | None = None  # (``_tick``)
         self._ready = asyncio.Event()
-        self._tickets: dict[UserId, int] = {}
-        self._persisted: dict[UserId, int] = {}
+        self._holding: Held | None = None  # the event delivery being fed (``_on_events``)
         self.consuming = False
         self.refused_jobs = 0
         self.redelivered_jobs = 0
         self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
+        self.history = history.for_gm(cfg, gm, self.core.book)
+        self._carry_out_effects()
+
+    def _carry_out_effects(self) -> None:
+        """What carrying out each of the core's effects means here."""
         d = self.driver
+        d.on(After, self._after)
         d.on(ToLm, self._to_lm)
         d.on(ToUser, self._to_user)
         d.on(JobSettled, self._ack)
         d.on(JobRefused, self._dead_letter)
         d.on(Persist, self._persist)
-        self.history = history.for_gm(cfg, gm, self.core.book)
         if self.history is not None:
             d.on(Record, self.history.record)
 
@@ -251,21 +260,8 @@ class GmService:
         await self.broker.add_setup(self._consume_jobs_and_events)
         self.consuming = True
         self.sup.run_forever(self._decide_loop(), "decide loop")
-        self.sup.run_forever(self._watch_revocations(), "revocations")
+        self.sup.run_forever(self.token_watch.forever(), "revocations")
         log.info("%s ready: views of %d LMs", self.core.gm_id, len(self.core.views))
-
-    async def _watch_revocations(self) -> None:
-        """Once a second: users of this GM whose token was revoked (``megha user
-        revoke``) or issued again since the last look go to the core, which ends a
-        revoked user's tasks (``global_master.revocation``)."""
-        told: dict[str, bool] = {}
-        while True:
-            self.tokens.refresh(time.time())
-            for rec in self.tokens.users():
-                if rec.user in self.core.queues and told.get(rec.user, False) != rec.revoked:
-                    told[rec.user] = rec.revoked
-                    self.feed(UserAccess(user=UserId(rec.user), revoked=rec.revoked))
-            await asyncio.sleep(1.0)
 
     async def _consume_state(self) -> None:
         """LM state updates (this GM's queue of them)."""
@@ -302,7 +298,7 @@ class GmService:
     def feed(self, msg: object) -> None:
         self.driver.feed(msg)
         self._wake.set()
-        if self.core.ready:
+        if not self._ready.is_set() and self.core.ready:
             self._ready.set()
 
     async def _on_state(self, msg: amqp.Delivery) -> None:
@@ -319,14 +315,22 @@ class GmService:
             return
         self.state_seals.commit(seal)
         self.feed(update)
+        if self.consuming:  # (``global_master.watch``)
+            self.token_watch.look(time.monotonic())
 
     def _to_user(self, eff: ToUser) -> None:
-        self._tickets[eff.user] = self.outcomes.add(eff.user, eff.msg)
+        held = self._holding
+        if held is not None:
+            held.left += 1
+        self.outcomes.add(eff.user, (eff.msg, held))
         if eff.msg.finished:
             self.recent_allocations.append((time.time(), eff.msg.task.allocation_time))
 
     def _persist(self, eff: Persist) -> None:
-        self._persisted[eff.job.user] = self.persists.add(eff.job.user, eff.job)
+        held = self._holding
+        if held is not None:
+            held.left += 1
+        self.persists.add(eff.job.user, (eff.job, held))
 
     async def _on_events(self, msg: amqp.Delivery) -> None:
         """Task events; acknowledged once what they produced is on the broker (outcomes
@@ -347,26 +351,27 @@ class GmService:
             )
         self.event_seals.commit(seal)
         first = False
+        held = Held(msg)
         try:
-            self._tickets, self._persisted = {}, {}
             first = self.events_seen.first_time(msg.message_id)
             if first:
                 faults.strike("consumer_error")
                 self.events_in.note(len(events.events))
+                self._holding = held
                 self.feed(events)
         except Exception as exc:
+            held.failed = True  # what it produced is published, never acked for it
             if not isinstance(exc, MeghaError):  # it comes back: take it then
                 self.event_seals.release(seal)
                 if first:
                     self.events_seen.forget(msg.message_id)
             raise
-        tickets, persisted = self._tickets, self._persisted
-        self._tickets, self._persisted = {}, {}
-        if tickets:
-            await self.outcomes.sent(tickets)
-        if persisted:
-            await self.persists.sent(persisted)
-        await msg.ack()
+        finally:
+            self._holding = None
+        if not held.left:  # nothing to wait for
+            await msg.ack()
+        # else acked by the flush publishing the last of it (``held.published``): no wait
+        # here, no wake-up of every waiting delivery at each flush
 
     async def _on_job(self, user: UserId, msg: amqp.Delivery) -> None:
         size = len(msg.body) + amqp.properties_bytes(msg)  # its headers are held too
@@ -482,7 +487,7 @@ class GmService:
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
-            self.sup.spawn(_ack(msg), "job ack")
+            self.sup.spawn(ack(msg), "job ack")
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1
@@ -572,35 +577,71 @@ class GmService:
                     return None
                 log.warning("%s did not answer %s (%s): asking again", peer.name, path, exc)
 
-    async def _publish_persists(self, user: UserId, jobs: list[SubmitJob]) -> None:
-        for job in jobs:
+    async def _publish_persists(
+        self, user: UserId, jobs: list[tuple[SubmitJob, Held | None]]
+    ) -> None:
+        for i, (job, _) in enumerate(jobs):
             body = codec.encode(job)
             seal = self.resume_seal.seal(body, f"resume.{user}")
-            await self.broker.publish(
-                "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
-            )
+            try:
+                await self.broker.publish(
+                    "submit", names.submit_key(user), amqp.persistent(body, headers=seal)
+                )
+            except BaseException:
+                unpublished(jobs[i:])
+                raise
+            await published(jobs[i : i + 1])
 
-    async def _publish_outcomes(self, user: UserId, outcomes: list[TaskOutcome]) -> None:
-        body = codec.encode(TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(outcomes)))
+    async def _publish_outcomes(
+        self, user: UserId, outcomes: list[tuple[TaskOutcome, Held | None]]
+    ) -> None:
+        msg = TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(o for o, _ in outcomes))
+        body = codec.encode(msg)
         key = names.user_event_key(user, self.core.gm_id)
         seal = self.outcome_seal.seal(body, user)
-        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
+        try:
+            await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
+        except BaseException:
+            unpublished(outcomes)
+            raise
+        await published(outcomes)
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM.
-        Woken by any input, or after 0.5 s without (a timer, not ``wait_for``: that
-        made a task per wake-up)."""
+        Woken by any input (``feed``; the core's own timers' messages too), and by the
+        tick while tasks are queued (``_tick``)."""
         core = self.core
         batch = Decide(max_tasks=self.cfg.decide_batch)
+        wake = self._wake
         loop = asyncio.get_running_loop()
-        while True:
-            timer = loop.call_later(0.5, self._wake.set)
-            await self._wake.wait()
-            timer.cancel()
-            self._wake.clear()
-            while core.has_work():
-                self.driver.feed(batch)
-                await asyncio.sleep(0)
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                while core.has_work():
+                    self.driver.feed(batch)
+                    await asyncio.sleep(0)
+                if self._ticker is None and len(core.queues):  # tasks left waiting
+                    self._ticker = loop.call_later(DECIDE_TICK_S, self._tick)
+        finally:
+            if self._ticker is not None:
+                self._ticker.cancel()
+                self._ticker = None
+
+    def _tick(self) -> None:
+        """Wake the decide loop every ``DECIDE_TICK_S`` while tasks are queued (they may
+        wait on no input: parked, a policy's order); with none, only an input brings
+        work.  No timer per wake-up, none while idle."""
+        self._ticker = None
+        if not len(self.core.queues):
+            return
+        self._wake.set()
+        self._ticker = asyncio.get_running_loop().call_later(DECIDE_TICK_S, self._tick)
+
+    def _after(self, eff: After) -> None:
+        """A core's timer: its message comes back through ``feed``, waking the decide
+        loop (what it put back in the queues is decided then, not at the next tick)."""
+        asyncio.get_running_loop().call_later(eff.delay, self.feed, eff.msg)
 
     # ----------------------------------------------------------------- pages
     def ident(self) -> str:
@@ -617,13 +658,6 @@ class GmService:
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
-
-
-async def _ack(msg: amqp.Delivery) -> None:
-    try:
-        await msg.ack()
-    except Exception as exc:  # channel gone: the broker will redeliver; the core knows it
-        log.warning("ack failed (%s): the job will be redelivered and recognised", exc)
 
 
 def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Application:
