@@ -42,6 +42,8 @@ answering process's incarnation (how a caller learns it).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import heapq
 import hmac
@@ -53,6 +55,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from common.errors import Unauthorized, ValidationError
 from security.identity import Identity, Role
@@ -130,8 +133,30 @@ def _canonical(
     ).encode()
 
 
+_hmac_new: Any = None
+"""CPython's OpenSSL HMAC (``_hashlib``): copied from one keyed per key, the key's pads
+are made once, not per MAC (None: a Python without it, ``hmac.new`` each time)."""
+with contextlib.suppress(ImportError):
+    from _hashlib import hmac_new as _hmac_new
+
+_KEYED: dict[bytes, Any] = {}
+"""An HMAC-SHA256 keyed with each key met, by key (a service holds a handful)."""
+KEYED_MAX = 256
+"""Keys ``_KEYED`` holds at most (more are keyed each time: memory stays bounded)."""
+
+
 def _mac(key: bytes, message: bytes) -> str:
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    keyed = _KEYED.get(key)
+    if keyed is None:
+        if _hmac_new is None:
+            return hmac.new(key, message, hashlib.sha256).hexdigest()
+        keyed = _hmac_new(key, digestmod="sha256")
+        if len(_KEYED) < KEYED_MAX:
+            _KEYED[key] = keyed
+    mac = keyed.copy()
+    mac.update(message)
+    hexdigest: str = mac.hexdigest()
+    return hexdigest
 
 
 def _check_path(path: str) -> None:
@@ -163,8 +188,10 @@ def _sign(
     now: float,
     nonce: str,
     incarnation: str,
+    *,
+    checked: bool = False,
 ) -> dict[str, str]:
-    if not _NONCE.fullmatch(nonce):
+    if not checked and not _NONCE.fullmatch(nonce):
         raise ValueError("a nonce is 16-64 characters of [A-Za-z0-9_-]")
     if incarnation and not _INCARNATION.fullmatch(incarnation):
         raise ValueError("an incarnation is 16-32 lower hex digits")
@@ -203,8 +230,11 @@ def sign(
     if not _METHOD.fullmatch(method):
         raise ValueError(f"bad HTTP method {method!r}")
     _check_path(path)
-    nonce = nonce or new_nonce()
-    return _sign("request", method, path, body, identity, key, now, nonce, incarnation)
+    if nonce:
+        return _sign("request", method, path, body, identity, key, now, nonce, incarnation)
+    return _sign(  # a nonce of ``new_nonce`` is well-formed by construction
+        "request", method, path, body, identity, key, now, new_nonce(), incarnation, checked=True
+    )
 
 
 def _refuse(reason: Refusal, message: str) -> Unauthorized:
@@ -218,12 +248,26 @@ _INCARNATION_LOW = _LOW[HEADER_INCARNATION]
 _OURS = _SIGNED_LOW | {_INCARNATION_LOW}
 
 
-def _our_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+class Fields(dict[str, str]):
+    """Header fields by their lower-case names, each name once: what a parser that
+    reads each name once makes (``runtime.fastpath``'s and ``runtime.h1``'s, which give
+    a head with a name twice to a multidict instead).  Its fields are looked up as they
+    are, neither scanned nor lower-cased again."""
+
+    __slots__ = ()
+
+
+def _our_headers(headers: Mapping[str, str]) -> tuple[Mapping[str, str], bool]:
     """Our headers, by lower-case name, and whether the incarnation came twice (refused
     after the other fields' checks, as ``_incarnation``).  A duplicated signed header is
-    refused (a proxy and this code could otherwise read different copies).  A multidict
-    (aiohttp's and ``runtime.h1``'s headers) is asked for our names only; any other
-    mapping is read in one pass (each name lower-cased once)."""
+    refused (a proxy and this code could otherwise read different copies).  ``Fields``
+    are ours already (no name twice); a multidict (aiohttp's headers) is asked for our
+    names only; any other mapping is read in one pass (each name lower-cased once)."""
+    if type(headers) is Fields:
+        if not headers.keys() >= _SIGNED_LOW:
+            missing = [h for h in SIGNED_HEADERS if _LOW[h] not in headers]
+            raise _refuse(Refusal.MISSING, f"missing {', '.join(missing)}")
+        return headers, False
     getall = getattr(headers, "getall", None)
     asked = None if getall is None else _asked(getall)
     found, incarnation_twice = _scan(headers) if asked is None else asked
@@ -642,7 +686,13 @@ def is_user_api(method: str, path: str) -> bool:
 
 def may_call(caller: Identity, service: Identity, method: str, path: str) -> bool:
     """Does ``ACCESS_POLICY`` let ``caller`` call ``method path`` on ``service``?"""
-    method, route = method.upper(), path.split("?", 1)[0]
+    return _may_call(caller, service, method.upper(), path.split("?", 1)[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _may_call(caller: Identity, service: Identity, method: str, route: str) -> bool:
+    """``may_call``'s verdict, kept: ``ACCESS_POLICY`` is a constant, and a service asks
+    about a handful of callers and routes (bounded whatever paths callers send)."""
     return any(
         caller.role == r.caller
         and service.role in r.services
