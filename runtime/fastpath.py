@@ -6,19 +6,22 @@ request is read here, and its answer written, without aiohttp's request, respons
 middleware objects (about a fifth of an LM's CPU).  Anything else -- another method or
 path, HTTP/1.0, chunked, ``Expect``, ``Upgrade``, ``Content-Encoding``, ``Connection``
 other than keep-alive, a repeated header, a byte outside printable ASCII, a long head,
-obs-fold -- or a head that did not come whole in one read is ``HANDOVER``: the connection gives
-every byte it holds, unread, to aiohttp, which answers it (or refuses it) exactly as it does without this path.  What
-this module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``).
+obs-fold, a header value ending in whitespace -- or a head that did not come whole in
+one read is ``HANDOVER``: the connection gives every byte it holds, unread, to aiohttp,
+which answers it (or refuses it) exactly as it does without this path.  What this
+module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
+
+from security.signing import Fields
 
 MAX_HEAD: Final = 8190
 """The longest head read here (aiohttp's line limit: any line of a head this long is
@@ -58,6 +61,9 @@ class Head:
     """The body's ``Content-Length``."""
     size: int
     """Bytes of the head, its blank line included: the body starts there."""
+    low: Fields = field(default_factory=Fields, compare=False, repr=False)
+    """The same fields by lower-case name (each name once: a name twice is handed
+    over), as ``security.signing`` reads them."""
 
 
 def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
@@ -70,42 +76,37 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
         return HANDOVER
     first = buf.find(b"\r\n")
     line = buf[:first]
-    if not line.endswith(_VERSION) or line[5 : -len(_VERSION)] not in routes:
+    path = line[5 : -len(_VERSION)]
+    if not line.endswith(_VERSION) or path not in routes:
         return HANDOVER
-    fields = _fields(buf[first + 2 : end + 2].decode("ascii"))
-    if fields is None:
+    block = buf[first + 2 : end + 2].decode("ascii")
+    if _LINES.fullmatch(block) is None:
         return HANDOVER
-    length = _length(fields)
+    fields = tuple(_FIELD.findall(block))
+    low = Fields({name.lower(): value for name, value in fields})
+    if len(low) != len(fields) or not _REFUSED_FIELDS.isdisjoint(low):
+        return HANDOVER  # a name twice, or a framing field: aiohttp's
+    if low.get("connection", "keep-alive").lower() != "keep-alive":
+        return HANDOVER
+    length = _length(low)
     if length is None:
         return HANDOVER
-    return Head(line[5 : -len(_VERSION)].decode("ascii"), fields, length, end + 4)
+    return Head(path.decode("ascii"), fields, length, end + 4, low)
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_LINES = re.compile(rf"(?:[{_T}]+:[\x20-\x7e\t]*\r\n){{1,{MAX_FIELDS}}}")
-"""Header lines read here: a token, a colon, printable ASCII or tabs (no obs-fold, no
-lone CR or LF, no space before the colon)."""
-_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*\r\n")
+_LINES = re.compile(rf"(?:[{_T}]+:[ \t]*(?:[\x20-\x7e\t]*[\x21-\x7e])?\r\n){{1,{MAX_FIELDS}}}")
+"""Header lines read here: a token, a colon, printable ASCII or tabs, the value's last
+character not a space or a tab (no obs-fold, no lone CR or LF, no space before the colon;
+a value with whitespace at its end is aiohttp's to read)."""
+_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*)\r\n")
+"""A header line of ``_LINES``: its name, and its value (without the whitespace before
+it; there is none after it)."""
 
 
-def _fields(block: str) -> tuple[tuple[str, str], ...] | None:
-    """The header fields of ``block`` (its lines, each with its CRLF), or None if one
-    is not read here (malformed, repeated, a framing field, too many)."""
-    if _LINES.fullmatch(block) is None:
-        return None
-    fields = tuple(_FIELD.findall(block))
-    low = {name.lower(): value for name, value in fields}
-    if len(low) != len(fields) or not _REFUSED_FIELDS.isdisjoint(low):
-        return None
-    if low.get("connection", "keep-alive").lower() != "keep-alive":
-        return None
-    return fields
-
-
-def _length(fields: tuple[tuple[str, str], ...]) -> int | None:
+def _length(low: dict[str, str]) -> int | None:
     """The ``Content-Length`` of a request with a ``Host`` (aiohttp refuses one
-    without), if read here."""
-    low = {name.lower(): value for name, value in fields}
+    without), if read here; ``low``: the fields by lower-case name."""
     digits = low.get("content-length", "")
     if (
         "host" not in low

@@ -34,6 +34,7 @@ Scope, and its invariants:
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from security.signing import Fields
 from security.tls import process_client_context
 
 MAX_HEAD = 64 * 1024
@@ -65,6 +67,9 @@ class Answer:
     status: int
     headers: CIMultiDictProxy[str]
     body: bytes
+    fields: Fields | None = None
+    """The same headers by lower-case name, if no name came twice (None: one did),
+    as ``security.signing`` reads them."""
 
 
 # ------------------------------------------------------------------ parsing
@@ -81,6 +86,7 @@ class ResponseParser:
         self.keep_alive = True
         self._status = 0
         self._headers: CIMultiDict[str] | None = None
+        self._fields: Fields | None = None
         self._length: int | None = None  # None: to the close; -1: chunked
         self._chunks = bytearray()
 
@@ -130,16 +136,32 @@ class ResponseParser:
 
     def _head(self, head: bytes) -> bool:
         """Read the status line and headers; False for an interim (1xx) answer."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
+        first, _, block = head.partition(b"\r\n")
+        parts = first.split(b" ", 2)
         code = parts[1] if len(parts) > 1 else b""
         if not parts[0].startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise BrokenHop(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+            raise BrokenHop(f"not an HTTP/1.x answer: {first[:80]!r}")
         status = int(code)
         if 100 <= status < 200:
             return False
+        fields = _fields(block) if block else _Read([], Fields())
+        if fields is None:  # a name twice, or a line the quick reading does not take
+            return self._head_lines(status, parts[0], head.split(b"\r\n")[1:])
+        self._status = status
+        self._headers = CIMultiDict(fields.pairs)
+        self._fields = fields.low
+        low = fields.low
+        if "close" in low.get("connection", "").lower() or parts[0] == b"HTTP/1.0":
+            self.keep_alive = False
+        coding = low.get("transfer-encoding", "").lower()
+        length = low.get("content-length")
+        self._frame(status, coding, None if length is None else {length})
+        return True
+
+    def _head_lines(self, status: int, version: bytes, lines: list[bytes]) -> bool:
+        """``_head``'s reading of any header lines (one by one, a name maybe twice)."""
         headers: CIMultiDict[str] = CIMultiDict()
-        for line in lines[1:]:
+        for line in lines:
             name, sep, value = line.partition(b":")
             if not sep or not name or name != name.strip():
                 raise BrokenHop(f"bad header line {line[:80]!r}")
@@ -147,17 +169,23 @@ class ResponseParser:
         self._status, self._headers = status, headers
         # every line of a header counts: "chunked" then "gzip" is a gzipped body
         connection = ", ".join(headers.getall("Connection", ())).lower()
-        if "close" in connection or parts[0] == b"HTTP/1.0":
+        if "close" in connection or version == b"HTTP/1.0":
             self.keep_alive = False
         coding = ", ".join(headers.getall("Transfer-Encoding", ())).lower()
+        lengths = set(headers.getall("Content-Length")) if "Content-Length" in headers else None
+        self._frame(status, coding, lengths)
+        return True
+
+    def _frame(self, status: int, coding: str, lengths: set[str] | None) -> None:
+        """How the body comes: by the status, the transfer coding and the lengths given
+        (None: no ``Content-Length``)."""
         if self.head_only or status in (204, 304):
             self._length = 0
         elif coding:
             if coding != "chunked":
                 raise BrokenHop(f"transfer coding {coding!r} not read")
             self._length = -1
-        elif "Content-Length" in headers:
-            lengths = set(headers.getall("Content-Length"))
+        elif lengths is not None:
             if len(lengths) != 1 or not _digits(text := lengths.pop(), 18):
                 raise BrokenHop("bad Content-Length")
             self._length = int(text)
@@ -166,7 +194,6 @@ class ResponseParser:
         else:
             self._length = None
             self.keep_alive = False
-        return True
 
     def _chunk(self) -> bool:
         """Read chunks; True once the last one (and its trailers) is in."""
@@ -201,7 +228,41 @@ class ResponseParser:
 
     def _finish(self, body: bytes) -> None:
         assert self._headers is not None
-        self.answer = Answer(self._status, CIMultiDictProxy(self._headers), body)
+        self.answer = Answer(self._status, CIMultiDictProxy(self._headers), body, self._fields)
+
+
+class _Read:
+    """Header lines read at once: as sent, and by lower-case name."""
+
+    __slots__ = ("low", "pairs")
+
+    def __init__(self, pairs: list[tuple[str, str]], low: Fields) -> None:
+        self.pairs = pairs
+        self.low = low
+
+
+_T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_LINES = re.compile(rf"(?:[{_T}]+:[ \t]*(?:[\x20-\x7e\t]*[\x21-\x7e])?\r\n)+")
+"""Header lines read at once: a token, a colon, printable ASCII or tabs, the value's
+last character not a space or a tab; any other (still a header line to ``_head_lines``)
+is read one by one."""
+_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*)\r\n")
+"""A header line of ``_LINES``: its name, and its value (without the whitespace before
+it; there is none after it)."""
+
+
+def _fields(block: bytes) -> _Read | None:
+    """The header lines ``block`` (CRLF between them) read at once, or None if one is
+    not of ``_LINES`` or a name comes twice: ``_head_lines`` reads them then, with the
+    same verdict on every line read here."""
+    text = block.decode("latin-1") + "\r\n"
+    if _LINES.fullmatch(text) is None:
+        return None
+    pairs: list[tuple[str, str]] = _FIELD.findall(text)
+    low = Fields({name.lower(): value for name, value in pairs})
+    if len(low) != len(pairs):
+        return None
+    return _Read(pairs, low)
 
 
 def _digits(text: str, most: int) -> bool:
@@ -267,6 +328,13 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def time_out(self) -> None:
+        """No whole answer within the client's timeout: ``TimeoutError``, as
+        ``asyncio.timeout`` raises, and the connection closed."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(TimeoutError())
+        self.close()
 
     def send(self, request: bytes, parser: ResponseParser) -> asyncio.Future[Answer]:
         if self.transport is None or self.closed:
@@ -334,23 +402,50 @@ class Client:
         request = _request_bytes(method, target, origin.host_header, body, headers or {})
         parser = ResponseParser(self.max_body if max_body is None else max_body,
                                 head_only=method == "HEAD")  # fmt: skip
-        slots = self._slots.setdefault(origin, asyncio.Semaphore(self.limit_per_host))
+        slots = self._slots.get(origin)
+        if slots is None:
+            slots = self._slots[origin] = asyncio.Semaphore(self.limit_per_host)
+        if not slots.locked():
+            conn = self._idle_connection(origin)
+            if conn is not None:  # the usual hop: nothing to wait for but the answer
+                await slots.acquire()  # free: taken at once
+                try:
+                    return await self._exchange(origin, conn, request, parser, timed=True)
+                finally:
+                    slots.release()
         async with asyncio.timeout(self.timeout_s), slots:
             conn = self._idle_connection(origin) or await self._connect(origin)
-            try:
-                answer = await conn.send(request, parser)
-            except BaseException:
-                conn.close()
-                self._open.discard(conn)
-                raise
-            if parser.keep_alive and not conn.closed and not parser.buf:
-                conn.parser = conn.waiter = None
-                conn.idle_since = time.monotonic()
-                self._idle.setdefault(origin, []).append(conn)
+            return await self._exchange(origin, conn, request, parser, timed=False)
+
+    async def _exchange(
+        self, origin: _Origin, conn: _Connection, request: bytes, parser: ResponseParser,
+        *, timed: bool,
+    ) -> Answer:  # fmt: skip
+        """Send ``request`` on ``conn`` and read its answer (``timed``: within the
+        client's timeout, else the caller's ``asyncio.timeout`` bounds it); ``conn``
+        goes back to the idle ones only after a whole answer it may be reused after."""
+        try:
+            waiter = conn.send(request, parser)
+            if timed:
+                timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.time_out)
+                try:
+                    answer = await waiter
+                finally:
+                    timer.cancel()
             else:
-                conn.close()
-                self._open.discard(conn)
-            return answer
+                answer = await waiter
+        except BaseException:
+            conn.close()
+            self._open.discard(conn)
+            raise
+        if parser.keep_alive and not conn.closed and not parser.buf:
+            conn.parser = conn.waiter = None
+            conn.idle_since = time.monotonic()
+            self._idle.setdefault(origin, []).append(conn)
+        else:
+            conn.close()
+            self._open.discard(conn)
+        return answer
 
     async def close(self) -> None:
         """Close every connection; requests in flight, waiting or later fail, and open
@@ -420,18 +515,37 @@ _OWN_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connec
 frame the request differently (a smuggled request behind the body)."""
 
 
+_NAMES_CHECKED: set[str] = set()
+"""Header names a request was written with before (a service sends a dozen): checked
+once each, not per request."""
+NAMES_CHECKED_MAX = 256
+"""Names ``_NAMES_CHECKED`` holds at most (more are checked each time)."""
+
+
+def _check_name(name: str) -> None:
+    if "\r" in name or "\n" in name or ":" in name:
+        raise ValueError(f"header {name!r} holds a line break or colon")
+    if name.strip().lower() in _OWN_HEADERS:
+        raise ValueError(f"header {name!r} is the client's own (framing, keep-alive)")
+    if len(_NAMES_CHECKED) < NAMES_CHECKED_MAX:
+        _NAMES_CHECKED.add(name)
+
+
 def _request_bytes(
     method: str, target: str, host: bytes, body: bytes, headers: Mapping[str, str]
 ) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1".encode("ascii"), b"Host: " + host]
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: ".encode("ascii"), host, b"\r\n"]
+    fields = []
     for name, value in headers.items():
-        if any(c in name for c in "\r\n:") or "\r" in value or "\n" in value:
+        if name not in _NAMES_CHECKED:
+            _check_name(name)
+        if "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} holds a line break or colon")
-        if name.strip().lower() in _OWN_HEADERS:
-            raise ValueError(f"header {name!r} is the client's own (framing, keep-alive)")
-        lines.append(f"{name}: {value}".encode("latin-1"))
+        fields.append(f"{name}: {value}\r\n")
+    if fields:
+        lines.append("".join(fields).encode("latin-1"))
     if body or method in ("POST", "PUT"):
-        lines.append(b"Content-Length: %d" % len(body))
-    lines.append(b"")
+        lines.append(b"Content-Length: %d\r\n" % len(body))
+    lines.append(b"\r\n")
     lines.append(body)
-    return b"\r\n".join(lines)
+    return b"".join(lines)

@@ -38,14 +38,14 @@ import json
 import logging
 import os
 import time
+import types
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
-from multidict import CIMultiDict
 
 from common import codec
 from common.config import ID_ENV, FederationConfig, load_config
@@ -333,23 +333,51 @@ class _Connection(web.RequestHandler):
             self._busy = self._request_in_progress = True
             if self._manager is not None:
                 self._manager.requests_count += 1
-            self._loop.create_task(self._serve(lane, head, claim, body))
+            # served at once, up to its first wait if any (a task then goes on with it):
+            # a pool's start, a GM's answer never waits, and a task per request cost
+            # its creation and a turn of the loop
+            answering = self._answer(lane, head, claim, body)
+            try:
+                waits_on = answering.send(None)
+            except StopIteration:
+                self._served()
+                continue  # the next request held, if any
+            except BaseException:
+                self._served()
+                raise
+            self._loop.create_task(self._finish(answering, waits_on))
+            return
 
-    async def _serve(
+    async def _answer(
         self, lane: _Lane, head: fastpath.Head, claim: signing.Claim, body: bytes
     ) -> None:
-        """Answer one request of the lean path, in one write; then the next held."""
+        """Answer one request of the lean path, in one write."""
         try:
-            try:
-                out, close = await lane.answer(head.path, claim, body, self)
-            except Exception as exc:  # a server bug: aiohttp's 500, logged as aiohttp does
-                self.log_exception("Error handling request from %s", self.peername, exc_info=exc)
-                out, close = fastpath.answer_bytes(500, INTERNAL_ERROR, _TEXT, close=True), True
-            self._write(out, close)
+            out, close = await lane.answer(head.path, claim, body, self)
+        except Exception as exc:  # a server bug: aiohttp's 500, logged as aiohttp does
+            self.log_exception("Error handling request from %s", self.peername, exc_info=exc)
+            out, close = fastpath.answer_bytes(500, INTERNAL_ERROR, _TEXT, close=True), True
+        self._write(out, close)
+
+    async def _finish(self, answering: Coroutine[Any, Any, None], waits_on: Any) -> None:
+        """Go on with an answer that waited (``_answer``, its first step taken: it
+        yielded ``waits_on``); then the next request held."""
+        try:
+            await _resume(answering, waits_on)
         finally:
-            self._busy = self._request_in_progress = False
-            if self._handler_waiter is not None:  # a graceful shutdown waits for it
-                self._handler_waiter.set_result(None)
+            self._served()
+        if self._force_close or self.transport is None:
+            return
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        self._advance()
+
+    def _served(self) -> None:
+        """A request of the lean path is answered: the connection is free again."""
+        self._busy = self._request_in_progress = False
+        if self._handler_waiter is not None:  # a graceful shutdown waits for it
+            self._handler_waiter.set_result(None)
         if self._force_close or self.transport is None:
             return
         self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
@@ -357,10 +385,6 @@ class _Connection(web.RequestHandler):
             self._keepalive_handle = self._loop.call_at(
                 self._next_keepalive_close_time, self._process_keepalive
             )
-        if self._paused:
-            self._paused = False
-            self.transport.resume_reading()
-        self._advance()
 
     def _write(self, out: bytes, close: bool) -> None:
         transport = self.transport
@@ -408,6 +432,27 @@ class _Connection(web.RequestHandler):
             log.info("undecodable body from %r: %r", self.peername, str(kw["exc_info"]))
             return
         super().log_exception(*args, **kw)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, None, None]:
+    """Drive ``coro`` on from where its first step left it, having yielded ``waits_on``
+    (a future it awaits, or None: a bare turn of the loop), as the task awaiting this
+    would have driven it from the start: what the task is sent or thrown (its
+    cancellation) goes to ``coro``."""
+    while True:
+        try:
+            sent = yield waits_on
+        except BaseException as exc:
+            try:
+                waits_on = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 class _Server(web.Server):
@@ -667,7 +712,8 @@ class _Lane:
     counters and answers of ``auth_middleware`` and ``message_route``, in their order,
     without aiohttp's request, middleware and response objects."""
 
-    __slots__ = ("access", "kinds", "max_body", "metrics", "mine", "paths", "replays", "svc")
+    __slots__ = ("access", "counted", "kinds", "max_body", "metrics", "mine", "paths", "replays",
+                 "svc")  # fmt: skip
 
     def __init__(self, app: web.Application) -> None:
         routes: dict[str, type | tuple[type, ...]] = app[ROUTES_KEY]
@@ -680,6 +726,8 @@ class _Lane:
         self.mine = app[INCARNATION_KEY]
         self.svc = app[SERVICE_KEY]
         self.metrics = app.get(METRICS_KEY)
+        self.counted: dict[str, Any] = {}
+        """Each route's child of ``metrics.requests`` (``labels`` asked once per route)."""
 
     @classmethod
     def of(cls, app: web.Application) -> _Lane | None:
@@ -700,9 +748,8 @@ class _Lane:
         try:
             _check_length(head.length, self.max_body)
             claim = signing.verify_headers(
-                CIMultiDict(head.fields), "POST", head.path, self.access.keyring, time.time(),
-                self.replays,
-            )  # fmt: skip
+                head.low, "POST", head.path, self.access.keyring, time.time(), self.replays
+            )
             signing.authorize(claim.identity, self.access.me, "POST", head.path)
         except MeghaError as exc:
             return exc
@@ -744,7 +791,10 @@ class _Lane:
         """``message_route``'s handler (or ``ping_handler``'s): status, body and headers
         of the answer."""
         if self.metrics is not None:
-            self.metrics.requests.labels(path).inc()
+            counter = self.counted.get(path)
+            if counter is None:
+                counter = self.counted[path] = self.metrics.requests.labels(path)
+            counter.inc()
         if path == PING and path not in self.kinds:  # the floor: answered at once
             return 200, b"", {"Content-Type": MSGPACK}
         msg: object = codec.decode(body, expect=self.kinds[path], max_size=self.max_body)
@@ -955,7 +1005,8 @@ class Peer:
             raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
         try:
             incarnation = signing.verify_response(
-                answer.headers, status, data, headers[signing.HEADER_NONCE], to,
+                answer.headers if answer.fields is None else answer.fields,
+                status, data, headers[signing.HEADER_NONCE], to,
                 access.http_key(to, access.me), time.time(),
             )  # fmt: skip
         except Unauthorized as exc:  # altered on the way, or not from the peer
