@@ -15,8 +15,7 @@ module accepts, aiohttp's parser reads the same (``tests/unit/test_fastpath.py``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
@@ -50,9 +49,9 @@ HANDOVER: Final = _Handover()
 """Not a request this path reads: aiohttp reads it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
-    """A request head read here: ``POST path HTTP/1.1`` and its fields."""
+class Head(NamedTuple):
+    """A request head read here: ``POST path HTTP/1.1`` and its fields (a tuple: as
+    immutable as a frozen dataclass, made in a fraction of its time)."""
 
     path: str
     fields: tuple[tuple[str, str], ...]
@@ -61,7 +60,7 @@ class Head:
     """The body's ``Content-Length``."""
     size: int
     """Bytes of the head, its blank line included: the body starts there."""
-    low: Fields = field(default_factory=Fields, compare=False, repr=False)
+    low: Fields
     """The same fields by lower-case name (each name once: a name twice is handed
     over), as ``security.signing`` reads them."""
 
@@ -80,9 +79,10 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
     if not line.endswith(_VERSION) or path not in routes:
         return HANDOVER
     block = buf[first + 2 : end + 2].decode("ascii")
-    if _LINES.fullmatch(block) is None:
-        return HANDOVER
     fields = tuple(_FIELD.findall(block))
+    lines = block.count("\r\n")
+    if not 0 < len(fields) == lines <= MAX_FIELDS or block.count("\n") != lines:
+        return HANDOVER  # a line not of ``_FIELD`` (each match is a whole line), too many
     low = Fields({name.lower(): value for name, value in fields})
     if len(low) != len(fields) or not _REFUSED_FIELDS.isdisjoint(low):
         return HANDOVER  # a name twice, or a framing field: aiohttp's
@@ -95,13 +95,13 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_LINES = re.compile(rf"(?:[{_T}]+:[ \t]*(?:[\x20-\x7e\t]*[\x21-\x7e])?\r\n){{1,{MAX_FIELDS}}}")
-"""Header lines read here: a token, a colon, printable ASCII or tabs, the value's last
-character not a space or a tab (no obs-fold, no lone CR or LF, no space before the colon;
-a value with whitespace at its end is aiohttp's to read)."""
-_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*)\r\n")
-"""A header line of ``_LINES``: its name, and its value (without the whitespace before
-it; there is none after it)."""
+_FIELD = re.compile(rf"^([{_T}]+):[ \t]*((?:[\x20-\x7e\t]*[\x21-\x7e])?)\r\n", re.MULTILINE)
+"""A header line read here, from its start to its CRLF: a token, a colon, printable
+ASCII or tabs, the value's last character not a space or a tab (no obs-fold, no lone CR
+or LF, no space before the colon; a value with whitespace at its end is aiohttp's to
+read).  Its name, and its value without the whitespace before it.  Each match is one
+whole line: a block is read here if its lines (CRLFs; no LF alone) are as many as the
+matches."""
 
 
 def _length(low: dict[str, str]) -> int | None:

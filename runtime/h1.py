@@ -39,7 +39,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -60,9 +60,9 @@ class AnswerTooLarge(Exception):
     """The answer is longer than the caller accepts: another try would be too."""
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One HTTP response, read whole."""
+class Answer(NamedTuple):
+    """One HTTP response, read whole (a tuple: as immutable as a frozen dataclass, made
+    in a fraction of its time)."""
 
     status: int
     headers: CIMultiDictProxy[str]
@@ -242,23 +242,23 @@ class _Read:
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_LINES = re.compile(rf"(?:[{_T}]+:[ \t]*(?:[\x20-\x7e\t]*[\x21-\x7e])?\r\n)+")
-"""Header lines read at once: a token, a colon, printable ASCII or tabs, the value's
-last character not a space or a tab; any other (still a header line to ``_head_lines``)
-is read one by one."""
-_FIELD = re.compile(rf"([{_T}]+):[ \t]*([\x20-\x7e\t]*)\r\n")
-"""A header line of ``_LINES``: its name, and its value (without the whitespace before
-it; there is none after it)."""
+_FIELD = re.compile(rf"^([{_T}]+):[ \t]*((?:[\x20-\x7e\t]*[\x21-\x7e])?)\r\n", re.MULTILINE)
+"""A header line read at once, from its start to its CRLF: a token, a colon, printable
+ASCII or tabs, the value's last character not a space or a tab (any other, still a header
+line to ``_head_lines``, is read one by one).  Its name, and its value without the
+whitespace before it; each match is one whole line."""
 
 
 def _fields(block: bytes) -> _Read | None:
     """The header lines ``block`` (CRLF between them) read at once, or None if one is
-    not of ``_LINES`` or a name comes twice: ``_head_lines`` reads them then, with the
-    same verdict on every line read here."""
+    not of ``_FIELD`` (the lines, CRLFs with no LF alone, are more than the matches) or
+    a name comes twice: ``_head_lines`` reads them then, with the same verdict on every
+    line read here."""
     text = block.decode("latin-1") + "\r\n"
-    if _LINES.fullmatch(text) is None:
-        return None
     pairs: list[tuple[str, str]] = _FIELD.findall(text)
+    lines = text.count("\r\n")
+    if len(pairs) != lines or text.count("\n") != lines:
+        return None
     low = Fields({name.lower(): value for name, value in pairs})
     if len(low) != len(pairs):
         return None

@@ -712,8 +712,8 @@ class _Lane:
     counters and answers of ``auth_middleware`` and ``message_route``, in their order,
     without aiohttp's request, middleware and response objects."""
 
-    __slots__ = ("access", "counted", "kinds", "max_body", "metrics", "mine", "paths", "replays",
-                 "svc")  # fmt: skip
+    __slots__ = ("access", "allowed", "counted", "keys", "kinds", "max_body", "metrics", "mine",
+                 "paths", "replays", "svc")  # fmt: skip
 
     def __init__(self, app: web.Application) -> None:
         routes: dict[str, type | tuple[type, ...]] = app[ROUTES_KEY]
@@ -728,6 +728,11 @@ class _Lane:
         self.metrics = app.get(METRICS_KEY)
         self.counted: dict[str, Any] = {}
         """Each route's child of ``metrics.requests`` (``labels`` asked once per route)."""
+        self.allowed: set[tuple[str, str]] = set()
+        """(caller, route) that ``signing.authorize`` let through (``ACCESS_POLICY`` is a
+        constant): a caller of the keyring's, proven, on a route of ``paths``."""
+        self.keys: dict[str, bytes] = {}
+        """The key of each proven caller's answers (the keyring's callers at most)."""
 
     @classmethod
     def of(cls, app: web.Application) -> _Lane | None:
@@ -750,7 +755,9 @@ class _Lane:
             claim = signing.verify_headers(
                 head.low, "POST", head.path, self.access.keyring, time.time(), self.replays
             )
-            signing.authorize(claim.identity, self.access.me, "POST", head.path)
+            if (claim.who, head.path) not in self.allowed:
+                signing.authorize(claim.identity, self.access.me, "POST", head.path)
+                self.allowed.add((claim.who, head.path))
         except MeghaError as exc:
             return exc
         return claim
@@ -779,7 +786,9 @@ class _Lane:
             resp = refusal_of(self.metrics, "POST", path, exc)
             status, headers = resp.status, dict(resp.headers)
             out = resp.body if isinstance(resp.body, bytes) else b""
-        key = self.access.http_key(self.access.me, caller)
+        key = self.keys.get(claim.who)
+        if key is None:
+            key = self.keys[claim.who] = self.access.http_key(self.access.me, caller)
         headers.update(
             signing.sign_response(status, out, claim.nonce, self.access.me, key, now, self.mine)
         )
@@ -933,6 +942,7 @@ class Peer:
         self._incarnations: dict[int, str] = {}
         """By address: the incarnation of the process that last answered there."""
         self.rtts: deque[float] = deque(maxlen=4096)
+        self._keys: tuple[Access, bytes, bytes] | None = None
 
     async def post(
         self,
@@ -985,11 +995,12 @@ class Peer:
         its answer, whose signature is checked (the incarnation it carries learnt);
         ``_Transient`` if there is none, a 5xx, or one not signed by the peer."""
         access, to, at = self.access, self.to, self._at
+        key_out, key_in = self._keys_of(access)
         now = time.time()
-        headers = {
-            **access.sign(to, "POST", path, body, now, self._incarnations.get(at, "")),
-            **extra,
-        }
+        headers = signing.sign(
+            "POST", path, body, access.me, key_out, now, incarnation=self._incarnations.get(at, "")
+        )  # ``access.sign``, with the key looked up once
+        headers.update(extra)
         try:
             answer = await self.http.post(
                 self.urls[at] + path, body, headers, max_body=self.max_answer
@@ -1006,8 +1017,7 @@ class Peer:
         try:
             incarnation = signing.verify_response(
                 answer.headers if answer.fields is None else answer.fields,
-                status, data, headers[signing.HEADER_NONCE], to,
-                access.http_key(to, access.me), time.time(),
+                status, data, headers[signing.HEADER_NONCE], to, key_in, time.time(),
             )  # fmt: skip
         except Unauthorized as exc:  # altered on the way, or not from the peer
             # a refusal too: a peer signs its refusals of a proven caller, and one
@@ -1021,6 +1031,15 @@ class Peer:
         if incarnation:
             self._incarnations[at] = incarnation
         return answer
+
+    def _keys_of(self, access: Access) -> tuple[bytes, bytes]:
+        """The keys of this peer's channels with ``access``'s party: its calls', its
+        answers' (looked up once per ``access``)."""
+        keys = self._keys
+        if keys is None or keys[0] is not access:
+            keys = self._keys = (access, access.http_key(access.me, self.to),
+                                 access.http_key(self.to, access.me))  # fmt: skip
+        return keys[1], keys[2]
 
     @property
     def url(self) -> str:

@@ -16,6 +16,8 @@ from unittest import mock
 
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from common.errors import Unauthorized
@@ -143,6 +145,37 @@ def test_headers_read_at_once_are_those_read_line_by_line(data: bytes) -> None:
         assert quick.answer.fields is None  # a name twice: the multidict only
     elif quick.answer.fields is not None:
         assert dict(quick.answer.fields) == {k.lower(): v for k, v in quick.answer.headers.items()}
+
+
+def _read(data: bytes, *, quick: bool) -> tuple[object, ...]:
+    p = h1.ResponseParser(1 << 20)
+    try:
+        if quick:
+            p.feed(data)
+        else:
+            with mock.patch.object(h1, "_fields", return_value=None):
+                p.feed(data)
+    except (h1.BrokenHop, h1.AnswerTooLarge) as exc:
+        return (type(exc).__name__,)
+    a = p.answer
+    if a is None:
+        return ("incomplete",)
+    return a.status, list(a.headers.items()), a.body, p.keep_alive
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([b"X-A", b"x-a", b":", b" ", b"\t", b"\r", b"\n", b"1", b"v",
+                                  b"\xe9", b"\x85", b"\xa0", b"Content-Length", b"Connection",
+                                  b"close", b"0", b"\x00"]), max_size=6).map(b"".join),
+        max_size=5,
+    )
+)  # fmt: skip
+def test_any_header_lines_are_read_at_once_as_line_by_line(lines: list[bytes]) -> None:
+    data = b"HTTP/1.1 200 OK\r\n" + b"".join(line + b"\r\n" for line in lines)
+    data += b"Content-Length: 0\r\n\r\n"
+    assert _read(data, quick=True) == _read(data, quick=False)
 
 
 def test_a_bad_header_line_breaks_the_hop_either_way() -> None:
@@ -294,3 +327,31 @@ def test_a_waiting_call_cancelled_frees_its_connection() -> None:
             await runner.cleanup()
 
     asyncio.run(run())
+
+
+# ------------------------------------------------------------------ batcher
+def test_a_flush_nobody_waits_for_takes_no_lock_and_a_waiter_is_still_woken() -> None:
+    """``Batcher.sent``'s waiters are woken after each flush; with none, a flush leaves
+    the condition alone (its lock and notify were per flush)."""
+    from runtime.driver import Batcher
+    from runtime.supervisor import Supervisor
+
+    async def run() -> list[list[int]]:
+        flushed: list[list[int]] = []
+
+        async def flush(_: str, items: list[int]) -> None:
+            flushed.append(list(items))
+
+        async with Supervisor("test") as sup:
+            b: Batcher[str, int] = Batcher(sup, flush, "test")
+            with mock.patch.object(b, "_progress", mock.Mock(side_effect=AssertionError)):
+                b.add("k", 1)
+                for _ in range(5):
+                    await asyncio.sleep(0)
+            assert flushed == [[1]]
+            ticket = b.add("k", 2)
+            await asyncio.wait_for(b.sent({"k": ticket}), 5.0)  # woken by the flush
+            assert b._waiting == 0
+        return flushed
+
+    assert asyncio.run(run()) == [[1], [2]]
