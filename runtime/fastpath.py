@@ -95,7 +95,9 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_FIELD = re.compile(rf"^([{_T}]+):[ \t]*((?:[\x20-\x7e\t]*[\x21-\x7e])?)\r\n", re.MULTILINE)
+_FIELD = re.compile(
+    rf"^([{_T}]+):[ \t]*([\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|)\r\n", re.MULTILINE
+)
 """A header line read here, from its start to its CRLF: a token, a colon, printable
 ASCII or tabs, the value's last character not a space or a tab (no obs-fold, no lone CR
 or LF, no space before the colon; a value with whitespace at its end is aiohttp's to

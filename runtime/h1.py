@@ -37,9 +37,9 @@ import asyncio
 import re
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -242,7 +242,9 @@ class _Read:
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_FIELD = re.compile(rf"^([{_T}]+):[ \t]*((?:[\x20-\x7e\t]*[\x21-\x7e])?)\r\n", re.MULTILINE)
+_FIELD = re.compile(
+    rf"^([{_T}]+):[ \t]*([\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|)\r\n", re.MULTILINE
+)
 """A header line read at once, from its start to its CRLF: a token, a colon, printable
 ASCII or tabs, the value's last character not a space or a tab (any other, still a header
 line to ``_head_lines``, is read one by one).  Its name, and its value without the
@@ -375,15 +377,16 @@ class Client:
         self.max_body = max_body
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._slots: dict[_Origin, asyncio.Semaphore] = {}
-        self._origins: dict[str, tuple[_Origin, str]] = {}
+        self._origins: dict[str, tuple[_Origin, str, asyncio.Semaphore, list[_Connection]]] = {}
         self._open: set[_Connection] = set()
         self.closed = False
 
-    async def post(
+    def post(
         self, url: str, body: bytes, headers: Mapping[str, str], *, max_body: int | None = None
-    ) -> Answer:
-        """POST ``body`` to ``url``; the whole answer, whatever its status."""
-        return await self.request("POST", url, body, headers, max_body=max_body)
+    ) -> Coroutine[Any, Any, Answer]:
+        """POST ``body`` to ``url``; the whole answer, whatever its status (``request``'s
+        coroutine itself: no frame of its own to go through)."""
+        return self.request("POST", url, body, headers, max_body=max_body)
 
     async def request(
         self,
@@ -398,32 +401,30 @@ class Client:
         none came whole within the client's timeout."""
         if self.closed:
             raise BrokenHop("client closed")
-        origin, target = self._origin(url)
+        origin, target, slots, idle = self._origin(url)
         request = _request_bytes(method, target, origin.host_header, body, headers or {})
         parser = ResponseParser(self.max_body if max_body is None else max_body,
                                 head_only=method == "HEAD")  # fmt: skip
-        slots = self._slots.get(origin)
-        if slots is None:
-            slots = self._slots[origin] = asyncio.Semaphore(self.limit_per_host)
         if not slots.locked():
-            conn = self._idle_connection(origin)
+            conn = self._idle_connection(idle)
             if conn is not None:  # the usual hop: nothing to wait for but the answer
                 await slots.acquire()  # free: taken at once
                 try:
-                    return await self._exchange(origin, conn, request, parser, timed=True)
+                    return await self._exchange(idle, conn, request, parser, timed=True)
                 finally:
                     slots.release()
         async with asyncio.timeout(self.timeout_s), slots:
-            conn = self._idle_connection(origin) or await self._connect(origin)
-            return await self._exchange(origin, conn, request, parser, timed=False)
+            conn = self._idle_connection(idle) or await self._connect(origin)
+            return await self._exchange(idle, conn, request, parser, timed=False)
 
     async def _exchange(
-        self, origin: _Origin, conn: _Connection, request: bytes, parser: ResponseParser,
-        *, timed: bool,
+        self, idle: list[_Connection], conn: _Connection, request: bytes,
+        parser: ResponseParser, *, timed: bool,
     ) -> Answer:  # fmt: skip
         """Send ``request`` on ``conn`` and read its answer (``timed``: within the
         client's timeout, else the caller's ``asyncio.timeout`` bounds it); ``conn``
-        goes back to the idle ones only after a whole answer it may be reused after."""
+        goes back to the idle ones of its origin (``idle``) only after a whole answer
+        it may be reused after."""
         try:
             waiter = conn.send(request, parser)
             if timed:
@@ -438,10 +439,10 @@ class Client:
             conn.close()
             self._open.discard(conn)
             raise
-        if parser.keep_alive and not conn.closed and not parser.buf:
+        if parser.keep_alive and not conn.closed and not parser.buf and not self.closed:
             conn.parser = conn.waiter = None
             conn.idle_since = time.monotonic()
-            self._idle.setdefault(origin, []).append(conn)
+            idle.append(conn)
         else:
             conn.close()
             self._open.discard(conn)
@@ -454,9 +455,12 @@ class Client:
         for conn in self._open:
             conn.close()
         self._open.clear()
-        self._idle.clear()
+        for idle in self._idle.values():
+            idle.clear()
 
-    def _origin(self, url: str) -> tuple[_Origin, str]:
+    def _origin(self, url: str) -> tuple[_Origin, str, asyncio.Semaphore, list[_Connection]]:
+        """``url``'s origin, its target, and the origin's slots and idle connections
+        (kept by URL: an origin is hashed once, not per request)."""
         known = self._origins.get(url)
         if known is None:
             parts = urlsplit(url)
@@ -468,11 +472,11 @@ class Client:
             shown = f"[{host}]" if ":" in host else host
             origin = _Origin(host, port, f"{shown}:{port}".encode("ascii"), tls)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = self._origins[url] = (origin, target)
+            slots = self._slots.setdefault(origin, asyncio.Semaphore(self.limit_per_host))
+            known = self._origins[url] = (origin, target, slots, self._idle.setdefault(origin, []))
         return known
 
-    def _idle_connection(self, origin: _Origin) -> _Connection | None:
-        idle = self._idle.get(origin)
+    def _idle_connection(self, idle: list[_Connection]) -> _Connection | None:
         now = time.monotonic()
         while idle:
             conn = idle.pop()  # the most recently used: the warmest

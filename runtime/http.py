@@ -963,32 +963,41 @@ class Peer:
         """
         body = codec.encode(msg)
         extra = {"Content-Type": MSGPACK, **({"Idempotency-Key": key} if key else {})}
-
-        async def once() -> M | None:
-            for _ in range(2):
-                t0 = time.perf_counter()
-                answer = await self._exchange(path, body, extra)
-                status, data = answer.status, answer.body
-                if status >= 400:
-                    reason, detail = _error_of(data)
-                    if status == 401 and reason == signing.Refusal.WRONG_INCARNATION:
-                        self.relearned += 1
-                        continue  # bound again to the incarnation the answer named
-                    raise PeerRefused(status, reason, detail)
-                self.rtts.append(time.perf_counter() - t0)
-                if status == 204 or not data:
-                    return None
-                decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
-                return decoded
-            raise _Transient(f"{self.name}{path}: its incarnation changed twice in a row")
-
-        def count(_: BaseException) -> None:
+        start = time.monotonic()
+        try:  # the first try as such: ``retry`` only once it failed
+            return await self._once(path, body, extra, expect)
+        except _Transient as exc:
             self.errors += 1
-
+            failed = exc
         return await retry(
-            once, policy or self.policy, what=f"{self.name}{path}", retry_on=(_Transient,),
-            on_retry=count,
+            lambda: self._once(path, body, extra, expect), policy or self.policy,
+            what=f"{self.name}{path}", retry_on=(_Transient,), on_retry=self._count,
+            failed=failed, start=start,
         )  # fmt: skip
+
+    def _count(self, _: BaseException) -> None:
+        self.errors += 1
+
+    async def _once(
+        self, path: str, body: bytes, extra: dict[str, str], expect: type[M] | tuple[type, ...]
+    ) -> M | None:
+        """One try of ``post``: the answer decoded, or ``PeerRefused``, or ``_Transient``."""
+        for _ in range(2):
+            t0 = time.perf_counter()
+            answer = await self._exchange(path, body, extra)
+            status, data = answer.status, answer.body
+            if status >= 400:
+                reason, detail = _error_of(data)
+                if status == 401 and reason == signing.Refusal.WRONG_INCARNATION:
+                    self.relearned += 1
+                    continue  # bound again to the incarnation the answer named
+                raise PeerRefused(status, reason, detail)
+            self.rtts.append(time.perf_counter() - t0)
+            if status == 204 or not data:
+                return None
+            decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
+            return decoded
+        raise _Transient(f"{self.name}{path}: its incarnation changed twice in a row")
 
     async def _exchange(self, path: str, body: bytes, extra: dict[str, str]) -> h1.Answer:
         """One signed request (bound to the incarnation last learnt at its address) and

@@ -367,14 +367,21 @@ def _identity(text: str) -> Identity:
     return identity
 
 
+_IDENTITY_LOW = _LOW[HEADER_IDENTITY]
+_TIMESTAMP_LOW = _LOW[HEADER_TIMESTAMP]
+_NONCE_LOW = _LOW[HEADER_NONCE]
+_DIGEST_LOW = _LOW[HEADER_DIGEST]
+_SIGNATURE_LOW = _LOW[HEADER_SIGNATURE]
+
+
 def _parse(headers: Mapping[str, str]) -> Claim:
     h, incarnation_twice = _our_headers(headers)
-    who = h[_LOW[HEADER_IDENTITY]]
-    identity = _identity(who)
-    millis = h[_LOW[HEADER_TIMESTAMP]]
-    nonce = h[_LOW[HEADER_NONCE]]
-    digest = h[_LOW[HEADER_DIGEST]]
-    signature = h[_LOW[HEADER_SIGNATURE]]
+    who = h[_IDENTITY_LOW]
+    identity = _PARSED.get(who) or _identity(who)
+    millis = h[_TIMESTAMP_LOW]
+    nonce = h[_NONCE_LOW]
+    digest = h[_DIGEST_LOW]
+    signature = h[_SIGNATURE_LOW]
     if not _MILLIS.fullmatch(millis):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_TIMESTAMP} must be decimal milliseconds")
     if not _NONCE.fullmatch(nonce):

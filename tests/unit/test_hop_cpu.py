@@ -355,3 +355,36 @@ def test_a_flush_nobody_waits_for_takes_no_lock_and_a_waiter_is_still_woken() ->
         return flushed
 
     assert asyncio.run(run()) == [[1], [2]]
+
+
+# ------------------------------------------------------------------ retry
+def test_a_retry_after_a_first_try_made_by_the_caller_keeps_its_schedule() -> None:
+    """``retry(failed=...)`` goes on from a first try its caller made: the next try
+    after the first delay, the attempts counted from that first one, one deadline."""
+    import random
+    import time
+
+    from runtime.retry import Backoff, GiveUp, retry
+
+    async def run() -> tuple[list[str], int, int]:
+        tries: list[str] = []
+
+        async def call() -> str:
+            tries.append("try")
+            return "ok"
+
+        policy = Backoff(first_s=0.001, factor=1.0, cap_s=0.001, jitter=0.0, deadline_s=None)
+        with mock.patch("runtime.retry.asyncio.sleep", wraps=asyncio.sleep) as slept:
+            got = await retry(call, policy, what="x", retry_on=(ValueError,),
+                              rng=random.Random(1), failed=ValueError("first"))  # fmt: skip
+        assert got == "ok"
+        none_left = Backoff(first_s=0.001, jitter=0.0, deadline_s=0.0)
+        with pytest.raises(GiveUp) as gave_up:
+            await retry(call, none_left, what="x", retry_on=(ValueError,),
+                        failed=ValueError("first"), start=time.monotonic())  # fmt: skip
+        return tries, slept.call_count, gave_up.value.attempts
+
+    tries, slept, attempts = asyncio.run(run())
+    assert tries == ["try"]  # once, after one delay: the caller's try is not made again
+    assert slept == 1
+    assert attempts == 1  # the caller's try counts: its deadline passed, none more
