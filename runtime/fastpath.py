@@ -134,13 +134,14 @@ def answer_bytes(
     """An answer as aiohttp writes it (status line, ``headers``, ``Content-Length``
     unless a 204, ``Date``, ``Server``, ``Connection: close`` when closing), in one
     piece for one ``transport.write``."""
-    lines = [f"HTTP/1.1 {status} {phrase or _PHRASES.get(status, '')}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines = [f"HTTP/1.1 {status} {phrase or _PHRASES.get(status, '')}\r\n"]
+    lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
     if status != 204:
-        lines.append(f"Content-Length: {len(body)}")
-    lines.append(f"Date: {rfc822_formatted_time()}")
-    lines.append(f"Server: {SERVER_SOFTWARE}")
-    if close:
-        lines.append("Connection: close")
-    lines.append("\r\n")
-    return "\r\n".join(lines).encode("latin-1") + body
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append(f"Date: {rfc822_formatted_time()}\r\n")
+    lines.append(_CLOSING if close else _KEEPING)
+    return "".join(lines).encode("latin-1") + body
+
+
+_KEEPING: Final = f"Server: {SERVER_SOFTWARE}\r\n\r\n"
+_CLOSING: Final = f"Server: {SERVER_SOFTWARE}\r\nConnection: close\r\n\r\n"

@@ -65,11 +65,18 @@ class Answer(NamedTuple):
     in a fraction of its time)."""
 
     status: int
-    headers: CIMultiDictProxy[str]
+    pairs: tuple[tuple[str, str], ...]
+    """The headers as they came: names as sent, values without surrounding blanks."""
     body: bytes
     fields: Fields | None = None
     """The same headers by lower-case name, if no name came twice (None: one did),
     as ``security.signing`` reads them."""
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        """The headers as a case-insensitive multidict (made when asked: a peer's
+        answer is read by ``fields``)."""
+        return CIMultiDictProxy(CIMultiDict(self.pairs))
 
 
 # ------------------------------------------------------------------ parsing
@@ -85,13 +92,27 @@ class ResponseParser:
         self.answer: Answer | None = None
         self.keep_alive = True
         self._status = 0
-        self._headers: CIMultiDict[str] | None = None
+        self._headers: tuple[tuple[str, str], ...] | None = None
+        """The head's headers, once read."""
         self._fields: Fields | None = None
         self._length: int | None = None  # None: to the close; -1: chunked
         self._chunks = bytearray()
 
     def feed(self, data: bytes) -> None:
         """Take ``data``; raise ``BrokenHop`` on anything that is not a response."""
+        if self.answer is None and self._headers is None and not self.buf:
+            # the usual answer: whole in one read, read from it without copies
+            end = data.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+            if 0 <= end <= MAX_HEAD and self._head(data[:end]):
+                at = end + 4
+                length = self._length
+                if length is not None and 0 <= length <= len(data) - at:
+                    self._finish(data[at : at + length])
+                    self.buf += data[at + length :]
+                    return
+                data = data[at:]
+            elif 0 <= end <= MAX_HEAD:  # a 1xx, read: the rest as any bytes
+                data = data[end + 4 :]
         self.buf += data
         if self.answer is None:
             self._advance()
@@ -148,7 +169,7 @@ class ResponseParser:
         if fields is None:  # a name twice, or a line the quick reading does not take
             return self._head_lines(status, parts[0], head.split(b"\r\n")[1:])
         self._status = status
-        self._headers = CIMultiDict(fields.pairs)
+        self._headers = tuple(fields.pairs)
         self._fields = fields.low
         low = fields.low
         if "close" in low.get("connection", "").lower() or parts[0] == b"HTTP/1.0":
@@ -166,7 +187,7 @@ class ResponseParser:
             if not sep or not name or name != name.strip():
                 raise BrokenHop(f"bad header line {line[:80]!r}")
             headers.add(name.decode("latin-1"), value.strip().decode("latin-1"))
-        self._status, self._headers = status, headers
+        self._status, self._headers = status, tuple(headers.items())
         # every line of a header counts: "chunked" then "gzip" is a gzipped body
         connection = ", ".join(headers.getall("Connection", ())).lower()
         if "close" in connection or version == b"HTTP/1.0":
@@ -228,7 +249,7 @@ class ResponseParser:
 
     def _finish(self, body: bytes) -> None:
         assert self._headers is not None
-        self.answer = Answer(self._status, CIMultiDictProxy(self._headers), body, self._fields)
+        self.answer = Answer(self._status, self._headers, body, self._fields)
 
 
 class _Read:
@@ -543,11 +564,14 @@ def _request_bytes(
     for name, value in headers.items():
         if name not in _NAMES_CHECKED:
             _check_name(name)
-        if "\r" in value or "\n" in value:
-            raise ValueError(f"header {name!r} holds a line break or colon")
         fields.append(f"{name}: {value}\r\n")
     if fields:
-        lines.append("".join(fields).encode("latin-1"))
+        text = "".join(fields)
+        # each field brought one CRLF: any other CR or LF is in a value (names are checked)
+        if text.count("\r") != len(fields) or text.count("\n") != len(fields):
+            bad = next(n for n, v in headers.items() if "\r" in v or "\n" in v)
+            raise ValueError(f"header {bad!r} holds a line break or colon")
+        lines.append(text.encode("latin-1"))
     if body or method in ("POST", "PUT"):
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")

@@ -185,6 +185,13 @@ def new_nonce() -> str:
     return f"{prefix}{next(counter):x}"
 
 
+_INCARNATIONS_SEEN: set[str] = set()
+"""Incarnations signed for before, each found well-formed then (a process signs for its
+own and its peers' current ones: a handful)."""
+INCARNATIONS_SEEN_MAX = 1024
+"""Incarnations ``_INCARNATIONS_SEEN`` holds at most (more are matched each time)."""
+
+
 def _sign(
     kind: str,
     method: str,
@@ -200,8 +207,11 @@ def _sign(
 ) -> dict[str, str]:
     if not checked and not _NONCE.fullmatch(nonce):
         raise ValueError("a nonce is 16-64 characters of [A-Za-z0-9_-]")
-    if incarnation and not _INCARNATION.fullmatch(incarnation):
-        raise ValueError("an incarnation is 16-32 lower hex digits")
+    if incarnation and incarnation not in _INCARNATIONS_SEEN:
+        if not _INCARNATION.fullmatch(incarnation):
+            raise ValueError("an incarnation is 16-32 lower hex digits")
+        if len(_INCARNATIONS_SEEN) < INCARNATIONS_SEEN_MAX:
+            _INCARNATIONS_SEEN.add(incarnation)
     millis = str(math.floor(now * 1000))
     digest = hashlib.sha256(body).hexdigest()
     who = str(identity)
@@ -468,7 +478,7 @@ def check_incarnation(caller: Identity, claim: Claim, mine: str) -> None:
     """Refuse a service's call meant for another incarnation than ``mine`` (or for none):
     a replay after a restart or a fail-over (``wrong_incarnation``).  The operator's
     calls are not bound (it may only read and ping)."""
-    if caller.role is Role.OPERATOR or claim.incarnation == mine:
+    if claim.incarnation == mine or caller.role is Role.OPERATOR:
         return
     meant = claim.incarnation or "none"
     raise _refuse(

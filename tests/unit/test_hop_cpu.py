@@ -388,3 +388,37 @@ def test_a_retry_after_a_first_try_made_by_the_caller_keeps_its_schedule() -> No
     assert tries == ["try"]  # once, after one delay: the caller's try is not made again
     assert slept == 1
     assert attempts == 1  # the caller's try counts: its deadline passed, none more
+
+
+@pytest.mark.parametrize("split", [0, 1, 30, 60])
+def test_an_answer_read_whole_or_in_pieces_keeps_what_follows_it(split: int) -> None:
+    """Read from the read that brought it whole (no copies) or from pieces, an answer
+    is the same, and bytes after it stay in ``buf`` (its connection is not reused)."""
+    one = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello"
+    data = b"HTTP/1.1 100 Continue\r\n\r\n" + one + b"HTTP/1.1 204 No Content\r\n\r\n"
+    p = h1.ResponseParser(1 << 20)
+    if split:
+        p.feed(data[:split])
+        p.feed(data[split:])
+    else:
+        p.feed(data)
+    assert p.answer is not None
+    assert (p.answer.status, p.answer.body, p.answer.pairs) == (
+        200, b"hello", (("Content-Length", "5"), ("X-A", "1")),
+    )  # fmt: skip
+    assert p.answer.headers["x-a"] == "1"
+    assert bytes(p.buf) == b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+def test_an_incarnation_signed_for_before_is_not_matched_again_and_a_bad_one_still_refused() -> (
+    None
+):
+    key = signing.signing_key(SECRET, GM0, LM0)
+    good = "ab" * 8
+    signing.sign("POST", "/v1/launch", BODY, GM0, key, NOW, incarnation=good)
+    assert good in signing._INCARNATIONS_SEEN
+    for bad in ("AB" * 8, "ab" * 7, "xy" * 8, good + "\n"):
+        with pytest.raises(ValueError, match="incarnation"):
+            signing.sign("POST", "/v1/launch", BODY, GM0, key, NOW, incarnation=bad)
+        assert bad not in signing._INCARNATIONS_SEEN
+    assert len(signing._INCARNATIONS_SEEN) <= signing.INCARNATIONS_SEEN_MAX
