@@ -172,6 +172,9 @@ class Batcher(Generic[K, T]):
         self._added: dict[K, int] = {}
         self._sent: dict[K, int] = {}
         self._progress = asyncio.Condition()
+        self._waiting = 0
+        """Callers in ``sent``: a flush wakes them (and takes the condition's lock) only
+        if there are any."""
         self._flushing: set[K] = set()
         """Keys whose flush is under way (handed its items, awaiting its answer)."""
         self._handed: dict[K, list[asyncio.Future[None]]] = {}
@@ -191,10 +194,14 @@ class Batcher(Generic[K, T]):
 
     async def sent(self, tickets: dict[K, int]) -> None:
         """Wait until the items with these tickets (per key) have been flushed."""
-        async with self._progress:
-            await self._progress.wait_for(
-                lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
-            )
+        self._waiting += 1
+        try:
+            async with self._progress:
+                await self._progress.wait_for(
+                    lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
+                )
+        finally:
+            self._waiting -= 1
 
     async def handed(self, key: K) -> None:
         """Wait until the items queued for ``key`` so far are handed to a flush and it
@@ -273,12 +280,13 @@ class Batcher(Generic[K, T]):
                 self._flushing.add(key)
                 self._wake_handed(key)  # they resume once this flush has sent and waits
                 for i in range(0, len(items), self.max_items):
-                    chunk = items[i : i + self.max_items]
+                    chunk = items if len(items) <= self.max_items else items[i : i + self.max_items]
                     await self._flush(key, chunk)
                     self.sent_traffic.note(len(chunk))
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
-                    async with self._progress:
-                        self._progress.notify_all()
+                    if self._waiting:
+                        async with self._progress:
+                            self._progress.notify_all()
                 self._flushing.discard(key)
         finally:
             self._flushing.discard(key)

@@ -38,14 +38,14 @@ import json
 import logging
 import os
 import time
+import types
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
-from multidict import CIMultiDict
 
 from common import codec
 from common.config import ID_ENV, FederationConfig, load_config
@@ -333,23 +333,51 @@ class _Connection(web.RequestHandler):
             self._busy = self._request_in_progress = True
             if self._manager is not None:
                 self._manager.requests_count += 1
-            self._loop.create_task(self._serve(lane, head, claim, body))
+            # served at once, up to its first wait if any (a task then goes on with it):
+            # a pool's start, a GM's answer never waits, and a task per request cost
+            # its creation and a turn of the loop
+            answering = self._answer(lane, head, claim, body)
+            try:
+                waits_on = answering.send(None)
+            except StopIteration:
+                self._served()
+                continue  # the next request held, if any
+            except BaseException:
+                self._served()
+                raise
+            self._loop.create_task(self._finish(answering, waits_on))
+            return
 
-    async def _serve(
+    async def _answer(
         self, lane: _Lane, head: fastpath.Head, claim: signing.Claim, body: bytes
     ) -> None:
-        """Answer one request of the lean path, in one write; then the next held."""
+        """Answer one request of the lean path, in one write."""
         try:
-            try:
-                out, close = await lane.answer(head.path, claim, body, self)
-            except Exception as exc:  # a server bug: aiohttp's 500, logged as aiohttp does
-                self.log_exception("Error handling request from %s", self.peername, exc_info=exc)
-                out, close = fastpath.answer_bytes(500, INTERNAL_ERROR, _TEXT, close=True), True
-            self._write(out, close)
+            out, close = await lane.answer(head.path, claim, body, self)
+        except Exception as exc:  # a server bug: aiohttp's 500, logged as aiohttp does
+            self.log_exception("Error handling request from %s", self.peername, exc_info=exc)
+            out, close = fastpath.answer_bytes(500, INTERNAL_ERROR, _TEXT, close=True), True
+        self._write(out, close)
+
+    async def _finish(self, answering: Coroutine[Any, Any, None], waits_on: Any) -> None:
+        """Go on with an answer that waited (``_answer``, its first step taken: it
+        yielded ``waits_on``); then the next request held."""
+        try:
+            await _resume(answering, waits_on)
         finally:
-            self._busy = self._request_in_progress = False
-            if self._handler_waiter is not None:  # a graceful shutdown waits for it
-                self._handler_waiter.set_result(None)
+            self._served()
+        if self._force_close or self.transport is None:
+            return
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        self._advance()
+
+    def _served(self) -> None:
+        """A request of the lean path is answered: the connection is free again."""
+        self._busy = self._request_in_progress = False
+        if self._handler_waiter is not None:  # a graceful shutdown waits for it
+            self._handler_waiter.set_result(None)
         if self._force_close or self.transport is None:
             return
         self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
@@ -357,10 +385,6 @@ class _Connection(web.RequestHandler):
             self._keepalive_handle = self._loop.call_at(
                 self._next_keepalive_close_time, self._process_keepalive
             )
-        if self._paused:
-            self._paused = False
-            self.transport.resume_reading()
-        self._advance()
 
     def _write(self, out: bytes, close: bool) -> None:
         transport = self.transport
@@ -408,6 +432,27 @@ class _Connection(web.RequestHandler):
             log.info("undecodable body from %r: %r", self.peername, str(kw["exc_info"]))
             return
         super().log_exception(*args, **kw)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, None, None]:
+    """Drive ``coro`` on from where its first step left it, having yielded ``waits_on``
+    (a future it awaits, or None: a bare turn of the loop), as the task awaiting this
+    would have driven it from the start: what the task is sent or thrown (its
+    cancellation) goes to ``coro``."""
+    while True:
+        try:
+            sent = yield waits_on
+        except BaseException as exc:
+            try:
+                waits_on = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coro.send(sent)
+            except StopIteration:
+                return
 
 
 class _Server(web.Server):
@@ -667,7 +712,8 @@ class _Lane:
     counters and answers of ``auth_middleware`` and ``message_route``, in their order,
     without aiohttp's request, middleware and response objects."""
 
-    __slots__ = ("access", "kinds", "max_body", "metrics", "mine", "paths", "replays", "svc")
+    __slots__ = ("access", "allowed", "counted", "keys", "kinds", "max_body", "metrics", "mine",
+                 "paths", "replays", "svc")  # fmt: skip
 
     def __init__(self, app: web.Application) -> None:
         routes: dict[str, type | tuple[type, ...]] = app[ROUTES_KEY]
@@ -680,6 +726,13 @@ class _Lane:
         self.mine = app[INCARNATION_KEY]
         self.svc = app[SERVICE_KEY]
         self.metrics = app.get(METRICS_KEY)
+        self.counted: dict[str, Any] = {}
+        """Each route's child of ``metrics.requests`` (``labels`` asked once per route)."""
+        self.allowed: set[tuple[str, str]] = set()
+        """(caller, route) that ``signing.authorize`` let through (``ACCESS_POLICY`` is a
+        constant): a caller of the keyring's, proven, on a route of ``paths``."""
+        self.keys: dict[str, bytes] = {}
+        """The key of each proven caller's answers (the keyring's callers at most)."""
 
     @classmethod
     def of(cls, app: web.Application) -> _Lane | None:
@@ -700,10 +753,11 @@ class _Lane:
         try:
             _check_length(head.length, self.max_body)
             claim = signing.verify_headers(
-                CIMultiDict(head.fields), "POST", head.path, self.access.keyring, time.time(),
-                self.replays,
-            )  # fmt: skip
-            signing.authorize(claim.identity, self.access.me, "POST", head.path)
+                head.low, "POST", head.path, self.access.keyring, time.time(), self.replays
+            )
+            if (claim.who, head.path) not in self.allowed:
+                signing.authorize(claim.identity, self.access.me, "POST", head.path)
+                self.allowed.add((claim.who, head.path))
         except MeghaError as exc:
             return exc
         return claim
@@ -732,7 +786,9 @@ class _Lane:
             resp = refusal_of(self.metrics, "POST", path, exc)
             status, headers = resp.status, dict(resp.headers)
             out = resp.body if isinstance(resp.body, bytes) else b""
-        key = self.access.http_key(self.access.me, caller)
+        key = self.keys.get(claim.who)
+        if key is None:
+            key = self.keys[claim.who] = self.access.http_key(self.access.me, caller)
         headers.update(
             signing.sign_response(status, out, claim.nonce, self.access.me, key, now, self.mine)
         )
@@ -744,7 +800,10 @@ class _Lane:
         """``message_route``'s handler (or ``ping_handler``'s): status, body and headers
         of the answer."""
         if self.metrics is not None:
-            self.metrics.requests.labels(path).inc()
+            counter = self.counted.get(path)
+            if counter is None:
+                counter = self.counted[path] = self.metrics.requests.labels(path)
+            counter.inc()
         if path == PING and path not in self.kinds:  # the floor: answered at once
             return 200, b"", {"Content-Type": MSGPACK}
         msg: object = codec.decode(body, expect=self.kinds[path], max_size=self.max_body)
@@ -883,6 +942,7 @@ class Peer:
         self._incarnations: dict[int, str] = {}
         """By address: the incarnation of the process that last answered there."""
         self.rtts: deque[float] = deque(maxlen=4096)
+        self._keys: tuple[Access, bytes, bytes] | None = None
 
     async def post(
         self,
@@ -903,43 +963,53 @@ class Peer:
         """
         body = codec.encode(msg)
         extra = {"Content-Type": MSGPACK, **({"Idempotency-Key": key} if key else {})}
-
-        async def once() -> M | None:
-            for _ in range(2):
-                t0 = time.perf_counter()
-                answer = await self._exchange(path, body, extra)
-                status, data = answer.status, answer.body
-                if status >= 400:
-                    reason, detail = _error_of(data)
-                    if status == 401 and reason == signing.Refusal.WRONG_INCARNATION:
-                        self.relearned += 1
-                        continue  # bound again to the incarnation the answer named
-                    raise PeerRefused(status, reason, detail)
-                self.rtts.append(time.perf_counter() - t0)
-                if status == 204 or not data:
-                    return None
-                decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
-                return decoded
-            raise _Transient(f"{self.name}{path}: its incarnation changed twice in a row")
-
-        def count(_: BaseException) -> None:
+        start = time.monotonic()
+        try:  # the first try as such: ``retry`` only once it failed
+            return await self._once(path, body, extra, expect)
+        except _Transient as exc:
             self.errors += 1
-
+            failed = exc
         return await retry(
-            once, policy or self.policy, what=f"{self.name}{path}", retry_on=(_Transient,),
-            on_retry=count,
+            lambda: self._once(path, body, extra, expect), policy or self.policy,
+            what=f"{self.name}{path}", retry_on=(_Transient,), on_retry=self._count,
+            failed=failed, start=start,
         )  # fmt: skip
+
+    def _count(self, _: BaseException) -> None:
+        self.errors += 1
+
+    async def _once(
+        self, path: str, body: bytes, extra: dict[str, str], expect: type[M] | tuple[type, ...]
+    ) -> M | None:
+        """One try of ``post``: the answer decoded, or ``PeerRefused``, or ``_Transient``."""
+        for _ in range(2):
+            t0 = time.perf_counter()
+            answer = await self._exchange(path, body, extra)
+            status, data = answer.status, answer.body
+            if status >= 400:
+                reason, detail = _error_of(data)
+                if status == 401 and reason == signing.Refusal.WRONG_INCARNATION:
+                    self.relearned += 1
+                    continue  # bound again to the incarnation the answer named
+                raise PeerRefused(status, reason, detail)
+            self.rtts.append(time.perf_counter() - t0)
+            if status == 204 or not data:
+                return None
+            decoded: M = codec.decode(data, expect=expect, max_size=self.max_answer)
+            return decoded
+        raise _Transient(f"{self.name}{path}: its incarnation changed twice in a row")
 
     async def _exchange(self, path: str, body: bytes, extra: dict[str, str]) -> h1.Answer:
         """One signed request (bound to the incarnation last learnt at its address) and
         its answer, whose signature is checked (the incarnation it carries learnt);
         ``_Transient`` if there is none, a 5xx, or one not signed by the peer."""
         access, to, at = self.access, self.to, self._at
+        key_out, key_in = self._keys_of(access)
         now = time.time()
-        headers = {
-            **access.sign(to, "POST", path, body, now, self._incarnations.get(at, "")),
-            **extra,
-        }
+        headers = signing.sign(
+            "POST", path, body, access.me, key_out, now, incarnation=self._incarnations.get(at, "")
+        )  # ``access.sign``, with the key looked up once
+        headers.update(extra)
         try:
             answer = await self.http.post(
                 self.urls[at] + path, body, headers, max_body=self.max_answer
@@ -955,8 +1025,8 @@ class Peer:
             raise _Transient(f"{self.name}{path}: {status} {data[:200]!r}")
         try:
             incarnation = signing.verify_response(
-                answer.headers, status, data, headers[signing.HEADER_NONCE], to,
-                access.http_key(to, access.me), time.time(),
+                answer.headers if answer.fields is None else answer.fields,
+                status, data, headers[signing.HEADER_NONCE], to, key_in, time.time(),
             )  # fmt: skip
         except Unauthorized as exc:  # altered on the way, or not from the peer
             # a refusal too: a peer signs its refusals of a proven caller, and one
@@ -970,6 +1040,15 @@ class Peer:
         if incarnation:
             self._incarnations[at] = incarnation
         return answer
+
+    def _keys_of(self, access: Access) -> tuple[bytes, bytes]:
+        """The keys of this peer's channels with ``access``'s party: its calls', its
+        answers' (looked up once per ``access``)."""
+        keys = self._keys
+        if keys is None or keys[0] is not access:
+            keys = self._keys = (access, access.http_key(access.me, self.to),
+                                 access.http_key(self.to, access.me))  # fmt: skip
+        return keys[1], keys[2]
 
     @property
     def url(self) -> str:

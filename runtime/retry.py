@@ -57,18 +57,25 @@ async def retry(
     retry_on: tuple[type[BaseException], ...],
     on_retry: Callable[[BaseException], None] | None = None,
     rng: random.Random = _RNG,
+    failed: BaseException | None = None,
+    start: float | None = None,
 ) -> T:
-    """``await call()`` until it succeeds, retrying on ``retry_on`` with backoff."""
-    start = time.monotonic()
+    """``await call()`` until it succeeds, retrying on ``retry_on`` with backoff.
+
+    ``failed``: the caller made the first try itself, at ``start`` (``time.monotonic``),
+    and it failed with this (``on_retry`` already told of it): the first try here is the
+    second, after its delay, within the same deadline."""
+    start = time.monotonic() if start is None else start
     attempt = 0
-    last: BaseException | None = None
+    last: BaseException | None = failed
     while True:
-        try:
-            return await call()
-        except retry_on as exc:
-            last = exc
-            if on_retry is not None:
-                on_retry(exc)
+        if last is None or attempt:
+            try:
+                return await call()
+            except retry_on as exc:
+                last = exc
+                if on_retry is not None:
+                    on_retry(exc)
         delay = policy.delay(attempt, rng)
         attempt += 1
         if policy.deadline_s is not None and time.monotonic() + delay - start > policy.deadline_s:
