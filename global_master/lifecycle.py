@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -258,18 +258,20 @@ class JobBook:
         if job.resumes is not None or jk in self.jobs:
             return  # returned tasks, or a redelivery
         stage_of = _stages(job.stages, len(job.tasks))
-        ids = tuple(s.task_id for s in job.tasks)
+        ids = tuple([s.task_id for s in job.tasks])
         self._open(job.user, job.job_id, now, ids, stage_of)
         self._note(Opened(job.user, job.job_id, now, ids, _runs(stage_of)))
 
     def _open(
         self, user: UserId, job_id: JobId, now: float, ids: Iterable[str], stage_of: list[int]
     ) -> None:
-        tasks = {TaskId(t): TaskRecord(TaskId(t), stage_of[i]) for i, t in enumerate(ids)}
+        # (ids are task ids already: ``TaskId`` is a call per task that returns its
+        # argument; one record per task, every task's job in one update)
+        tids = cast("Iterable[TaskId]", ids)
+        tasks = {t: TaskRecord(t, stage_of[i]) for i, t in enumerate(tids)}
         self.jobs[(user, job_id)] = rec = JobRecord(user, job_id, now, tasks, len(tasks))
         rec.timeline.append((now, "submitted"))
-        for tid in tasks:
-            self.job_of[(user, tid)] = job_id
+        self.job_of.update(dict.fromkeys([(user, tid) for tid in tasks], job_id))
 
     def _cancel(self, rec: JobRecord, now: float) -> None:
         rec.cancelled_at = now
@@ -320,14 +322,14 @@ class JobBook:
                 t.exit_code = 0
         else:
             state = TaskStatus.CANCELLED if out.reason == CANCELLED else TaskStatus.FAILED
-        ended = TaskEnded(
-            rec.user, rec.job_id, t.task_id, str(state), out.reason, task.attempt,
-            task.lm or t.lm, t.exit_code,
-            task.first_started_at if task.first_started_at >= 0 else t.started_at,
-            task.finished_at if task.finished_at >= 0 else now, t.stdout, t.stderr,
-        )  # fmt: skip
-        self._task_end(rec, t, ended)
-        self._note(ended)
+        # as ``_task_end`` of the ``TaskEnded`` below (its state is ``state``), without
+        # making the record when the book keeps no history
+        started = task.first_started_at if task.first_started_at >= 0 else t.started_at
+        t.state, t.reason, t.attempts, t.lm = state, out.reason, task.attempt, task.lm or t.lm
+        t.started_at, t.ended_at = started, task.finished_at if task.finished_at >= 0 else now
+        rec.left -= 1
+        if self.changes is not None:
+            self.changes.append(_ended(rec, t))
         if rec.left <= 0:
             self._end(rec, now)
 
