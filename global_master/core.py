@@ -65,7 +65,7 @@ from common.messages import (
     UserTasksStopped,
 )
 from common.metrics import GmCounters
-from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
+from common.model import Phase, Resources, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
 from common.reasons import TaskFailure
 from global_master.admission import AdmissionLimits, Admissions
@@ -158,6 +158,12 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._revoked_users = self.revocations.users
+        self._no_fit: set[tuple[int, Resources]] = set()
+        """Classes (constraints, demand) for which no node of any view had room, since
+        the round of decisions began (``decide``, ``_retry``; ``_end_round`` empties
+        it): within a round the views only lose room (each match reserves), so a class
+        that found none finds none again and its walk is skipped (first fit only; a
+        gang's placement, which may release room, empties it)."""
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -373,6 +379,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         """A round of decisions is over: the next one starts its walk at the next LM
         (``Placer.match``); each LM's placements leave in one launch request, unless
         the outbox holds them back (the launch window, repartition batching)."""
+        self._no_fit.clear()
         if not batches:
             return effects
         self.placer.next_round()
@@ -407,19 +414,24 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             self._cancel_ends(task, effects)
             return
         task.decisions += 1
-        if (
-            self._gang_of
-            and task.key in self._gang_of
-            and self.gang.place(self, task, now, effects)
-        ):
-            return  # a gang stage's task: its gang places it (global_master.gang)
+        if self._gang_of and task.key in self._gang_of:
+            self._no_fit.clear()  # its gang may release room in the views
+            if self.gang.place(self, task, now, effects):
+                return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = spec.constraints, spec.demand
         views = self.views
         # 1. internal partitions; 2. external partitions: repartition
-        found = self.placer.find(views, mask, demand, self.queues.choose_node)
-        if found is not None:
-            self._dispatch(task, found[0], found[1], found[2], batches, now)
-            return
+        cls = (mask, demand)
+        if cls in self._no_fit:  # no node had room for its class earlier this round
+            found = None
+        else:
+            choose = self.queues.choose_node
+            found = self.placer.find(views, mask, demand, choose)
+            if found is not None:
+                self._dispatch(task, found[0], found[1], found[2], batches, now)
+                return
+            if choose is None:
+                self._no_fit.add(cls)
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not self.placer.feasible(views.values(), mask, demand):
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
