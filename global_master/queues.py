@@ -274,9 +274,15 @@ class WaitingTasks:
         users = self.by_class.get(cls)
         if users is None or n <= 0:
             return []
+        if len(users) == 1:  # one user: its oldest, as many as fit (no turns to take)
+            ((user, q),) = users.items()
+            popleft = q.popleft
+            out = [popleft() for _ in range(min(n, len(q)))]
+            self._took(cls, user, len(out))
+            return out
         ranked = [u for u in order if u in users]
         ranked += [u for u in users if u not in ranked]
-        out: list[Task] = []
+        out = []
         taken: dict[UserId, int] = {}
         while len(out) < n and ranked:
             for u in list(ranked):

@@ -262,6 +262,8 @@ class ClassedWaiting(WaitingTasks):
     def take(self, cls: WaitClass, n: int, order: Sequence[UserId]) -> list[Task]:
         """Up to ``n`` tasks of ``cls``: each of the class served next (``pick``), its
         users one in turn (``order`` first, then the others), as plain queues take."""
+        if len(self.held.queues) <= 1:  # one priority class: ``pick`` is the first user
+            return super().take(cls, n, order)  # in turn that holds a task, as there
         users = self.by_class.get(cls)
         if users is None or n <= 0:
             return []
