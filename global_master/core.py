@@ -97,6 +97,10 @@ _STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.
 _RELAUNCHED, _PREEMPTED = EventKind.RELAUNCHED, EventKind.PREEMPTED
 _QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
 _NO_FREE_RESOURCES = WaitReason.NO_FREE_RESOURCES
+_WAIT_KEYS = [""] * (max(WaitReason) + 1)
+"""``WaitReason.key`` by value (a list: no property call, no enum hash)."""
+for _r in WaitReason:
+    _WAIT_KEYS[_r] = _r.key
 
 
 class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
@@ -484,7 +488,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         task.waits[reason] += 1
         self.wait_reasons[reason] += 1
         if self.journal is not None:
-            detail = f"{reason.key}: {why}" if why else reason.key
+            key = _WAIT_KEYS[reason]
+            detail = f"{key}: {why}" if why else key
             self.journal.wait(task.key, now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:

@@ -50,6 +50,10 @@ _COMMUNICATION, _WORKER_QUEUEING = Phase.COMMUNICATION, Phase.WORKER_QUEUEING
 """(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
 _SEND_QUEUED = _D in NEXT[_Q]
 """The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
+_PLACE_SENT = _P in NEXT[_D]
+"""... a task in flight be placed (``accepted``'s hot path)."""
+_END_QUEUED = _F in NEXT[_Q] and _X in NEXT[_Q]
+"""... a queued task end (``end``'s hot path: an ended task is out of ``placed``)."""
 
 
 @dataclass(slots=True)
@@ -239,9 +243,18 @@ class Ledger:
         """An LM accepted the request ``task`` was in flight with, whose answer took it
         out of ``inflight`` just now (DISPATCHED -> PLACED)."""
         key = task.key
-        was = self.state_of(key)
-        check(key, _D if was is _Q else was, _P)
-        self.placed[key] = task
+        placed = self.placed
+        if (  # ``state_of`` is QUEUED (out of ``inflight`` just now): a move the table has
+            not _PLACE_SENT
+            or key in self.inflight
+            or key in placed
+            or key in self.finished
+            or key in self.failed
+            or key not in self.live
+        ):
+            was = self.state_of(key)
+            check(key, _D if was is _Q else was, _P)
+        placed[key] = task
 
     def adopt(self, task: Task) -> None:
         """A task running on an LM that this GM did not hold (it restarted): placed."""
@@ -286,7 +299,14 @@ class Ledger:
         ``job`` (key and record): counted there (the last of its tasks retires it).  A
         task that ended before its job had a record here (adopted after a restart) is
         counted in its job when the job comes back: that is no second end."""
-        if job is None or key not in self.ended_outside:
+        if (job is None or key not in self.ended_outside) and (
+            not _END_QUEUED  # ``state_of`` QUEUED: a move the table has, nothing to check
+            or key in self.inflight
+            or key in self.placed
+            or key in self.finished
+            or key in self.failed
+            or key not in self.live
+        ):
             check(key, self.state_of(key), _F if finished else _X)
         if job is None:
             self.ended_outside.add(key)
