@@ -162,12 +162,13 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._revoked_users = self.revocations.users
-        self._no_fit: set[tuple[int, Resources]] = set()
+        self._no_fit: dict[tuple[int, Resources], bool] = {}
         """Classes (constraints, demand) for which no node of any view had room, since
         the round of decisions began (``decide``, ``_retry``; ``_end_round`` empties
-        it): within a round the views only lose room (each match reserves), so a class
-        that found none finds none again and its walk is skipped (first fit only; a
-        gang's placement, which may release room, empties it)."""
+        it), and whether they are feasible at all: within a round the views only lose
+        room (each match reserves), so a class that found none finds none again and
+        its walk is skipped (first fit only; a gang's placement, which may release
+        room, empties it; feasibility changes only with a snapshot, between rounds)."""
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -426,18 +427,18 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         views = self.views
         # 1. internal partitions; 2. external partitions: repartition
         cls = (mask, demand)
-        if cls in self._no_fit:  # no node had room for its class earlier this round
-            found = None
-        else:
+        feasible = self._no_fit.get(cls)  # (no node had room for its class this round)
+        if feasible is None:
             choose = self.queues.choose_node
             found = self.placer.find(views, mask, demand, choose)
             if found is not None:
                 self._dispatch(task, found[0], found[1], found[2], batches, now)
                 return
+            feasible = self.placer.feasible(views.values(), mask, demand)
             if choose is None:
-                self._no_fit.add(cls)
+                self._no_fit[cls] = feasible
         # 3. nothing fits: infeasible, fairness, or back of the queue
-        if not self.placer.feasible(views.values(), mask, demand):
+        if not feasible:
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, TaskFailure.INFEASIBLE, effects)
             return
@@ -496,15 +497,17 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         """Back of its queue (§IV-B5; the queue may park until the view changes); with
         ``wait`` and plain FIFO queues, into the waiting index until freed resources
         could fit it."""
-        self.counters.requeues += 1
-        self._forget(task.key)
+        counters = self.counters
+        counters.requeues += 1
+        if self._retries or self._tried or self.classes.tried:  # (``_forget``: any held)
+            self._forget(task.key)
         task.mark(_QUEUEING, now)
         if wait and self._index:
-            self.counters.waited += 1
+            counters.waited += 1
             self.waiting.add(task)
             return
         self.queues.push_back(task)
-        self.queues.failed(task.user)
+        self.queues.failed(task.spec.user)
 
     def _wake(self, now: float) -> None:
         """Waiting tasks that the freed nodes could fit go back to the front of their

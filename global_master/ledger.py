@@ -276,11 +276,12 @@ class Ledger:
     def settle(self, task: Task) -> tuple[JobKey, bool] | None:
         """``task`` was accepted by an LM or failed.  If that settles its job: the job,
         and whether its LMs were keeping its ends (they may let go now)."""
-        jk = (task.user, task.job_id)
+        spec = task.spec
+        jk = (spec.user, spec.job_id)
         rec = self.jobs.get(jk)
         if rec is None or rec.settled:
             return None
-        rec.unsettled.discard(task.key)
+        rec.unsettled.discard((spec.user, spec.task_id))
         if rec.unsettled:
             return None
         rec.settled = True
@@ -399,7 +400,8 @@ class Ledger:
         kind = ev.kind
         if kind == _STARTED:
             return
-        del self.placed[task.key]
+        spec = task.spec
+        del self.placed[(spec.user, spec.task_id)]
         if kind in (_FINISHED, _FAILED):
             task.finished_at = ev.at
             return

@@ -203,7 +203,7 @@ class ClassedQueue:
             raise IndexError("pop from an empty ClassedQueue")
         by_class = self.by_class
         if len(by_class) == 1:  # one class: its queue's own order, no aging to weigh
-            c, q = next(iter(by_class.items()))
+            ((c, q),) = by_class.items()
             task = q.popleft()
             self.size -= 1
             if not self.plain:
@@ -332,7 +332,7 @@ class ClassedQueues(UserQueues):
         """The best task of all users' queues (neither empty nor parked); round-robin
         from the user after the last served among those that tie."""
         order, start = self._order, self._next
-        queues = cast("dict[UserId, ClassedQueue]", self.queues)  # (``new_queue``'s)
+        queues: dict[UserId, ClassedQueue] = self.queues  # type: ignore[assignment]
         fails, patience = self._failures, self.patience
         n = len(order)
         held: list[tuple[int, ClassedQueue]] = []
@@ -342,7 +342,10 @@ class ClassedQueues(UserQueues):
             user = order[(start + k) % n]
             q = queues[user]
             size = q.size
-            if not size or fails.get(user, 0) >= min(patience, size):  # empty or ``parked``
+            if not size:
+                continue
+            failed = fails.get(user, 0)
+            if failed >= patience or failed >= size:  # ``parked``
                 continue
             held.append((k, q))
             if not mixed:
@@ -350,7 +353,7 @@ class ClassedQueues(UserQueues):
                 if len(by_class) != 1:
                     mixed = True
                 elif one is None:
-                    one = next(iter(by_class))
+                    (one,) = by_class
                 elif one not in by_class:
                     mixed = True
         if not held:
@@ -382,15 +385,21 @@ class ClassedQueues(UserQueues):
         ]
 
     def on_dispatched(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:  # (``Aging.saw``, inline: every task passes here)
+            aging.now = now
         super().on_dispatched(task, now)
 
     def on_returned(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:
+            aging.now = now
         super().on_returned(task, now)
 
     def on_finished(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:
+            aging.now = now
         super().on_finished(task, now)
 
 
