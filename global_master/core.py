@@ -370,13 +370,17 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         batches: Batches = {}
         if not self.ready:
             return effects
-        pop, place, processing = self.queues.pop, self._place, _PROCESSING
+        pop, place, processing, counters = self.queues.pop, self._place, _PROCESSING, self.counters
         for _ in range(max_tasks):
             task = pop()
             if task is None:
                 break
-            task.mark(processing, now)
-            self.counters.decisions += 1
+            marks = task.marks  # (``Task.mark``, its in-order case inline)
+            if marks and now < marks[-1][0]:
+                task.mark(processing, now)
+            else:
+                marks.append((now, processing))
+            counters.decisions += 1
             place(task, now, batches, effects)
         return self._end_round(batches, effects, now)
 

@@ -412,7 +412,19 @@ class Ledger:
 def round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
     """A request's trip, in the task's allocation-time ledger: on the wire, validated
     at the LM, on the wire back."""
+    # ``Task.mark`` three times, its in-order case written out (every answered task
+    # passes here): a mark no earlier than the last is appended, else it is sorted in
+    marks = task.marks
     if request_sent >= 0:
-        task.mark(_COMMUNICATION, request_sent)
-    task.mark(_PROCESSING, received)
-    task.mark(_COMMUNICATION, sent)
+        if marks and request_sent < marks[-1][0]:
+            task.mark(_COMMUNICATION, request_sent)
+        else:
+            marks.append((request_sent, _COMMUNICATION))
+    if marks and received < marks[-1][0]:
+        task.mark(_PROCESSING, received)
+    else:
+        marks.append((received, _PROCESSING))
+    if marks and sent < marks[-1][0]:
+        task.mark(_COMMUNICATION, sent)
+    else:
+        marks.append((sent, _COMMUNICATION))
