@@ -670,13 +670,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._settle(task, effects)
         self.ledger.took(task, ev, now)
         if self.journal is not None:
-            self.journal.event(task.key, ev)
+            self.journal.event((ev.user, ev.task_id), ev)  # (``current`` found it so)
         if kind == _STARTED:
             return
         if kind in (_FINISHED, _FAILED):
-            self.counters.ends_seen += 1
-            self.counters.end_lag_s += now - ev.at
-            if task.user not in self.queues:
+            counters = self.counters
+            counters.ends_seen += 1
+            counters.end_lag_s += now - ev.at
+            if ev.user not in self.queues:
                 return
             if kind == _FINISHED:
                 self.queues.on_finished(task, now)

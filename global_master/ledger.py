@@ -136,7 +136,7 @@ class LiveTable(dict[TaskKey, Task]):
     def __setitem__(self, key: TaskKey, task: Task) -> None:
         if key not in self:
             self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
-        super().__setitem__(key, task)
+        dict.__setitem__(self, key, task)
 
     def __delitem__(self, key: TaskKey) -> None:
         self._forget(key)
@@ -150,7 +150,7 @@ class LiveTable(dict[TaskKey, Task]):
                 self.per_user[user] = n
             else:
                 del self.per_user[user]
-        return super().pop(key, *default)
+        return dict.pop(self, key, *default)  # (not ``super()``: an object per call)
 
     def _forget(self, key: TaskKey) -> None:
         n = self.per_user[key[0]] - 1
