@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Final
 
+import msgspec
+
 from common.messages import EventKind, TaskEvent
 from common.model import Phase, Task, TaskKey
 
@@ -115,14 +117,14 @@ def _components(task: Task) -> tuple[float, ...]:
     return tuple(out)
 
 
-@dataclass(slots=True)
-class EndedTask:
-    """What is kept of a task once it finished or failed (never changed once made; not
-    frozen: a frozen dataclass sets each field through ``object.__setattr__``, 2-3x
-    the cost of making one, and a busy GM makes one per task): atoms and tuples of atoms
-    only.  A GM keeps thousands; the collector untracks tuples of atoms, so a full
-    collection walks one object per ended task instead of the ~17 a ``Task`` and its
-    ``Trail`` are (it was 0.14-0.22 s per full collection in a busy GM)."""
+class EndedTask(msgspec.Struct, gc=False):
+    """What is kept of a task once it finished or failed (never changed once made):
+    atoms and tuples of atoms only.  A GM keeps thousands: the collector untracks
+    tuples of atoms, and this struct is never tracked (``gc=False``: it holds no
+    container that could hold it back), so no collection walks an ended task (a
+    ``Task`` and its ``Trail`` were ~17 objects; a full collection took 0.14-0.22 s in
+    a busy GM).  A struct, not a frozen dataclass: that sets each field through
+    ``object.__setattr__``, 2-3x the cost of making one, and a GM makes one per task."""
 
     user: str
     task_id: str

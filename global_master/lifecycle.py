@@ -126,9 +126,9 @@ class JobEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True):
 HistoryRecord = Opened | Noted | TaskEnded | JobEnded
 
 
-@dataclass(slots=True)
-class TaskRecord:
-    """One task as its user sees it."""
+class TaskRecord(msgspec.Struct, gc=False):
+    """One task as its user sees it (kept for ``keep_s`` after its job ended: never
+    tracked by the collector, ``gc=False``, as it holds atoms only)."""
 
     task_id: TaskId
     stage: int = 0
