@@ -331,8 +331,12 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         key = (user, spec.task_id)
         if self.cancelled:
             self.cancelled.discard(key)
-        if self.journal is not None:
-            self.journal.close_task(task, finished=finished, reason=reason)
+        journal = self.journal
+        if journal is not None:  # (``Journal.close_task``, its time chosen here)
+            at = task.finished_at
+            if at < 0:
+                at = task.marks[-1][0] if task.marks else task.submitted_at
+            journal.close(task, at, finished=finished, reason=reason)
         if finished:
             self.counters.tasks_finished += 1
         else:

@@ -244,8 +244,14 @@ class Journal:
 
     def event(self, key: TaskKey, ev: TaskEvent) -> None:
         """An LM's event about task ``key`` (an end is noted when the task ends)."""
-        if ev.started_at >= 0:
-            self.started(key, ev.started_at, ev.lm, ev.node)
+        at = ev.started_at
+        if at >= 0:  # (``started``, inline: every task's end event passes here)
+            trail = self.trails.get(key)
+            for s in trail.steps if trail is not None else ():
+                if s[_AT] == at and s[_WHAT] == "started":
+                    break
+            else:
+                self.note(key, at, "started", lm=ev.lm, node=ev.node)
         if ev.kind not in _NOTED_AT_END:
             self.note(key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
 

@@ -47,6 +47,7 @@ _F, _X = TaskState.FINISHED, TaskState.FAILED
 _STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED
 _QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
 _COMMUNICATION, _WORKER_QUEUEING = Phase.COMMUNICATION, Phase.WORKER_QUEUEING
+_RUNNING = Phase.RUNNING
 """(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
 _SEND_QUEUED = _D in NEXT[_Q]
 """The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
@@ -92,7 +93,17 @@ class InFlightTable(dict[TaskKey, InFlight]):
         per[d] = per.get(d, 0) + 1
 
     def __delitem__(self, key: TaskKey) -> None:
-        self._forget(self[key])
+        spec = self[key].task.spec  # (``_forget``, inline: every answered task passes)
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands[user]
+        d = tuple(spec.demand)
+        if per[d] == 1:
+            del per[d]
+            if not per:
+                del self.demands[user]
+        else:
+            per[d] -= 1
         dict.__delitem__(self, key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
@@ -395,8 +406,17 @@ class Ledger:
         that ended or came back (preempted, requeued) leaves ``placed``."""
         if ev.worker_at >= 0:
             task.mark(_WORKER_QUEUEING, ev.worker_at)
-        if ev.started_at >= 0:
-            task.start(ev.started_at)
+        at = ev.started_at
+        if at >= 0:  # ``Task.start``, its in-order mark appended inline
+            marks = task.marks
+            if marks and at < marks[-1][0]:
+                task.mark(_RUNNING, at)
+            else:
+                marks.append((at, _RUNNING))
+            if at > task.started_at:
+                task.started_at = at
+            if task.first_started_at < 0 or at < task.first_started_at:
+                task.first_started_at = at
         kind = ev.kind
         if kind == _STARTED:
             return

@@ -226,7 +226,8 @@ class LmView:
         pend = self.pending[i]
         if pend is None:
             pend = self.pending[i] = [0] * len(demand)
-        f = self._own(i)
+        free = self.free  # (``_own``, inline)
+        f = free[i] = list(free[i])
         for r, d in enumerate(demand):
             pend[r] += d
             f[r] -= d
@@ -243,7 +244,8 @@ class LmView:
         pend = self.pending[i]
         if pend is None:
             return
-        f = self._own(i)
+        free = self.free  # (``_own``, inline)
+        f = free[i] = list(free[i])
         for r, d in enumerate(demand):
             pend[r] -= d
             f[r] += d
