@@ -239,6 +239,10 @@ class Admissions:
         """Check ``adm``'s tasks from ``adm.checked`` up to ``end``: why one is not
         admitted, or None (and ``checked`` moves on).  ``live``: the task ids in use."""
         job, redelivered, seen = adm.job, adm.redelivered, adm.seen
+        # what ``spec_error`` found nothing wrong with, in this call: it reads a task's
+        # demand, duration, environment and whether it has a command, nothing else of
+        # it (its id only names it in a refusal), and a job's tasks are mostly alike
+        passed: set[tuple[object, ...]] = set()
         for spec in job.tasks[adm.checked : end]:
             key = (spec.user, spec.task_id)
             if spec.user != job.user or spec.job_id != job.job_id:
@@ -251,9 +255,12 @@ class Admissions:
                     JobReason.DUPLICATE_TASK_ID, f"task id {spec.task_id!r} is already in use"
                 )
             seen.add(key)
-            why = self.spec_error(spec, cluster)
-            if why is not None:
-                return why
+            shape = (spec.demand, spec.duration, spec.env, not spec.command)
+            if shape not in passed:
+                why = self.spec_error(spec, cluster)
+                if why is not None:
+                    return why
+                passed.add(shape)
         adm.checked = end
         return None
 

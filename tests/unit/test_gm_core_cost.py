@@ -10,10 +10,14 @@ import gc
 from collections import deque
 from collections.abc import Sequence
 
-from common.effects import ToLm
+import pytest
+
+from common.effects import JobRefused, ToLm
 from common.ids import TaskId, UserId
 from common.messages import LaunchRequest
-from common.model import WaitReason, new_task
+from common.model import TaskSpec, WaitReason, new_task
+from common.reasons import JobReason
+from global_master.admission import Admissions, Cluster, Refusal
 from global_master.journal import Journal, Step
 from global_master.lifecycle import JobBook
 from global_master.placement import Placer
@@ -31,7 +35,9 @@ def _launched(effects: Sequence[object]) -> int:
     )
 
 
-def test_a_class_that_found_no_room_is_walked_once_per_round(monkeypatch: object) -> None:
+def test_a_class_that_found_no_room_is_walked_once_per_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     core = make_gm()
     sync_views(core, make_lm(nodes=((2, 2),)))
     specs = [make_task(1, 1) for _ in range(6)]
@@ -43,7 +49,7 @@ def test_a_class_that_found_no_room_is_walked_once_per_round(monkeypatch: object
         walks.append(1)
         return find(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Placer, "find", counted)  # type: ignore[attr-defined]
+    monkeypatch.setattr(Placer, "find", counted)
     effects = decide(core, 1.0, max_tasks=6)
     assert _launched(effects) == 2  # the node holds two
     assert len(walks) == 3  # two matches, then one walk that found no room
@@ -127,3 +133,28 @@ def test_the_waiting_index_hands_one_user_s_tasks_out_oldest_first() -> None:
     assert not w
     assert not w.by_class
     assert w.count(tasks[0].user) == 0
+
+
+def test_a_job_s_alike_tasks_are_checked_once_and_an_unlike_one_still_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core = make_gm()
+    sync_views(core, make_lm(nodes=((2, 2),)))
+    checked: list[str] = []
+    spec_error = Admissions.spec_error
+
+    def counted(self: Admissions, spec: TaskSpec, cluster: Cluster) -> Refusal | None:
+        checked.append(spec.task_id)
+        return spec_error(self, spec, cluster)
+
+    monkeypatch.setattr(Admissions, "spec_error", counted)
+    submit(core, [make_task(1, 1, job="a") for _ in range(5)], 0.0)
+    assert len(checked) == 1
+    assert core.counters.jobs_admitted == 1
+    checked.clear()
+    too_big = make_task(9, 9, job="b")
+    effects = submit(core, [make_task(1, 1, job="b"), too_big], 0.0)
+    assert len(checked) == 2  # the first task's shape, then the one too big
+    assert checked[1] == too_big.task_id
+    (refused,) = [e for e in effects if isinstance(e, JobRefused)]
+    assert refused.reason == JobReason.IMPOSSIBLE_RESOURCES
