@@ -166,11 +166,13 @@ class Answers:
     ) -> None:
         """An LM took the task.  A duplicate names the attempt it holds (this GM may
         have restarted and lost count); an attempt that already ended is an outcome."""
-        task.attempt = max(task.attempt, attempt)
+        if attempt > task.attempt:
+            task.attempt = attempt
         self._settle(task, effects)
         if reason not in ENDED_ANSWERS:
             self.ledger.accepted(task)
-            if task.user in self.revocations:  # the launch crossed the stop: stop it too
+            revoked = self.revocations.users  # (``in self.revocations``, without a call)
+            if revoked and task.spec.user in revoked:  # the launch crossed the stop: stop it
                 effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
             if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
                 effects.append(self._stop(task.lm, [task]))
