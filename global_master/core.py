@@ -499,7 +499,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         if self.journal is not None:
             key = _WAIT_KEYS[reason]
             detail = f"{key}: {why}" if why else key
-            self.journal.wait(task.key, now, detail, lm)
+            spec = task.spec
+            self.journal.wait((spec.user, spec.task_id), now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:
         """Back of its queue (§IV-B5; the queue may park until the view changes); with

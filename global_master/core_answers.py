@@ -143,10 +143,11 @@ class Answers:
 
     def _release(self, fl: InFlight) -> None:
         """``fl``'s request is over: its reservation in the view and its victim go."""
+        spec = fl.task.spec
         view = self.views.get(fl.lm)
         if view is not None and fl.node >= 0:
-            view.release(fl.node, fl.task.demand)
-        self.fairness.release(fl.task.key)
+            view.release(fl.node, spec.demand)
+        self.fairness.release((spec.user, spec.task_id))
 
     def _refused(self, task: Task, now: float, lm: LmId, why: str) -> Task:
         """An LM refused ``task`` (or will never answer): it is decided again."""

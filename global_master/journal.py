@@ -147,8 +147,9 @@ class EndedTask(msgspec.Struct, gc=False):
         rows: tuple[StepRow, ...] = (
             tuple(trail.steps) if isinstance(trail, Rows) else tuple(map(_ROW, trail.steps))
         )
+        spec = task.spec
         return cls(
-            task.user, task.task_id, task.job_id, task.attempt, task.lm or "",
+            spec.user, spec.task_id, spec.job_id, task.attempt, task.lm or "",
             task.submitted_at, task.started_at, task.finished_at, task.decisions,
             tuple(task.waits), _components(task), finished, reason, rows, trail.dropped,
         )  # fmt: skip

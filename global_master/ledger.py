@@ -244,7 +244,8 @@ class Ledger:
     # ------------------------------------------------------------ moves
     def dispatch(self, fl: InFlight) -> None:
         """``fl``'s task leaves its queue in a request to an LM (QUEUED -> DISPATCHED)."""
-        key = fl.task.key
+        spec = fl.task.spec
+        key = (spec.user, spec.task_id)
         queued = key in self.live and key not in self.inflight and key not in self.placed
         if not (queued and _SEND_QUEUED):
             check(key, self.state_of(key), _D)

@@ -315,8 +315,9 @@ class JobBook:
 
     def _outcome(self, out: TaskOutcome, now: float) -> None:
         task = out.task
-        rec = self.jobs.get((task.user, task.job_id))
-        t = rec.tasks.get(task.task_id) if rec is not None else None
+        spec = task.spec
+        rec = self.jobs.get((spec.user, spec.job_id))
+        t = rec.tasks.get(spec.task_id) if rec is not None else None
         if rec is None or t is None or t.state is not None:
             return
         if out.finished:
