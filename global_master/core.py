@@ -97,10 +97,7 @@ _STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.
 _RELAUNCHED, _PREEMPTED = EventKind.RELAUNCHED, EventKind.PREEMPTED
 _QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
 _NO_FREE_RESOURCES = WaitReason.NO_FREE_RESOURCES
-_WAIT_KEYS = [""] * (max(WaitReason) + 1)
-"""``WaitReason.key`` by value (a list: no property call, no enum hash)."""
-for _r in WaitReason:
-    _WAIT_KEYS[_r] = _r.key
+_WAIT_KEYS = {r: r.key for r in WaitReason}  # (``WaitReason.key`` without a property call)
 
 
 class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
@@ -163,12 +160,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._revoked_users = self.revocations.users
         self._no_fit: dict[tuple[int, Resources], bool] = {}
-        """Classes (constraints, demand) for which no node of any view had room, since
-        the round of decisions began (``decide``, ``_retry``; ``_end_round`` empties
-        it), and whether they are feasible at all: within a round the views only lose
-        room (each match reserves), so a class that found none finds none again and
-        its walk is skipped (first fit only; a gang's placement, which may release
-        room, empties it; feasibility changes only with a snapshot, between rounds)."""
+        """Classes (constraints, demand) no view had room for this round, and if feasible:
+        views only lose room in a round (a gang's may not: emptied), so none walks again."""
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -331,12 +324,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         key = (user, spec.task_id)
         if self.cancelled:
             self.cancelled.discard(key)
-        journal = self.journal
-        if journal is not None:  # (``Journal.close_task``, its time chosen here)
-            at = task.finished_at
-            if at < 0:
-                at = task.marks[-1][0] if task.marks else task.submitted_at
-            journal.close(task, at, finished=finished, reason=reason)
+        if self.journal is not None:
+            self.journal.close_task(task, finished=finished, reason=reason)
         if finished:
             self.counters.tasks_finished += 1
         else:
@@ -379,11 +368,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             task = pop()
             if task is None:
                 break
-            marks = task.marks  # (``Task.mark``, its in-order case inline)
-            if marks and now < marks[-1][0]:
-                task.mark(processing, now)
-            else:
-                marks.append((now, processing))
+            task.mark(processing, now)
             counters.decisions += 1
             place(task, now, batches, effects)
         return self._end_round(batches, effects, now)
@@ -434,8 +419,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         mask, demand = spec.constraints, spec.demand
         views = self.views
         # 1. internal partitions; 2. external partitions: repartition
-        cls = (mask, demand)
-        feasible = self._no_fit.get(cls)  # (no node had room for its class this round)
+        feasible = self._no_fit.get(cls := (mask, demand))  # (None: not known this round)
         if feasible is None:
             choose = self.queues.choose_node
             found = self.placer.find(views, mask, demand, choose)
@@ -499,20 +483,18 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         if self.journal is not None:
             key = _WAIT_KEYS[reason]
             detail = f"{key}: {why}" if why else key
-            spec = task.spec
-            self.journal.wait((spec.user, spec.task_id), now, detail, lm)
+            self.journal.wait((task.spec.user, task.spec.task_id), now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:
         """Back of its queue (§IV-B5; the queue may park until the view changes); with
         ``wait`` and plain FIFO queues, into the waiting index until freed resources
         could fit it."""
-        counters = self.counters
-        counters.requeues += 1
+        self.counters.requeues += 1
         if self._retries or self._tried or self.classes.tried:  # (``_forget``: any held)
             self._forget(task.key)
         task.mark(_QUEUEING, now)
         if wait and self._index:
-            counters.waited += 1
+            self.counters.waited += 1
             self.waiting.add(task)
             return
         self.queues.push_back(task)
@@ -679,9 +661,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         if kind == _STARTED:
             return
         if kind in (_FINISHED, _FAILED):
-            counters = self.counters
-            counters.ends_seen += 1
-            counters.end_lag_s += now - ev.at
+            self.counters.ends_seen += 1
+            self.counters.end_lag_s += now - ev.at
             if ev.user not in self.queues:
                 return
             if kind == _FINISHED:
