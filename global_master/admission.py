@@ -25,7 +25,7 @@ Who changes what: this piece holds the jobs being admitted and says what to do n
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Container
+from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass, field
 
 from common import taskenv
@@ -33,10 +33,12 @@ from common.dag import DagJob, from_layout
 from common.errors import ConfigError
 from common.ids import GmId, JobId, UserId
 from common.messages import AdmitJob, SubmitJob
-from common.model import Resources, Task, TaskKey, TaskSpec, fits, new_task
+from common.model import Phase, Resources, Task, TaskKey, TaskSpec, WaitReason, fits
 from common.reasons import JobReason
 
 JobKey = tuple[UserId, JobId]
+_QUEUEING = Phase.QUEUEING
+_WAIT_REASONS = len(WaitReason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ class Admission:
         if self.built:  # a DAG admitted in slices: made already
             tasks, self.built = self.built, []
             return tasks
-        return [new_task(spec, self.at, gm=gm) for spec in self.job.tasks[self.queued : end]]
+        return new_tasks(self.job.tasks[self.queued : end], self.at, gm)
 
     def queued_upto(self, end: int, tasks: list[Task]) -> None:
         """``tasks`` (those up to ``end``) are queued; the rest are ``pending``."""
@@ -107,6 +109,14 @@ class Admission:
         else:
             self.pending.difference_update(t.key for t in tasks)
         self.queued = end
+
+
+def new_tasks(specs: Sequence[TaskSpec], at: float, gm: GmId) -> list[Task]:
+    """``common.model.new_task`` of each spec, entering the GM queue at ``at``: the lists
+    its default factories would make given (a factory is a call per task; every task's
+    first mark is the same tuple, immutable)."""
+    first, n = (at, _QUEUEING), _WAIT_REASONS
+    return [Task(spec=spec, gm=gm, submitted_at=at, marks=[first], waits=[0] * n) for spec in specs]
 
 
 FIT_MEMO = 4096
@@ -188,7 +198,7 @@ class Admissions:
             # a DAG is queued whole (its stages name each other), its tasks made first
             made = len(adm.built)
             specs = job.tasks[made : made + self.slice]
-            adm.built += [new_task(spec, adm.at, gm=self.gm) for spec in specs]
+            adm.built += new_tasks(specs, adm.at, self.gm)
             return None
         return n if job.stages is not None else min(n, adm.queued + self.slice)
 
@@ -229,6 +239,10 @@ class Admissions:
         """Check ``adm``'s tasks from ``adm.checked`` up to ``end``: why one is not
         admitted, or None (and ``checked`` moves on).  ``live``: the task ids in use."""
         job, redelivered, seen = adm.job, adm.redelivered, adm.seen
+        # what ``spec_error`` found nothing wrong with, in this call: it reads a task's
+        # demand, duration, environment and whether it has a command, nothing else of
+        # it (its id only names it in a refusal), and a job's tasks are mostly alike
+        passed: set[tuple[object, ...]] = set()
         for spec in job.tasks[adm.checked : end]:
             key = (spec.user, spec.task_id)
             if spec.user != job.user or spec.job_id != job.job_id:
@@ -241,9 +255,12 @@ class Admissions:
                     JobReason.DUPLICATE_TASK_ID, f"task id {spec.task_id!r} is already in use"
                 )
             seen.add(key)
-            why = self.spec_error(spec, cluster)
-            if why is not None:
-                return why
+            shape = (spec.demand, spec.duration, spec.env, not spec.command)
+            if shape not in passed:
+                why = self.spec_error(spec, cluster)
+                if why is not None:
+                    return why
+                passed.add(shape)
         adm.checked = end
         return None
 

@@ -65,7 +65,7 @@ from common.messages import (
     UserTasksStopped,
 )
 from common.metrics import GmCounters
-from common.model import Phase, Task, TaskKey, TaskState, UserConfig, WaitReason
+from common.model import Phase, Resources, Task, TaskKey, TaskState, UserConfig, WaitReason
 from common.overload import OverloadPolicy
 from common.reasons import TaskFailure
 from global_master.admission import AdmissionLimits, Admissions
@@ -97,6 +97,7 @@ _STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.
 _RELAUNCHED, _PREEMPTED = EventKind.RELAUNCHED, EventKind.PREEMPTED
 _QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
 _NO_FREE_RESOURCES = WaitReason.NO_FREE_RESOURCES
+_WAIT_KEYS = {r: r.key for r in WaitReason}  # (``WaitReason.key`` without a property call)
 
 
 class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
@@ -158,6 +159,9 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._held, self._resume_of = self.outbox.held, self.recovery.resume_of
         self._retries, self._tried = self.placer.retries, self.fairness.tried
         self._revoked_users = self.revocations.users
+        self._no_fit: dict[tuple[int, Resources], bool] = {}
+        """Classes (constraints, demand) no view had room for this round, and if feasible:
+        views only lose room in a round (a gang's may not: emptied), so none walks again."""
         self._handlers = self._handler_table()
 
     def _handler_table(self) -> dict[type, Callable[[Any, float], list[Effect]]]:
@@ -359,13 +363,13 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         batches: Batches = {}
         if not self.ready:
             return effects
-        pop, place, processing = self.queues.pop, self._place, _PROCESSING
+        pop, place, processing, counters = self.queues.pop, self._place, _PROCESSING, self.counters
         for _ in range(max_tasks):
             task = pop()
             if task is None:
                 break
             task.mark(processing, now)
-            self.counters.decisions += 1
+            counters.decisions += 1
             place(task, now, batches, effects)
         return self._end_round(batches, effects, now)
 
@@ -373,6 +377,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         """A round of decisions is over: the next one starts its walk at the next LM
         (``Placer.match``); each LM's placements leave in one launch request, unless
         the outbox holds them back (the launch window, repartition batching)."""
+        self._no_fit.clear()
         if not batches:
             return effects
         self.placer.next_round()
@@ -407,21 +412,25 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             self._cancel_ends(task, effects)
             return
         task.decisions += 1
-        if (
-            self._gang_of
-            and task.key in self._gang_of
-            and self.gang.place(self, task, now, effects)
-        ):
-            return  # a gang stage's task: its gang places it (global_master.gang)
+        if self._gang_of and task.key in self._gang_of:
+            self._no_fit.clear()  # its gang may release room in the views
+            if self.gang.place(self, task, now, effects):
+                return  # a gang stage's task: its gang places it (global_master.gang)
         mask, demand = spec.constraints, spec.demand
         views = self.views
         # 1. internal partitions; 2. external partitions: repartition
-        found = self.placer.find(views, mask, demand, self.queues.choose_node)
-        if found is not None:
-            self._dispatch(task, found[0], found[1], found[2], batches, now)
-            return
+        feasible = self._no_fit.get(cls := (mask, demand))  # (None: not known this round)
+        if feasible is None:
+            choose = self.queues.choose_node
+            found = self.placer.find(views, mask, demand, choose)
+            if found is not None:
+                self._dispatch(task, found[0], found[1], found[2], batches, now)
+                return
+            feasible = self.placer.feasible(views.values(), mask, demand)
+            if choose is None:
+                self._no_fit[cls] = feasible
         # 3. nothing fits: infeasible, fairness, or back of the queue
-        if not self.placer.feasible(views.values(), mask, demand):
+        if not feasible:
             self._note(task, WaitReason.NO_CONSTRAINT_MATCH, now)
             self._fail(task, TaskFailure.INFEASIBLE, effects)
             return
@@ -472,22 +481,24 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         task.waits[reason] += 1
         self.wait_reasons[reason] += 1
         if self.journal is not None:
-            detail = f"{reason.key}: {why}" if why else reason.key
-            self.journal.wait(task.key, now, detail, lm)
+            key = _WAIT_KEYS[reason]
+            detail = f"{key}: {why}" if why else key
+            self.journal.wait((task.spec.user, task.spec.task_id), now, detail, lm)
 
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None:
         """Back of its queue (§IV-B5; the queue may park until the view changes); with
         ``wait`` and plain FIFO queues, into the waiting index until freed resources
         could fit it."""
         self.counters.requeues += 1
-        self._forget(task.key)
+        if self._retries or self._tried or self.classes.tried:  # (``_forget``: any held)
+            self._forget(task.key)
         task.mark(_QUEUEING, now)
         if wait and self._index:
             self.counters.waited += 1
             self.waiting.add(task)
             return
         self.queues.push_back(task)
-        self.queues.failed(task.user)
+        self.queues.failed(task.spec.user)
 
     def _wake(self, now: float) -> None:
         """Waiting tasks that the freed nodes could fit go back to the front of their
@@ -646,13 +657,13 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self._settle(task, effects)
         self.ledger.took(task, ev, now)
         if self.journal is not None:
-            self.journal.event(task.key, ev)
+            self.journal.event((ev.user, ev.task_id), ev)  # (``current`` found it so)
         if kind == _STARTED:
             return
         if kind in (_FINISHED, _FAILED):
             self.counters.ends_seen += 1
             self.counters.end_lag_s += now - ev.at
-            if task.user not in self.queues:
+            if ev.user not in self.queues:
                 return
             if kind == _FINISHED:
                 self.queues.on_finished(task, now)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from global_master.ledger import InFlightTable, Ledger
     from global_master.outbox import Outbox
     from global_master.placement import Placer
+    from global_master.priority import ClassPreemption
     from global_master.queues import UserQueues
     from global_master.revocation import Revocations
     from global_master.view import LmView
@@ -47,6 +48,7 @@ class Answers:
 
     if TYPE_CHECKING:  # what these steps use of the core (``GlobalMaster`` has them)
         cancelled: set[TaskKey]
+        classes: ClassPreemption
         counters: GmCounters
         fairness: Fairness
         gm_id: GmId
@@ -99,12 +101,15 @@ class Answers:
             stale = view is not None and resp.delta.epoch < view.epoch
             if stale:
                 self.counters.stale_updates += 1
-            results = resp.results
+            results, rid, inflight = resp.results, resp.request_id, self.inflight
+            n = len(results)
             for i, key in enumerate(sent[1]):
-                fl = self._answered(key, resp.request_id)
-                if fl is None:
+                fl = inflight.get(key)  # (``_answered``, inline)
+                if fl is None or fl.request_id != rid:
                     continue  # an event overtook this answer; the task has moved on
-                res = results[i] if i < len(results) else _MISSING
+                del inflight[key]
+                self._release(fl)
+                res = results[i] if i < n else _MISSING
                 task = fl.task
                 round_trip(task, resp.request_sent_at, resp.received_at, resp.sent_at)
                 if not res.accepted or stale:
@@ -112,7 +117,8 @@ class Answers:
                     why = TaskFailure.STALE_INCARNATION if res.accepted else res.reason
                     retry.append(self._refused(task, now, resp.lm, why))
                     continue
-                self._forget(key)
+                if self.placer.retries or self.fairness.tried or self.classes.tried:
+                    self._forget(key)  # (any held)
                 task.lm = resp.lm
                 if res.reason == _REROUTED:  # the view was wrong; the LM made it good
                     self._inconsistency(fl.repartition)
@@ -137,10 +143,11 @@ class Answers:
 
     def _release(self, fl: InFlight) -> None:
         """``fl``'s request is over: its reservation in the view and its victim go."""
+        spec = fl.task.spec
         view = self.views.get(fl.lm)
         if view is not None and fl.node >= 0:
-            view.release(fl.node, fl.task.demand)
-        self.fairness.release(fl.task.key)
+            view.release(fl.node, spec.demand)
+        self.fairness.release((spec.user, spec.task_id))
 
     def _refused(self, task: Task, now: float, lm: LmId, why: str) -> Task:
         """An LM refused ``task`` (or will never answer): it is decided again."""
@@ -160,11 +167,13 @@ class Answers:
     ) -> None:
         """An LM took the task.  A duplicate names the attempt it holds (this GM may
         have restarted and lost count); an attempt that already ended is an outcome."""
-        task.attempt = max(task.attempt, attempt)
+        if attempt > task.attempt:
+            task.attempt = attempt
         self._settle(task, effects)
         if reason not in ENDED_ANSWERS:
             self.ledger.accepted(task)
-            if task.user in self.revocations:  # the launch crossed the stop: stop it too
+            revoked = self.revocations.users  # (``in self.revocations``, without a call)
+            if revoked and task.spec.user in revoked:  # the launch crossed the stop: stop it
                 effects.extend(self.revocations.stops(self.gm_id, task.user, self.lms))
             if self.cancelled and task.key in self.cancelled:  # cancelled while in flight
                 effects.append(self._stop(task.lm, [task]))

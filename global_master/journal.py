@@ -14,12 +14,16 @@ Pure: times are the core's ``now``; nothing here reads a clock.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Final
+
+import msgspec
 
 from common.messages import EventKind, TaskEvent
-from common.model import Task, TaskKey
+from common.model import Phase, Task, TaskKey
 
 PER_TASK = 32
 ENDED = 4096
@@ -67,19 +71,60 @@ StepRow = tuple[float, str, str, int, str, str, int, float]
 """A ``Step`` as a tuple of atoms (the fields in order)."""
 _ROW = attrgetter("at", "what", "lm", "node", "partition", "detail", "count", "last_at")
 """A ``Step``'s ``StepRow`` (one C call per step)."""
-_NOTED_AT_END = frozenset((EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED))
-"""Event kinds not noted as steps of their own (a start is its own step; an end is
-noted when the task ends)."""
+# a ``StepRow``'s fields
+_AT: Final = 0
+_WHAT: Final = 1
+_LM: Final = 2
+_NODE: Final = 3
+_PART: Final = 4
+_DETAIL: Final = 5
+_COUNT: Final = 6
 
 
 @dataclass(slots=True)
-class EndedTask:
-    """What is kept of a task once it finished or failed (never changed once made; not
-    frozen: a frozen dataclass sets each field through ``object.__setattr__``, 2-3x
-    the cost of making one, and a busy GM makes one per task): atoms and tuples of atoms
-    only.  A GM keeps thousands; the collector untracks tuples of atoms, so a full
-    collection walks one object per ended task instead of the ~17 a ``Task`` and its
-    ``Trail`` are (it was 0.14-0.22 s per full collection in a busy GM)."""
+class Rows:
+    """A task's timeline as the journal keeps it while the task lives: ``StepRow``s
+    (a ``Trail`` of ``Step``s when read, ``Journal.trail``).  Tuples of atoms: made
+    without a call each (a ``Step`` is a Python ``__init__``), moved whole into the
+    task's ``EndedTask``, and the collector stops tracking them once it has seen them
+    (a busy GM holds a timeline for every task it holds)."""
+
+    steps: list[StepRow]
+    dropped: int = 0
+
+
+_NOTED_AT_END = frozenset((EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED))
+"""Event kinds not noted as steps of their own (a start is its own step; an end is
+noted when the task ends)."""
+_PHASES = len(Phase)
+
+
+def _components(task: Task) -> tuple[float, ...]:
+    """``tuple(task.components())``, the same sums in the same order (once per ended
+    task: ``len(Phase)`` asked of the enum class each time was a tenth of it)."""
+    out = [0.0] * _PHASES
+    marks = task.marks
+    end = task.started_at
+    if end < 0:
+        end = math.inf
+    t0, p0 = marks[0] if marks else (0.0, 0)
+    for i in range(1, len(marks)):
+        if t0 >= end:
+            break
+        t1, p1 = marks[i]
+        out[p0] += t1 - t0
+        t0, p0 = t1, p1
+    return tuple(out)
+
+
+class EndedTask(msgspec.Struct, gc=False):
+    """What is kept of a task once it finished or failed (never changed once made):
+    atoms and tuples of atoms only.  A GM keeps thousands: the collector untracks
+    tuples of atoms, and this struct is never tracked (``gc=False``: it holds no
+    container that could hold it back), so no collection walks an ended task (a
+    ``Task`` and its ``Trail`` were ~17 objects; a full collection took 0.14-0.22 s in
+    a busy GM).  A struct, not a frozen dataclass: that sets each field through
+    ``object.__setattr__``, 2-3x the cost of making one, and a GM makes one per task."""
 
     user: str
     task_id: str
@@ -98,13 +143,15 @@ class EndedTask:
     dropped: int
 
     @classmethod
-    def of(cls, task: Task, trail: Trail, *, finished: bool, reason: str) -> EndedTask:
+    def of(cls, task: Task, trail: Trail | Rows, *, finished: bool, reason: str) -> EndedTask:
+        rows: tuple[StepRow, ...] = (
+            tuple(trail.steps) if isinstance(trail, Rows) else tuple(map(_ROW, trail.steps))
+        )
+        spec = task.spec
         return cls(
-            task.user, task.task_id, task.job_id, task.attempt, task.lm or "",
+            spec.user, spec.task_id, spec.job_id, task.attempt, task.lm or "",
             task.submitted_at, task.started_at, task.finished_at, task.decisions,
-            tuple(task.waits), tuple(task.components()), finished, reason,
-            tuple(map(_ROW, trail.steps)),
-            trail.dropped,
+            tuple(task.waits), _components(task), finished, reason, rows, trail.dropped,
         )  # fmt: skip
 
     def components(self) -> list[float]:
@@ -122,7 +169,8 @@ class Journal:
             raise ValueError("a journal keeps at least one step and one ended task")
         self.per_task = per_task
         self.limit = ended
-        self.trails: dict[TaskKey, Trail] = {}
+        self.trails: dict[TaskKey, Rows] = {}
+        """The timelines of the tasks held (as rows: ``trail`` reads one as steps)."""
         self.ended: OrderedDict[TaskKey, EndedTask] = OrderedDict()
 
     def note(
@@ -139,22 +187,21 @@ class Journal:
         """Append a step to ``key``'s timeline (the same step again only counts)."""
         trail = self.trails.get(key)
         if trail is None:  # a task's first step (the bound keeps at least one)
-            self.trails[key] = Trail([Step(at, what, lm, node, partition, detail, 1, at)])
+            self.trails[key] = Rows([(at, what, lm, node, partition, detail, 1, at)])
             return
         steps = trail.steps
         if steps:
             last = steps[-1]
             if (
-                last.what == what
-                and last.lm == lm
-                and last.node == node
-                and last.partition == partition
-                and last.detail == detail
+                last[_WHAT] == what
+                and last[_LM] == lm
+                and last[_NODE] == node
+                and last[_PART] == partition
+                and last[_DETAIL] == detail
             ):
-                last.count += 1
-                last.last_at = at
+                steps[-1] = (last[_AT], what, lm, node, partition, detail, last[_COUNT] + 1, at)
                 return
-        steps.append(Step(at, what, lm, node, partition, detail, last_at=at))
+        steps.append((at, what, lm, node, partition, detail, 1, at))
         if len(steps) > self.per_task:
             del steps[0]
             trail.dropped += 1
@@ -168,35 +215,44 @@ class Journal:
         last = steps[-1] if steps else None
         if (
             last is None
-            or last.what != "waits"
-            or last.at != at
-            or last.count != 1
-            or last.lm != lm
-            or reason in last.detail.split(", ")
+            or last[_WHAT] != "waits"
+            or last[_AT] != at
+            or last[_COUNT] != 1
+            or last[_LM] != lm
+            or reason in last[_DETAIL].split(", ")
         ):
             self.note(key, at, "waits", lm=lm, detail=reason)
             return
-        last.detail = f"{last.detail}, {reason}"
+        detail = f"{last[_DETAIL]}, {reason}"
         if len(steps) > 1:
             before = steps[-2]
-            if (before.what, before.lm, before.detail) == ("waits", lm, last.detail):
-                before.count += 1
-                before.last_at = at
+            if before[_WHAT] == "waits" and before[_LM] == lm and before[_DETAIL] == detail:
+                b_at, _, _, b_node, b_part, _, b_count, _ = before
+                steps[-2] = (b_at, "waits", lm, b_node, b_part, detail, b_count + 1, at)
                 steps.pop()
+                return
+        l_at, _, _, l_node, l_part, _, l_count, l_last = last
+        steps[-1] = (l_at, "waits", lm, l_node, l_part, detail, l_count, l_last)
 
     def started(self, key: TaskKey, at: float, lm: str, node: int) -> None:
         """The task started at ``at`` (said by several events: noted once)."""
         trail = self.trails.get(key)
         if trail is not None:
             for s in trail.steps:
-                if s.at == at and s.what == "started":
+                if s[_AT] == at and s[_WHAT] == "started":
                     return
         self.note(key, at, "started", lm=lm, node=node)
 
     def event(self, key: TaskKey, ev: TaskEvent) -> None:
         """An LM's event about task ``key`` (an end is noted when the task ends)."""
-        if ev.started_at >= 0:
-            self.started(key, ev.started_at, ev.lm, ev.node)
+        at = ev.started_at
+        if at >= 0:  # (``started``, inline: every task's end event passes here)
+            trail = self.trails.get(key)
+            for s in trail.steps if trail is not None else ():
+                if s[_AT] == at and s[_WHAT] == "started":
+                    break
+            else:
+                self.note(key, at, "started", lm=ev.lm, node=ev.node)
         if ev.kind not in _NOTED_AT_END:
             self.note(key, ev.at, ev.kind.name.lower(), lm=ev.lm, node=ev.node, detail=ev.detail)
 
@@ -210,16 +266,19 @@ class Journal:
 
     def close(self, task: Task, at: float, *, finished: bool, reason: str) -> None:
         """``task`` ended: its timeline moves to the ring of ended tasks."""
-        key = task.key
+        spec = task.spec
+        key = (spec.user, spec.task_id)
         self.note(key, at, "finished" if finished else "failed", lm=task.lm or "", detail=reason)
         trail = self.trails.pop(key)
         ended = self.ended
-        if key in ended:
-            del ended[key]
+        ended.pop(key, None)  # (ended again: to the newest end)
         ended[key] = EndedTask.of(task, trail, finished=finished, reason=reason)
         while len(ended) > self.limit:
             ended.popitem(last=False)
 
     def trail(self, key: TaskKey) -> Trail:
         """The timeline of a task this GM holds (empty if it was never tried)."""
-        return self.trails.get(key) or Trail()
+        rows = self.trails.get(key)
+        if rows is None:
+            return Trail()
+        return Trail([Step(*row) for row in rows.steps], rows.dropped)

@@ -47,9 +47,14 @@ _F, _X = TaskState.FINISHED, TaskState.FAILED
 _STARTED, _FINISHED, _FAILED = EventKind.STARTED, EventKind.FINISHED, EventKind.FAILED
 _QUEUEING, _PROCESSING = Phase.QUEUEING, Phase.PROCESSING
 _COMMUNICATION, _WORKER_QUEUEING = Phase.COMMUNICATION, Phase.WORKER_QUEUEING
+_RUNNING = Phase.RUNNING
 """(bound once: an enum member read off its class costs ~30 times a global on 3.11)"""
 _SEND_QUEUED = _D in NEXT[_Q]
 """The table lets a queued task be sent (``dispatch``'s hot path needs no lookup)."""
+_PLACE_SENT = _P in NEXT[_D]
+"""... a task in flight be placed (``accepted``'s hot path)."""
+_END_QUEUED = _F in NEXT[_Q] and _X in NEXT[_Q]
+"""... a queued task end (``end``'s hot path: an ended task is out of ``placed``)."""
 
 
 @dataclass(slots=True)
@@ -88,7 +93,17 @@ class InFlightTable(dict[TaskKey, InFlight]):
         per[d] = per.get(d, 0) + 1
 
     def __delitem__(self, key: TaskKey) -> None:
-        self._forget(self[key])
+        spec = self[key].task.spec  # (``_forget``, inline: every answered task passes)
+        user = spec.user
+        self._shares.pop(user, None)
+        per = self.demands[user]
+        d = tuple(spec.demand)
+        if per[d] == 1:
+            del per[d]
+            if not per:
+                del self.demands[user]
+        else:
+            per[d] -= 1
         dict.__delitem__(self, key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
@@ -132,7 +147,7 @@ class LiveTable(dict[TaskKey, Task]):
     def __setitem__(self, key: TaskKey, task: Task) -> None:
         if key not in self:
             self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
-        super().__setitem__(key, task)
+        dict.__setitem__(self, key, task)
 
     def __delitem__(self, key: TaskKey) -> None:
         self._forget(key)
@@ -146,7 +161,7 @@ class LiveTable(dict[TaskKey, Task]):
                 self.per_user[user] = n
             else:
                 del self.per_user[user]
-        return super().pop(key, *default)
+        return dict.pop(self, key, *default)  # (not ``super()``: an object per call)
 
     def _forget(self, key: TaskKey) -> None:
         n = self.per_user[key[0]] - 1
@@ -229,7 +244,8 @@ class Ledger:
     # ------------------------------------------------------------ moves
     def dispatch(self, fl: InFlight) -> None:
         """``fl``'s task leaves its queue in a request to an LM (QUEUED -> DISPATCHED)."""
-        key = fl.task.key
+        spec = fl.task.spec
+        key = (spec.user, spec.task_id)
         queued = key in self.live and key not in self.inflight and key not in self.placed
         if not (queued and _SEND_QUEUED):
             check(key, self.state_of(key), _D)
@@ -239,9 +255,18 @@ class Ledger:
         """An LM accepted the request ``task`` was in flight with, whose answer took it
         out of ``inflight`` just now (DISPATCHED -> PLACED)."""
         key = task.key
-        was = self.state_of(key)
-        check(key, _D if was is _Q else was, _P)
-        self.placed[key] = task
+        placed = self.placed
+        if (  # ``state_of`` is QUEUED (out of ``inflight`` just now): a move the table has
+            not _PLACE_SENT
+            or key in self.inflight
+            or key in placed
+            or key in self.finished
+            or key in self.failed
+            or key not in self.live
+        ):
+            was = self.state_of(key)
+            check(key, _D if was is _Q else was, _P)
+        placed[key] = task
 
     def adopt(self, task: Task) -> None:
         """A task running on an LM that this GM did not hold (it restarted): placed."""
@@ -263,11 +288,12 @@ class Ledger:
     def settle(self, task: Task) -> tuple[JobKey, bool] | None:
         """``task`` was accepted by an LM or failed.  If that settles its job: the job,
         and whether its LMs were keeping its ends (they may let go now)."""
-        jk = (task.user, task.job_id)
+        spec = task.spec
+        jk = (spec.user, spec.job_id)
         rec = self.jobs.get(jk)
         if rec is None or rec.settled:
             return None
-        rec.unsettled.discard(task.key)
+        rec.unsettled.discard((spec.user, spec.task_id))
         if rec.unsettled:
             return None
         rec.settled = True
@@ -286,7 +312,14 @@ class Ledger:
         ``job`` (key and record): counted there (the last of its tasks retires it).  A
         task that ended before its job had a record here (adopted after a restart) is
         counted in its job when the job comes back: that is no second end."""
-        if job is None or key not in self.ended_outside:
+        if (job is None or key not in self.ended_outside) and (
+            not _END_QUEUED  # ``state_of`` QUEUED: a move the table has, nothing to check
+            or key in self.inflight
+            or key in self.placed
+            or key in self.finished
+            or key in self.failed
+            or key not in self.live
+        ):
             check(key, self.state_of(key), _F if finished else _X)
         if job is None:
             self.ended_outside.add(key)
@@ -374,12 +407,22 @@ class Ledger:
         that ended or came back (preempted, requeued) leaves ``placed``."""
         if ev.worker_at >= 0:
             task.mark(_WORKER_QUEUEING, ev.worker_at)
-        if ev.started_at >= 0:
-            task.start(ev.started_at)
+        at = ev.started_at
+        if at >= 0:  # ``Task.start``, its in-order mark appended inline
+            marks = task.marks
+            if marks and at < marks[-1][0]:
+                task.mark(_RUNNING, at)
+            else:
+                marks.append((at, _RUNNING))
+            if at > task.started_at:
+                task.started_at = at
+            if task.first_started_at < 0 or at < task.first_started_at:
+                task.first_started_at = at
         kind = ev.kind
         if kind == _STARTED:
             return
-        del self.placed[task.key]
+        spec = task.spec
+        del self.placed[(spec.user, spec.task_id)]
         if kind in (_FINISHED, _FAILED):
             task.finished_at = ev.at
             return
@@ -390,7 +433,19 @@ class Ledger:
 def round_trip(task: Task, request_sent: float, received: float, sent: float) -> None:
     """A request's trip, in the task's allocation-time ledger: on the wire, validated
     at the LM, on the wire back."""
+    # ``Task.mark`` three times, its in-order case written out (every answered task
+    # passes here): a mark no earlier than the last is appended, else it is sorted in
+    marks = task.marks
     if request_sent >= 0:
-        task.mark(_COMMUNICATION, request_sent)
-    task.mark(_PROCESSING, received)
-    task.mark(_COMMUNICATION, sent)
+        if marks and request_sent < marks[-1][0]:
+            task.mark(_COMMUNICATION, request_sent)
+        else:
+            marks.append((request_sent, _COMMUNICATION))
+    if marks and received < marks[-1][0]:
+        task.mark(_PROCESSING, received)
+    else:
+        marks.append((received, _PROCESSING))
+    if marks and sent < marks[-1][0]:
+        task.mark(_COMMUNICATION, sent)
+    else:
+        marks.append((sent, _COMMUNICATION))

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -69,6 +69,9 @@ class JobStatus(StrEnum):
 
 
 ENDED = frozenset({TaskStatus.FINISHED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+_FINISHED, _FAILED, _CANCELLED = TaskStatus.FINISHED, TaskStatus.FAILED, TaskStatus.CANCELLED
+_ENDS = (EventKind.FINISHED, EventKind.FAILED)
+"""(bound once: an enum member read off its class is slow on 3.11)"""
 _LIVE = {
     TaskState.QUEUED: TaskStatus.QUEUED,
     TaskState.DISPATCHED: TaskStatus.QUEUED,
@@ -123,9 +126,9 @@ class JobEnded(msgspec.Struct, tag="ended", array_like=True, frozen=True):
 HistoryRecord = Opened | Noted | TaskEnded | JobEnded
 
 
-@dataclass(slots=True)
-class TaskRecord:
-    """One task as its user sees it."""
+class TaskRecord(msgspec.Struct, gc=False):
+    """One task as its user sees it (kept for ``keep_s`` after its job ended: never
+    tracked by the collector, ``gc=False``, as it holds atoms only)."""
 
     task_id: TaskId
     stage: int = 0
@@ -258,18 +261,20 @@ class JobBook:
         if job.resumes is not None or jk in self.jobs:
             return  # returned tasks, or a redelivery
         stage_of = _stages(job.stages, len(job.tasks))
-        ids = tuple(s.task_id for s in job.tasks)
+        ids = tuple([s.task_id for s in job.tasks])
         self._open(job.user, job.job_id, now, ids, stage_of)
         self._note(Opened(job.user, job.job_id, now, ids, _runs(stage_of)))
 
     def _open(
         self, user: UserId, job_id: JobId, now: float, ids: Iterable[str], stage_of: list[int]
     ) -> None:
-        tasks = {TaskId(t): TaskRecord(TaskId(t), stage_of[i]) for i, t in enumerate(ids)}
+        # (ids are task ids already: ``TaskId`` is a call per task that returns its
+        # argument; one record per task, every task's job in one update)
+        tids = cast("Iterable[TaskId]", ids)
+        tasks = {t: TaskRecord(t, stage_of[i]) for i, t in enumerate(tids)}
         self.jobs[(user, job_id)] = rec = JobRecord(user, job_id, now, tasks, len(tasks))
         rec.timeline.append((now, "submitted"))
-        for tid in tasks:
-            self.job_of[(user, tid)] = job_id
+        self.job_of.update(dict.fromkeys([(user, tid) for tid in tasks], job_id))
 
     def _cancel(self, rec: JobRecord, now: float) -> None:
         rec.cancelled_at = now
@@ -304,30 +309,31 @@ class JobBook:
             t.lm = ev.lm
             if ev.started_at >= 0 and t.started_at < 0:
                 t.started_at = ev.started_at
-            if ev.kind in (EventKind.FINISHED, EventKind.FAILED):
+            if ev.kind in _ENDS:
                 t.exit_code = ev.exit_code
                 t.stdout, t.stderr = ev.stdout[-OUTPUT_BYTES:], ev.stderr[-OUTPUT_BYTES:]
 
     def _outcome(self, out: TaskOutcome, now: float) -> None:
         task = out.task
-        rec = self.jobs.get((task.user, task.job_id))
-        t = rec.tasks.get(task.task_id) if rec is not None else None
+        spec = task.spec
+        rec = self.jobs.get((spec.user, spec.job_id))
+        t = rec.tasks.get(spec.task_id) if rec is not None else None
         if rec is None or t is None or t.state is not None:
             return
         if out.finished:
-            state = TaskStatus.FINISHED
+            state = _FINISHED
             if t.exit_code is None and task.spec.command:
                 t.exit_code = 0
         else:
-            state = TaskStatus.CANCELLED if out.reason == CANCELLED else TaskStatus.FAILED
-        ended = TaskEnded(
-            rec.user, rec.job_id, t.task_id, str(state), out.reason, task.attempt,
-            task.lm or t.lm, t.exit_code,
-            task.first_started_at if task.first_started_at >= 0 else t.started_at,
-            task.finished_at if task.finished_at >= 0 else now, t.stdout, t.stderr,
-        )  # fmt: skip
-        self._task_end(rec, t, ended)
-        self._note(ended)
+            state = _CANCELLED if out.reason == CANCELLED else _FAILED
+        # as ``_task_end`` of the ``TaskEnded`` below (its state is ``state``), without
+        # making the record when the book keeps no history
+        started = task.first_started_at if task.first_started_at >= 0 else t.started_at
+        t.state, t.reason, t.attempts, t.lm = state, out.reason, task.attempt, task.lm or t.lm
+        t.started_at, t.ended_at = started, task.finished_at if task.finished_at >= 0 else now
+        rec.left -= 1
+        if self.changes is not None:
+            self.changes.append(_ended(rec, t))
         if rec.left <= 0:
             self._end(rec, now)
 

@@ -69,7 +69,9 @@ class Outbox:
         out: list[Release] = []
         for lm, placements in batches.items():
             held = self.held.pop(lm, None)
-            go = self._release(lm, held + placements if held else placements, now)
+            if held:  # (the round's placements after them, in the held list: no copy)
+                held += placements
+            go = self._release(lm, held or placements, now)
             if go:
                 out.append((lm, go))
         return out

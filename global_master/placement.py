@@ -13,6 +13,12 @@ Invariants:
 * **Feasible**: a (constraints, demand) class that no node of any LM could ever run
   (whatever is free) fails explicitly; the answer is memoized until the views are
   rebuilt from a snapshot (``forget_feasible``).
+* **One walk per class and round**: within one round of decisions (``decide``, the
+  retries of a refused launch) the views only lose room (each match reserves), so a
+  (constraints, demand) class for which the walk found no node finds none again until
+  the round ends: the core skips its walk for the rest of the round and keeps whether
+  it is feasible with it (``GlobalMaster._no_fit``; first fit only; a gang's placement,
+  which may release room, empties it).
 * **Inconsistency**: an LM that refuses a placement answers with its state; the GM
   retries the decision at once, at most ``max_retries`` times a task (``retry``),
   then the task goes to the back of its queue.

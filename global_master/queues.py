@@ -86,13 +86,14 @@ class UserQueues:
         return deque()
 
     def push_back(self, task: Task) -> None:
-        self.queues[task.user].append(task)
+        self.queues[task.spec.user].append(task)
         self._size += 1
 
     def push_front(self, task: Task) -> None:
-        self.queues[task.user].appendleft(task)
+        user = task.spec.user
+        self.queues[user].appendleft(task)
         self._size += 1
-        self._failures.pop(task.user, None)
+        self._failures.pop(user, None)
 
     def new_epoch(self) -> None:
         """The view changed: parked queues may be able to place again."""
@@ -242,18 +243,21 @@ class WaitingTasks:
         return self._per_user.get(user, 0)
 
     def add(self, task: Task) -> None:
-        cls = (task.constraints, task.demand)
+        spec = task.spec
+        user, demand = spec.user, spec.demand
+        cls = (spec.constraints, demand)
         users = self.by_class.get(cls)
         if users is None:
             users = self.by_class[cls] = {}
-            if not all(task.demand):
+            if not all(demand):
                 self.all_positive = False
-        q = users.get(task.user)
+        q = users.get(user)
         if q is None:
-            q = users[task.user] = self.new_queue()
+            q = users[user] = self.new_queue()
         q.append(task)
         self._size += 1
-        self._per_user[task.user] = self._per_user.get(task.user, 0) + 1
+        per_user = self._per_user
+        per_user[user] = per_user.get(user, 0) + 1
 
     def _took(self, cls: WaitClass, user: UserId, n: int) -> None:
         users = self.by_class[cls]
@@ -274,9 +278,15 @@ class WaitingTasks:
         users = self.by_class.get(cls)
         if users is None or n <= 0:
             return []
+        if len(users) == 1:  # one user: its oldest, as many as fit (no turns to take)
+            ((user, q),) = users.items()
+            popleft = q.popleft
+            out = [popleft() for _ in range(min(n, len(q)))]
+            self._took(cls, user, len(out))
+            return out
         ranked = [u for u in order if u in users]
         ranked += [u for u in users if u not in ranked]
-        out: list[Task] = []
+        out = []
         taken: dict[UserId, int] = {}
         while len(out) < n and ranked:
             for u in list(ranked):

@@ -143,8 +143,31 @@ class LmView:
     # (written ``not f or min(f) > 0``: the same, and cheaper on the hot paths; of a
     # reported value, never negative, ``0 not in f``: the same again)
     def set_node(self, i: int, reported: Resources, node_version: int) -> bool:
-        """Take a reported value if it is newer than what the view holds."""
-        return self._take((i,), (reported,), (node_version,))
+        """Take a reported value if it is newer than what the view holds (``_take`` of
+        one node, written out: every task event carries its node's state)."""
+        if node_version <= self.node_version[i]:
+            return False
+        self.node_version[i] = node_version
+        free = self.free
+        old = free[i]
+        pend = self.pending[i]
+        new: Sequence[int]
+        if pend is None:
+            if reported == old:  # the value held: nothing freed, ``avail`` as it was
+                free[i] = reported
+                return True
+            new = free[i] = reported  # kept as reported (never changed in place: ``_own``)
+            self.avail[i] = 0 not in reported
+        else:
+            new = free[i] = [x - p for x, p in zip(reported, pend, strict=True)]
+            self.avail[i] = not new or min(new) > 0
+        if len(new) != len(old):
+            raise ValueError(f"node {i}: {len(new)} resources, the view has {len(old)}")
+        for x, y in zip(new, old):  # noqa: B905  (lengths checked: a keyword is slow here)
+            if x > y:
+                self.freed.add(i)
+                break
+        return True
 
     def _take(
         self, nodes: Sequence[int], reported: Sequence[Resources], versions: Sequence[int]
@@ -203,7 +226,8 @@ class LmView:
         pend = self.pending[i]
         if pend is None:
             pend = self.pending[i] = [0] * len(demand)
-        f = self._own(i)
+        free = self.free  # (``_own``, inline)
+        f = free[i] = list(free[i])
         for r, d in enumerate(demand):
             pend[r] += d
             f[r] -= d
@@ -220,7 +244,8 @@ class LmView:
         pend = self.pending[i]
         if pend is None:
             return
-        f = self._own(i)
+        free = self.free  # (``_own``, inline)
+        f = free[i] = list(free[i])
         for r, d in enumerate(demand):
             pend[r] -= d
             f[r] += d

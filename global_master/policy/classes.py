@@ -93,7 +93,7 @@ class ClassCount:
 class ClassedQueue:
     """One queue per priority class (made by ``make``); behaves as a ``TaskQueue``."""
 
-    __slots__ = ("aging", "arrivals", "by_class", "count", "make", "seq", "size", "where")
+    __slots__ = ("aging", "arrivals", "by_class", "count", "make", "plain", "seq", "size", "where")
 
     def __init__(
         self, make: Callable[[], TaskQueue], aging: Aging, count: ClassCount | None = None
@@ -109,6 +109,11 @@ class ClassedQueue:
         self.where: dict[TaskKey, int] = {}
         self.seq = 0
         self.size = 0
+        self.plain = isinstance(make(), deque)
+        """Its class queues are deques (FIFO): each class's oldest task is its queue's
+        first, and no arrivals are kept (nor ``where``).  (Every change to a class
+        queue is made here, in the same order to the queue and to its arrivals: the
+        live entries of a class's arrivals are its deque's tasks, in order.)"""
 
     def __len__(self) -> int:
         return self.size
@@ -135,8 +140,9 @@ class ClassedQueue:
             self.arrivals[c] = deque()
             if self.count is not None:
                 self.count.made(c, q)
-        seq = self.seq = self.seq + 1
-        self.where[(spec.user, spec.task_id)] = seq
+        if not self.plain:
+            seq = self.seq = self.seq + 1
+            self.where[(spec.user, spec.task_id)] = seq
         self.size += 1
         aging, at = self.aging, task.submitted_at
         if at > aging.now:  # (``Aging.saw``, inline)
@@ -145,14 +151,18 @@ class ClassedQueue:
 
     def append(self, task: Task) -> None:
         self._class(task).append(task)
-        self.arrivals[task.spec.priority].append((self.seq, task))
+        if not self.plain:
+            self.arrivals[task.spec.priority].append((self.seq, task))
 
     def appendleft(self, task: Task) -> None:
         self._class(task).appendleft(task)
-        self.arrivals[task.spec.priority].appendleft((self.seq, task))
+        if not self.plain:
+            self.arrivals[task.spec.priority].appendleft((self.seq, task))
 
     def oldest(self, c: int) -> Task:
         """The task of class ``c`` that came first (stale entries dropped)."""
+        if self.plain:
+            return cast("deque[Task]", self.by_class[c])[0]
         arr, where = self.arrivals[c], self.where
         while where.get(arr[0][1].key) != arr[0][0]:
             arr.popleft()
@@ -193,13 +203,15 @@ class ClassedQueue:
             raise IndexError("pop from an empty ClassedQueue")
         by_class = self.by_class
         if len(by_class) == 1:  # one class: its queue's own order, no aging to weigh
-            c, q = next(iter(by_class.items()))
+            ((c, q),) = by_class.items()
             task = q.popleft()
-            spec = task.spec  # (``_gone``, inline)
-            del self.where[(spec.user, spec.task_id)]
             self.size -= 1
+            if not self.plain:
+                spec = task.spec  # (``_gone``, inline)
+                del self.where[(spec.user, spec.task_id)]
             if q:
-                self._bound(c)
+                if not self.plain:
+                    self._bound(c)
             else:
                 del by_class[c], self.arrivals[c]
                 if self.count is not None:
@@ -224,7 +236,8 @@ class ClassedQueue:
         self._gone(task, c)
 
     def _gone(self, task: Task, c: int) -> None:
-        del self.where[task.key]
+        if not self.plain:
+            del self.where[task.key]
         self.size -= 1
         if not self.by_class[c]:
             del self.by_class[c], self.arrivals[c]
@@ -262,6 +275,8 @@ class ClassedWaiting(WaitingTasks):
     def take(self, cls: WaitClass, n: int, order: Sequence[UserId]) -> list[Task]:
         """Up to ``n`` tasks of ``cls``: each of the class served next (``pick``), its
         users one in turn (``order`` first, then the others), as plain queues take."""
+        if len(self.held.queues) <= 1:  # one priority class: ``pick`` is the first user
+            return super().take(cls, n, order)  # in turn that holds a task, as there
         users = self.by_class.get(cls)
         if users is None or n <= 0:
             return []
@@ -317,7 +332,7 @@ class ClassedQueues(UserQueues):
         """The best task of all users' queues (neither empty nor parked); round-robin
         from the user after the last served among those that tie."""
         order, start = self._order, self._next
-        queues = cast("dict[UserId, ClassedQueue]", self.queues)  # (``new_queue``'s)
+        queues: dict[UserId, ClassedQueue] = self.queues  # type: ignore[assignment]
         fails, patience = self._failures, self.patience
         n = len(order)
         held: list[tuple[int, ClassedQueue]] = []
@@ -327,7 +342,10 @@ class ClassedQueues(UserQueues):
             user = order[(start + k) % n]
             q = queues[user]
             size = q.size
-            if not size or fails.get(user, 0) >= min(patience, size):  # empty or ``parked``
+            if not size:
+                continue
+            failed = fails.get(user, 0)
+            if failed >= patience or failed >= size:  # ``parked``
                 continue
             held.append((k, q))
             if not mixed:
@@ -335,7 +353,7 @@ class ClassedQueues(UserQueues):
                 if len(by_class) != 1:
                     mixed = True
                 elif one is None:
-                    one = next(iter(by_class))
+                    (one,) = by_class
                 elif one not in by_class:
                     mixed = True
         if not held:
@@ -367,15 +385,21 @@ class ClassedQueues(UserQueues):
         ]
 
     def on_dispatched(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:  # (``Aging.saw``, inline: every task passes here)
+            aging.now = now
         super().on_dispatched(task, now)
 
     def on_returned(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:
+            aging.now = now
         super().on_returned(task, now)
 
     def on_finished(self, task: Task, now: float) -> None:
-        self.aging.saw(now)
+        aging = self.aging
+        if now > aging.now:
+            aging.now = now
         super().on_finished(task, now)
 
 
