@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,36 @@ def _with_queue_version(topology: Any, version: int) -> Any:
     return topo
 
 
+@dataclass
+class _Rig:
+    """An arm's broker and what it publishes (``--body`` bytes to a GM's events
+    queue), the ``beam.smp`` to watch, and the consumer's count of deliveries."""
+
+    b: Any
+    key: str
+    body: bytes
+    headers: dict[str, str | int] | None
+    make: Any
+    mandatory: bool
+    beam: int
+    idle: float = 0.0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    seen: list[int] = field(default_factory=lambda: [0])
+    want: list[int] = field(default_factory=lambda: [0])
+
+    def snap(self) -> tuple[float, float, float, tuple[int, int]]:
+        """This process's CPU, the broker's, the wall clock and both's syscalls."""
+        return _cpu(), _beam_cpu(self.beam), time.perf_counter(), _sys_pair(self.beam)
+
+    def figures(
+        self, n: int, before: tuple[float, float, float, tuple[int, int]]
+    ) -> dict[str, float]:
+        """``_figures`` of ``n`` messages since ``before`` (a ``snap``)."""
+        c1, k1, t1, s1 = self.snap()
+        c0, k0, t0, s0 = before
+        return _figures(n, c1 - c0, k1 - k0, t1 - t0, self.idle, s0, s1)
+
+
 async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
     from urllib.parse import urlparse
@@ -134,72 +165,89 @@ async def _arm_async(args: argparse.Namespace) -> dict[str, Any]:
     await amqp.declare_topology(cfg, cfg.broker_url)
     b = amqp.Broker(cfg, "bench", urls=[cfg.broker_url])
     await b.open(prefetch=args.prefetch)
-    body = bytes(range(256)) * (args.body // 256) + b"x" * (args.body % 256)
-    key = names.gm_event_key("gm0", "lm0")
-    headers = SEAL if args.headers == "seal" else None
-    make = amqp.transient if args.transient else amqp.persistent
-    mandatory = not args.no_mandatory
+    rig = _Rig(
+        b, names.gm_event_key("gm0", "lm0"),
+        bytes(range(256)) * (args.body // 256) + b"x" * (args.body % 256),
+        SEAL if args.headers == "seal" else None,
+        amqp.transient if args.transient else amqp.persistent, not args.no_mandatory, beam,
+    )  # fmt: skip
     out: dict[str, Any] = {}
     k0, t0 = _beam_cpu(beam), time.perf_counter()
     await asyncio.sleep(1.0)
     out["broker_idle_us_per_s"] = round(1e6 * (_beam_cpu(beam) - k0) / (time.perf_counter() - t0))
-    idle = out["broker_idle_us_per_s"] / 1e6
+    rig.idle = out["broker_idle_us_per_s"] / 1e6
     try:
-        sem = asyncio.Semaphore(args.concurrency)
-
-        async def one(i: int) -> None:
-            async with sem:
-                msg = make(body, message_id=f"m{i}", headers=headers)
-                await b.publish("events", key, msg, mandatory=mandatory)
-
         n = args.n if args.burst else 0
-        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-        await asyncio.gather(*(one(i) for i in range(n)))
-        c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-        if n:
-            out["publish"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
-
-        done = asyncio.Event()
-        seen = [0]
-        want = [n]
-
-        async def handler(msg: Any) -> None:
-            assert msg.body == body
-            await msg.ack()
-            seen[0] += 1
-            if seen[0] == want[0]:
-                done.set()
-
+        await _publish(rig, n, args.concurrency, out)
         assert b.sub is not None
         q = await amqp.open_queue(b.sub, cfg.gm_events_queue("gm0"))
-        c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-        await b.consume(q, handler)
-        if n:
-            await asyncio.wait_for(done.wait(), 120)
-            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-            out["consume"] = _figures(n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
-
+        await _consume(rig, q, n, out)
         if args.rate > 0:  # the live shape: sparse publishes, each delivered at once
-            done.clear()
-            seen[0], want[0] = 0, args.n
-            loop = asyncio.get_running_loop()
-            tasks = []
-            c0, k0, t0, s0 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-            start = loop.time()
-            for i in range(args.n):
-                delay = start + i / args.rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                msg = make(body, message_id=f"p{i}", headers=headers)
-                tasks.append(loop.create_task(b.publish("events", key, msg, mandatory=mandatory)))
-            await asyncio.gather(*tasks)
-            await asyncio.wait_for(done.wait(), 120)
-            c1, k1, t1, s1 = _cpu(), _beam_cpu(beam), time.perf_counter(), _sys_pair(beam)
-            out["pipe"] = _figures(args.n, c1 - c0, k1 - k0, t1 - t0, idle, s0, s1)
+            await _pipe(rig, args.n, args.rate, out)
     finally:
         await b.close()
         await amqp.delete_topology(cfg, cfg.broker_url)
     return out
+
+
+async def _publish(rig: _Rig, n: int, concurrency: int, out: dict[str, Any]) -> None:
+    """``publish``: ``n`` messages, ``concurrency`` at a time, each confirmed."""
+    b, key, body, headers, make, mandatory = (
+        rig.b, rig.key, rig.body, rig.headers, rig.make, rig.mandatory
+    )  # fmt: skip
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            msg = make(body, message_id=f"m{i}", headers=headers)
+            await b.publish("events", key, msg, mandatory=mandatory)
+
+    before = rig.snap()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    if n:
+        out["publish"] = rig.figures(n, before)
+
+
+async def _consume(rig: _Rig, q: Any, n: int, out: dict[str, Any]) -> None:
+    """``consume``: the ``n`` messages published taken back, each acked (the consumer
+    stays for ``_pipe``)."""
+    body, done, seen, want = rig.body, rig.done, rig.seen, rig.want
+    want[0] = n
+
+    async def handler(msg: Any) -> None:
+        assert msg.body == body
+        await msg.ack()
+        seen[0] += 1
+        if seen[0] == want[0]:
+            done.set()
+
+    before = rig.snap()
+    await rig.b.consume(q, handler)
+    if n:
+        await asyncio.wait_for(done.wait(), 120)
+        out["consume"] = rig.figures(n, before)
+
+
+async def _pipe(rig: _Rig, n: int, rate: float, out: dict[str, Any]) -> None:
+    """``pipe``: ``n`` publishes paced at ``rate``/s, each delivered as it comes."""
+    b, key, body, headers, make, mandatory = (
+        rig.b, rig.key, rig.body, rig.headers, rig.make, rig.mandatory
+    )  # fmt: skip
+    rig.done.clear()
+    rig.seen[0], rig.want[0] = 0, n
+    loop = asyncio.get_running_loop()
+    tasks = []
+    before = rig.snap()
+    start = loop.time()
+    for i in range(n):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        msg = make(body, message_id=f"p{i}", headers=headers)
+        tasks.append(loop.create_task(b.publish("events", key, msg, mandatory=mandatory)))
+    await asyncio.gather(*tasks)
+    await asyncio.wait_for(rig.done.wait(), 120)
+    out["pipe"] = rig.figures(n, before)
 
 
 def _sys_pair(beam: int) -> tuple[int, int]:

@@ -61,8 +61,6 @@ def _record(args: argparse.Namespace) -> int:
     from common.config import parse_config
     from federation.processes import start_federation, stop_federation
     from federation.provision import purge
-    from request_generator import bench as rg
-    from request_generator import submitter as sm
 
     where = Path(args.record)
     where.mkdir(parents=True, exist_ok=True)
@@ -73,6 +71,43 @@ def _record(args: argparse.Namespace) -> int:
     home = Path(tempfile.mkdtemp(prefix=f"{cfg.name}-"))
     events: list[tuple[Any, ...]] = []
     on = [False]
+    _install_recorders(events, on)
+    start_federation(cfg, home)
+    try:
+        per_job = 10
+        row = bl._step(
+            cfg, home, Path(tempfile.mkdtemp(prefix="client-rec-step-")), "record", {},
+            jobs=int(args.rate * args.seconds / per_job), tasks_per_job=per_job,
+            mean_duration=0.02, rate=args.rate / per_job, timeout_s=120.0,
+            profile=args.profile,
+        )  # fmt: skip
+    finally:
+        stop_federation(home)
+        purge(cfg, home)
+    shutil.copytree(
+        home, where / "home", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.log")
+    )
+    with (where / EVENTS).open("wb") as f:
+        pickle.dump({"cfg": {"gms": 3, "lms": 3, "nodes_per_lm": bl.NODES // 3,
+                             "base_port": args.base_port, "name": cfg.name},
+                     "events": events}, f)  # fmt: skip
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[e[0]] = kinds.get(e[0], 0) + 1
+    print(json.dumps({"tasks": row["tasks"], "events": kinds, "unfinished": row["unfinished_tasks"],
+                      "cpu_ms_per_task": row["cpu_ms_per_task"]}))  # fmt: skip
+    if args.profile:
+        (where / "profile.json").write_text(json.dumps(row["profile"], indent=1) + "\n")
+    return 0
+
+
+def _install_recorders(events: list[tuple[Any, ...]], on: list[bool]) -> None:
+    """The client's inputs appended to ``events`` as they come, once ``on[0]`` (the
+    workload's submission turns it on): the workload, each job's publication time,
+    every outcome message, every launch-log page and each poll."""
+    from request_generator import bench as rg
+    from request_generator import submitter as sm
+
     submit_all, submit, take = rg._submit_all, sm.Submitter.submit, sm.Submitter.take_outcomes
     fetch = rg.LaunchLog._fetch
 
@@ -110,33 +145,6 @@ def _record(args: argparse.Namespace) -> int:
     sm.Submitter.take_outcomes = recording_take  # type: ignore[method-assign]
     rg.LaunchLog._fetch = recording_fetch  # type: ignore[method-assign]
     rg.LaunchLog.poll = recording_poll  # type: ignore[method-assign]
-    start_federation(cfg, home)
-    try:
-        per_job = 10
-        row = bl._step(
-            cfg, home, Path(tempfile.mkdtemp(prefix="client-rec-step-")), "record", {},
-            jobs=int(args.rate * args.seconds / per_job), tasks_per_job=per_job,
-            mean_duration=0.02, rate=args.rate / per_job, timeout_s=120.0,
-            profile=args.profile,
-        )  # fmt: skip
-    finally:
-        stop_federation(home)
-        purge(cfg, home)
-    shutil.copytree(
-        home, where / "home", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.log")
-    )
-    with (where / EVENTS).open("wb") as f:
-        pickle.dump({"cfg": {"gms": 3, "lms": 3, "nodes_per_lm": bl.NODES // 3,
-                             "base_port": args.base_port, "name": cfg.name},
-                     "events": events}, f)  # fmt: skip
-    kinds: dict[str, int] = {}
-    for e in events:
-        kinds[e[0]] = kinds.get(e[0], 0) + 1
-    print(json.dumps({"tasks": row["tasks"], "events": kinds, "unfinished": row["unfinished_tasks"],
-                      "cpu_ms_per_task": row["cpu_ms_per_task"]}))  # fmt: skip
-    if args.profile:
-        (where / "profile.json").write_text(json.dumps(row["profile"], indent=1) + "\n")
-    return 0
 
 
 # -------------------------------------------------------------------- arm
@@ -197,6 +205,42 @@ def _digest(tally: Any, log: Any, sub: Any, prefix: str, unfinished: Any) -> str
     return h.hexdigest()
 
 
+def _script(events: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The recorded inputs after the workload's, in order, the pages of each poll
+    handed to the session just before it (the other inputs that came while a poll
+    waited for its pages come after it)."""
+    start = next(i for i, e in enumerate(events) if e[0] == "jobs")
+    script: list[tuple[Any, ...]] = []
+    pages: list[bytes] = []
+    for e in events[start + 1 :]:
+        if e[0] == "page":
+            pages.append(e[3])
+        elif e[0] == "poll":
+            pages = []
+            script.append(("poll", e[1], pages))
+        else:
+            script.append(e)
+    return script
+
+
+async def _run_script(
+    script: list[tuple[Any, ...]], clock: _Clock, sub: Any, by_id: Any, session: _Session, log: Any
+) -> float:
+    """``script`` through the client: CPU seconds (``time.process_time``)."""
+    t0 = time.process_time()
+    for e in script:
+        kind = e[0]
+        if kind == "submit":
+            clock.now = e[2]
+            await sub.submit(by_id[e[1]])
+        elif kind == "outcomes":
+            sub.take_outcomes(e[1], e[2], e[3], e[4])
+        elif kind == "poll":
+            session.pages = list(e[2])
+            await log.poll(session, record=e[1])
+    return time.process_time() - t0
+
+
 def _replay_once(rec: dict[str, Any], home: Path, tmp: Path) -> dict[str, Any]:
     """One replay through this process's tree: CPU seconds of the run and the summary."""
     from dataclasses import replace
@@ -226,40 +270,13 @@ def _replay_once(rec: dict[str, Any], home: Path, tmp: Path) -> dict[str, Any]:
     sub.outcomes.sink = rg.sink_into(tally, sub.outcomes)
     sub.outcomes.owns = rg._OfRun(prefix).__contains__
     log = rg.LaunchLog(cfg, sub.access, horizon_s=rg.LAUNCH_HORIZON_S)
-    start = next(i for i, e in enumerate(events) if e[0] == "jobs")
-    # the pages of each poll, handed to the session just before it
-    # (the other inputs that came while a poll waited for its pages come after it)
-    script: list[tuple[Any, ...]] = []
-    pages: list[bytes] = []
-    for e in events[start + 1 :]:
-        if e[0] == "page":
-            pages.append(e[3])
-        elif e[0] == "poll":
-            pages = []
-            script.append(("poll", e[1], pages))
-        else:
-            script.append(e)
-
-    async def run() -> float:
-        t0 = time.process_time()
-        for e in script:
-            kind = e[0]
-            if kind == "submit":
-                clock.now = e[2]
-                await sub.submit(by_id[e[1]])
-            elif kind == "outcomes":
-                sub.take_outcomes(e[1], e[2], e[3], e[4])
-            elif kind == "poll":
-                session.pages = list(e[2])
-                await log.poll(session, record=e[1])  # type: ignore[arg-type]
-        return time.process_time() - t0
-
+    script = _script(events)
     gc.collect()
     if os.environ.get("CLIENT_REPLAY_STOP") == "setup":  # (--callgrind: what setup costs)
         return {"tasks": n_tasks, "run_s": 0.0, "summary_s": 0.0, "digest": ""}
     gc.freeze()  # as ``_drive`` does once the workload is built
     try:
-        run_s = asyncio.run(run())
+        run_s = asyncio.run(_run_script(script, clock, sub, by_id, session, log))
     finally:
         gc.unfreeze()
     if os.environ.get("CLIENT_REPLAY_STOP") == "run":

@@ -278,16 +278,13 @@ class DuplicateLaunches:
         heard of with the page's first row and then once with its latest time (one
         process: no restart between), and the horizon is looked at only when it
         would forget something."""
-        spans_of, running_of, died = self.spans, self._running, self._died
+        spans_of, running_of = self.spans, self._running
         ends, twice, first_end = self.ends, self.twice, self._first_end
-        horizon = self.horizon_s
-        ended = self._ended
-        latest = self._latest
+        horizon, ended, latest = self.horizon_s, self._ended, self._latest
         where: tuple[str, str] | None = None
         running: set[_Attempt] | None = None
-        heard_at = -math.inf
         inf = math.inf
-        n = 0
+        heard_at, n = -inf, 0
         try:
             for row in rows:
                 n += 1
@@ -295,9 +292,7 @@ class DuplicateLaunches:
                 attempt, at = row.attempt, row.at
                 if incarnation is not None:
                     if where is None:  # the first row: a new process of the pool, maybe
-                        where = (str(pool), str(incarnation))
-                        self.heard(*where, at)
-                        running = running_of.get(where)
+                        where, running = self._page_from(pool, incarnation, at)
                     elif at > heard_at:
                         heard_at = at
                 spans = spans_of.get(task)
@@ -306,11 +301,7 @@ class DuplicateLaunches:
                 what = row.what
                 if what == "start":
                     if attempt in spans:
-                        if (task, attempt) not in died:
-                            twice.setdefault(task, f"attempt {attempt} started twice")
-                        elif _overlap(spans):
-                            twice.setdefault(task, "two attempts at once")
-                        died.discard((task, attempt))
+                        self._started_again(task, attempt, spans)
                     spans[attempt] = [at, inf]
                     if where is not None:
                         if running is None:
@@ -339,6 +330,26 @@ class DuplicateLaunches:
             self.rows += n
             if where is not None and heard_at > -inf:
                 self.heard(*where, heard_at)
+
+    def _page_from(
+        self, pool: str, incarnation: object, at: float
+    ) -> tuple[tuple[str, str], set[_Attempt] | None]:
+        """``add_rows``' first row of a page: the pool process it names heard of at
+        ``at`` (a new one, maybe), and the attempts it runs, if any."""
+        where = (str(pool), str(incarnation))
+        self.heard(*where, at)
+        return where, self._running.get(where)
+
+    def _started_again(
+        self, task: tuple[str, str], attempt: int, spans: Mapping[int, list[float]]
+    ) -> None:
+        """``add_rows``' start of an attempt it has heard of already: twice, unless its
+        pool process died since (then a finding only if it overlaps another)."""
+        if (task, attempt) not in self._died:
+            self.twice.setdefault(task, f"attempt {attempt} started twice")
+        elif _overlap(spans):
+            self.twice.setdefault(task, "two attempts at once")
+        self._died.discard((task, attempt))
 
     def _forget(self, before: float) -> None:
         """Judge and forget the tasks that ended and were quiet since ``before``."""

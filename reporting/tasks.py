@@ -105,6 +105,13 @@ _LINE = ",".join(["%s"] * len(TASK_COLUMNS)) + "\r\n"
 (a float's is its ``repr``)."""
 
 
+def _text(text: dict[float, str], x: float) -> str:
+    """``task_lines``' text of a value other than zero it has not written yet in its
+    batch: ``repr(_r9(x))``, kept in ``text`` for the batch's next rows."""
+    text[x] = s = repr(x if not -_EXACT < x < _EXACT else round(x, 9))
+    return s
+
+
 def task_lines(
     tasks: Sequence[Task],
     failures: Sequence[str | None] | None = None,
@@ -120,17 +127,22 @@ def task_lines(
     (a job's tasks share their submission and the steps before their launch, a
     launch's tasks their start).  A row a field of which needs quotes (a comma, a
     quote, a line break) or is None is written by ``csv.writer`` instead."""
-    if failures is None:
-        failures = [None] * len(tasks)
-    if components is None:
-        components = [components_of(t) for t in tasks]
-    e, commas = _EXACT, len(TASK_COLUMNS) - 1
+    return _lines(
+        tasks,
+        [None] * len(tasks) if failures is None else failures,
+        [components_of(t) for t in tasks] if components is None else components,
+    )
+
+
+def _lines(
+    tasks: Sequence[Task], failures: Sequence[str | None], components: Sequence[list[float]]
+) -> str:
+    """``task_lines``' rows, each failure and components given."""
+    commas = len(TASK_COLUMNS) - 1
     out: list[str] = []
     add = out.append
     text: dict[float, str] = {}  # repr(_r9(value)) by value, but 0.0: -0.0 == 0.0
-    seen = text.get
-    redo: Any = None
-    buf = _Line()
+    seen, new = text.get, _text
     for task, failure, comps in zip(tasks, failures, components, strict=True):
         spec = task.spec
         sub, first = task.submitted_at, task.first_started_at
@@ -140,55 +152,20 @@ def task_lines(
         if start >= 0:
             alloc, again = start - sub, max(0.0, start - first)
         to_first = first - sub if first >= 0 else -1.0
-        # unrolled: a loop over the 12 values would cost a third of the time it saves
-        if (s0 := seen(sub)) is None:
-            s0 = repr(sub if not -e < sub < e else round(sub, 9))
-            if sub:
-                text[sub] = s0
-        if (s1 := seen(first)) is None:
-            s1 = repr(first if not -e < first < e else round(first, 9))
-            if first:
-                text[first] = s1
-        if (s2 := seen(start)) is None:
-            s2 = repr(start if not -e < start < e else round(start, 9))
-            if start:
-                text[start] = s2
-        if (s3 := seen(end)) is None:
-            s3 = repr(end if not -e < end < e else round(end, 9))
-            if end:
-                text[end] = s3
-        if (s4 := seen(alloc)) is None:
-            s4 = repr(alloc if not -e < alloc < e else round(alloc, 9))
-            if alloc:
-                text[alloc] = s4
-        if (s5 := seen(to_first)) is None:
-            s5 = repr(to_first if not -e < to_first < e else round(to_first, 9))
-            if to_first:
-                text[to_first] = s5
-        if (s6 := seen(again)) is None:
-            s6 = repr(again if not -e < again < e else round(again, 9))
-            if again:
-                text[again] = s6
-        if (s7 := seen(c0)) is None:
-            s7 = repr(c0 if not -e < c0 < e else round(c0, 9))
-            if c0:
-                text[c0] = s7
-        if (s8 := seen(c1)) is None:
-            s8 = repr(c1 if not -e < c1 < e else round(c1, 9))
-            if c1:
-                text[c1] = s8
-        if (s9 := seen(c2)) is None:
-            s9 = repr(c2 if not -e < c2 < e else round(c2, 9))
-            if c2:
-                text[c2] = s9
-        if (s10 := seen(c3)) is None:
-            s10 = repr(c3 if not -e < c3 < e else round(c3, 9))
-            if c3:
-                text[c3] = s10
-        if (s11 := seen(c4)) is None:
-            s11 = repr(c4 if not -e < c4 < e else round(c4, 9))
-            if c4:
-                text[c4] = s11
+        # unrolled: a loop over the 12 values would cost a third of the time it saves;
+        # a zero's text is its repr (its own rounding), never kept (0.0 == -0.0)
+        s0 = seen(sub) or (new(text, sub) if sub else repr(sub))
+        s1 = seen(first) or (new(text, first) if first else repr(first))
+        s2 = seen(start) or (new(text, start) if start else repr(start))
+        s3 = seen(end) or (new(text, end) if end else repr(end))
+        s4 = seen(alloc) or (new(text, alloc) if alloc else repr(alloc))
+        s5 = seen(to_first) or (new(text, to_first) if to_first else repr(to_first))
+        s6 = seen(again) or (new(text, again) if again else repr(again))
+        s7 = seen(c0) or (new(text, c0) if c0 else repr(c0))
+        s8 = seen(c1) or (new(text, c1) if c1 else repr(c1))
+        s9 = seen(c2) or (new(text, c2) if c2 else repr(c2))
+        s10 = seen(c3) or (new(text, c3) if c3 else repr(c3))
+        s11 = seen(c4) or (new(text, c4) if c4 else repr(c4))
         if failure is not None:
             state = "failed"
         elif start >= 0 and end >= start:
@@ -207,12 +184,17 @@ def task_lines(
             or line.count("\r") != 1
             or "None" in line
         ):
-            if redo is None:
-                redo = csv.writer(buf)
-            redo.writerow(task_row(task, failure, comps))
-            line = buf.line
+            line = _csv_line(task_row(task, failure, comps))
         add(line)
     return "".join(out)
+
+
+def _csv_line(row: list[Any]) -> str:
+    """``row`` as ``csv.writer`` writes it (quoted where it must be): ``task_lines``'
+    rows that its own formatting would not write alike."""
+    buf = _Line()
+    csv.writer(buf).writerow(row)
+    return buf.line
 
 
 class TaskCsv:
