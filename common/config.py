@@ -106,8 +106,9 @@ class FederationConfig:
     delivery_limit: int = 5
     decide_batch: int = 64
     linger_s: float = 0.05
-    """The completion path's batching (worker reports to an LM, task events to a GM,
-    outcomes to a user): to a *busy* destination -- one whose items arrive fast enough
+    """The completion path's batching (worker reports to an LM, outcomes to a user; an
+    LM's task events to a GM follow each pool report at once, as the report's answer
+    waits for them): to a *busy* destination -- one whose items arrive fast enough
     that waiting gathers 4 or more -- a message leaves no sooner than this after the
     previous one, so it gets fewer, larger messages; a quiet one's items leave at once,
     and placements never wait.  At 1,000 tasks/s (3 x 3 x 120, 20 ms tasks) 0.05 cut
