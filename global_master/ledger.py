@@ -93,17 +93,7 @@ class InFlightTable(dict[TaskKey, InFlight]):
         per[d] = per.get(d, 0) + 1
 
     def __delitem__(self, key: TaskKey) -> None:
-        spec = self[key].task.spec  # (``_forget``, inline: every answered task passes)
-        user = spec.user
-        self._shares.pop(user, None)
-        per = self.demands[user]
-        d = tuple(spec.demand)
-        if per[d] == 1:
-            del per[d]
-            if not per:
-                del self.demands[user]
-        else:
-            per[d] -= 1
+        self._forget(self[key])
         dict.__delitem__(self, key)
 
     def pop(self, key: TaskKey, *default: Any) -> Any:
