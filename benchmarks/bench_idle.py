@@ -1,5 +1,6 @@
 """What an idle federation's processes burn, this tree against another checkout,
-alternating in one sitting (issue 35 item 1: an LM with no load used ~1.4% of a core).
+alternating in one sitting (issue 35 item 1: what GMs, LMs and pools spend between
+tasks).
 
 Each arm is a fresh process with its tree first on ``PYTHONPATH``: it starts that
 tree's federation (3 GMs x 3 LMs x 120 nodes, secure defaults), lets it settle, then
@@ -8,21 +9,18 @@ switches over ``--seconds`` of no load at all, and stops it.  Figures per role a
 process and per wall second (CPU: milliseconds of CPU per second, 10 = 1% of a core);
 each the median over rounds, with the ratio new/old.
 
-    python benchmarks/bench_lm_idle.py --against /work/wt/base --rounds 3 --seconds 30 \\
+    python benchmarks/bench_idle.py --against /work/wt/base --rounds 3 --seconds 30 \\
         --base-port 47400
 
-writes ``docs/figures/bench_lm_idle/<date>/lm_idle.json`` (``--out``).  Needs RabbitMQ
+writes ``docs/figures/bench_idle/<date>/idle.json`` (``--out``).  Needs RabbitMQ
 on 127.0.0.1:5672.  Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,47 +83,18 @@ def main() -> int:
     args = ap.parse_args()
     if args.arm:
         return _arm(args)
-    trees = {"old": str(Path(args.against).resolve()), "new": str(HERE)}
-    rows: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
-    order = [("old", "new") if k % 2 == 0 else ("new", "old") for k in range(args.rounds)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, pair in enumerate(order):
-            for arm in pair:
-                arm_out = f"{tmp}/{arm}-{k}.json"
-                cmd = [sys.executable, __file__, "--arm", arm, "--tree", trees[arm],
-                       "--arm-out", arm_out, "--against", args.against,
-                       "--seconds", str(args.seconds), "--settle", str(args.settle),
-                       "--base-port", str(args.base_port)]  # fmt: skip
-                env = {**os.environ, "PYTHONPATH": trees[arm]}
-                subprocess.run(cmd, check=True, env=env, cwd=trees[arm])
-                rows[arm].append(json.loads(Path(arm_out).read_text()))
-                print(arm, k, json.dumps(rows[arm][-1]), file=sys.stderr, flush=True)
-    medians = {
-        a: {
-            role: {f: statistics.median(r[role][f] for r in rs) for f in rs[0][role]}
-            for role in rs[0]
-        }
-        for a, rs in rows.items()
-    }
-    ratios = {
-        role: {
-            f: round(medians["new"][role][f] / medians["old"][role][f], 3)
-            for f in medians["old"][role]
-            if medians["old"][role][f]
-        }
-        for role in medians["old"]
-    }
+    from benchmarks import arms  # (the parent only: an arm imports its own tree)
+
+    arm_args = [
+        "--seconds", str(args.seconds), "--settle", str(args.settle),
+        "--base-port", str(args.base_port),
+    ]  # fmt: skip
+    rows = arms.run_arms(__file__, args.against, args.rounds, arm_args, cwd_tree=True)
     doc = {
         "what": "idle federation: CPU ms, system calls, switches per process per second",
         "against": args.against, "rounds": args.rounds, "seconds": args.seconds,
-        "median": medians, "ratio_new_over_old": ratios, "rows": rows,
-        "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }  # fmt: skip
-    day = datetime.date.today().isoformat()
-    out: Path = args.out or HERE / "docs/figures/bench_lm_idle" / day / "lm_idle.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({"median": medians, "ratio_new_over_old": ratios}, indent=1))
+    arms.write(doc, rows, args.out, "bench_idle", "idle.json")
     return 0
 
 

@@ -30,11 +30,8 @@ test suite.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -262,35 +259,19 @@ def main() -> int:
     args = ap.parse_args()
     if args.arm:
         return _arm(args)
-    trees = {"old": str(Path(args.against).resolve()), "new": str(HERE)}
-    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
-    order = [("old", "new") if k % 2 == 0 else ("new", "old") for k in range(args.rounds)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, pair in enumerate(order):
-            for arm in pair:
-                arm_out = f"{tmp}/{arm}-{k}.json"
-                cmd = [sys.executable, __file__, "--arm", arm, "--tree", trees[arm],
-                       "--arm-out", arm_out, "--against", args.against,
-                       "--batches", str(args.batches), "--batch", str(args.batch),
-                       "--requests", str(args.requests)]  # fmt: skip
-                env = {"PYTHONPATH": trees[arm], "PATH": "/usr/bin:/bin"}
-                subprocess.run(cmd, check=True, env=env)
-                rows[arm].append(json.loads(Path(arm_out).read_text()))
-                print(arm, k, rows[arm][-1], file=sys.stderr, flush=True)
-    medians = {a: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for a, rs in rows.items()}
-    ratios = {f: round(medians["new"][f] / medians["old"][f], 3) for f in medians["old"]}
+    from benchmarks import arms  # (the parent only: an arm imports its own tree)
+
+    arm_args = [
+        "--batches", str(args.batches), "--batch", str(args.batch),
+        "--requests", str(args.requests),
+    ]  # fmt: skip
+    rows = arms.run_arms(__file__, args.against, args.rounds, arm_args)
     doc = {
         "what": "LM and pool per-task CPU without sockets, and one signed hop (bench_lm_pool)",
         "against": args.against, "rounds": args.rounds, "batches": args.batches,
-        "batch": args.batch, "requests": args.requests, "median": medians,
-        "ratio_new_over_old": ratios, "rows": rows,
-        "load_average": Path("/proc/loadavg").read_text().split()[:3],
+        "batch": args.batch, "requests": args.requests,
     }  # fmt: skip
-    day = datetime.date.today().isoformat()
-    out: Path = args.out or HERE / "docs/figures/bench_lm_pool" / day / "lm_pool.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({"median": medians, "ratio_new_over_old": ratios}, indent=1))
+    arms.write(doc, rows, args.out, "bench_lm_pool", "lm_pool.json")
     return 0
 
 

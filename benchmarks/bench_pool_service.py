@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import gc
 import json
 import os
 import random
 import resource
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -231,38 +228,19 @@ def main() -> int:
     args = ap.parse_args()
     if args.arm:
         return _arm(args)
-    trees = {"old": str(Path(args.against).resolve()), "new": str(HERE)}
-    rows: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
-    order = [("old", "new") if k % 2 == 0 else ("new", "old") for k in range(args.rounds)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, pair in enumerate(order):
-            for arm in pair:
-                arm_out = f"{tmp}/{arm}-{k}.json"
-                cmd = [sys.executable, __file__, "--arm", arm, "--tree", trees[arm],
-                       "--arm-out", arm_out, "--against", args.against,
-                       "--rate", str(args.rate), "--every-ms", str(args.every_ms),
-                       "--mean-ms", str(args.mean_ms), "--seconds", str(args.seconds)]  # fmt: skip
-                env = {"PYTHONPATH": trees[arm], "PATH": "/usr/bin:/bin"}
-                subprocess.run(cmd, check=True, env=env)
-                rows[arm].append(json.loads(Path(arm_out).read_text()))
-                print(arm, k, rows[arm][-1], file=sys.stderr, flush=True)
-    medians = {a: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for a, rs in rows.items()}
-    ratios = {
-        f: round(medians["new"][f] / medians["old"][f], 3) if medians["old"][f] else None
-        for f in medians["old"]
-    }
+    from benchmarks import arms  # (the parent only: an arm imports its own tree)
+
+    arm_args = [
+        "--rate", str(args.rate), "--every-ms", str(args.every_ms),
+        "--mean-ms", str(args.mean_ms), "--seconds", str(args.seconds),
+    ]  # fmt: skip
+    rows = arms.run_arms(__file__, args.against, args.rounds, arm_args)
     doc = {
         "what": "a worker pool's service-side CPU per task on uvloop, its LM a stand-in",
         "against": args.against, "rounds": args.rounds, "rate": args.rate,
         "every_ms": args.every_ms, "mean_ms": args.mean_ms, "seconds": args.seconds,
-        "median": medians, "ratio_new_over_old": ratios, "rows": rows,
-        "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }  # fmt: skip
-    day = datetime.date.today().isoformat()
-    out: Path = args.out or HERE / "docs/figures/bench_pool_service" / day / "pool_service.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({"median": medians, "ratio_new_over_old": ratios}, indent=1))
+    arms.write(doc, rows, args.out, "bench_pool_service", "pool_service.json")
     return 0
 
 

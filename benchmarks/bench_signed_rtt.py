@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import gc
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,38 +110,22 @@ def main() -> int:
         return _arm(args)
     if not args.against:
         ap.error("--against is required (or --profile)")
-    trees = {"old": str(Path(args.against).resolve()), "new": str(HERE)}
-    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
-    order = [("old", "new") if k % 2 == 0 else ("new", "old") for k in range(args.rounds)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for k, pair in enumerate(order):
-            for arm in pair:
-                arm_out = f"{tmp}/{arm}-{k}.json"
-                cmd = [sys.executable, __file__, "--arm", arm, "--tree", trees[arm],
-                       "--arm-out", arm_out, "--requests", str(args.requests),
-                       "--batches", str(args.batches), "--tasks", str(args.tasks),
-                       "--concurrency", str(args.concurrency),
-                       *(["--waits"] if args.waits else [])]  # fmt: skip
-                env = {"PYTHONPATH": trees[arm], "PATH": "/usr/bin:/bin"}
-                subprocess.run(cmd, check=True, env=env)
-                rows[arm].append(json.loads(Path(arm_out).read_text()))
-                print(arm, k, rows[arm][-1], file=sys.stderr, flush=True)
-    medians = {a: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for a, rs in rows.items()}
-    ratios = {f: round(medians["new"][f] / medians["old"][f], 3) for f in medians["old"]}
+    from benchmarks import arms  # (the parent only: an arm imports its own tree)
+
+    arm_args = [
+        "--requests", str(args.requests), "--batches", str(args.batches),
+        "--tasks", str(args.tasks), "--concurrency", str(args.concurrency),
+        *(["--waits"] if args.waits else []),
+    ]  # fmt: skip
+    rows = arms.run_arms(__file__, args.against, args.rounds, arm_args)
     doc = {
         "what": "CPU per signed round trip on loopback, client (Peer, runtime.h1) and server "
         "(ServiceRunner, lean path) in one process (bench_signed_rtt)",
         "against": args.against, "rounds": args.rounds, "requests": args.requests,
         "batches": args.batches, "tasks": args.tasks, "concurrency": args.concurrency,
         "waits": args.waits,
-        "median": medians, "ratio_new_over_old": ratios, "rows": rows,
-        "load_average": Path("/proc/loadavg").read_text().split()[:3],
     }  # fmt: skip
-    day = datetime.date.today().isoformat()
-    out: Path = args.out or HERE / "docs/figures/bench_signed_rtt" / day / "signed_rtt.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({"median": medians, "ratio_new_over_old": ratios}, indent=1))
+    arms.write(doc, rows, args.out, "bench_signed_rtt", "signed_rtt.json")
     return 0
 
 
