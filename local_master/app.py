@@ -83,8 +83,6 @@ from security.tokens import TokenStore
 
 ONE_TRY = Backoff(deadline_s=0.0)
 RETRIES = Backoff()
-USERS_EVERY_S = 1.0
-"""How often the users file is looked at (``megha user add`` while running)."""
 START_PATIENCE_S = 10.0
 """How long starts go on being sent to a pool that does not answer (then its nodes
 time out and their tasks go back)."""
@@ -185,39 +183,11 @@ class LmService:
             self.owners.clear()
             self.owners.update(owners)
 
-    def _reload_users(self) -> None:
-        if self.users is not None and self.users.reload_if_changed():
-            self._read_owners()
-
     async def _watch_users(self) -> None:
-        """The users file every second (with a ``heartbeat_s`` over a second: ``_tick``
-        looks at it each heartbeat otherwise, in the same wake-up)."""
         while True:
-            await asyncio.sleep(USERS_EVERY_S)
-            self._reload_users()
-
-    def _periodic(self) -> None:
-        """Start what this process does every so often, standby or active."""
-        if self.cfg.heartbeat_s > USERS_EVERY_S:
-            self.sup.run_forever(self._watch_users(), "users file")
-        self.sup.run_forever(self._tick(), "users file, heartbeat and liveness")
-
-    async def _tick(self) -> None:
-        """Every ``heartbeat_s``, one wake-up for all that is periodic here: the users
-        file, then (active) the state update to the GMs (``Heartbeat``) and the pool's
-        liveness (``CheckWorkers``) in that order, as their two timers fired before.  An
-        idle LM woke for each of the three every second."""
-        check = CheckWorkers(
-            timeout=self.cfg.worker_timeout_s, lost_after=self.cfg.node_lost_after_s
-        )
-        while True:
-            await asyncio.sleep(self.cfg.heartbeat_s)
-            self._reload_users()
-            if not self.active:
-                continue
-            steady.observe()  # a step of the wall clock shows on the state page
-            self.driver.feed(Heartbeat())
-            self.driver.feed(check)
+            await asyncio.sleep(1.0)
+            if self.users is not None and self.users.reload_if_changed():
+                self._read_owners()
 
     async def open(self) -> None:
         await self.sup.__aenter__()
@@ -231,7 +201,7 @@ class LmService:
             policy=policy,
             max_answer=self.cfg.max_body,
         )
-        self._periodic()
+        self.sup.run_forever(self._watch_users(), "users file")
         await self.broker.open()
         self.broker.on_disconnect = self._broker_lost
         if self.cfg.lm_standby:
@@ -278,7 +248,13 @@ class LmService:
         d.on(ToWorker, lambda e: _ignore(self.to_pool.add("pool", e.msg)))
         d.on(ToGm, self._event_to_gm)
         d.on(ToAllGms, lambda e: self.sup.spawn(self._publish_state(e), "state update"))
-        self.active = True  # from now on ``_tick`` feeds its heartbeats and checks
+        # no node is alive before the worker pool registers what it runs
+        d.every(self.cfg.heartbeat_s, Heartbeat, "heartbeat")
+        check = CheckWorkers(
+            timeout=self.cfg.worker_timeout_s, lost_after=self.cfg.node_lost_after_s
+        )
+        d.every(self.cfg.heartbeat_s, lambda: check, "liveness")
+        self.active = True
         log.info("%s active, epoch %d", self.lm, epoch)
 
     async def _take_journal(self) -> list[object]:

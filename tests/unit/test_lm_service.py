@@ -1,6 +1,5 @@
 """The LM service's own wake-ups (issue 35 item 1: CPU per task and idle): a pool's
-report is answered as soon as the events it made are on the broker, without a linger;
-an idle LM wakes once per heartbeat for everything periodic.  No broker, no pool: the
+report is answered as soon as the events it made are on the broker, without a linger.  No broker, no pool: the
 service is built and activated with its publishes caught, and messages are fed to it as
 its HTTP lane feeds them (``driver.feed``, then ``durable``)."""
 
@@ -16,8 +15,6 @@ from common import broker_names as names
 from common.config import FederationConfig, parse_config
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
-    CheckWorkers,
-    Heartbeat,
     LaunchRequest,
     Placement,
     RegisterWorkers,
@@ -30,7 +27,6 @@ from local_master.app import LmService
 from security.access import Access
 from security.identity import lm as lm_identity
 from security.secret import Secret
-from security.tokens import TokenStore
 
 SECRET = Secret.from_text("0123456789abcdef0123456789abcdef-test", "test")
 LM = LmId("lm0")
@@ -80,7 +76,6 @@ def _spec(i: int, user: str) -> TaskSpec:
 
 
 async def _registered(svc: LmService) -> None:
-    svc._periodic()  # as ``open`` starts it
     await svc._activate()
     nodes = tuple(NodeIndex(n) for n in range(svc.core.n_nodes))
     await _take(svc, RegisterWorkers(lm=LM, nodes=nodes, at=svc.driver.clock()))
@@ -146,70 +141,7 @@ def test_a_reports_events_leave_at_once_and_it_is_answered_without_a_timer() -> 
                 await answer
                 assert sorted(k for k in published[before:] if k in keys) == keys
                 await asyncio.sleep(0.01)
-            svc.active = False  # no more state updates as the supervisor closes
         return turns
 
     turns = asyncio.run(run())
     assert max(turns) <= 10, turns
-
-
-def test_an_idle_lm_wakes_once_per_heartbeat_for_all_it_does_periodically(
-    tmp_path: Path,
-) -> None:
-    """The users file, the state update to the GMs and the pool's liveness check come of
-    one timer: an idle active LM schedules about one timer per heartbeat (it had one
-    each, the users file's every second besides), feeding ``Heartbeat`` then
-    ``CheckWorkers`` each time."""
-    store = TokenStore.in_home(tmp_path)
-    store.add("u0", gm="gm0", share=0.5, now=0.0)
-    svc, published = _service(_cfg(heartbeat_s=0.02), users_file=store.path)
-    fed: list[type] = []
-    timers = 0
-
-    async def run() -> None:
-        nonlocal timers
-        loop = asyncio.get_running_loop()
-        call_at = loop.call_at
-
-        def counted(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
-            nonlocal timers
-            timers += 1
-            return call_at(when, callback, *args, **kw)
-
-        async with svc.sup:
-            await _registered(svc)
-            svc.driver.tap = lambda msg, now: fed.append(type(msg))
-            loop.call_at = counted  # type: ignore[method-assign]
-            await asyncio.sleep(0.3)
-            loop.call_at = call_at  # type: ignore[method-assign]
-            svc.active = False  # no more state updates as the supervisor closes
-
-    asyncio.run(run())
-    beats = fed.count(Heartbeat)
-    assert beats >= 3, fed
-    assert fed == [Heartbeat, CheckWorkers] * beats + [Heartbeat] * (len(fed) - 2 * beats)
-    # this test's own sleep, and one more turn of the tick as it is stopped
-    assert timers <= beats + 3, (timers, beats)
-    assert len(published) >= beats - 1  # state updates (the last may be cut short)
-
-
-def test_a_user_added_while_running_is_known_within_a_heartbeat_or_two(tmp_path: Path) -> None:
-    """The users file is looked at in the heartbeat's wake-up (``megha user add`` while
-    the federation runs): a new user's launches are taken."""
-    store = TokenStore.in_home(tmp_path)
-    store.add("u0", gm="gm0", share=0.5, now=0.0)
-    svc, _ = _service(_cfg(heartbeat_s=0.02), users_file=store.path)
-
-    async def run() -> None:
-        async with svc.sup:
-            await _registered(svc)
-            assert UserId("newcomer") not in svc.owners
-            store.add("newcomer", gm="gm1", share=0.5, now=0.0)
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if UserId("newcomer") in svc.owners:
-                    break
-            assert svc.owners[UserId("newcomer")] == GmId("gm1")
-            svc.active = False
-
-    asyncio.run(run())
