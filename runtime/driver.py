@@ -223,22 +223,34 @@ class Batcher(Generic[K, T]):
             if not fut.done():
                 fut.set_result(None)
 
-    def _lingers(self, key: K) -> bool:
+    def _lingers(self, key: K, now: float) -> bool:
         if self.linger_s <= 0:
             return False
         began = self._began.get(key)
-        now = asyncio.get_running_loop().time()
         if began is None or now - began > self.rate_window_s + self.linger_s:
             return False  # quiet for a while: whatever it was, it is not busy now
-        return self._rate.get(key, 0.0) * self.linger_s >= self.min_batch
+        return self._rate_of(key, now) * self.linger_s >= self.min_batch
 
-    def _linger_until(self, key: K) -> float:
+    def _rate_of(self, key: K, now: float) -> float:
+        """Items per second: the latest complete window's, or the current window's so
+        far if that is already more (counted over ``rate_window_s`` at least, it is a
+        low bound of what its window will show).  A destination that turns busy lingers
+        once ``min_batch`` items a linger have come over a window's length, not a whole
+        window after: at 1,000 tasks/s, 0.12 s after a quiet spell instead of 0.5 s
+        (and 2 s at ``linger_s`` 0.2), during which it sent a message per round trip."""
+        rate = self._rate.get(key, 0.0)
+        window = self._window.get(key)
+        if window is not None and window[1]:
+            rate = max(rate, window[1] / max(self.rate_window_s, now - window[0], 1e-6))
+        return rate
+
+    def _linger_until(self, key: K, now: float) -> float:
         """When a busy key's next flush may begin (loop time)."""
         began = self._began.get(key, -math.inf)
         until = began + self.linger_s
         if self.headroom is not None:
             recent = began - self.rate_window_s - self.linger_s
-            rate = sum(r for k, r in self._rate.items() if self._began.get(k, 0.0) >= recent)
+            rate = sum(self._rate_of(k, now) for k, b in self._began.items() if b >= recent)
             if rate > 0:
                 until = min(until, began + max(self.headroom(), 0) / (2 * rate))
         return until
@@ -269,8 +281,9 @@ class Batcher(Generic[K, T]):
             await asyncio.sleep(0)  # let the current turn add its items
             loop = asyncio.get_running_loop()
             while True:
-                if self._lingers(key):
-                    wait = self._linger_until(key) - loop.time()
+                now = loop.time()
+                if self._lingers(key, now):
+                    wait = self._linger_until(key, now) - now
                     if wait > 0:
                         await asyncio.sleep(wait)
                 items = self._pending.pop(key, None)

@@ -91,6 +91,35 @@ def test_a_quiet_destination_never_waits_for_company() -> None:
     assert asyncio.run(run()) == [[0], [1], [2]]
 
 
+def test_a_destination_turning_busy_lingers_before_its_window_is_over() -> None:
+    async def run() -> tuple[list[list[int]], list[list[int]]]:
+        flushed: list[list[int]] = []
+
+        async def flush(_: str, items: list[int]) -> None:
+            flushed.append(list(items))
+
+        async with Supervisor("test") as sup:
+            # busy: 4 items a linger, over a window of 100 s (400 items)
+            b: Batcher[str, int] = Batcher(
+                sup, flush, "test", linger_s=1.0, min_batch=4, rate_window_s=100.0
+            )
+            for i in range(401):  # one at a time: each leaves at once while quiet
+                b.add("k", i)
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            warm = list(flushed)
+            flushed.clear()
+            b.add("k", -1)  # 400 items so far in this window: busy, it lingers
+            for _ in range(5):
+                await asyncio.sleep(0)
+            lingering = list(flushed)
+        return warm, lingering
+
+    warm, lingering = asyncio.run(run())
+    assert warm == [[i] for i in range(401)]  # the first one's items count in no window
+    assert lingering == []
+
+
 async def _handed_order(*, in_flight: bool) -> list[str]:
     """A flush that writes from a task of its own (as an aiohttp client does) and then
     waits for its answer; a caller that waits for ``handed`` and then answers."""

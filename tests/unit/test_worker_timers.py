@@ -113,6 +113,26 @@ def test_a_quiet_pool_s_ends_keep_a_timer_each_a_busy_one_s_share_them() -> None
     assert rate == pytest.approx(120.0, rel=0.05)
 
 
+def test_a_pool_turning_busy_shares_ticks_before_its_window_is_over() -> None:
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        fed: list[tuple[float, Any]] = []
+        timers = DueTimers(_fed_at(fed, loop), tick_s=0.05, busy_per_tick=2.0)
+        timers.after(After(0.001, _due(0)))  # quiet so far: a timer of its own
+        for i in range(1, 40):  # 40 asked at once: 40 a window at least, 2 a tick
+            timers.after(After(0.001, _due(i)))
+        first = timers.timers  # 39 timers of their own, then the 40th's tick
+        for i in range(40, 50):
+            timers.after(After(0.002, _due(i)))
+        await asyncio.sleep(0.15)
+        assert len(fed) == 50
+        return first, timers.timers - first
+
+    first, busy = asyncio.run(run())
+    assert first == 40
+    assert busy <= 1  # the window is not over, its rate so far says busy
+
+
 def test_a_tick_of_zero_arms_a_timer_each() -> None:
     async def run() -> tuple[DueTimers, list[tuple[float, Any]]]:
         loop = asyncio.get_running_loop()
