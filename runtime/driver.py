@@ -132,7 +132,9 @@ class Batcher(Generic[K, T]):
     after its previous one began (Nagle's rule), so its items travel together and
     messages per item fall as the rate grows.  Busy: its items arrive fast enough that
     lingering gathers at least ``min_batch`` of them (the rate is estimated from the
-    previous flushes); a quiet destination's item goes at once, never waiting.
+    previous flushes, over windows of ``rate_window_s``: the latest complete one, or the
+    current one so far once that says busy); a quiet destination's item goes at once,
+    never waiting.
 
     With ``headroom`` (free slots where the items come from), lingering is bounded
     by what it holds: an ended task's slot counts as busy until its report or event
