@@ -69,17 +69,25 @@ def test_traffic_counts_messages_and_the_items_they_carried() -> None:
     assert traffic == {"messages": len(flushed), "items": 5}
 
 
+def _recording(
+    sup: Supervisor, linger_s: float, rate_window_s: float
+) -> tuple[Batcher[str, int], list[list[int]]]:
+    """A batcher of 4 items a linger at least when busy, and what its flushes carried."""
+    flushed: list[list[int]] = []
+
+    async def flush(_: str, items: list[int]) -> None:
+        flushed.append(list(items))
+
+    b: Batcher[str, int] = Batcher(
+        sup, flush, "test", linger_s=linger_s, min_batch=4, rate_window_s=rate_window_s
+    )
+    return b, flushed
+
+
 def test_a_quiet_destination_never_waits_for_company() -> None:
     async def run() -> list[list[int]]:
-        flushed: list[list[int]] = []
-
-        async def flush(_: str, items: list[int]) -> None:
-            flushed.append(list(items))
-
         async with Supervisor("test") as sup:
-            b: Batcher[str, int] = Batcher(
-                sup, flush, "test", linger_s=0.05, min_batch=4, rate_window_s=0.01
-            )
+            b, flushed = _recording(sup, linger_s=0.05, rate_window_s=0.01)
             for i in range(3):
                 b.add("k", i)
                 for _ in range(3):
@@ -93,16 +101,9 @@ def test_a_quiet_destination_never_waits_for_company() -> None:
 
 def test_a_destination_turning_busy_lingers_before_its_window_is_over() -> None:
     async def run() -> tuple[list[list[int]], list[list[int]]]:
-        flushed: list[list[int]] = []
-
-        async def flush(_: str, items: list[int]) -> None:
-            flushed.append(list(items))
-
         async with Supervisor("test") as sup:
             # busy: 4 items a linger, over a window of 100 s (400 items)
-            b: Batcher[str, int] = Batcher(
-                sup, flush, "test", linger_s=1.0, min_batch=4, rate_window_s=100.0
-            )
+            b, flushed = _recording(sup, linger_s=1.0, rate_window_s=100.0)
             for i in range(401):  # one at a time: each leaves at once while quiet
                 b.add("k", i)
                 await asyncio.sleep(0)
