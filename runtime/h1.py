@@ -166,13 +166,12 @@ class ResponseParser:
         status = int(code)
         if 100 <= status < 200:
             return False
-        fields = _fields(block) if block else _Read([], Fields())
+        fields = _fields(block) if block else ((), Fields())
         if fields is None:  # a name twice, or a line the quick reading does not take
             return self._head_lines(status, parts[0], head.split(b"\r\n")[1:])
         self._status = status
-        self._headers = tuple(fields.pairs)
-        self._fields = fields.low
-        low = fields.low
+        self._headers, low = fields
+        self._fields = low
         if "close" in low.get("connection", "").lower() or parts[0] == b"HTTP/1.0":
             self.keep_alive = False
         coding = low.get("transfer-encoding", "").lower()
@@ -253,16 +252,6 @@ class ResponseParser:
         self.answer = Answer(self._status, self._headers, body, self._fields)
 
 
-class _Read:
-    """Header lines read at once: as sent, and by lower-case name."""
-
-    __slots__ = ("low", "pairs")
-
-    def __init__(self, pairs: list[tuple[str, str]], low: Fields) -> None:
-        self.pairs = pairs
-        self.low = low
-
-
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
 _FIELD = re.compile(
     rf"^([{_T}]+):[ \t]*([\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|)\r\n", re.MULTILINE
@@ -273,11 +262,11 @@ line to ``_head_lines``, is read one by one).  Its name, and its value without t
 whitespace before it; each match is one whole line."""
 
 
-def _fields(block: bytes) -> _Read | None:
-    """The header lines ``block`` (CRLF between them) read at once, or None if one is
-    not of ``_FIELD`` (the lines, CRLFs with no LF alone, are more than the matches) or
-    a name comes twice: ``_head_lines`` reads them then, with the same verdict on every
-    line read here."""
+def _fields(block: bytes) -> tuple[tuple[tuple[str, str], ...], Fields] | None:
+    """The header lines ``block`` (CRLF between them) read at once -- as sent, and by
+    lower-case name -- or None if one is not of ``_FIELD`` (the lines, CRLFs with no LF
+    alone, are more than the matches) or a name comes twice: ``_head_lines`` reads them
+    then, with the same verdict on every line read here."""
     text = block.decode("latin-1") + "\r\n"
     pairs: list[tuple[str, str]] = _FIELD.findall(text)
     lines = text.count("\r\n")
@@ -286,7 +275,7 @@ def _fields(block: bytes) -> _Read | None:
     low = Fields({name.lower(): value for name, value in pairs})
     if len(low) != len(pairs):
         return None
-    return _Read(pairs, low)
+    return tuple(pairs), low
 
 
 def _digits(text: str, most: int) -> bool:
