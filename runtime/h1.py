@@ -300,8 +300,9 @@ class _Connection(asyncio.Protocol):
         self.deadline = math.inf
         """When the request in flight times out (inf: it is not timed here)."""
         self.timer: asyncio.TimerHandle | None = None
-        """Set for a deadline at or before ``deadline``: one timer per connection, moved
-        on when it fires early, instead of one made and cancelled per request."""
+        """Set for ``timer_at``, at or before ``deadline``: one timer per connection,
+        moved on when it fires early, instead of one made and cancelled per request."""
+        self.timer_at = math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -372,7 +373,13 @@ class _Connection(asyncio.Protocol):
         if loop.time() >= self.deadline:
             self.time_out()
         else:
-            self.timer = loop.call_at(self.deadline, self._timer_fired)
+            self._set_timer(loop)
+
+    def _set_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = self.deadline
+        self.timer = loop.call_at(self.deadline, self._timer_fired)
 
     def send(
         self, request: bytes, parser: ResponseParser, timeout_s: float | None = None
@@ -388,8 +395,8 @@ class _Connection(asyncio.Protocol):
             self.deadline = math.inf
         else:
             self.deadline = loop.time() + timeout_s
-            if self.timer is None:
-                self.timer = loop.call_at(self.deadline, self._timer_fired)
+            if self.timer is None or self.deadline < self.timer_at:
+                self._set_timer(loop)
         self.transport.write(request)
         return waiter
 

@@ -438,4 +438,14 @@ def test_one_timer_per_connection_times_out_each_request_at_its_own_deadline() -
         conn.data_received(answer)
         assert (await untimed).status == 204
 
+        conn = h1._Connection()
+        conn.connection_made(_Transport())
+        long = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 60.0)
+        conn.data_received(answer)
+        await long
+        short = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 0.05)
+        await asyncio.sleep(0.3)  # a deadline before the timer's: the timer is set earlier
+        assert short.done()
+        assert isinstance(short.exception(), TimeoutError)
+
     asyncio.run(main())
