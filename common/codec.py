@@ -57,6 +57,9 @@ and the tag's: an array of 3, a fixstr (``0xa0`` + its length) and a fixint.  Re
 off the bytes it saves the envelope's decoder a walk over the fields (0.6 to 0.9 us of
 5.3 for a 10-task launch)."""
 _DECODERS: dict[type, msgspec.msgpack.Decoder[Any]] = {}
+_BYTES = (bytes, bytearray, memoryview)
+"""What a body may be (a tuple made once: ``bytes | bytearray | memoryview`` in a call
+makes a union each time)."""
 
 
 def _decoder(cls: type) -> msgspec.msgpack.Decoder[Any]:
@@ -88,7 +91,7 @@ def decode(
     data: bytes, *, expect: type | tuple[type, ...] | None = None, max_size: int = MAX_BODY
 ) -> Any:
     """One message; ``expect`` restricts which types are acceptable here."""
-    if not isinstance(data, bytes | bytearray | memoryview):
+    if not isinstance(data, _BYTES):
         raise DecodeError("body is not bytes")
     if len(data) > max_size:
         raise DecodeError(f"body of {len(data)} bytes exceeds {max_size}", reason="too_large")
@@ -97,7 +100,7 @@ def decode(
     try:
         cls, fields = _split(data)
         if cls is not None and (expect is None or issubclass(cls, expect)):
-            msg = _decoder(cls).decode(fields)
+            msg = (_DECODERS.get(cls) or _decoder(cls)).decode(fields)
             if ids_ok(msg):
                 return msg
         refusal = None
@@ -121,7 +124,7 @@ def _split(data: bytes | bytearray | memoryview) -> tuple[type | None, Any]:
 
 
 def _unpack(data: bytes, max_size: int) -> Any:
-    if not isinstance(data, bytes | bytearray | memoryview):
+    if not isinstance(data, _BYTES):
         raise DecodeError("body is not bytes")
     if len(data) > max_size:
         raise DecodeError(f"body of {len(data)} bytes exceeds {max_size}", reason="too_large")

@@ -29,7 +29,6 @@ MAX_FIELDS: Final = 24
 """Header lines read here (a signed call has about ten); more are handed over."""
 MAX_LENGTH_DIGITS: Final = 10
 
-_HEAD_BYTES: Final = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 _PREFIX: Final = b"POST /"
 _VERSION: Final = b" HTTP/1.1"
 _REFUSED_FIELDS: Final = frozenset(
@@ -71,14 +70,16 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
     write, so its head comes whole (``buf`` is what came); one that trickles in is
     aiohttp's to read, to time out or to refuse, as if this path did not exist."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-    if end < 0 or not buf.startswith(_PREFIX) or buf[:end].translate(None, _HEAD_BYTES):
+    if end < 0 or not buf.startswith(_PREFIX):
         return HANDOVER
     first = buf.find(b"\r\n")
     line = buf[:first]
     path = line[5 : -len(_VERSION)]
     if not line.endswith(_VERSION) or path not in routes:
-        return HANDOVER
-    block = buf[first + 2 : end + 2].decode("ascii")
+        return HANDOVER  # the request line is exactly ``POST <a route> HTTP/1.1``
+    # each byte of the fields is one character; any outside printable ASCII (and tab)
+    # leaves its line unmatched by ``_FIELD``, and the head to aiohttp
+    block = buf[first + 2 : end + 2].decode("latin-1")
     fields = tuple(_FIELD.findall(block))
     lines = block.count("\r\n")
     if not 0 < len(fields) == lines <= MAX_FIELDS or block.count("\n") != lines:

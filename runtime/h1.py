@@ -34,6 +34,7 @@ Scope, and its invariants:
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import ssl
 import time
@@ -165,13 +166,12 @@ class ResponseParser:
         status = int(code)
         if 100 <= status < 200:
             return False
-        fields = _fields(block) if block else _Read([], Fields())
+        fields = _fields(block) if block else ((), Fields())
         if fields is None:  # a name twice, or a line the quick reading does not take
             return self._head_lines(status, parts[0], head.split(b"\r\n")[1:])
         self._status = status
-        self._headers = tuple(fields.pairs)
-        self._fields = fields.low
-        low = fields.low
+        self._headers, low = fields
+        self._fields = low
         if "close" in low.get("connection", "").lower() or parts[0] == b"HTTP/1.0":
             self.keep_alive = False
         coding = low.get("transfer-encoding", "").lower()
@@ -252,16 +252,6 @@ class ResponseParser:
         self.answer = Answer(self._status, self._headers, body, self._fields)
 
 
-class _Read:
-    """Header lines read at once: as sent, and by lower-case name."""
-
-    __slots__ = ("low", "pairs")
-
-    def __init__(self, pairs: list[tuple[str, str]], low: Fields) -> None:
-        self.pairs = pairs
-        self.low = low
-
-
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"
 _FIELD = re.compile(
     rf"^([{_T}]+):[ \t]*([\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|)\r\n", re.MULTILINE
@@ -272,11 +262,11 @@ line to ``_head_lines``, is read one by one).  Its name, and its value without t
 whitespace before it; each match is one whole line."""
 
 
-def _fields(block: bytes) -> _Read | None:
-    """The header lines ``block`` (CRLF between them) read at once, or None if one is
-    not of ``_FIELD`` (the lines, CRLFs with no LF alone, are more than the matches) or
-    a name comes twice: ``_head_lines`` reads them then, with the same verdict on every
-    line read here."""
+def _fields(block: bytes) -> tuple[tuple[tuple[str, str], ...], Fields] | None:
+    """The header lines ``block`` (CRLF between them) read at once -- as sent, and by
+    lower-case name -- or None if one is not of ``_FIELD`` (the lines, CRLFs with no LF
+    alone, are more than the matches) or a name comes twice: ``_head_lines`` reads them
+    then, with the same verdict on every line read here."""
     text = block.decode("latin-1") + "\r\n"
     pairs: list[tuple[str, str]] = _FIELD.findall(text)
     lines = text.count("\r\n")
@@ -285,7 +275,7 @@ def _fields(block: bytes) -> _Read | None:
     low = Fields({name.lower(): value for name, value in pairs})
     if len(low) != len(pairs):
         return None
-    return _Read(pairs, low)
+    return tuple(pairs), low
 
 
 def _digits(text: str, most: int) -> bool:
@@ -300,14 +290,24 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop it was made in, asked once: on Python 3.11 each
+        ``asyncio.get_running_loop()`` is a system call (``getpid``)."""
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[Answer] | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.deadline = math.inf
+        """When the request in flight times out (inf: it is not timed here)."""
+        self.timer: asyncio.TimerHandle | None = None
+        """Set for ``timer_at``, at or before ``deadline``: one timer per connection,
+        moved on when it fires early, instead of one made and cancelled per request."""
+        self.timer_at = math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = cast(asyncio.Transport, transport)
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if self.parser is None or self.waiter is None or self.waiter.done():
@@ -349,6 +349,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -359,16 +362,59 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_exception(TimeoutError())
         self.close()
 
-    def send(self, request: bytes, parser: ResponseParser) -> asyncio.Future[Answer]:
-        if self.transport is None or self.closed:
+    def _timer_fired(self) -> None:
+        """The timer's time: the request in flight times out if its deadline passed;
+        one sent since (a later deadline) moves the timer on; none in flight, or one
+        not timed here, leaves it off until a timed request sets it again."""
+        self.timer = None
+        waiter, loop = self.waiter, self.loop
+        if waiter is None or waiter.done() or loop is None or self.deadline == math.inf:
+            return
+        if loop.time() >= self.deadline:
+            self.time_out()
+        else:
+            self._set_timer(loop)
+
+    def _set_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = self.deadline
+        self.timer = loop.call_at(self.deadline, self._timer_fired)
+
+    def send(
+        self, request: bytes, parser: ResponseParser, timeout_s: float | None = None
+    ) -> asyncio.Future[Answer]:
+        """Write ``request`` (in one write) and return the future of its answer, which
+        times out (``time_out``) after ``timeout_s`` (None: not timed here)."""
+        loop = self.loop
+        if self.transport is None or self.closed or loop is None:
             raise BrokenHop("connection closed")
         self.parser = parser
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = waiter = loop.create_future()
+        if timeout_s is None:
+            self.deadline = math.inf
+        else:
+            self.deadline = loop.time() + timeout_s
+            if self.timer is None or self.deadline < self.timer_at:
+                self._set_timer(loop)
         self.transport.write(request)
-        return self.waiter
+        return waiter
 
 
 # ------------------------------------------------------------------- client
+class _Slots(asyncio.Semaphore):
+    """An origin's slots for requests in flight: a semaphore that a request also takes
+    at once, without a coroutine, when one is free."""
+
+    def take(self) -> bool:
+        """Take a slot if one is free and nobody waits for one (``acquire`` would not
+        wait then: ``locked`` is False); ``release`` gives it back."""
+        if self._value > 0 and not self._waiters:
+            self._value -= 1
+            return True
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class _Origin:
     host: str
@@ -397,8 +443,8 @@ class Client:
         self.timeout_s = timeout_s
         self.max_body = max_body
         self._idle: dict[_Origin, list[_Connection]] = {}
-        self._slots: dict[_Origin, asyncio.Semaphore] = {}
-        self._origins: dict[str, tuple[_Origin, str, asyncio.Semaphore, list[_Connection]]] = {}
+        self._slots: dict[_Origin, _Slots] = {}
+        self._origins: dict[str, tuple[_Origin, str, _Slots, list[_Connection]]] = {}
         self._open: set[_Connection] = set()
         self.closed = False
 
@@ -426,14 +472,13 @@ class Client:
         request = _request_bytes(method, target, origin.host_header, body, headers or {})
         parser = ResponseParser(self.max_body if max_body is None else max_body,
                                 head_only=method == "HEAD")  # fmt: skip
-        if not slots.locked():
+        if slots.take():
             conn = self._idle_connection(idle)
-            if conn is not None:  # the usual hop: nothing to wait for but the answer
-                await slots.acquire()  # free: taken at once
-                try:
+            try:
+                if conn is not None:  # the usual hop: nothing to wait for but the answer
                     return await self._exchange(idle, conn, request, parser, timed=True)
-                finally:
-                    slots.release()
+            finally:
+                slots.release()
         async with asyncio.timeout(self.timeout_s), slots:
             conn = self._idle_connection(idle) or await self._connect(origin)
             return await self._exchange(idle, conn, request, parser, timed=False)
@@ -447,15 +492,7 @@ class Client:
         goes back to the idle ones of its origin (``idle``) only after a whole answer
         it may be reused after."""
         try:
-            waiter = conn.send(request, parser)
-            if timed:
-                timer = asyncio.get_running_loop().call_later(self.timeout_s, conn.time_out)
-                try:
-                    answer = await waiter
-                finally:
-                    timer.cancel()
-            else:
-                answer = await waiter
+            answer = await conn.send(request, parser, self.timeout_s if timed else None)
         except BaseException:
             conn.close()
             self._open.discard(conn)
@@ -479,7 +516,7 @@ class Client:
         for idle in self._idle.values():
             idle.clear()
 
-    def _origin(self, url: str) -> tuple[_Origin, str, asyncio.Semaphore, list[_Connection]]:
+    def _origin(self, url: str) -> tuple[_Origin, str, _Slots, list[_Connection]]:
         """``url``'s origin, its target, and the origin's slots and idle connections
         (kept by URL: an origin is hashed once, not per request)."""
         known = self._origins.get(url)
@@ -493,7 +530,7 @@ class Client:
             shown = f"[{host}]" if ":" in host else host
             origin = _Origin(host, port, f"{shown}:{port}".encode("ascii"), tls)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            slots = self._slots.setdefault(origin, asyncio.Semaphore(self.limit_per_host))
+            slots = self._slots.setdefault(origin, _Slots(self.limit_per_host))
             known = self._origins[url] = (origin, target, slots, self._idle.setdefault(origin, []))
         return known
 
@@ -560,11 +597,11 @@ def _request_bytes(
     method: str, target: str, host: bytes, body: bytes, headers: Mapping[str, str]
 ) -> bytes:
     lines = [f"{method} {target} HTTP/1.1\r\nHost: ".encode("ascii"), host, b"\r\n"]
-    fields = []
-    for name, value in headers.items():
-        if name not in _NAMES_CHECKED:
-            _check_name(name)
-        fields.append(f"{name}: {value}\r\n")
+    if not _NAMES_CHECKED.issuperset(headers):
+        for name in headers:
+            if name not in _NAMES_CHECKED:
+                _check_name(name)
+    fields = [f"{name}: {value}\r\n" for name, value in headers.items()]
     if fields:
         text = "".join(fields)
         # each field brought one CRLF: any other CR or LF is in a value (names are checked)

@@ -898,6 +898,10 @@ class PeerRefused(MeghaError):
         self.status = status
 
 
+_MSGPACK_ONLY = {"Content-Type": MSGPACK}
+"""The extra header of a call without an idempotency key (read, never changed)."""
+
+
 class _Transient(Exception):
     """A 5xx or a broken connection: worth another try."""
 
@@ -962,7 +966,7 @@ class Peer:
         policy's deadline passes.
         """
         body = codec.encode(msg)
-        extra = {"Content-Type": MSGPACK, **({"Idempotency-Key": key} if key else {})}
+        extra = {"Content-Type": MSGPACK, "Idempotency-Key": key} if key else _MSGPACK_ONLY
         start = time.monotonic()
         try:  # the first try as such: ``retry`` only once it failed
             return await self._once(path, body, extra, expect)

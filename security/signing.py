@@ -192,6 +192,22 @@ INCARNATIONS_SEEN_MAX = 1024
 """Incarnations ``_INCARNATIONS_SEEN`` holds at most (more are matched each time)."""
 
 
+_WRITTEN: dict[Identity, str] = {}
+"""``str`` of each identity signed for (a process signs as itself, and asks a handful):
+written once, not per call (``Identity.__str__`` reads its role's enum value)."""
+WRITTEN_MAX = 1024
+"""Identities ``_WRITTEN`` holds at most (more are written each time)."""
+
+
+def _written(identity: Identity) -> str:
+    who = _WRITTEN.get(identity)
+    if who is None:
+        who = str(identity)
+        if len(_WRITTEN) < WRITTEN_MAX:
+            _WRITTEN[identity] = who
+    return who
+
+
 def _sign(
     kind: str,
     method: str,
@@ -214,7 +230,7 @@ def _sign(
             _INCARNATIONS_SEEN.add(incarnation)
     millis = str(math.floor(now * 1000))
     digest = hashlib.sha256(body).hexdigest()
-    who = str(identity)
+    who = _WRITTEN.get(identity) or _written(identity)
     canonical = _canonical(kind, method, path, who, millis, nonce, digest, incarnation)
     out = {
         HEADER_IDENTITY: who,
@@ -226,6 +242,24 @@ def _sign(
     if incarnation:
         out[HEADER_INCARNATION] = incarnation
     return out
+
+
+_CALLS_CHECKED: set[tuple[str, str]] = set()
+"""(method, path) signed before, both found well-formed then, the method upper case (a
+service calls a handful of routes): checked once each, not per call."""
+CALLS_CHECKED_MAX = 256
+"""Calls ``_CALLS_CHECKED`` holds at most (more are checked each time)."""
+
+
+def _check_call(method: str, path: str) -> str:
+    """``method`` upper case, once it and ``path`` are found well-formed."""
+    upper = method.upper()
+    if not _METHOD.fullmatch(upper):
+        raise ValueError(f"bad HTTP method {upper!r}")
+    _check_path(path)
+    if upper == method and len(_CALLS_CHECKED) < CALLS_CHECKED_MAX:
+        _CALLS_CHECKED.add((method, path))
+    return upper
 
 
 def sign(
@@ -243,10 +277,8 @@ def sign(
 
     ``path`` is the raw path with its query string, exactly as sent (aiohttp:
     ``URL.raw_path_qs`` on the client, ``request.raw_path`` on the server)."""
-    method = method.upper()
-    if not _METHOD.fullmatch(method):
-        raise ValueError(f"bad HTTP method {method!r}")
-    _check_path(path)
+    if (method, path) not in _CALLS_CHECKED:
+        method = _check_call(method, path)
     if nonce:
         return _sign("request", method, path, body, identity, key, now, nonce, incarnation)
     return _sign(  # a nonce of ``new_nonce`` is well-formed by construction

@@ -401,3 +401,51 @@ def test_a_request_connecting_or_queued_when_the_client_closes_leaves_nothing_op
             assert len(connections) == 2  # the queued request opened none
 
     asyncio.run(main())
+
+
+def test_one_timer_per_connection_times_out_each_request_at_its_own_deadline() -> None:
+    """A connection's timer, set by one request, outlives its answer: it moves on to the
+    deadline of the request in flight when it fires, times that one out once it passed,
+    and never times out a request the connection does not time (the client's
+    ``asyncio.timeout`` does)."""
+    answer = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    async def main() -> None:
+        conn = h1._Connection()
+        conn.connection_made(_Transport())
+        first = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 0.2)
+        conn.data_received(answer)
+        assert (await first).status == 204
+        await asyncio.sleep(0.1)
+        second = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 0.2)
+        await asyncio.sleep(0.15)  # the first's deadline passed, not the second's
+        assert not second.done()
+        assert not conn.closed
+        with pytest.raises(TimeoutError):
+            await second
+        assert conn.closed
+        assert conn.timer is None
+
+        conn = h1._Connection()
+        conn.connection_made(_Transport())
+        timed = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 0.05)
+        conn.data_received(answer)
+        await timed
+        untimed = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100))
+        await asyncio.sleep(0.15)  # the timer fired: not this request's to time out
+        assert not untimed.done()
+        assert conn.timer is None
+        conn.data_received(answer)
+        assert (await untimed).status == 204
+
+        conn = h1._Connection()
+        conn.connection_made(_Transport())
+        long = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 60.0)
+        conn.data_received(answer)
+        await long
+        short = conn.send(b"GET / HTTP/1.1\r\n\r\n", h1.ResponseParser(100), 0.05)
+        await asyncio.sleep(0.3)  # a deadline before the timer's: the timer is set earlier
+        assert short.done()
+        assert isinstance(short.exception(), TimeoutError)
+
+    asyncio.run(main())
