@@ -52,7 +52,7 @@ from reporting.live import (
     write_outputs,
 )
 from reporting.tally import FloatColumns, TaskTally
-from reporting.tasks import TaskCsv, components_of
+from reporting.tasks import TaskCsv, components_all
 from request_generator.submitter import Outcomes, Submitter
 from runtime import h1
 from runtime.http import MSGPACK
@@ -396,7 +396,7 @@ class RunTally:
         after the other (``failures``: each one's, None: none failed): their rows
         written at once, their figures added to the columns at once."""
         tasks = [task for task, _ in ended]
-        components = [components_of(task) for task in tasks]
+        components = components_all(tasks)
         self.csv.write_many(tasks, failures, components)
         self.tasks.add_many(tasks, components)
         publish: list[float] = []
