@@ -417,8 +417,10 @@ class RunTally:
                 if start >= 0:
                     sub = task.submitted_at
                     publish += (sub - published_at, start - published_at)
-                    first = min(first, sub)
-                    last = max(last, start)
+                    if sub < first:  # min(first, sub), max(last, start), as they compare
+                        first = sub
+                    if start > last:
+                        last = start
                     if end >= start:
                         user = users.get(spec.user)
                         if user is None:
@@ -435,7 +437,8 @@ class RunTally:
                     rec = jobs_open[j] = [float(job_size[j]), -math.inf, 1.0]
                 rec[0] -= 1
                 if end >= 0:
-                    rec[1] = max(rec[1], end)
+                    if end > rec[1]:
+                        rec[1] = end
                 else:
                     rec[2] = 0.0
                 if rec[0] <= 0:
