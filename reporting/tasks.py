@@ -100,9 +100,15 @@ def task_row(
     ]  # fmt: skip
 
 
-_LINE = ",".join(["%s"] * len(TASK_COLUMNS)) + "\r\n"
+_TIMES = 3
+"""The times that go into a row's head (submission, first and final start)."""
+_SPLIT = 8
+"""The durations of a row's tail (allocation, to the first start, reallocation, the
+components)."""
+_LINE = ",".join(["%s"] * (len(TASK_COLUMNS) - _TIMES - _SPLIT + 2)) + "\r\n"
 """A row as ``csv.writer`` writes it when no field needs quotes: each value's ``str``
-(a float's is its ``repr``)."""
+(a float's is its ``repr``), the head's three times and the tail's eight durations
+each as one text made beforehand."""
 
 
 def _text(text: dict[float, str], x: float) -> str:
@@ -110,6 +116,23 @@ def _text(text: dict[float, str], x: float) -> str:
     batch: ``repr(_r9(x))``, kept in ``text`` for the batch's next rows."""
     text[x] = s = repr(x if not -_EXACT < x < _EXACT else round(x, 9))
     return s
+
+
+def components_all(tasks: Sequence[Task]) -> list[list[float]]:
+    """``components_of`` of each task, a row after a task with the same marks and final
+    start given the same list (a launch's tasks share both): read them, never change
+    them.  Equal marks make equal components, to the bit: each sum starts at +0.0, so
+    a mark's zero of either sign adds +0.0."""
+    out: list[list[float]] = []
+    add = out.append
+    marks: object = None
+    start = comps = None
+    for task in tasks:
+        if task.marks != marks or task.started_at != start:
+            marks, start = task.marks, task.started_at
+            comps = components_of(task)
+        add(comps)  # type: ignore[arg-type]
+    return out
 
 
 def task_lines(
@@ -122,15 +145,16 @@ def task_lines(
     if the caller has them): a batch of outcomes' rows, for ``tasks.csv`` at once.
 
     Every number of a row is ``task_row``'s, rounded as it rounds it (``round(x, 9)``,
-    which ``_r9`` is), formatted at once.  The text of a value is made once per batch:
-    of a row's 12 times and durations, a batch of a live run has 2 or 3 values per task
-    (a job's tasks share their submission and the steps before their launch, a
-    launch's tasks their start).  A row a field of which needs quotes (a comma, a
-    quote, a line break) or is None is written by ``csv.writer`` instead."""
+    which ``_r9`` is), formatted at once.  The text of a value is made once per batch
+    (of a row's 12 times and durations, a batch of a live run has 2 or 3 values per
+    task), and a row's head (its three times) and tail (its eight durations) once per
+    run of rows that share them: a launch's tasks, one after the other, differ only in
+    their ids and ends.  A row a field of which needs quotes (a comma, a quote, a line
+    break) or is None is written by ``csv.writer`` instead."""
     return _lines(
         tasks,
         [None] * len(tasks) if failures is None else failures,
-        [components_of(t) for t in tasks] if components is None else components,
+        components_all(tasks) if components is None else components,
     )
 
 
@@ -142,30 +166,13 @@ def _lines(
     out: list[str] = []
     add = out.append
     text: dict[float, str] = {}  # repr(_r9(value)) by value, but 0.0: -0.0 == 0.0
-    seen, new = text.get, _text
+    shared: list[Any] = [None, None, None, None, "", ""]  # sub, first, start, comps, head, tail
     for task, failure, comps in zip(tasks, failures, components, strict=True):
         spec = task.spec
         sub, first = task.submitted_at, task.first_started_at
         start, end = task.started_at, task.finished_at
-        c0, c1, c2, c3, c4 = comps
-        alloc = again = -1.0
-        if start >= 0:
-            alloc, again = start - sub, max(0.0, start - first)
-        to_first = first - sub if first >= 0 else -1.0
-        # unrolled: a loop over the 12 values would cost a third of the time it saves;
-        # a zero's text is its repr (its own rounding), never kept (0.0 == -0.0)
-        s0 = seen(sub) or (new(text, sub) if sub else repr(sub))
-        s1 = seen(first) or (new(text, first) if first else repr(first))
-        s2 = seen(start) or (new(text, start) if start else repr(start))
-        s3 = seen(end) or (new(text, end) if end else repr(end))
-        s4 = seen(alloc) or (new(text, alloc) if alloc else repr(alloc))
-        s5 = seen(to_first) or (new(text, to_first) if to_first else repr(to_first))
-        s6 = seen(again) or (new(text, again) if again else repr(again))
-        s7 = seen(c0) or (new(text, c0) if c0 else repr(c0))
-        s8 = seen(c1) or (new(text, c1) if c1 else repr(c1))
-        s9 = seen(c2) or (new(text, c2) if c2 else repr(c2))
-        s10 = seen(c3) or (new(text, c3) if c3 else repr(c3))
-        s11 = seen(c4) or (new(text, c4) if c4 else repr(c4))
+        if comps is not shared[3] or start != shared[2] or sub != shared[0] or first != shared[1]:
+            _share(shared, text, sub, first, start, comps)
         if failure is not None:
             state = "failed"
         elif start >= 0 and end >= start:
@@ -173,8 +180,8 @@ def _lines(
         else:
             state = "unfinished"
         line = _LINE % (
-            spec.task_id, spec.job_id, spec.user, task.gm or "",
-            s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11,
+            spec.task_id, spec.job_id, spec.user, task.gm or "", shared[4],
+            repr(end if not -_EXACT < end < _EXACT else round(end, 9)), shared[5],
             task.attempt, task.decisions, *task.waits, state, failure or "",
         )  # fmt: skip
         if (
@@ -187,6 +194,42 @@ def _lines(
             line = _csv_line(task_row(task, failure, comps))
         add(line)
     return "".join(out)
+
+
+def _share(
+    shared: list[Any],
+    text: dict[float, str],
+    sub: float,
+    first: float,
+    start: float,
+    comps: list[float],
+) -> None:
+    """``_lines``' head and tail of a row (and of the rows after it with the same three
+    times and the same components list), into ``shared``; a row with a zero time shares
+    them with none (0.0 == -0.0, whose texts differ)."""
+    seen, new = text.get, _text
+    alloc = again = -1.0
+    if start >= 0:
+        alloc, again = start - sub, max(0.0, start - first)
+    to_first = first - sub if first >= 0 else -1.0
+    c0, c1, c2, c3, c4 = comps
+    # a zero's text is its repr (its own rounding), never kept (0.0 == -0.0)
+    shared[4] = ",".join((
+        seen(sub) or (new(text, sub) if sub else repr(sub)),
+        seen(first) or (new(text, first) if first else repr(first)),
+        seen(start) or (new(text, start) if start else repr(start)),
+    ))  # fmt: skip
+    shared[5] = ",".join((
+        seen(alloc) or (new(text, alloc) if alloc else repr(alloc)),
+        seen(to_first) or (new(text, to_first) if to_first else repr(to_first)),
+        seen(again) or (new(text, again) if again else repr(again)),
+        seen(c0) or (new(text, c0) if c0 else repr(c0)),
+        seen(c1) or (new(text, c1) if c1 else repr(c1)),
+        seen(c2) or (new(text, c2) if c2 else repr(c2)),
+        seen(c3) or (new(text, c3) if c3 else repr(c3)),
+        seen(c4) or (new(text, c4) if c4 else repr(c4)),
+    ))  # fmt: skip
+    shared[:4] = (sub, first, start, comps if sub and first and start else None)
 
 
 def _csv_line(row: list[Any]) -> str:

@@ -52,7 +52,7 @@ from reporting.live import (
     write_outputs,
 )
 from reporting.tally import FloatColumns, TaskTally
-from reporting.tasks import TaskCsv, components_of
+from reporting.tasks import TaskCsv, components_all
 from request_generator.submitter import Outcomes, Submitter
 from runtime import h1
 from runtime.http import MSGPACK
@@ -396,7 +396,7 @@ class RunTally:
         after the other (``failures``: each one's, None: none failed): their rows
         written at once, their figures added to the columns at once."""
         tasks = [task for task, _ in ended]
-        components = [components_of(task) for task in tasks]
+        components = components_all(tasks)
         self.csv.write_many(tasks, failures, components)
         self.tasks.add_many(tasks, components)
         publish: list[float] = []
@@ -417,8 +417,10 @@ class RunTally:
                 if start >= 0:
                     sub = task.submitted_at
                     publish += (sub - published_at, start - published_at)
-                    first = min(first, sub)
-                    last = max(last, start)
+                    if sub < first:  # min(first, sub), max(last, start), as they compare
+                        first = sub
+                    if start > last:
+                        last = start
                     if end >= start:
                         user = users.get(spec.user)
                         if user is None:
@@ -435,7 +437,8 @@ class RunTally:
                     rec = jobs_open[j] = [float(job_size[j]), -math.inf, 1.0]
                 rec[0] -= 1
                 if end >= 0:
-                    rec[1] = max(rec[1], end)
+                    if end > rec[1]:
+                        rec[1] = end
                 else:
                     rec[2] = 0.0
                 if rec[0] <= 0:

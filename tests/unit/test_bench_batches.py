@@ -29,7 +29,15 @@ from common.messages import TaskOutcome
 from common.metrics import DuplicateLaunches, LaunchRow
 from common.model import Phase, Task, TaskSpec, new_task
 from reporting.tally import FloatColumns
-from reporting.tasks import TASK_COLUMNS, OrderedRows, TaskCsv, components_of, task_lines, task_row
+from reporting.tasks import (
+    TASK_COLUMNS,
+    OrderedRows,
+    TaskCsv,
+    components_all,
+    components_of,
+    task_lines,
+    task_row,
+)
 from request_generator.bench import (
     BenchOptions,
     RunTally,
@@ -115,6 +123,28 @@ def test_task_lines_of_recorded_like_ledgers_share_the_times_they_share() -> Non
         tasks.append(t)
     assert task_lines(tasks) == "".join(task_lines([t]) for t in tasks)
     assert task_lines(tasks) == reference_csv(tasks, [None] * 5)
+
+
+def test_rows_that_share_a_head_and_tail_keep_each_zero_sign_and_each_launch_apart() -> None:
+    """Rows one after the other with equal times but a zero of the other sign, or with
+    the same marks but another start, each get their own text."""
+    spec = TaskSpec(task_id=TaskId("j.t0"), job_id=JobId("j"), user=UserId("u0"), demand=(1,),
+                    duration=0.02)  # fmt: skip
+    tasks = []
+    for sub, start in [(0.0, 0.5), (-0.0, 0.5), (-0.0, 0.5), (T0, T0 + 1), (T0, T0 + 2)]:
+        t = new_task(spec, sub)
+        t.mark(Phase.PROCESSING, sub + 0.25)
+        t.start(start)
+        t.finished_at = t.started_at + 0.5
+        tasks.append(t)
+    comps = components_all(tasks)
+    assert comps == [t.components() for t in tasks]
+    assert comps[1] is comps[2]
+    assert comps[3] is not comps[4]
+    lines = task_lines(tasks, None, comps)
+    assert lines == reference_csv(tasks, [None] * 5)
+    assert lines.splitlines()[0].split(",")[4] == "0.0"
+    assert lines.splitlines()[1].split(",")[4] == "-0.0"
 
 
 def test_a_task_csv_written_in_batches_is_the_one_written_row_by_row(tmp_path: Path) -> None:
