@@ -122,6 +122,10 @@ EVENTS_WINDOW = 4096
 later ones, and must still be taken."""
 
 
+def _nothing() -> None:
+    pass
+
+
 def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
     mine = [u.user for u in cfg.user_configs if u.gm == gm]
     queues = make_policy(
@@ -206,6 +210,9 @@ class GmService:
         self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
         self.history = history.for_gm(cfg, gm, self.core.book)
+        self.journal_out = self.history.flush if self.history is not None else _nothing
+        """The job history's records of this loop turn to the page cache, before what may
+        depend on them leaves (but a task made after them: the turn's flush runs first)."""
         self._carry_out_effects()
 
     def _carry_out_effects(self) -> None:
@@ -369,6 +376,7 @@ class GmService:
         finally:
             self._holding = None
         if not held.left:  # nothing to wait for
+            self.journal_out()  # (the channel's acks of this turn may leave before)
             await msg.ack()
         # else acked by the flush publishing the last of it (``held.published``): no wait
         # here, no wake-up of every waiting delivery at each flush
@@ -405,7 +413,7 @@ class GmService:
                                   reason="too_large")  # fmt: skip
             head = intake.peek(msg.body)
             faults.die_on("die_on_job", head.job_id)
-            self._check_submitter(user, head, msg)
+            intake.check_submitter(user, head, msg, self.resume_keys, self.tokens)
             intake.check_containers(msg.body)
             if len(msg.body) >= DECODE_OFF_LOOP:
                 job = await asyncio.to_thread(
@@ -456,24 +464,6 @@ class GmService:
                 reason="internal_error",
             ) from exc
 
-    def _check_submitter(self, user: UserId, head: intake.Head, msg: amqp.Delivery) -> None:
-        """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks this
-        GM returned to the queue itself (sealed by it).  Read off the body's first fields
-        (``intake.peek``): nothing of an unproven sender's job is decoded."""
-        if head.user != user:
-            raise Unauthorized(
-                f"job of user {head.user!r} found in the queue of {user!r}", reason="wrong_queue"
-            )
-        if head.resumes is not None:
-            stream = f"resume.{user}"
-            seal = sealing.authenticate(msg.headers, msg.body, self.resume_keys, stream)
-            if isinstance(seal, sealing.Dropped):
-                raise Unauthorized(f"returned tasks not sealed by this GM: {seal.detail}",
-                                   reason=seal.reason.value)  # fmt: skip
-            return
-        self.tokens.refresh(time.time())
-        self.tokens.verify(user, head.token)
-
     def front_door(self) -> frontdoor.FrontDoor:
         """Users' calls (``global_master.frontdoor``): their jobs go to their queues."""
 
@@ -481,7 +471,11 @@ class GmService:
             body = amqp.persistent(codec.encode(job))
             await self.broker.publish("submit", names.submit_key(job.user), body)
 
-        return frontdoor.FrontDoor(self.core, self.tokens, publish, self.feed, self.cfg.gm_url)
+        def feed(msg: object) -> None:  # a user's answer follows: the history first
+            self.feed(msg)
+            self.journal_out()
+
+        return frontdoor.FrontDoor(self.core, self.tokens, publish, feed, self.cfg.gm_url)
 
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
@@ -525,6 +519,7 @@ class GmService:
         of a loop turn (of ``KEEPS_LINGER_S``, when busy), as one message: one at a time, in
         the order the core made them, so a job's "keep" retried while its LM is away
         never lands after its "let go" (the LM would keep its ends for ever)."""
+        self.journal_out()
         msg = KeepEnds(gm=self.core.gm_id, lm=lm, jobs=tuple(jobs))
         path, expect = ROUTES[KeepEnds]
         await self.lms[lm].post(path, msg, expect=(expect,), policy=SNAPSHOTS)
@@ -580,6 +575,7 @@ class GmService:
     async def _publish_persists(
         self, user: UserId, jobs: list[tuple[SubmitJob, Held | None]]
     ) -> None:
+        self.journal_out()
         for i, (job, _) in enumerate(jobs):
             body = codec.encode(job)
             seal = self.resume_seal.seal(body, f"resume.{user}")
@@ -595,6 +591,7 @@ class GmService:
     async def _publish_outcomes(
         self, user: UserId, outcomes: list[tuple[TaskOutcome, Held | None]]
     ) -> None:
+        self.journal_out()
         msg = TaskOutcomes(gm=self.core.gm_id, outcomes=tuple(o for o, _ in outcomes))
         body = codec.encode(msg)
         key = names.user_event_key(user, self.core.gm_id)
@@ -654,7 +651,9 @@ class GmService:
         return None
 
     async def durable(self, msg: object) -> None:
-        """Nothing to wait for: a GM's answers carry nothing a sender keeps for it."""
+        """A GM's answers carry nothing a sender keeps for it: only its job history goes
+        out first."""
+        self.journal_out()
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
