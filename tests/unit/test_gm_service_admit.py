@@ -166,3 +166,16 @@ def test_the_job_history_is_written_before_the_outcomes_it_records_leave(
     asyncio.run(turns())
     assert logged_at_publish == [0, 1]
     assert history.writes == 1
+
+
+def test_the_state_page_shows_the_allocations_of_the_last_window_only(tmp_path: Path) -> None:
+    import time
+
+    from global_master.pages import ALLOCATION_WINDOW_S, state_page
+
+    svc, _ = service(tmp_path)
+    now = time.time()
+    for age, a in ((ALLOCATION_WINDOW_S + 5.0, 0.5), (ALLOCATION_WINDOW_S / 2, 0.25), (1.0, 0.125)):
+        svc.recent_allocations.append((now - age, a))
+    page = state_page(svc)
+    assert [a for _, a in page["allocations"]["recent"]] == [0.25, 0.125]
