@@ -16,17 +16,24 @@ a body whose msgpack containers are as many as a job can hold:
   counted exactly, each container dropped as it is made.
 
 Neither trusts what it reads for more than the check it makes: the decoded job is
-compared with the peeked fields afterwards (``matches``).
+compared with the peeked fields afterwards (``matches``).  ``check_submitter`` proves
+the sender from the peeked fields alone.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgpack
 
-from common.errors import DecodeError
+from common.errors import DecodeError, Unauthorized
 from common.messages import MAX_JOB_TASKS, MAX_STAGES, SubmitJob
+from runtime import broker as amqp
+from security import sealing
+from security.identity import Identity
+from security.tokens import TokenStore
 
 SUBMIT_TAG = "submit_job"
 MAX_FIELDS = 32
@@ -106,6 +113,28 @@ def peek(body: bytes) -> Head:
         raise DecodeError(f"no {', '.join(missing)} field", reason="missing_field")
     job_id, user, token = (str(found[f]) for f in ("job_id", "user", "token"))
     return Head(job_id, user, token, found["resumes"])
+
+
+def check_submitter(
+    user: str, head: Head, msg: amqp.Delivery, resume_keys: Mapping[Identity, bytes],
+    tokens: TokenStore,
+) -> None:  # fmt: skip
+    """A job in ``user``'s queue is ``user``'s, with its current token -- or tasks its GM
+    returned to the queue itself (sealed by it: ``resume_keys``).  Read off the body's
+    first fields (``peek``): nothing of an unproven sender's job is decoded."""
+    if head.user != user:
+        raise Unauthorized(
+            f"job of user {head.user!r} found in the queue of {user!r}", reason="wrong_queue"
+        )
+    if head.resumes is not None:
+        stream = f"resume.{user}"
+        seal = sealing.authenticate(msg.headers, msg.body, resume_keys, stream)
+        if isinstance(seal, sealing.Dropped):
+            raise Unauthorized(f"returned tasks not sealed by this GM: {seal.detail}",
+                               reason=seal.reason.value)  # fmt: skip
+        return
+    tokens.refresh(time.time())
+    tokens.verify(user, head.token)
 
 
 class _TooMany(Exception):

@@ -10,7 +10,7 @@ A worker pool is named after its LM (``workers:lm0`` serves ``lm:lm0``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from common.errors import ValidationError
@@ -40,6 +40,8 @@ class Identity:
 
     role: Role
     name: str
+    _text: str = field(init=False, repr=False, compare=False)
+    """``role:name``, made once: every signed request and sealed message writes it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -48,20 +50,32 @@ class Identity:
             raise ValidationError(
                 f"bad identity name {self.name!r}: 1-64 of [A-Za-z0-9_-]", reason="bad_identity"
             )
+        object.__setattr__(self, "_text", f"{self.role.value}:{self.name}")
 
     def __str__(self) -> str:
-        return f"{self.role.value}:{self.name}"
+        return self._text
 
     @classmethod
     def parse(cls, text: str) -> Identity:
-        """``"lm:lm0"`` -> ``Identity(Role.LM, "lm0")``; raise ``ValidationError`` otherwise."""
+        """``"lm:lm0"`` -> ``Identity(Role.LM, "lm0")``; raise ``ValidationError`` otherwise.
+        A text parsed before is answered from ``_PARSED`` (identities are immutable)."""
+        known = _PARSED.get(text)
+        if known is not None:
+            return known
         role, sep, name = text.partition(":")
         if not sep or role not in _ROLES:
             raise ValidationError(f"bad identity {text[:80]!r}", reason="bad_identity")
-        return cls(Role(role), name)
+        ident = cls(Role(role), name)
+        if len(_PARSED) < MAX_PARSED:
+            _PARSED[text] = ident
+        return ident
 
 
 _ROLES = frozenset(r.value for r in Role)
+MAX_PARSED = 4096
+"""Identities kept by the text they were parsed from: the federation's parties are far
+fewer; texts past this many are parsed each time (none of them is ever dropped)."""
+_PARSED: dict[str, Identity] = {}
 
 OPERATOR = Identity(Role.OPERATOR, "admin")
 """The operator's identity (``megha status``, admin endpoints, topology)."""

@@ -100,9 +100,22 @@ def _check_counter(name: str, value: int) -> None:
         raise ValueError(f"{name} must be an int in 0..2**63-1, not {value!r}")
 
 
+MAX_KEYED = 1024
+"""Keys whose HMAC state (the key padded and hashed in) is kept (``_KEYED``); past this
+many the lot is dropped and made again as needed."""
+_KEYED: dict[bytes, hmac.HMAC] = {}
+
+
 def _mac(key: bytes, sender: str, stream: str, epoch: int, seq: int, body: bytes) -> str:
-    head = f"megha-amqp-v1\n{sender}\n{stream}\n{epoch}\n{seq}\n".encode()
-    return hmac.new(key, head + body, hashlib.sha256).hexdigest()
+    keyed = _KEYED.get(key)
+    if keyed is None:
+        if len(_KEYED) >= MAX_KEYED:
+            _KEYED.clear()
+        keyed = _KEYED[key] = hmac.new(key, digestmod=hashlib.sha256)
+    h = keyed.copy()  # HMAC(key, head + body), without hashing the key in again
+    h.update(f"megha-amqp-v1\n{sender}\n{stream}\n{epoch}\n{seq}\n".encode())
+    h.update(body)
+    return h.hexdigest()
 
 
 def seal(

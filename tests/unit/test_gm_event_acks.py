@@ -306,3 +306,44 @@ def test_a_state_update_looks_for_revoked_tokens_at_most_once_a_second(
         assert svc.token_watch.looked_at == looked  # not again within the second
 
     asyncio.run(run())
+
+
+def test_deliveries_settled_in_one_turn_are_acked_together_each_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs the core settles and event batches with nothing to publish, of one loop turn:
+    acked in one later turn together (the channel's acks of a turn leave in one write),
+    each once; a job settled again (an effect repeated) is not acked twice."""
+    from common.effects import JobSettled
+
+    svc, _ = service(tmp_path, monkeypatch)
+    turn = [0]
+    acked_in: dict[str, list[int]] = {}
+
+    class Job:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def ack(self) -> None:
+            acked_in.setdefault(self.name, []).append(turn[0])
+
+    svc.driver.core = type("Quiet", (), {"handle": lambda self, msg, now: []})()
+
+    async def run() -> None:
+        async with svc.sup:
+            for name in ("a", "b", "c"):
+                svc.deliveries[(U0, JobId(name), False)] = Job(name)  # type: ignore[assignment]
+            quiet = batch(1)
+            await svc._on_events(quiet)  # nothing made of it: acked with the jobs
+            svc.driver.carry_out([JobSettled(JobId(n), U0) for n in ("a", "b", "c")])
+            svc.driver.carry_out([JobSettled(JobId("a"), U0)])
+            for _ in range(20):
+                await asyncio.sleep(0)
+                turn[0] += 1
+            assert quiet.acks == 1
+
+    asyncio.run(run())
+    assert sorted(acked_in) == ["a", "b", "c"]
+    assert all(len(turns) == 1 for turns in acked_in.values())
+    assert len({t for turns in acked_in.values() for t in turns}) == 1
+    assert svc.acks.traffic() == {"messages": 1, "items": 4}  # one flush of the four

@@ -113,3 +113,69 @@ def test_keep_ends_of_a_turn_go_to_each_lm_as_one_message_in_the_order_made(
     assert svc.keeps.traffic() == {"messages": 2 * len(core.lms), "items": 4 * len(core.lms)}
     # to a busy LM they linger longer than the completion path's messages: in no hurry
     assert svc.keeps.linger_s == KEEPS_LINGER_S > CFG.linger_s
+
+
+def test_the_job_history_is_written_before_the_outcomes_it_records_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history's records of a loop turn go in one write at its end; an outcome
+    leaves only after the records of its message are written, even when the flush that
+    takes it resumes in the same turn, before that turn's end (its previous publication
+    confirmed just then)."""
+    from common.config import STATE_ENV
+    from common.effects import Record, ToUser
+    from common.messages import TaskOutcome
+    from common.model import Task
+    from global_master.lifecycle import JobEnded
+
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "state"))
+    svc, _ = service(tmp_path)
+    history = svc.history
+    assert history is not None
+    logged_at_publish: list[int] = []
+    confirm: asyncio.Future[None] | None = None
+
+    async def publish(*_: Any) -> None:
+        logged_at_publish.append(history.journal.records_logged)
+        if confirm is not None and len(logged_at_publish) == 1:
+            await confirm
+
+    svc.broker.publish = publish  # type: ignore[assignment,method-assign]
+
+    def outcome() -> ToUser:
+        return ToUser(U0, TaskOutcome(task=Task(spec=make_task(job="j")), finished=True))
+
+    async def turns() -> None:
+        nonlocal confirm
+        await history.open()
+        confirm = asyncio.get_running_loop().create_future()
+        async with svc.sup:
+            svc.driver.carry_out([outcome()])
+            for _ in range(100):  # its publication waits for its confirm
+                await asyncio.sleep(0)
+                if logged_at_publish:
+                    break
+            confirm.set_result(None)  # the flush resumes first in the next turn
+            svc.driver.carry_out([Record((JobEnded(U0, JobId("j"), 1.0),)), outcome()])
+            for _ in range(100):
+                await asyncio.sleep(0)
+                if len(logged_at_publish) == 2:
+                    break
+        history.close()
+
+    asyncio.run(turns())
+    assert logged_at_publish == [0, 1]
+    assert history.writes == 1
+
+
+def test_the_state_page_shows_the_allocations_of_the_last_window_only(tmp_path: Path) -> None:
+    import time
+
+    from global_master.pages import ALLOCATION_WINDOW_S, state_page
+
+    svc, _ = service(tmp_path)
+    now = time.time()
+    for age, a in ((ALLOCATION_WINDOW_S + 5.0, 0.5), (ALLOCATION_WINDOW_S / 2, 0.25), (1.0, 0.125)):
+        svc.recent_allocations.append((now - age, a))
+    page = state_page(svc)
+    assert [a for _, a in page["allocations"]["recent"]] == [0.25, 0.125]

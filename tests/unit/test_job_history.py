@@ -142,3 +142,64 @@ def test_the_journal_on_disk_round_trips(tmp_path: Path, sync_s: float) -> None:
         second.close()
 
     asyncio.run(go())
+
+
+def test_the_records_of_a_loop_turn_go_in_one_write(tmp_path: Path) -> None:
+    """A GM's messages of one loop turn cost one ``write`` of its history, at the end of
+    the turn or at ``flush`` (the service's, before what depends on them leaves)."""
+    import asyncio
+
+    from global_master.history import JobHistory
+
+    h = history()
+    half = len(h.records) // 2
+
+    async def go() -> None:
+        jh = JobHistory(tmp_path, JobBook(per_user=10, keep_s=1e12), sync_s=1.0)
+        await jh.open()
+        jh.record(Record(tuple(h.records[:half])))
+        jh.record(Record(tuple(h.records[half:-1])))
+        assert (jh.writes, jh.journal.records_logged) == (0, 0)
+        await asyncio.sleep(0)  # the turn ends
+        assert (jh.writes, jh.journal.records_logged) == (1, len(h.records) - 1)
+        jh.record(Record(tuple(h.records[-1:])))
+        jh.flush()  # before the turn ends
+        assert (jh.writes, jh.journal.records_logged) == (2, len(h.records))
+        await asyncio.sleep(0)
+        assert jh.writes == 2  # nothing left for the turn's end
+        jh.close()
+
+    asyncio.run(go())
+    book = JobBook(per_user=10, keep_s=1e12)
+    again = JobHistory(tmp_path, book, sync_s=1.0)
+    asyncio.run(again.open())
+    assert h.gm.book is not None
+    assert views(book, h.gm) == views(h.gm.book, h.gm)
+    again.close()
+
+
+def test_a_compaction_takes_the_records_not_written_yet(tmp_path: Path) -> None:
+    """Records not written yet are in the book a compaction writes: not written again."""
+    import asyncio
+
+    from global_master.history import JobHistory
+
+    h = history()
+    book = h.gm.book
+    assert book is not None
+
+    async def go() -> None:
+        jh = JobHistory(tmp_path, book, sync_s=1.0)
+        jh.journal.open()  # (``open`` would rebuild the book from the empty journal)
+        jh.record(Record(tuple(h.records)))
+        jh.compact()
+        await asyncio.sleep(0)
+        assert (jh.writes, jh.compactions, jh.journal.records_logged) == (0, 1, 0)
+        jh.close()
+
+    asyncio.run(go())
+    again = JobBook(per_user=10, keep_s=1e12)
+    reader = JobHistory(tmp_path, again, sync_s=1.0)
+    asyncio.run(reader.open())
+    assert views(again, h.gm) == views(book, h.gm)
+    reader.close()
