@@ -113,10 +113,6 @@ sooner than this after its previous ones (``Batcher``): they are in no hurry, a 
 keep going 30 s into its hold for ends the LM keeps 120 s anyway, and a let-go late by
 this keeps a settled job's ends that much longer.  Per loop turn only (``linger_s``),
 an overloaded run sent 4.3 jobs per message."""
-ACKS_LINGER_S = 0.1
-"""A busy GM's acks (jobs settled, event batches whose outcomes are out) leave together,
-no sooner than this after the previous ones (``Batcher``): one by one, each was a write,
-73% of a GM's writes to the broker.  (Unacked, a delivery still in hand is redelivered.)"""
 DECIDE_TICK_S = 0.5
 """While tasks are queued, the decide loop is woken this often without any input
 (``GmService._tick``)."""
@@ -124,6 +120,10 @@ EVENTS_WINDOW = 4096
 """Sequence numbers of one LM's event batches that may arrive out of order, each once
 (``sealing.Opener``): a batch put back on the queue after a failure comes back behind
 later ones, and must still be taken."""
+
+
+def _nothing() -> None:
+    pass
 
 
 def _make_core(cfg: FederationConfig, gm: GmId) -> GlobalMaster:
@@ -200,9 +200,6 @@ class GmService:
         self.persists: Batcher[UserId, tuple[SubmitJob, Held | None]] = Batcher(
             self.sup, self._publish_persists, "returned tasks made durable"
         )
-        self.acks: Batcher[None, amqp.Delivery] = Batcher(
-            self.sup, self._send_acks, "acks", linger_s=ACKS_LINGER_S
-        )
         self._wake = asyncio.Event()
         self._ticker: asyncio.TimerHandle | None = None  # (``_tick``)
         self._ready = asyncio.Event()
@@ -213,7 +210,7 @@ class GmService:
         self.events_in = Traffic()
         """Task-event deliveries taken from the broker, and the events they carried."""
         self.history = history.for_gm(cfg, gm, self.core.book)
-        self.journal_out = self.history.flush if self.history is not None else lambda: None
+        self.journal_out = self.history.flush if self.history is not None else _nothing
         """The job history's records of this loop turn to the page cache, before what may
         depend on them leaves (but a task made after them: the turn's flush runs first)."""
         self._carry_out_effects()
@@ -379,9 +376,10 @@ class GmService:
         finally:
             self._holding = None
         if not held.left:  # nothing to wait for
-            self._acked(msg)
-        # else acked after the flush publishing the last of it (``held.published``): no
-        # wait here, no wake-up of every waiting delivery at each flush
+            self.journal_out()  # (the channel's acks of this turn may leave before)
+            await msg.ack()
+        # else acked by the flush publishing the last of it (``held.published``): no wait
+        # here, no wake-up of every waiting delivery at each flush
 
     async def _on_job(self, user: UserId, msg: amqp.Delivery) -> None:
         size = len(msg.body) + amqp.properties_bytes(msg)  # its headers are held too
@@ -483,16 +481,7 @@ class GmService:
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
-            self._acked(msg)
-
-    def _acked(self, msg: amqp.Delivery) -> None:
-        self.acks.add(None, msg)
-
-    async def _send_acks(self, _: None, msgs: list[amqp.Delivery]) -> None:
-        """Deliveries acked together: the channel's acks of a loop turn are one write."""
-        self.journal_out()
-        for msg in msgs:
-            await ack(msg)
+            self.sup.spawn(ack(msg), "job ack")
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1
@@ -597,7 +586,7 @@ class GmService:
             except BaseException:
                 unpublished(jobs[i:])
                 raise
-            published(jobs[i : i + 1], self._acked)
+            await published(jobs[i : i + 1])
 
     async def _publish_outcomes(
         self, user: UserId, outcomes: list[tuple[TaskOutcome, Held | None]]
@@ -612,7 +601,7 @@ class GmService:
         except BaseException:
             unpublished(outcomes)
             raise
-        published(outcomes, self._acked)
+        await published(outcomes)
 
     async def _decide_loop(self) -> None:
         """Decide while there is work; decisions of one batch share one request per LM.

@@ -1,14 +1,11 @@
 """Deliveries a GM holds unacknowledged until what it made of them is on the broker
 (``global_master.app``): a task-event batch until its outcomes and returned tasks are
 published -- by the flush that publishes the last of them, so no task waits per
-delivery -- and a job until the core settles it.  Then they are acked together with
-the others of a busy GM's ``ACKS_LINGER_S`` (``global_master.app``): the channel's
-acks of one loop turn leave in one write."""
+delivery -- and a job until the core settles it."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from runtime import broker as amqp
@@ -30,16 +27,13 @@ class Held:
         self.failed = False
 
 
-def published(
-    items: list[tuple[Any, Held | None]], acked: Callable[[amqp.Delivery], object]
-) -> None:
-    """``items`` are on the broker: the deliveries of which they were the last go to
-    ``acked``."""
+async def published(items: list[tuple[Any, Held | None]]) -> None:
+    """``items`` are on the broker: the deliveries of which they were the last, acked."""
     for _, held in items:
         if held is not None:
             held.left -= 1
             if not held.left and not held.failed:
-                acked(held.msg)
+                await ack(held.msg)
 
 
 def unpublished(items: list[tuple[Any, Held | None]]) -> None:
