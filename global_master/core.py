@@ -561,23 +561,23 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     def _adopt(self, lm: LmId, held: Sequence[HeldTask], effects: list[Effect]) -> None:
         """What an LM holds for this GM: a task running there that this GM does not know
         (it restarted) is adopted, so its events and outcome come here; a task that ended
-        lately, unknown here or known only from its end event, is told to its user now
-        (its job may have been acknowledged before this GM restarted: nothing else
-        would tell) and remembered, so a redelivered job does not run it again."""
-        live, placed = self.live, self.placed
+        lately, unknown here or known only from its end event, is told to its user now (its
+        job may have been acked before this GM restarted) and remembered, so a redelivered
+        job does not run it again.  Not one whose end this GM took: the snapshot is older."""
+        live, placed, ledger = self.live, self.placed, self.ledger
         for h in held:
             key = (h.spec.user, h.spec.task_id)
-            if h.spec.user not in self.queues:
+            if h.spec.user not in self.queues or ledger.ended_in_recent_job(key, h.spec.job_id):
                 continue
             if h.ended_at >= 0:
-                if key not in live and self.recovery.unknown_end(key, self.ledger.holds(key)):
+                if key not in live and self.recovery.unknown_end(key, ledger.holds(key)):
                     why = "" if h.ok else TaskFailure.ON_WORKER
                     self._ended(recovered_task(h, self.gm_id), effects, finished=h.ok, reason=why)
                 continue
             task = placed.get(key)
             if task is not None:
                 task.attempt = max(task.attempt, h.attempt)
-            elif key not in live:
+            elif key not in live and not ledger.holds(key):
                 task = recovered_task(h, self.gm_id)
                 self.ledger.adopt(task)
                 live[key] = task

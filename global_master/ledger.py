@@ -231,6 +231,11 @@ class Ledger:
         """A job of that key ended here lately."""
         return jk in self.recent_jobs
 
+    def ended_in_recent_job(self, key: TaskKey, job: JobId) -> bool:
+        """The task is not held and its job ended here lately (every task of it ended
+        and was told): whatever an LM says of it is older than its end."""
+        return key not in self.live and (key[0], job) in self.recent_jobs
+
     # ------------------------------------------------------------ moves
     def dispatch(self, fl: InFlight) -> None:
         """``fl``'s task leaves its queue in a request to an LM (QUEUED -> DISPATCHED)."""

@@ -28,7 +28,8 @@ from common.messages import (
     TaskDue,
     WorkerHeartbeat,
 )
-from common.model import NodeSpec
+from common.model import NodeSpec, TaskSpec, TaskState
+from global_master.core import GlobalMaster
 from local_master.core import LocalMaster
 from tests.conftest import (
     alive,
@@ -596,3 +597,49 @@ def test_a_copy_of_a_task_s_end_is_told_once_and_leaves_its_job_open() -> None:
     assert state(gm, t0) is TaskState.FINISHED
     assert state(gm, t1) is not None  # its job still waits for it
     assert gm.jobs[(t0.user, t0.job_id)].left == 1
+
+
+def _placed_then_ended(gm_tasks: int) -> tuple[LocalMaster, GlobalMaster, list[TaskSpec], object]:
+    """A GM places a job of ``gm_tasks`` tasks on one LM; an LM snapshot taken while the
+    first runs is still on the wire (a gap repair) when that task's end reaches the GM."""
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))], [GM0], gms=[GM0])
+    alive(lm, 0.0)
+    gm = make_gm()
+    sync_views(gm, lm)
+    ts = [make_task(1, 1, task_id=f"t{i}", job="j1") for i in range(gm_tasks)]
+    submit(gm, ts, 0.5)
+    for e in decide(gm, 1.0, max_tasks=1):
+        assert isinstance(e, ToLm)
+        for r in lm.handle(replace(e.msg, sent_at=1.0), 1.0):
+            if isinstance(r, Reply):
+                gm.handle(r.msg, 1.0)
+    lm.handle(report(LM0, ReportKind.STARTED, ts[0], 0, 2.0), 2.0)
+    stale = lm.snapshot(GM0)  # says ts[0] runs
+    ends = lm.handle(report(LM0, ReportKind.FINISHED, ts[0], 0, 3.0), 3.0)
+    told = gm.handle(as_events(LM0, [e.msg for e in ends if isinstance(e, ToGm)]), 3.5)
+    assert [e.msg.task.task_id for e in told if isinstance(e, ToUser)] == ["t0"]
+    return lm, gm, ts, stale
+
+
+def test_a_snapshot_older_than_a_task_s_end_does_not_place_it_again() -> None:
+    """The task's job ended with it (retired here): the stale snapshot's word that it
+    runs is not taken, nor is a later snapshot's word of its end told again (found by
+    the federation state machine: the task was placed and ended at once)."""
+    lm, gm, (t,), stale = _placed_then_ended(1)
+    assert not gm.jobs
+    assert state(gm, t) is None
+    for snap in (stale, lm.snapshot(GM0)):
+        assert [e for e in gm.handle(snap, 4.0) if isinstance(e, ToUser)] == []
+        assert key(t) not in gm.live
+        assert key(t) not in gm.placed
+        assert gm.counters.tasks_adopted == 0
+
+
+def test_a_snapshot_older_than_the_end_of_one_task_of_a_live_job_keeps_it_ended() -> None:
+    """Its job still runs here: the ended task is not adopted (FINISHED -> PLACED)."""
+    _, gm, (t, other), stale = _placed_then_ended(2)
+    assert state(gm, t) is TaskState.FINISHED
+    assert [e for e in gm.handle(stale, 4.0) if isinstance(e, ToUser)] == []
+    assert state(gm, t) is TaskState.FINISHED
+    assert state(gm, other) is TaskState.QUEUED
+    assert gm.counters.tasks_adopted == 0
