@@ -50,9 +50,9 @@ class DueTimers:
     each otherwise (``tick_s`` 0: always).
 
     Busy: the timers asked for over the latest window came at ``busy_per_tick`` or more
-    per tick, or those of the current window so far already did.  A quiet pool's end gains nothing by waiting for others (it would be
-    alone in its tick) and its report leaves at once, not with a batch: it keeps a
-    timer of its own, on time."""
+    per tick, or those of the current window so far already did.  A quiet pool's end
+    gains nothing by waiting for others (it would be alone in its tick) and its report
+    leaves at once, not with a batch: it keeps a timer of its own, on time."""
 
     def __init__(
         self,
