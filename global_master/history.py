@@ -9,11 +9,11 @@ With a state directory (``$MEGHA_STATE_DIR``, set by ``megha up``; ``journal = t
 the book's changes are history records, which the core hands over as ``Record``
 effects; each is appended to the GM's journal (``runtime.journal``: ``<state>/<gm>/
 jobs.snap`` and ``jobs.<G>.log``) before the rest of its message's effects leave the
-process: the records of one loop turn in one ``write``, at the end of the turn or at
-``flush``, which the service calls before anything that may depend on them leaves
-(an outcome, an ack, a request to an LM, an answer).  A write per message was 40% of
-a GM's write calls.  At the next start the journal is read back into the book (``JobBook.replay``)
-before the GM takes any job; jobs ended more than ``job_history_s`` ago and beyond
+process: the records of one loop turn in one ``write`` (``runtime.journal.TurnWriter``),
+at the end of the turn or at ``flush``, which the service calls before anything that may
+depend on them leaves (an outcome, an ack, a request to an LM, an answer).  A write per
+message was 40% of a GM's write calls.  At the next start the journal is read back into
+the book (``JobBook.replay``) before the GM takes any job; jobs ended more than ``job_history_s`` ago and beyond
 ``job_history_per_user`` per user go, and the journal is compacted to what is left
 (again whenever its log passes ``COMPACT_BYTES``).  ``fdatasync`` every
 ``journal_sync_s``, as LMs and pools do.  A record this version cannot read is
@@ -34,7 +34,7 @@ from common.config import STATE_ENV, FederationConfig
 from common.effects import Record
 from global_master.lifecycle import HistoryRecord, JobBook
 from runtime.clock import steady
-from runtime.journal import COMPACT_BYTES, Journal, JournalBusy, framed, sync_every
+from runtime.journal import COMPACT_BYTES, Journal, JournalBusy, TurnWriter, sync_every
 
 log = logging.getLogger("megha.gm.history")
 
@@ -55,12 +55,9 @@ class JobHistory:
         self.sync_s = sync_s
         self.restored_jobs = 0
         self.unreadable = 0
-        self.records_written = 0
-        self.writes = 0
         self.compactions = 0
-        self._pending: list[object] = []
-        """The book's changes taken this loop turn, not written yet (``flush``)."""
-        self._scheduled = False
+        self.turn = TurnWriter(self.journal, _ENCODER.encode, sync_s)
+        """The book's changes of this loop turn, written together (``flush``)."""
 
     async def open(self) -> int:
         """Take the journal (waiting for a former process of this GM to let it go),
@@ -95,40 +92,26 @@ class JobHistory:
 
     def record(self, eff: Record) -> None:
         """Take the book's changes: in the page cache by the end of this loop turn or the
-        next ``flush`` (at once without a running loop; on disk too when ``sync_s`` is 0)."""
-        self._pending.extend(eff.records)
-        self.records_written += len(eff.records)
-        if self._scheduled:
-            return
-        if self.sync_s == 0:
-            self.flush()
-            self.journal.sync()
-            return
-        try:
-            asyncio.get_running_loop().call_soon(self._end_of_turn)
-        except RuntimeError:
-            self.flush()
-            return
-        self._scheduled = True
-
-    def _end_of_turn(self) -> None:
-        self._scheduled = False
-        self.flush()
-
-    def flush(self) -> None:
-        """Write the changes taken so far (one ``write``); compact a log grown too long."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        encode = _ENCODER.encode
-        self.journal.write_framed(framed([encode(r) for r in pending]), len(pending))
-        self.writes += 1
+        next ``flush`` (``TurnWriter``); a log grown too long is compacted."""
+        self.turn.take(eff.records)
         if self.journal.log_bytes > COMPACT_BYTES:
             self.compact()
 
+    def flush(self) -> None:
+        """Write the changes taken so far (one ``write``)."""
+        self.turn.flush()
+
+    @property
+    def records_written(self) -> int:
+        return self.turn.records_written
+
+    @property
+    def writes(self) -> int:
+        return self.turn.writes
+
     def compact(self) -> None:
         """The journal becomes the book as it is now (changes not written yet are in it)."""
-        self._pending = []
+        self.turn.drop()
         self.journal.rewrite([_ENCODER.encode(r) for r in self.book.records()])
         self.compactions += 1
 

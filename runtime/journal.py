@@ -34,7 +34,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from common import codec
@@ -239,6 +239,51 @@ async def sync_every(journal: Journal, sync_s: float) -> None:
             await asyncio.to_thread(journal.sync)
 
 
+class TurnWriter:
+    """Records taken during one loop turn, written to ``journal`` in one ``write`` at the
+    end of the turn, or at ``flush``, which the service calls before anything that
+    depends on them leaves (an answer, a report, an event, an outcome).  Without a
+    running loop each is written at once; with ``sync_s`` 0 it is on disk too.  Records
+    are frozen: they are encoded when written, all of a turn in one go."""
+
+    def __init__(self, journal: Journal, encode: Callable[[object], bytes], sync_s: float) -> None:
+        self.journal = journal
+        self.encode = encode
+        self.sync_s = sync_s
+        self.records_written = 0
+        self.writes = 0
+        self._pending: list[object] = []
+
+    def take(self, records: Sequence[object]) -> None:
+        self.records_written += len(records)
+        if self.sync_s == 0:
+            self._pending.extend(records)
+            self.flush()
+            self.journal.sync()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if not self._pending and loop is not None:
+            loop.call_soon(self.flush)
+        self._pending.extend(records)
+        if loop is None:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the records taken so far (one ``write``)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            encode = self.encode
+            self.journal.write_framed(framed([encode(r) for r in pending]), len(pending))
+            self.writes += 1
+
+    def drop(self) -> None:
+        """Forget the records not written yet (a compaction has them)."""
+        self._pending = []
+
+
 class DurableState:
     """A service's journal as its driver uses it: the records read back (decoded) at the
     start, each ``Record`` effect written before the rest of its message's effects leave,
@@ -252,10 +297,8 @@ class DurableState:
     def __init__(self, directory: Path | str, name: str, *, sync_s: float) -> None:
         self.journal = Journal(directory, name)
         self.sync_s = sync_s
-        self.records_written = 0
         self.compactions = 0
-        self.writes = 0
-        self._pending: list[object] = []
+        self.turn = TurnWriter(self.journal, codec.encode, sync_s)
 
     def open(self) -> list[object]:
         """Lock the journal and decode what it holds (``JournalBusy``: another process
@@ -273,32 +316,19 @@ class DurableState:
         return out
 
     def record(self, eff: Record) -> None:
-        """Take ``eff``'s records: in the page cache by the end of this loop turn or the
-        next ``flush`` (at once without a running loop; on disk too when ``sync_s`` is 0).
-        They are encoded when written, all of a turn in one go (records are frozen)."""
-        self.records_written += len(eff.records)
-        if self.sync_s == 0:
-            self._pending.extend(eff.records)
-            self.flush()
-            self.journal.sync()
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if not self._pending and loop is not None:
-            loop.call_soon(self.flush)
-        self._pending.extend(eff.records)
-        if loop is None:
-            self.flush()
+        """Take ``eff``'s records (``TurnWriter``)."""
+        self.turn.take(eff.records)
 
     def flush(self) -> None:
-        """Write the records taken so far (one ``write``)."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            encode = codec.encode
-            self.journal.write_framed(framed([encode(r) for r in pending]), len(pending))
-            self.writes += 1
+        self.turn.flush()
+
+    @property
+    def records_written(self) -> int:
+        return self.turn.records_written
+
+    @property
+    def writes(self) -> int:
+        return self.turn.writes
 
     @property
     def needs_compaction(self) -> bool:
