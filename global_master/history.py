@@ -102,10 +102,6 @@ class JobHistory:
         self.turn.flush()
 
     @property
-    def records_written(self) -> int:
-        return self.turn.records_written
-
-    @property
     def writes(self) -> int:
         return self.turn.writes
 
@@ -127,7 +123,7 @@ class JobHistory:
     def stats(self) -> dict[str, int]:
         return {
             "restored_jobs": self.restored_jobs, "unreadable": self.unreadable,
-            "records_written": self.records_written, "writes": self.writes,
+            "records_written": self.turn.records_written, "writes": self.writes,
             "compactions": self.compactions,
         }  # fmt: skip
 

@@ -323,10 +323,6 @@ class DurableState:
         self.turn.flush()
 
     @property
-    def records_written(self) -> int:
-        return self.turn.records_written
-
-    @property
     def writes(self) -> int:
         return self.turn.writes
 
