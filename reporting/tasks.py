@@ -105,10 +105,14 @@ _TIMES = 3
 _SPLIT = 8
 """The durations of a row's tail (allocation, to the first start, reallocation, the
 components)."""
-_LINE = ",".join(["%s"] * (len(TASK_COLUMNS) - _TIMES - _SPLIT + 2)) + "\r\n"
+_ROW = "%s,%s,%s,%s,%s,%s,%s,%s"
 """A row as ``csv.writer`` writes it when no field needs quotes: each value's ``str``
-(a float's is its ``repr``), the head's three times and the tail's eight durations
-each as one text made beforehand."""
+(a float's is its ``repr``): its four ids, then its head (three times), end, tail
+(eight durations) and rest, each head, tail and rest one text made beforehand."""
+_REST = ",".join(["%s"] * (len(TASK_COLUMNS) - 4 - _TIMES - 1 - _SPLIT)) + "\r\n"
+"""A row's rest (its attempt, decisions, waits, state and failure), made once per run
+of rows alike: a launch's tasks mostly share it (their counts are ints, whose text
+equal values share)."""
 
 
 def _text(text: dict[float, str], x: float) -> str:
@@ -162,11 +166,11 @@ def _lines(
     tasks: Sequence[Task], failures: Sequence[str | None], components: Sequence[list[float]]
 ) -> str:
     """``task_lines``' rows, each failure and components given."""
-    commas = len(TASK_COLUMNS) - 1
     out: list[str] = []
     add = out.append
     text: dict[float, str] = {}  # repr(_r9(value)) by value, but 0.0: -0.0 == 0.0
     shared: list[Any] = [None, None, None, None, "", ""]  # sub, first, start, comps, head, tail
+    rest: tuple[Any, ...] = (None, None, None, None, None, "")
     for task, failure, comps in zip(tasks, failures, components, strict=True):
         spec = task.spec
         sub, first = task.submitted_at, task.first_started_at
@@ -179,21 +183,42 @@ def _lines(
             state = "finished"
         else:
             state = "unfinished"
-        line = _LINE % (
-            spec.task_id, spec.job_id, spec.user, task.gm or "", shared[4],
-            repr(end if not -_EXACT < end < _EXACT else round(end, 9)), shared[5],
-            task.attempt, task.decisions, *task.waits, state, failure or "",
-        )  # fmt: skip
+        attempt, decisions, waits = task.attempt, task.decisions, task.waits
         if (
-            line.count(",") != commas
-            or '"' in line
-            or line.count("\n") != 1
-            or line.count("\r") != 1
-            or "None" in line
-        ):
-            line = _csv_line(task_row(task, failure, comps))
-        add(line)
-    return "".join(out)
+            attempt != rest[0] or decisions != rest[1] or waits != rest[2]
+            or state is not rest[3] or failure != rest[4]
+        ):  # fmt: skip
+            rest = (attempt, decisions, waits, state, failure,
+                    _REST % (attempt, decisions, *waits, state, failure or ""))  # fmt: skip
+        add(_ROW % (
+            spec.task_id, spec.job_id, spec.user, task.gm or "", shared[4],
+            repr(end if not -_EXACT < end < _EXACT else round(end, 9)), shared[5], rest[5],
+        ))  # fmt: skip
+    joined = "".join(out)
+    if _plain(joined, len(out)):
+        return joined
+    return "".join(
+        line if _plain(line, 1) else _csv_line(task_row(task, failure, comps))
+        for line, task, failure, comps in zip(out, tasks, failures, components, strict=True)
+    )
+
+
+_COMMAS = len(TASK_COLUMNS) - 1
+
+
+def _plain(text: str, rows: int) -> bool:
+    """Whether ``rows`` lines of ``_lines``' own formatting, joined, are as
+    ``csv.writer`` writes them: no field needs quotes (a comma, a quote, a line break)
+    or is None (written ``None``, where ``csv.writer`` writes nothing).  Each line has
+    at least its commas and its one CR LF, and ``None`` cannot span a comma or a line
+    end: the whole text passes if and only if each of its lines does."""
+    return (
+        text.count(",") == _COMMAS * rows
+        and '"' not in text
+        and text.count("\n") == rows
+        and text.count("\r") == rows
+        and "None" not in text
+    )
 
 
 def _share(
