@@ -64,7 +64,7 @@ from common.messages import (
 from global_master import frontdoor, history, intake, pages, watch
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
-from global_master.held import Held, ack, published, unpublished
+from global_master.held import Held, SettledJobs, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
@@ -213,6 +213,7 @@ class GmService:
         self.journal_out = self.history.flush if self.history is not None else _nothing
         """The job history's records of this loop turn to the page cache, before what may
         depend on them leaves (but a task made after them: the turn's flush runs first)."""
+        self.settled = SettledJobs(self.journal_out, self.sup)
         self._carry_out_effects()
 
     def _carry_out_effects(self) -> None:
@@ -303,9 +304,13 @@ class GmService:
 
     # --------------------------------------------------------------- inputs
     def feed(self, msg: object) -> None:
+        """``msg`` to the core; the decide loop woken only if it has anything to do (decide,
+        or start the tick for tasks left waiting)."""
         self.driver.feed(msg)
-        self._wake.set()
-        if not self._ready.is_set() and self.core.ready:
+        core = self.core
+        if core.has_work() or (self._ticker is None and len(core.queues)):
+            self._wake.set()
+        if not self._ready.is_set() and core.ready:
             self._ready.set()
 
     async def _on_state(self, msg: amqp.Delivery) -> None:
@@ -329,9 +334,10 @@ class GmService:
         held = self._holding
         if held is not None:
             held.left += 1
-        self.outcomes.add(eff.user, (eff.msg, held))
-        if eff.msg.finished:
-            self.recent_allocations.append((time.time(), eff.msg.task.allocation_time))
+        msg = eff.msg
+        self.outcomes.add(eff.user, (msg, held))
+        if msg.finished:
+            self.recent_allocations.append((time.time(), msg.task.allocation_time))
 
     def _persist(self, eff: Persist) -> None:
         held = self._holding
@@ -390,7 +396,10 @@ class GmService:
             return
         try:
             # deliveries come in order, each its own task: the lock keeps them in it
-            async with self._admission_order.setdefault(user, asyncio.Lock()):
+            order = self._admission_order.get(user)
+            if order is None:
+                order = self._admission_order[user] = asyncio.Lock()
+            async with order:
                 await self._read_job(user, msg)
         finally:
             self.unread.done(user, size)
@@ -481,7 +490,7 @@ class GmService:
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
-            self.sup.spawn(ack(msg), "job ack")
+            self.settled.add(msg)
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1
@@ -638,7 +647,11 @@ class GmService:
     def _after(self, eff: After) -> None:
         """A core's timer: its message comes back through ``feed``, waking the decide
         loop (what it put back in the queues is decided then, not at the next tick)."""
-        asyncio.get_running_loop().call_later(eff.delay, self.feed, eff.msg)
+        asyncio.get_running_loop().call_later(eff.delay, self._feed_waking, eff.msg)
+
+    def _feed_waking(self, msg: object) -> None:
+        self.feed(msg)
+        self._wake.set()
 
     # ----------------------------------------------------------------- pages
     def ident(self) -> str:

@@ -801,6 +801,11 @@ class Delivery:
         """Acked with the channel's other acks of this turn of the loop."""
         self._settle().ack(self.delivery_tag)
 
+    def ack_now(self) -> None:
+        """``ack`` without a coroutine (a caller in a loop callback or a core's effect):
+        the same ack, with the channel's others of this turn."""
+        self._settle().ack(self.delivery_tag)
+
     async def nack(self, requeue: bool = True) -> None:
         acks = self._settle()
         acks.settled(self.delivery_tag)
