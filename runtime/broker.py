@@ -705,6 +705,18 @@ def transient(
     return Outgoing(body, props)
 
 
+_ACK_FRAME = struct.Struct(">BHIHHQBB")
+"""A ``Basic.Ack`` method frame: type, channel, size (13), class and method ids, delivery
+tag, ``multiple`` bit, frame end."""
+
+
+def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
+    """The method frame of ``Basic.Ack(tag, multiple)`` on ``channel``: what
+    ``ChannelFrame.marshall`` makes of it, byte for byte, without pamqp's generic walk."""
+    return _ACK_FRAME.pack(constants.FRAME_METHOD, channel, 13, 60, 80, tag, int(multiple),
+                           constants.FRAME_END)  # fmt: skip
+
+
 class _Acks:
     """The acks of one consumer channel, sent together once per turn of the event loop:
     acks of the lowest deliveries in hand go as one ``multiple`` ack up to the highest of
@@ -751,14 +763,14 @@ class _Acks:
             heapq.heapify(lowest)
         first = lowest[0] if lowest else acked[-1] + 1
         below = [t for t in acked if t < first]
-        frames: list[Any] = [Basic.Ack(delivery_tag=t) for t in acked if t > first]
+        frames = [(t, False) for t in acked if t > first]
         if below:
-            frames.insert(0, Basic.Ack(delivery_tag=below[-1], multiple=len(below) > 1))
+            frames.insert(0, (below[-1], len(below) > 1))
         if self.channel.is_closed:  # the broker put them back: they come again
             return
-        frame = ChannelFrame.marshall(channel_number=self.channel.number, frames=frames)
+        number = self.channel.number
         self.frames_sent += len(frames)
-        _write(self.channel, frame.payload)
+        _write(self.channel, b"".join([ack_frame(number, t, m) for t, m in frames]))
 
 
 class Delivery:
