@@ -289,31 +289,72 @@ async def _get_frame(self: FrameReceiver) -> tuple[int, int, Any]:
     """``FrameReceiver.get_frame``: a method, header or body frame already whole in the
     reader's buffer is taken from it at once, the same frame (aiormq read each frame
     with three awaited reads into a ``BytesIO`` under a lock, then pamqp looked for a
-    protocol header and split the frame again: per delivery, three times).  Anything
-    else -- a frame not all here yet, a heartbeat, the connection's start, an error
-    pending, a frame without its end byte -- goes through aiormq's own reader."""
+    protocol header and split the frame again: per delivery, three times); with the
+    buffer empty or a frame not all here yet, it waits for the socket's next data and
+    looks again (aiormq's reader took the first frame of every read).  Anything else --
+    a heartbeat, the connection's start, an error pending, the stream's end, a frame
+    without its end byte -- goes through aiormq's own reader."""
     reader = getattr(self, "reader", None)
     buf = getattr(reader, "_buffer", None)
-    if (
-        buf is None
-        or len(buf) < 8
-        or not self.started
-        or self.lock.locked()
-        or reader._exception is not None  # type: ignore[union-attr]
-    ):
+    if buf is None:
         return await _aiormq_get_frame(self)
-    kind, channel, size = _FRAME_HEAD.unpack_from(buf, 0)
-    end = 7 + size
-    read = _UNMARSHAL.get(kind)
-    if read is None or not size or len(buf) <= end or buf[end] != constants.FRAME_END:
-        return await _aiormq_get_frame(self)
-    payload = bytes(buf[7:end])
-    del buf[: end + 1]
-    reader._maybe_resume_transport()  # type: ignore[union-attr]
+    waited = False
+    while True:
+        if not self.started or self.lock.locked() or reader._exception is not None:  # type: ignore[union-attr]
+            return await _aiormq_get_frame(self)
+        if len(buf) >= 8:
+            kind, channel, size = _FRAME_HEAD.unpack_from(buf, 0)
+            end = 7 + size
+            read = _UNMARSHAL.get(kind)
+            if read is None or not size:
+                return await _aiormq_get_frame(self)
+            if len(buf) > end:
+                if buf[end] != constants.FRAME_END:
+                    return await _aiormq_get_frame(self)
+                payload = bytes(buf[7:end])
+                del buf[: end + 1]
+                reader._maybe_resume_transport()  # type: ignore[union-attr]
+                try:
+                    return end + 1, channel, read(payload)
+                except PAMQPException as exc:
+                    raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+        if waited and reader._eof:  # type: ignore[union-attr]
+            raise _ended(buf)  # as aiormq's reader, waiting, raises it
+        if reader._eof or reader._waiter is not None:  # type: ignore[union-attr]
+            return await _aiormq_get_frame(self)
+        waited = True
+        await _more_data(reader)
+
+
+def _ended(buf: bytearray) -> aiormq.exceptions.AMQPConnectionError:
+    """What aiormq's reader raises when the stream ends with ``buf`` all there is of
+    the frame it reads (the partial frame dropped, as its last read drops it)."""
+    n = len(buf)
+    if n == 0:
+        got, expected = 0, 1
+    elif n < 7:
+        got, expected = n - 1, 6
+    else:
+        got, expected = n - 7, _FRAME_HEAD.unpack_from(buf, 0)[2] + 1
+    buf.clear()
+    return aiormq.exceptions.AMQPConnectionError(
+        f"Server connection unexpectedly closed. Read {got} bytes but {expected} bytes expected"
+    )
+
+
+async def _more_data(reader: Any) -> None:
+    """The socket's next data (or its end) in ``reader``'s buffer; its errors as aiormq's
+    reader raises them."""
     try:
-        return end + 1, channel, read(payload)
-    except PAMQPException as exc:
-        raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+        await reader._wait_for_data("get_frame")
+    except ConnectionRefusedError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection refused: {exc!r}") from exc
+    except ConnectionResetError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection reset: {exc!r}") from exc
+    except ConnectionError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection error: {exc!r}") from exc
+    except OSError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server communication error: {exc!r}") from exc
 
 
 FrameReceiver.get_frame = _get_frame  # type: ignore[method-assign]
