@@ -304,13 +304,9 @@ class GmService:
 
     # --------------------------------------------------------------- inputs
     def feed(self, msg: object) -> None:
-        """``msg`` to the core; the decide loop woken only if it has anything to do (decide,
-        or start the tick for tasks left waiting)."""
         self.driver.feed(msg)
-        core = self.core
-        if core.has_work() or (self._ticker is None and len(core.queues)):
-            self._wake.set()
-        if not self._ready.is_set() and core.ready:
+        self._wake.set()
+        if not self._ready.is_set() and self.core.ready:
             self._ready.set()
 
     async def _on_state(self, msg: amqp.Delivery) -> None:
@@ -647,11 +643,7 @@ class GmService:
     def _after(self, eff: After) -> None:
         """A core's timer: its message comes back through ``feed``, waking the decide
         loop (what it put back in the queues is decided then, not at the next tick)."""
-        asyncio.get_running_loop().call_later(eff.delay, self._feed_waking, eff.msg)
-
-    def _feed_waking(self, msg: object) -> None:
-        self.feed(msg)
-        self._wake.set()
+        asyncio.get_running_loop().call_later(eff.delay, self.feed, eff.msg)
 
     # ----------------------------------------------------------------- pages
     def ident(self) -> str:
