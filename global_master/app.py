@@ -64,7 +64,7 @@ from common.messages import (
 from global_master import frontdoor, history, intake, pages, watch
 from global_master.backlog import UnreadJobs
 from global_master.core import AdmissionLimits, GlobalMaster
-from global_master.held import Held, ack, published, unpublished
+from global_master.held import Held, SettledJobs, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
@@ -213,6 +213,7 @@ class GmService:
         self.journal_out = self.history.flush if self.history is not None else _nothing
         """The job history's records of this loop turn to the page cache, before what may
         depend on them leaves (but a task made after them: the turn's flush runs first)."""
+        self.settled = SettledJobs(self.journal_out, self.sup)
         self._carry_out_effects()
 
     def _carry_out_effects(self) -> None:
@@ -329,9 +330,10 @@ class GmService:
         held = self._holding
         if held is not None:
             held.left += 1
-        self.outcomes.add(eff.user, (eff.msg, held))
-        if eff.msg.finished:
-            self.recent_allocations.append((time.time(), eff.msg.task.allocation_time))
+        msg = eff.msg
+        self.outcomes.add(eff.user, (msg, held))
+        if msg.finished:
+            self.recent_allocations.append((time.time(), msg.task.allocation_time))
 
     def _persist(self, eff: Persist) -> None:
         held = self._holding
@@ -390,7 +392,10 @@ class GmService:
             return
         try:
             # deliveries come in order, each its own task: the lock keeps them in it
-            async with self._admission_order.setdefault(user, asyncio.Lock()):
+            order = self._admission_order.get(user)
+            if order is None:
+                order = self._admission_order[user] = asyncio.Lock()
+            async with order:
                 await self._read_job(user, msg)
         finally:
             self.unread.done(user, size)
@@ -481,7 +486,7 @@ class GmService:
     def _ack(self, eff: JobSettled) -> None:
         msg = self.deliveries.pop((eff.user, eff.job_id, eff.resume), None)
         if msg is not None:
-            self.sup.spawn(ack(msg), "job ack")
+            self.settled.add(msg)
 
     def _dead_letter(self, eff: JobRefused) -> None:
         self.refused_jobs += 1

@@ -5,10 +5,13 @@ delivery -- and a job until the core settles it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from runtime import broker as amqp
+from runtime.supervisor import Supervisor
 
 log = logging.getLogger("megha.gm")
 
@@ -28,12 +31,17 @@ class Held:
 
 
 async def published(items: list[tuple[Any, Held | None]]) -> None:
-    """``items`` are on the broker: the deliveries of which they were the last, acked."""
+    """``items`` are on the broker: the deliveries of which they were the last, acked
+    (a broker's delivery at once, ``settle``: no coroutine per ack)."""
     for _, held in items:
         if held is not None:
             held.left -= 1
             if not held.left and not held.failed:
-                await ack(held.msg)
+                msg = held.msg
+                if type(msg) is amqp.Delivery:
+                    settle(msg)
+                else:
+                    await ack(msg)
 
 
 def unpublished(items: list[tuple[Any, Held | None]]) -> None:
@@ -48,3 +56,39 @@ async def ack(msg: amqp.Delivery) -> None:
         await msg.ack()
     except Exception as exc:  # channel gone: the broker will redeliver; the core knows it
         log.warning("ack failed (%s): the message will be redelivered and recognised", exc)
+
+
+def settle(msg: amqp.Delivery) -> None:
+    """``ack`` of a broker's own delivery, without a coroutine or a task: it leaves with
+    its channel's other acks of this loop turn (``amqp.Delivery.ack_now``)."""
+    try:
+        msg.ack_now()
+    except Exception as exc:  # settled already: the broker will redeliver; the core knows it
+        log.warning("ack failed (%s): the message will be redelivered and recognised", exc)
+
+
+class SettledJobs:
+    """Job deliveries the core settled during a loop turn, acked at its end: after the
+    turn's job history records (``before``: the rest of its effects too), with no task
+    per ack (a broker's delivery is acked at once: ``settle``)."""
+
+    __slots__ = ("_msgs", "before", "sup")
+
+    def __init__(self, before: Callable[[], None], sup: Supervisor) -> None:
+        self.before = before
+        self.sup = sup
+        self._msgs: list[amqp.Delivery] = []
+
+    def add(self, msg: amqp.Delivery) -> None:
+        if not self._msgs:
+            asyncio.get_running_loop().call_soon(self._ack)
+        self._msgs.append(msg)
+
+    def _ack(self) -> None:
+        msgs, self._msgs = self._msgs, []
+        self.before()
+        for msg in msgs:
+            if type(msg) is amqp.Delivery:
+                settle(msg)
+            else:
+                self.sup.spawn(ack(msg), "job ack")

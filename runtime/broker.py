@@ -289,31 +289,72 @@ async def _get_frame(self: FrameReceiver) -> tuple[int, int, Any]:
     """``FrameReceiver.get_frame``: a method, header or body frame already whole in the
     reader's buffer is taken from it at once, the same frame (aiormq read each frame
     with three awaited reads into a ``BytesIO`` under a lock, then pamqp looked for a
-    protocol header and split the frame again: per delivery, three times).  Anything
-    else -- a frame not all here yet, a heartbeat, the connection's start, an error
-    pending, a frame without its end byte -- goes through aiormq's own reader."""
+    protocol header and split the frame again: per delivery, three times); with the
+    buffer empty or a frame not all here yet, it waits for the socket's next data and
+    looks again (aiormq's reader took the first frame of every read).  Anything else --
+    a heartbeat, the connection's start, an error pending, the stream's end, a frame
+    without its end byte -- goes through aiormq's own reader."""
     reader = getattr(self, "reader", None)
     buf = getattr(reader, "_buffer", None)
-    if (
-        buf is None
-        or len(buf) < 8
-        or not self.started
-        or self.lock.locked()
-        or reader._exception is not None  # type: ignore[union-attr]
-    ):
+    if buf is None:
         return await _aiormq_get_frame(self)
-    kind, channel, size = _FRAME_HEAD.unpack_from(buf, 0)
-    end = 7 + size
-    read = _UNMARSHAL.get(kind)
-    if read is None or not size or len(buf) <= end or buf[end] != constants.FRAME_END:
-        return await _aiormq_get_frame(self)
-    payload = bytes(buf[7:end])
-    del buf[: end + 1]
-    reader._maybe_resume_transport()  # type: ignore[union-attr]
+    waited = False
+    while True:
+        if not self.started or self.lock.locked() or reader._exception is not None:  # type: ignore[union-attr]
+            return await _aiormq_get_frame(self)
+        if len(buf) >= 8:
+            kind, channel, size = _FRAME_HEAD.unpack_from(buf, 0)
+            end = 7 + size
+            read = _UNMARSHAL.get(kind)
+            if read is None or not size:
+                return await _aiormq_get_frame(self)
+            if len(buf) > end:
+                if buf[end] != constants.FRAME_END:
+                    return await _aiormq_get_frame(self)
+                payload = bytes(buf[7:end])
+                del buf[: end + 1]
+                reader._maybe_resume_transport()  # type: ignore[union-attr]
+                try:
+                    return end + 1, channel, read(payload)
+                except PAMQPException as exc:
+                    raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+        if waited and reader._eof:  # type: ignore[union-attr]
+            raise _ended(buf)  # as aiormq's reader, waiting, raises it
+        if reader._eof or reader._waiter is not None:  # type: ignore[union-attr]
+            return await _aiormq_get_frame(self)
+        waited = True
+        await _more_data(reader)
+
+
+def _ended(buf: bytearray) -> aiormq.exceptions.AMQPConnectionError:
+    """What aiormq's reader raises when the stream ends with ``buf`` all there is of
+    the frame it reads (the partial frame dropped, as its last read drops it)."""
+    n = len(buf)
+    if n == 0:
+        got, expected = 0, 1
+    elif n < 7:
+        got, expected = n - 1, 6
+    else:
+        got, expected = n - 7, _FRAME_HEAD.unpack_from(buf, 0)[2] + 1
+    buf.clear()
+    return aiormq.exceptions.AMQPConnectionError(
+        f"Server connection unexpectedly closed. Read {got} bytes but {expected} bytes expected"
+    )
+
+
+async def _more_data(reader: Any) -> None:
+    """The socket's next data (or its end) in ``reader``'s buffer; its errors as aiormq's
+    reader raises them."""
     try:
-        return end + 1, channel, read(payload)
-    except PAMQPException as exc:
-        raise aiormq.exceptions.InvalidFrameError(str(exc)) from exc
+        await reader._wait_for_data("get_frame")
+    except ConnectionRefusedError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection refused: {exc!r}") from exc
+    except ConnectionResetError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection reset: {exc!r}") from exc
+    except ConnectionError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server connection error: {exc!r}") from exc
+    except OSError as exc:
+        raise aiormq.exceptions.AMQPConnectionError(f"Server communication error: {exc!r}") from exc
 
 
 FrameReceiver.get_frame = _get_frame  # type: ignore[method-assign]
@@ -705,6 +746,18 @@ def transient(
     return Outgoing(body, props)
 
 
+_ACK_FRAME = struct.Struct(">BHIHHQBB")
+"""A ``Basic.Ack`` method frame: type, channel, size (13), class and method ids, delivery
+tag, ``multiple`` bit, frame end."""
+
+
+def ack_frame(channel: int, tag: int, multiple: bool) -> bytes:
+    """The method frame of ``Basic.Ack(tag, multiple)`` on ``channel``: what
+    ``ChannelFrame.marshall`` makes of it, byte for byte, without pamqp's generic walk."""
+    return _ACK_FRAME.pack(constants.FRAME_METHOD, channel, 13, 60, 80, tag, int(multiple),
+                           constants.FRAME_END)  # fmt: skip
+
+
 class _Acks:
     """The acks of one consumer channel, sent together once per turn of the event loop:
     acks of the lowest deliveries in hand go as one ``multiple`` ack up to the highest of
@@ -751,14 +804,14 @@ class _Acks:
             heapq.heapify(lowest)
         first = lowest[0] if lowest else acked[-1] + 1
         below = [t for t in acked if t < first]
-        frames: list[Any] = [Basic.Ack(delivery_tag=t) for t in acked if t > first]
+        frames = [(t, False) for t in acked if t > first]
         if below:
-            frames.insert(0, Basic.Ack(delivery_tag=below[-1], multiple=len(below) > 1))
+            frames.insert(0, (below[-1], len(below) > 1))
         if self.channel.is_closed:  # the broker put them back: they come again
             return
-        frame = ChannelFrame.marshall(channel_number=self.channel.number, frames=frames)
+        number = self.channel.number
         self.frames_sent += len(frames)
-        _write(self.channel, frame.payload)
+        _write(self.channel, b"".join([ack_frame(number, t, m) for t, m in frames]))
 
 
 class Delivery:
@@ -799,6 +852,11 @@ class Delivery:
 
     async def ack(self) -> None:
         """Acked with the channel's other acks of this turn of the loop."""
+        self._settle().ack(self.delivery_tag)
+
+    def ack_now(self) -> None:
+        """``ack`` without a coroutine (a caller in a loop callback or a core's effect):
+        the same ack, with the channel's others of this turn."""
         self._settle().ack(self.delivery_tag)
 
     async def nack(self, requeue: bool = True) -> None:
