@@ -296,20 +296,25 @@ class Batcher(Generic[K, T]):
         try:
             await asyncio.sleep(0)  # let the current turn add its items
             loop = asyncio.get_running_loop()
+            # without a linger, the rates are never asked for: not kept either
+            lingers = self.linger_s > 0
             while True:
-                now = loop.time()
-                if self._lingers(key, now):
-                    wait = self._linger_until(key, now) - now
-                    if wait > 0:
-                        await asyncio.sleep(wait)
+                if lingers:
+                    now = loop.time()
+                    if self._lingers(key, now):
+                        wait = self._linger_until(key, now) - now
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                 items = self._pending.pop(key, None)
                 if not items:
                     return
-                self._note_rate(key, len(items), loop.time())
+                if lingers:
+                    self._note_rate(key, len(items), loop.time())
                 self._flushing.add(key)
                 self._wake_handed(key)  # they resume once this flush has sent and waits
-                for i in range(0, len(items), self.max_items):
-                    chunk = items if len(items) <= self.max_items else items[i : i + self.max_items]
+                n, most = len(items), self.max_items
+                for i in range(0, n, most):
+                    chunk = items if n <= most else items[i : i + most]
                     await self._flush(key, chunk)
                     self.sent_traffic.note(len(chunk))
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
