@@ -76,6 +76,7 @@ from runtime.prometheus import ServiceMetrics
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
 from security.access import Access
+from security.identity import Identity
 from security.identity import gm as gm_identity
 from security.identity import workers as workers_identity
 from security.sealing import Sealer
@@ -89,6 +90,8 @@ time out and their tasks go back)."""
 _RNG = random.Random()
 _ENDS = (EventKind.FINISHED, EventKind.FAILED)
 _REPORTED_ENDS = (ReportKind.FINISHED, ReportKind.FAILED)
+_WAIT_FOR_EVENTS = (WorkerReports, RegisterWorkers)
+"""Messages answered once their events are on the broker (a tuple made once)."""
 
 log = logging.getLogger("megha.lm")
 
@@ -138,6 +141,8 @@ class LmService:
             self.sup, self._flush_pool, "starts and stops to the worker pool"
         )
         self._event_tickets: dict[GmId, int] = {}
+        self._event_routes: dict[GmId, tuple[str, tuple[Identity], str]] = {}
+        """Each GM's events: their stream, their receiver and their routing key."""
         self.events: Batcher[GmId, TaskEvent] = Batcher(
             self.sup, self._publish_events, "task events"
         )
@@ -365,7 +370,7 @@ class LmService:
         if type(msg) is WorkerReports:
             ends = (r.at for r in msg.reports if r.kind in _REPORTED_ENDS)
             self.ends_got.note(ends, self.driver.clock())
-        if isinstance(msg, WorkerReports | RegisterWorkers) and self._event_tickets:
+        if isinstance(msg, _WAIT_FOR_EVENTS) and self._event_tickets:
             await self.events.sent(dict(self._event_tickets))
         elif isinstance(msg, LaunchRequest):
             # the starts are what allocation time waits for, the answer is not: they
@@ -405,12 +410,20 @@ class LmService:
     async def _publish_events(self, gm: GmId, events: list[TaskEvent]) -> None:
         self._journal_out()
         self.ends_sent.note((e.at for e in events if e.kind in _ENDS), self.driver.clock())
-        body = codec.encode(TaskEvents(lm=self.lm, epoch=self.epoch, events=tuple(events)))
-        mid = f"{self.lm}.{self.epoch}.{next(self._seq)}"
+        epoch = self.core.epoch
+        body = codec.encode(TaskEvents(lm=self.lm, epoch=epoch, events=tuple(events)))
+        mid = f"{self.lm}.{epoch}.{next(self._seq)}"
+        route = self._event_routes.get(gm)
+        if route is None:
+            route = self._event_routes[gm] = (
+                f"events.{gm}",
+                (gm_identity(gm),),
+                names.gm_event_key(gm, self.lm),
+            )
         assert self.sealer is not None
-        seal = self.sealer.seal(body, f"events.{gm}", to=[gm_identity(gm)])
+        seal = self.sealer.seal(body, route[0], to=route[1])
         msg = amqp.persistent(body, message_id=mid, headers=seal)
-        await self.broker.publish("events", names.gm_event_key(gm, self.lm), msg)
+        await self.broker.publish("events", route[2], msg)
 
     async def _publish_state(self, eff: ToAllGms) -> None:
         once = Backoff(deadline_s=0.0)  # the next heartbeat carries the same nodes

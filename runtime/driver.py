@@ -173,10 +173,9 @@ class Batcher(Generic[K, T]):
         self._busy: set[K] = set()
         self._added: dict[K, int] = {}
         self._sent: dict[K, int] = {}
-        self._progress = asyncio.Condition()
-        self._waiting = 0
-        """Callers in ``sent``: a flush wakes them (and takes the condition's lock) only
-        if there are any."""
+        self._waiters: list[tuple[dict[K, int], asyncio.Future[None]]] = []
+        """Callers in ``sent``: their tickets and the future a flush that sends the last
+        of them sets (a future each, no condition and its lock to take and wake)."""
         self._flushing: set[K] = set()
         """Keys whose flush is under way (handed its items, awaiting its answer)."""
         self._handed: dict[K, list[asyncio.Future[None]]] = {}
@@ -196,14 +195,29 @@ class Batcher(Generic[K, T]):
 
     async def sent(self, tickets: dict[K, int]) -> None:
         """Wait until the items with these tickets (per key) have been flushed."""
-        self._waiting += 1
-        try:
-            async with self._progress:
-                await self._progress.wait_for(
-                    lambda: all(self._sent.get(k, 0) >= n for k, n in tickets.items())
-                )
-        finally:
-            self._waiting -= 1
+        if self._done(tickets):
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((tickets, fut))
+        await fut
+
+    def _done(self, tickets: dict[K, int]) -> bool:
+        sent = self._sent
+        return all(sent.get(k, 0) >= n for k, n in tickets.items())
+
+    def _wake_sent(self) -> None:
+        """Wake the callers of ``sent`` whose tickets have all been flushed (and drop
+        those no longer waiting: cancelled)."""
+        waiting = []
+        for entry in self._waiters:
+            fut = entry[1]
+            if fut.done():
+                continue
+            if self._done(entry[0]):
+                fut.set_result(None)
+            else:
+                waiting.append(entry)
+        self._waiters = waiting
 
     async def handed(self, key: K) -> None:
         """Wait until the items queued for ``key`` so far are handed to a flush and it
@@ -282,26 +296,30 @@ class Batcher(Generic[K, T]):
         try:
             await asyncio.sleep(0)  # let the current turn add its items
             loop = asyncio.get_running_loop()
+            # without a linger, the rates are never asked for: not kept either
+            lingers = self.linger_s > 0
             while True:
-                now = loop.time()
-                if self._lingers(key, now):
-                    wait = self._linger_until(key, now) - now
-                    if wait > 0:
-                        await asyncio.sleep(wait)
+                if lingers:
+                    now = loop.time()
+                    if self._lingers(key, now):
+                        wait = self._linger_until(key, now) - now
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                 items = self._pending.pop(key, None)
                 if not items:
                     return
-                self._note_rate(key, len(items), loop.time())
+                if lingers:
+                    self._note_rate(key, len(items), loop.time())
                 self._flushing.add(key)
                 self._wake_handed(key)  # they resume once this flush has sent and waits
-                for i in range(0, len(items), self.max_items):
-                    chunk = items if len(items) <= self.max_items else items[i : i + self.max_items]
+                n, most = len(items), self.max_items
+                for i in range(0, n, most):
+                    chunk = items if n <= most else items[i : i + most]
                     await self._flush(key, chunk)
                     self.sent_traffic.note(len(chunk))
                     self._sent[key] = self._sent.get(key, 0) + len(chunk)
-                    if self._waiting:
-                        async with self._progress:
-                            self._progress.notify_all()
+                    if self._waiters:
+                        self._wake_sent()
                 self._flushing.discard(key)
         finally:
             self._flushing.discard(key)

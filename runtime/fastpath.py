@@ -64,6 +64,10 @@ class Head(NamedTuple):
     over), as ``security.signing`` reads them."""
 
 
+_new_head = tuple.__new__
+"""``Head(...)`` without the generated ``__new__``'s Python call (every field given)."""
+
+
 def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
     """The head at the start of ``buf`` if this path reads it, else ``HANDOVER``.  A
     head not whole in ``buf`` is handed over too: a peer writes each request in one
@@ -92,7 +96,7 @@ def parse_head(buf: bytes, routes: frozenset[bytes]) -> Head | _Handover:
     length = _length(low)
     if length is None:
         return HANDOVER
-    return Head(path.decode("ascii"), fields, length, end + 4, low)
+    return _new_head(Head, (path.decode("ascii"), fields, length, end + 4, low))
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"

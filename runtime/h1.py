@@ -80,6 +80,10 @@ class Answer(NamedTuple):
         return CIMultiDictProxy(CIMultiDict(self.pairs))
 
 
+_new_answer = tuple.__new__
+"""``Answer(...)`` without the generated ``__new__``'s Python call (every field given)."""
+
+
 # ------------------------------------------------------------------ parsing
 class ResponseParser:
     """Sans-IO: ``feed`` bytes as they come; ``answer`` is set once a whole response
@@ -249,7 +253,7 @@ class ResponseParser:
 
     def _finish(self, body: bytes) -> None:
         assert self._headers is not None
-        self.answer = Answer(self._status, self._headers, body, self._fields)
+        self.answer = _new_answer(Answer, (self._status, self._headers, body, self._fields))
 
 
 _T = r"!#$%&'*+\-.^_`|~0-9A-Za-z"

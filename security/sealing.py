@@ -151,6 +151,11 @@ def seal(
     return headers
 
 
+MAX_PLANS = 256
+"""(stream, receivers) a ``Sealer`` keeps worked out (an LM has a stream per GM and one
+for its state); past this many, the others are worked out each time."""
+
+
 class Sealer:
     """One sender's sealing state: its key (or its channel keys, by receiver), this run's
     epoch, the next sequence number."""
@@ -161,17 +166,53 @@ class Sealer:
         self.epoch = epoch
         self._key = key if isinstance(key, bytes) else dict(key)
         self.seq = 0
+        self._who = str(sender)
+        self._plans: dict[
+            tuple[str, tuple[Identity, ...] | None], tuple[tuple[str, bytes], ...]
+        ] = {}
+        """By stream and receivers: the stream checked, and each MAC's header and key
+        (``seal``'s headers, worked out once: an LM seals every batch of events)."""
 
     def seal(
         self, body: bytes, stream: str, to: Iterable[Identity] | None = None
     ) -> dict[str, HeaderValue]:
         """Headers for the next message; every stream sees increasing numbers.  A sealer
-        of channel keys seals for the receivers ``to`` (None: all it has keys for)."""
+        of channel keys seals for the receivers ``to`` (None: all it has keys for).
+        The same headers as ``seal`` makes, with the stream and keys looked up once."""
         self.seq += 1
+        seq = self.seq
+        receivers = None if to is None else tuple(to)
+        plan = self._plans.get((stream, receivers))
+        if plan is None:
+            plan = self._plan(stream, receivers)
+        _check_counter("seq", seq)
+        who, epoch = self._who, self.epoch
+        headers: dict[str, HeaderValue] = {
+            HEADER_SENDER: who,
+            HEADER_STREAM: stream,
+            HEADER_EPOCH: epoch,
+            HEADER_SEQ: seq,
+        }
+        for name, k in plan:
+            headers[name] = _mac(k, who, stream, epoch, seq, body)
+        return headers
+
+    def _plan(
+        self, stream: str, receivers: tuple[Identity, ...] | None
+    ) -> tuple[tuple[str, bytes], ...]:
+        if not _STREAM.fullmatch(stream):
+            raise ValueError(f"bad stream name {stream!r}")
         key = self._key
-        if not isinstance(key, bytes) and to is not None:
-            key = {r: key[r] for r in to}
-        return seal(body, self.sender, self.epoch, self.seq, key, stream=stream)
+        if isinstance(key, bytes):
+            plan: tuple[tuple[str, bytes], ...] = ((HEADER_MAC, key),)
+        else:
+            keys = key if receivers is None else {r: key[r] for r in receivers}
+            if not keys:
+                raise ValueError("a seal for receivers needs at least one")
+            plan = tuple((mac_header(r), k) for r, k in keys.items())
+        if len(self._plans) < MAX_PLANS:
+            self._plans[(stream, receivers)] = plan
+        return plan
 
 
 @dataclass(frozen=True, slots=True)

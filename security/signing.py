@@ -380,6 +380,10 @@ class Claim(NamedTuple):
         return self.who or str(self.identity)
 
 
+_new_claim = tuple.__new__
+"""``Claim(...)`` without the generated ``__new__``'s Python call (every field given)."""
+
+
 def _incarnation(h: Mapping[str, str], twice: bool) -> str:
     if twice:
         raise _refuse(Refusal.MALFORMED, f"header {HEADER_INCARNATION} given twice")
@@ -431,7 +435,7 @@ def _parse(headers: Mapping[str, str]) -> Claim:
     if not _HEX64.fullmatch(digest) or not _HEX64.fullmatch(signature):
         raise _refuse(Refusal.MALFORMED, f"{HEADER_DIGEST} and {HEADER_SIGNATURE} are lower hex")
     incarnation = _incarnation(h, incarnation_twice)
-    return Claim(identity, millis, nonce, digest, signature, incarnation, who)
+    return _new_claim(Claim, (identity, millis, nonce, digest, signature, incarnation, who))
 
 
 def _check_mac(claim: Claim, kind: str, method: str, path: str, key: bytes) -> None:

@@ -178,3 +178,40 @@ def test_handed_returns_at_once_with_nothing_queued_or_a_linger() -> None:
     assert asyncio.run(run(0.0, queue=False))
     assert asyncio.run(run(0.05, queue=True))
     assert not asyncio.run(run(0.0, queue=True))  # queued, no linger: it waits
+
+
+def test_sent_wakes_each_waiter_once_its_own_tickets_are_flushed() -> None:
+    """Waiters on several keys wake as the last of their tickets is flushed, not before;
+    a waiter that was cancelled is dropped, and the others still wake."""
+
+    async def run() -> list[str]:
+        gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+        woke: list[str] = []
+
+        async def flush(key: str, _: list[int]) -> None:
+            await gates[key].wait()
+
+        async def wait(name: str, tickets: dict[str, int]) -> None:
+            await b.sent(tickets)
+            woke.append(name)
+
+        async with Supervisor("test") as sup:
+            b: Batcher[str, int] = Batcher(sup, flush, "test")
+            ta, tb = b.add("a", 1), b.add("b", 2)
+            both = asyncio.create_task(wait("both", {"a": ta, "b": tb}))
+            only_a = asyncio.create_task(wait("a", {"a": ta}))
+            gone = asyncio.create_task(wait("gone", {"a": ta}))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            gone.cancel()
+            gates["a"].set()
+            await only_a
+            assert woke == ["a"]  # "both" still waits for b's flush
+            gates["b"].set()
+            await both
+            assert woke == ["a", "both"]
+            assert b._waiters == []
+            await b.sent({"a": ta, "b": tb})  # all flushed: at once
+        return woke
+
+    assert asyncio.run(run()) == ["a", "both"]

@@ -331,8 +331,8 @@ def test_a_waiting_call_cancelled_frees_its_connection() -> None:
 
 # ------------------------------------------------------------------ batcher
 def test_a_flush_nobody_waits_for_takes_no_lock_and_a_waiter_is_still_woken() -> None:
-    """``Batcher.sent``'s waiters are woken after each flush; with none, a flush leaves
-    the condition alone (its lock and notify were per flush)."""
+    """``Batcher.sent``'s waiters are woken after each flush; with none, a flush wakes
+    nobody (a lock and notify were once per flush)."""
     from runtime.driver import Batcher
     from runtime.supervisor import Supervisor
 
@@ -344,14 +344,14 @@ def test_a_flush_nobody_waits_for_takes_no_lock_and_a_waiter_is_still_woken() ->
 
         async with Supervisor("test") as sup:
             b: Batcher[str, int] = Batcher(sup, flush, "test")
-            with mock.patch.object(b, "_progress", mock.Mock(side_effect=AssertionError)):
+            with mock.patch.object(b, "_wake_sent", mock.Mock(side_effect=AssertionError)):
                 b.add("k", 1)
                 for _ in range(5):
                     await asyncio.sleep(0)
             assert flushed == [[1]]
             ticket = b.add("k", 2)
             await asyncio.wait_for(b.sent({"k": ticket}), 5.0)  # woken by the flush
-            assert b._waiting == 0
+            assert b._waiters == []
         return flushed
 
     assert asyncio.run(run()) == [[1], [2]]
