@@ -197,8 +197,6 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             handler = self._handlers[type(msg)]
         except KeyError:
             raise TypeError(f"a GM does not handle {type(msg).__name__}") from None
-        if self.placer.shy_due <= now:
-            self._shy_over(now)
         effects = handler(msg, now)
         if self._index and self.waiting:
             self._wake(now)
@@ -264,25 +262,10 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         time; a time at or before now: the next update may act."""
         if self._held:
             return -math.inf
-        keep = min(self.ledger.next_keep_due(), self.placer.shy_due)
+        keep = self.ledger.next_keep_due()
         if self._index and self.waiting:
             return min(keep, self.fairness.next_check())
         return keep
-
-    def _shy_over(self, now: float) -> None:
-        """Back-offs from LMs' foreign partitions that end at ``now``
-        (``Placer.shy``): their nodes with room count as freed (a task that waited
-        meanwhile is woken), and parked queues get a new chance."""
-        over = self.placer.expire(now)
-        for lm in over:
-            view = self.views.get(lm)
-            if view is None:
-                continue
-            part = view.partitions.get(self.gm_id)
-            foreign = view.avail if part is None else view.avail & ~part
-            view.freed.update(foreign.search(1))
-        if over:
-            self.queues.new_epoch()
 
     # ------------------------------------------------------------ settling, ends
     def _settle(self, task: Task, effects: list[Effect]) -> None:
@@ -565,7 +548,6 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             return []
         lm = snap.layout.lm
         self.placer.forget_feasible()
-        self.placer.unshy(lm)
         self.fairness.rescale(views.capacity)
         self.inflight.rescale()
         self.queues.set_cluster(views.capacity, views.node_caps)

@@ -22,12 +22,11 @@ from common.messages import (
     StateDelta,
 )
 from common.model import Phase, Task, TaskKey, WaitReason
-from common.reasons import ENDED_ANSWERS, NO_ROOM, Answer, TaskFailure
+from common.reasons import ENDED_ANSWERS, Answer, TaskFailure
 from global_master.ledger import InFlight, round_trip
 
 if TYPE_CHECKING:
     from common.metrics import GmCounters
-    from common.overload import OverloadPolicy
     from global_master.core import Batches
     from global_master.fairness import Fairness
     from global_master.journal import Journal
@@ -59,7 +58,6 @@ class Answers:
         journal: Journal | None
         ledger: Ledger
         outbox: Outbox
-        overload: OverloadPolicy
         placer: Placer
         queues: UserQueues
         views: dict[LmId, LmView]
@@ -105,7 +103,6 @@ class Answers:
                 self.counters.stale_updates += 1
             results, rid, inflight = resp.results, resp.request_id, self.inflight
             n = len(results)
-            crowded = bold = False  # a repartition refused for want of room / accepted
             for i, key in enumerate(sent[1]):
                 fl = inflight.get(key)  # (``_answered``, inline)
                 if fl is None or fl.request_id != rid:
@@ -118,12 +115,8 @@ class Answers:
                 if not res.accepted or stale:
                     self._inconsistency(fl.repartition)
                     why = TaskFailure.STALE_INCARNATION if res.accepted else res.reason
-                    if fl.repartition and why in NO_ROOM and self.overload.reroute_at_lm:
-                        crowded = True  # (it tried every node of its own first)
                     retry.append(self._refused(task, now, resp.lm, why))
                     continue
-                if fl.repartition:
-                    bold = True
                 if self.placer.retries or self.fairness.tried or self.classes.tried:
                     self._forget(key)  # (any held)
                 task.lm = resp.lm
@@ -134,10 +127,6 @@ class Answers:
                     self.journal.note(key, now, "accepted", lm=resp.lm, node=res.node,
                                       detail=res.reason)  # fmt: skip
                 self._accepted(task, res.reason, res.attempt, now, effects)
-            if bold:
-                self.placer.bold(resp.lm)
-            if crowded:  # its foreign partitions are taken as they free: back off
-                self.placer.shy(resp.lm, now, now - resp.request_sent_at)
         effects.extend(self._apply(resp.delta))  # a new epoch if the delta changed the view
         effects.extend(self._retry(retry, now))
         return effects

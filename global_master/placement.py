@@ -22,16 +22,6 @@ Invariants:
 * **Inconsistency**: an LM that refuses a placement answers with its state; the GM
   retries the decision at once, at most ``max_retries`` times a task (``retry``),
   then the task goes to the back of its queue.
-* **Back-off from contended partitions**: an LM that refuses a *repartition* for want
-  of room (after trying every node of its own: ``reroute``) says that other GMs use
-  what its foreign partitions free as fast as this GM's view sees it (they are
-  loaded, not idle).  The GM then makes no repartition onto that LM for a while
-  (``shy``): the refused request's round trip, doubled at each such refusal in a row
-  (at most ``SHY_DOUBLINGS`` times), reset once a repartition there is accepted.  Its
-  own partitions are never shunned, so under a federation-wide overload each GM keeps
-  to its own nodes instead of racing the owners for theirs; a partition that is idle
-  refuses nothing and is used as before.  When a back-off ends (``expire``) the LM's
-  foreign nodes with room count as freed, so a task that waited meanwhile is woken.
 * **Wake**: a task that found no room waits (FIFO queues: ``WaitingTasks``) until a
   node's free resources grow in a view (``LmView.freed``); ``woken`` takes, per freed
   node and class, as many as the node's room holds.  No lost wake-up: every growth of
@@ -46,18 +36,12 @@ views it reads belong to the core, which reserves what a match returns.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 
 from common.ids import GmId, LmId, UserId
 from common.model import Resources, Task, TaskKey
 from global_master.queues import NodeChooser, WaitClass, WaitingTasks
 from global_master.view import LmView
-
-SHY_DOUBLINGS = 4
-"""A back-off from an LM's foreign partitions is at most 2**4 round trips."""
-SHY_MIN_S = 0.001
-"""...and at least a millisecond per round trip (a simulated one may take no time)."""
 
 
 class Placer:
@@ -72,13 +56,6 @@ class Placer:
         self._feasible: dict[tuple[int, tuple[int, ...]], bool] = {}
         self.retries: dict[TaskKey, int] = {}
         """Inconsistency retries per task (read-only outside: empty means none held)."""
-        self.shy_until: dict[LmId, float] = {}
-        """LMs onto which no repartition goes until the time given (read-only outside:
-        empty means none shunned)."""
-        self.shy_due = math.inf
-        """When the earliest back-off ends."""
-        self._shy_streak: dict[LmId, int] = {}
-        """Repartitions refused in a row per LM (the back-off's doublings)."""
 
     def match(
         self,
@@ -111,7 +88,7 @@ class Placer:
         """Alg. 1 both ways, as ``match`` internal then ``match`` external (one call: a
         decision's hot path): the view, the node, and whether it is a repartition.
         None: no node of any kind fits."""
-        lms, n, me, rr, shy = self.lms, len(self.lms), self.gm, self.rr, self.shy_until
+        lms, n, me, rr = self.lms, len(self.lms), self.gm, self.rr
         fit = choose or LmView.first_fit
         full_skips = fit is LmView.first_fit and all(demand)  # first fit needs an avail node
         for internal in (True, False):
@@ -121,8 +98,6 @@ class Placer:
                 view = views[lms[at]]
                 if full_skips and not view.avail.any():
                     continue
-                if shy and not internal and view.lm in shy:
-                    continue  # backing off from its foreign partitions (``shy``)
                 node = fit(view, view.eligible(mask, me, internal), demand)
                 if node >= 0:
                     rr[internal] = at
@@ -159,34 +134,6 @@ class Placer:
     def forget(self, key: TaskKey) -> None:
         """Task ``key`` was placed, went back to its queue, or ended: no retries held."""
         self.retries.pop(key, None)
-
-    def shy(self, lm: LmId, now: float, round_trip: float) -> None:
-        """``lm`` refused a repartition for want of room: none goes there for the
-        refused request's round trip, doubled per refusal in a row."""
-        streak = self._shy_streak.get(lm, 0)
-        self._shy_streak[lm] = min(streak + 1, SHY_DOUBLINGS)
-        until = now + max(round_trip, SHY_MIN_S) * (1 << streak)
-        if until > self.shy_until.get(lm, -math.inf):
-            self.shy_until[lm] = until
-            self.shy_due = min(self.shy_due, until)
-
-    def bold(self, lm: LmId) -> None:
-        """A repartition on ``lm`` was accepted: its back-off starts afresh."""
-        self._shy_streak.pop(lm, None)
-
-    def expire(self, now: float) -> list[LmId]:
-        """The LMs whose back-off is over at ``now`` (no longer shunned)."""
-        over = [lm for lm, until in self.shy_until.items() if until <= now]
-        for lm in over:
-            del self.shy_until[lm]
-        self.shy_due = min(self.shy_until.values(), default=math.inf)
-        return over
-
-    def unshy(self, lm: LmId) -> None:
-        """``lm``'s view was made anew (a snapshot): no back-off from it holds."""
-        self._shy_streak.pop(lm, None)
-        if self.shy_until.pop(lm, None) is not None:
-            self.shy_due = min(self.shy_until.values(), default=math.inf)
 
 
 def woken(
