@@ -36,7 +36,7 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -272,7 +272,17 @@ class LocalMaster(GangRequests, Registration):
             self.counters.refused_requests += 1
             return [Reply(refused)]
         effects: list[Effect] = []
-        results = tuple(self._launch_one(req.gm, p, now, effects) for p in req.placements)
+        placements = req.placements
+        if self.reroute and len(placements) > 1:
+            # the nodes placements still to be judged ask for: a reroute leaves them alone
+            asked = Counter(p.node for p in placements)
+            out = []
+            for p in placements:
+                asked[p.node] -= 1
+                out.append(self._launch_one(req.gm, p, now, effects, asked))
+            results = tuple(out)
+        else:
+            results = tuple(self._launch_one(req.gm, p, now, effects) for p in placements)
         response = LaunchResponse(
             gm=req.gm,
             lm=self.lm_id,
@@ -306,7 +316,12 @@ class LocalMaster(GangRequests, Registration):
         return None
 
     def _launch_one(
-        self, gm: GmId, p: Placement, now: float, effects: list[Effect]
+        self,
+        gm: GmId,
+        p: Placement,
+        now: float,
+        effects: list[Effect],
+        asked: Mapping[int, int] | None = None,
     ) -> PlacementResult:
         spec = p.spec
         why = refused_user(self.owners, spec.user, gm)
@@ -320,7 +335,11 @@ class LocalMaster(GangRequests, Registration):
         nodes = self.nodes
         node: int = p.node
         reason = nodes.check(spec, node)
-        if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
+        if (
+            reason in NO_ROOM
+            and self.reroute
+            and (other := nodes.first_fit(spec, gm, spare=asked, from_end=True)) >= 0
+        ):
             node, reason = other, _REROUTED
             self.counters.rerouted += 1
         elif reason is Answer.INSUFFICIENT_RESOURCES and self._backfill(key_of(spec), p, now):
