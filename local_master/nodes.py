@@ -320,6 +320,13 @@ class NodeTable:
                 return spared
         return -1
 
+    def reroute(self, spec: TaskSpec, gm: GmId, asked: Mapping[int, int] | None) -> int:
+        """Where a placement of ``gm`` whose node had no room goes instead: the last node
+        that fits, in ``gm``'s partition first (``gm`` fills it from the first, so its next
+        decisions do not find it taken), sparing the nodes ``asked`` by placements of the
+        same request still to be judged; -1 if none fits."""
+        return self.first_fit(spec, gm, spare=asked, from_end=True)
+
     def place(
         self,
         spec: TaskSpec,
