@@ -272,9 +272,9 @@ class LocalMaster(GangRequests, Registration):
             self.counters.refused_requests += 1
             return [Reply(refused)]
         effects: list[Effect] = []
-        # the nodes the placements not yet judged ask for: a reroute leaves them alone
-        asked = Counter(p.node for p in req.placements) if self.reroute else None
-        results = tuple(self._launch_one(req.gm, p, now, effects, asked) for p in req.placements)
+        ps = req.placements  # (``asked``: the nodes of those not yet judged, ``nodes.reroute``)
+        asked: Counter[int] | None = Counter(p.node for p in ps) if self.reroute else None
+        results = tuple(self._launch_one(req.gm, p, now, effects, asked) for p in ps)
         response = LaunchResponse(
             gm=req.gm,
             lm=self.lm_id,
