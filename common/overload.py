@@ -67,7 +67,7 @@ class OverloadPolicy:
     first."""
     reroute_at_lm: bool = False
     """An LM that finds no room on the node a placement asked for (the GM's view was
-    stale: an inconsistency) places the task on the first node that fits, in that GM's
+    stale: an inconsistency) places the task on the last node that fits, in that GM's
     partition first, then in another's (a repartition), instead of refusing it: the
     GM's retry, on the LM's true state and without the round trip."""
 

@@ -16,7 +16,7 @@ Theory of operation (Megha paper §IV-A, §IV-B4, §IV-B6, §IV-C, §IV-D):
   true state cannot satisfy is refused (an *inconsistency*) and every response
   piggybacks a delta of the cluster's state since the version the GM said it knows.
   With ``reroute``, a placement refused only because its node has no room (or is
-  down) goes instead to the first node that fits, in the GM's own partition first,
+  down) goes instead to the last node that fits (``nodes.reroute``), the GM's first,
   then in another's (a repartition): Alg. 1 on the true state, without a round trip.
 * **Attempts**: each placement is an attempt of a task; a launch of the attempt the
   LM already holds (or recently finished: ``ends.Ends``) is a duplicate and changes
@@ -36,7 +36,7 @@ sockets or randomness: ``now`` is an argument, effects are returned.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -272,7 +272,9 @@ class LocalMaster(GangRequests, Registration):
             self.counters.refused_requests += 1
             return [Reply(refused)]
         effects: list[Effect] = []
-        results = tuple(self._launch_one(req.gm, p, now, effects) for p in req.placements)
+        ps = req.placements  # (``asked``: the nodes of those not yet judged, ``nodes.reroute``)
+        asked: Counter[int] | None = Counter(p.node for p in ps) if self.reroute else None
+        results = tuple(self._launch_one(req.gm, p, now, effects, asked) for p in ps)
         response = LaunchResponse(
             gm=req.gm,
             lm=self.lm_id,
@@ -306,9 +308,11 @@ class LocalMaster(GangRequests, Registration):
         return None
 
     def _launch_one(
-        self, gm: GmId, p: Placement, now: float, effects: list[Effect]
+        self, gm: GmId, p: Placement, now: float, effects: list[Effect], asked: Counter[int] | None
     ) -> PlacementResult:
         spec = p.spec
+        if asked is not None:
+            asked[p.node] -= 1  # (this one is being judged)
         why = refused_user(self.owners, spec.user, gm)
         if why is not None:
             self.counters.refused_foreign += 1
@@ -320,7 +324,7 @@ class LocalMaster(GangRequests, Registration):
         nodes = self.nodes
         node: int = p.node
         reason = nodes.check(spec, node)
-        if reason in NO_ROOM and self.reroute and (other := nodes.first_fit(spec, gm)) >= 0:
+        if reason in NO_ROOM and self.reroute and (other := nodes.reroute(spec, gm, asked)) >= 0:
             node, reason = other, _REROUTED
             self.counters.rerouted += 1
         elif reason is Answer.INSUFFICIENT_RESOURCES and self._backfill(key_of(spec), p, now):

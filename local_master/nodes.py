@@ -26,7 +26,7 @@ does) and returns values: deltas, layouts, events and effects' messages.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -290,18 +290,42 @@ class NodeTable:
                 return _NO_ROOM
         return _OK
 
-    def first_fit(self, spec: TaskSpec, gm: GmId, *, elsewhere: bool = True) -> int:
+    def first_fit(
+        self,
+        spec: TaskSpec,
+        gm: GmId,
+        *,
+        elsewhere: bool = True,
+        spare: Mapping[int, int] | None = None,
+        from_end: bool = False,
+    ) -> int:
         """The first node that fits ``spec`` now, in ``gm``'s partition first, then (if
-        ``elsewhere``) in the others; -1 if none does."""
+        ``elsewhere``) in the others; -1 if none does.  ``spare``: nodes (with a count
+        above 0) left alone while another node fits, so a reroute does not take the
+        node that a later placement of the same request asks for."""
         order = self._partition.get(gm)
         if order is None:
             mine = [i for i, h in enumerate(self.home) if h == gm]
             order = self._partition[gm] = (mine, [i for i, h in enumerate(self.home) if h != gm])
+        check = self.check
         for nodes in order if elsewhere else order[:1]:
-            for i in nodes:
-                if self.check(spec, i) is _OK:
-                    return i
+            spared = -1
+            for i in reversed(nodes) if from_end else nodes:
+                if check(spec, i) is _OK:
+                    if not spare or not spare.get(i):
+                        return i
+                    if spared < 0:
+                        spared = i
+            if spared >= 0:  # (a partition's own order still comes first)
+                return spared
         return -1
+
+    def reroute(self, spec: TaskSpec, gm: GmId, asked: Mapping[int, int] | None) -> int:
+        """Where a placement of ``gm`` whose node had no room goes instead: the last node
+        that fits, in ``gm``'s partition first (``gm`` fills it from the first, so its next
+        decisions do not find it taken), sparing the nodes ``asked`` by placements of the
+        same request still to be judged; -1 if none fits."""
+        return self.first_fit(spec, gm, spare=asked, from_end=True)
 
     def place(
         self,

@@ -618,24 +618,25 @@ def test_a_start_is_sent_again_only_while_the_lm_still_holds_it_there() -> None:
     assert lm.still_starts(StartTask(node=N1, spec=t, attempt=2, gm=GM0))
 
 
-def test_rerouting_places_a_task_whose_node_has_no_room_on_the_first_that_fits() -> None:
-    """The GM's own partition first, then another's (a repartition); a placement no
-    node can take, or a broken one, is still refused."""
+def test_rerouting_places_a_task_whose_node_has_no_room_on_the_last_that_fits() -> None:
+    """The GM's own partition first, then another's (a repartition), each from its last
+    node (the GM fills its partition from the first); a placement no node can take, or
+    a broken one, is still refused."""
     lm = make_lm(nodes=[(4, 4), (2, 2), (4, 4), (4, 4, 0b01)], home=["gm0", "gm0", "gm1", "gm1"],
                  reroute=True)  # fmt: skip
     launch(lm, (make_task(4, 4, user="x"), 0), gm=GmId("gm1"), repartition=True)
     resp, starts = launch(lm, (make_task(2, 2), 0), (make_task(3, 3), 0), known=lm.version)
     assert [(r.accepted, r.reason, r.node) for r in resp.results] == [
         (True, "rerouted", 1),  # gm0's own node 1 fits
-        (True, "rerouted", 2),  # nothing of gm0's does: gm1's node 2, a repartition
+        (True, "rerouted", 3),  # nothing of gm0's does: gm1's last node, a repartition
     ]
-    assert [s.node for s in starts] == [1, 2]  # type: ignore[attr-defined]
-    assert set(resp.delta.nodes) == {1, 2}  # the GM's view learns where they went
+    assert [s.node for s in starts] == [1, 3]  # type: ignore[attr-defined]
+    assert set(resp.delta.nodes) == {1, 3}  # the GM's view learns where they went
     assert (lm.counters.rerouted, lm.counters.repartitions, lm.counters.refused_internal) == (
         2, 2, 0)  # fmt: skip
     resp, _ = launch(lm, (make_task(3, 3), 0), (make_task(1, 1, constraints=0b10), 3))
     assert [(r.accepted, r.reason, r.node) for r in resp.results] == [
-        (True, "rerouted", 3),
+        (True, "rerouted", 2),  # node 3 has (1, 1) left
         (False, "constraints_unmet", -1),  # asked for a node it knows cannot: no guess
     ]
     resp, _ = launch(lm, (make_task(4, 4), 0))
