@@ -217,13 +217,19 @@ def test_job_history_survives_a_gm_restart(fed: Federation, tmp_path: Path) -> N
     assert (
         megha(home, "submit", str(jf), "--user", user, "--wait", "--id", "kept-1").returncode == 0
     )
+    many = tmp_path / "many.json"  # more tasks than nodes: several waves (its own, run alone)
+    many.write_text(json.dumps({"format": "megha-job/1", "name": "many", "count": 12,
+                                "demand": [1], "duration": 0.2}))  # fmt: skip
+    assert (
+        megha(home, "submit", str(many), "--user", user, "--wait", "--id", "many-1").returncode == 0
+    )
     long = JobDef.single(2, [1], 600.0, name="held")
     c = Client.connect(user=user, state_dir=home)
     held = c.submit(long, "held-1")
     held.cancel()
     assert held.wait(timeout_s=60).state == "cancelled"
     before = {j: json.loads(megha(home, "job", j, "--user", user, "--json").stdout)
-              for j in ("kept-1", "held-1", "wide-1")}  # fmt: skip
+              for j in ("kept-1", "held-1", "many-1")}  # fmt: skip
     kill(home, "gm0")
     restart(home, cfg, "gm0")
     for j, doc in before.items():
@@ -231,7 +237,7 @@ def test_job_history_survives_a_gm_restart(fed: Federation, tmp_path: Path) -> N
         assert got.returncode == 0, got.stderr
         assert json.loads(got.stdout) == doc
     listed = json.loads(megha(home, "jobs", "--user", user, "--json").stdout)
-    assert {"kept-1", "held-1", "wide-1"} <= {j["job_id"] for j in listed}
+    assert {"kept-1", "held-1", "many-1"} <= {j["job_id"] for j in listed}
     page = service_state(cfg, home, "gm0")
     assert page["job_history"]["restored_jobs"] >= 3
     after = c.submit(JobDef.single(1, [1], 0.1, name="after"))  # and it goes on
