@@ -60,7 +60,8 @@ async def ack(msg: amqp.Delivery) -> None:
 
 def settle(msg: amqp.Delivery) -> None:
     """``ack`` of a broker's own delivery, without a coroutine or a task: it leaves with
-    its channel's other acks of this loop turn (``amqp.Delivery.ack_now``)."""
+    its channel's other acks of this loop turn (``amqp.Delivery.ack_now``).  A delivery
+    of another kind (a stand-in with only ``async ack``) goes through ``ack``."""
     try:
         msg.ack_now()
     except Exception as exc:  # settled already: the broker will redeliver; the core knows it

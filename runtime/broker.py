@@ -852,7 +852,7 @@ class Delivery:
 
     async def ack(self) -> None:
         """Acked with the channel's other acks of this turn of the loop."""
-        self._settle().ack(self.delivery_tag)
+        self.ack_now()
 
     def ack_now(self) -> None:
         """``ack`` without a coroutine (a caller in a loop callback or a core's effect):

@@ -130,24 +130,34 @@ def seal(
     """The AMQP headers that authenticate ``body`` as ``sender``'s message ``(epoch, seq)``
     on ``stream`` (e.g. ``"state"`` or ``"events.gm0"``): one MAC under ``key``, or, given
     ``{receiver: channel key}``, one per receiver (``mac_header``)."""
+    return _sealed(body, str(sender), epoch, seq, stream, _macs(stream, key))
+
+
+def _macs(stream: str, key: bytes | Mapping[Identity, bytes]) -> tuple[tuple[str, bytes], ...]:
+    """``stream`` checked, and each MAC's header and key: one under ``key``, or one per
+    receiver of ``{receiver: channel key}``."""
     if not _STREAM.fullmatch(stream):
         raise ValueError(f"bad stream name {stream!r}")
+    if isinstance(key, bytes):
+        return ((HEADER_MAC, key),)
+    if not key:
+        raise ValueError("a seal for receivers needs at least one")
+    return tuple((mac_header(r), k) for r, k in key.items())
+
+
+def _sealed(
+    body: bytes, who: str, epoch: int, seq: int, stream: str, macs: tuple[tuple[str, bytes], ...]
+) -> dict[str, HeaderValue]:
     _check_counter("epoch", epoch)
     _check_counter("seq", seq)
-    who = str(sender)
     headers: dict[str, HeaderValue] = {
         HEADER_SENDER: who,
         HEADER_STREAM: stream,
         HEADER_EPOCH: epoch,
         HEADER_SEQ: seq,
     }
-    if isinstance(key, bytes):
-        headers[HEADER_MAC] = _mac(key, who, stream, epoch, seq, body)
-        return headers
-    if not key:
-        raise ValueError("a seal for receivers needs at least one")
-    for receiver, k in key.items():
-        headers[mac_header(receiver)] = _mac(k, who, stream, epoch, seq, body)
+    for name, k in macs:
+        headers[name] = _mac(k, who, stream, epoch, seq, body)
     return headers
 
 
@@ -180,39 +190,16 @@ class Sealer:
         of channel keys seals for the receivers ``to`` (None: all it has keys for).
         The same headers as ``seal`` makes, with the stream and keys looked up once."""
         self.seq += 1
-        seq = self.seq
         receivers = None if to is None else tuple(to)
-        plan = self._plans.get((stream, receivers))
-        if plan is None:
-            plan = self._plan(stream, receivers)
-        _check_counter("seq", seq)
-        who, epoch = self._who, self.epoch
-        headers: dict[str, HeaderValue] = {
-            HEADER_SENDER: who,
-            HEADER_STREAM: stream,
-            HEADER_EPOCH: epoch,
-            HEADER_SEQ: seq,
-        }
-        for name, k in plan:
-            headers[name] = _mac(k, who, stream, epoch, seq, body)
-        return headers
-
-    def _plan(
-        self, stream: str, receivers: tuple[Identity, ...] | None
-    ) -> tuple[tuple[str, bytes], ...]:
-        if not _STREAM.fullmatch(stream):
-            raise ValueError(f"bad stream name {stream!r}")
-        key = self._key
-        if isinstance(key, bytes):
-            plan: tuple[tuple[str, bytes], ...] = ((HEADER_MAC, key),)
-        else:
-            keys = key if receivers is None else {r: key[r] for r in receivers}
-            if not keys:
-                raise ValueError("a seal for receivers needs at least one")
-            plan = tuple((mac_header(r), k) for r, k in keys.items())
-        if len(self._plans) < MAX_PLANS:
-            self._plans[(stream, receivers)] = plan
-        return plan
+        macs = self._plans.get((stream, receivers))
+        if macs is None:
+            key = self._key
+            if not isinstance(key, bytes) and receivers is not None:
+                key = {r: key[r] for r in receivers}
+            macs = _macs(stream, key)
+            if len(self._plans) < MAX_PLANS:
+                self._plans[(stream, receivers)] = macs
+        return _sealed(body, self._who, self.epoch, self.seq, stream, macs)
 
 
 @dataclass(frozen=True, slots=True)
