@@ -206,7 +206,9 @@ def _dag_args(p: argparse.ArgumentParser) -> None:
         "baselines (default fifo; results megha, megha-<policy>); DAG workloads: "
         f"default {dag_run.DAG_POLICIES}",
     )
-    dag.add_argument("--p-altruism", type=float, default=1.0, help="Carbyne P(altruism)")
+    dag.add_argument(
+        "--p-altruism", type=_probability, default=1.0, help="Carbyne P(altruism), 0..1"
+    )
     dag.add_argument(
         "--arrivals",
         choices=("online", "offline"),

@@ -29,6 +29,8 @@ from megha_cli.main import main
         ("--tasks-per-job", "0"),
         ("--mean-duration", "-1"),
         ("--task-constraint-prob", "2"),
+        ("--p-altruism", "2"),  # only a DAG run builds Carbyne: the others ignored it
+        ("--p-altruism", "-0.1"),
         ("--network-delay", "-0.001"),
         ("--gm-decision-cost", "-1"),
     ],
