@@ -55,6 +55,7 @@ class LmView:
         "node_version",
         "partitions",
         "pending",
+        "shape",
         "usage",
         "version",
     )
@@ -63,7 +64,7 @@ class LmView:
         self.lm: LmId = layout.lm
         n = self.n = len(layout.capacity)
         self.capacity: list[Resources] = list(layout.capacity)
-        shape = _shape(layout)
+        shape = self.shape = _shape(layout)
         self.capacity_total: tuple[int, ...] = shape.capacity_total
         """The cluster's capacity in each resource (fixed with the layout)."""
         self.capacity_kinds: frozenset[Resources] = shape.capacity_kinds
@@ -220,6 +221,19 @@ class LmView:
                 changed = True
                 self.usage = dict(delta.usage)
         return changed, gap
+
+    def merge(self, state: StateDelta) -> bool:
+        """A snapshot of the incarnation this view follows: each node taken if newer than
+        the view's (a snapshot answered before an update the view has applied since must
+        not take the view back), and the view complete up to the newer of the two
+        versions.  Whether anything changed."""
+        changed = self._take(state.nodes, state.free, state.node_versions)
+        if state.version >= self.version:
+            self.version = state.version
+            if self.usage != state.usage:
+                changed = True
+                self.usage = dict(state.usage)
+        return changed
 
     def reserve(self, i: int, demand: Resources) -> None:
         """This GM asked for ``demand`` on node ``i``: pending until the answer."""
@@ -394,6 +408,10 @@ class Views:
         if old is not None and snap.state.epoch < old.epoch:
             self.counters.stale_updates += 1
             return None
+        if old is not None and snap.state.epoch == old.epoch and _shape(snap.layout) is old.shape:
+            old.merge(snap.state)  # the same incarnation: its versions order the two
+            self._wanted.discard(lm)
+            return False
         view = LmView(snap.layout)
         view.epoch = snap.state.epoch
         if old is not None:  # keep this GM's in-flight reservations

@@ -24,7 +24,8 @@ task in exactly one state (queued, in flight or placed at its GM, or ended with 
 outcome to its user) and each change of state, message by message, one that
 ``common.transitions.NEXT`` allows, active on at most one LM and then dispatched or placed at its
 GM, a pool never running two attempts of one task, LM versions monotone, GM view
-versions monotone except when a snapshot replaces the view, every ledger adding up.
+versions monotone (a snapshot of the same LM incarnation is merged node by node, so
+not even a stale one takes a view back), every ledger adding up.
 At the end the network is drained, dead workers come back, and every task must have
 an outcome: nothing refused, preempted or orphaned is ever lost, nothing ends twice.
 """
@@ -49,7 +50,6 @@ from common.ids import GmId, LmId, NodeIndex
 from common.messages import (
     CheckWorkers,
     RegisterWorkers,
-    StateSnapshot,
     StateUpdated,
     TaskEvents,
     WorkerHeartbeat,
@@ -185,10 +185,6 @@ class Federation(RuleBasedStateMachine):
         self.net.decide(g, self.tick(), max_tasks)
 
     def _deliver(self, index: int) -> None:
-        env = self.net.wire[index]
-        if isinstance(env.msg, StateSnapshot):
-            # A snapshot replaces the view wholesale: the only way a view may go back.
-            self.view_versions.pop((GmId(env.dst), env.msg.layout.lm), None)
         self.net.deliver(index, self.tick())
 
     @precondition(lambda self: self.net.wire)
