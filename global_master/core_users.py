@@ -22,7 +22,8 @@ from global_master.revocation import USER_REVOKED
 if TYPE_CHECKING:
     from common.metrics import GmCounters
     from global_master.admission import Admission, JobKey
-    from global_master.ledger import InFlightTable, JobRecord, Ledger, LiveTable
+    from global_master.ledger import InFlight, InFlightTable, JobRecord, Ledger, LiveTable
+    from global_master.outbox import Outbox
     from global_master.queues import UserQueues
     from global_master.revocation import Revocations
 
@@ -45,6 +46,7 @@ class UserRequests:
         ledger: Ledger
         live: LiveTable
         inflight: InFlightTable
+        outbox: Outbox
         placed: dict[TaskKey, Task]
         queues: UserQueues
         revocations: Revocations
@@ -58,16 +60,18 @@ class UserRequests:
             reason: str,
             tell: bool = True,
         ) -> None: ...
+        def _release(self, fl: InFlight) -> None: ...
         def _fail(
             self, task: Task, reason: str, effects: list[Effect], *, tell: bool = True
         ) -> None: ...
 
     # ------------------------------------------------------------------ cancel
     def _on_cancel(self, msg: CancelJob, now: float) -> list[Effect]:
-        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, its
-        placed ones are stopped through their LMs (as a preemption stops them) and end
-        when the stop is confirmed; one in flight is stopped once its LM accepts it.
-        None is placed after this.  Idempotent; a job unknown here changes nothing."""
+        """A user cancels one of its jobs: its queued tasks end ``cancelled`` now, and so
+        do those decided but held back by the outbox (never sent); its placed ones are
+        stopped through their LMs (as a preemption stops them) and end when the stop is
+        confirmed; one whose request left is stopped once its LM accepts it.  No
+        request for one leaves after this.  Idempotent; a job unknown here changes nothing."""
         jk = (msg.user, msg.job_id)
         rec = self.jobs.get(jk)
         keys = rec.tasks if rec is not None else self._admitting_keys(jk)
@@ -78,8 +82,15 @@ class UserRequests:
                 continue
             self.cancelled.add(key)
             task = self.live.get(key)
-            if task is None or key in self.inflight:
-                continue  # queued later (then dropped), or stopped once accepted
+            if task is None:
+                continue  # queued later (then dropped)
+            fl = self.inflight.get(key)
+            if fl is not None:
+                if fl.request_id == 0 and self.outbox.withdraw(fl.lm, key):
+                    del self.inflight[key]  # held back (the launch window): never sent
+                    self._release(fl)
+                    self._cancel_ends(task, effects)
+                continue  # sent: stopped once its LM accepts it
             if key in self.placed:
                 if task.lm is not None:
                     stops.setdefault(task.lm, []).append(task)

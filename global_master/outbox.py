@@ -86,6 +86,21 @@ class Outbox:
                     out.append((lm, go))
         return out
 
+    def withdraw(self, lm: LmId, key: TaskKey) -> bool:
+        """Task ``key``'s placement, held back for ``lm``, will not leave (its job was
+        cancelled): whether it was held."""
+        held = self.held.get(lm)
+        if not held:
+            return False
+        kept = [p for p in held if (p.spec.user, p.spec.task_id) != key]
+        if len(kept) == len(held):
+            return False
+        if kept:
+            self.held[lm] = kept
+        else:
+            del self.held[lm]
+        return True
+
     def _release(self, lm: LmId, placements: list[Placement], now: float) -> list[Placement]:
         """What of ``placements`` goes to ``lm`` now; the rest is held."""
         if self._window_full(lm, len(placements)):

@@ -9,6 +9,7 @@ from common.messages import (
     CancelTasks,
     Decide,
     EventKind,
+    LaunchRequest,
     PreemptRequest,
     StartTasks,
     TaskEvents,
@@ -160,3 +161,43 @@ def test_a_task_cancelled_while_its_preemption_is_in_flight_is_stopped_where_it_
     assert net.outcomes[t1].reason == CANCELLED
     assert t1 not in lm1.active
     assert gm.state_of(t1) is None
+
+
+def test_a_task_held_back_by_the_launch_window_ends_at_the_cancel_and_is_never_sent() -> None:
+    """Found by ``test_cancel_stateful``: with a launch window of one, a job's second
+    task is decided while the first one's request is unanswered, and its placement is
+    held in the outbox (in flight, reserved in the view).  The cancel ends it at once
+    and frees its reservation: when the window opens, no request for it leaves."""
+    lm = make_lm("lm0", [(4, 4), (4, 4)])
+    gm = make_gm("gm0", ("lm0",), overload=OverloadPolicy(launch_window=1))
+    net = Network({gm.gm_id: gm}, {lm.lm_id: lm})
+    net.start(0.0)
+    alive(lm, 0.0)
+    specs = [make_task(1, 3, user="u0", task_id=f"t{i}", job="j") for i in range(2)]
+    net.submit(GmId("gm0"), specs, 0.1)
+    net.decide(GmId("gm0"), 0.2)
+    net.decide(GmId("gm0"), 0.3)  # t1 decided, held behind t0's unanswered request
+    (sent,) = [e.msg for e in net.wire if isinstance(e.msg, LaunchRequest)]
+    assert [p.spec.task_id for p in sent.placements] == ["t0"]
+    assert gm.state_of((UserId("u0"), TaskId("t1"))) == TaskState.DISPATCHED
+    net.send(gm.handle(CancelJob(user="u0", job_id="j"), 0.4), 0.4, src_gm=GmId("gm0"))
+    assert net.outcomes[(UserId("u0"), TaskId("t1"))].reason == CANCELLED
+    assert not gm.outbox.held
+    pending = [p for p in gm.views[lm.lm_id].pending if p is not None]
+    assert pending == [[1, 3]]  # t0's reservation only: t1's was given back
+    for _ in range(10):  # t0's answer opens the window: t0 is stopped, t1 never sent
+        if not net.wire:
+            break
+        launched = [
+            p.spec.task_id
+            for e in net.wire
+            if isinstance(e.msg, LaunchRequest)
+            for p in e.msg.placements
+        ]
+        assert "t1" not in launched
+        net.deliver(0, 0.5)
+    net.work_all(0.6)
+    net.run(0.7)
+    assert net.outcomes[(UserId("u0"), TaskId("t0"))].reason == CANCELLED
+    assert not lm.active
+    assert not gm.jobs
