@@ -87,6 +87,16 @@ class Answers:
         def _requeue(self, task: Task, now: float, wait: bool = False) -> None: ...
         def _settle(self, task: Task, effects: list[Effect]) -> None: ...
         def _stop(self, lm: LmId | None, tasks: list[Task]) -> ToLm: ...
+        def _cancel_ends(self, task: Task, effects: list[Effect]) -> None: ...
+        def _dispatch(
+            self,
+            task: Task,
+            view: LmView,
+            node: int,
+            repartition: bool,
+            batches: Batches,
+            now: float,
+        ) -> None: ...
 
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
@@ -211,7 +221,10 @@ class Answers:
 
     def _on_preempt_response(self, resp: PreemptResponse, now: float) -> list[Effect]:
         """Accepted: the task is placed (victims come back to their own GMs).
-        Refused: failed verification, try the next victim (Alg. 2)."""
+        Refused: failed verification; the task is placed if the view the answer brought
+        has room for it, else the next victim is tried (Alg. 2), else it waits as a
+        decision that finds no room has it wait -- unless its job was cancelled
+        meanwhile: then it ends ``cancelled``."""
         key = self.outbox.preempt_answered(resp.request_id)
         effects = self._apply(resp.delta)
         fl = self.inflight.get(key) if key is not None else None
@@ -236,7 +249,16 @@ class Answers:
             return effects
         task.mark(Phase.PROCESSING, now)
         self.queues.on_returned(task, now)
-        lower = task.spec.priority > 0 and self._preempt_lower(task, now, effects)
+        if self.cancelled and key in self.cancelled:  # cancelled while it was asked for
+            self._cancel_ends(task, effects)
+            return effects
+        spec = task.spec
+        found = self.placer.find(self.views, spec.constraints, spec.demand, self.queues.choose_node)
+        if found is not None:  # the view the answer brought has room: no victim needed
+            batches: Batches = {}
+            self._dispatch(task, found[0], found[1], found[2], batches, now)
+            return self._end_round(batches, effects, now)
+        lower = spec.priority > 0 and self._preempt_lower(task, now, effects)
         if not (lower or self._preempt(task, now, effects)):
-            self._requeue(task, now)
+            self._requeue(task, now, wait=True)  # tried against that view: as ``_place``
         return effects

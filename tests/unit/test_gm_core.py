@@ -11,9 +11,10 @@ import pytest
 from msgspec.structs import replace
 
 from common.effects import Effect, JobRefused, JobSettled, Reply, ToLm
-from common.ids import GmId, LmId, NodeIndex, UserId
+from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.messages import (
     AdmitJob,
+    CancelJob,
     EventKind,
     LaunchRequest,
     LaunchResponse,
@@ -29,6 +30,7 @@ from common.messages import (
 from common.model import TaskSpec, TaskState, UserConfig, WaitReason
 from common.overload import OVERLOAD_DEFAULTS, OverloadPolicy
 from global_master.core import AdmissionLimits, GlobalMaster
+from global_master.core_users import CANCELLED
 from local_master.core import LocalMaster
 from tests.conftest import (
     Network,
@@ -384,6 +386,63 @@ def test_failed_verification_tries_the_next_victim_then_requeues() -> None:
     assert victims == [UserId("c"), UserId("a")]
     assert state(gm, t) is TaskState.QUEUED
     assert task_of(gm, t).waits[WaitReason.PREEMPTION_FAILED] == 1
+
+
+def _refusal(gm: GlobalMaster, request_id: int, delta: StateDelta | None = None) -> PreemptResponse:
+    """``lm0``'s refusal of preemption request ``request_id`` (no victim there), with
+    ``delta`` (default: nothing new)."""
+    view = gm.views[LM0]
+    if delta is None:
+        delta = StateDelta(lm=LM0, version=view.version, base_version=view.version, nodes=(),
+                           free=(), node_versions=(), usage=dict(view.usage))  # fmt: skip
+    return PreemptResponse(gm=GM0, lm=LM0, request_id=request_id, accepted=False,
+                           reason="no_victim", node=None, preempted=(), delta=delta)  # fmt: skip
+
+
+def test_a_refused_preemption_of_a_cancelled_job_ends_its_task_and_asks_no_other_victim() -> None:
+    """Found by ``test_cancel_stateful``: a refusal used to try the next victim even
+    when the task's job had been cancelled meanwhile (a request left after the cancel)."""
+    lm = make_lm(nodes=[(10, 10)])
+    gm = fairness_gm({"a": 0.2, "c": 0.2, "b": 0.6})
+    for user, cpu in (("a", 4), ("c", 6)):
+        occupy(lm, make_task(cpu, cpu, user=user))
+    sync_views(gm, lm)
+    t = make_task(2, 2, user="b", job="jb")
+    submit(gm, [t], 0.0)
+    (req,) = preempts(decide(gm, 1.0))
+    assert gm.handle(CancelJob(user=UserId("b"), job_id=JobId("jb")), 1.5) == []  # in flight
+    effects = gm.handle(_refusal(gm, req.request_id), 2.0)
+    assert preempts(effects) == []
+    assert launches(effects) == []
+    (out,) = outcomes(effects)
+    assert (out.task.key, out.finished, out.reason) == (key(t), False, CANCELLED)
+    assert state(gm, t) is None
+
+
+def test_a_refused_preemption_whose_answer_frees_room_places_the_task_there() -> None:
+    """Found by ``test_cancel_stateful`` (a task queued for ever on an idle
+    federation): the refusal's delta changed the view (a node freed) before the task
+    went back to its queue, and the queue parked until the *next* change; and before
+    that, the next victim was asked for though the node had room.  The task is placed
+    on the room the answer's view shows."""
+    lm = make_lm(nodes=[(10, 10)])
+    gm = fairness_gm({"a": 0.2, "c": 0.2, "b": 0.6})
+    occupy(lm, make_task(4, 4, user="a"))
+    c = make_task(6, 6, user="c")
+    occupy(lm, c)
+    sync_views(gm, lm)
+    t = make_task(2, 2, user="b")
+    submit(gm, [t], 0.0)
+    (req,) = preempts(decide(gm, 1.0))
+    assert req.victim == UserId("c")
+    # c's task ends on its own before the preemption request comes: no victim there
+    lm.handle(report(LM0, ReportKind.FINISHED, c, 0, 1.5), 1.5)
+    delta = lm.nodes.delta_since(gm.views[LM0].version)
+    effects = gm.handle(_refusal(gm, req.request_id, delta), 2.0)
+    assert preempts(effects) == []  # not a (needless) preemption of a's task
+    (launch,) = launches(effects)
+    assert [p.spec for p in launch.placements] == [t]
+    assert state(gm, t) is TaskState.DISPATCHED
 
 
 def test_at_share_user_is_requeued_at_the_back() -> None:
