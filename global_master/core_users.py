@@ -137,6 +137,11 @@ class UserRequests:
         effects: list[Effect] = []
         for task in taken:
             self._revoked(task, effects)
+        for key, fl in list(self.inflight.items()):  # decided, held back: never sent
+            if key[0] == msg.user and fl.request_id == 0 and self.outbox.withdraw(fl.lm, key):
+                del self.inflight[key]
+                self._release(fl)
+                self._revoked(fl.task, effects)
         effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
         return effects
 

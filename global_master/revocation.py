@@ -1,7 +1,8 @@
 """Users whose token was revoked (``megha user revoke``): none of their tasks runs on.
 
 The GM's driver sees the token store change and feeds ``UserAccess``.  Its queued and
-waiting tasks end at once with ``user_revoked``; every LM is told to stop the attempts
+waiting tasks, and those decided but held back by the outbox (never sent), end at once
+with ``user_revoked``; every LM is told to stop the attempts
 this GM placed there for the user (``StopUserTasks``), which come back ``PREEMPTED``
 and, placed again, end ``user_revoked`` instead.  A launch the LM took after the stop
 (it crossed it) is stopped again when its acceptance arrives.  The broker login goes

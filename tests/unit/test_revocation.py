@@ -4,7 +4,8 @@ stopped by their LMs (issue 32, item 2; ``global_master.revocation``)."""
 from __future__ import annotations
 
 from common.ids import GmId, LmId, TaskId, UserId
-from common.messages import StopUserTasks, UserAccess
+from common.messages import LaunchRequest, StopUserTasks, UserAccess
+from common.overload import OverloadPolicy
 from global_master.revocation import USER_REVOKED
 from security.identity import gm, lm, user, workers
 from security.signing import may_call
@@ -104,3 +105,35 @@ def test_only_a_gm_may_ask_an_lm_to_stop_a_users_tasks() -> None:
     assert may_call(gm("gm0"), lm("lm0"), "POST", "/v1/stop-user")
     assert not may_call(workers("lm0"), lm("lm0"), "POST", "/v1/stop-user")
     assert not may_call(user("u0"), lm("lm0"), "POST", "/v1/stop-user")
+
+
+def test_a_task_held_back_by_the_launch_window_is_never_sent_once_its_user_is_revoked() -> None:
+    """With a launch window of one, u0's second task is decided while the first one's
+    request is unanswered: its placement waits in the outbox.  Revoked then, it ends
+    ``user_revoked`` at once and no request for it leaves when the window opens (it
+    used to leave, start on the LM after the stop, and be stopped again)."""
+    users = (("u0", "gm0", 1.0),)
+    gm0 = make_gm(users=users, overload=OverloadPolicy(launch_window=1))
+    net = Network({GM0: gm0}, {LM0: make_lm(nodes=[(4, 8), (4, 8)])})
+    net.start(0.0)
+    specs = [make_task(4, 8, user="u0", job="j0", duration=60.0) for _ in range(2)]
+    net.submit(GM0, specs, 1.0)
+    net.decide(GM0, 1.0)
+    net.decide(GM0, 1.0)  # the second one held behind the first one's request
+    assert gm0.outbox.held
+    net.send(gm0.handle(UserAccess(user=U0), 1.1), 1.1, src_gm=GM0)
+    assert net.outcomes[(U0, specs[1].task_id)].reason == USER_REVOKED
+    assert not gm0.outbox.held
+    for _ in range(20):
+        launched = [p.spec.task_id for e in net.wire if isinstance(e.msg, LaunchRequest)
+                    for p in e.msg.placements]  # fmt: skip
+        assert specs[1].task_id not in launched
+        if not net.wire:
+            break
+        net.deliver(0, 1.2)
+    net.work_all(1.3)
+    net.run(1.3)
+    net.decide(GM0, 1.4)
+    net.run(1.4)
+    assert net.running == []
+    assert net.outcomes[(U0, specs[0].task_id)].reason == USER_REVOKED
