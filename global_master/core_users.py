@@ -84,11 +84,8 @@ class UserRequests:
             task = self.live.get(key)
             if task is None:
                 continue  # queued later (then dropped)
-            fl = self.inflight.get(key)
-            if fl is not None:
-                if fl.request_id == 0 and self.outbox.withdraw(fl.lm, key):
-                    del self.inflight[key]  # held back (the launch window): never sent
-                    self._release(fl)
+            if key in self.inflight:
+                if self._withdrawn(key) is not None:  # held back: never sent
                     self._cancel_ends(task, effects)
                 continue  # sent: stopped once its LM accepts it
             if key in self.placed:
@@ -101,6 +98,17 @@ class UserRequests:
         if keys:
             self.counters.jobs_cancelled += 1
         return effects
+
+    def _withdrawn(self, key: TaskKey) -> Task | None:
+        """Task ``key``, decided but held back by the outbox (the launch window): taken
+        back before its request leaves, out of flight and its reservation released; None
+        if it is not held."""
+        fl = self.inflight.get(key)
+        if fl is None or fl.request_id != 0 or not self.outbox.withdraw(fl.lm, key):
+            return None
+        del self.inflight[key]
+        self._release(fl)
+        return fl.task
 
     def _admitting_keys(self, jk: tuple[UserId, JobId]) -> list[TaskKey]:
         """The tasks of job ``jk`` if it is still being admitted (none queued yet, or
@@ -137,11 +145,9 @@ class UserRequests:
         effects: list[Effect] = []
         for task in taken:
             self._revoked(task, effects)
-        for key, fl in list(self.inflight.items()):  # decided, held back: never sent
-            if key[0] == msg.user and fl.request_id == 0 and self.outbox.withdraw(fl.lm, key):
-                del self.inflight[key]
-                self._release(fl)
-                self._revoked(fl.task, effects)
+        for key in [k for k in self.inflight if k[0] == msg.user]:
+            if (held := self._withdrawn(key)) is not None:  # never sent
+                self._revoked(held, effects)
         effects.extend(self.revocations.stops(self.gm_id, msg.user, self.lms))
         return effects
 
