@@ -15,7 +15,8 @@ Invariants:
   one repartition request per LM is in flight and at most one leaves per
   ``repartition_period_s``; repartitions decided meanwhile travel together in the next.
   A held placement stays reserved in the GM's view and its task in flight
-  (DISPATCHED) in the ledger: only its request waits.
+  (DISPATCHED) in the ledger: only its request waits; a cancel or a revocation takes it
+  back before it leaves (``withdraw``).
 * Nothing here is stale: it is what this GM sent and has not heard back about.
 
 Who changes what: the outbox holds requests, not tasks; it says what to send and
@@ -88,7 +89,7 @@ class Outbox:
 
     def withdraw(self, lm: LmId, key: TaskKey) -> bool:
         """Task ``key``'s placement, held back for ``lm``, will not leave (its job was
-        cancelled): whether it was held."""
+        cancelled, its user revoked): whether it was held."""
         held = self.held.get(lm)
         if not held:
             return False

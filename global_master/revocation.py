@@ -2,9 +2,9 @@
 
 The GM's driver sees the token store change and feeds ``UserAccess``.  Its queued and
 waiting tasks, and those decided but held back by the outbox (never sent), end at once
-with ``user_revoked``; every LM is told to stop the attempts
-this GM placed there for the user (``StopUserTasks``), which come back ``PREEMPTED``
-and, placed again, end ``user_revoked`` instead.  A launch the LM took after the stop
+with ``user_revoked``; every LM is told to stop the attempts this GM placed there for
+the user (``StopUserTasks``), which come back ``PREEMPTED`` and, placed again, end
+``user_revoked`` instead.  A launch the LM took after the stop
 (it crossed it) is stopped again when its acceptance arrives.  The broker login goes
 with the token (``federation.users.revoke_user``), so nothing new comes in.
 """
