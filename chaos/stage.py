@@ -103,6 +103,10 @@ def stage(sc: Scenario, base: FederationConfig, root: Path, *, insecure: bool) -
             cfg = replace(cfg, broker_url=node.url)
         home.mkdir(mode=0o700, parents=True)
         cfg = replace(cfg, addresses=compact_addresses(cfg, bed))
+        if bed is not None and "tls" not in sc.federation:
+            # the bed's broker node has no TLS listener, and these scenarios run without
+            # broker users already (``insecure_dev`` below): internal HTTP in clear too
+            cfg = replace(cfg, tls="off")
         if bed is not None:
             spaces = {n: bed.host(n).netns for n in cfg.process_names}
             (home / NETNS_FILE).write_text(json.dumps(spaces))
