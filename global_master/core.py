@@ -421,13 +421,10 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         # 1. internal partitions; 2. external partitions: repartition
         feasible = self._no_fit.get(cls := (mask, demand))  # (None: not known this round)
         if feasible is None:
-            choose = self.queues.choose_node
-            found = self.placer.find(views, mask, demand, choose)
-            if found is not None:
-                self._dispatch(task, found[0], found[1], found[2], batches, now)
+            if self._dispatch_free(task, batches, now):
                 return
             feasible = self.placer.feasible(views.values(), mask, demand)
-            if choose is None:
+            if self.queues.choose_node is None:
                 self._no_fit[cls] = feasible
         # 3. nothing fits: infeasible, fairness, or back of the queue
         if not feasible:

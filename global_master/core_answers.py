@@ -98,6 +98,16 @@ class Answers:
             now: float,
         ) -> None: ...
 
+    def _dispatch_free(self, task: Task, batches: Batches, now: float) -> bool:
+        """Alg. 1: ``task`` onto free room in the views, its GM's partitions first, then the
+        others' (a repartition); whether there was any.  A decision's first step
+        (``_place``), and a refused preemption's when its answer's view has room."""
+        s = task.spec
+        found = self.placer.find(self.views, s.constraints, s.demand, self.queues.choose_node)
+        if found is not None:
+            self._dispatch(task, *found, batches, now)
+        return found is not None
+
     def _on_launch_response(self, resp: LaunchResponse, now: float) -> list[Effect]:
         """Accepted placements are PLACED; refused ones are inconsistencies: the view
         is refreshed from the response and the decision retried at once."""
@@ -252,13 +262,10 @@ class Answers:
         if self.cancelled and key in self.cancelled:  # cancelled while it was asked for
             self._cancel_ends(task, effects)
             return effects
-        spec = task.spec
-        found = self.placer.find(self.views, spec.constraints, spec.demand, self.queues.choose_node)
-        if found is not None:  # the view the answer brought has room: no victim needed
-            batches: Batches = {}
-            self._dispatch(task, found[0], found[1], found[2], batches, now)
+        batches: Batches = {}
+        if self._dispatch_free(task, batches, now):  # the answer's view has room: no victim
             return self._end_round(batches, effects, now)
-        lower = spec.priority > 0 and self._preempt_lower(task, now, effects)
+        lower = task.spec.priority > 0 and self._preempt_lower(task, now, effects)
         if not (lower or self._preempt(task, now, effects)):
             self._requeue(task, now, wait=True)  # tried against that view: as ``_place``
         return effects

@@ -222,19 +222,6 @@ class LmView:
                 self.usage = dict(delta.usage)
         return changed, gap
 
-    def merge(self, state: StateDelta) -> bool:
-        """A snapshot of the incarnation this view follows: each node taken if newer than
-        the view's (a snapshot answered before an update the view has applied since must
-        not take the view back), and the view complete up to the newer of the two
-        versions.  Whether anything changed."""
-        changed = self._take(state.nodes, state.free, state.node_versions)
-        if state.version >= self.version:
-            self.version = state.version
-            if self.usage != state.usage:
-                changed = True
-                self.usage = dict(state.usage)
-        return changed
-
     def reserve(self, i: int, demand: Resources) -> None:
         """This GM asked for ``demand`` on node ``i``: pending until the answer."""
         pend = self.pending[i]
@@ -409,7 +396,9 @@ class Views:
             self.counters.stale_updates += 1
             return None
         if old is not None and snap.state.epoch == old.epoch and _shape(snap.layout) is old.shape:
-            old.merge(snap.state)  # the same incarnation: its versions order the two
+            # the same incarnation: per-node versions order the snapshot and the view (a
+            # snapshot is a delta from nothing: ``apply`` takes only what is newer)
+            old.apply(snap.state)
             self._wanted.discard(lm)
             return False
         view = LmView(snap.layout)
