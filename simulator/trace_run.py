@@ -302,6 +302,8 @@ def run_schedulers(
             sim.stream_jobs(jobs)
             label = megha_label(policy)
             results[label] = runner(label, total, _counting(sim, outstanding), sim.run)
+            if not first.tasks:
+                raise ConfigError(_empty_workload(args, first), reason="empty_workload")
         assert first is not None
         if "sparrow" in baselines:
             results["sparrow"] = _sparrow(args, clusters, users, runner)
@@ -314,6 +316,20 @@ def run_schedulers(
     if first.reader is not None:
         size["trace"] = {"format": args.trace_format, **first.reader.stats.as_dict()}
     return results, size
+
+
+def _empty_workload(args: argparse.Namespace, feed: Feed) -> str:
+    """Why a run had nothing to schedule: tails of no task would be zeros that read as
+    figures, so the run stops instead (what was read, for a trace)."""
+    where = ", ".join(str(f) for f in trace_files(args)) or "the workload"
+    read = ""
+    if feed.reader is not None:
+        counts = feed.reader.stats.as_dict()
+        read = " (read: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ")"
+        if read == " (read: )":
+            read = " (read: nothing)"
+    limit = f" within --limit-jobs {args.limit_jobs}" if args.limit_jobs else ""
+    return f"{where}: no task to replay{limit}{read}"
 
 
 def _streamed() -> dict[str, Any]:

@@ -69,6 +69,25 @@ def test_streamed_trace_flags_are_checked(
     assert "give --trace-format" in capsys.readouterr().err
 
 
+def test_a_trace_with_no_task_to_replay_is_an_error_not_a_table_of_zeros(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = write(tmp_path / "empty.csv", [])
+    submitted_only = write(tmp_path / "part-00000.csv", [task_event(1.0, 7, 0, 0)])
+    out = tmp_path / "out"
+    for fmt, path, read in (
+        ("google2011", empty, "read: nothing"),
+        ("alibaba2018", empty, "read: nothing"),
+        ("google2011", submitted_only, "never_ran 1"),
+    ):
+        argv = ["simulate", "--trace-format", fmt, str(path), *BASE, "--out", str(out)]
+        assert main([*argv, "--baselines", ""]) == 2, (fmt, path)
+        err = capsys.readouterr().err
+        assert f"{path}: no task to replay" in err, err
+        assert read in err, err
+        assert not (out / "summary.json").exists()
+
+
 def _pulled_lazily(sim: MeghaSimulation | SparrowSimulation, jobs: list[Job]) -> list[float]:
     """Feeds ``jobs`` as a stream; the virtual time at which each was taken."""
     taken: list[float] = []
