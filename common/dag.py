@@ -555,35 +555,42 @@ def load_jobs(path: str | Path) -> tuple[tuple[str, ...], list[DagJob]]:
 
 
 def read_json(path: str | Path) -> Any:
-    """A job file's JSON document (any format), read strictly: UTF-8 with or without a
-    byte-order mark, no key twice in one object; ``ConfigError`` (``bad_job_file``)
-    naming the file and line otherwise."""
+    """A job file's JSON document (any format), read strictly (``parse_json``);
+    ``ConfigError`` (``bad_job_file``) naming the file otherwise."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read job file {p}: {exc}", reason="bad_job_file") from None
+    return parse_json(data, str(p))
+
+
+def parse_json(data: bytes, where: str) -> Any:
+    """A job's JSON document, read strictly: UTF-8 with or without a byte-order mark, no
+    key twice in one object (a reader that keeps the first would see another job),
+    nesting a decoder can follow; ``ConfigError`` (``bad_job_file``) naming ``where``
+    (a file, or what a request carried) and the line otherwise."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(
-            f"{p}: not UTF-8 text (line {line}: {exc.reason})", reason="bad_job_file"
+            f"{where}: not UTF-8 text (line {line}: {exc.reason})", reason="bad_job_file"
         ) from None
     try:
         doc = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            f"{p}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
+            f"{where}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
             reason="bad_job_file",
         ) from None
     except _DuplicateKey as exc:
-        raise ConfigError(f"{p}: {exc}", reason="bad_job_file") from None
+        raise ConfigError(f"{where}: {exc}", reason="bad_job_file") from None
     except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits()
-        raise ConfigError(f"{p}: not a job file ({exc})", reason="bad_job_file") from None
+        raise ConfigError(f"{where}: not a job file ({exc})", reason="bad_job_file") from None
     except RecursionError:  # the decoder recurses once per level of [ or {
         raise ConfigError(
-            f"{p}: arrays or objects nested too deeply for a job file", reason="bad_job_file"
+            f"{where}: arrays or objects nested too deeply for a job file", reason="bad_job_file"
         ) from None
     return doc
 

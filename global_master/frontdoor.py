@@ -17,7 +17,6 @@ twice.  Everything a user reads comes from the core's job book
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -27,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from common import codec
+from common.dag import parse_json
 from common.errors import ConfigError, MeghaError, Unauthorized
 from common.ids import ID_CHARS, MAX_ID_LEN, JobId, TaskId, UserId
 from common.jobspec import parse_job
@@ -46,6 +46,8 @@ forgotten here; its dead letter says why."""
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
 """A job id (room left for its tasks' ``.s<stage>.t<i>``)."""
+SHOWN_ID = 80
+"""A refused job id is quoted back up to this many characters (it may be megabytes)."""
 
 
 def _error(status: int, reason: str, detail: str) -> web.Response:
@@ -97,14 +99,11 @@ class FrontDoor:
         user, token = self.caller(request)
         if request.content_length is not None and request.content_length > MAX_JOB_BODY:
             return _error(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
-        try:
-            doc = json.loads(await request.read())
-        except ValueError as exc:
-            raise ConfigError(f"job: not JSON ({exc})", reason="bad_job_file") from None
-        job = parse_job(doc)
+        job = parse_job(parse_json(await request.read(), "job"))
         jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
         if not _ID.fullmatch(jid):
-            raise ConfigError(f"bad job id {jid!r}", reason="bad_job_id")
+            shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
+            raise ConfigError(f"bad job id {shown!r}", reason="bad_job_id")
         jk = (user, JobId(jid))
         if jk in self.pending or self.book.get(*jk) is not None or jk in self.core.jobs:
             return _error(409, "duplicate_job_id", f"job {jid!r} exists")

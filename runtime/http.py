@@ -1072,7 +1072,7 @@ def _error_of(data: bytes) -> tuple[str, str]:
     try:
         doc: Any = json.loads(data)
         reason, detail = str(doc.get("error", "refused")), str(doc.get("detail", ""))[:300]
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # (nested past the decoder's depth)
         reason, detail = "refused", data[:300].decode("utf-8", "replace")
     return _printable(reason), _printable(detail)
 

@@ -130,12 +130,22 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
         await call("POST", "/api/v1/jobs?id=a", data=json.dumps(ok))
         cases = [
             ("POST", "/api/v1/jobs", {"data": "{not json"}, "u0", 422, "bad_job_file"),
+            # a parser that keeps the first of a key twice would see another job
+            ("POST", "/api/v1/jobs", {"data": '{"format": "megha-job/1", "count": 1, '
+             '"count": 2, "demand": [1, 1], "duration": 1}'}, "u0", 422, "bad_job_file"),
+            # nested past the decoder's depth (it was a 500)
+            ("POST", "/api/v1/jobs", {"data": "[" * 100_000 + "]" * 100_000}, "u0", 422,
+             "bad_job_file"),
+            ("POST", "/api/v1/jobs", {"data": b'{"format": "\xff"}'}, "u0", 422,
+             "bad_job_file"),
             ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "demand": [0]})}, "u0", 422,
              "bad_job_file"),
             ("POST", "/api/v1/jobs?id=a", {"data": json.dumps(ok)}, "u0", 409,
              "duplicate_job_id"),
             ("POST", "/api/v1/jobs?id=bad%20id", {"data": json.dumps(ok)}, "u0", 422,
              "bad_job_id"),
+            ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "name": "x" * 100_000})}, "u0",
+             422, "bad_job_id"),  # (the id is the name's)
             ("GET", "/api/v1/jobs/nope", {}, "u0", 404, "unknown_job"),
             ("GET", "/api/v1/tasks/nope", {}, "u0", 404, "unknown_task"),
             ("GET", "/api/v1/jobs/a", {}, "u1", 421, "wrong_gm"),  # u1 is gm1's
@@ -154,6 +164,7 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
             st, err = await call(method, path, user, **kw)
             assert (st, err.get("error")) == (status, reason), (path, err)
             assert "\n" not in err["detail"]
+            assert len(err["detail"]) < 300, err["detail"]  # whatever the request held
         d.tokens.revoke("u0", now=5.0)
         st, err = await call("GET", "/api/v1/jobs")
         assert (st, err["error"]) == (401, "revoked_token")
