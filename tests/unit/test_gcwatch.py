@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime.gcwatch import GcWatch
+from runtime.gcwatch import YOUNG, GcWatch
 
 
 @pytest.fixture
@@ -44,3 +44,15 @@ def test_stop_ends_the_count() -> None:
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert w.page()["generations"][2]["collections"] == 0
+
+
+def test_a_service_collects_its_young_objects_less_often_and_gives_the_thresholds_back() -> None:
+    before = gc.get_threshold()
+    w = GcWatch()
+    w.start()
+    w.start()  # again: what the first start found is what stop gives back
+    try:
+        assert gc.get_threshold() == (YOUNG, *before[1:])
+    finally:
+        w.stop()
+    assert gc.get_threshold() == before
