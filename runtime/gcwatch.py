@@ -24,10 +24,9 @@ per task: at 700 the three GMs collected 350-370 times from start to the end of 
 step at 3,000 tasks/s (9 times at 20,000), each time moving what was alive (tasks in
 flight, messages being read) on to be walked again in the older generation.  Waiting
 for 20,000 lets most of it die first.  At 3,000 tasks/s (8 alternating pairs of 15-s
-steps in three sittings) the GMs' collections paused them
-0.12-0.22 s per step instead of 0.26-0.61 s, tasks waited for room in a GM's view 24%
-less often, and allocation p99 was 46-144 ms (median 79) instead of 91-252 (median 164);
-CPU per task the same."""
+steps in three sittings) the GMs' collections paused them 0.12-0.22 s per step instead
+of 0.26-0.61 s, tasks waited for room in a GM's view 24% less often, and allocation p99
+was 46-144 ms (median 79) instead of 91-252 (median 164); CPU per task the same."""
 
 
 class GcWatch:

@@ -324,10 +324,8 @@ def _empty_workload(args: argparse.Namespace, feed: Feed) -> str:
     where = ", ".join(str(f) for f in trace_files(args)) or "the workload"
     read = ""
     if feed.reader is not None:
-        counts = feed.reader.stats.as_dict()
-        read = " (read: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ")"
-        if read == " (read: )":
-            read = " (read: nothing)"
+        counts = [f"{k} {v}" for k, v in feed.reader.stats.as_dict().items() if v]
+        read = f" (read: {', '.join(counts) or 'nothing'})"
     limit = f" within --limit-jobs {args.limit_jobs}" if args.limit_jobs else ""
     return f"{where}: no task to replay{limit}{read}"
 
