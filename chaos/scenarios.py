@@ -3,9 +3,10 @@ steps, the load, the federation and its broker), read and checked (``config/chao
 
 from __future__ import annotations
 
+import random
 import signal
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ FAULT_WAIT_S = 30.0
 """How long a step waits for the fault it armed to strike (else the scenario errs: a
 fault that never struck proves nothing)."""
 BROKERS = ("shared", "private", "cluster")
+JITTER = (0.25, 1.75)
+"""``jittered``: a scenario's first fault comes at its ``at`` times a factor drawn
+from this range (a load of ~5 s: every fault still strikes while jobs run)."""
 
 
 @dataclass(frozen=True)
@@ -94,4 +98,28 @@ def load_scenarios(path: Path) -> list[Scenario]:
     names = [s.name for s in out]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: scenario names must be unique")
+    return out
+
+
+def jittered(scenarios: list[Scenario], seed: int, repeat: int = 1) -> list[Scenario]:
+    """Each scenario ``repeat`` times with its fault moved in time and its load drawn
+    anew (seeded: the same ``seed`` gives the same runs).  Its steps move together --
+    the gaps between them (a restart within a lease, a stop past a timeout) are what
+    the scenario means -- by what puts the first step at its ``at`` times a factor in
+    ``JITTER``; the load's seed is drawn too, so the fault meets other jobs, stages
+    and placements.  Names get ``-jSEED-ROUND``; the fault's text says what moved."""
+    out: list[Scenario] = []
+    for r in range(1, repeat + 1):
+        for sc in scenarios:
+            rng = random.Random(f"{seed}:{r}:{sc.name}")
+            first = min(s.at for s in sc.steps)
+            shift = round(first * rng.uniform(*JITTER) - first, 3)
+            load_seed = rng.randrange(1, 2**31)
+            out.append(replace(
+                sc,
+                name=f"{sc.name}-j{seed}-{r}",
+                fault=f"{sc.fault} (steps {shift:+.3f} s, load seed {load_seed})",
+                steps=[replace(s, at=round(s.at + shift, 3)) for s in sc.steps],
+                load=replace(sc.load, seed=load_seed),
+            ))  # fmt: skip
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from chaos.drive import progress_line, run_scenario
 from chaos.netns_bench import netns_bench, netns_table, write_netns_bench
 from chaos.results import table, verdict, write_results
-from chaos.scenarios import DEFAULT_SCENARIOS, load_scenarios
+from chaos.scenarios import DEFAULT_SCENARIOS, jittered, load_scenarios
 from common.config import FederationConfig
 from common.errors import ConfigError
 from federation.processes import broker_reachable
@@ -59,6 +59,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     if not chosen:
         print("megha chaos: no scenario named by --only is in the --quick subset", file=sys.stderr)
         return 1
+    if args.jitter is not None:
+        chosen = jittered(chosen, args.jitter, args.repeat)
     if not broker_reachable(base.broker_url):
         print(f"megha chaos: the shared broker {base.broker_url} is down", file=sys.stderr)
         return 1
@@ -108,5 +110,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     p.add_argument("--netns-jobs", type=int, default=200, help="jobs per latency (--netns-bench)")
     p.add_argument("--netns-rounds", type=int, default=3, help="passes over the latencies")
+    p.add_argument(
+        "--jitter", type=int, metavar="SEED",
+        help="move each scenario's faults in time (its first step at 0.25-1.75x its "
+        "`at`, the gaps between steps kept) and draw its load anew, seeded by SEED",
+    )  # fmt: skip
+    p.add_argument(
+        "--repeat", type=_positive, default=1, metavar="N",
+        help="with --jitter: every scenario N times, each with its own draw",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=cmd_chaos)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {n}")
+    return n

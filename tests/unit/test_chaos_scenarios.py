@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chaos.results import table, verdict
-from chaos.scenarios import DEFAULT_SCENARIOS, load_scenarios
+from chaos.scenarios import DEFAULT_SCENARIOS, JITTER, jittered, load_scenarios
 from common.errors import ConfigError
 
 
@@ -75,3 +75,37 @@ def test_only_and_quick_that_leave_nothing_say_so(capsys: pytest.CaptureFixture[
     assert "no scenario named by --only is in the --quick subset" in capsys.readouterr().err
     assert main(["chaos", "--only", "no-such"]) == 1
     assert "no such scenario: no-such" in capsys.readouterr().err
+
+
+def test_jitter_moves_each_fault_and_keeps_its_gaps() -> None:
+    scenarios = load_scenarios(DEFAULT_SCENARIOS)
+    runs = jittered(scenarios, seed=7, repeat=2)
+    assert len(runs) == 2 * len(scenarios)
+    assert len({r.name for r in runs}) == len(runs)
+    assert jittered(scenarios, seed=7, repeat=2) == runs  # seeded: the same runs again
+    moved = 0
+    for i, run in enumerate(runs):
+        sc = scenarios[i % len(scenarios)]
+        assert run.name == f"{sc.name}-j7-{i // len(scenarios) + 1}"
+        first, now = min(s.at for s in sc.steps), min(s.at for s in run.steps)
+        assert JITTER[0] * first - 1e-3 <= now <= JITTER[1] * first + 1e-3
+        # the steps move together: what they mean (a restart within a lease) stays
+        gaps = [b.at - a.at for a, b in zip(sc.steps, sc.steps[1:], strict=False)]
+        now_gaps = [b.at - a.at for a, b in zip(run.steps, run.steps[1:], strict=False)]
+        assert now_gaps == pytest.approx(gaps, abs=2e-3)
+        assert [(s.action, s.target, s.value, s.when) for s in run.steps] == [
+            (s.action, s.target, s.value, s.when) for s in sc.steps
+        ]
+        assert run.load.seed != sc.load.seed
+        assert run.federation == sc.federation
+        moved += now != first
+    assert moved > len(runs) // 2
+    assert jittered(scenarios, seed=8)[0] != runs[0]
+
+
+def test_repeat_is_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from megha_cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["chaos", "--jitter", "1", "--repeat", "0", "--list"])
+    assert "must be >= 1" in capsys.readouterr().err
