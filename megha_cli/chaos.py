@@ -30,8 +30,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     except (ConfigError, TypeError) as exc:
         print(f"megha chaos: {exc}", file=sys.stderr)
         return 1
+    if args.jitter is None and args.repeat != 1:
+        print("megha chaos: --repeat draws each run anew: it needs --jitter SEED", file=sys.stderr)
+        return 1
     if args.list:
-        for sc in scenarios:
+        listed = scenarios if args.jitter is None else jittered(scenarios, args.jitter, args.repeat)
+        for sc in listed:
             flags = "".join(
                 [" [quick]" if sc.quick else "", " [dag]" if sc.load.dag else "",
                  f" [{sc.broker} broker]" if sc.broker != "shared" else "",

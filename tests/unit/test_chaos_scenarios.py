@@ -109,3 +109,9 @@ def test_repeat_is_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["chaos", "--jitter", "1", "--repeat", "0", "--list"])
     assert "must be >= 1" in capsys.readouterr().err
+    assert main(["chaos", "--repeat", "2", "--list"]) == 1  # nothing to draw anew
+    assert "needs --jitter" in capsys.readouterr().err
+    assert main(["chaos", "--jitter", "0", "--repeat", "2", "--list"]) == 0  # seed 0 is a seed
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 * len(load_scenarios(DEFAULT_SCENARIOS))
+    assert listed[0].startswith("gm-kill-unacked-j0-1 ")
