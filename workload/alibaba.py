@@ -12,7 +12,9 @@ start_time`` (the table gives the task's span, not each instance's:
 ``batch_instance`` is not read); a job arrives at its first task's start.  Only
 ``Terminated`` tasks with ``0 < start_time <= end_time`` are replayed; a dependency on
 a task not replayed is dropped, and a job whose names form a cycle or repeat a number
-is skipped (all counted in ``stats``).
+is skipped (all counted in ``stats``), and so is a job of more than
+``MAX_TRACE_JOB_TASKS`` instances (``oversized_jobs``: a garbled ``instance_num``
+would otherwise take every byte of memory before the replay began).
 
 The table is not in time order (rows come job by job), so it is sorted twice with
 bounded memory (``workload.spill``): by job, to gather each job's tasks, then the jobs
@@ -33,6 +35,11 @@ from workload.spill import sorted_spilled
 from workload.tracefiles import columns, csv_rows, integer, number
 
 _DAG_NAME = re.compile(r"[A-Za-z]+([0-9]+)((?:_[0-9]+)*)").fullmatch
+
+MAX_TRACE_JOB_TASKS = 1_000_000
+"""Instances one replayed job may hold: ten times what a live job may (the wire's
+``MAX_JOB_TASKS``; a replay takes the trace as written), and about 3 GB of simulated
+tasks queued at once."""
 
 Row = tuple[str, str, int, float, float]
 """``(job, task name, instances, start, end)``."""
@@ -63,6 +70,7 @@ class AlibabaStats:
     not_replayed: int = 0
     dropped_parents: int = 0
     skipped_jobs: int = 0
+    oversized_jobs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +111,9 @@ class AlibabaReplay:
 
     def _job(self, name: str, rows: list[Row]) -> TraceDag | None:
         """One job's stages from its tasks' names, or None (counted) if they cannot be."""
+        if sum(r[2] for r in rows) > MAX_TRACE_JOB_TASKS:
+            self.stats.oversized_jobs += 1
+            return None
         numbered: dict[int, tuple[tuple[int, ...], Row]] = {}
         loose: list[Row] = []
         for r in rows:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from workload.alibaba import AlibabaReplay, TraceStage
+from workload.alibaba import MAX_TRACE_JOB_TASKS, AlibabaReplay, TraceStage
 from workload.google import GoogleReplay, read_google
 from workload.spill import sorted_spilled
 from workload.traces import TraceJob
@@ -171,6 +171,26 @@ def test_alibaba2018_batch_tasks_become_dag_jobs_by_arrival(tmp_path: Path) -> N
     s = replay.stats
     assert (s.rows, s.jobs, s.tasks, s.not_replayed) == (10, 3, 12, 2)
     assert (s.dropped_parents, s.skipped_jobs) == (1, 1)  # j_5's names form a cycle
+
+
+def test_a_job_of_more_instances_than_a_replay_holds_is_skipped_not_built(
+    tmp_path: Path,
+) -> None:
+    """A garbled ``instance_num`` (10**12) took every byte of memory: now its job is
+    counted and skipped before anything is made of it; a job at the bound is replayed."""
+    rows = [
+        batch_task("M1", 10**12, "j_1", "Terminated", 100, 110),
+        batch_task("R2_1", 2, "j_1", "Terminated", 110, 115),
+        batch_task("M1", MAX_TRACE_JOB_TASKS - 1, "j_2", "Terminated", 120, 130),
+        batch_task("R2_1", 1, "j_2", "Terminated", 130, 131),
+        batch_task("M1", MAX_TRACE_JOB_TASKS, "j_3", "Terminated", 140, 150),
+        batch_task("task_x", 1, "j_3", "Terminated", 140, 150),
+    ]
+    replay = AlibabaReplay([write(tmp_path / "batch_task.csv", rows)])
+    assert [(j.name, sum(s.count for s in j.stages)) for j in replay] == [
+        ("j_2", MAX_TRACE_JOB_TASKS)
+    ]
+    assert (replay.stats.oversized_jobs, replay.stats.skipped_jobs) == (2, 0)
 
 
 def test_sorting_past_memory_keeps_order_and_ties() -> None:
