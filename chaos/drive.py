@@ -279,15 +279,27 @@ async def _whole(st: Stage, a: str, run: Run) -> str:
 
 async def _faults(st: Stage, sc: Scenario, sub: Submitter, run: Run, caps: dict[str, Capture],
                   t0: float, progress: bool) -> None:  # fmt: skip
-    for step in sc.steps:
-        await asyncio.sleep(max(0.0, t0 + step.at - time.time()))
-        if step.when == "unacked":
-            await _until_unacked(st, step.target)
-        at = time.time()
-        run.first_fault = run.first_fault or at
+    async def one(step: Step, at: float) -> None:
         note = await _act(st, step, sub, run, caps)
         run.steps.append({"at_s": round(at - t0, 3), "action": step.action, "note": note})
         progress_line(f"  t={at - t0:5.1f}s {note}", progress)
+
+    behind: list[asyncio.Task[None]] = []  # background steps, awaited before the checks
+    try:
+        for step in sc.steps:
+            await asyncio.sleep(max(0.0, t0 + step.at - time.time()))
+            if step.when == "unacked":
+                await _until_unacked(st, step.target)
+            at = time.time()
+            run.first_fault = run.first_fault or at
+            if step.background:
+                behind.append(asyncio.create_task(one(step, at)))
+            else:
+                await one(step, at)
+    finally:
+        for done in await asyncio.gather(*behind, return_exceptions=True):
+            if isinstance(done, BaseException):
+                raise done
 
 
 async def _wait_finished(sub: Submitter, run: Run, timeout_s: float, t0: float, progress: bool) -> None:  # fmt: skip

@@ -56,6 +56,11 @@ class Step:
     target: str = ""
     value: float = 0.0
     when: str = ""
+    background: bool = False
+    """The later steps go on while this one runs (a restart waits until its service is
+    healthy, and a GM is healthy only with a view of every LM: a GM restarted while an
+    LM is stopped would otherwise hold back the step that continues it).  The run waits
+    for it before it checks anything."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,17 @@ class Scenario:
     (``jobs_redelivered`` for a kill while a job is unacknowledged...)."""
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
 def load_scenarios(path: Path) -> list[Scenario]:
     """The scenarios of a chaos TOML file (``[[scenario]]`` tables, each merged over
     ``[defaults.federation]`` and ``[defaults.load]``), checked."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    data = _read(path)
     defaults = data.get("defaults", {})
     out: list[Scenario] = []
     for raw in data.get("scenario", []):
@@ -122,4 +131,48 @@ def jittered(scenarios: list[Scenario], seed: int, repeat: int = 1) -> list[Scen
                 steps=[replace(s, at=round(s.at + shift, 3)) for s in sc.steps],
                 load=replace(sc.load, seed=load_seed),
             ))  # fmt: skip
+    return out
+
+
+RANDOM_TARGETS = ("gm0", "gm1", "lm0", "lm1", "lm0-workers", "lm1-workers")
+"""The services of the file's default federation (2 GMs, 2 LMs, a pool each)."""
+RANDOM_FAULTS = ("kill", "kill", "stop", "restart_clean")
+RANDOM_AT = (0.3, 4.5)
+"""When a random fault strikes (s after the first submission: while jobs arrive)."""
+RANDOM_DOWN = (0.1, 4.0)
+"""How long a killed service stays dead, a stopped one stopped: from less than a
+heartbeat to past ``worker_timeout_s`` and a pool's lease."""
+
+
+def random_scenarios(path: Path, seed: int, n: int) -> list[Scenario]:
+    """``n`` scenarios of faults drawn at random (seeded), on the file's default
+    federation and load: each one to three services (distinct) hit once -- SIGKILL and
+    start again, SIGSTOP and SIGCONT (after ``RANDOM_DOWN``), or a clean restart -- at
+    ``RANDOM_AT``; so faults overlap, and a GM, an LM and a pool may be down at once.
+    A quarter of the loads are DAG jobs (Carbyne's queues).  Every service hit comes
+    back: the check is the suite's own, nothing lost and nothing launched twice."""
+    defaults = _read(path).get("defaults", {})
+    fed = dict(defaults.get("federation", {}))
+    out: list[Scenario] = []
+    for r in range(1, n + 1):
+        rng = random.Random(f"random:{seed}:{r}")
+        steps: list[Step] = []
+        for target in rng.sample(RANDOM_TARGETS, rng.choice((1, 2, 2, 3))):
+            kind, at = rng.choice(RANDOM_FAULTS), round(rng.uniform(*RANDOM_AT), 3)
+            steps.append(Step(at, kind, target, background=kind == "restart_clean"))
+            if kind != "restart_clean":
+                back = round(at + rng.uniform(*RANDOM_DOWN), 3)
+                again = "restart" if kind == "kill" else "cont"
+                steps.append(Step(back, again, target, background=again == "restart"))
+        steps.sort(key=lambda s: s.at)
+        dag = rng.random() < 0.25
+        load = Load(**{**defaults.get("load", {}), "seed": rng.randrange(1, 2**31)})
+        if dag:
+            load = replace(load, dag=True, jobs=8, rate=2.0, duration=0.5)
+        fault = "; ".join(f"{s.action} {s.target} at {s.at:.2f} s" for s in steps)
+        out.append(Scenario(
+            name=f"random-{seed}-{r}", fault=fault + (" (DAG jobs)" if dag else ""),
+            steps=steps, load=load,
+            federation={**fed, "queue_policy": "carbyne"} if dag else fed,
+        ))  # fmt: skip
     return out

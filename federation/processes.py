@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -161,15 +162,20 @@ def launch(spec: ProcessSpec, home: Path) -> int:
     return proc.pid
 
 
+_PIDS_LOCK = threading.Lock()
+"""Held while ``pids.json`` is read, changed and written again."""
+
+
 def restart(home: Path, cfg: FederationConfig, name: str, *, timeout_s: float = 60.0) -> int:
     """Start process ``name`` again (after a crash) and wait until it is healthy."""
     spec = next(s for s in process_plan(cfg, str(home / "federation.toml")) if s.name == name)
     pid = launch(spec, home)
-    data = json.loads((home / "pids.json").read_text())
-    for p in data["processes"]:
-        if p["name"] == name:
-            p["pid"] = pid
-    (home / "pids.json").write_text(json.dumps(data, indent=2))
+    with _PIDS_LOCK:  # restarts of two services at once (chaos): neither pid lost
+        data = json.loads((home / "pids.json").read_text())
+        for p in data["processes"]:
+            if p["name"] == name:
+                p["pid"] = pid
+        (home / "pids.json").write_text(json.dumps(data, indent=2))
     wait_healthy([(spec, pid)], home, timeout_s)
     return pid
 

@@ -12,7 +12,13 @@ from pathlib import Path
 from chaos.drive import progress_line, run_scenario
 from chaos.netns_bench import netns_bench, netns_table, write_netns_bench
 from chaos.results import table, verdict, write_results
-from chaos.scenarios import DEFAULT_SCENARIOS, jittered, load_scenarios
+from chaos.scenarios import (
+    DEFAULT_SCENARIOS,
+    Scenario,
+    jittered,
+    load_scenarios,
+    random_scenarios,
+)
 from common.config import FederationConfig
 from common.errors import ConfigError
 from federation.processes import broker_reachable
@@ -26,16 +32,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     for noisy in ("aiormq", "aio_pika"):  # reconnect chatter of faults meant to happen
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     try:
-        scenarios = load_scenarios(Path(args.scenarios))
+        scenarios = _drawn(args) if args.random is not None else _from_file(args)
     except (ConfigError, TypeError) as exc:
         print(f"megha chaos: {exc}", file=sys.stderr)
         return 1
-    if args.jitter is None and args.repeat != 1:
-        print("megha chaos: --repeat draws each run anew: it needs --jitter SEED", file=sys.stderr)
-        return 1
     if args.list:
-        listed = scenarios if args.jitter is None else jittered(scenarios, args.jitter, args.repeat)
-        for sc in listed:
+        for sc in scenarios:
             flags = "".join(
                 [" [quick]" if sc.quick else "", " [dag]" if sc.load.dag else "",
                  f" [{sc.broker} broker]" if sc.broker != "shared" else "",
@@ -54,17 +56,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         print(netns_table(rows))
         print(f"wrote {out}/netns_bench.json, netns_bench.md")
         return 0
-    chosen = [s for s in scenarios if (not args.only or s.name in args.only)
-              and (not args.quick or s.quick)]  # fmt: skip
-    unknown = set(args.only or ()) - {s.name for s in scenarios}
-    if unknown:
-        print(f"megha chaos: no such scenario: {', '.join(sorted(unknown))}", file=sys.stderr)
+    try:
+        chosen = scenarios if args.random is not None else _chosen(args, scenarios)
+    except ConfigError as exc:
+        print(f"megha chaos: {exc}", file=sys.stderr)
         return 1
-    if not chosen:
-        print("megha chaos: no scenario named by --only is in the --quick subset", file=sys.stderr)
-        return 1
-    if args.jitter is not None:
-        chosen = jittered(chosen, args.jitter, args.repeat)
     if not broker_reachable(base.broker_url):
         print(f"megha chaos: the shared broker {base.broker_url} is down", file=sys.stderr)
         return 1
@@ -79,6 +75,35 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     print(table(rows))
     print(f"wrote {out}/chaos.json, chaos.csv, chaos.md ({time.time() - t0:.0f} s)")
     return 0 if all(verdict(r) == "ok" for r in rows) else 2
+
+
+def _from_file(args: argparse.Namespace) -> list[Scenario]:
+    """The scenario file's scenarios (``--list``: moved by ``--jitter`` if given)."""
+    if args.jitter is None and args.repeat != 1:
+        raise ConfigError("--repeat draws each run anew: it needs --jitter SEED or --random SEED")
+    scenarios = load_scenarios(Path(args.scenarios))
+    if args.list and args.jitter is not None:
+        return jittered(scenarios, args.jitter, args.repeat)
+    return scenarios
+
+
+def _drawn(args: argparse.Namespace) -> list[Scenario]:
+    """``--random SEED``: ``--repeat`` scenarios of faults drawn at random."""
+    if args.jitter is not None or args.only or args.quick:
+        raise ConfigError("--random draws its own scenarios: not with --jitter, --only or --quick")
+    return random_scenarios(Path(args.scenarios), args.random, args.repeat)
+
+
+def _chosen(args: argparse.Namespace, scenarios: list[Scenario]) -> list[Scenario]:
+    """The file's scenarios that ``--only`` and ``--quick`` name, moved by ``--jitter``."""
+    chosen = [s for s in scenarios if (not args.only or s.name in args.only)
+              and (not args.quick or s.quick)]  # fmt: skip
+    unknown = set(args.only or ()) - {s.name for s in scenarios}
+    if unknown:
+        raise ConfigError(f"no such scenario: {', '.join(sorted(unknown))}")
+    if not chosen:
+        raise ConfigError("no scenario named by --only is in the --quick subset")
+    return chosen if args.jitter is None else jittered(chosen, args.jitter, args.repeat)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -120,8 +145,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "`at`, the gaps between steps kept) and draw its load anew, seeded by SEED",
     )  # fmt: skip
     p.add_argument(
+        "--random", type=int, metavar="SEED",
+        help="instead of the file's scenarios, --repeat N of faults drawn at random, seeded "
+        "by SEED: one to three of the default federation's services each killed and started "
+        "again, stopped and continued, or restarted cleanly, overlapping, at 0.3-4.5 s, down "
+        "0.1-4 s; a quarter of them with DAG jobs",
+    )  # fmt: skip
+    p.add_argument(
         "--repeat", type=_positive, default=1, metavar="N",
-        help="with --jitter: every scenario N times, each with its own draw",
+        help="with --jitter: every scenario N times, each with its own draw; with --random: "
+        "N scenarios",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=cmd_chaos)

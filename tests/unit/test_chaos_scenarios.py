@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from chaos.results import table, verdict
-from chaos.scenarios import DEFAULT_SCENARIOS, JITTER, jittered, load_scenarios
+from chaos.scenarios import (
+    DEFAULT_SCENARIOS,
+    JITTER,
+    RANDOM_AT,
+    RANDOM_DOWN,
+    jittered,
+    load_scenarios,
+    random_scenarios,
+)
+from common.config import FederationConfig
 from common.errors import ConfigError
 
 
@@ -115,3 +124,84 @@ def test_repeat_is_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 2 * len(load_scenarios(DEFAULT_SCENARIOS))
     assert listed[0].startswith("gm-kill-unacked-j0-1 ")
+
+
+def test_random_faults_hit_real_services_and_bring_each_back() -> None:
+    runs = random_scenarios(DEFAULT_SCENARIOS, seed=3, n=60)
+    assert random_scenarios(DEFAULT_SCENARIOS, seed=3, n=60) == runs  # seeded
+    assert random_scenarios(DEFAULT_SCENARIOS, seed=4, n=60) != runs
+    assert [r.name for r in runs] == [f"random-3-{i}" for i in range(1, 61)]
+    kinds, sizes, dags = set(), set(), 0
+    for run in runs:
+        services = set(FederationConfig(**run.federation).validate().process_names)
+        assert [s.at for s in run.steps] == sorted(s.at for s in run.steps)
+        hit: dict[str, list[tuple[str, float]]] = {}
+        for s in run.steps:
+            assert s.target in services
+            hit.setdefault(s.target, []).append((s.action, s.at))
+        sizes.add(len(hit))
+        for steps in hit.values():  # each service once, and back
+            kinds.add(steps[0][0])
+            assert RANDOM_AT[0] <= steps[0][1] <= RANDOM_AT[1]
+            if steps[0][0] == "restart_clean":
+                assert len(steps) == 1
+                continue
+            (fault, at), (back, again) = steps
+            assert back == {"kill": "restart", "stop": "cont"}[fault]
+            assert RANDOM_DOWN[0] - 1e-3 <= again - at <= RANDOM_DOWN[1] + 1e-3
+        dags += run.load.dag
+        assert run.load.dag == (run.federation.get("queue_policy") == "carbyne")
+    assert kinds == {"kill", "stop", "restart_clean"}
+    assert sizes == {1, 2, 3}
+    assert 5 <= dags <= 30
+
+
+def test_random_draws_its_own_and_refuses_the_file_s_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from megha_cli.main import main
+
+    assert main(["chaos", "--random", "1", "--repeat", "3", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == ["random-1-1", "random-1-2", "random-1-3"]
+    for extra in (["--quick"], ["--only", "lm-kill"], ["--jitter", "2"]):
+        assert main(["chaos", "--random", "1", *extra]) == 1
+        assert "--random draws its own" in capsys.readouterr().err
+
+
+def test_a_background_step_does_not_hold_back_the_step_it_waits_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GM restarted while an LM is stopped is healthy only once the LM continues: the
+    restart runs in the background, the continue goes on, the run waits for both."""
+    import asyncio
+    import time
+
+    from chaos import drive
+    from chaos.scenarios import Scenario, Step
+
+    async def act(st: object, step: Step, *rest: object) -> str:
+        if step.action == "restart":  # healthy once the LM is continued
+            await asyncio.wait_for(continued.wait(), timeout=1)
+        if step.action == "cont":
+            continued.set()
+        return f"{step.action} {step.target}"
+
+    monkeypatch.setattr(drive, "_act", act)
+    continued = asyncio.Event()
+    steps = [Step(0.0, "stop", "lm0"), Step(0.01, "restart", "gm0", background=True),
+             Step(0.02, "cont", "lm0")]  # fmt: skip
+    run = drive.Run()
+    sc = Scenario(name="x", fault="x", steps=steps)
+
+    async def go() -> None:
+        await drive._faults(None, sc, None, run, {}, time.time(), False)  # type: ignore[arg-type]
+
+    asyncio.run(go())
+    assert [s["note"] for s in run.steps] == ["stop lm0", "cont lm0", "restart gm0"]
+    # the same restart awaited in line waits for a continue that never comes
+    run = drive.Run()
+    continued = asyncio.Event()
+    sc = Scenario(name="x", fault="x", steps=[Step(0.0, "restart", "gm0"), steps[2]])
+    with pytest.raises(TimeoutError):
+        asyncio.run(go())
