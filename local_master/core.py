@@ -564,12 +564,10 @@ class LocalMaster(GangRequests, Registration):
             if nodes.alive[node] and silent > msg.timeout:
                 self.counters.workers_lost += 1
                 nodes.lose(node)
-            if not nodes.alive[node] and silent > give_up and self._holds(node):
+            if not nodes.alive[node] and silent > give_up and nodes.holds(node):
                 effects.extend(self._give_up(node, now))
+        self.address.checked(now, give_up)  # a pool silent that long since is given up
         return effects
-
-    def _holds(self, node: int) -> bool:
-        return self.nodes.holds(node)
 
     def _give_up(self, node: int, now: float) -> list[Effect]:
         """Silent for ``lost_after``: its tasks run again elsewhere (its pool fenced
@@ -646,6 +644,7 @@ class LocalMaster(GangRequests, Registration):
         has registered (``Reservations.resume``): a commit after the restart starts them."""
         journal, self._journal = self._journal, None
         self.nodes.journal = self.ends.journal = self.reservations.journal = None
+        self.nodes.seen_all(now)  # a silence counts from here, not from before the restart
         restored = durable.fold(records)
         for e in restored.ends:
             if isinstance(e, JournalKeep):

@@ -39,12 +39,30 @@ class Address:
     """Who this LM is, the GMs whose requests it takes, and whether its pool has
     registered: the one address guard (``refuse``)."""
 
-    __slots__ = ("gms", "lm", "registered")
+    __slots__ = ("first_check", "gms", "lm", "pool_given_up", "registered")
 
     def __init__(self, lm: LmId, gms: frozenset[GmId], *, registered: bool) -> None:
         self.lm = lm
         self.gms = gms
         self.registered = registered
+        self.first_check = -1.0
+        self.pool_given_up = False
+        """The pool has not registered and has been silent past ``lost_after`` since
+        this LM's first check (what its nodes held given up): this LM's state is then
+        what it says -- every node dead, nothing held -- so it takes GMs' requests
+        again instead of asking them to wait: a snapshot (a GM that starts needs a view
+        of every LM before it takes jobs), a launch or reservation (refused node by
+        node: its tasks go elsewhere).  Before, a pool gone for good left every GM that
+        started afterwards without jobs, and a launch in flight asked for ever."""
+
+    def checked(self, now: float, lost_after: float) -> None:
+        """A liveness check at ``now``: a pool that has not registered since this LM's
+        first check more than ``lost_after`` ago is given up (``pool_given_up``; its
+        silence counts from then: a restored node's last word is from before)."""
+        if self.first_check < 0:
+            self.first_check = now
+        if not self.registered and now - self.first_check > lost_after:
+            self.pool_given_up = True
 
     def register(self) -> None:
         """The pool has told this incarnation what runs: messages that waited for it are
@@ -59,7 +77,9 @@ class Address:
         (None: taken before)."""
         if to != self.lm:
             return Refused(reason=RequestReason.WRONG_LM, detail=f"this is {self.lm}, not {to}")
-        if unready is not None and not self.registered:
+        waits = unready is not None and not self.registered
+        if waits and not (unready is ASK_LATER and self.pool_given_up):
+            assert unready is not None
             return Refused(reason=unready[0], detail=f"{self.lm} {unready[1]}")
         if gm is not None and gm not in self.gms:
             return Refused(

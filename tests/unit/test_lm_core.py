@@ -643,3 +643,45 @@ def test_rerouting_places_a_task_whose_node_has_no_room_on_the_last_that_fits() 
     assert [(r.accepted, r.reason) for r in resp.results] == [(False, "insufficient_resources")]
     assert (lm.counters.refused_internal, lm.counters.refused_external) == (1, 1)
     conserved(lm)
+
+
+def test_an_lm_whose_pool_never_registers_answers_snapshots_once_it_gives_the_pool_up() -> None:
+    """A GM takes jobs only with a view of every LM, and an LM answers no snapshot
+    before its pool registers (it may hold tasks without knowing yet).  A pool that
+    never comes back left every GM that started afterwards without jobs, for ever
+    (`megha chaos`: pool gone, its LM restarted, then a GM restarted).  Once the pool has
+    been silent ``lost_after`` since the LM's first check, the LM answers: every node
+    dead, nothing held -- and judges launches (refused: their nodes are dead) instead
+    of asking them to wait, so a launch in flight when it restarted goes elsewhere."""
+    from tests.conftest import make_gm
+
+    lm = LocalMaster(LM0, [NodeSpec((4, 4))] * 2, [GM0] * 2, awaiting_workers=True)
+    gm = make_gm()
+    ask = SnapshotRequest(gm=GM0, lm=LM0)
+    launch = LaunchRequest(gm=GM0, lm=LM0, request_id=1, known_version=-1,
+                           placements=(Placement(spec=make_task(), attempt=1, node=N0),))  # fmt: skip
+    check = CheckWorkers(timeout=1.0, lost_after=4.0)
+    now = 1_700_000_000.0  # a wall clock: the nodes' last_seen (0) is long past
+    for t in (0.0, 1.0, 4.0):  # the first check starts the pool's silence
+        assert lm.handle(check, now + t) == []
+        (refused,) = lm.handle(ask, now + t)
+        assert isinstance(refused.msg, Refused)  # type: ignore[union-attr]
+        assert refused.msg.reason == "not_ready"  # type: ignore[union-attr]
+    lm.handle(check, now + 4.5)
+    (snap,) = lm.handle(ask, now + 4.5)
+    assert isinstance(snap.msg, StateSnapshot)  # type: ignore[union-attr]
+    assert snap.msg.held == ()  # type: ignore[union-attr]
+    gm.handle(snap.msg, now + 4.5)  # type: ignore[union-attr]
+    assert gm.ready
+    assert not gm.views[LM0].avail.any()  # every node dead: nothing is placed there
+    # a launch (sent before the LM restarted, asked again) is judged: its node is dead
+    (answer,) = lm.handle(launch, now + 4.6)
+    assert isinstance(answer.msg, LaunchResponse)  # type: ignore[union-attr]
+    assert [r.accepted for r in answer.msg.results] == [False]  # type: ignore[union-attr]
+    assert lm.active == {}
+    # the pool comes back after all: its nodes live, launches are taken
+    lm.handle(RegisterWorkers(lm=LM0, nodes=(N0, N1), at=now + 5.0), now + 5.0)
+    launch = replace(launch, request_id=2)
+    answer, start = lm.handle(launch, now + 5.1)
+    assert [r.accepted for r in answer.msg.results] == [True]  # type: ignore[union-attr]
+    assert isinstance(start, ToWorker)

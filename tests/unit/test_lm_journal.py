@@ -17,6 +17,7 @@ from common import codec
 from common.effects import Effect, Record, ToGm, ToLm, ToWorker
 from common.ids import GmId, JobId, LmId, NodeIndex, TaskId, UserId
 from common.messages import (
+    CheckWorkers,
     CommitGang,
     EndedAttempt,
     EventKind,
@@ -388,3 +389,24 @@ def test_a_pool_keeps_its_unreported_ends_across_its_death() -> None:
     assert again.unreported == {}
     again.restore([codec.decode(codec.encode(r)) for r in pool.records()])
     assert again.unreported == {}
+
+
+def test_a_restored_attempt_is_held_lost_after_from_the_restart_not_from_time_zero() -> None:
+    """On the live clock (wall seconds) a restored node's ``last_seen`` was 0: the LM's
+    first check after a restart found every node silent for decades and gave up what
+    its pool might still run, at once (`megha chaos --random 2`: an LM restarted while
+    its pool was down 1.3 s of its 8-s ``node_lost_after_s`` gave up six nodes, and a
+    task ran to its end twice).  The silence now counts from the restore."""
+    now = 1_700_000_000.0
+    lm = durable_lm()
+    t = make_task(job="j")
+    journal = records(lm.handle(launch_req(t, node=0), now))
+    new = reborn(journal, now + 1.0)
+    check = CheckWorkers(timeout=1.5, lost_after=8.0)
+    for later in (1.3, 2.3, 3.3, 4.3, 5.3, 6.3, 7.3, 8.3, 8.9):  # within lost_after
+        assert [e for e in new.handle(check, now + later) if not isinstance(e, Record)] == []
+    assert (t.user, t.task_id) in new.nodes.active
+    assert new.counters.nodes_given_up == 0
+    gave_up = new.handle(check, now + 9.5)  # silent past lost_after since the restart
+    assert new.counters.nodes_given_up == 1
+    assert [e.msg.kind for e in gave_up if isinstance(e, ToGm)] == [EventKind.REQUEUED]
