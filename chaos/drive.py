@@ -296,10 +296,10 @@ async def _faults(st: Stage, sc: Scenario, sub: Submitter, run: Run, caps: dict[
                 behind.append(asyncio.create_task(one(step, at)))
             else:
                 await one(step, at)
-    finally:
-        for done in await asyncio.gather(*behind, return_exceptions=True):
-            if isinstance(done, BaseException):
-                raise done
+    finally:  # even when a step failed: no restart may outlive the stage's teardown
+        done = await asyncio.gather(*behind, return_exceptions=True)
+    for failed in (d for d in done if isinstance(d, BaseException)):
+        raise failed  # (after the loop: a step's own error is never masked by one of these)
 
 
 async def _wait_finished(sub: Submitter, run: Run, timeout_s: float, t0: float, progress: bool) -> None:  # fmt: skip

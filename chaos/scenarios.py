@@ -153,6 +153,7 @@ def random_scenarios(path: Path, seed: int, n: int) -> list[Scenario]:
     back: the check is the suite's own, nothing lost and nothing launched twice."""
     defaults = _read(path).get("defaults", {})
     fed = dict(defaults.get("federation", {}))
+    FederationConfig(**fed).validate()  # a bad file says so before anything starts
     out: list[Scenario] = []
     for r in range(1, n + 1):
         rng = random.Random(f"random:{seed}:{r}")

@@ -77,9 +77,8 @@ class Address:
         (None: taken before)."""
         if to != self.lm:
             return Refused(reason=RequestReason.WRONG_LM, detail=f"this is {self.lm}, not {to}")
-        waits = unready is not None and not self.registered
-        if waits and not (unready is ASK_LATER and self.pool_given_up):
-            assert unready is not None
+        given_up = self.pool_given_up and unready is ASK_LATER  # GMs need wait no more
+        if unready is not None and not self.registered and not given_up:
             return Refused(reason=unready[0], detail=f"{self.lm} {unready[1]}")
         if gm is not None and gm not in self.gms:
             return Refused(
