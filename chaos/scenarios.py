@@ -144,36 +144,115 @@ RANDOM_DOWN = (0.1, 4.0)
 heartbeat to past ``worker_timeout_s`` and a pool's lease."""
 
 
-def random_scenarios(path: Path, seed: int, n: int) -> list[Scenario]:
+def random_scenarios(path: Path, seed: int, n: int, *, wide: bool = False) -> list[Scenario]:
     """``n`` scenarios of faults drawn at random (seeded), on the file's default
     federation and load: each one to three services (distinct) hit once -- SIGKILL and
     start again, SIGSTOP and SIGCONT (after ``RANDOM_DOWN``), or a clean restart -- at
     ``RANDOM_AT``; so faults overlap, and a GM, an LM and a pool may be down at once.
     A quarter of the loads are DAG jobs (Carbyne's queues).  Every service hit comes
-    back: the check is the suite's own, nothing lost and nothing launched twice."""
+    back: the check is the suite's own, nothing lost and nothing launched twice.
+
+    ``wide``: one to three faults of distinct kinds drawn from every kind the driver
+    has (``WIDE_KINDS``): a process fault as above; a host cut off or slowed (network
+    namespaces); the private broker node stopped, killed or under a memory alarm;
+    submissions, event batches or state updates published again; a service's wall
+    clock stepped and put right; or every process killed or stopped at once and
+    started again.  Names are ``random-wide-SEED-ROUND``."""
     defaults = _read(path).get("defaults", {})
     fed = dict(defaults.get("federation", {}))
     FederationConfig(**fed).validate()  # a bad file says so before anything starts
     out: list[Scenario] = []
     for r in range(1, n + 1):
-        rng = random.Random(f"random:{seed}:{r}")
+        rng = random.Random(f"random{'-wide' if wide else ''}:{seed}:{r}")
+        kinds: list[str] = []
         steps: list[Step] = []
-        for target in rng.sample(RANDOM_TARGETS, rng.choice((1, 2, 2, 3))):
-            kind, at = rng.choice(RANDOM_FAULTS), round(rng.uniform(*RANDOM_AT), 3)
-            steps.append(Step(at, kind, target, background=kind == "restart_clean"))
-            if kind != "restart_clean":
-                back = round(at + rng.uniform(*RANDOM_DOWN), 3)
-                again = "restart" if kind == "kill" else "cont"
-                steps.append(Step(back, again, target, background=again == "restart"))
+        if wide:
+            kinds = _wide_kinds(rng)
+            targets = rng.sample(RANDOM_TARGETS, len(kinds))
+            for kind, target in zip(kinds, targets, strict=True):
+                steps += _wide_fault(rng, kind, target, alarm="whole" not in kinds)
+        else:
+            for target in rng.sample(RANDOM_TARGETS, rng.choice((1, 2, 2, 3))):
+                kind, at = rng.choice(RANDOM_FAULTS), round(rng.uniform(*RANDOM_AT), 3)
+                steps.append(Step(at, kind, target, background=kind == "restart_clean"))
+                if kind != "restart_clean":
+                    back = round(at + rng.uniform(*RANDOM_DOWN), 3)
+                    again = "restart" if kind == "kill" else "cont"
+                    steps.append(Step(back, again, target, background=again == "restart"))
         steps.sort(key=lambda s: s.at)
         dag = rng.random() < 0.25
         load = Load(**{**defaults.get("load", {}), "seed": rng.randrange(1, 2**31)})
         if dag:
             load = replace(load, dag=True, jobs=8, rate=2.0, duration=0.5)
-        fault = "; ".join(f"{s.action} {s.target} at {s.at:.2f} s" for s in steps)
+        fault = "; ".join(_told(s) for s in steps)
         out.append(Scenario(
-            name=f"random-{seed}-{r}", fault=fault + (" (DAG jobs)" if dag else ""),
-            steps=steps, load=load,
+            name=f"random{'-wide' if wide else ''}-{seed}-{r}",
+            fault=fault + (" (DAG jobs)" if dag else ""), steps=steps, load=load,
             federation={**fed, "queue_policy": "carbyne"} if dag else fed,
+            broker="private" if "broker" in kinds else "shared", netns="network" in kinds,
         ))  # fmt: skip
     return out
+
+
+def _wide_kinds(rng: random.Random) -> list[str]:
+    """One to three distinct kinds of fault; a whole-federation restart brings every
+    process back at once, so it never meets a single process's fault."""
+    kinds = list(dict.fromkeys(rng.choice(WIDE_KINDS) for _ in range(rng.choice((1, 2, 2, 3)))))
+    if "whole" in kinds and "process" in kinds:
+        kinds.remove("process")
+    return kinds
+
+
+def _wide_fault(rng: random.Random, kind: str, target: str, *, alarm: bool) -> list[Step]:
+    """The steps of one fault of ``kind`` (``WIDE_KINDS``), on ``target`` where it
+    names a service: the fault at ``RANDOM_AT`` and, unless it is over at once, what
+    undoes it ``RANDOM_DOWN`` later.  A memory alarm only with ``alarm`` (it strikes
+    once a publisher is blocked: none may be while every process is down)."""
+    at = round(rng.uniform(*RANDOM_AT), 3)
+    back = round(at + rng.uniform(*RANDOM_DOWN), 3)
+    if kind == "process":
+        action = rng.choice(RANDOM_FAULTS)
+        if action == "restart_clean":
+            return [Step(at, action, target, background=True)]
+        again = "restart" if action == "kill" else "cont"
+        return [Step(at, action, target), Step(back, again, target, background=again == "restart")]
+    if kind == "network":
+        if rng.random() < 0.5:
+            return [Step(at, "partition", target), Step(back, "heal", target)]
+        ms = float(rng.choice(WIDE_DELAYS_MS))
+        return [Step(at, "delay", target, value=ms), Step(back, "undelay", target)]
+    if kind == "broker":
+        action = rng.choice(("broker_stop", "broker_kill", "broker_alarm")[: 2 + alarm])
+        return [
+            Step(at, action),
+            Step(back, "broker_unalarm" if action == "broker_alarm" else "broker_start"),
+        ]
+    if kind == "messages":
+        return [Step(at, rng.choice(("duplicate_jobs", "replay_events", "replay_state")))]
+    if kind == "clock":
+        off = rng.choice((-1, 1)) * float(rng.choice(WIDE_CLOCK_STEPS_S))
+        return [Step(at, "clock_step", target, value=off), Step(back, "clock_step", target)]
+    return [
+        Step(at, rng.choice(("kill_all", "stop_all"))),
+        Step(back, "start_all", background=True),
+    ]
+
+
+def _told(s: Step) -> str:
+    """A step as the fault's text shows it."""
+    what = f"{s.action} {s.target}".rstrip()
+    if s.action == "delay":
+        what += f" {s.value:g} ms"
+    elif s.action == "clock_step":
+        what += f" {s.value:+g} s"
+    return f"{what} at {s.at:.2f} s"
+
+
+WIDE_KINDS = (
+    "process", "process", "network", "network", "broker", "messages", "clock", "whole",
+)  # fmt: skip
+"""What a ``wide`` random fault may be (process and network faults twice as likely)."""
+WIDE_DELAYS_MS = (20, 100, 300, 1000)
+"""Added egress delay of a slowed host: a far rack to past a heartbeat."""
+WIDE_CLOCK_STEPS_S = (0.5, 5, 60, 3600)
+"""A wall clock stepped by this much, either way: a slew to a wrong time zone."""

@@ -81,6 +81,8 @@ def _from_file(args: argparse.Namespace) -> list[Scenario]:
     """The scenario file's scenarios (``--list``: moved by ``--jitter`` if given)."""
     if args.jitter is None and args.repeat != 1:
         raise ConfigError("--repeat draws each run anew: it needs --jitter SEED or --random SEED")
+    if args.wide:
+        raise ConfigError("--wide widens the faults --random draws: it needs --random SEED")
     scenarios = load_scenarios(Path(args.scenarios))
     if args.list and args.jitter is not None:
         return jittered(scenarios, args.jitter, args.repeat)
@@ -91,7 +93,7 @@ def _drawn(args: argparse.Namespace) -> list[Scenario]:
     """``--random SEED``: ``--repeat`` scenarios of faults drawn at random."""
     if args.jitter is not None or args.only or args.quick:
         raise ConfigError("--random draws its own scenarios: not with --jitter, --only or --quick")
-    return random_scenarios(Path(args.scenarios), args.random, args.repeat)
+    return random_scenarios(Path(args.scenarios), args.random, args.repeat, wide=args.wide)
 
 
 def _chosen(args: argparse.Namespace, scenarios: list[Scenario]) -> list[Scenario]:
@@ -150,6 +152,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "by SEED: one to three of the default federation's services each killed and started "
         "again, stopped and continued, or restarted cleanly, overlapping, at 0.3-4.5 s, down "
         "0.1-4 s; a quarter of them with DAG jobs",
+    )  # fmt: skip
+    p.add_argument(
+        "--wide", action="store_true",
+        help="with --random: each fault drawn from every kind, not only a service's kill, "
+        "stop or restart: a host cut off or slowed (network namespaces), the private broker "
+        "node stopped, killed or under a memory alarm, submissions, event batches or state "
+        "updates published again, a wall clock stepped (0.5 s-1 h) and put right, every "
+        "process killed or stopped at once and started again",
     )  # fmt: skip
     p.add_argument(
         "--repeat", type=_positive, default=1, metavar="N",

@@ -156,6 +156,48 @@ def test_random_faults_hit_real_services_and_bring_each_back() -> None:
     assert 5 <= dags <= 30
 
 
+UNDONE_BY = {
+    "kill": "restart", "stop": "cont", "partition": "heal", "delay": "undelay",
+    "broker_stop": "broker_start", "broker_kill": "broker_start",
+    "broker_alarm": "broker_unalarm", "kill_all": "start_all", "stop_all": "start_all",
+}  # fmt: skip
+AT_ONCE = {"restart_clean", "duplicate_jobs", "replay_events", "replay_state"}
+
+
+def test_wide_random_faults_are_of_every_kind_and_each_undone() -> None:
+    runs = random_scenarios(DEFAULT_SCENARIOS, seed=5, n=120, wide=True)
+    assert random_scenarios(DEFAULT_SCENARIOS, seed=5, n=120, wide=True) == runs
+    assert runs != random_scenarios(DEFAULT_SCENARIOS, seed=5, n=120)  # not the narrow draw
+    assert [r.name for r in runs] == [f"random-wide-5-{i}" for i in range(1, 121)]
+    actions: set[str] = set()
+    for run in runs:
+        services = set(FederationConfig(**run.federation).validate().process_names)
+        acts = [s.action for s in run.steps]
+        actions.update(acts)
+        assert [s.at for s in run.steps] == sorted(s.at for s in run.steps)
+        assert run.netns == bool({"partition", "delay"} & set(acts))  # hosts only for them
+        assert (run.broker == "private") == any(a.startswith("broker_") for a in acts)
+        whole = "start_all" in acts
+        if whole:  # every process back at once: no single one's fault, no alarm
+            assert not {"kill", "stop", "restart_clean", "broker_alarm"} & set(acts)
+        pending: list[tuple[str, str]] = []  # faults not undone yet, in order
+        for s in run.steps:
+            assert s.target in services | {""}
+            if s.action == "clock_step":
+                key = ("clock_step", s.target)
+                if s.value:
+                    pending.append(key)
+                else:
+                    pending.remove(key)
+            elif s.action in UNDONE_BY:
+                assert RANDOM_AT[0] <= s.at <= RANDOM_AT[1]
+                pending.append((UNDONE_BY[s.action], s.target))
+            elif s.action not in AT_ONCE:
+                pending.remove((s.action, s.target))
+        assert pending == []  # every fault is undone before the run is checked
+    assert set(UNDONE_BY) | set(UNDONE_BY.values()) | AT_ONCE | {"clock_step"} == actions
+
+
 def test_random_draws_its_own_and_refuses_the_file_s_choices(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -167,6 +209,10 @@ def test_random_draws_its_own_and_refuses_the_file_s_choices(
     for extra in (["--quick"], ["--only", "lm-kill"], ["--jitter", "2"]):
         assert main(["chaos", "--random", "1", *extra]) == 1
         assert "--random draws its own" in capsys.readouterr().err
+    assert main(["chaos", "--random", "1", "--wide", "--list"]) == 0
+    assert capsys.readouterr().out.startswith("random-wide-1-1 ")
+    assert main(["chaos", "--wide", "--list"]) == 1  # nothing to widen
+    assert "needs --random" in capsys.readouterr().err
 
 
 def test_a_background_step_does_not_hold_back_the_step_it_waits_for(
