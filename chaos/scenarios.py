@@ -171,6 +171,7 @@ def random_scenarios(path: Path, seed: int, n: int, *, wide: bool = False) -> li
             targets = rng.sample(RANDOM_TARGETS, len(kinds))
             for kind, target in zip(kinds, targets, strict=True):
                 steps += _wide_fault(rng, kind, target, alarm="whole" not in kinds)
+            steps = _broker_first(steps)
         else:
             for target in rng.sample(RANDOM_TARGETS, rng.choice((1, 2, 2, 3))):
                 kind, at = rng.choice(RANDOM_FAULTS), round(rng.uniform(*RANDOM_AT), 3)
@@ -201,6 +202,17 @@ def _wide_kinds(rng: random.Random) -> list[str]:
     if "whole" in kinds and "process" in kinds:
         kinds.remove("process")
     return kinds
+
+
+def _broker_first(steps: list[Step]) -> list[Step]:
+    """A whole-federation start comes after the broker's (``megha up`` checks the
+    broker first and stops with a clear error if it is down, as on a host that boots
+    the broker before the federation)."""
+    broker_back = [s.at for s in steps if s.action == "broker_start"]
+    if not broker_back:
+        return steps
+    after = round(broker_back[0] + BROKER_BEFORE_FEDERATION_S, 3)
+    return [replace(s, at=max(s.at, after)) if s.action == "start_all" else s for s in steps]
 
 
 def _wide_fault(rng: random.Random, kind: str, target: str, *, alarm: bool) -> list[Step]:
@@ -252,6 +264,8 @@ WIDE_KINDS = (
     "process", "process", "network", "network", "broker", "messages", "clock", "whole",
 )  # fmt: skip
 """What a ``wide`` random fault may be (process and network faults twice as likely)."""
+BROKER_BEFORE_FEDERATION_S = 0.5
+"""A whole start at least this long after the broker node's."""
 WIDE_DELAYS_MS = (20, 100, 300, 1000)
 """Added egress delay of a slowed host: a far rack to past a heartbeat."""
 WIDE_CLOCK_STEPS_S = (0.5, 5, 60, 3600)
