@@ -76,7 +76,10 @@ class AdmissionSteps:
         if job.resumes is not None:
             return self._on_resume(job, now)
         record = self.jobs.get(jk)
-        if record is not None or self.ledger.is_recent(jk) or jk in self.admitting:
+        if (
+            record is not None or self.ledger.is_recent(jk) or jk in self.admitting
+            or self._in_history(jk, msg.redelivered)
+        ):  # fmt: skip
             if msg.redelivered:  # the same job again (its ack was lost): nothing to run twice
                 if jk in self.admitting:
                     return []  # settled once admitted and placed
@@ -96,6 +99,17 @@ class AdmissionSteps:
             return self._admit_step(adm, now)
         why = admission.check(adm, n, self.live, self._cluster())  # in one step
         return [self._refuse(job, why)] if why is not None else self._queue_tasks(adm, n, now)
+
+    def _in_history(self, jk: JobKey, redelivered: bool) -> bool:
+        """The job book (read back from the journal after a restart, when the ledger's
+        recent jobs are gone) holds ``jk`` as admitted before: a submission again is a
+        duplicate, a redelivery of an ended job has nothing left to run.  A redelivery
+        of a job it holds open is the job (some of its tasks may never have run); a job
+        it holds only as refused may come again."""
+        rec = self.book.get(*jk) if self.book is not None else None
+        if rec is None or rec.refused:
+            return False
+        return rec.ended or not redelivered
 
     def task_refusal(self, job: SubmitJob) -> Refusal | None:
         """Why admission would refuse one of ``job``'s tasks for its demand, command or

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common.effects import Record
+from common.effects import JobRefused, JobSettled, Record
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.jobspec import JobDef
 from common.messages import AdmitJob, CancelJob, Decide, EventKind, TaskEvent, TaskEvents
@@ -117,6 +117,42 @@ def test_a_replayed_book_goes_on_recording() -> None:
     third = JobBook(per_user=10, keep_s=100.0)
     third.replay(h.records, now=20.0)  # the first life's records and the second's
     assert views(third, h.gm) == views(again, h.gm)
+
+
+def test_a_restarted_gm_runs_no_job_of_its_history_again() -> None:
+    """After a restart the core's memory of recent jobs is gone, but the book read back
+    from the journal is not: a job it admitted before is not admitted again -- a
+    submission published twice (a publisher's retry, a replay) is refused as before the
+    restart, and a redelivery of a job that ended is acknowledged with nothing run
+    (found by ``megha chaos --random 2 --wide``: a whole-federation restart, then the
+    same submissions published again, ran 6 ended tasks a second time).  A redelivered
+    job the book holds open is taken as any redelivered job (its tasks may never have
+    run); a job the book holds only as refused may be sent again."""
+    h = history()
+    gm: GlobalMaster = make_gm("gm0", ("lm0",), (("u0", "gm0", 1.0),))
+    sync_views(gm, make_lm("lm0", [(1, 1), (1, 1)]))
+    gm.book = JobBook(per_user=10, keep_s=100.0)
+    gm.book.replay(h.records, now=12.0)
+    gm.book.keep_history()
+
+    def admit(job_id: str, redelivered: bool, count: int = 1, demand: int = 1) -> list[object]:
+        job = JobDef.single(count, [demand, demand], 5.0, name=job_id)
+        sub = job.submission(job_id, "u0", "t", 13.0)
+        return gm.handle(AdmitJob(job=sub, redelivered=redelivered), 13.0)
+
+    for job_id, count in (("ok", 1), ("bad", 1), ("stop", 2), ("live", 1)):
+        (refused,) = [e for e in admit(job_id, False, count) if isinstance(e, JobRefused)]
+        assert refused.reason == "duplicate_job_id", job_id
+    assert gm.ledger.live.per_user.get(UserId("u0"), 0) == 0
+    for job_id, count in (("ok", 1), ("bad", 1), ("stop", 2)):  # ended: nothing to run
+        assert admit(job_id, True, count) == [JobSettled(JobId(job_id), UserId("u0"))]
+    assert gm.ledger.live.per_user.get(UserId("u0"), 0) == 0
+    admit("live", True)  # open in the book: its delivery is the job
+    assert gm.ledger.live.per_user.get(UserId("u0"), 0) == 1
+    admit("big", False, demand=5)  # refused before, for its demand: sent again, checked again
+    effects = admit("big", False)  # (and, fixed, taken)
+    assert not [e for e in effects if isinstance(e, JobRefused)]
+    assert gm.ledger.live.per_user.get(UserId("u0"), 0) == 2
 
 
 @pytest.mark.parametrize("sync_s", [0.0, 1.0])
