@@ -272,7 +272,8 @@ async def _whole(st: Stage, a: str, run: Run) -> str:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         run.launched_before.extend(await fetch_launches(session, st.cfg, st.access))
     if a == "kill_all":
-        return f"SIGKILLed every process at once ({len(kill_all(st.home))} process groups)"
+        struck = await loop.run_in_executor(None, kill_all, st.home)
+        return f"SIGKILLed every process at once ({len(struck)} process groups)"
     await loop.run_in_executor(None, lambda: stop_federation(st.home, quiet=True))
     return "stopped every process (megha down)"
 
@@ -347,13 +348,25 @@ async def drive(st: Stage, sc: Scenario, progress: bool) -> dict[str, Any]:
         jobs = build_jobs(st.cfg, sc.load)
         t0 = time.time()
         faults = asyncio.ensure_future(_faults(st, sc, sub, run, caps, t0, progress))
-        for job in jobs:
-            await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
-            at = await sub.submit(job)
-            run.sent.append((job, at))
-            for s in specs_of(job):
-                run.published[(s.user, s.task_id)] = at
-        await faults
+
+        async def load() -> None:
+            for job in jobs:
+                await asyncio.sleep(max(0.0, t0 + job.arrival - time.time()))
+                at = await sub.submit(job)
+                run.sent.append((job, at))
+                for s in specs_of(job):
+                    run.published[(s.user, s.task_id)] = at
+
+        submitting = asyncio.ensure_future(load())
+        await asyncio.wait((submitting, faults), return_when=asyncio.FIRST_EXCEPTION)
+        if faults.done() and faults.exception() is not None:
+            submitting.cancel()  # a step failed: the run is over
+        # both to their end (no step outlives the stage); a step's error first: it is
+        # the scenario's error, not the submissions its fault then held up
+        loaded, struck = await asyncio.gather(submitting, faults, return_exceptions=True)
+        for err in (struck, loaded):
+            if isinstance(err, BaseException):
+                raise err
         await _wait_finished(sub, run, sc.timeout_s, t0, progress)
         await asyncio.sleep(0.5)  # late duplicate outcomes or launches
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:

@@ -207,12 +207,18 @@ def _wide_kinds(rng: random.Random) -> list[str]:
 def _broker_first(steps: list[Step]) -> list[Step]:
     """A whole-federation start comes after the broker's (``megha up`` checks the
     broker first and stops with a clear error if it is down, as on a host that boots
-    the broker before the federation)."""
-    broker_back = [s.at for s in steps if s.action == "broker_start"]
-    if not broker_back:
+    the broker before the federation), and so do messages published again that would
+    fall while the node is down (the driver publishes them through it)."""
+    down = [s.at for s in steps if s.action in ("broker_stop", "broker_kill")]
+    back = [s.at for s in steps if s.action == "broker_start"]
+    if not back:
         return steps
-    after = round(broker_back[0] + BROKER_BEFORE_FEDERATION_S, 3)
-    return [replace(s, at=max(s.at, after)) if s.action == "start_all" else s for s in steps]
+    after = round(back[0] + BROKER_BEFORE_FEDERATION_S, 3)
+
+    def moved(s: Step) -> bool:
+        return s.action == "start_all" or (s.action in AGAIN and down[0] <= s.at < after)
+
+    return [replace(s, at=max(s.at, after)) if moved(s) else s for s in steps]
 
 
 def _wide_fault(rng: random.Random, kind: str, target: str, *, alarm: bool) -> list[Step]:
@@ -240,7 +246,7 @@ def _wide_fault(rng: random.Random, kind: str, target: str, *, alarm: bool) -> l
             Step(back, "broker_unalarm" if action == "broker_alarm" else "broker_start"),
         ]
     if kind == "messages":
-        return [Step(at, rng.choice(("duplicate_jobs", "replay_events", "replay_state")))]
+        return [Step(at, rng.choice(AGAIN))]
     if kind == "clock":
         off = rng.choice((-1, 1)) * float(rng.choice(WIDE_CLOCK_STEPS_S))
         return [Step(at, "clock_step", target, value=off), Step(back, "clock_step", target)]
@@ -264,6 +270,8 @@ WIDE_KINDS = (
     "process", "process", "network", "network", "broker", "messages", "clock", "whole",
 )  # fmt: skip
 """What a ``wide`` random fault may be (process and network faults twice as likely)."""
+AGAIN = ("duplicate_jobs", "replay_events", "replay_state")
+"""Messages published again: submissions, LMs' event batches, LMs' state updates."""
 BROKER_BEFORE_FEDERATION_S = 0.5
 """A whole start at least this long after the broker node's."""
 WIDE_DELAYS_MS = (20, 100, 300, 1000)

@@ -321,15 +321,20 @@ def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
     return pid
 
 
-def kill_all(home: Path) -> list[int]:
+def kill_all(home: Path, *, wait_s: float = 5.0) -> list[int]:
     """SIGKILL every running process of the federation at once, each process group (a
-    host losing power, as far as the processes can tell); the pids it struck."""
+    host losing power, as far as the processes can tell); the pids it struck, once
+    they are gone (within ``wait_s``: a process dies some milliseconds after its
+    SIGKILL, and a ``megha up`` that came first found the federation still running)."""
     struck = []
     for pid in recorded(home).values():
         if _is_ours(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
                 struck.append(pid)
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) and _is_ours(p) for p in struck) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return struck
 
 

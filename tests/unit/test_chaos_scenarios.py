@@ -182,6 +182,11 @@ def test_wide_random_faults_are_of_every_kind_and_each_undone() -> None:
             assert not {"kill", "stop", "restart_clean", "broker_alarm"} & set(acts)
             if "broker_start" in acts:  # megha up needs the broker: it comes back first
                 assert acts.index("broker_start") < acts.index("start_all")
+        if "broker_start" in acts:  # nothing published again while the node is down
+            down = next(s.at for s in run.steps if s.action in ("broker_stop", "broker_kill"))
+            up = next(s.at for s in run.steps if s.action == "broker_start")
+            assert not [s for s in run.steps if s.action in AT_ONCE - {"restart_clean"}
+                        and down <= s.at < up]  # fmt: skip
         pending: list[tuple[str, str]] = []  # faults not undone yet, in order
         for s in run.steps:
             assert s.target in services | {""}

@@ -48,3 +48,26 @@ def test_every_federation_command_has_help() -> None:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args([cmd, "--help"])
         assert exit_.value.code == 0
+
+
+def test_kill_all_returns_once_its_processes_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed process dies a little later; ``megha up`` right after ``kill_all``
+    found the federation still running (``megha chaos --random 2 --wide``)."""
+    from federation import processes
+
+    killed: list[int] = []
+    checks = {11: 3, 12: 5}  # the times each still looks alive after its SIGKILL
+    monkeypatch.setattr(processes, "recorded", lambda home: {"gm0": 11, "lm0": 12})
+    monkeypatch.setattr(processes, "_is_ours", lambda pid: True)
+    monkeypatch.setattr(processes.os, "killpg", lambda pid, sig: killed.append(pid))
+    monkeypatch.setattr(processes.time, "sleep", lambda s: None)
+
+    def alive(pid: int) -> bool:
+        checks[pid] -= 1
+        return checks[pid] >= 0
+
+    monkeypatch.setattr(processes, "alive", alive)
+    assert processes.kill_all(tmp_path) == [11, 12] == killed
+    assert checks[12] == -1 and checks[11] < 0  # looked at until both were gone
