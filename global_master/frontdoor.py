@@ -112,8 +112,14 @@ class FrontDoor:
         why = self.core.task_refusal(sub)  # what the core's admission would refuse it for
         if why is not None:
             raise Unadmittable(why.reason, why.detail)
-        await self.publish(sub)
+        # the id is taken before the publish is awaited: a second submission of it
+        # meanwhile is a 409, not a second 202 whose job the GM then drops as a duplicate
         self.pending[jk] = sub
+        try:
+            await self.publish(sub)
+        except BaseException:
+            self.pending.pop(jk, None)  # not published: the id is free again
+            raise
         ids = [s.task_id for s in sub.tasks]
         body = {"job_id": jid, "user": user, "gm": self.core.gm_id, "tasks": ids,
                 "state": "submitted"}  # fmt: skip

@@ -198,3 +198,43 @@ def test_job_files_parse_strictly() -> None:
         with pytest.raises(ConfigError) as err:
             parse_job(bad)
         assert err.value.reason == "bad_job_file"
+
+
+def test_one_id_sent_twice_at_once_is_taken_once(tmp_path: Path) -> None:
+    """Two submissions of one id while the first waits for the broker: one 202, one
+    409 (both were 202, and the GM dropped the second job as a duplicate, unsaid)."""
+    d, tokens, published = door(tmp_path)
+    sent = d.publish
+    gate, started = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: SubmitJob) -> None:  # the broker's confirm takes a while
+        started.set()
+        await gate.wait()
+        await sent(job)
+
+    d.publish = slow
+    job = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
+
+    async def go() -> list[tuple[int, Any]]:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestClient(TestServer(app)) as client:
+            h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+
+            async def submit(count: int) -> tuple[int, Any]:
+                data = json.dumps({**job, "count": count})
+                resp = await client.post("/api/v1/jobs?id=same", headers=h, data=data)
+                return resp.status, await resp.json()
+
+            first = asyncio.create_task(submit(1))
+            await started.wait()
+            second = asyncio.create_task(submit(2))
+            await asyncio.sleep(0.2)  # answered while the first still waits, or waiting too
+            gate.set()
+            return [await first, await second]
+
+    (st1, a), (st2, b) = asyncio.run(go())
+    assert (st1, a["tasks"]) == (202, ["same.s0.t0"])
+    assert (st2, b["error"]) == (409, "duplicate_job_id")
+    assert [j.job_id for j in published] == ["same"]
+    assert [len(j.tasks) for j in published] == [1]
