@@ -46,6 +46,11 @@ forgotten here; its dead letter says why."""
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
 """A job id (room left for its tasks' ``.s<stage>.t<i>``)."""
+PUBLISH_S = 5.0
+"""How long a submission waits for the broker to take it into its user's queue before
+it is refused (``NotQueued``): a full queue (``max_user_queue``) nacks every publish
+until its GM reads it down, and a retry that never ends held the request, and the job,
+until it went through, long after its caller had given up."""
 SHOWN_ID = 80
 """A refused job id is quoted back up to this many characters (it may be megabytes)."""
 
@@ -118,7 +123,7 @@ class FrontDoor:
         try:
             await self.publish(sub)
         except BaseException:
-            self.pending.pop(jk, None)  # not published: the id is free again
+            self.pending.pop(jk, None)  # not published (``NotQueued``): the id is free again
             raise
         ids = [s.task_id for s in sub.tasks]
         body = {"job_id": jid, "user": user, "gm": self.core.gm_id, "tasks": ids,
@@ -199,6 +204,18 @@ def _submitted(sub: SubmitJob) -> dict[str, Any]:
             "ended_at": None, "reason": ""}  # fmt: skip
 
 
+class NotQueued(MeghaError):
+    """A job the broker did not take into its user's queue within ``PUBLISH_S``: that
+    queue is full (``queue_full``, 429) or the broker is out of reach
+    (``broker_unavailable``, 503).  No publish of it is left running: a full queue
+    took nothing; a broker that did not confirm may have taken it, so the detail names
+    its id, and the same id submitted again is refused as a duplicate if it did (a
+    retry never runs the job twice)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail, reason=reason)
+
+
 class WrongGm(MeghaError):
     def __init__(self, gm: str, url: str) -> None:
         super().__init__(f"this user's jobs are on {gm} ({url})", reason="wrong_gm")
@@ -233,6 +250,8 @@ def _status(exc: MeghaError) -> int:
         return 401
     if isinstance(exc, Unadmittable):
         return 422
+    if isinstance(exc, NotQueued):
+        return 429 if exc.reason == "queue_full" else 503
     return 422 if exc.reason in ("bad_job_file", "bad_job_id") else 400
 
 
@@ -355,6 +374,10 @@ OPENAPI: dict[str, Any] = {
                      "responses": {"202": _resp("published to your queue",
                                                 {"$ref": "#/components/schemas/Submitted"}),
                                    "409": _resp("duplicate_job_id"),
+                                   "429": _resp("queue_full: your queue at the broker is "
+                                                "full, retry later"),
+                                   "503": _resp("broker_unavailable: not confirmed, submit "
+                                                "again with ?id= the id named"),
                                    "422": _resp("bad_job_file, bad_job_id, a wire bound, or "
                                                  "what admission refuses (wrong_resources, "
                                                  "impossible_resources, commands_disabled, "

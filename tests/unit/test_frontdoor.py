@@ -19,7 +19,7 @@ from common.errors import ConfigError
 from common.ids import GmId, LmId, NodeIndex
 from common.jobspec import JobDef, parse_job
 from common.messages import AdmitJob, Decide, EventKind, SubmitJob, TaskEvent, TaskEvents
-from global_master.frontdoor import OPENAPI, FrontDoor, add_routes
+from global_master.frontdoor import OPENAPI, FrontDoor, NotQueued, add_routes
 from security.tokens import TokenStore
 from tests.conftest import make_gm, make_lm, sync_views
 
@@ -238,3 +238,47 @@ def test_one_id_sent_twice_at_once_is_taken_once(tmp_path: Path) -> None:
     assert (st2, b["error"]) == (409, "duplicate_job_id")
     assert [j.job_id for j in published] == ["same"]
     assert [len(j.tasks) for j in published] == [1]
+
+
+@pytest.mark.parametrize(("reason", "status"), [("queue_full", 429),
+                                                ("broker_unavailable", 503)])  # fmt: skip
+def test_a_job_the_broker_did_not_take_is_refused_and_its_id_freed(
+    tmp_path: Path, reason: str, status: int
+) -> None:
+    d, tokens, published = door(tmp_path)
+    sent = d.publish
+    refuse = [True]
+
+    async def broker(job: SubmitJob) -> None:
+        if refuse[0]:
+            raise NotQueued(reason, "not taken")
+        await sent(job)
+
+    d.publish = broker
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        ok = json.dumps({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
+        st, err = await call("POST", "/api/v1/jobs?id=j", data=ok)
+        check("/api/v1/jobs", "post", st, err)
+        assert (st, err["error"]) == (status, reason)
+        assert not d.pending
+        assert not published
+        st, err = await call("GET", "/api/v1/jobs/j")
+        assert (st, err["error"]) == (404, "unknown_job")
+        refuse[0] = False
+        st, got = await call("POST", "/api/v1/jobs?id=j", data=ok)  # the same id, again
+        assert (st, got["job_id"]) == (202, "j")
+
+    async def go() -> None:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestClient(TestServer(app)) as client:
+
+            async def call(method: str, path: str, **kw: Any) -> tuple[int, Any]:
+                h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+                resp = await client.request(method, path, headers=h, **kw)
+                return resp.status, await resp.json()
+
+            await body(call, d, tokens)
+
+    asyncio.run(go())
