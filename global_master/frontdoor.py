@@ -17,6 +17,7 @@ twice.  Everything a user reads comes from the core's job book
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import time
@@ -38,6 +39,8 @@ from security.tokens import TokenStore
 API = "/api/v1"
 MAX_JOB_BODY = 8 << 20
 """A job body (JSON) of at most this many bytes."""
+BODY_S = 30.0
+"""A job body comes whole within this many seconds of its head, or is refused (408)."""
 PENDING_S = 600.0
 """A job published and not admitted within this long (its GM refused it before its
 core saw it: ``user_backlog``, ``too_many_edges``, ``poison``; see the dead letters) is
@@ -102,9 +105,7 @@ class FrontDoor:
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:
         user, token = self.caller(request)
-        if request.content_length is not None and request.content_length > MAX_JOB_BODY:
-            return _error(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
-        job = parse_job(parse_json(await request.read(), "job"))
+        job = parse_job(parse_json(await _job_body(request), "job"))
         jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
         if not _ID.fullmatch(jid):
             shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
@@ -196,6 +197,30 @@ class FrontDoor:
         return web.json_response(OPENAPI)
 
 
+async def _job_body(request: web.Request) -> bytes:
+    """A job's body, read as it comes: ``BodyRefused`` 413 ``too_large`` as soon as it
+    is past ``MAX_JOB_BODY`` (declared or chunked), 408 ``request_timeout`` if it has not
+    come whole within ``BODY_S``.  ``request.read()`` took a chunked body up to the
+    app's 16 MiB and waited for the rest for ever: a user's connections that sent 15 MiB
+    and stopped held them in the GM (24 grew it from 88 to 645 MB, kept when closed)."""
+    if request.content_length is not None and request.content_length > MAX_JOB_BODY:
+        raise BodyRefused(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
+    body = bytearray()
+    try:
+        async with asyncio.timeout(BODY_S):
+            async for chunk in request.content.iter_any():
+                body += chunk
+                if len(body) > MAX_JOB_BODY:
+                    raise BodyRefused(
+                        413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes"
+                    )
+    except TimeoutError:
+        raise BodyRefused(
+            408, "request_timeout", f"the job body did not come whole within {BODY_S:g} s"
+        ) from None
+    return bytes(body)
+
+
 def _submitted(sub: SubmitJob) -> dict[str, Any]:
     """A job published to its user's queue, not yet admitted by its GM."""
     n = len(sub.tasks)
@@ -214,6 +239,14 @@ class NotQueued(MeghaError):
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail, reason=reason)
+
+
+class BodyRefused(MeghaError):
+    """A job body too large or too slow (``_job_body``): its ``status``."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(detail, reason=reason)
+        self.status = status
 
 
 class WrongGm(MeghaError):
@@ -250,6 +283,8 @@ def _status(exc: MeghaError) -> int:
         return 401
     if isinstance(exc, Unadmittable):
         return 422
+    if isinstance(exc, BodyRefused):
+        return exc.status
     if isinstance(exc, NotQueued):
         return 429 if exc.reason == "queue_full" else 503
     return 422 if exc.reason in ("bad_job_file", "bad_job_id") else 400
@@ -373,7 +408,10 @@ OPENAPI: dict[str, Any] = {
                          _JSON: {"schema": {"$ref": "#/components/schemas/JobFile"}}}},
                      "responses": {"202": _resp("published to your queue",
                                                 {"$ref": "#/components/schemas/Submitted"}),
+                                   "408": _resp("request_timeout: the body did not come "
+                                                "whole in time"),
                                    "409": _resp("duplicate_job_id"),
+                                   "413": _resp("too_large: a body over 8 MiB"),
                                    "429": _resp("queue_full: your queue at the broker is "
                                                 "full, retry later"),
                                    "503": _resp("broker_unavailable: not confirmed, submit "

@@ -19,6 +19,7 @@ from common.errors import ConfigError
 from common.ids import GmId, LmId, NodeIndex
 from common.jobspec import JobDef, parse_job
 from common.messages import AdmitJob, Decide, EventKind, SubmitJob, TaskEvent, TaskEvents
+from global_master import frontdoor
 from global_master.frontdoor import OPENAPI, FrontDoor, NotQueued, add_routes
 from security.tokens import TokenStore
 from tests.conftest import make_gm, make_lm, sync_views
@@ -282,3 +283,55 @@ def test_a_job_the_broker_did_not_take_is_refused_and_its_id_freed(
             await body(call, d, tokens)
 
     asyncio.run(go())
+
+
+def test_a_job_body_too_large_or_too_slow_is_refused_as_it_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunked body past ``MAX_JOB_BODY`` is 413 (it was read up to the app's limit
+    and admitted); a body that stops coming is 408 (it was waited for, for ever)."""
+    monkeypatch.setattr(frontdoor, "MAX_JOB_BODY", 1000)
+    monkeypatch.setattr(frontdoor, "BODY_S", 0.3)
+    d, tokens, published = door(tmp_path)
+    ok = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
+
+    async def post(port: int, head: str, body: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        auth = f"X-Megha-User: u0\r\nAuthorization: Bearer {tokens['u0']}\r\n"
+        writer.write(f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode())
+        writer.write(body)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(5.0):  # (for ever, before)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                return head + await reader.readexactly(length)
+        finally:
+            writer.close()
+
+    def chunked(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+    async def go() -> list[bytes]:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestServer(app) as server:
+            port = server.port
+            assert port is not None
+            big = json.dumps({**ok, "name": "x" * 2000}).encode()
+            small = json.dumps(ok).encode()
+            return [
+                await post(port, "Transfer-Encoding: chunked\r\n", chunked(big)),
+                await post(port, f"Content-Length: {len(small)}\r\n", small[:10]),
+                await post(port, "Transfer-Encoding: chunked\r\n", b'5\r\n{"a":\r\n'),
+                await post(port, "Transfer-Encoding: chunked\r\n", chunked(small)),
+            ]
+
+    too_big, stopped, chunk_stopped, fine = asyncio.run(go())
+    assert too_big.startswith(b"HTTP/1.1 413")
+    assert b'"too_large"' in too_big
+    for answer in (stopped, chunk_stopped):
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert b'"request_timeout"' in answer
+    assert fine.startswith(b"HTTP/1.1 202")
+    assert len(published) == 1
