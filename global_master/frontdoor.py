@@ -33,6 +33,7 @@ from common.ids import ID_CHARS, MAX_ID_LEN, JobId, TaskId, UserId
 from common.jobspec import parse_job
 from common.messages import CancelJob, SubmitJob
 from global_master.core import GlobalMaster
+from global_master.intake import dag_edges_error
 from global_master.lifecycle import JobBook, JobRecord, JobStatus
 from security.tokens import TokenStore
 
@@ -118,6 +119,9 @@ class FrontDoor:
         why = self.core.task_refusal(sub)  # what the core's admission would refuse it for
         if why is not None:
             raise Unadmittable(why.reason, why.detail)
+        too_many = dag_edges_error(sub)  # what its GM refuses before the core sees it
+        if too_many is not None:  # (it was a 202, "submitted" for PENDING_S, then unknown)
+            raise Unadmittable(*too_many)
         # the id is taken before the publish is awaited: a second submission of it
         # meanwhile is a 409, not a second 202 whose job the GM then drops as a duplicate
         self.pending[jk] = sub

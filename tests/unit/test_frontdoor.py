@@ -160,6 +160,11 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
              "impossible_resources"),
             ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "duration": 10**7})}, "u0", 422,
              "duration_too_long"),
+            # what its GM refuses before its core sees it: it was a 202, then "submitted"
+            # for PENDING_S, then an unknown job (its dead letter said why)
+            ("POST", "/api/v1/jobs", {"data": json.dumps({"format": "megha-job/1", "stages": [
+                {"id": i, "parents": list(range(i)), "count": 1, "demand": [1, 1],
+                 "duration": 1} for i in range(500)]})}, "u0", 422, "too_many_edges"),
         ]  # fmt: skip
         for method, path, kw, user, status, reason in cases:
             st, err = await call(method, path, user, **kw)
