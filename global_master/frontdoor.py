@@ -50,6 +50,8 @@ forgotten here; its dead letter says why."""
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
 """A job id (room left for its tasks' ``.s<stage>.t<i>``)."""
+SWEEP_S = 1.0
+"""``FrontDoor.pending`` is swept of jobs admitted or forgotten at most this often."""
 PUBLISH_S = 5.0
 """How long a submission waits for the broker to take it into its user's queue before
 it is refused (``NotQueued``): a full queue (``max_user_queue``) nacks every publish
@@ -78,6 +80,7 @@ class FrontDoor:
         )  # fmt: skip
         self.pending: dict[tuple[UserId, JobId], SubmitJob] = {}
         """Jobs published to their user's queue and not yet admitted."""
+        self._swept_at = float("-inf")
 
     # ------------------------------------------------------------ who asks
     def caller(self, request: web.Request) -> tuple[UserId, str]:
@@ -97,11 +100,18 @@ class FrontDoor:
         return UserId(user), token
 
     def _forget_pending(self, now: float) -> None:
-        while self.pending:
-            jk, sub = next(iter(self.pending.items()))
-            if sub.submitted_at + PENDING_S > now and self.book.get(*jk) is None:
-                return
-            del self.pending[jk]  # admitted (the book has it) or refused before the core
+        """Forget the jobs admitted since (the book has them) or refused before the core
+        (``PENDING_S`` passed), each of them, at most once per ``SWEEP_S``.  (Only those
+        before the first still waiting were: one job refused before the core, of any
+        user, kept every job sent after it -- whole, up to 100,000 tasks each -- for
+        ``PENDING_S``, admitted, ended and cancelled ones alike.)"""
+        if now - self._swept_at < SWEEP_S:
+            return
+        self._swept_at = now
+        book = self.book
+        for jk, sub in list(self.pending.items()):
+            if sub.submitted_at + PENDING_S <= now or book.get(*jk) is not None:
+                del self.pending[jk]
 
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,14 @@ def door(tmp_path: Path) -> tuple[FrontDoor, dict[str, str], list[SubmitJob]]:
 
 def run(tmp_path: Path, body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]]) -> None:
     d, tokens, _ = door(tmp_path)
+    run_with(d, tokens, body)
+
+
+def run_with(
+    d: FrontDoor,
+    tokens: dict[str, str],
+    body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]],
+) -> None:
 
     async def go() -> None:
         app = web.Application()
@@ -340,3 +349,30 @@ def test_a_job_body_too_large_or_too_slow_is_refused_as_it_comes(
         assert b'"request_timeout"' in answer
     assert fine.startswith(b"HTTP/1.1 202")
     assert len(published) == 1
+
+
+def test_pending_jobs_are_forgotten_once_admitted_behind_one_that_never_was(
+    tmp_path: Path,
+) -> None:
+    """A job its GM refused before its core saw it stays pending for ``PENDING_S``; the
+    jobs sent after it are forgotten as soon as they are admitted (they were kept, whole,
+    as long as it was)."""
+    d, tokens, _ = door(tmp_path)
+    lost = parse_job({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
+    stuck = lost.submission("stuck", "u1", tokens["u1"], time.time())
+    d.pending[(stuck.user, stuck.job_id)] = stuck  # published, then dead-lettered unread
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        big = {"format": "megha-job/1", "count": 500, "demand": [1, 1], "duration": 1}
+        st, _ = await call("POST", "/api/v1/jobs?id=big", data=json.dumps(big))
+        assert st == 202
+        assert ("u0", "big") in d.core.jobs  # admitted at once (the test's broker)
+
+    run_with(d, tokens, body)
+    now = time.time()
+    d._swept_at = float("-inf")
+    d._forget_pending(now)
+    assert list(d.pending) == [("u1", "stuck")]
+    d._swept_at = float("-inf")
+    d._forget_pending(stuck.submitted_at + frontdoor.PENDING_S + 1.0)
+    assert not d.pending
