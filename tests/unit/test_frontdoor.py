@@ -169,6 +169,12 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
              "impossible_resources"),
             ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "duration": 10**7})}, "u0", 422,
              "duration_too_long"),
+            # a DAG's stage ids past the wire's integers (a 500 in plain text, from the
+            # encoder)
+            ("POST", "/api/v1/jobs", {"data": json.dumps({"format": "megha-job/1", "stages": [
+                {"id": 2**64, "count": 1, "demand": [1, 1], "duration": 1},
+                {"id": 2**64 + 1, "parents": [2**64], "count": 1, "demand": [1, 1],
+                 "duration": 1}]})}, "u0", 422, "bad_job_file"),
             # what its GM refuses before its core sees it: it was a 202, then "submitted"
             # for PENDING_S, then an unknown job (its dead letter said why)
             ("POST", "/api/v1/jobs", {"data": json.dumps({"format": "megha-job/1", "stages": [
@@ -209,6 +215,13 @@ def test_job_files_parse_strictly() -> None:
                                               "demand": [1], "duration": 1}]},
         {"format": "megha-job/1", "stages": [{"id": 0, "parents": [7], "count": 1,
                                               "demand": [1], "duration": 1}]},
+        # integers past what the wire carries (they failed in its encoder: a 500)
+        {"format": "megha-job/1", "stages": [
+            {"id": 2**64, "count": 1, "demand": [1], "duration": 1},
+            {"id": 1, "parents": [2**64], "count": 1, "demand": [1], "duration": 1}]},
+        {"format": "megha-job/1", "count": 1, "demand": [2**63], "duration": 1},
+        {"format": "megha-job/1", "stages": [{"id": 10**40, "count": 1, "demand": [1],
+                                              "duration": 1}]},
     ):  # fmt: skip
         with pytest.raises(ConfigError) as err:
             parse_job(bad)
