@@ -86,8 +86,18 @@ class FrontDoor:
     def caller(self, request: web.Request) -> tuple[UserId, str]:
         """The user a request is from, its token checked; ``Unauthorized`` if not."""
         self._forget_pending(time.time())
-        user = request.headers.get("X-Megha-User", "")
-        auth = request.headers.get("Authorization", "")
+        headers = request.headers
+        if (
+            len(headers.getall("X-Megha-User", ())) > 1
+            or len(headers.getall("Authorization", ())) > 1
+        ):
+            # which one counts would be up to each reader: a proxy keeping the last one
+            # (to route, limit or log by user) would not see the user answered here
+            raise Unauthorized(
+                "send X-Megha-User and Authorization once each", reason="malformed_credentials"
+            )
+        user = headers.get("X-Megha-User", "")
+        auth = headers.get("Authorization", "")
         if not user or not auth.startswith("Bearer "):
             raise Unauthorized(
                 "send X-Megha-User and Authorization: Bearer <token>", reason="missing_credentials"
@@ -341,7 +351,8 @@ def _resp(desc: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 _ERRORS = {
-    "401": _resp("no or bad credentials (missing_credentials, unknown_user, bad_token, "
+    "401": _resp("no or bad credentials (missing_credentials, malformed_credentials, "
+                 "unknown_user, bad_token, "
                  "revoked_token)"),
     "421": _resp("the user's jobs are on another GM (wrong_gm: gm, url)"),
 }  # fmt: skip

@@ -63,7 +63,7 @@ def run_with(
 
             async def call(method: str, path: str, user: str = "u0", **kw: Any) -> tuple[int, Any]:
                 h = {"X-Megha-User": user, "Authorization": f"Bearer {tokens.get(user, 'x')}"}
-                resp = await client.request(method, path, headers=h, **kw)
+                resp = await client.request(method, path, headers=kw.pop("headers", h), **kw)
                 text = await resp.text()
                 ok = "json" in resp.headers.get("Content-Type", "")
                 return resp.status, json.loads(text) if ok else text
@@ -186,6 +186,12 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
             assert (st, err.get("error")) == (status, reason), (path, err)
             assert "\n" not in err["detail"]
             assert len(err["detail"]) < 300, err["detail"]  # whatever the request held
+        # a credential header twice: which one counts would be each reader's choice
+        for extra in ({"X-Megha-User": "u1"}, {"Authorization": f"Bearer {tokens['u1']}"}):
+            h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+            st, err = await call("GET", "/api/v1/jobs", "u0",
+                                 headers=[*h.items(), *extra.items()])  # fmt: skip
+            assert (st, err["error"]) == (401, "malformed_credentials")
         d.tokens.revoke("u0", now=5.0)
         st, err = await call("GET", "/api/v1/jobs")
         assert (st, err["error"]) == (401, "revoked_token")
