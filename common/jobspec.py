@@ -164,9 +164,17 @@ def _keys(obj: Any, allowed: set[str], where: str) -> dict[str, Any]:
     return obj
 
 
-def _int(x: Any, where: str, name: str, lo: int = 0, hi: int | None = None) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < lo or (hi is not None and x >= hi):
+MAX_INT = 1 << 63
+"""Every integer of a job file (a stage id, a parent, a demand) is below this: what the
+wire carries as an integer.  A stage id of 2**64 failed in the encoder, past every
+check: the front door's 500 in plain text."""
+
+
+def _int(x: Any, where: str, name: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
         raise _fail(where, f"{name} must be an integer >= {lo}, got {x!r}")
+    if x >= hi:
+        raise _fail(where, f"{name} must be below {hi}, got {x!r:.40}")
     return x
 
 

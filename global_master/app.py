@@ -473,8 +473,23 @@ class GmService:
         """Users' calls (``global_master.frontdoor``): their jobs go to their queues."""
 
         async def publish(job: SubmitJob) -> None:
+            """Into the user's queue within ``PUBLISH_S``, or ``NotQueued`` (never a retry
+            left running: a job its caller was told nothing of would run later)."""
             body = amqp.persistent(codec.encode(job))
-            await self.broker.publish("submit", names.submit_key(job.user), body)
+            key = names.submit_key(job.user)
+            policy = Backoff(first_s=0.05, cap_s=0.5, deadline_s=frontdoor.PUBLISH_S)
+            try:
+                async with asyncio.timeout(2 * frontdoor.PUBLISH_S):
+                    await self.broker.publish("submit", key, body, policy=policy)
+            except GiveUp as exc:
+                if isinstance(exc.last, amqp.Nacked):  # taken by no queue: nothing left
+                    raise frontdoor.NotQueued(
+                        "queue_full", f"your queue is full (job {job.job_id!r} not taken): "
+                        "retry once your GM has read some of it",
+                    ) from exc  # fmt: skip
+                raise _not_reached(job) from exc
+            except (TimeoutError, *amqp.PUBLISH_ERRORS) as exc:
+                raise _not_reached(job) from exc
 
         def feed(msg: object) -> None:  # a user's answer follows: the history first
             self.feed(msg)
@@ -662,6 +677,15 @@ class GmService:
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
+
+
+def _not_reached(job: SubmitJob) -> frontdoor.NotQueued:
+    return frontdoor.NotQueued(
+        "broker_unavailable",
+        f"the broker did not confirm job {job.job_id!r} within {frontdoor.PUBLISH_S:g} s: "
+        "submit it again with ?id= this id (a copy it took after all is refused as a "
+        "duplicate, never run twice)",
+    )
 
 
 def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Application:

@@ -17,6 +17,7 @@ twice.  Everything a user reads comes from the core's job book
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import time
@@ -32,12 +33,15 @@ from common.ids import ID_CHARS, MAX_ID_LEN, JobId, TaskId, UserId
 from common.jobspec import parse_job
 from common.messages import CancelJob, SubmitJob
 from global_master.core import GlobalMaster
+from global_master.intake import dag_edges_error
 from global_master.lifecycle import JobBook, JobRecord, JobStatus
 from security.tokens import TokenStore
 
 API = "/api/v1"
 MAX_JOB_BODY = 8 << 20
 """A job body (JSON) of at most this many bytes."""
+BODY_S = 30.0
+"""A job body comes whole within this many seconds of its head, or is refused (408)."""
 PENDING_S = 600.0
 """A job published and not admitted within this long (its GM refused it before its
 core saw it: ``user_backlog``, ``too_many_edges``, ``poison``; see the dead letters) is
@@ -46,6 +50,13 @@ forgotten here; its dead letter says why."""
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")
 """A job id (room left for its tasks' ``.s<stage>.t<i>``)."""
+SWEEP_S = 1.0
+"""``FrontDoor.pending`` is swept of jobs admitted or forgotten at most this often."""
+PUBLISH_S = 5.0
+"""How long a submission waits for the broker to take it into its user's queue before
+it is refused (``NotQueued``): a full queue (``max_user_queue``) nacks every publish
+until its GM reads it down, and a retry that never ends held the request, and the job,
+until it went through, long after its caller had given up."""
 SHOWN_ID = 80
 """A refused job id is quoted back up to this many characters (it may be megabytes)."""
 
@@ -69,13 +80,24 @@ class FrontDoor:
         )  # fmt: skip
         self.pending: dict[tuple[UserId, JobId], SubmitJob] = {}
         """Jobs published to their user's queue and not yet admitted."""
+        self._swept_at = float("-inf")
 
     # ------------------------------------------------------------ who asks
     def caller(self, request: web.Request) -> tuple[UserId, str]:
         """The user a request is from, its token checked; ``Unauthorized`` if not."""
         self._forget_pending(time.time())
-        user = request.headers.get("X-Megha-User", "")
-        auth = request.headers.get("Authorization", "")
+        headers = request.headers
+        if (
+            len(headers.getall("X-Megha-User", ())) > 1
+            or len(headers.getall("Authorization", ())) > 1
+        ):
+            # which one counts would be up to each reader: a proxy keeping the last one
+            # (to route, limit or log by user) would not see the user answered here
+            raise Unauthorized(
+                "send X-Megha-User and Authorization once each", reason="malformed_credentials"
+            )
+        user = headers.get("X-Megha-User", "")
+        auth = headers.get("Authorization", "")
         if not user or not auth.startswith("Bearer "):
             raise Unauthorized(
                 "send X-Megha-User and Authorization: Bearer <token>", reason="missing_credentials"
@@ -88,18 +110,23 @@ class FrontDoor:
         return UserId(user), token
 
     def _forget_pending(self, now: float) -> None:
-        while self.pending:
-            jk, sub = next(iter(self.pending.items()))
-            if sub.submitted_at + PENDING_S > now and self.book.get(*jk) is None:
-                return
-            del self.pending[jk]  # admitted (the book has it) or refused before the core
+        """Forget the jobs admitted since (the book has them) or refused before the core
+        (``PENDING_S`` passed), each of them, at most once per ``SWEEP_S``.  (Only those
+        before the first still waiting were: one job refused before the core, of any
+        user, kept every job sent after it -- whole, up to 100,000 tasks each -- for
+        ``PENDING_S``, admitted, ended and cancelled ones alike.)"""
+        if now - self._swept_at < SWEEP_S:
+            return
+        self._swept_at = now
+        book = self.book
+        for jk, sub in list(self.pending.items()):
+            if sub.submitted_at + PENDING_S <= now or book.get(*jk) is not None:
+                del self.pending[jk]
 
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:
         user, token = self.caller(request)
-        if request.content_length is not None and request.content_length > MAX_JOB_BODY:
-            return _error(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
-        job = parse_job(parse_json(await request.read(), "job"))
+        job = parse_job(parse_json(await _job_body(request), "job"))
         jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
         if not _ID.fullmatch(jid):
             shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
@@ -112,8 +139,17 @@ class FrontDoor:
         why = self.core.task_refusal(sub)  # what the core's admission would refuse it for
         if why is not None:
             raise Unadmittable(why.reason, why.detail)
-        await self.publish(sub)
+        too_many = dag_edges_error(sub)  # what its GM refuses before the core sees it
+        if too_many is not None:  # (it was a 202, "submitted" for PENDING_S, then unknown)
+            raise Unadmittable(*too_many)
+        # the id is taken before the publish is awaited: a second submission of it
+        # meanwhile is a 409, not a second 202 whose job the GM then drops as a duplicate
         self.pending[jk] = sub
+        try:
+            await self.publish(sub)
+        except BaseException:
+            self.pending.pop(jk, None)  # not published (``NotQueued``): the id is free again
+            raise
         ids = [s.task_id for s in sub.tasks]
         body = {"job_id": jid, "user": user, "gm": self.core.gm_id, "tasks": ids,
                 "state": "submitted"}  # fmt: skip
@@ -185,12 +221,56 @@ class FrontDoor:
         return web.json_response(OPENAPI)
 
 
+async def _job_body(request: web.Request) -> bytes:
+    """A job's body, read as it comes: ``BodyRefused`` 413 ``too_large`` as soon as it
+    is past ``MAX_JOB_BODY`` (declared or chunked), 408 ``request_timeout`` if it has not
+    come whole within ``BODY_S``.  ``request.read()`` took a chunked body up to the
+    app's 16 MiB and waited for the rest for ever: a user's connections that sent 15 MiB
+    and stopped held them in the GM (24 grew it from 88 to 645 MB, kept when closed)."""
+    if request.content_length is not None and request.content_length > MAX_JOB_BODY:
+        raise BodyRefused(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
+    body = bytearray()
+    try:
+        async with asyncio.timeout(BODY_S):
+            async for chunk in request.content.iter_any():
+                body += chunk
+                if len(body) > MAX_JOB_BODY:
+                    raise BodyRefused(
+                        413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes"
+                    )
+    except TimeoutError:
+        raise BodyRefused(
+            408, "request_timeout", f"the job body did not come whole within {BODY_S:g} s"
+        ) from None
+    return bytes(body)
+
+
 def _submitted(sub: SubmitJob) -> dict[str, Any]:
     """A job published to its user's queue, not yet admitted by its GM."""
     n = len(sub.tasks)
     return {"job_id": sub.job_id, "user": sub.user, "state": "submitted", "tasks": n,
             "tasks_by_state": {"queued": n}, "submitted_at": sub.submitted_at,
             "ended_at": None, "reason": ""}  # fmt: skip
+
+
+class NotQueued(MeghaError):
+    """A job the broker did not take into its user's queue within ``PUBLISH_S``: that
+    queue is full (``queue_full``, 429) or the broker is out of reach
+    (``broker_unavailable``, 503).  No publish of it is left running: a full queue
+    took nothing; a broker that did not confirm may have taken it, so the detail names
+    its id, and the same id submitted again is refused as a duplicate if it did (a
+    retry never runs the job twice)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail, reason=reason)
+
+
+class BodyRefused(MeghaError):
+    """A job body too large or too slow (``_job_body``): its ``status``."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(detail, reason=reason)
+        self.status = status
 
 
 class WrongGm(MeghaError):
@@ -227,6 +307,10 @@ def _status(exc: MeghaError) -> int:
         return 401
     if isinstance(exc, Unadmittable):
         return 422
+    if isinstance(exc, BodyRefused):
+        return exc.status
+    if isinstance(exc, NotQueued):
+        return 429 if exc.reason == "queue_full" else 503
     return 422 if exc.reason in ("bad_job_file", "bad_job_id") else 400
 
 
@@ -267,7 +351,8 @@ def _resp(desc: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 _ERRORS = {
-    "401": _resp("no or bad credentials (missing_credentials, unknown_user, bad_token, "
+    "401": _resp("no or bad credentials (missing_credentials, malformed_credentials, "
+                 "unknown_user, bad_token, "
                  "revoked_token)"),
     "421": _resp("the user's jobs are on another GM (wrong_gm: gm, url)"),
 }  # fmt: skip
@@ -348,7 +433,14 @@ OPENAPI: dict[str, Any] = {
                          _JSON: {"schema": {"$ref": "#/components/schemas/JobFile"}}}},
                      "responses": {"202": _resp("published to your queue",
                                                 {"$ref": "#/components/schemas/Submitted"}),
+                                   "408": _resp("request_timeout: the body did not come "
+                                                "whole in time"),
                                    "409": _resp("duplicate_job_id"),
+                                   "413": _resp("too_large: a body over 8 MiB"),
+                                   "429": _resp("queue_full: your queue at the broker is "
+                                                "full, retry later"),
+                                   "503": _resp("broker_unavailable: not confirmed, submit "
+                                                "again with ?id= the id named"),
                                    "422": _resp("bad_job_file, bad_job_id, a wire bound, or "
                                                  "what admission refuses (wrong_resources, "
                                                  "impossible_resources, commands_disabled, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from common.errors import ConfigError
 from common.ids import GmId, LmId, NodeIndex
 from common.jobspec import JobDef, parse_job
 from common.messages import AdmitJob, Decide, EventKind, SubmitJob, TaskEvent, TaskEvents
-from global_master.frontdoor import OPENAPI, FrontDoor, add_routes
+from global_master import frontdoor
+from global_master.frontdoor import OPENAPI, FrontDoor, NotQueued, add_routes
 from security.tokens import TokenStore
 from tests.conftest import make_gm, make_lm, sync_views
 
@@ -45,6 +47,14 @@ def door(tmp_path: Path) -> tuple[FrontDoor, dict[str, str], list[SubmitJob]]:
 
 def run(tmp_path: Path, body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]]) -> None:
     d, tokens, _ = door(tmp_path)
+    run_with(d, tokens, body)
+
+
+def run_with(
+    d: FrontDoor,
+    tokens: dict[str, str],
+    body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]],
+) -> None:
 
     async def go() -> None:
         app = web.Application()
@@ -53,7 +63,7 @@ def run(tmp_path: Path, body: Callable[[Call, FrontDoor, dict[str, str]], Awaita
 
             async def call(method: str, path: str, user: str = "u0", **kw: Any) -> tuple[int, Any]:
                 h = {"X-Megha-User": user, "Authorization": f"Bearer {tokens.get(user, 'x')}"}
-                resp = await client.request(method, path, headers=h, **kw)
+                resp = await client.request(method, path, headers=kw.pop("headers", h), **kw)
                 text = await resp.text()
                 ok = "json" in resp.headers.get("Content-Type", "")
                 return resp.status, json.loads(text) if ok else text
@@ -159,12 +169,29 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
              "impossible_resources"),
             ("POST", "/api/v1/jobs", {"data": json.dumps({**ok, "duration": 10**7})}, "u0", 422,
              "duration_too_long"),
+            # a DAG's stage ids past the wire's integers (a 500 in plain text, from the
+            # encoder)
+            ("POST", "/api/v1/jobs", {"data": json.dumps({"format": "megha-job/1", "stages": [
+                {"id": 2**64, "count": 1, "demand": [1, 1], "duration": 1},
+                {"id": 2**64 + 1, "parents": [2**64], "count": 1, "demand": [1, 1],
+                 "duration": 1}]})}, "u0", 422, "bad_job_file"),
+            # what its GM refuses before its core sees it: it was a 202, then "submitted"
+            # for PENDING_S, then an unknown job (its dead letter said why)
+            ("POST", "/api/v1/jobs", {"data": json.dumps({"format": "megha-job/1", "stages": [
+                {"id": i, "parents": list(range(i)), "count": 1, "demand": [1, 1],
+                 "duration": 1} for i in range(500)]})}, "u0", 422, "too_many_edges"),
         ]  # fmt: skip
         for method, path, kw, user, status, reason in cases:
             st, err = await call(method, path, user, **kw)
             assert (st, err.get("error")) == (status, reason), (path, err)
             assert "\n" not in err["detail"]
             assert len(err["detail"]) < 300, err["detail"]  # whatever the request held
+        # a credential header twice: which one counts would be each reader's choice
+        for extra in ({"X-Megha-User": "u1"}, {"Authorization": f"Bearer {tokens['u1']}"}):
+            h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+            st, err = await call("GET", "/api/v1/jobs", "u0",
+                                 headers=[*h.items(), *extra.items()])  # fmt: skip
+            assert (st, err["error"]) == (401, "malformed_credentials")
         d.tokens.revoke("u0", now=5.0)
         st, err = await call("GET", "/api/v1/jobs")
         assert (st, err["error"]) == (401, "revoked_token")
@@ -194,7 +221,177 @@ def test_job_files_parse_strictly() -> None:
                                               "demand": [1], "duration": 1}]},
         {"format": "megha-job/1", "stages": [{"id": 0, "parents": [7], "count": 1,
                                               "demand": [1], "duration": 1}]},
+        # integers past what the wire carries (they failed in its encoder: a 500)
+        {"format": "megha-job/1", "stages": [
+            {"id": 2**64, "count": 1, "demand": [1], "duration": 1},
+            {"id": 1, "parents": [2**64], "count": 1, "demand": [1], "duration": 1}]},
+        {"format": "megha-job/1", "count": 1, "demand": [2**63], "duration": 1},
+        {"format": "megha-job/1", "stages": [{"id": 10**40, "count": 1, "demand": [1],
+                                              "duration": 1}]},
     ):  # fmt: skip
         with pytest.raises(ConfigError) as err:
             parse_job(bad)
         assert err.value.reason == "bad_job_file"
+
+
+def test_one_id_sent_twice_at_once_is_taken_once(tmp_path: Path) -> None:
+    """Two submissions of one id while the first waits for the broker: one 202, one
+    409 (both were 202, and the GM dropped the second job as a duplicate, unsaid)."""
+    d, tokens, published = door(tmp_path)
+    sent = d.publish
+    gate, started = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: SubmitJob) -> None:  # the broker's confirm takes a while
+        started.set()
+        await gate.wait()
+        await sent(job)
+
+    d.publish = slow
+    job = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
+
+    async def go() -> list[tuple[int, Any]]:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestClient(TestServer(app)) as client:
+            h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+
+            async def submit(count: int) -> tuple[int, Any]:
+                data = json.dumps({**job, "count": count})
+                resp = await client.post("/api/v1/jobs?id=same", headers=h, data=data)
+                return resp.status, await resp.json()
+
+            first = asyncio.create_task(submit(1))
+            await started.wait()
+            second = asyncio.create_task(submit(2))
+            await asyncio.sleep(0.2)  # answered while the first still waits, or waiting too
+            gate.set()
+            return [await first, await second]
+
+    (st1, a), (st2, b) = asyncio.run(go())
+    assert (st1, a["tasks"]) == (202, ["same.s0.t0"])
+    assert (st2, b["error"]) == (409, "duplicate_job_id")
+    assert [j.job_id for j in published] == ["same"]
+    assert [len(j.tasks) for j in published] == [1]
+
+
+@pytest.mark.parametrize(("reason", "status"), [("queue_full", 429),
+                                                ("broker_unavailable", 503)])  # fmt: skip
+def test_a_job_the_broker_did_not_take_is_refused_and_its_id_freed(
+    tmp_path: Path, reason: str, status: int
+) -> None:
+    d, tokens, published = door(tmp_path)
+    sent = d.publish
+    refuse = [True]
+
+    async def broker(job: SubmitJob) -> None:
+        if refuse[0]:
+            raise NotQueued(reason, "not taken")
+        await sent(job)
+
+    d.publish = broker
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        ok = json.dumps({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
+        st, err = await call("POST", "/api/v1/jobs?id=j", data=ok)
+        check("/api/v1/jobs", "post", st, err)
+        assert (st, err["error"]) == (status, reason)
+        assert not d.pending
+        assert not published
+        st, err = await call("GET", "/api/v1/jobs/j")
+        assert (st, err["error"]) == (404, "unknown_job")
+        refuse[0] = False
+        st, got = await call("POST", "/api/v1/jobs?id=j", data=ok)  # the same id, again
+        assert (st, got["job_id"]) == (202, "j")
+
+    async def go() -> None:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestClient(TestServer(app)) as client:
+
+            async def call(method: str, path: str, **kw: Any) -> tuple[int, Any]:
+                h = {"X-Megha-User": "u0", "Authorization": f"Bearer {tokens['u0']}"}
+                resp = await client.request(method, path, headers=h, **kw)
+                return resp.status, await resp.json()
+
+            await body(call, d, tokens)
+
+    asyncio.run(go())
+
+
+def test_a_job_body_too_large_or_too_slow_is_refused_as_it_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunked body past ``MAX_JOB_BODY`` is 413 (it was read up to the app's limit
+    and admitted); a body that stops coming is 408 (it was waited for, for ever)."""
+    monkeypatch.setattr(frontdoor, "MAX_JOB_BODY", 1000)
+    monkeypatch.setattr(frontdoor, "BODY_S", 0.3)
+    d, tokens, published = door(tmp_path)
+    ok = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
+
+    async def post(port: int, head: str, body: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        auth = f"X-Megha-User: u0\r\nAuthorization: Bearer {tokens['u0']}\r\n"
+        writer.write(f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode())
+        writer.write(body)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(5.0):  # (for ever, before)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                return head + await reader.readexactly(length)
+        finally:
+            writer.close()
+
+    def chunked(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+    async def go() -> list[bytes]:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestServer(app) as server:
+            port = server.port
+            assert port is not None
+            big = json.dumps({**ok, "name": "x" * 2000}).encode()
+            small = json.dumps(ok).encode()
+            return [
+                await post(port, "Transfer-Encoding: chunked\r\n", chunked(big)),
+                await post(port, f"Content-Length: {len(small)}\r\n", small[:10]),
+                await post(port, "Transfer-Encoding: chunked\r\n", b'5\r\n{"a":\r\n'),
+                await post(port, "Transfer-Encoding: chunked\r\n", chunked(small)),
+            ]
+
+    too_big, stopped, chunk_stopped, fine = asyncio.run(go())
+    assert too_big.startswith(b"HTTP/1.1 413")
+    assert b'"too_large"' in too_big
+    for answer in (stopped, chunk_stopped):
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert b'"request_timeout"' in answer
+    assert fine.startswith(b"HTTP/1.1 202")
+    assert len(published) == 1
+
+
+def test_pending_jobs_are_forgotten_once_admitted_behind_one_that_never_was(
+    tmp_path: Path,
+) -> None:
+    """A job its GM refused before its core saw it stays pending for ``PENDING_S``; the
+    jobs sent after it are forgotten as soon as they are admitted (they were kept, whole,
+    as long as it was)."""
+    d, tokens, _ = door(tmp_path)
+    lost = parse_job({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
+    stuck = lost.submission("stuck", "u1", tokens["u1"], time.time())
+    d.pending[(stuck.user, stuck.job_id)] = stuck  # published, then dead-lettered unread
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        big = {"format": "megha-job/1", "count": 500, "demand": [1, 1], "duration": 1}
+        st, _ = await call("POST", "/api/v1/jobs?id=big", data=json.dumps(big))
+        assert st == 202
+        assert ("u0", "big") in d.core.jobs  # admitted at once (the test's broker)
+
+    run_with(d, tokens, body)
+    now = time.time()
+    d._swept_at = float("-inf")
+    d._forget_pending(now)
+    assert list(d.pending) == [("u1", "stuck")]
+    d._swept_at = float("-inf")
+    d._forget_pending(stuck.submitted_at + frontdoor.PENDING_S + 1.0)
+    assert not d.pending
