@@ -39,7 +39,6 @@ from common.messages import (
     CommitGang,
     Decide,
     JobKeep,
-    JobRefusal,
     KeepEnds,
     LaunchRequest,
     LaunchResponse,
@@ -68,6 +67,7 @@ from global_master.held import Held, SettledJobs, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
+from global_master.refusals import Refusals
 from runtime import broker as amqp
 from runtime import faults, h1, poison
 from runtime.dedup import Dedup
@@ -214,6 +214,8 @@ class GmService:
         """The job history's records of this loop turn to the page cache, before what may
         depend on them leaves (but a task made after them: the turn's flush runs first)."""
         self.settled = SettledJobs(self.journal_out, self.sup)
+        self.refusals = Refusals(gm, self.broker, self.sup, self._feed_and_record,
+                                 self.outcome_seal, self.tokens, self.resume_keys)  # fmt: skip
         self._carry_out_effects()
 
     def _carry_out_effects(self) -> None:
@@ -389,6 +391,7 @@ class GmService:
         if shed is not None:
             self.refused_jobs += 1
             await self.broker.dead_letter(msg, self.cfg.user_queue(user), "user_backlog", shed)
+            self.refusals.unread(user, msg, "user_backlog", shed)
             return
         try:
             # deliveries come in order, each its own task: the lock keeps them in it
@@ -436,11 +439,8 @@ class GmService:
         if too_many is not None:  # before the core holds any of it
             self.refused_jobs += 1
             await self.broker.dead_letter(msg, self.cfg.user_queue(user), *too_many)
-            if job.resumes is None:  # an authenticated user's: told on its stream
-                notice = JobRefusal(gm=self.core.gm_id, user=job.user, job_id=job.job_id,
-                                    submitted_at=job.submitted_at, reason=too_many[0],
-                                    detail=too_many[1])  # fmt: skip
-                self.sup.spawn(self._publish_refusal(notice), "job refusal notice")
+            if job.resumes is None:  # an authenticated user's: told
+                self.refusals.before_core(job.user, job.job_id, job.submitted_at, *too_many)
             return
         key = (job.user, job.job_id, job.resumes is not None)
         held = self.deliveries.get(key)
@@ -464,6 +464,11 @@ class GmService:
             # ends here, explicitly (the consumer's guard dead-letters it)
             self.deliveries.pop(key, None)
             log.exception("%s: the core failed on job %s/%s", self.core.gm_id, user, job.job_id)
+            book = self.core.book  # (it may hold the job: then its record says)
+            if job.resumes is None and book is not None and book.get(*key[:2]) is None:
+                why = f"{self.core.gm_id} failed on this job ({type(exc).__name__}); see its log"
+                r = self.refusals
+                r.before_core(job.user, job.job_id, job.submitted_at, "internal_error", why)
             raise MeghaError(
                 f"{self.core.gm_id} failed on this job ({type(exc).__name__}: {exc}); see its log",
                 reason="internal_error",
@@ -472,30 +477,13 @@ class GmService:
     def front_door(self) -> frontdoor.FrontDoor:
         """Users' calls (``global_master.frontdoor``): their jobs go to their queues."""
 
-        async def publish(job: SubmitJob) -> None:
-            """Into the user's queue within ``PUBLISH_S``, or ``NotQueued`` (never a retry
-            left running: a job its caller was told nothing of would run later)."""
-            body = amqp.persistent(codec.encode(job))
-            key = names.submit_key(job.user)
-            policy = Backoff(first_s=0.05, cap_s=0.5, deadline_s=frontdoor.PUBLISH_S)
-            try:
-                async with asyncio.timeout(2 * frontdoor.PUBLISH_S):
-                    await self.broker.publish("submit", key, body, policy=policy)
-            except GiveUp as exc:
-                if isinstance(exc.last, amqp.Nacked):  # taken by no queue: nothing left
-                    raise frontdoor.NotQueued(
-                        "queue_full", f"your queue is full (job {job.job_id!r} not taken): "
-                        "retry once your GM has read some of it",
-                    ) from exc  # fmt: skip
-                raise _not_reached(job) from exc
-            except (TimeoutError, *amqp.PUBLISH_ERRORS) as exc:
-                raise _not_reached(job) from exc
+        return frontdoor.FrontDoor(self.core, self.tokens, self.refusals.publish_job,
+                                   self._feed_and_record, self.cfg.gm_url)  # fmt: skip
 
-        def feed(msg: object) -> None:  # a user's answer follows: the history first
-            self.feed(msg)
-            self.journal_out()
-
-        return frontdoor.FrontDoor(self.core, self.tokens, publish, feed, self.cfg.gm_url)
+    def _feed_and_record(self, msg: object) -> None:
+        """A message whose answer (to a user) follows: its history goes first."""
+        self.feed(msg)
+        self.journal_out()
 
     # -------------------------------------------------------------- effects
     def _ack(self, eff: JobSettled) -> None:
@@ -515,16 +503,8 @@ class GmService:
         # on its outcome stream.  Not a repeated job id: the notice names jobs by id, and
         # the job of that id may be running.
         if not eff.resume and eff.reason != "duplicate_job_id":
-            notice = JobRefusal(gm=self.core.gm_id, user=eff.user, job_id=eff.job_id,
-                                submitted_at=eff.submitted_at, reason=eff.reason,
-                                detail=eff.detail[:1000])  # fmt: skip
-            self.sup.spawn(self._publish_refusal(notice), "job refusal notice")
-
-    async def _publish_refusal(self, notice: JobRefusal) -> None:
-        key = names.user_event_key(notice.user, self.core.gm_id)
-        body = codec.encode(notice)
-        seal = self.outcome_seal.seal(body, notice.user)
-        await self.broker.publish("events", key, amqp.persistent(body, headers=seal))
+            r = self.refusals
+            r.tell(r.notice(eff.user, eff.job_id, eff.submitted_at, eff.reason, eff.detail))
 
     def _to_lm(self, eff: ToLm) -> None:
         msg = eff.msg
@@ -677,15 +657,6 @@ class GmService:
 
     def state_page(self) -> dict[str, Any]:
         return pages.state_page(self)
-
-
-def _not_reached(job: SubmitJob) -> frontdoor.NotQueued:
-    return frontdoor.NotQueued(
-        "broker_unavailable",
-        f"the broker did not confirm job {job.job_id!r} within {frontdoor.PUBLISH_S:g} s: "
-        "submit it again with ?id= this id (a copy it took after all is refused as a "
-        "duplicate, never run twice)",
-    )
 
 
 def build_app(cfg: FederationConfig, gm: GmId, access: Access) -> web.Application:

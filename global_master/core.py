@@ -48,6 +48,7 @@ from common.messages import (
     GangRetry,
     HeldTask,
     JobKeep,
+    JobRefusal,
     KeepEnds,
     LaunchResponse,
     Placement,
@@ -184,6 +185,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             TaskEvents: self._on_task_events,
             UserAccess: self._on_user_access,
             UserTasksStopped: lambda msg, now: [],  # their PREEMPTED events end them
+            JobRefusal: lambda msg, now: [],  # refused before the core: the book records it
             ReserveResponse: lambda msg, now: self.gang.on_reserve_response(
                 self, msg, now, self._apply(msg.delta)
             ),

@@ -43,9 +43,11 @@ MAX_JOB_BODY = 8 << 20
 BODY_S = 30.0
 """A job body comes whole within this many seconds of its head, or is refused (408)."""
 PENDING_S = 600.0
-"""A job published and not admitted within this long (its GM refused it before its
-core saw it: ``user_backlog``, ``too_many_edges``, ``poison``; see the dead letters) is
-forgotten here; its dead letter says why."""
+"""A job published and not admitted within this long is forgotten here.  A job its GM
+refuses before its core sees it (``user_backlog``, ``too_many_edges``,
+``internal_error``) is in the book as failed, with why (``GmService._refusal``); only
+one whose GM could not read it (``poison``: it died handling it) goes this way, and
+its dead letter says why."""
 
 Publish = Callable[[SubmitJob], Awaitable[None]]
 _ID = re.compile(rf"[{ID_CHARS}]{{1,{MAX_ID_LEN - 20}}}")

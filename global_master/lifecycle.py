@@ -39,6 +39,7 @@ from common.messages import (
     OUTPUT_BYTES,
     CancelJob,
     EventKind,
+    JobRefusal,
     SubmitJob,
     TaskEvents,
     TaskOutcome,
@@ -247,6 +248,12 @@ class JobBook:
             rec = self.jobs.get((msg.user, msg.job_id))  # type: ignore[attr-defined]
             if rec is not None and rec.cancelled_at < 0 and not rec.ended:
                 self._cancel(rec, now)
+        elif kind is JobRefusal:  # refused before the core saw it (its service's word)
+            r = cast("JobRefusal", msg)
+            if (r.user, r.job_id) not in self.jobs:  # a copy of a job taken: not that job
+                self._refuse(
+                    r.user, r.job_id, f"{r.reason}: {r.detail}" if r.detail else r.reason, now
+                )
         for e in effects:
             if isinstance(e, ToUser):
                 if isinstance(e.msg, TaskOutcome):

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from client.api import Client
 from common import codec
 from common.config import FederationConfig
 from common.ids import JobId, TaskId, UserId
@@ -196,6 +197,13 @@ def test_a_flood_of_large_jobs_is_shed_not_held_in_the_gm_s_memory(
     # shed depends on how fast this machine reads them (the shedding rule itself:
     # tests/unit/test_unread_jobs.py), the bound below does not
     assert set(reasons) <= {"user_backlog", "impossible_resources"}, reasons
+    # and its user reads each as failed, with why -- shed ones too, which its GM refused
+    # before its core saw them (they read "submitted", then unknown)
+    c = Client.connect(user="u0", state_dir=home)
+    views = [c.status(f"flood{k}") for k in range(80)]
+    assert {v.state for v in views} == {"failed"}
+    told = {v.reason.split(":")[0] for v in views}  # "REASON: detail"
+    assert told == set(reasons), (told, reasons)
     unread = service_state(cfg, home, "gm0")["unread_job_bytes"]
     assert unread["peak_per_user"] <= unread["limit_per_user"] == 16 * cfg.max_body
     assert unread["now"] == 0

@@ -62,7 +62,7 @@ def test_a_job_the_broker_does_not_take_is_refused_in_bounded_time(
     store = TokenStore.in_home(tmp_path)
     token = store.add("u0", gm="gm0", share=1.0, now=0.0)
     svc = GmService(CFG, GmId("gm0"), Access(gm("gm0"), CFG, SECRET, users_file=store.path))
-    svc.broker = Broker(error)  # type: ignore[assignment]
+    svc.broker = svc.refusals.broker = Broker(error)  # type: ignore[assignment]
     job = SubmitJob(job_id=JobId("j"), user=UserId("u0"), token=token, submitted_at=0.0,
                     tasks=(make_task(job="j"),))  # fmt: skip
     door = svc.front_door()

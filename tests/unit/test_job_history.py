@@ -14,7 +14,15 @@ import pytest
 from common.effects import JobRefused, JobSettled, Record
 from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.jobspec import JobDef
-from common.messages import AdmitJob, CancelJob, Decide, EventKind, TaskEvent, TaskEvents
+from common.messages import (
+    AdmitJob,
+    CancelJob,
+    Decide,
+    EventKind,
+    JobRefusal,
+    TaskEvent,
+    TaskEvents,
+)
 from global_master.core import GlobalMaster
 from global_master.lifecycle import HistoryRecord, JobBook
 from tests.conftest import make_gm, make_lm, sync_views
@@ -153,6 +161,35 @@ def test_a_restarted_gm_runs_no_job_of_its_history_again() -> None:
     effects = admit("big", False)  # (and, fixed, taken)
     assert not [e for e in effects if isinstance(e, JobRefused)]
     assert gm.ledger.live.per_user.get(UserId("u0"), 0) == 2
+
+
+def test_a_job_refused_before_the_core_is_recorded_and_read_back() -> None:
+    """Its GM's service refused it before the core saw it (``user_backlog``,
+    ``too_many_edges``, ``internal_error``): the book says so, where the front door said
+    "submitted" until it forgot the job, then ``unknown_job``; a refused copy of a job
+    the book holds leaves that job alone."""
+    h = history()
+    book = h.gm.book
+    assert book is not None
+
+    def refused(job_id: str) -> None:
+        h.handle(JobRefusal(gm=GmId("gm0"), user=UserId("u0"), job_id=JobId(job_id),
+                            submitted_at=-1.0, reason="user_backlog",
+                            detail="u0 has 9 MiB unread"), 11.0)  # fmt: skip
+
+    refused("shed")
+    refused("live")  # a copy of a job it holds, shed: not that job's end
+    rec = book.get(UserId("u0"), JobId("shed"))
+    assert rec is not None
+    assert rec.ended
+    assert book.summary(rec, h.gm.ledger)["reason"] == "user_backlog: u0 has 9 MiB unread"
+    live = book.get(UserId("u0"), JobId("live"))
+    assert live is not None
+    assert not live.ended
+    assert not live.refused
+    again = JobBook(per_user=10, keep_s=100.0)
+    again.replay(h.records, now=12.0)
+    assert views(again, h.gm) == views(book, h.gm)
 
 
 @pytest.mark.parametrize("sync_s", [0.0, 1.0])
