@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
-from workload.tracefiles import columns, csv_rows, integer
+from workload.tracefiles import columns, csv_files, csv_rows, integer
 from workload.traces import TraceJob
 
 AFTER_END = 2**63 - 1
@@ -195,34 +195,41 @@ def google2011_events(paths: Sequence[str | Path]) -> Iterator[Event]:
 
 
 def google2019_events(paths: Sequence[str | Path], stats: ReplayStats) -> Iterator[Event]:
-    """The ``instance_events`` rows of a 2019 export (each file with its header)."""
-    names: dict[str, int] = {}
-    for where, row in csv_rows(paths):
-        if where.endswith(":1"):
-            names = {n.strip(): i for i, n in enumerate(row)}
-            missing = [
-                c for c in ("time", "type", "collection_id", "instance_index") if c not in names
-            ]
-            if missing:
-                raise ConfigError(
-                    f"{where}: the header names no {', '.join(missing)} column "
-                    "(export instance_events to CSV with its header row)",
-                    reason="bad_trace",
-                )
-            continue
-        ct = names.get("collection_type")
-        if ct is not None and ct < len(row) and row[ct] == "1":
-            stats.skipped_rows += 1
-            continue
-        columns(row, len(names), "instance_events", where)
-        kind = KINDS_2019.get(integer(row[names["type"]], "type", where))
-        if kind is None:
+    """The ``instance_events`` rows of a 2019 export (each file with its header: its
+    first row, blank lines before it skipped)."""
+    for _, rows in csv_files(paths):
+        header = next(rows, None)
+        if header is None:
+            continue  # an empty file: no rows, no header
+        where, row = header
+        names = {n.strip(): i for i, n in enumerate(row)}
+        missing = [c for c in ("time", "type", "collection_id", "instance_index") if c not in names]
+        if missing:
             raise ConfigError(
-                f"{where}: event type {row[names['type']]!r} is not 0-10", reason="bad_trace"
+                f"{where}: the header names no {', '.join(missing)} column "
+                "(export instance_events to CSV with its header row)",
+                reason="bad_trace",
             )
-        t = integer(row[names["time"]], "time", where)
-        index = integer(row[names["instance_index"]], "instance_index", where)
-        yield t, row[names["collection_id"]], index, kind, where
+        for where, row in rows:
+            yield from _event_2019(where, row, names, stats)
+
+
+def _event_2019(
+    where: str, row: list[str], names: dict[str, int], stats: ReplayStats
+) -> Iterator[Event]:
+    ct = names.get("collection_type")
+    if ct is not None and ct < len(row) and row[ct] == "1":
+        stats.skipped_rows += 1
+        return
+    columns(row, len(names), "instance_events", where)
+    kind = KINDS_2019.get(integer(row[names["type"]], "type", where))
+    if kind is None:
+        raise ConfigError(
+            f"{where}: event type {row[names['type']]!r} is not 0-10", reason="bad_trace"
+        )
+    t = integer(row[names["time"]], "time", where)
+    index = integer(row[names["instance_index"]], "instance_index", where)
+    yield t, row[names["collection_id"]], index, kind, where
 
 
 def read_google(fmt: str, paths: Sequence[str | Path], lookahead: float = math.inf) -> GoogleReplay:
