@@ -125,6 +125,7 @@ class GoogleReplay:
                     reason="bad_trace",
                 )
             now = t
+            yield from self._hand_on(now)  # the jobs past the lookahead, before this row
             self._event(t, job, index, kind)
             yield from self._hand_on(now)
         yield from self._hand_on(now, end=True)
@@ -168,8 +169,11 @@ class GoogleReplay:
         q = self._queue
         while q and (not q[0].open or end or now - q[0].arrival > self.lookahead):
             s = q.popleft()
+            # a task still open is cut at the lookahead's end, not at the row that
+            # found it open: rows may be hours apart (a trace filtered to a few jobs)
+            cut = min(now, s.arrival + self.lookahead)
             for key, task in list(s.open.items()):
-                self._end(key, task, now)
+                self._end(key, task, cut)
                 if task.scheduled:
                     if end:
                         self.stats.unfinished += 1

@@ -83,7 +83,7 @@ def test_a_task_open_past_the_lookahead_is_cut_and_later_events_ignored(tmp_path
     path = write(tmp_path / "t.csv", [task_event(*e) for e in events])
     replay = read_google("google2011", [path], lookahead=10.0)
     jobs = iter(replay)
-    assert next(jobs) == TraceJob(0.0, (20.0,))  # cut at the first row 10 s past its arrival
+    assert next(jobs) == TraceJob(0.0, (10.0,))  # cut 10 s after its arrival
     assert next(jobs) == TraceJob(1.0, (1.0,))
     assert list(jobs) == [TraceJob(20.0, (1.0,)), TraceJob(101.0, (1.0,))]
     assert (replay.stats.clipped, replay.stats.unmatched) == (1, 1)  # job 1's late FINISH
@@ -240,3 +240,20 @@ def test_a_2019_header_after_blank_lines_is_the_header(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.csv", ["", "t,type,collection_id,instance_index", "0,0,7,0"])
     with pytest.raises(ConfigError, match=r"bad.csv:2: the header names no time column"):
         list(read_google("google2019", [bad]))
+
+
+def test_a_task_is_cut_at_the_lookahead_however_far_the_next_row_is(tmp_path: Path) -> None:
+    """A task open past the lookahead ran until the row that found it open: with a
+    day between rows (a trace filtered to a few jobs) a 10-s lookahead gave a task of
+    a day.  And a row past the lookahead (its FINISH) is not read into the cut job."""
+    events = [(0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (2, 1, 1, 1)]
+    events += [(86_400, 2, 0, 0), (86_400, 2, 0, 1), (86_401, 1, 0, 4), (86_402, 2, 0, 4)]
+    path = write(tmp_path / "t.csv", [task_event(*e) for e in events])
+    replay = read_google("google2011", [path], lookahead=10.0)
+    assert list(replay) == [TraceJob(0.0, (10.0, 8.0)), TraceJob(86_400.0, (2.0,))]
+    assert (replay.stats.clipped, replay.stats.unmatched) == (2, 1)
+    # a FINISH on the lookahead's last second still ends its task
+    near = write(tmp_path / "near.csv", [task_event(*e) for e in events[:4]] + [
+        task_event(10, 1, 0, 4), task_event(10, 1, 1, 4)
+    ])  # fmt: skip
+    assert list(read_google("google2011", [near], lookahead=10.0)) == [TraceJob(0.0, (10.0, 8.0))]
