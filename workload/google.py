@@ -187,11 +187,21 @@ class GoogleReplay:
                 yield TraceJob(s.arrival, tuple(s.durations))
 
 
+def _time(text: str, what: str, where: str) -> int:
+    """A row's time in microseconds: a whole number, not negative (the traces' times
+    start at 0, "before the window"; a negative one replayed at 0 while its job's
+    completion time still counted from it)."""
+    t = integer(text, what, where)
+    if t < 0:
+        raise ConfigError(f"{where}: {what} {text!r} is negative", reason="bad_trace")
+    return t
+
+
 def google2011_events(paths: Sequence[str | Path]) -> Iterator[Event]:
     """The ``task_events`` rows of the 2011 trace as events."""
     for where, row in csv_rows(paths):
         columns(row, 6, "task_events", where)
-        t = integer(row[0], "timestamp", where)
+        t = _time(row[0], "timestamp", where)
         kind = KINDS_2011.get(integer(row[5], "event type", where))
         if kind is None:
             raise ConfigError(f"{where}: event type {row[5]!r} is not 0-8", reason="bad_trace")
@@ -231,7 +241,7 @@ def _event_2019(
         raise ConfigError(
             f"{where}: event type {row[names['type']]!r} is not 0-10", reason="bad_trace"
         )
-    t = integer(row[names["time"]], "time", where)
+    t = _time(row[names["time"]], "time", where)
     index = integer(row[names["instance_index"]], "instance_index", where)
     yield t, row[names["collection_id"]], index, kind, where
 

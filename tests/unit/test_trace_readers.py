@@ -257,3 +257,17 @@ def test_a_task_is_cut_at_the_lookahead_however_far_the_next_row_is(tmp_path: Pa
         task_event(10, 1, 0, 4), task_event(10, 1, 1, 4)
     ])  # fmt: skip
     assert list(read_google("google2011", [near], lookahead=10.0)) == [TraceJob(0.0, (10.0, 8.0))]
+
+
+def test_a_negative_time_is_an_error_naming_its_row(tmp_path: Path) -> None:
+    """A negative timestamp was read: its task was replayed from time 0 while its
+    job's completion time counted from the negative arrival (5 s too long here)."""
+    rows = [task_event(1, 1, 0, 0), task_event(2, 1, 0, 1), task_event(3, 1, 0, 4)]
+    neg = write(tmp_path / "neg.csv", ["-5000000,,1,0,,0,u,0,0,0,0,0,0", *rows])
+    with pytest.raises(ConfigError, match=r"neg.csv:1: timestamp '-5000000' is negative") as e:
+        list(read_google("google2011", [neg]))
+    assert e.value.reason == "bad_trace"
+    head = "time,type,collection_id,instance_index"
+    neg19 = write(tmp_path / "neg19.csv", [head, "-1,0,7,0", "0,3,7,0", "5,6,7,0"])
+    with pytest.raises(ConfigError, match=r"neg19.csv:2: time '-1' is negative"):
+        list(read_google("google2019", [neg19]))
