@@ -125,15 +125,21 @@ def jain_windows(
                 k, used = k + 1, 0
         if len(active) >= 2:
             xs = [
-                float(sum(Fraction(sh.get(u, 0.0)) * c for sh, c in chunks)) / n / share[u]
+                math.fsum(x for sh, c in chunks for x in _times(sh.get(u, 0.0), c)) / n / share[u]
                 for u in active
             ]
             idx.append((jain(xs), 1 + same))
     if not idx:
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
-    total = float(sum(Fraction(v) * c for v, c in idx))
+    total = math.fsum(x for v, c in idx for x in _times(v, c))
     values = [v for v, _ in idx]
     return {"mean": total / sum(c for _, c in idx), "min": min(values), "max": max(values)}
+
+
+def _times(v: float, c: int) -> list[float]:
+    """Floats adding up to ``v * c`` exactly (one ``v * 2**k`` per bit of ``c``): what
+    ``math.fsum`` of ``c`` copies of ``v`` sums, in at most 64 terms."""
+    return [v * (1 << k) for k in range(c.bit_length()) if c >> k & 1]
 
 
 def _active_changes(spans: Mapping[UserId, Sequence[tuple[float, float]]], t0: float) -> list[int]:
