@@ -110,11 +110,11 @@ def plot_shares(
     users: Sequence[UserConfig],
     title: str,
 ) -> None:
-    """Each user's dominant share over time (solid) and configured share (dashed)."""
+    """Each user's dominant share over time (solid) and configured share (dashed);
+    ``samples`` may be a step function's corners (``UsageSeries.corners``): the same
+    line, held in memory as many points as the usage changed, not one per sample."""
     fig, ax = _figure((8, 4.5))
     samples = list(samples)
-    # every sample, not only the corners of the step function: the same line, but
-    # matplotlib's path simplification anti-aliases a thinned path differently
     ts = [t for t, _ in samples]
     for k, u in enumerate(users):
         color = f"C{k % 10}"

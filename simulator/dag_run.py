@@ -15,9 +15,12 @@ fairness reference, SJF the JCT one, Tetris the makespan one.
 from __future__ import annotations
 
 import argparse
+import bisect
 import copy
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from reporting.tally import jct_stats, summarize_tasks
 from reporting.tasks import write_records_csv
 from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
+from simulator.usage import Shares
 from workload.dags import dag_stats, scale_jobs, synthetic_dag_jobs
 
 JAIN_WINDOW_S = 60.0
@@ -56,9 +60,15 @@ def jain_windows(
     users with a job in the system during that window, each user's share averaged over
     the window's samples.
 
-    One pass over the sample grid, run by run of the usage step function: a window
-    with fewer than two users active only counts its samples; the others add each
-    sample's shares in order, the same sums as over a list of the samples."""
+    Sample ``i`` of the grid (the ``i``-th tick of ``every`` from the first) is in window
+    ``floor(i * every / 60)``; a window's average is the exact sum of its samples,
+    rounded once (``math.fsum``), over their count, and the figures' mean the exact sum
+    of the windows' indices over their count.  The work is per run of the usage step
+    function and per job, not per sample nor per window: a run of equal samples
+    spanning many windows with the same users active makes those windows' indices
+    equal, taken at once (a task of 10**9 s, or a year between two arrivals, was 10**9
+    or 3 x 10**7 samples walked one by one, and the plot held them all: hours and
+    gigabytes for two jobs)."""
     share = {u.user: u.share for u in users}
     spans: dict[UserId, list[tuple[float, float]]] = {}
     for j in jobs:
@@ -69,42 +79,80 @@ def jain_windows(
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
     every = series.every
     t0 = series.runs[0].first
-    idx: list[float] = []
-    window = -1
-    active: list[UserId] = []
-    sums: list[float] = []
-    n = 0
+    step = Fraction(every) / Fraction(JAIN_WINDOW_S)  # windows per sample
 
-    def close() -> None:
+    def window_of(i: int) -> int:
+        return math.floor(i * step)
+
+    def first_of(w: int) -> int:  # the first sample index of window w
+        return math.ceil(w / step)
+
+    def active_in(w: int) -> list[UserId]:
+        lo, hi = t0 + w * JAIN_WINDOW_S, t0 + (w + 1) * JAIN_WINDOW_S
+        return [
+            u for u, sp in spans.items() if any(a < hi and e > lo for a, e in sp) and u in share
+        ]
+
+    changes = _active_changes(spans, t0)
+    runs = [(round((r.first - t0) / every), r.count, r.shares) for r in series.runs]
+    idx: list[tuple[float, int]] = []  # (a window's index, how many windows have it)
+    k, used = 0, 0  # the run being read, and how many of its samples are taken
+    while k < len(runs):
+        w = window_of(runs[k][0] + used)
+        lo_i, hi_i = first_of(w), first_of(w + 1)
+        chunks: list[tuple[Shares, int]] = []
+        while k < len(runs) and runs[k][0] + used < hi_i:
+            first, count, shares = runs[k]
+            take = min(first + count, hi_i) - (first + used)
+            chunks.append((shares, take))
+            used += take
+            if used == count:
+                k, used = k + 1, 0
+        n = sum(c for _, c in chunks)
+        active = active_in(w)
+        # the next windows are the same as this one while they are whole windows of
+        # the same run, of as many samples, and the same users are active in them
+        # (windows are all of one size only when the step divides 60 s)
+        same = 0
+        if len(chunks) == 1 and n == hi_i - lo_i and used > 0 and step.numerator == 1:
+            first, count, _ = runs[k]
+            whole = window_of(first + count) - 1  # the run's last whole window
+            nxt = bisect.bisect_right(changes, w)
+            last = min(whole, changes[nxt] - 1) if nxt < len(changes) else whole
+            same = max(0, last - w)
+            used = first_of(w + 1 + same) - first
+            if used == count:
+                k, used = k + 1, 0
         if len(active) >= 2:
-            idx.append(jain([x / n / share[u] for x, u in zip(sums, active, strict=True)]))
-
-    for run in series.runs:
-        t = run.first
-        values = [run.shares.get(u, 0.0) for u in active]
-        for _ in range(run.count):
-            w = int((t - t0) // JAIN_WINDOW_S)
-            if w != window:
-                if n:
-                    close()
-                window, n = w, 0
-                lo, hi = t0 + w * JAIN_WINDOW_S, t0 + (w + 1) * JAIN_WINDOW_S
-                active = [
-                    u
-                    for u, sp in spans.items()
-                    if any(a < hi and e > lo for a, e in sp) and u in share
-                ]
-                sums = [0] * len(active)  # as sum() starts
-                values = [run.shares.get(u, 0.0) for u in active]
-            n += 1
-            if len(active) >= 2:
-                for i, v in enumerate(values):
-                    sums[i] += v
-            t += every
-    close()
+            xs = [
+                math.fsum(x for sh, c in chunks for x in _times(sh.get(u, 0.0), c)) / n / share[u]
+                for u in active
+            ]
+            idx.append((jain(xs), 1 + same))
     if not idx:
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
-    return {"mean": sum(idx) / len(idx), "min": min(idx), "max": max(idx)}
+    total = math.fsum(x for v, c in idx for x in _times(v, c))
+    values = [v for v, _ in idx]
+    return {"mean": total / sum(c for _, c in idx), "min": min(values), "max": max(values)}
+
+
+def _times(v: float, c: int) -> list[float]:
+    """Floats adding up to ``v * c`` exactly (one ``v * 2**k`` per bit of ``c``): what
+    ``math.fsum`` of ``c`` copies of ``v`` sums, in at most 64 terms."""
+    return [v * (1 << k) for k in range(c.bit_length()) if c >> k & 1]
+
+
+def _active_changes(spans: Mapping[UserId, Sequence[tuple[float, float]]], t0: float) -> list[int]:
+    """The windows around which the users active may change: each job's arrival and
+    end, give or take two windows (the exact test, in floats, is ``active_in``'s)."""
+    out: set[int] = set()
+    for sp in spans.values():
+        for a, e in sp:
+            for x in (a, e):
+                if math.isfinite(x):
+                    c = math.floor((x - t0) / JAIN_WINDOW_S)
+                    out.update(range(c - 2, c + 3))
+    return sorted(out)
 
 
 def with_arrivals(jobs: Sequence[DagJob], arrivals: str) -> list[DagJob]:
@@ -235,7 +283,10 @@ def run_policies(
         if out is not None:
             write_records_csv(out / f"tasks-{policy}.csv", res.tasks, res.failed)
             plot_shares(
-                out / f"shares-{policy}.png", res.usage_samples, users, f"dominant share: {policy}"
+                out / f"shares-{policy}.png",
+                res.usage_samples.corners(),
+                users,
+                f"dominant share: {policy}",
             )
     return {"schedulers": schedulers, "timing": timing}
 

@@ -253,6 +253,7 @@ class SparrowSimulation:
         task.mark(Phase.COMMUNICATION, asked_at)
         for r, x in enumerate(task.demand):
             worker.free[r] -= x
+        task.attempt += 1  # launched (once: Sparrow never re-places a task), as Megha counts
         self.loop.at(at, self._start, w, task)
 
     def _noop(self, w: int) -> None:

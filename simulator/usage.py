@@ -69,3 +69,12 @@ class UsageSeries:
             for _ in range(run.count):
                 yield t, shares
                 t += every
+
+    def corners(self) -> Iterator[tuple[float, Shares]]:
+        """Each run's first and last sample: the line through every sample, without the
+        samples inside a run (on it, flat); what a plot needs, whatever the run's
+        length."""
+        for run in self.runs:
+            yield run.first, run.shares
+            if run.count > 1:
+                yield run.last, run.shares

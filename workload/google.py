@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
-from workload.tracefiles import columns, csv_rows, integer
+from workload.tracefiles import columns, csv_files, csv_rows, integer
 from workload.traces import TraceJob
 
 AFTER_END = 2**63 - 1
@@ -125,6 +125,7 @@ class GoogleReplay:
                     reason="bad_trace",
                 )
             now = t
+            yield from self._hand_on(now)  # the jobs past the lookahead, before this row
             self._event(t, job, index, kind)
             yield from self._hand_on(now)
         yield from self._hand_on(now, end=True)
@@ -168,8 +169,11 @@ class GoogleReplay:
         q = self._queue
         while q and (not q[0].open or end or now - q[0].arrival > self.lookahead):
             s = q.popleft()
+            # a task still open is cut at the lookahead's end, not at the row that
+            # found it open: rows may be hours apart (a trace filtered to a few jobs)
+            cut = min(now, s.arrival + self.lookahead)
             for key, task in list(s.open.items()):
-                self._end(key, task, now)
+                self._end(key, task, cut)
                 if task.scheduled:
                     if end:
                         self.stats.unfinished += 1
@@ -183,11 +187,21 @@ class GoogleReplay:
                 yield TraceJob(s.arrival, tuple(s.durations))
 
 
+def _time(text: str, what: str, where: str) -> int:
+    """A row's time in microseconds: a whole number, not negative (the traces' times
+    start at 0, "before the window"; a negative one replayed at 0 while its job's
+    completion time still counted from it)."""
+    t = integer(text, what, where)
+    if t < 0:
+        raise ConfigError(f"{where}: {what} {text!r} is negative", reason="bad_trace")
+    return t
+
+
 def google2011_events(paths: Sequence[str | Path]) -> Iterator[Event]:
     """The ``task_events`` rows of the 2011 trace as events."""
     for where, row in csv_rows(paths):
         columns(row, 6, "task_events", where)
-        t = integer(row[0], "timestamp", where)
+        t = _time(row[0], "timestamp", where)
         kind = KINDS_2011.get(integer(row[5], "event type", where))
         if kind is None:
             raise ConfigError(f"{where}: event type {row[5]!r} is not 0-8", reason="bad_trace")
@@ -195,34 +209,41 @@ def google2011_events(paths: Sequence[str | Path]) -> Iterator[Event]:
 
 
 def google2019_events(paths: Sequence[str | Path], stats: ReplayStats) -> Iterator[Event]:
-    """The ``instance_events`` rows of a 2019 export (each file with its header)."""
-    names: dict[str, int] = {}
-    for where, row in csv_rows(paths):
-        if where.endswith(":1"):
-            names = {n.strip(): i for i, n in enumerate(row)}
-            missing = [
-                c for c in ("time", "type", "collection_id", "instance_index") if c not in names
-            ]
-            if missing:
-                raise ConfigError(
-                    f"{where}: the header names no {', '.join(missing)} column "
-                    "(export instance_events to CSV with its header row)",
-                    reason="bad_trace",
-                )
-            continue
-        ct = names.get("collection_type")
-        if ct is not None and ct < len(row) and row[ct] == "1":
-            stats.skipped_rows += 1
-            continue
-        columns(row, len(names), "instance_events", where)
-        kind = KINDS_2019.get(integer(row[names["type"]], "type", where))
-        if kind is None:
+    """The ``instance_events`` rows of a 2019 export (each file with its header: its
+    first row, blank lines before it skipped)."""
+    for _, rows in csv_files(paths):
+        header = next(rows, None)
+        if header is None:
+            continue  # an empty file: no rows, no header
+        where, row = header
+        names = {n.strip(): i for i, n in enumerate(row)}
+        missing = [c for c in ("time", "type", "collection_id", "instance_index") if c not in names]
+        if missing:
             raise ConfigError(
-                f"{where}: event type {row[names['type']]!r} is not 0-10", reason="bad_trace"
+                f"{where}: the header names no {', '.join(missing)} column "
+                "(export instance_events to CSV with its header row)",
+                reason="bad_trace",
             )
-        t = integer(row[names["time"]], "time", where)
-        index = integer(row[names["instance_index"]], "instance_index", where)
-        yield t, row[names["collection_id"]], index, kind, where
+        for where, row in rows:
+            yield from _event_2019(where, row, names, stats)
+
+
+def _event_2019(
+    where: str, row: list[str], names: dict[str, int], stats: ReplayStats
+) -> Iterator[Event]:
+    ct = names.get("collection_type")
+    if ct is not None and ct < len(row) and row[ct] == "1":
+        stats.skipped_rows += 1
+        return
+    columns(row, len(names), "instance_events", where)
+    kind = KINDS_2019.get(integer(row[names["type"]], "type", where))
+    if kind is None:
+        raise ConfigError(
+            f"{where}: event type {row[names['type']]!r} is not 0-10", reason="bad_trace"
+        )
+    t = _time(row[names["time"]], "time", where)
+    index = integer(row[names["instance_index"]], "instance_index", where)
+    yield t, row[names["collection_id"]], index, kind, where
 
 
 def read_google(fmt: str, paths: Sequence[str | Path], lookahead: float = math.inf) -> GoogleReplay:

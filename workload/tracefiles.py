@@ -18,32 +18,48 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _open_text(path: Path) -> IO[str]:
+    """``path`` as text; a byte order mark (an export from Windows tools) is dropped,
+    not read as part of the first field (``\ufeffM1`` is no DAG name: its job's
+    dependencies were silently lost)."""
     with path.open("rb") as f:
         gz = f.read(2) == GZIP_MAGIC
     if gz:
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
 
 
 def csv_rows(paths: Sequence[str | Path]) -> Iterator[tuple[str, list[str]]]:
     """``(where, fields)`` for every row of every file in order; ``where`` is
     ``file:line``.  Blank rows are skipped.  A file that cannot be opened or read
     (not UTF-8, a broken gzip stream) is a ``ConfigError`` naming it."""
+    for _, rows in csv_files(paths):
+        yield from rows
+
+
+def csv_files(
+    paths: Sequence[str | Path],
+) -> Iterator[tuple[Path, Iterator[tuple[str, list[str]]]]]:
+    """Each file and its rows as ``csv_rows`` gives them (a file's header is its first
+    row, whatever blank lines come before it)."""
     if not paths:
         raise ConfigError("no trace file given", reason="missing_trace")
     for name in paths:
         path = Path(name)
-        line = 0
-        try:
-            with _open_text(path) as f:
-                for line, row in enumerate(csv.reader(f), 1):
-                    if row:
-                        yield f"{path}:{line}", row
-        except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
-            raise ConfigError(
-                f"cannot read trace {path} (after line {line}): {exc}",
-                reason="trace_unreadable",
-            ) from None
+        yield path, _file_rows(path)
+
+
+def _file_rows(path: Path) -> Iterator[tuple[str, list[str]]]:
+    line = 0
+    try:
+        with _open_text(path) as f:
+            for line, row in enumerate(csv.reader(f), 1):
+                if row:
+                    yield f"{path}:{line}", row
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(
+            f"cannot read trace {path} (after line {line}): {exc}",
+            reason="trace_unreadable",
+        ) from None
 
 
 def integer(text: str, what: str, where: str) -> int:

@@ -75,3 +75,14 @@ def test_a_task_larger_than_every_worker_fails_and_its_job_with_it() -> None:
     assert why.startswith("infeasible")
     assert r.failed_jobs == {JobId("too-big")}
     assert set(r.job_completion) == {JobId("fits")}
+
+
+def test_a_task_that_ran_counts_its_launch_as_megha_counts_its_placements() -> None:
+    """Every Sparrow row said ``attempt`` 0, the count of a task never placed, beside
+    Megha's 1 for the same task run once: the schedulers' CSVs disagreed on which
+    tasks had run.  A task no worker could run stays at 0."""
+    r = _run([(1,)] * 2, [_job("j", 0.0, [((1,), 1.0)] * 3), _job("big", 0.5, [((2,), 1.0)])])
+    assert _outcomes(r) == (3, 1)
+    assert {t.spec.task_id: t.attempt for t in r.tasks} == {
+        TaskId("j.t0"): 1, TaskId("j.t1"): 1, TaskId("j.t2"): 1, TaskId("big.t0"): 0
+    }  # fmt: skip

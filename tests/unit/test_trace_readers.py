@@ -83,7 +83,7 @@ def test_a_task_open_past_the_lookahead_is_cut_and_later_events_ignored(tmp_path
     path = write(tmp_path / "t.csv", [task_event(*e) for e in events])
     replay = read_google("google2011", [path], lookahead=10.0)
     jobs = iter(replay)
-    assert next(jobs) == TraceJob(0.0, (20.0,))  # cut at the first row 10 s past its arrival
+    assert next(jobs) == TraceJob(0.0, (10.0,))  # cut 10 s after its arrival
     assert next(jobs) == TraceJob(1.0, (1.0,))
     assert list(jobs) == [TraceJob(20.0, (1.0,)), TraceJob(101.0, (1.0,))]
     assert (replay.stats.clipped, replay.stats.unmatched) == (1, 1)  # job 1's late FINISH
@@ -197,3 +197,77 @@ def test_sorting_past_memory_keeps_order_and_ties() -> None:
     items = [(k * 7919 % 1000, k) for k in range(5_000)]
     got = list(sorted_spilled(iter(items), key=lambda x: x[0], chunk=300))
     assert got == sorted(items, key=lambda x: x[0])
+
+
+def test_a_byte_order_mark_is_not_read_as_part_of_the_first_field(tmp_path: Path) -> None:
+    """A BOM (an export saved by a Windows tool) made ``\\ufeffM1`` no DAG name: the
+    first stage lost its number and its children their dependency on it, silently
+    (a 2011 file was refused, a 2019 header had no ``time`` column)."""
+    bom = b"\xef\xbb\xbf"
+    rows = [
+        batch_task("M1", 2, "j_1", "Terminated", 100, 110),
+        batch_task("R2_1", 1, "j_1", "Terminated", 110, 115),
+        batch_task("J3_1_2", 4, "j_1", "Terminated", 115, 120),
+    ]
+    plain = write(tmp_path / "plain.csv", rows)
+    for name, gz in (("bom.csv", False), ("bom.csv.gz", True)):
+        data = bom + plain.read_bytes()
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(data) if gz else data)
+        replay = AlibabaReplay([path])
+        assert list(replay) == list(AlibabaReplay([plain]))
+        assert replay.stats.dropped_parents == 0
+    g = write(tmp_path / "g.csv", [task_event(*e) for e in EVENTS_2011])
+    (tmp_path / "g_bom.csv").write_bytes(bom + g.read_bytes())
+    assert list(read_google("google2011", [tmp_path / "g_bom.csv"])) == EXPECTED
+    head = "time,type,collection_id,instance_index"
+    rows19 = [head, "0,0,7,0", f"{S},3,7,0", f"{3 * S},6,7,0"]
+    (tmp_path / "i.csv").write_bytes(bom + "\n".join(rows19).encode() + b"\n")
+    assert list(read_google("google2019", [tmp_path / "i.csv"])) == [TraceJob(0.0, (2.0,))]
+
+
+def test_a_2019_header_after_blank_lines_is_the_header(tmp_path: Path) -> None:
+    """The header was looked for on line 1 only: after a blank line it was read as
+    data and the run crashed with a KeyError (the sweep retried it, then exit 1)."""
+    rows = ["", "time,type,collection_id,instance_index", "0,0,7,0", f"{S},3,7,0"]
+    rows += [f"{3 * S},6,7,0"]
+    a = write(tmp_path / "a.csv", rows)
+    b = write(tmp_path / "b.csv", ["", "", "time,type,collection_id,instance_index"])
+    b.write_text(b.read_text() + f"{4 * S},0,8,0\n{5 * S},3,8,0\n{6 * S},6,8,0\n")
+    empty = write(tmp_path / "empty.csv", [""])
+    replay = read_google("google2019", [a, empty, b])
+    assert list(replay) == [TraceJob(0.0, (2.0,)), TraceJob(4.0, (1.0,))]
+    bad = write(tmp_path / "bad.csv", ["", "t,type,collection_id,instance_index", "0,0,7,0"])
+    with pytest.raises(ConfigError, match=r"bad.csv:2: the header names no time column"):
+        list(read_google("google2019", [bad]))
+
+
+def test_a_task_is_cut_at_the_lookahead_however_far_the_next_row_is(tmp_path: Path) -> None:
+    """A task open past the lookahead ran until the row that found it open: with a
+    day between rows (a trace filtered to a few jobs) a 10-s lookahead gave a task of
+    a day.  And a row past the lookahead (its FINISH) is not read into the cut job."""
+    events = [(0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (2, 1, 1, 1)]
+    events += [(86_400, 2, 0, 0), (86_400, 2, 0, 1), (86_401, 1, 0, 4), (86_402, 2, 0, 4)]
+    path = write(tmp_path / "t.csv", [task_event(*e) for e in events])
+    replay = read_google("google2011", [path], lookahead=10.0)
+    assert list(replay) == [TraceJob(0.0, (10.0, 8.0)), TraceJob(86_400.0, (2.0,))]
+    assert (replay.stats.clipped, replay.stats.unmatched) == (2, 1)
+    # a FINISH on the lookahead's last second still ends its task
+    near = write(tmp_path / "near.csv", [task_event(*e) for e in events[:4]] + [
+        task_event(10, 1, 0, 4), task_event(10, 1, 1, 4)
+    ])  # fmt: skip
+    assert list(read_google("google2011", [near], lookahead=10.0)) == [TraceJob(0.0, (10.0, 8.0))]
+
+
+def test_a_negative_time_is_an_error_naming_its_row(tmp_path: Path) -> None:
+    """A negative timestamp was read: its task was replayed from time 0 while its
+    job's completion time counted from the negative arrival (5 s too long here)."""
+    rows = [task_event(1, 1, 0, 0), task_event(2, 1, 0, 1), task_event(3, 1, 0, 4)]
+    neg = write(tmp_path / "neg.csv", ["-5000000,,1,0,,0,u,0,0,0,0,0,0", *rows])
+    with pytest.raises(ConfigError, match=r"neg.csv:1: timestamp '-5000000' is negative") as e:
+        list(read_google("google2011", [neg]))
+    assert e.value.reason == "bad_trace"
+    head = "time,type,collection_id,instance_index"
+    neg19 = write(tmp_path / "neg19.csv", [head, "-1,0,7,0", "0,3,7,0", "5,6,7,0"])
+    with pytest.raises(ConfigError, match=r"neg19.csv:2: time '-1' is negative"):
+        list(read_google("google2019", [neg19]))
