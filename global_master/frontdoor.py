@@ -120,10 +120,17 @@ class FrontDoor:
         if now - self._swept_at < SWEEP_S:
             return
         self._swept_at = now
-        book = self.book
         for jk, sub in list(self.pending.items()):
-            if sub.submitted_at + PENDING_S <= now or book.get(*jk) is not None:
+            if sub.submitted_at + PENDING_S <= now or self._in_book(jk, sub) is not None:
                 del self.pending[jk]
+
+    def _in_book(self, jk: tuple[UserId, JobId], sub: SubmitJob | None) -> JobRecord | None:
+        """The book's record of ``jk``, but not a refusal older than ``sub`` (its id,
+        sent again: the job sent again is not in the book yet)."""
+        rec = self.book.get(*jk)
+        if rec is not None and sub is not None and rec.refused:
+            return None if rec.submitted_at < sub.submitted_at else rec
+        return rec
 
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:
@@ -134,7 +141,8 @@ class FrontDoor:
             shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
             raise ConfigError(f"bad job id {shown!r}", reason="bad_job_id")
         jk = (user, JobId(jid))
-        if jk in self.pending or self.book.get(*jk) is not None or jk in self.core.jobs:
+        known = self.book.get(*jk)  # (a refused job's id may be sent again)
+        if jk in self.pending or (known is not None and not known.refused) or jk in self.core.jobs:
             return _error(409, "duplicate_job_id", f"job {jid!r} exists")
         sub = job.submission(jid, user, token, time.time())
         sub = codec.decode(codec.encode(sub), expect=SubmitJob)  # the wire's own checks
@@ -160,11 +168,12 @@ class FrontDoor:
     def _record(self, user: UserId, job_id: str) -> JobRecord | dict[str, Any]:
         """The book's record of a job, or what is known of one published and not yet
         admitted; ``UnknownJob`` if neither (also for another user's job)."""
-        rec = self.book.get(user, JobId(job_id))
+        jk = (user, JobId(job_id))
+        sub = self.pending.get(jk)
+        rec = self._in_book(jk, sub)
         if rec is not None:
-            self.pending.pop((user, JobId(job_id)), None)
+            self.pending.pop(jk, None)
             return rec
-        sub = self.pending.get((user, JobId(job_id)))
         if sub is None:
             raise UnknownJob(job_id)
         return _submitted(sub)
@@ -175,10 +184,14 @@ class FrontDoor:
         if state is not None and state not in {*JobStatus, "submitted"}:
             raise ConfigError(f"unknown state {state!r}", reason="bad_state")
         ledger = self.core.ledger
-        out = [self.book.summary(r, ledger) for r in self.book.of_user(user)]
-        for (u, j), sub in list(self.pending.items()):
-            if u == user and self.book.get(u, j) is None:
-                out.append(_submitted(sub))
+        waiting = {jk: sub for jk, sub in list(self.pending.items()) if jk[0] == user}
+        out = []
+        for r in self.book.of_user(user):
+            jk = (user, r.job_id)
+            if self._in_book(jk, waiting.get(jk)) is not None:  # else: sent again, below
+                out.append(self.book.summary(r, ledger))
+                waiting.pop(jk, None)
+        out += [_submitted(sub) for sub in waiting.values()]
         if state is not None:
             out = [j for j in out if j["state"] == state]
         return web.json_response({"jobs": out})

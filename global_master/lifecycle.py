@@ -265,8 +265,9 @@ class JobBook:
     def opened(self, job: SubmitJob, now: float) -> None:
         """The core admitted ``job`` (its record is made with its first tasks queued)."""
         jk = (job.user, job.job_id)
-        if job.resumes is not None or jk in self.jobs:
-            return  # returned tasks, or a redelivery
+        rec = self.jobs.get(jk)
+        if job.resumes is not None or (rec is not None and not rec.refused):
+            return  # returned tasks, or a redelivery (a refused job's id may come again)
         stage_of = _stages(job.stages, len(job.tasks))
         ids = tuple([s.task_id for s in job.tasks])
         self._open(job.user, job.job_id, now, ids, stage_of)
@@ -278,6 +279,9 @@ class JobBook:
         # (ids are task ids already: ``TaskId`` is a call per task that returns its
         # argument; one record per task, every task's job in one update)
         tids = cast("Iterable[TaskId]", ids)
+        ended = self.ended.get(user)
+        if ended:  # a job refused before, sent again: the new one is live
+            ended.pop(job_id, None)
         tasks = {t: TaskRecord(t, stage_of[i]) for i, t in enumerate(tids)}
         self.jobs[(user, job_id)] = rec = JobRecord(user, job_id, now, tasks, len(tasks))
         rec.timeline.append((now, "submitted"))

@@ -17,9 +17,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from common.errors import ConfigError
-from common.ids import GmId, LmId, NodeIndex
+from common.ids import GmId, JobId, LmId, NodeIndex, UserId
 from common.jobspec import JobDef, parse_job
-from common.messages import AdmitJob, Decide, EventKind, SubmitJob, TaskEvent, TaskEvents
+from common.messages import (
+    AdmitJob,
+    Decide,
+    EventKind,
+    JobRefusal,
+    SubmitJob,
+    TaskEvent,
+    TaskEvents,
+)
 from global_master import frontdoor
 from global_master.frontdoor import OPENAPI, FrontDoor, NotQueued, add_routes
 from security.tokens import TokenStore
@@ -395,3 +403,49 @@ def test_pending_jobs_are_forgotten_once_admitted_behind_one_that_never_was(
     d._swept_at = float("-inf")
     d._forget_pending(stuck.submitted_at + frontdoor.PENDING_S + 1.0)
     assert not d.pending
+
+
+def test_a_refused_job_reads_failed_and_its_id_may_be_sent_again(tmp_path: Path) -> None:
+    """A job its GM refused before its core took it (``user_backlog``) reads failed, with
+    why; the same id sent again (the refusal may pass: a backlog drains) is a new job,
+    not a 409 for an hour, and reads as that job from its submission on."""
+    d, tokens, published = door(tmp_path)
+    sent = d.publish
+    gate = asyncio.Event()
+
+    async def slow(job: SubmitJob) -> None:  # the GM admits it a while after the 202
+        async def later() -> None:
+            await gate.wait()
+            await sent(job)
+
+        asyncio.get_running_loop().create_task(later())
+
+    d.publish = slow
+    ok = {"format": "megha-job/1", "count": 2, "demand": [1, 1], "duration": 1}
+
+    async def body(call: Call, door_: FrontDoor, _: dict[str, str]) -> None:
+        door_.core.handle(JobRefusal(gm=GmId("gm0"), user=UserId("u0"), job_id=JobId("b"),
+                                     submitted_at=-1.0, reason="user_backlog",
+                                     detail="u0 has 33 MiB unread"), 1.5)  # fmt: skip
+        st, got = await call("GET", "/api/v1/jobs/b")
+        assert (st, got["state"], got["reason"]) == (
+            200,
+            "failed",
+            "user_backlog: u0 has 33 MiB unread",
+        )
+        st, _ = await call("POST", "/api/v1/jobs?id=b", data=json.dumps(ok))
+        assert st == 202
+        st, got = await call("GET", "/api/v1/jobs/b")  # published, not admitted yet
+        assert got["state"] == "submitted"
+        st, lst = await call("GET", "/api/v1/jobs")
+        assert [(j["job_id"], j["state"]) for j in lst["jobs"]] == [("b", "submitted")]
+        st, again = await call("POST", "/api/v1/jobs?id=b", data=json.dumps(ok))
+        assert (st, again["error"]) == (409, "duplicate_job_id")  # it is waiting now
+        gate.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        st, got = await call("GET", "/api/v1/jobs/b")
+        assert (got["state"], got["tasks"]) == ("queued", 2)
+        assert [j.job_id for j in published] == ["b"]
+
+    run_with(d, tokens, body)

@@ -190,6 +190,14 @@ def test_a_job_refused_before_the_core_is_recorded_and_read_back() -> None:
     again = JobBook(per_user=10, keep_s=100.0)
     again.replay(h.records, now=12.0)
     assert views(again, h.gm) == views(book, h.gm)
+    h.submit("shed", [1, 1], 13.0)  # sent again once the backlog drained: a new job
+    rec = book.get(UserId("u0"), JobId("shed"))
+    assert rec is not None
+    assert not rec.refused
+    assert not rec.ended
+    later = JobBook(per_user=10, keep_s=100.0)
+    later.replay(h.records, now=200.0)  # the refusal's end is past keep_s; the job is not
+    assert views(later, h.gm)["shed"] == views(book, h.gm)["shed"]
 
 
 @pytest.mark.parametrize("sync_s", [0.0, 1.0])
