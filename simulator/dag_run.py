@@ -20,6 +20,7 @@ import copy
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,45 @@ DAG_NODE_CAPACITY: dict[int, tuple[int, ...]] = {1: (100,), 2: (64_000, 16_384)}
 synthetic DAGs and job files whose resources are no profile's (``common.units``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Grid:
+    """The usage samples' grid against the 60-s windows: ``step`` windows a sample."""
+
+    step: Fraction
+
+    def window_of(self, i: int) -> int:
+        return math.floor(i * self.step)
+
+    def first_of(self, w: int) -> int:
+        """The first sample index of window ``w``."""
+        return math.ceil(w / self.step)
+
+    def same_after(
+        self, w: int, run: tuple[int, int, Shares], k: int, used: int, changes: list[int]
+    ) -> tuple[int, int, int]:
+        """How many windows after ``w`` are the same as it -- whole windows of the same
+        run (``run``, the ``k``-th, ``used`` of its samples taken), of as many samples,
+        with the same users active (windows are all of one size only when the step
+        divides 60 s) -- and the run and samples taken once they are skipped."""
+        if self.step.numerator != 1:
+            return 0, k, used
+        first, count, _ = run
+        whole = self.window_of(first + count) - 1  # the run's last whole window
+        nxt = bisect.bisect_right(changes, w)
+        last = min(whole, changes[nxt] - 1) if nxt < len(changes) else whole
+        same = max(0, last - w)
+        used = self.first_of(w + 1 + same) - first
+        return (same, k + 1, 0) if used == count else (same, k, used)
+
+
+def _active_in(
+    spans: dict[UserId, list[tuple[float, float]]], share: dict[UserId, float], t0: float, w: int
+) -> list[UserId]:
+    """The users with a job in the system during window ``w``."""
+    lo, hi = t0 + w * JAIN_WINDOW_S, t0 + (w + 1) * JAIN_WINDOW_S
+    return [u for u, sp in spans.items() if any(a < hi and e > lo for a, e in sp) and u in share]
+
+
 def jain_windows(
     result: SimResult, users: Sequence[UserConfig], jobs: Sequence[DagJob]
 ) -> dict[str, float]:
@@ -79,20 +119,8 @@ def jain_windows(
         return {"mean": 1.0, "min": 1.0, "max": 1.0}
     every = series.every
     t0 = series.runs[0].first
-    step = Fraction(every) / Fraction(JAIN_WINDOW_S)  # windows per sample
-
-    def window_of(i: int) -> int:
-        return math.floor(i * step)
-
-    def first_of(w: int) -> int:  # the first sample index of window w
-        return math.ceil(w / step)
-
-    def active_in(w: int) -> list[UserId]:
-        lo, hi = t0 + w * JAIN_WINDOW_S, t0 + (w + 1) * JAIN_WINDOW_S
-        return [
-            u for u, sp in spans.items() if any(a < hi and e > lo for a, e in sp) and u in share
-        ]
-
+    grid = _Grid(Fraction(every) / Fraction(JAIN_WINDOW_S))
+    window_of, first_of = grid.window_of, grid.first_of
     changes = _active_changes(spans, t0)
     runs = [(round((r.first - t0) / every), r.count, r.shares) for r in series.runs]
     idx: list[tuple[float, int]] = []  # (a window's index, how many windows have it)
@@ -109,20 +137,10 @@ def jain_windows(
             if used == count:
                 k, used = k + 1, 0
         n = sum(c for _, c in chunks)
-        active = active_in(w)
-        # the next windows are the same as this one while they are whole windows of
-        # the same run, of as many samples, and the same users are active in them
-        # (windows are all of one size only when the step divides 60 s)
+        active = _active_in(spans, share, t0, w)
         same = 0
-        if len(chunks) == 1 and n == hi_i - lo_i and used > 0 and step.numerator == 1:
-            first, count, _ = runs[k]
-            whole = window_of(first + count) - 1  # the run's last whole window
-            nxt = bisect.bisect_right(changes, w)
-            last = min(whole, changes[nxt] - 1) if nxt < len(changes) else whole
-            same = max(0, last - w)
-            used = first_of(w + 1 + same) - first
-            if used == count:
-                k, used = k + 1, 0
+        if len(chunks) == 1 and n == hi_i - lo_i and used > 0:
+            same, k, used = grid.same_after(w, runs[k], k, used, changes)
         if len(active) >= 2:
             xs = [
                 math.fsum(x for sh, c in chunks for x in _times(sh.get(u, 0.0), c)) / n / share[u]
