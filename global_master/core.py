@@ -311,10 +311,11 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
     def _fail(self, task: Task, reason: str, effects: list[Effect], *, tell: bool = True) -> None:
         """The task failed for good; so do the DAG stages that needed it."""
         self._ended(task, effects, finished=False, reason=reason, tell=tell)
-        for lost in self.queues.abandon(task, 0.0):
-            self._ended(
-                lost, effects, finished=False, reason=TaskFailure.parent_failed(task.task_id)
-            )
+        why = TaskFailure.parent_failed(task.task_id)
+        for lost in (abandoned := self.queues.abandon(task, 0.0)):
+            self._ended(lost, effects, finished=False, reason=why)
+        if abandoned and self._gang_of:  # their gang stages will never run: forgotten
+            self.gang.drop(self, [t.key for t in abandoned], effects)
 
     def _ended(
         self, task: Task, effects: list[Effect], *, finished: bool, reason: str, tell: bool = True

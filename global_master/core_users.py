@@ -22,6 +22,7 @@ from global_master.revocation import USER_REVOKED
 if TYPE_CHECKING:
     from common.metrics import GmCounters
     from global_master.admission import Admission, JobKey
+    from global_master.gang import GangKey, Gangs
     from global_master.ledger import InFlight, InFlightTable, JobRecord, Ledger, LiveTable
     from global_master.outbox import Outbox
     from global_master.queues import UserQueues
@@ -50,6 +51,8 @@ class UserRequests:
         placed: dict[TaskKey, Task]
         queues: UserQueues
         revocations: Revocations
+        gang: Gangs
+        _gang_of: dict[TaskKey, GangKey]
 
         def _ended(
             self,
@@ -61,6 +64,9 @@ class UserRequests:
             tell: bool = True,
         ) -> None: ...
         def _release(self, fl: InFlight) -> None: ...
+        def _answered(
+            self, key: TaskKey, request_id: int, lm: LmId | None = None
+        ) -> InFlight | None: ...
         def _fail(
             self, task: Task, reason: str, effects: list[Effect], *, tell: bool = True
         ) -> None: ...
@@ -76,6 +82,8 @@ class UserRequests:
         rec = self.jobs.get(jk)
         keys = rec.tasks if rec is not None else self._admitting_keys(jk)
         effects: list[Effect] = []
+        if self._gang_of:  # its open gangs go: none reserves or commits after this
+            self.gang.drop(self, keys, effects)  # (what they took: ended below)
         stops: dict[LmId, list[Task]] = {}
         for key in keys:  # also those a large job has not queued yet
             if key in self.cancelled or self.ledger.state_of(key) in _ENDED:
@@ -143,6 +151,8 @@ class UserRequests:
         if taken is None:
             return []
         effects: list[Effect] = []
+        if self._gang_of:  # its open gangs go, and what they took out of the queues
+            taken += self.gang.drop(self, [k for k in self._gang_of if k[0] == msg.user], effects)
         for task in taken:
             self._revoked(task, effects)
         for key in [k for k in self.inflight if k[0] == msg.user]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,10 +75,19 @@ _COMMITTED = (TaskState.PLACED, TaskState.FINISHED, TaskState.FAILED)
 """What a gang's member is in only once its gang committed."""
 
 
-class GangCore(Protocol):
-    """What of the GM core the gang flow uses (``global_master.core.GlobalMaster``)."""
+class GangOwner(Protocol):
+    """What of the GM core ``Gangs.drop`` uses (the cancel and revocation steps)."""
 
     gm_id: GmId
+
+    def _answered(
+        self, key: TaskKey, request_id: int, lm: LmId | None = None
+    ) -> InFlight | None: ...
+
+
+class GangCore(GangOwner, Protocol):
+    """What of the GM core the gang flow uses (``global_master.core.GlobalMaster``)."""
+
     views: dict[LmId, LmView]
     placer: Placer
     queues: UserQueues
@@ -97,9 +106,6 @@ class GangCore(Protocol):
         self, task: Task, reason: str, effects: list[Effect], *, tell: bool = True
     ) -> None: ...
     def _requeue(self, task: Task, now: float, wait: bool = False) -> None: ...
-    def _answered(
-        self, key: TaskKey, request_id: int, lm: LmId | None = None
-    ) -> InFlight | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,12 +349,12 @@ class Gangs:
         for i, key in enumerate(keys):
             res = resp.results[i] if i < len(resp.results) else None
             fl = gm._answered(key, resp.request_id, lm)
+            held = held or (res is not None and res.accepted)  # (the LM holds it)
             if fl is None or res is None or not res.accepted:
                 if fl is not None:
                     why = res.reason if res is not None else "missing_result"
                     gm._note(fl.task, WaitReason.REFUSED_BY_LM, now, lm, why)
                 continue
-            held = True
             if g is not None:
                 g.holds[key] = (lm, fl.node, fl.repartition)
         if g is None:  # the gang ended meanwhile: what the LM holds of it goes back
@@ -470,6 +476,27 @@ class Gangs:
         self._attempt(gm, g, now, effects)
         return effects
 
+    def drop(self, gm: GangOwner, keys: Iterable[TaskKey], effects: list[Effect]) -> list[Task]:
+        """Tasks ``keys`` end out of turn (their job cancelled, their user revoked, a
+        parent stage failed): the open gangs they belong to go.  What the LMs hold of
+        them is released (what they were asked to hold, when they answer), and nothing
+        of them is reserved or committed later.  Returns the tasks those gangs had
+        taken out of their queues, out of flight, for the caller to end."""
+        member = self.member
+        out: list[Task] = []
+        for gk in dict.fromkeys(member[k] for k in keys if k in member):
+            g = self.gangs.get(gk)
+            if g is None:
+                continue
+            for lm in dict.fromkeys(lm for lm, _, _ in g.holds.values()):
+                effects.append(self._release_msg(gm, lm, gk))
+            for rid, lm in g.asked.items():  # (its answer finds no gang: released then)
+                for key in self.requests[rid][2]:
+                    gm._answered(key, rid, lm)
+            out.extend(g.tasks.values())
+            self._forget(g)
+        return out
+
     # ------------------------------------------------------------- backfill
     def saw(self, delta: StateDelta) -> None:
         """An LM's state: its holds (any GM's) replace what this GM knew of them."""
@@ -545,7 +572,7 @@ class Gangs:
             user, job_id, stage = g.key
             effects.append(After(delay, GangRetry(user=user, job_id=job_id, stage=stage)))
 
-    def _release_msg(self, gm: GangCore, lm: LmId, gk: GangKey) -> ToLm:
+    def _release_msg(self, gm: GangOwner, lm: LmId, gk: GangKey) -> ToLm:
         self.stats["released"] += 1
         user, job_id, stage = gk
         return ToLm(lm, ReleaseGang(gm=gm.gm_id, lm=lm, user=user, job_id=job_id, stage=stage))
