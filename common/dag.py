@@ -198,9 +198,10 @@ def make_job(
     stages: Sequence[tuple[int, Sequence[tuple[Resources, float]], Sequence[int]]],
     *,
     constraints: Sequence[Sequence[int]] | None = None,
+    gangs: Sequence[int] | None = None,
 ) -> DagJob:
-    """Build and check a job from ``(stage id, [(demand, duration)], parents)`` triples;
-    stages are re-ordered topologically."""
+    """Build and check a job from ``(stage id, [(demand, duration)], parents)`` triples
+    (``gangs``: each stage's ``Stage.gang``); stages are re-ordered topologically."""
     jid, uid = JobId(job_id), UserId(user)
     built: list[Stage] = []
     for k, (sid, tasks, parents) in enumerate(stages):
@@ -210,6 +211,7 @@ def make_job(
                 sid,
                 [_task(job_id, user, sid, i, d, dur, masks[i]) for i, (d, dur) in enumerate(tasks)],
                 tuple(parents),
+                gangs[k] if gangs is not None else 0,
             )
         )
     return DagJob(jid, uid, float(arrival), _topological(job_id, built))

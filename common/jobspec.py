@@ -28,6 +28,9 @@ The single-stage short form puts one stage's keys at the top (no ``stages``)::
   operator allows (``task_env_allow``) and refuses a job naming another
   (``env_not_allowed``, ``common.taskenv``).
 * ``parents``: stage ids that must finish first.  Task ids are ``<job id>.s<stage>.t<i>``.
+* ``gang``: ``true`` starts the stage's tasks all-or-nothing across LMs; ``min``: ``k``
+  lets it start with at least ``k`` of them, the rest then run as ordinary tasks
+  (``global_master.gang``; as a ``megha-dag/1`` stage's).
 
 ``parse_job`` is strict: unknown keys, wrong types, empty demands, unknown parents and
 cycles raise ``ConfigError`` (``bad_job_file``) naming the stage.
@@ -41,7 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.dag import CycleError, DagJob, make_job, read_json, task_id, topological_order
+from common.dag import (
+    CycleError,
+    DagJob,
+    gang_of,
+    make_job,
+    read_json,
+    task_id,
+    topological_order,
+)
 from common.errors import ConfigError
 from common.ids import JobId, UserId
 from common.messages import MAX_JOB_TASKS, MAX_STAGES, StageSpec, SubmitJob
@@ -52,6 +63,7 @@ FORMAT = "megha-job/1"
 _TOP = {"format", "name", "stages"}
 _STAGE = {
     "id", "parents", "tasks", "count", "demand", "duration", "command", "constraints", "env",
+    "gang", "min",
 }  # fmt: skip
 _TASK = {"demand", "duration", "command", "constraints", "env"}
 
@@ -75,6 +87,9 @@ class StageDef:
     stage_id: int
     tasks: tuple[TaskDef, ...]
     parents: tuple[int, ...] = ()
+    gang: int = 0
+    """A gang stage: the fewest of its tasks that may start, all-or-nothing at that
+    count (``global_master.gang``); 0: not a gang."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +135,12 @@ class JobDef:
             for i, t in enumerate(s.tasks)
         ]
         layout = None
-        if len(self.stages) > 1 or self.stages[0].parents:
+        if len(self.stages) > 1 or self.stages[0].parents or self.stages[0].gang:
             layout = tuple(
-                StageSpec(stage_id=s.stage_id, parents=s.parents, count=len(s.tasks))
+                StageSpec(stage_id=s.stage_id, parents=s.parents, count=len(s.tasks),
+                          gang=s.gang > 0, min_count=s.gang if s.gang < len(s.tasks) else 0)
                 for s in self.stages
-            )
+            )  # fmt: skip
         return SubmitJob(job_id=JobId(job_id), user=UserId(user), token=token, submitted_at=now,
                          tasks=tuple(specs), stages=layout)  # fmt: skip
 
@@ -137,7 +153,8 @@ class JobDef:
             (s.stage_id, [(t.demand, t.duration) for t in s.tasks], s.parents) for s in self.stages
         ]
         masks = [[t.constraints for t in s.tasks] for s in self.stages]
-        return make_job(job_id, user, arrival, stages, constraints=masks)
+        gangs = [s.gang for s in self.stages]
+        return make_job(job_id, user, arrival, stages, constraints=masks, gangs=gangs)
 
     def to_doc(self) -> dict[str, Any]:
         """The job-file form (tasks one by one)."""
@@ -145,7 +162,8 @@ class JobDef:
             {"id": s.stage_id, "parents": list(s.parents), "tasks": [
                 {"demand": list(t.demand), "duration": t.duration, "command": list(t.command),
                  "constraints": t.constraints,
-                 "env": dict(e.split("=", 1) for e in t.env)} for t in s.tasks]}
+                 "env": dict(e.split("=", 1) for e in t.env)} for t in s.tasks],
+             **({"gang": True, "min": s.gang} if s.gang else {})}
             for s in self.stages
         ]  # fmt: skip
         return {"format": FORMAT, "name": self.name, "stages": stages}
@@ -241,7 +259,7 @@ def _stage(obj: Any, k: int) -> StageDef:
         if count > MAX_JOB_TASKS:
             raise _fail(where, f"count {count} is more than a job may hold ({MAX_JOB_TASKS:,})")
         tasks = [_task(st, where, i, count) for i in range(count)]
-    return StageDef(sid, tuple(tasks), pids)
+    return StageDef(sid, tuple(tasks), pids, gang_of(st, len(tasks), where))
 
 
 def parse_job(doc: Any) -> JobDef:
