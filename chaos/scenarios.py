@@ -175,11 +175,8 @@ def random_scenarios(path: Path, seed: int, n: int, *, wide: bool = False) -> li
         else:
             for target in rng.sample(RANDOM_TARGETS, rng.choice((1, 2, 2, 3))):
                 kind, at = rng.choice(RANDOM_FAULTS), round(rng.uniform(*RANDOM_AT), 3)
-                steps.append(Step(at, kind, target, background=kind == "restart_clean"))
-                if kind != "restart_clean":
-                    back = round(at + rng.uniform(*RANDOM_DOWN), 3)
-                    again = "restart" if kind == "kill" else "cont"
-                    steps.append(Step(back, again, target, background=again == "restart"))
+                back = at if kind == "restart_clean" else round(at + rng.uniform(*RANDOM_DOWN), 3)
+                steps += _process_fault(kind, target, at, back)
         steps.sort(key=lambda s: s.at)
         dag = rng.random() < 0.25
         load = Load(**{**defaults.get("load", {}), "seed": rng.randrange(1, 2**31)})
@@ -202,6 +199,16 @@ def _wide_kinds(rng: random.Random) -> list[str]:
     if "whole" in kinds and "process" in kinds:
         kinds.remove("process")
     return kinds
+
+
+def _process_fault(action: str, target: str, at: float, back: float) -> list[Step]:
+    """``target`` killed, stopped or restarted cleanly at ``at``; started again or
+    continued at ``back``.  Restarts run in the background (a GM restarted while an LM
+    is stopped is healthy only once the LM continues)."""
+    if action == "restart_clean":
+        return [Step(at, action, target, background=True)]
+    again = "restart" if action == "kill" else "cont"
+    return [Step(at, action, target), Step(back, again, target, background=again == "restart")]
 
 
 def _broker_first(steps: list[Step]) -> list[Step]:
@@ -229,11 +236,7 @@ def _wide_fault(rng: random.Random, kind: str, target: str, *, alarm: bool) -> l
     at = round(rng.uniform(*RANDOM_AT), 3)
     back = round(at + rng.uniform(*RANDOM_DOWN), 3)
     if kind == "process":
-        action = rng.choice(RANDOM_FAULTS)
-        if action == "restart_clean":
-            return [Step(at, action, target, background=True)]
-        again = "restart" if action == "kill" else "cont"
-        return [Step(at, action, target), Step(back, again, target, background=again == "restart")]
+        return _process_fault(rng.choice(RANDOM_FAULTS), target, at, back)
     if kind == "network":
         if rng.random() < 0.5:
             return [Step(at, "partition", target), Step(back, "heal", target)]
