@@ -106,10 +106,8 @@ class AdmissionSteps:
         duplicate, a redelivery of an ended job has nothing left to run.  A redelivery
         of a job it holds open is the job (some of its tasks may never have run); a job
         it holds only as refused may come again."""
-        rec = self.book.get(*jk) if self.book is not None else None
-        if rec is None or rec.refused:
-            return False
-        return rec.ended or not redelivered
+        rec = self.book.admitted(*jk) if self.book is not None else None
+        return rec is not None and (rec.ended or not redelivered)
 
     def task_refusal(self, job: SubmitJob) -> Refusal | None:
         """Why admission would refuse one of ``job``'s tasks for its demand, command or

@@ -141,8 +141,7 @@ class FrontDoor:
             shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
             raise ConfigError(f"bad job id {shown!r}", reason="bad_job_id")
         jk = (user, JobId(jid))
-        known = self.book.get(*jk)  # (a refused job's id may be sent again)
-        if jk in self.pending or (known is not None and not known.refused) or jk in self.core.jobs:
+        if jk in self.pending or self.book.admitted(*jk) is not None or jk in self.core.jobs:
             return _error(409, "duplicate_job_id", f"job {jid!r} exists")
         sub = job.submission(jid, user, token, time.time())
         sub = codec.decode(codec.encode(sub), expect=SubmitJob)  # the wire's own checks

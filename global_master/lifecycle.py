@@ -265,8 +265,7 @@ class JobBook:
     def opened(self, job: SubmitJob, now: float) -> None:
         """The core admitted ``job`` (its record is made with its first tasks queued)."""
         jk = (job.user, job.job_id)
-        rec = self.jobs.get(jk)
-        if job.resumes is not None or (rec is not None and not rec.refused):
+        if job.resumes is not None or self.admitted(*jk) is not None:
             return  # returned tasks, or a redelivery (a refused job's id may come again)
         stage_of = _stages(job.stages, len(job.tasks))
         ids = tuple([s.task_id for s in job.tasks])
@@ -400,6 +399,12 @@ class JobBook:
 
     def get(self, user: UserId, job_id: JobId) -> JobRecord | None:
         return self.jobs.get((user, job_id))
+
+    def admitted(self, user: UserId, job_id: JobId) -> JobRecord | None:
+        """The record of a job its GM admitted (live or ended): its id is taken.  A job
+        refused whole is not one -- its id may be sent again."""
+        rec = self.jobs.get((user, job_id))
+        return rec if rec is not None and not rec.refused else None
 
     def of_user(self, user: UserId) -> list[JobRecord]:
         """A user's jobs, oldest first."""
