@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -67,7 +68,7 @@ from global_master.held import Held, SettledJobs, published, unpublished
 from global_master.journal import Journal
 from global_master.lifecycle import JobBook
 from global_master.policy import make_policy
-from global_master.refusals import Refusals
+from global_master.refusals import Refusals, job_taken
 from runtime import broker as amqp
 from runtime import faults, h1, poison
 from runtime.dedup import Dedup
@@ -215,7 +216,8 @@ class GmService:
         depend on them leaves (but a task made after them: the turn's flush runs first)."""
         self.settled = SettledJobs(self.journal_out, self.sup)
         self.refusals = Refusals(gm, self.broker, self.sup, self._feed_and_record,
-                                 self.outcome_seal, self.tokens, self.resume_keys)  # fmt: skip
+                                 self.outcome_seal, self.tokens, self.resume_keys,
+                                 partial(job_taken, self.core))  # fmt: skip
         self._carry_out_effects()
 
     def _carry_out_effects(self) -> None:
@@ -414,6 +416,7 @@ class GmService:
             self.poison.poisoned += 1
             detail = f"{self.core.gm_id} died handling this delivery before; not handled again"
             await self.broker.dead_letter(msg, queue, "poison", detail)
+            self.refusals.unread(user, msg, "poison", detail)  # gone from the queue: no loop
             return
         async with self.poison.handling(key, verdict):
             if len(msg.body) > self.cfg.max_body:

@@ -7,8 +7,10 @@ Invariants:
 * A refusal is told only for a job whose submitter was authenticated (its first fields
   show it is its user's, sent with the user's current token): a forged job gets no
   word to anyone and no record in anyone's book.
+* A refusal is never told for a job its GM holds or admitted (a copy of it, shed or
+  dead-lettered, is not that job: the book keeps the job's own record).
 * A job refused before the core saw it (``user_backlog``, ``too_many_edges``,
-  ``internal_error``) is recorded in the book through the core (``JobRefusal`` in,
+  ``internal_error``, ``poison``) is recorded in the book through the core (``JobRefusal`` in,
   the book's record out), so ``megha job ID`` says failed and why, not "submitted"
   until the front door forgets it, then ``unknown_job``.
 * A front-door submission leaves no publish running once it is answered: the broker
@@ -27,6 +29,7 @@ from common.errors import MeghaError
 from common.ids import GmId, JobId, UserId
 from common.messages import JobRefusal, SubmitJob
 from global_master import frontdoor, intake
+from global_master.core import GlobalMaster
 from runtime import broker as amqp
 from runtime.retry import Backoff, GiveUp
 from runtime.supervisor import Supervisor
@@ -43,19 +46,22 @@ class Refusals:
     def __init__(
         self, gm: GmId, broker: amqp.Broker, sup: Supervisor, feed: Callable[[object], None],
         sealer: OutcomeSealer, tokens: TokenStore, resume_keys: Mapping[Identity, bytes],
+        taken: Callable[[UserId, JobId], bool] = lambda user, job_id: False,
     ) -> None:  # fmt: skip
         self.gm, self.broker, self.sup, self.feed, self.sealer = gm, broker, sup, feed, sealer
-        self.tokens, self.resume_keys = tokens, resume_keys
+        self.tokens, self.resume_keys, self.taken = tokens, resume_keys, taken
 
     def unread(self, user: UserId, msg: amqp.Delivery, reason: str, why: str) -> None:
-        """A job refused before anything of it was decoded (``user_backlog``): told if
-        its first fields show it is its user's, with the user's current token."""
+        """A job refused before anything of it was decoded (``user_backlog``; ``poison``:
+        its GM died handling it, so only its first fields are read, once it has left the
+        queue): told if those fields show it is its user's, with the user's current
+        token, and its GM holds no job of that id."""
         try:
             head = intake.peek(msg.body)
             intake.check_submitter(user, head, msg, self.resume_keys, self.tokens)
         except MeghaError:
             return
-        if head.resumes is None:
+        if head.resumes is None and not self.taken(user, JobId(head.job_id)):
             self.before_core(user, JobId(head.job_id), -1.0, reason, why)
 
     def before_core(
@@ -105,6 +111,13 @@ class Refusals:
             raise _not_reached(job) from exc
         except (TimeoutError, *amqp.PUBLISH_ERRORS) as exc:
             raise _not_reached(job) from exc
+
+
+def job_taken(core: GlobalMaster, user: UserId, job_id: JobId) -> bool:
+    """``core`` holds a job of this id, or its book a job it admitted (live or ended)."""
+    return (user, job_id) in core.jobs or (
+        core.book is not None and core.book.admitted(user, job_id) is not None
+    )
 
 
 def _not_reached(job: SubmitJob) -> frontdoor.NotQueued:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from client import Client
 from common.config import FederationConfig
 from common.ids import JobId, TaskId, UserId
 from common.model import TaskSpec
@@ -153,6 +154,10 @@ def test_a_job_that_kills_its_gm_takes_it_down_once(
     assert reasons == ["poison"]
     assert finished
     assert _workers_booted(log) == booted + 1  # killed once, never again
+    # its user reads it failed, and why (it was "submitted", then unknown)
+    view = Client.connect(user="u0", state_dir=home).status(jid)
+    assert view.state == "failed"
+    assert view.reason.startswith("poison: gm0 died handling"), view
 
 
 async def _poison_then_good(cfg: FederationConfig, home: Path, jid: str) -> tuple[list[str], bool]:
