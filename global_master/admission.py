@@ -216,9 +216,9 @@ class Admissions:
             return Refusal(
                 JobReason.RESERVED_FIELD, "attempt is set by a GM, on the tasks it returns only"
             )
-        return self._over_limit(job, redelivered, held)
+        return self.over_limit(job, redelivered, held)
 
-    def _over_limit(self, job: SubmitJob, redelivered: bool, held: int) -> Refusal | None:
+    def over_limit(self, job: SubmitJob, redelivered: bool, held: int) -> Refusal | None:
         """Why ``job`` would take its user past ``max_user_tasks`` (None: it would not).
         A redelivered job was admitted before (its tasks may run): never refused for it."""
         limit = self.limits.max_user_tasks

@@ -110,12 +110,14 @@ class AdmissionSteps:
         return rec is not None and (rec.ended or not redelivered)
 
     def task_refusal(self, job: SubmitJob) -> Refusal | None:
-        """Why admission would refuse one of ``job``'s tasks for its demand, command or
-        duration, checked as ``_admit_job`` checks them (None: it would not, or this GM
-        has no view of every LM yet).  Reads only: a front door says so before it sends
-        the job on."""
-        if not self.ready:
-            return None
+        """Why admission would refuse ``job`` for its user's task limit as things stand,
+        or one of its tasks for its demand, command or duration, checked as
+        ``_admit_job`` checks them (None: it would not, or this GM has no view of every
+        LM yet).  Reads only: a front door says so before it sends the job on."""
+        held = self.live.per_user.get(job.user, 0)
+        over = self.admission.over_limit(job, False, held)
+        if over is not None or not self.ready:
+            return over
         cluster = self._cluster()
         for spec in job.tasks:
             why = self.admission.spec_error(spec, cluster)

@@ -32,6 +32,7 @@ from common.errors import ConfigError, MeghaError, Unauthorized
 from common.ids import ID_CHARS, MAX_ID_LEN, JobId, TaskId, UserId
 from common.jobspec import parse_job
 from common.messages import CancelJob, SubmitJob
+from common.reasons import JobReason
 from global_master.core import GlobalMaster
 from global_master.intake import dag_edges_error
 from global_master.lifecycle import JobBook, JobRecord, JobStatus
@@ -138,8 +139,7 @@ class FrontDoor:
         job = parse_job(parse_json(await _job_body(request), "job"))
         jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
         if not _ID.fullmatch(jid):
-            shown = jid if len(jid) <= SHOWN_ID else f"{jid[:SHOWN_ID]}... ({len(jid)} characters)"
-            raise ConfigError(f"bad job id {shown!r}", reason="bad_job_id")
+            raise ConfigError(f"bad job id {_shown(jid)!r}", reason="bad_job_id")
         jk = (user, JobId(jid))
         if jk in self.pending or self.book.admitted(*jk) is not None or jk in self.core.jobs:
             return _error(409, "duplicate_job_id", f"job {jid!r} exists")
@@ -300,15 +300,22 @@ class Unadmittable(MeghaError):
         super().__init__(detail, reason=str(reason))
 
 
+def _shown(an_id: str) -> str:
+    """An id as an answer quotes it: cut past ``SHOWN_ID`` characters."""
+    return an_id if len(an_id) <= SHOWN_ID else f"{an_id[:SHOWN_ID]}... ({len(an_id)} characters)"
+
+
 class UnknownJob(MeghaError):
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job {job_id!r} of yours here (now or lately)", reason="unknown_job")
+        super().__init__(
+            f"no job {_shown(job_id)!r} of yours here (now or lately)", reason="unknown_job"
+        )
 
 
 class UnknownTask(MeghaError):
     def __init__(self, task_id: str) -> None:
         super().__init__(
-            f"no task {task_id!r} of yours here (now or lately)", reason="unknown_task"
+            f"no task {_shown(task_id)!r} of yours here (now or lately)", reason="unknown_task"
         )
 
 
@@ -319,8 +326,8 @@ def _status(exc: MeghaError) -> int:
         return 404
     if isinstance(exc, Unauthorized):
         return 401
-    if isinstance(exc, Unadmittable):
-        return 422
+    if isinstance(exc, Unadmittable):  # (a user at its task limit may send it later)
+        return 429 if exc.reason == JobReason.USER_TASK_LIMIT else 422
     if isinstance(exc, BodyRefused):
         return exc.status
     if isinstance(exc, NotQueued):
@@ -452,7 +459,9 @@ OPENAPI: dict[str, Any] = {
                                    "409": _resp("duplicate_job_id"),
                                    "413": _resp("too_large: a body over 8 MiB"),
                                    "429": _resp("queue_full: your queue at the broker is "
-                                                "full, retry later"),
+                                                "full; user_task_limit: your tasks on this "
+                                                "GM and this job's would pass "
+                                                "max_user_tasks; retry later"),
                                    "503": _resp("broker_unavailable: not confirmed, submit "
                                                 "again with ?id= the id named"),
                                    "422": _resp("bad_job_file, bad_job_id, a wire bound, or "

@@ -25,8 +25,8 @@ EXIT = {
     "unknown_job": 3, "unknown_task": 3, "missing_credentials": 4, "unknown_user": 4,
     "bad_token": 4, "revoked_token": 4, "no_token": 4, "unreachable": 5, "no_federation": 5,
     "timeout": 1, "wrong_resources": 2, "impossible_resources": 2, "zero_demand": 2,
-    "commands_disabled": 2, "duration_too_long": 2, "bad_dag": 2, "user_task_limit": 2,
-    "env_not_allowed": 2, "bad_env": 2, "broker_unavailable": 5,
+    "commands_disabled": 2, "duration_too_long": 2, "bad_dag": 2, "user_task_limit": 5,
+    "env_not_allowed": 2, "bad_env": 2, "broker_unavailable": 5, "queue_full": 5,
 }  # fmt: skip
 """Exit code per refusal reason (anything else: 1)."""
 COMMANDS = frozenset({"submit", "jobs", "job", "cancel", "logs"})

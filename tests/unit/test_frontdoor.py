@@ -166,6 +166,8 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(tmp_path: Path) ->
              422, "bad_job_id"),  # (the id is the name's)
             ("GET", "/api/v1/jobs/nope", {}, "u0", 404, "unknown_job"),
             ("GET", "/api/v1/tasks/nope", {}, "u0", 404, "unknown_task"),
+            ("GET", "/api/v1/jobs/" + "j" * 6000, {}, "u0", 404, "unknown_job"),  # (quoted
+            ("GET", "/api/v1/tasks/" + "t" * 6000, {}, "u0", 404, "unknown_task"),  # whole)
             ("GET", "/api/v1/jobs/a", {}, "u1", 421, "wrong_gm"),  # u1 is gm1's
             ("GET", "/api/v1/jobs/a", {}, "u9", 401, "unknown_user"),
             ("GET", "/api/v1/tasks/a.s0.t0/logs?stream=stdin", {}, "u0", 400, "bad_stream"),
@@ -447,5 +449,29 @@ def test_a_refused_job_reads_failed_and_its_id_may_be_sent_again(tmp_path: Path)
         st, got = await call("GET", "/api/v1/jobs/b")
         assert (got["state"], got["tasks"]) == ("queued", 2)
         assert [j.job_id for j in published] == ["b"]
+
+    run_with(d, tokens, body)
+
+
+def test_a_job_past_its_users_task_limit_is_a_429_up_front(tmp_path: Path) -> None:
+    """A job that would take its user past ``max_user_tasks`` was a 202, then failed
+    "refused: user_task_limit" in its record: now a 429 at once (send it later), and
+    nothing is published."""
+    from dataclasses import replace
+
+    d, tokens, published = door(tmp_path)
+    d.core.admission.limits = replace(d.core.admission.limits, max_user_tasks=4)
+    job = {"format": "megha-job/1", "name": "w", "count": 3, "demand": [1, 1], "duration": 5}
+
+    async def body(call: Call, d: FrontDoor, tokens: dict[str, str]) -> None:
+        st, _ = await call("POST", "/api/v1/jobs?id=a", data=json.dumps(job))
+        assert st == 202
+        st, got = await call("POST", "/api/v1/jobs?id=b", data=json.dumps(job))
+        check("/api/v1/jobs", "post", st, got)
+        assert (st, got["error"]) == (429, "user_task_limit")
+        assert "has 3 tasks on gm0; 3 more would pass its limit of 4" in got["detail"]
+        st, _ = await call("GET", "/api/v1/jobs/b")
+        assert st == 404  # never taken: its id is free
+        assert [j.job_id for j in published] == ["a"]
 
     run_with(d, tokens, body)
