@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -38,7 +39,24 @@ def build_parser(only: Sequence[Registrar] | None = None) -> argparse.ArgumentPa
     return parser
 
 
+def exit_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, ``kill``, a container's stop) ends the command as an
+    interrupt does: ``with`` blocks and ``finally`` clauses run (a simulation's scratch
+    files, a bench's federation), and the exit code is 143.  Left alone where SIGTERM is
+    ignored (``nohup``-like parents) or already handled."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program (not a caller's in-process use)
+        exit_on_sigterm()
     argv = sys.argv[1:] if argv is None else list(argv)
     # a user's own commands (submit, jobs, job, cancel, logs) load theirs alone: the
     # others' modules (the simulator, chaos, the services) took 5 of the 7 s a call
