@@ -180,8 +180,11 @@ class CarbyneQueues(JobQueues):
             if not j.queued:
                 continue  # no ask, no candidate: where it would sort changes no order
             urgent.append((j.remaining_work(now, cap), j.arrival, self._asks(j, tasks)))
-            picked = {t.task_id for t in chosen}
-            candidates.append((j, [t for t in self._by_latest_start(j) if t.task_id not in picked]))
+            window = self._by_latest_start(j)  # (kept between plans: not changed here)
+            if chosen:
+                picked = {t.task_id for t in chosen}
+                window = [t for t in window if t.task_id not in picked]
+            candidates.append((j, window))
         self._yield_rate = rate
         if self.yields is not None:
             self.yields.append((now, dict(self.last_yield)))

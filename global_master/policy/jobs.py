@@ -123,10 +123,14 @@ def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> lis
     nothing must be able to start, whatever its share).
     """
     out: list[Task] = []
+    failed: set[Resources] = set()  # room only shrinks: a demand that failed fails again
     for t in tasks:
-        if fits_in(t.demand, room) or (force_first and not out):
+        d = t.demand
+        if (d not in failed and fits_in(d, room)) or (force_first and not out):
             out.append(t)
-            take(room, t.demand)
+            take(room, d)
+        else:
+            failed.add(d)
         force_first = False
     return out
 
@@ -181,6 +185,11 @@ class JobQueues(UserQueues):
         self._idle = False
         self._short: set[tuple[JobId | None, Resources]] = set()
         """(job or None for the entitled capacity, demand) its budget cannot afford."""
+        self._demands: set[Resources] = set()
+        """The demands of the plan's asks (and of asks it no longer holds)."""
+        self._afford_left: set[Resources] = set()
+        """Of ``_demands``, those the entitled capacity was not found short of since
+        ``_short`` was cleared: none left, no ask can be handed out (``_next_ask``)."""
         self._misses = 0
         """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
         self._handed = 0
@@ -287,6 +296,9 @@ class JobQueues(UserQueues):
                 self._parked.append(task)
             else:
                 self._plan.append(ask)
+                self._demands.add(task.demand)
+                if (None, task.demand) not in self._short:
+                    self._afford_left.add(task.demand)
         else:
             job.version += 1
             job.events += 1
@@ -415,6 +427,9 @@ class JobQueues(UserQueues):
             ):
                 self._scan = i
                 return i
+            if not self._afford_left:  # the capacity affords none of the rest either
+                i = len(plan)  # (stale asks left in: skipped, or dropped, when met)
+                break
             i += 1
         self._scan = i
         return None
@@ -452,6 +467,7 @@ class JobQueues(UserQueues):
             return False
         if not fits_in(d, self._room) and (self._spent or not self._idle):
             short.add((None, d))
+            self._afford_left.discard(d)
             return False
         if ask.job is None or ask.force:
             return True
@@ -475,6 +491,7 @@ class JobQueues(UserQueues):
         if pool is not None:
             give(pool, ask.task.demand)
         self._short.clear()
+        self._afford_left = set(self._demands)
         self._scan = 0
 
     def on_dispatched(self, task: Task, now: float) -> None:
@@ -567,30 +584,34 @@ class JobQueues(UserQueues):
         if oversize:
             big = {t.task_id for t in oversize}
             asks = [a for a in asks if a.task.task_id not in big]
-        self._plan = self._within_pools(asks)
+        self._plan, self._demands = self._within_pools(asks)
+        self._afford_left = set(self._demands)
         # never hand out more than the entitled capacity, whatever the policy
         self._room = self.free(cap, jobs)
         self._idle = not oversize and not any(j.running for j in jobs)
 
-    def _within_pools(self, asks: list[Ask]) -> list[Ask]:
+    def _within_pools(self, asks: list[Ask]) -> tuple[list[Ask], set[Resources]]:
         """The asks that do not exceed their job's allocation, first fit in plan order
-        (a job's allocation only grows back when one of its own tasks finds no node)."""
+        (a job's allocation only grows back when one of its own tasks finds no node),
+        and their demands."""
         pools = self._pools
         left: dict[JobId, Vec] = {}
         out: list[Ask] = []
+        demands: set[Resources] = set()
         for a in asks:
             jid = a.job
+            d = a.task.spec.demand
             if jid is not None:
                 room = left.get(jid)
                 if room is None:
                     room = left[jid] = list(pools[jid])
-                d = a.task.spec.demand
                 if not a.force and not fits_in(d, room):
                     continue
                 for r, x in enumerate(d):
                     room[r] -= x
             out.append(a)
-        return out
+            demands.add(d)
+        return out, demands
 
     def _never_fits(self, d: Resources) -> bool:
         """No share (the entitled capacity) or node could ever hold demand ``d``."""

@@ -43,6 +43,9 @@ def schedule_leftover(
     ranked = sorted(candidates, key=lambda c: (c[0].remaining_work(now, cap), c[0].arrival))
     for _, ts in ranked:
         fit = admit(ts, leftover)
+        if not fit:  # (the usual case once the leftover is spent)
+            rest += ts
+            continue
         out.extend(fit)
         taken = {t.task_id for t in fit}
         rest.extend(t for t in ts if t.task_id not in taken)
