@@ -185,11 +185,10 @@ class JobQueues(UserQueues):
         self._idle = False
         self._short: set[tuple[JobId | None, Resources]] = set()
         """(job or None for the entitled capacity, demand) its budget cannot afford."""
-        self._demands: set[Resources] = set()
-        """The demands of the plan's asks (and of asks it no longer holds)."""
-        self._afford_left: set[Resources] = set()
-        """Of ``_demands``, those the entitled capacity was not found short of since
-        ``_short`` was cleared: none left, no ask can be handed out (``_next_ask``)."""
+        self._afford_left: set[Resources] | None = None
+        """Of the demands of the plan's asks, those the entitled capacity was not found
+        short of since ``_short`` was cleared (None: none was found short yet): none
+        left, no ask can be handed out (``_next_ask``)."""
         self._misses = 0
         """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
         self._handed = 0
@@ -296,8 +295,7 @@ class JobQueues(UserQueues):
                 self._parked.append(task)
             else:
                 self._plan.append(ask)
-                self._demands.add(task.demand)
-                if (None, task.demand) not in self._short:
+                if self._afford_left is not None and (None, task.demand) not in self._short:
                     self._afford_left.add(task.demand)
         else:
             job.version += 1
@@ -427,7 +425,8 @@ class JobQueues(UserQueues):
             ):
                 self._scan = i
                 return i
-            if not self._afford_left:  # the capacity affords none of the rest either
+            left = self._afford_left
+            if left is not None and not left:  # the capacity affords none of the rest
                 i = len(plan)  # (stale asks left in: skipped, or dropped, when met)
                 break
             i += 1
@@ -467,7 +466,10 @@ class JobQueues(UserQueues):
             return False
         if not fits_in(d, self._room) and (self._spent or not self._idle):
             short.add((None, d))
-            self._afford_left.discard(d)
+            left = self._afford_left
+            if left is None:  # the first found short since ``_short`` was cleared
+                left = self._afford_left = {a.task.spec.demand for a in self._plan}
+            left.discard(d)
             return False
         if ask.job is None or ask.force:
             return True
@@ -491,7 +493,7 @@ class JobQueues(UserQueues):
         if pool is not None:
             give(pool, ask.task.demand)
         self._short.clear()
-        self._afford_left = set(self._demands)
+        self._afford_left = None
         self._scan = 0
 
     def on_dispatched(self, task: Task, now: float) -> None:
@@ -584,34 +586,31 @@ class JobQueues(UserQueues):
         if oversize:
             big = {t.task_id for t in oversize}
             asks = [a for a in asks if a.task.task_id not in big]
-        self._plan, self._demands = self._within_pools(asks)
-        self._afford_left = set(self._demands)
+        self._plan = self._within_pools(asks)
+        self._afford_left = None
         # never hand out more than the entitled capacity, whatever the policy
         self._room = self.free(cap, jobs)
         self._idle = not oversize and not any(j.running for j in jobs)
 
-    def _within_pools(self, asks: list[Ask]) -> tuple[list[Ask], set[Resources]]:
+    def _within_pools(self, asks: list[Ask]) -> list[Ask]:
         """The asks that do not exceed their job's allocation, first fit in plan order
-        (a job's allocation only grows back when one of its own tasks finds no node),
-        and their demands."""
+        (a job's allocation only grows back when one of its own tasks finds no node)."""
         pools = self._pools
         left: dict[JobId, Vec] = {}
         out: list[Ask] = []
-        demands: set[Resources] = set()
         for a in asks:
             jid = a.job
-            d = a.task.spec.demand
             if jid is not None:
                 room = left.get(jid)
                 if room is None:
                     room = left[jid] = list(pools[jid])
+                d = a.task.spec.demand
                 if not a.force and not fits_in(d, room):
                     continue
                 for r, x in enumerate(d):
                     room[r] -= x
             out.append(a)
-            demands.add(d)
-        return out, demands
+        return out
 
     def _never_fits(self, d: Resources) -> bool:
         """No share (the entitled capacity) or node could ever hold demand ``d``."""
