@@ -25,7 +25,7 @@ from itertools import islice
 from typing import Any
 
 from common.errors import ConfigError
-from common.ids import JobId
+from common.ids import JobId, TaskId
 from common.model import Task
 from global_master.policy.altruism import job_finish, must_start
 from global_master.policy.drf import job_allocations, room_left
@@ -75,6 +75,8 @@ class CarbyneQueues(JobQueues):
         """Per altruistic job at the last plan: A_k minus what runs minus its DEFAULT tasks."""
         self._yield_rate = 0.0
         self._yield_since = 0.0
+        self._alt_asks: dict[TaskId, Ask] = {}
+        """The last plan's ALTRUISTIC asks, by task (``_altruistic_asks``)."""
 
     def _is_altruistic(self) -> bool:
         p = self.p_altruism
@@ -171,7 +173,7 @@ class CarbyneQueues(JobQueues):
             tasks = self._must_start_now(j, a, now, cap) if altruistic else breadth_first(j)
             chosen = admit(tasks, room, force_first=not j.running)
             for t in chosen:
-                take(leftover, t.demand)
+                take(leftover, t.spec.demand)
             if not altruistic:
                 fair.append(breadth_first_asks(j))  # = job_asks(j, tasks)
                 continue
@@ -196,4 +198,20 @@ class CarbyneQueues(JobQueues):
         # those of the jobs closest to completion do (the RM's JCT heuristic, seed §4.2)
         urgent.sort(key=lambda u: (u[0], u[1]))
         defaults = [a for _, _, asks in urgent for a in asks] + round_robin(fair)
-        return defaults + [Ask(t, altruistic=True) for t in alt], pools
+        return defaults + self._altruistic_asks(alt), pools
+
+    def _altruistic_asks(self, tasks: list[Task]) -> list[Ask]:
+        """An ALTRUISTIC ask per task, the previous plan's where it had one for the same
+        task (an ask is never changed once made): a deep backlog's thousands of asks
+        are not made again at every plan."""
+        kept, made = self._alt_asks, {}
+        out = []
+        for t in tasks:
+            tid = t.spec.task_id
+            a = kept.get(tid)
+            if a is None or a.task is not t:
+                a = Ask(t, altruistic=True)
+            made[tid] = a
+            out.append(a)
+        self._alt_asks = made
+        return out

@@ -125,7 +125,7 @@ def admit(tasks: Iterable[Task], room: Vec, *, force_first: bool = False) -> lis
     out: list[Task] = []
     failed: set[Resources] = set()  # room only shrinks: a demand that failed fails again
     for t in tasks:
-        d = t.demand
+        d = t.spec.demand  # (not the property: a call per task)
         if (d not in failed and fits_in(d, room)) or (force_first and not out):
             out.append(t)
             take(room, d)
@@ -460,7 +460,7 @@ class JobQueues(UserQueues):
     def _affordable(self, ask: Ask) -> bool:
         """Its budgets hold its demand (budgets only shrink between refunds: a demand
         found too large stays too large until then)."""
-        d = ask.task.demand
+        d = ask.task.spec.demand
         short = self._short
         if (None, d) in short:
             return False

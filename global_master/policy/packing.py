@@ -34,11 +34,11 @@ def pack(tasks: list[Task], free: Vec, cap: Sequence[float]) -> list[Task]:
     """Packing order: repeatedly the fitting task best aligned with what is still free
     (tasks with equal demands score alike: one candidate per distinct demand), then
     the tasks that did not fit, in their original order; ``free`` is consumed."""
-    if not any(fits_in(d, free) for d in {t.demand for t in tasks}):
+    if not any(fits_in(d, free) for d in {t.spec.demand for t in tasks}):
         return list(tasks)  # (what is free holds none of them: the usual deep backlog)
     groups: dict[Resources, list[Task]] = {}
     for t in tasks:
-        groups.setdefault(t.demand, []).append(t)
+        groups.setdefault(t.spec.demand, []).append(t)
     for g in groups.values():
         g.reverse()  # pop() from the end keeps the original order
     out: list[Task] = []
