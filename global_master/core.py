@@ -550,7 +550,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         self.placer.forget_feasible()
         self.fairness.rescale(views.capacity)
         self.inflight.rescale()
-        self.queues.set_cluster(views.capacity, views.node_caps)
+        self.queues.set_cluster(views.capacity, views.node_caps, views.node_classes)
         effects: list[Effect] = []
         self._adopt(lm, snap.held, effects)
         if restarted:

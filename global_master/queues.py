@@ -138,9 +138,15 @@ class UserQueues:
         FIFO queues: unless the task is ALTRUISTIC (it uses only what is free)."""
         return not task.altruistic
 
-    def set_cluster(self, capacity: Sequence[int], node_capacities: Collection[Resources]) -> None:
-        """The federation's total capacity and its distinct node capacities (the GM calls
-        this whenever its view of the clusters is rebuilt from a snapshot)."""
+    def set_cluster(
+        self,
+        capacity: Sequence[int],
+        node_capacities: Collection[Resources],
+        node_classes: Collection[tuple[int, Resources]] = (),
+    ) -> None:
+        """The federation's total capacity, its distinct node capacities and its nodes'
+        distinct (constraint mask, capacity) (the GM calls this whenever its view of the
+        clusters is rebuilt from a snapshot)."""
 
     def on_dispatched(self, task: Task, now: float) -> None:
         """A task left its queue for an LM."""

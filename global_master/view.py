@@ -51,6 +51,7 @@ class LmView:
         "home",
         "lm",
         "n",
+        "node_classes",
         "node_masks",
         "node_version",
         "partitions",
@@ -69,6 +70,8 @@ class LmView:
         """The cluster's capacity in each resource (fixed with the layout)."""
         self.capacity_kinds: frozenset[Resources] = shape.capacity_kinds
         """The distinct node capacities of the cluster."""
+        self.node_classes: frozenset[tuple[int, Resources]] = shape.classes
+        """The distinct (constraint mask, capacity) of its nodes."""
         self.node_masks: list[int] = list(layout.constraints)
         self.home: list[GmId] = list(layout.home)
         self.constraint_vectors: Sequence[bitarray] = shape.constraint_vectors
@@ -259,12 +262,17 @@ class LmView:
 class _Shape:
     """What a cluster layout determines for every view of it: immutable, shared."""
 
-    __slots__ = ("capacity_kinds", "capacity_total", "constraint_vectors", "nodes", "partitions")
+    __slots__ = ("capacity_kinds", "capacity_total", "classes", "constraint_vectors", "nodes",
+                 "partitions")  # fmt: skip
 
     def __init__(self, layout: ClusterLayout) -> None:
         n = len(layout.capacity)
         self.capacity_total = tuple(map(sum, zip(*layout.capacity, strict=True)))
         self.capacity_kinds = frozenset(layout.capacity)
+        every = (1 << N_CONSTRAINTS) - 1
+        self.classes = frozenset(
+            (m & every, c) for m, c in zip(layout.constraints, layout.capacity, strict=True)
+        )
         self.constraint_vectors = tuple(
             map(frozenbitarray, _constraint_vectors(layout.constraints, n))
         )
@@ -334,6 +342,8 @@ class Views:
         """The federation's capacity in each resource (from the views' layouts)."""
         self.node_caps: frozenset[Resources] = frozenset()
         """The distinct node capacities of the federation."""
+        self.node_classes: frozenset[tuple[int, Resources]] = frozenset()
+        """The distinct (constraint mask, capacity) of the federation's nodes."""
         self._wanted: set[LmId] = set()
         """LMs asked for a snapshot that has not come yet."""
         self._freed_sets: list[set[int]] | None = None
@@ -413,6 +423,7 @@ class Views:
         totals = [v.capacity_total for v in self.by_lm.values() if v.n]
         self.capacity = [sum(col) for col in zip(*totals, strict=True)]
         self.node_caps = frozenset().union(*(v.capacity_kinds for v in self.by_lm.values()))
+        self.node_classes = frozenset().union(*(v.node_classes for v in self.by_lm.values()))
         self._wanted.discard(lm)
         return old is not None and snap.state.epoch > old.epoch
 

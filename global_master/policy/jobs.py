@@ -44,7 +44,7 @@ from typing import TypeVar
 
 from common.dag import DagJob, DagProgress, levels
 from common.ids import JobId, TaskId, UserId
-from common.model import Resources, Task
+from common.model import N_CONSTRAINTS, Resources, Task
 from global_master.policy.job_state import (
     PLAN_TASKS,
     PLAN_WINDOW,
@@ -55,6 +55,9 @@ from global_master.policy.job_state import (
 )
 from global_master.policy.vectors import Vec, dominant, fits_in, give, take
 from global_master.queues import UserQueues
+
+EVERY_CONSTRAINT = (1 << N_CONSTRAINTS) - 1
+"""The constraint bits a node's view reads (``global_master.view``)."""
 
 __all__ = [
     "PLAN_TASKS",
@@ -169,6 +172,9 @@ class JobQueues(UserQueues):
         self._capacity: list[float] = []
         self._node_caps: set[Resources] = set()
         self._oversize_memo: dict[Resources, bool] = {}
+        self._node_classes: tuple[tuple[int, Resources], ...] = ()
+        self._no_node_memo: dict[tuple[int, Resources], bool] = {}
+        self._no_node: list[Task] = []  # to the GM first (``_no_node_for_ever``)
         self.now = 0.0
         self._dirty = True
         self._plan: list[Ask] = []
@@ -185,10 +191,7 @@ class JobQueues(UserQueues):
         self._idle = False
         self._short: set[tuple[JobId | None, Resources]] = set()
         """(job or None for the entitled capacity, demand) its budget cannot afford."""
-        self._afford_left: set[Resources] | None = None
-        """Of the demands of the plan's asks, those the entitled capacity was not found
-        short of since ``_short`` was cleared (None: none was found short yet): none
-        left, no ask can be handed out (``_next_ask``)."""
+        self._afford_left: set[Resources] | None = None  # (``_next_ask``)
         self._misses = 0
         """Tasks in a row that found no node in this epoch (``patience`` of them park)."""
         self._handed = 0
@@ -216,13 +219,19 @@ class JobQueues(UserQueues):
 
     # ------------------------------------------------------------ the seam
     def set_cluster(
-        self, capacity: Sequence[int], node_capacities: Collection[tuple[int, ...]]
+        self,
+        capacity: Sequence[int],
+        node_capacities: Collection[tuple[int, ...]],
+        node_classes: Collection[tuple[int, Resources]] = (),
     ) -> None:
-        """The federation's total capacity and its distinct node capacities."""
+        """The federation's total capacity, its distinct node capacities and its nodes'
+        distinct (constraint mask, capacity)."""
         frac = min(1.0, sum(self.shares.get(u, 1.0) for u in self.queues))
         self._capacity = [x * frac for x in capacity]
         self._node_caps = set(node_capacities)
+        self._node_classes = tuple(node_classes)
         self._oversize_memo.clear()
+        self._no_node_memo.clear()
         self._dirty = True
 
     @property
@@ -301,6 +310,25 @@ class JobQueues(UserQueues):
             job.version += 1
             job.events += 1
             self._dirty = True
+            if self._node_classes and self._no_node_for_ever(task):
+                self._no_node.append(task)
+
+    def _no_node_for_ever(self, task: Task) -> bool:
+        """No node of the federation (as the last snapshots have it) meets ``task``'s
+        constraints with the capacity for its demand: what the GM's placer finds
+        infeasible (``LmView.feasible``), asked once per (constraints, demand).  Such a
+        task (``_no_node``) goes to the GM before any plan's ask, which fails it at once,
+        as FIFO does: it does not wait for its turn in a plan behind a backlog."""
+        spec = task.spec
+        key = (spec.constraints & EVERY_CONSTRAINT, spec.demand)
+        hit = self._no_node_memo.get(key)
+        if hit is None:
+            mask, d = key
+            hit = self._no_node_memo[key] = not any(
+                mask & ~m == 0 and all(c >= x for c, x in zip(cap, d, strict=True))
+                for m, cap in self._node_classes
+            )
+        return hit
 
     def push_front(self, task: Task) -> None:
         self._popped.pop(task.task_id, None)
@@ -362,13 +390,19 @@ class JobQueues(UserQueues):
     def has_work(self) -> bool:
         if self._dirty:
             self._replan()
-        if self._oversize:
+        if self._oversize or self._no_node:
             return True
         return self._misses < self.patience and self._next_ask_or_replan() is not None
 
     def pop(self) -> Task | None:
         if self._dirty:
             self._replan()
+        while self._no_node:  # (in the order they came)
+            task = self._no_node.pop(0)
+            if self._take_from_queue(task):
+                task.altruistic = False
+                self._popped[task.task_id] = (None, self._plan_no)
+                return task
         while self._oversize:
             task = self._oversize.pop()
             if self._take_from_queue(task):
@@ -402,7 +436,10 @@ class JobQueues(UserQueues):
         return i
 
     def _next_ask(self) -> int | None:
-        """Index of the first ask that may be handed out now (stale asks are dropped)."""
+        """Index of the first ask that may be handed out now (stale asks are dropped).
+        ``_afford_left``: of the plan's demands, those the entitled capacity was not
+        found short of since ``_short`` was cleared (None: none found short yet); once
+        none is left, no ask can be handed out before a refund or a new plan."""
         plan = self._plan
         i = self._scan
         jobs, blocked, fit_memo, short = self.jobs, self._blocked, self._fit_memo, self._short

@@ -14,6 +14,7 @@ from common.ids import GmId, JobId, LmId, TaskId, UserId
 from common.messages import AdmitJob, ReportKind, TaskEvents
 from common.model import Task, TaskSpec, UserConfig
 from global_master.core import GlobalMaster
+from global_master.policy import POLICIES as POLICY_NAMES
 from global_master.policy import (
     CarbyneQueues,
     DrfQueues,
@@ -540,3 +541,20 @@ def test_leftover_goes_srtf_first_then_packs_what_did_not_fit() -> None:
     )
     assert [t.task_id for t in order] == ["short.s0.t0", "long.s0.t0", "short.s0.t1"]
     assert room == pytest.approx([0.0, 0.0])
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p not in ("fifo", "srpt")])
+def test_a_task_no_node_admits_fails_at_once_behind_a_backlog(policy: str) -> None:
+    """A task whose constraints no node meets failed as infeasible only when its turn
+    in a job-aware plan came: behind a deep backlog, 646 s after it came in a 16,000-task
+    run.  It goes to the GM first now, which fails it at once (as FIFO does)."""
+    gm = _gm_with(policy)
+    sync_views(gm, make_lm(nodes=[(1, 1, 0b001), (1, 1, 0b001)]))
+    backlog = make_job("long", "A", 0.0, [(0, [((1, 1), 100.0)] * 40, [])])
+    doomed = make_job("doomed", "A", 0.0, [(0, [((1, 1), 1.0)], [])], constraints=[[0b100]])
+    effects = _submit_dag(gm, backlog, 0.0) + decide(gm, 0.0, max_tasks=10)
+    assert not failures(effects)  # two tasks run, 38 wait
+    effects = _submit_dag(gm, doomed, 1.0) + decide(gm, 1.0, max_tasks=10)
+    (f,) = failures(effects)
+    assert f.task.task_id == "doomed.s0.t0"
+    assert "infeasible" in f.reason
