@@ -43,6 +43,14 @@ MAX_JOB_BODY = 8 << 20
 """A job body (JSON) of at most this many bytes."""
 BODY_S = 30.0
 """A job body comes whole within this many seconds of its head, or is refused (408)."""
+BODIES_BYTES = 64 << 20
+"""What one GM process holds of job bodies still coming in, over every caller: past it
+a body is refused (503 ``busy``) until others have come whole or been refused.  A token
+holder's connections could each hold ``MAX_JOB_BODY`` for ``BODY_S`` (256 of them:
+2 GiB)."""
+USER_BODIES = 2
+"""One user's bodies still coming in hold at most this many ``MAX_JOB_BODY`` (429
+``too_many_bodies`` past it): one user cannot take ``BODIES_BYTES`` from the others."""
 PENDING_S = 600.0
 """A job published and not admitted within this long is forgotten here.  A job its GM
 refuses before its core sees it (``user_backlog``, ``too_many_edges``,
@@ -84,6 +92,7 @@ class FrontDoor:
         self.pending: dict[tuple[UserId, JobId], SubmitJob] = {}
         """Jobs published to their user's queue and not yet admitted."""
         self._swept_at = float("-inf")
+        self.bodies = BodyBudget()
 
     # ------------------------------------------------------------ who asks
     def caller(self, request: web.Request) -> tuple[UserId, str]:
@@ -136,7 +145,7 @@ class FrontDoor:
     # ------------------------------------------------------------ handlers
     async def submit(self, request: web.Request) -> web.Response:
         user, token = self.caller(request)
-        job = parse_job(parse_json(await _job_body(request), "job"))
+        job = parse_job(parse_json(await _job_body(request, self.bodies, user), "job"))
         jid = request.query.get("id") or f"{job.name}-{secrets.token_hex(4)}"
         if not _ID.fullmatch(jid):
             raise ConfigError(f"bad job id {_shown(jid)!r}", reason="bad_job_id")
@@ -235,16 +244,50 @@ class FrontDoor:
         return web.json_response(OPENAPI)
 
 
-async def _job_body(request: web.Request) -> bytes:
+class BodyBudget:
+    """The bytes of job bodies still coming in, per user and in all (``BODIES_BYTES``,
+    ``USER_BODIES``): ``take`` before a body's bytes are held, ``give`` once it is read
+    or refused."""
+
+    def __init__(self) -> None:
+        self.held: dict[UserId, int] = {}
+        self.total = 0
+
+    def take(self, user: UserId, n: int) -> None:
+        mine = self.held.get(user, 0)
+        if mine + n > USER_BODIES * MAX_JOB_BODY:
+            raise BodyRefused(429, "too_many_bodies", f"your job bodies still coming in "
+                              f"would pass {USER_BODIES * MAX_JOB_BODY} bytes: send them "
+                              "one after another")  # fmt: skip
+        if self.total + n > BODIES_BYTES:
+            raise BodyRefused(503, "busy", "this GM holds as many job bodies coming in as "
+                              "it takes: send it again shortly")  # fmt: skip
+        self.held[user] = mine + n
+        self.total += n
+
+    def give(self, user: UserId, n: int) -> None:
+        left = self.held.pop(user, 0) - n
+        if left > 0:
+            self.held[user] = left
+        self.total -= n
+
+
+async def _job_body(request: web.Request, budget: BodyBudget, user: UserId) -> bytes:
     """A job's body, read as it comes: ``BodyRefused`` 413 ``too_large`` as soon as it
     is past ``MAX_JOB_BODY`` (declared or chunked), 408 ``request_timeout`` if it has not
-    come whole within ``BODY_S``.  ``request.read()`` took a chunked body up to the
-    app's 16 MiB and waited for the rest for ever: a user's connections that sent 15 MiB
-    and stopped held them in the GM (24 grew it from 88 to 645 MB, kept when closed)."""
-    if request.content_length is not None and request.content_length > MAX_JOB_BODY:
+    come whole within ``BODY_S``, 429 / 503 past the ``budget`` of bodies coming in.
+    ``request.read()`` took a chunked body up to the app's 16 MiB and waited for the rest
+    for ever: a user's connections that sent 15 MiB and stopped held them in the GM (24
+    grew it from 88 to 645 MB, kept when closed)."""
+    declared = request.content_length
+    if declared is not None and declared > MAX_JOB_BODY:
         raise BodyRefused(413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes")
     body = bytearray()
+    held = 0
     try:
+        if declared:
+            budget.take(user, declared)  # (all of it at once: refused before it comes)
+            held = declared
         async with asyncio.timeout(BODY_S):
             async for chunk in request.content.iter_any():
                 body += chunk
@@ -252,10 +295,15 @@ async def _job_body(request: web.Request) -> bytes:
                     raise BodyRefused(
                         413, "too_large", f"a job body is at most {MAX_JOB_BODY} bytes"
                     )
+                if len(body) > held:
+                    budget.take(user, len(body) - held)
+                    held = len(body)
     except TimeoutError:
         raise BodyRefused(
             408, "request_timeout", f"the job body did not come whole within {BODY_S:g} s"
         ) from None
+    finally:
+        budget.give(user, held)
     return bytes(body)
 
 
@@ -461,9 +509,13 @@ OPENAPI: dict[str, Any] = {
                                    "429": _resp("queue_full: your queue at the broker is "
                                                 "full; user_task_limit: your tasks on this "
                                                 "GM and this job's would pass "
-                                                "max_user_tasks; retry later"),
+                                                "max_user_tasks; too_many_bodies: your "
+                                                "bodies still coming in are at their "
+                                                "bound; retry later"),
                                    "503": _resp("broker_unavailable: not confirmed, submit "
-                                                "again with ?id= the id named"),
+                                                "again with ?id= the id named; busy: the "
+                                                "GM holds all the bodies coming in it "
+                                                "takes, retry shortly"),
                                    "422": _resp("bad_job_file, bad_job_id, a wire bound, or "
                                                  "what admission refuses (wrong_resources, "
                                                  "impossible_resources, commands_disabled, "

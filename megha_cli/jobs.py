@@ -26,7 +26,7 @@ EXIT = {
     "bad_token": 4, "revoked_token": 4, "no_token": 4, "unreachable": 5, "no_federation": 5,
     "timeout": 1, "wrong_resources": 2, "impossible_resources": 2, "zero_demand": 2,
     "commands_disabled": 2, "duration_too_long": 2, "bad_dag": 2, "user_task_limit": 5,
-    "env_not_allowed": 2, "bad_env": 2, "broker_unavailable": 5, "queue_full": 5,
+    "env_not_allowed": 2, "bad_env": 2, "broker_unavailable": 5, "queue_full": 5, "busy": 5, "too_many_bodies": 5,
 }  # fmt: skip
 """Exit code per refusal reason (anything else: 1)."""
 COMMANDS = frozenset({"submit", "jobs", "job", "cancel", "logs"})

@@ -475,3 +475,60 @@ def test_a_job_past_its_users_task_limit_is_a_429_up_front(tmp_path: Path) -> No
         assert [j.job_id for j in published] == ["a"]
 
     run_with(d, tokens, body)
+
+
+def test_bodies_coming_in_are_held_within_a_budget_per_user_and_in_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token holder's stalled bodies could hold ``MAX_JOB_BODY`` each for ``BODY_S``
+    on up to 256 connections (2 GiB): now one user's bodies coming in hold at most
+    ``USER_BODIES`` of them (429 ``too_many_bodies``) and all users' ``BODIES_BYTES``
+    (503 ``busy``), given back once a body is read or refused."""
+    monkeypatch.setattr(frontdoor, "MAX_JOB_BODY", 1000)
+    monkeypatch.setattr(frontdoor, "USER_BODIES", 2)
+    monkeypatch.setattr(frontdoor, "BODIES_BYTES", 3000)
+    monkeypatch.setattr(frontdoor, "BODY_S", 1.0)
+    d, tokens, published = door(tmp_path)
+    d.tokens.revoke("u1", now=0.0)  # (its share, for u2 on this GM)
+    tokens["u2"] = d.tokens.add("u2", gm="gm0", share=0.5, now=0.0)
+    ok = json.dumps({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
+
+    async def post(port: int, user: str, length: int, body: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nX-Megha-User: {user}\r\n"
+                f"Authorization: Bearer {tokens[user]}\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
+        writer.write(head.encode() + body)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(5.0):
+                got = await reader.readuntil(b"\r\n\r\n")
+                n = int(got.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                return got + await reader.readexactly(n)
+        finally:
+            writer.close()
+
+    async def go() -> list[bytes]:
+        app = web.Application()
+        add_routes(app, d)
+        async with TestServer(app) as server:
+            port = server.port
+            assert port is not None
+            stalled = [asyncio.create_task(post(port, u, 900, b"{")) for u in ("u0", "u0", "u2")]
+            await asyncio.sleep(0.3)  # (their heads are in)
+            third_of_u0 = await post(port, "u0", 900, b"{")
+            past_all = await post(port, "u2", 900, b"{")
+            held = d.bodies.total
+            answers = [await t for t in stalled]  # 408 each, after BODY_S
+            after = await post(port, "u0", len(ok), ok.encode())
+            return [third_of_u0, past_all, *answers, after, str(held).encode()]
+
+    third, past_all, *stalled, after, held = asyncio.run(go())
+    assert third.startswith(b"HTTP/1.1 429")
+    assert b'"too_many_bodies"' in third
+    assert past_all.startswith(b"HTTP/1.1 503")
+    assert b'"busy"' in past_all
+    assert held == b"2700"
+    assert all(a.startswith(b"HTTP/1.1 408") for a in stalled)
+    assert after.startswith(b"HTTP/1.1 202")  # every byte given back
+    assert (d.bodies.total, d.bodies.held) == (0, {})
+    assert len(published) == 1
