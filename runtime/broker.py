@@ -1166,11 +1166,8 @@ class Broker:
             except aiormq.exceptions.DeliveryError as exc:
                 if isinstance(exc.frame, Basic.Nack):  # e.g. a quorum queue electing a leader
                     # a channel that saw a queue's leader go keeps nacking it: a new one
-                    # finds the new leader.  A classic queue nacks only when it is full
-                    # (``reject-publish``): a new channel would not help, and closing the
-                    # shared one fails every confirm in flight on it (events, outcomes)
-                    if self.cfg.queue_type == "quorum":
-                        self._pub_nacked = True
+                    # finds it (not so a full classic queue's: closing it fails all confirms)
+                    self._pub_nacked = self.cfg.queue_type == "quorum"
                     raise Nacked(str(exc)) from exc
                 raise  # returned (unroutable): another try would not route it either
 
