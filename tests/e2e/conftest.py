@@ -69,6 +69,15 @@ def make_federation(
                 purge(cfg, home)
 
 
+def private_topology(prefix: str) -> FederationConfig:
+    """A federation config of its own name (``prefix``-random) on the shared broker: a
+    test declares its topology there and deletes it afterwards."""
+    base = FederationConfig()
+    if not broker_reachable(base.broker_url):
+        pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
+    return replace(base, name=f"{prefix}-{uuid.uuid4().hex[:8]}").validate()
+
+
 def operator(cfg: FederationConfig, home: Path) -> Access:
     """The operator's keys and broker login for the federation in ``home``."""
     return Access.in_home(home, cfg)

@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import replace
 
 import aio_pika
 import pytest
 
 from common import broker_names as names
 from common.config import FederationConfig
-from federation.processes import broker_reachable
 from runtime import broker as amqp
 from runtime.retry import Backoff, GiveUp
+from tests.e2e.conftest import private_topology
 
 pytestmark = pytest.mark.e2e
 
 
 def config() -> FederationConfig:
-    base = FederationConfig()
-    if not broker_reachable(base.broker_url):
-        pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
-    return replace(base, name=f"e2e-full-{uuid.uuid4().hex[:8]}").validate()
+    return private_topology("e2e-full")
 
 
 async def nack_beside_events(cfg: FederationConfig) -> tuple[int, bool, list[object]]:

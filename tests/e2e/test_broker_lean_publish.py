@@ -8,8 +8,6 @@ topology (a unique federation name) on the shared broker, deleted afterwards."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from dataclasses import replace
 from typing import Any
 
 import aiormq.exceptions
@@ -17,17 +15,14 @@ import pytest
 
 from common import broker_names as names
 from common.config import FederationConfig
-from federation.processes import broker_reachable
 from runtime import broker as amqp
+from tests.e2e.conftest import private_topology
 
 pytestmark = pytest.mark.e2e
 
 
 def config() -> FederationConfig:
-    base = FederationConfig()
-    if not broker_reachable(base.broker_url):
-        pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 (rabbitmq-server -detached)")
-    return replace(base, name=f"e2e-lean-{uuid.uuid4().hex[:8]}").validate()
+    return private_topology("e2e-lean")
 
 
 async def round_trip(cfg: FederationConfig) -> tuple[dict[str, bytes], dict[str, bytes], int]:

@@ -5,9 +5,10 @@ queue and through the real core (cancel, exit code, logs); bad input changes not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,33 @@ def door(tmp_path: Path) -> tuple[FrontDoor, dict[str, str], list[SubmitJob]]:
         gm.handle(msg, 2.0)
 
     return FrontDoor(gm, store, publish, feed, lambda g: f"http://{g}"), tokens, published
+
+
+@contextlib.asynccontextmanager
+async def serving(d: FrontDoor) -> AsyncIterator[int]:
+    """The front door's routes on a test server: its port."""
+    app = web.Application()
+    add_routes(app, d)
+    async with TestServer(app) as server:
+        assert server.port is not None
+        yield server.port
+
+
+async def raw_post(port: int, user: str, token: str, head: str, body: bytes) -> bytes:
+    """A job POSTed as these bytes (``head``: its last header lines) and the whole answer,
+    within 5 s (a stalled body was waited for for ever, before)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = f"X-Megha-User: {user}\r\nAuthorization: Bearer {token}\r\n"
+    writer.write(f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode())
+    writer.write(body)
+    await writer.drain()
+    try:
+        async with asyncio.timeout(5.0):
+            got = await reader.readuntil(b"\r\n\r\n")
+            n = int(got.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            return got + await reader.readexactly(n)
+    finally:
+        writer.close()
 
 
 def run(tmp_path: Path, body: Callable[[Call, FrontDoor, dict[str, str]], Awaitable[None]]) -> None:
@@ -339,28 +367,13 @@ def test_a_job_body_too_large_or_too_slow_is_refused_as_it_comes(
     ok = {"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1}
 
     async def post(port: int, head: str, body: bytes) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        auth = f"X-Megha-User: u0\r\nAuthorization: Bearer {tokens['u0']}\r\n"
-        writer.write(f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode())
-        writer.write(body)
-        await writer.drain()
-        try:
-            async with asyncio.timeout(5.0):  # (for ever, before)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                return head + await reader.readexactly(length)
-        finally:
-            writer.close()
+        return await raw_post(port, "u0", tokens["u0"], head, body)
 
     def chunked(data: bytes) -> bytes:
         return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
 
     async def go() -> list[bytes]:
-        app = web.Application()
-        add_routes(app, d)
-        async with TestServer(app) as server:
-            port = server.port
-            assert port is not None
+        async with serving(d) as port:
             big = json.dumps({**ok, "name": "x" * 2000}).encode()
             small = json.dumps(ok).encode()
             return [
@@ -494,25 +507,10 @@ def test_bodies_coming_in_are_held_within_a_budget_per_user_and_in_all(
     ok = json.dumps({"format": "megha-job/1", "count": 1, "demand": [1, 1], "duration": 1})
 
     async def post(port: int, user: str, length: int, body: bytes) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head = (f"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nX-Megha-User: {user}\r\n"
-                f"Authorization: Bearer {tokens[user]}\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
-        writer.write(head.encode() + body)
-        await writer.drain()
-        try:
-            async with asyncio.timeout(5.0):
-                got = await reader.readuntil(b"\r\n\r\n")
-                n = int(got.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                return got + await reader.readexactly(n)
-        finally:
-            writer.close()
+        return await raw_post(port, user, tokens[user], f"Content-Length: {length}\r\n", body)
 
     async def go() -> list[bytes]:
-        app = web.Application()
-        add_routes(app, d)
-        async with TestServer(app) as server:
-            port = server.port
-            assert port is not None
+        async with serving(d) as port:
             stalled = [asyncio.create_task(post(port, u, 900, b"{")) for u in ("u0", "u0", "u2")]
             await asyncio.sleep(0.3)  # (their heads are in)
             third_of_u0 = await post(port, "u0", 900, b"{")

@@ -38,9 +38,11 @@ class Delivery:
         self.acks += 1
 
 
-def test_a_shed_job_of_its_user_is_recorded_and_told_a_forged_one_is_not(
+def service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[GmService, str, list[str], list[JobRefusal]]:
+    """gm0's service for user u0 (its token), its broker caught: the reasons of what it
+    dead-letters, and the refusals it tells."""
     monkeypatch.setenv("MEGHA_RUN_DIR", str(tmp_path / "run"))
     store = TokenStore.in_home(tmp_path)
     token = store.add("u0", gm="gm0", share=1.0, now=0.0)
@@ -56,6 +58,13 @@ def test_a_shed_job_of_its_user_is_recorded_and_told_a_forged_one_is_not(
 
     svc.broker.dead_letter = dead_letter  # type: ignore[method-assign]
     svc.broker.publish = publish  # type: ignore[method-assign]
+    return svc, token, dead, told
+
+
+def test_a_shed_job_of_its_user_is_recorded_and_told_a_forged_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, token, dead, told = service(tmp_path, monkeypatch)
     monkeypatch.setattr(svc.unread, "take", lambda user, size, redelivered: "u0 has 9 MiB unread")
 
     def job(job_id: str, with_token: str) -> Delivery:
@@ -89,21 +98,7 @@ def test_a_poison_job_of_its_user_is_recorded_and_told_unless_its_gm_holds_that_
     a job the GM admitted is not that job: nothing told, its record untouched."""
     from runtime import poison
 
-    monkeypatch.setenv("MEGHA_RUN_DIR", str(tmp_path / "run"))
-    store = TokenStore.in_home(tmp_path)
-    token = store.add("u0", gm="gm0", share=1.0, now=0.0)
-    svc = GmService(CFG, GmId("gm0"), Access(gm("gm0"), CFG, SECRET, users_file=store.path))
-    dead: list[str] = []
-    told: list[JobRefusal] = []
-
-    async def dead_letter(msg: Any, queue: str, reason: str, detail: str) -> None:
-        dead.append(reason)
-
-    async def publish(exchange: str, key: str, body: Any, **_: Any) -> None:
-        told.append(codec.decode(body.body, expect=JobRefusal))
-
-    svc.broker.dead_letter = dead_letter  # type: ignore[method-assign]
-    svc.broker.publish = publish  # type: ignore[method-assign]
+    svc, token, dead, told = service(tmp_path, monkeypatch)
     monkeypatch.setattr(svc.poison, "verdict", lambda key, redelivered: poison.Verdict.POISON)
 
     def sub(job_id: str) -> Any:
