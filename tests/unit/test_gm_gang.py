@@ -72,6 +72,16 @@ def two_lms() -> tuple[GlobalMaster, dict[LmId, LocalMaster]]:
     return gm, lms
 
 
+def filled_lms() -> tuple[GlobalMaster, dict[LmId, LocalMaster]]:
+    """``two_lms`` with one 4x4 task of job ``f`` running: a gang of 8 does not fit now."""
+    gm, lms = two_lms()
+    filler = make_task(4, 4, job="f")
+    gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("f"), user=U0, token="", submitted_at=0.0,
+                                     tasks=(filler,))), 0.0)  # fmt: skip
+    route(gm, lms, decide(gm, 0.5), 0.5)
+    return gm, lms
+
+
 def sent(effects: Sequence[Effect], kind: type) -> list[object]:
     return [e.msg for e in effects if isinstance(e, ToLm) and isinstance(e.msg, kind)]
 
@@ -92,11 +102,7 @@ def test_a_gang_is_reserved_across_lms_and_committed_whole() -> None:
 
 
 def test_a_gang_that_does_not_fit_now_reserves_nothing_and_waits() -> None:
-    gm, lms = two_lms()
-    filler = make_task(4, 4, job="f")
-    gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("f"), user=U0, token="", submitted_at=0.0,
-                                     tasks=(filler,))), 0.0)  # fmt: skip
-    route(gm, lms, decide(gm, 0.5), 0.5)
+    gm, _ = filled_lms()
     specs = gang_specs(8)
     gm.handle(gang_job(specs), 1.0)
     effects = decide(gm, 1.0, max_tasks=8)
@@ -237,11 +243,7 @@ def test_a_gang_job_held_behind_a_job_admitted_in_slices_is_still_a_gang() -> No
 def test_megha_why_says_a_gang_task_waits_for_its_gang() -> None:
     from global_master.inspect import task_answer
 
-    gm, lms = two_lms()
-    filler = make_task(4, 4, job="f")
-    gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("f"), user=U0, token="", submitted_at=0.0,
-                                     tasks=(filler,))), 0.0)  # fmt: skip
-    route(gm, lms, decide(gm, 0.5), 0.5)
+    gm, _ = filled_lms()
     specs = gang_specs(8)
     gm.handle(gang_job(specs), 1.0)
     decide(gm, 1.0, max_tasks=8)

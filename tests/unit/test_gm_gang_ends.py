@@ -29,7 +29,16 @@ from global_master.core import GlobalMaster
 from global_master.gang import Gangs, GangSettings
 from local_master.core import LocalMaster
 from tests.conftest import decide, make_gm, make_lm, make_task, sync_views
-from tests.unit.test_gm_gang import U0, _hold_all, gang_job, gang_specs, route, sent, two_lms
+from tests.unit.test_gm_gang import (
+    U0,
+    _hold_all,
+    filled_lms,
+    gang_job,
+    gang_specs,
+    route,
+    sent,
+    two_lms,
+)
 
 G = JobId("g")
 
@@ -101,11 +110,7 @@ def test_a_gang_cancelled_while_its_reservation_is_out_is_never_committed() -> N
 
 
 def test_a_waiting_gang_cancelled_is_forgotten() -> None:
-    gm, lms = two_lms()
-    filler = make_task(4, 4, job="f")
-    gm.handle(AdmitJob(job=SubmitJob(job_id=JobId("f"), user=U0, token="", submitted_at=0.0,
-                                     tasks=(filler,))), 0.0)  # fmt: skip
-    route(gm, lms, decide(gm, 0.5), 0.5)
+    gm, _ = filled_lms()
     gm.handle(gang_job(gang_specs(8)), 1.0)
     decide(gm, 1.0, max_tasks=8)  # it does not fit now: it waits
     assert _told(gm.handle(CancelJob(user=U0, job_id=G), 1.1)) == ["cancelled"] * 8
