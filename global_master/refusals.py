@@ -46,7 +46,7 @@ class Refusals:
     def __init__(
         self, gm: GmId, broker: amqp.Broker, sup: Supervisor, feed: Callable[[object], None],
         sealer: OutcomeSealer, tokens: TokenStore, resume_keys: Mapping[Identity, bytes],
-        taken: Callable[[UserId, JobId], bool] = lambda user, job_id: False,
+        taken: Callable[[UserId, JobId], bool],
     ) -> None:  # fmt: skip
         self.gm, self.broker, self.sup, self.feed, self.sealer = gm, broker, sup, feed, sealer
         self.tokens, self.resume_keys, self.taken = tokens, resume_keys, taken

@@ -397,18 +397,11 @@ class JobQueues(UserQueues):
     def pop(self) -> Task | None:
         if self._dirty:
             self._replan()
-        while self._no_node:  # (in the order they came)
-            task = self._no_node.pop(0)
-            if self._take_from_queue(task):
-                task.altruistic = False
-                self._popped[task.task_id] = (None, self._plan_no)
-                return task
-        while self._oversize:
-            task = self._oversize.pop()
-            if self._take_from_queue(task):
-                task.altruistic = False
-                self._popped[task.task_id] = (None, self._plan_no)
-                return task
+        # tasks no node admits (in the order they came), then oversize ones: outside
+        # any plan, to the GM, which fails them or places them on what is free
+        task = self._outside_plan(self._no_node, 0) or self._outside_plan(self._oversize, -1)
+        if task is not None:
+            return task
         i = self._next_ask_or_replan() if self._misses < self.patience else None
         if i is None:
             return None
@@ -420,6 +413,16 @@ class JobQueues(UserQueues):
         task.altruistic = ask.altruistic
         self._popped[task.task_id] = (ask, self._plan_no)
         return task
+
+    def _outside_plan(self, tasks: list[Task], at: int) -> Task | None:
+        """The first of ``tasks`` (taken from ``at``) still queued, out of its queue."""
+        while tasks:
+            task = tasks.pop(at)
+            if self._take_from_queue(task):
+                task.altruistic = False
+                self._popped[task.task_id] = (None, self._plan_no)
+                return task
+        return None
 
     def _take_from_queue(self, task: Task) -> bool:
         job = self.jobs.get(task.job_id)
