@@ -269,7 +269,10 @@ async def _whole(st: Stage, a: str, run: Run) -> str:
     if a == "start_all":
         await loop.run_in_executor(None, st.start_again)
         return "started every process again (megha up, same state directory)"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+    # a pool cut off (a partition step) answers no connection: it is given 1 s, not the
+    # 10 a slow answer may take, so the fault strikes near its moment
+    timeout = aiohttp.ClientTimeout(total=10, sock_connect=1)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
         run.launched_before.extend(await fetch_launches(session, st.cfg, st.access))
     if a == "kill_all":
         struck = await loop.run_in_executor(None, kill_all, st.home)

@@ -292,6 +292,9 @@ def stop_federation(home: Path, *, timeout_s: float = 15.0, quiet: bool = False)
         child = _CHILDREN.pop(pid, None)
         if child is not None:
             child.wait(timeout=5)
+    deadline = time.monotonic() + 5.0  # a killed leader's worker may still be exiting
+    while any(group_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
     for pid, child in list(_CHILDREN.items()):  # killed or replaced earlier: reap them
         if child.poll() is not None:
             del _CHILDREN[pid]
@@ -324,8 +327,9 @@ def kill(home: Path, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
 def kill_all(home: Path, *, wait_s: float = 5.0) -> list[int]:
     """SIGKILL every running process of the federation at once, each process group (a
     host losing power, as far as the processes can tell); the pids it struck, once
-    they are gone (within ``wait_s``: a process dies some milliseconds after its
-    SIGKILL, and a ``megha up`` that came first found the federation still running)."""
+    every process of their groups is gone (within ``wait_s``: a process dies some
+    milliseconds after its SIGKILL, and a ``megha up`` that came first found the
+    federation still running, or its ports still taken by a worker still exiting)."""
     struck = []
     for pid in recorded(home).values():
         if _is_ours(pid):
@@ -333,9 +337,25 @@ def kill_all(home: Path, *, wait_s: float = 5.0) -> list[int]:
                 os.killpg(pid, signal.SIGKILL)
                 struck.append(pid)
     deadline = time.monotonic() + wait_s
-    while any(alive(p) and _is_ours(p) for p in struck) and time.monotonic() < deadline:
+    while any(alive(p) or group_running(p) for p in struck) and time.monotonic() < deadline:
         time.sleep(0.01)
     return struck
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies aside).  A SIGKILLed
+    group's leader may be gone while its gunicorn worker is still exiting, holding the
+    listening socket they share: the port accepts until the last of them is gone."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_bytes().rpartition(b")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT")

@@ -69,6 +69,56 @@ def test_kill_all_returns_once_its_processes_are_gone(
         return checks[pid] >= 0
 
     monkeypatch.setattr(processes, "alive", alive)
+    monkeypatch.setattr(processes, "group_running", lambda pgid: False)
     assert processes.kill_all(tmp_path) == [11, 12] == killed
     assert checks[12] == -1  # looked at until both were gone
     assert checks[11] < 0
+
+
+def test_kill_all_waits_for_every_process_of_the_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's leader gone is not the group gone: its gunicorn worker, still exiting,
+    holds the listening socket, and a ``megha up`` right after found every port taken
+    (``megha chaos --random 11 --wide``, draw 10)."""
+    from federation import processes
+
+    lingering = {11: 2, 12: 4}  # checks during which a worker of the group still runs
+    monkeypatch.setattr(processes, "recorded", lambda home: {"gm0": 11, "lm0": 12})
+    monkeypatch.setattr(processes, "_is_ours", lambda pid: True)
+    monkeypatch.setattr(processes.os, "killpg", lambda pid, sig: None)
+    monkeypatch.setattr(processes.time, "sleep", lambda s: None)
+    monkeypatch.setattr(processes, "alive", lambda pid: False)  # the leaders died at once
+
+    def group_running(pgid: int) -> bool:
+        lingering[pgid] -= 1
+        return lingering[pgid] >= 0
+
+    monkeypatch.setattr(processes, "group_running", group_running)
+    assert processes.kill_all(tmp_path) == [11, 12]
+    assert lingering[12] < 0  # looked at until every group was gone
+    assert lingering[11] < 0
+
+
+def test_group_running_sees_a_member_outliving_its_leader() -> None:
+    """The leader of a session exits, the child it forked runs on in its group:
+    ``alive`` says the leader is gone, ``group_running`` that the group is not."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from federation import processes
+
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nos._exit(0)"
+    leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    leader.wait(timeout=30)
+    try:
+        assert processes.group_running(leader.pid)
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while processes.group_running(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not processes.group_running(leader.pid)
