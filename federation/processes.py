@@ -388,4 +388,7 @@ def restart_service(home: Path, cfg: FederationConfig, name: str) -> int:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5  # its worker may outlive it a little: the port
+        while group_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
     return restart(home, cfg, name)
