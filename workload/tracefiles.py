@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import gzip
 import math
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -31,7 +32,7 @@ def _open_text(path: Path) -> IO[str]:
 def csv_rows(paths: Sequence[str | Path]) -> Iterator[tuple[str, list[str]]]:
     """``(where, fields)`` for every row of every file in order; ``where`` is
     ``file:line``.  Blank rows are skipped.  A file that cannot be opened or read
-    (not UTF-8, a broken gzip stream) is a ``ConfigError`` naming it."""
+    (not UTF-8, a gzip stream cut short or corrupt) is a ``ConfigError`` naming it."""
     for _, rows in csv_files(paths):
         yield from rows
 
@@ -55,7 +56,8 @@ def _file_rows(path: Path) -> Iterator[tuple[str, list[str]]]:
             for line, row in enumerate(csv.reader(f), 1):
                 if row:
                     yield f"{path}:{line}", row
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+    # zlib.error: a corrupt deflate block (a flipped bit) is neither OSError nor EOFError
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as exc:
         raise ConfigError(
             f"cannot read trace {path} (after line {line}): {exc}",
             reason="trace_unreadable",
