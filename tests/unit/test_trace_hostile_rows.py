@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from workload.alibaba import AlibabaReplay, TraceStage
+from workload.google import read_google
+from workload.traces import TraceJob
 
 
 def batch_task(
@@ -42,3 +44,42 @@ def test_a_row_written_twice_is_one_task(tmp_path: Path) -> None:
         "j_2": (TraceStage(1, (), 3, 20.0),),
     }
     assert (r.stats.duplicate_rows, r.stats.skipped_jobs, r.stats.tasks) == (2, 1, 6)
+
+
+S = 1_000_000  # microseconds
+
+
+def task_event(t: float, job: int, kind: int) -> str:
+    """A 2011 ``task_events`` row of task 0 of ``job``."""
+    return f"{int(t * S)},,{job},0,{'' if kind == 0 else 42},{kind},u=,2,0,0.03,0.01,0,0"
+
+
+def test_a_task_failed_and_never_run_again_is_not_counted_cut(tmp_path: Path) -> None:
+    """A task that FAILed (or was evicted) and was not submitted again stays open until
+    the lookahead; it was then counted ``clipped`` (or ``unfinished`` at the trace's
+    end), as if cut while running, though its time is the trace's to the second."""
+    events = [(0, 1, 0), (1, 1, 1), (3, 1, 3), (0, 2, 0), (0, 2, 1), (2, 2, 2)]
+    events += [(50, 3, 0), (50, 3, 1), (100, 4, 0), (101, 4, 1)]  # job 3 cut, 4 at the end
+    events.sort(key=lambda e: e[0])
+    path = tmp_path / "task_events.csv"
+    path.write_text("".join(task_event(*e) + "\n" for e in events))
+    r = read_google("google2011", [path], lookahead=10.0)
+    assert list(r) == [
+        TraceJob(0.0, (2.0,)),
+        TraceJob(0.0, (2.0,)),
+        TraceJob(50.0, (10.0,)),
+        TraceJob(100.0, (0.0,)),
+    ]
+    assert (r.stats.clipped, r.stats.unfinished) == (1, 1)
+
+
+def test_a_finish_without_a_schedule_is_counted_as_such(tmp_path: Path) -> None:
+    """A task that FINISHed with its SCHEDULE missing from the trace ran, for a time not
+    known: dropped, but not counted among the tasks killed before they ran."""
+    events = [(0, 1, 0), (5, 1, 4), (0, 2, 0), (6, 2, 5), (7, 3, 0), (7, 3, 1), (9, 3, 4)]
+    events.sort(key=lambda e: e[0])
+    path = tmp_path / "task_events.csv"
+    path.write_text("".join(task_event(*e) + "\n" for e in events))
+    r = read_google("google2011", [path])
+    assert list(r) == [TraceJob(7.0, (2.0,))]
+    assert (r.stats.finished_unscheduled, r.stats.never_ran) == (1, 1)
