@@ -134,15 +134,17 @@ class AlibabaReplay:
                 return None
             numbered[sid] = (tuple(int(p) for p in m[2].split("_")[1:]), r)
         parents: dict[int, tuple[int, ...]] = {}
+        dropped = 0  # counted if the job is replayed, not for one skipped
         for sid, (ps, _) in numbered.items():
             kept = tuple(p for p in dict.fromkeys(ps) if p in numbered and p != sid)
-            self.stats.dropped_parents += len(set(ps)) - len(kept)
+            dropped += len(set(ps)) - len(kept)
             parents[sid] = kept
         try:
             order = topological_order(parents)
         except CycleError:
             self.stats.skipped_jobs += 1
             return None
+        self.stats.dropped_parents += dropped
         stages = [TraceStage(sid, parents[sid], *_span(numbered[sid][1])) for sid in order]
         fresh = max(numbered, default=0) + 1
         stages += [TraceStage(fresh + k, (), *_span(r)) for k, r in enumerate(loose)]

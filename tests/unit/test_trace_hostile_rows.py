@@ -83,3 +83,18 @@ def test_a_finish_without_a_schedule_is_counted_as_such(tmp_path: Path) -> None:
     r = read_google("google2011", [path])
     assert list(r) == [TraceJob(7.0, (2.0,))]
     assert (r.stats.finished_unscheduled, r.stats.never_ran) == (1, 1)
+
+
+def test_the_parents_dropped_are_those_of_jobs_replayed(tmp_path: Path) -> None:
+    """A skipped job's self-dependency (``M1_1``) was counted among the dependencies
+    dropped from the jobs replayed."""
+    rows = [
+        batch_task("M1_1", 1, "j_1", 10, 20),
+        batch_task("M2_3", 1, "j_1", 10, 20),
+        batch_task("M3_2", 1, "j_1", 10, 20),  # 2 and 3 form a cycle: j_1 is skipped
+        batch_task("M1", 1, "j_2", 10, 20),
+        batch_task("R2_1_7", 1, "j_2", 20, 30),  # no task 7
+    ]
+    r = replay(tmp_path / "batch_task.csv", rows)
+    assert [j.name for j in r] == ["j_2"]
+    assert (r.stats.skipped_jobs, r.stats.dropped_parents) == (1, 1)
