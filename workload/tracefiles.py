@@ -68,7 +68,7 @@ def _texts(path: Path) -> Iterator[tuple[str, IO[str]]]:
                     yield f"{path}[{member.name}]", t
 
 
-def _regular(path: Path) -> None:
+def rereadable(path: Path) -> None:
     """``ConfigError`` unless ``path`` is a file that can be read again from its start:
     a pipe (``<(zcat ...)``) lost its first buffer to the gzip test, and the next
     scheduler's pass of the trace found it empty."""
@@ -79,7 +79,7 @@ def _regular(path: Path) -> None:
     if not stat.S_ISREG(mode):
         raise ConfigError(
             f"cannot read trace {path}: not a regular file (a pipe or a directory?); each "
-            "scheduler reads the trace from its start: give the file (gzip and tar are read)",
+            "scheduler reads the trace from its start: give the file itself",
             reason="trace_unreadable",
         )
 
@@ -100,7 +100,7 @@ def csv_files(paths: Sequence[str | Path]) -> Iterator[tuple[str, Iterator[tuple
         raise ConfigError("no trace file given", reason="missing_trace")
     files = [Path(name) for name in paths]
     for path in files:
-        _regular(path)
+        rereadable(path)
     for path in files:
         for name, rows in itertools.groupby(_file_rows(path), key=itemgetter(0)):
             yield name, ((where, row) for _, where, row in rows)

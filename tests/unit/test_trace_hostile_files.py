@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
+from megha_cli.main import main
 from workload.alibaba import AlibabaReplay
 from workload.google import read_google
 from workload.tracefiles import csv_rows
@@ -114,3 +115,18 @@ def test_each_file_of_a_2019_tar_has_its_header(tmp_path: Path) -> None:
     }
     tar = tar_of(tmp_path / "export.tar.gz", shards, gz=True)
     assert list(read_google("google2019", [tar])) == [TraceJob(0.0, (2.0,))]
+
+
+@pytest.mark.parametrize("source", [["--trace"], ["--trace-format", "google2011"]])
+def test_simulate_refuses_a_pipe_before_the_first_scheduler_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], source: list[str]
+) -> None:
+    """``--trace <(cat YH1_sub.tr)`` ran Megha, then each baseline read the pipe empty:
+    "no jobs (0 line(s))" after the whole first run."""
+    fifo = tmp_path / "trace"
+    os.mkfifo(fifo)
+    small = ["--workers", "4", "--lms", "2", "--gms", "1", "--users", "u0:1@gm0"]
+    out = tmp_path / "out"
+    assert main(["simulate", "--quiet", *small, "--out", str(out), *source, str(fifo)]) == 2
+    assert "trace: not a regular file" in capsys.readouterr().err
+    assert not (out / "summary.json").exists()
