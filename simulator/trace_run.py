@@ -43,6 +43,7 @@ from workload.synthetic import (
     iter_jobs_from_trace,
     iter_synthetic_jobs,
 )
+from workload.tracefiles import rereadable
 from workload.traces import read_trace
 
 TraceReader = GoogleReplay | AlibabaReplay
@@ -88,6 +89,7 @@ def workload_jobs(
                 "--workload trace needs --trace FILE (one file of the ../shared/traces format)",
                 reason="missing_trace",
             )
+        rereadable(Path(files[0]))  # read again for each scheduler: not a pipe
         trace = read_trace(files[0], limit_jobs=args.limit_jobs)
         total = sum(len(tj.durations) for tj in trace)
         jobs = iter_jobs_from_trace(trace, spec, users, rng)

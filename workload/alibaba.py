@@ -10,9 +10,11 @@ parents' numbers after ``_``).  A name without that shape (``task_...``,
 Each task is a stage of ``instance_num`` instances, each running ``end_time -
 start_time`` (the table gives the task's span, not each instance's:
 ``batch_instance`` is not read); a job arrives at its first task's start.  Only
-``Terminated`` tasks with ``0 < start_time <= end_time`` are replayed; a dependency on
-a task not replayed is dropped, and a job whose names form a cycle or repeat a number
-is skipped (all counted in ``stats``), and so is a job of more than
+``Terminated`` tasks with ``0 < start_time <= end_time`` are replayed; a row repeating
+another of its job (name, instances, start and end) is read once (``duplicate_rows``:
+it skipped the job, or ran the task twice); a dependency on a task not replayed is
+dropped, and a job whose names form a cycle or repeat a number is skipped (all counted
+in ``stats``), and so is a job of more than
 ``MAX_TRACE_JOB_TASKS`` instances (``oversized_jobs``: a garbled ``instance_num``
 would otherwise take every byte of memory before the replay began).
 
@@ -71,6 +73,8 @@ class AlibabaStats:
     dropped_parents: int = 0
     skipped_jobs: int = 0
     oversized_jobs: int = 0
+    duplicate_rows: int = 0
+    """Rows repeating another of their job (name, instances, start, end): read once."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +115,9 @@ class AlibabaReplay:
 
     def _job(self, name: str, rows: list[Row]) -> TraceDag | None:
         """One job's stages from its tasks' names, or None (counted) if they cannot be."""
+        unique = list(dict.fromkeys(rows))  # a task written twice is one task, not two
+        self.stats.duplicate_rows += len(rows) - len(unique)
+        rows = unique
         if sum(r[2] for r in rows) > MAX_TRACE_JOB_TASKS:
             self.stats.oversized_jobs += 1
             return None
@@ -127,15 +134,17 @@ class AlibabaReplay:
                 return None
             numbered[sid] = (tuple(int(p) for p in m[2].split("_")[1:]), r)
         parents: dict[int, tuple[int, ...]] = {}
+        dropped = 0  # counted if the job is replayed, not for one skipped
         for sid, (ps, _) in numbered.items():
             kept = tuple(p for p in dict.fromkeys(ps) if p in numbered and p != sid)
-            self.stats.dropped_parents += len(set(ps)) - len(kept)
+            dropped += len(set(ps)) - len(kept)
             parents[sid] = kept
         try:
             order = topological_order(parents)
         except CycleError:
             self.stats.skipped_jobs += 1
             return None
+        self.stats.dropped_parents += dropped
         stages = [TraceStage(sid, parents[sid], *_span(numbered[sid][1])) for sid in order]
         fresh = max(numbered, default=0) + 1
         stages += [TraceStage(fresh + k, (), *_span(r)) for k, r in enumerate(loose)]

@@ -23,10 +23,11 @@ task's duration is the time it ran, summed over its attempts (SCHEDULE to EVICT,
 FINISH, KILL or LOST); FINISH, KILL and LOST end it, EVICT and FAIL end an attempt (it
 may be submitted again).  A job is handed on, in arrival order, once each of its tasks
 has ended; a task still open ``lookahead`` seconds after its job arrived is cut there
-(it counts as having run until then: ``clipped``; the ends of tasks not held are
-``unmatched``), so memory holds at most that span of the trace.  A SCHEDULE of a task
-never submitted (missing data) submits it then.  Tasks that never ran are dropped
-(``never_ran``); tasks open when the trace ends run to its last event (``unfinished``).
+(one running counts as having run until then: ``clipped``; the ends of tasks not held
+are ``unmatched``), so memory holds at most that span of the trace.  A SCHEDULE of a
+task never submitted (missing data) submits it then.  Tasks that never ran are dropped
+(``never_ran``; a FINISH with no SCHEDULE read: ``finished_unscheduled``); tasks
+running when the trace ends run to its last event (``unfinished``).
 The counts are ``stats``.
 """
 
@@ -46,11 +47,12 @@ from workload.traces import TraceJob
 AFTER_END = 2**63 - 1
 """A timestamp meaning "after the trace window"."""
 
-SUBMIT, SCHEDULE, ATTEMPT_ENDS, TASK_ENDS, OTHER = range(5)
-KINDS_2011 = {0: SUBMIT, 1: SCHEDULE, 2: ATTEMPT_ENDS, 3: ATTEMPT_ENDS, 4: TASK_ENDS,
+SUBMIT, SCHEDULE, ATTEMPT_ENDS, TASK_ENDS, OTHER, FINISH = range(6)
+"""What an event does to its task; ``FINISH`` ends it as ``TASK_ENDS`` does, and says it ran."""
+KINDS_2011 = {0: SUBMIT, 1: SCHEDULE, 2: ATTEMPT_ENDS, 3: ATTEMPT_ENDS, 4: FINISH,
               5: TASK_ENDS, 6: TASK_ENDS, 7: OTHER, 8: OTHER}  # fmt: skip
 KINDS_2019 = {0: SUBMIT, 1: OTHER, 2: OTHER, 3: SCHEDULE, 4: ATTEMPT_ENDS, 5: ATTEMPT_ENDS,
-              6: TASK_ENDS, 7: TASK_ENDS, 8: TASK_ENDS, 9: OTHER, 10: OTHER}  # fmt: skip
+              6: FINISH, 7: TASK_ENDS, 8: TASK_ENDS, 9: OTHER, 10: OTHER}  # fmt: skip
 
 Event = tuple[int, str, int, int, str]
 """``(time in us, job, task index, kind, where)``."""
@@ -64,8 +66,13 @@ class ReplayStats:
     jobs: int = 0
     tasks: int = 0
     clipped: int = 0
+    """Tasks running when the lookahead cut them."""
     unfinished: int = 0
+    """Tasks running when the trace ended."""
     never_ran: int = 0
+    finished_unscheduled: int = 0
+    """Tasks that FINISHed with no SCHEDULE read (a record missing from the trace):
+    dropped, as how long they ran is not known."""
     after_end: int = 0
     skipped_rows: int = 0
     unmatched: int = 0
@@ -150,10 +157,12 @@ class GoogleReplay:
         if task.start is not None:
             task.ran += t - task.start
             task.start = None
-        if kind == TASK_ENDS:
-            self._end(key, task)
+        if kind in (TASK_ENDS, FINISH):
+            self._end(key, task, finished=kind == FINISH)
 
-    def _end(self, key: tuple[str, int], task: _Task, now: float | None = None) -> None:
+    def _end(
+        self, key: tuple[str, int], task: _Task, now: float | None = None, finished: bool = False
+    ) -> None:
         """``task`` is over (cut at ``now`` if given, while it runs)."""
         if now is not None and task.start is not None:
             task.ran += now - task.start
@@ -161,6 +170,8 @@ class GoogleReplay:
         del task.slice.open[key]
         if task.scheduled:
             task.slice.durations.append(task.ran)
+        elif finished:
+            self.stats.finished_unscheduled += 1
         else:
             self.stats.never_ran += 1
 
@@ -173,12 +184,13 @@ class GoogleReplay:
             # found it open: rows may be hours apart (a trace filtered to a few jobs)
             cut = min(now, s.arrival + self.lookahead)
             for key, task in list(s.open.items()):
-                self._end(key, task, cut)
-                if task.scheduled:
+                # a task evicted or failed and not submitted again was not cut: it ended
+                if task.start is not None:
                     if end:
                         self.stats.unfinished += 1
                     else:
                         self.stats.clipped += 1
+                self._end(key, task, cut)
             if self._current.get(s.job) is s:
                 del self._current[s.job]
             if s.durations:
