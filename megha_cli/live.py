@@ -43,6 +43,7 @@ from megha_cli.terminal import INTERRUPTED, Section, percentile_cells, show
 from reporting.files import output_dir
 from runtime.retry import GiveUp
 from security.access import Access, tokens_dir
+from workload import PUBLISHED
 
 SHAPE_OPTIONS = (
     "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
@@ -163,7 +164,23 @@ def _bench_options(args: argparse.Namespace) -> Any:
 
     if args.trace and args.jobs_file:  # the trace was dropped without a word
         raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
+    fmt = getattr(args, "trace_format", "megha")
+    files = tuple(getattr(args, "files", None) or ())
+    if fmt != "megha" and (args.trace or args.jobs_file or not files):
+        raise ConfigError(
+            f"--trace-format {fmt} replays the trace's FILEs (not --trace or --jobs)",
+            reason="missing_trace" if not files else "two_workloads",
+        )
+    if files and fmt == "megha":
+        raise ConfigError(
+            "FILE arguments are a published trace's: give --trace-format "
+            f"({', '.join(PUBLISHED)}), or --trace FILE for the ../shared/traces format",
+            reason="missing_trace",
+        )
     return BenchOptions(
+        trace_format=fmt,
+        trace_files=files,
+        trace_lookahead=getattr(args, "trace_lookahead", 86_400.0),
         trace=args.trace,
         jobs_file=args.jobs_file,
         limit_jobs=args.limit_jobs,
@@ -356,6 +373,34 @@ def _shape(p: argparse.ArgumentParser) -> None:
 _seconds = ranged(float, "a finite number", zero=True)
 
 
+def _published_trace(p: argparse.ArgumentParser) -> None:
+    """``megha bench``'s published production traces, read as ``megha simulate`` reads
+    them (``workload.published``)."""
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="a published trace's files, in time order (with --trace-format; gzip, plain CSV "
+        "or a tar of them)",
+    )
+    p.add_argument(
+        "--trace-format",
+        choices=("megha", *PUBLISHED),
+        default="megha",
+        help="megha: --trace is a ../shared/traces file; google2011 (task_events), google2019 "
+        "(instance_events as CSV with its header), alibaba2018 (batch_task: DAG jobs): "
+        "FILEs read as they are replayed, the first --limit-jobs jobs a federation can take "
+        "(compress them with --time-scale and --duration-scale)",
+    )
+    p.add_argument(
+        "--trace-lookahead",
+        type=positive_float,
+        default=86_400.0,
+        help="google2011/2019: a task still running this many trace seconds after its job "
+        "arrived is cut there",
+    )
+
+
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
     p.add_argument("--trace", help="replay this trace (../shared/traces format)")
     p.add_argument(
@@ -485,6 +530,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             )
         if "bench" in extras:
             _workload(p, jobs=200, out="results/bench")
+            _published_trace(p)
         if "demo" in extras:
             _workload(p, jobs=100, out="results/demo")
         if "service" in extras:

@@ -63,6 +63,7 @@ from security.identity import lm as lm_identity
 from security.identity import workers as workers_identity
 from workload.dags import scale_jobs
 from workload.jobs import Job, check_submittable
+from workload.published import published_jobs
 from workload.synthetic import WorkloadSpec, jobs_from_trace, synthetic_jobs
 from workload.traces import read_trace
 
@@ -87,6 +88,12 @@ class BenchOptions:
     progress: bool = True
     jobs_file: str | None = None
     """A DAG job file (common/dag.py format) to submit instead of a trace or synthetic jobs."""
+    trace_format: str = "megha"
+    """``megha``: ``trace`` is a ../shared/traces file; else a published trace's format
+    (``workload.published.PUBLISHED``), its files in ``trace_files``."""
+    trace_files: tuple[str, ...] = ()
+    trace_lookahead: float = 86_400.0
+    """Google's: a task still running this long after its job arrived is cut there."""
     reporter: Callable[[BenchStatus], None] | None = None
     """Where progress goes instead of lines on stderr (a progress bar: ``megha bench``)."""
 
@@ -117,7 +124,13 @@ def _dag_workload(cfg: FederationConfig, path: str) -> list[DagJob]:
     return jobs
 
 
-def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJob]:
+def build_workload(
+    cfg: FederationConfig, opts: BenchOptions, read: dict[str, Any] | None = None
+) -> list[Job | DagJob]:
+    """The jobs of the run, checked and stamped; ``read``, if given, gets what a published
+    trace's reader read, cut and dropped, and the jobs a federation could not take."""
+    if opts.trace_format != "megha":
+        return _published_workload(cfg, opts, {} if read is None else read)
     if opts.jobs_file:
         dags = scale_jobs(
             _dag_workload(cfg, opts.jobs_file),
@@ -148,6 +161,49 @@ def build_workload(cfg: FederationConfig, opts: BenchOptions) -> list[Job | DagJ
             rng=rng,
         )
     return _submittable(_stamp_run(list(jobs), opts), cfg)
+
+
+def _published_workload(
+    cfg: FederationConfig, opts: BenchOptions, read: dict[str, Any]
+) -> list[Job | DagJob]:
+    """A published trace's first ``limit_jobs`` jobs a federation can take, read as they
+    are replayed.  A job it cannot take (more tasks than a job may hold, a body past
+    ``max_body``: a production trace has some) is skipped and counted
+    (``unsubmittable_jobs``), not the run refused; a run with none is an error saying
+    what was read."""
+    if not opts.trace_files:
+        raise ConfigError(
+            f"--trace-format {opts.trace_format} needs the trace's FILEs", reason="missing_trace"
+        )
+    spec = WorkloadSpec(
+        profile=cfg.profile,
+        constraints=cfg.constraints,
+        time_scale=opts.time_scale,
+        duration_scale=opts.duration_scale,
+    )
+    rng = random.Random(opts.seed)
+    jobs, reader = published_jobs(
+        opts.trace_format, opts.trace_files, spec, cfg.user_configs, rng, opts.trace_lookahead
+    )
+    taken: list[Job | DagJob] = []
+    skipped = 0
+    for job in jobs:
+        try:
+            check_submittable(job, cfg.max_body)
+        except ConfigError:
+            skipped += 1
+            continue
+        taken.append(job)
+        if opts.limit_jobs and len(taken) >= opts.limit_jobs:
+            break
+    read.update(format=opts.trace_format, **reader.stats.as_dict(), unsubmittable_jobs=skipped)
+    if not taken:
+        counts = ", ".join(f"{k} {v}" for k, v in read.items() if v and k != "format")
+        raise ConfigError(
+            f"{', '.join(opts.trace_files)}: no job to submit (read: {counts or 'nothing'})",
+            reason="empty_workload",
+        )
+    return _stamp_run(taken, opts)
 
 
 def _submittable(jobs: list[Job | DagJob], cfg: FederationConfig) -> list[Job | DagJob]:
@@ -487,6 +543,8 @@ class _Run:
     launches: LaunchLog
     states_before: dict[str, Any] = field(default_factory=dict)
     """The state pages as the run began: its counters are the difference."""
+    read: dict[str, Any] = field(default_factory=dict)
+    """A published trace's: what its reader read, cut and dropped (``build_workload``)."""
 
 
 class _OfRun:
@@ -679,13 +737,15 @@ async def run_bench(cfg: FederationConfig, opts: BenchOptions, home: Path) -> di
     summary (also written to ``opts.out``)."""
     output_dir(opts.out)
     sub = Submitter.operator(cfg, home, keep=False)
-    jobs = build_workload(cfg, opts)
+    read: dict[str, Any] = {}
+    jobs = build_workload(cfg, opts, read)
     check_tokens(sub, jobs)
     await sub.open()
     try:
         run = await _drive(cfg, opts, sub, jobs)
     finally:
         await sub.close()
+    run.read = read
     try:
         summary = summarize_run(cfg, opts, run, sub)
         write_outputs(Path(opts.out), summary, run.tally.tasks.allocation_times(), run.states)
@@ -770,6 +830,7 @@ def summarize_run(
             },
             "workload": {
                 "trace": opts.trace,
+                **_published_of(opts, run),
                 "jobs_file": opts.jobs_file,
                 "jobs": len(run.jobs),
                 "rate": opts.rate,
@@ -783,6 +844,13 @@ def summarize_run(
     if floor > 0:
         summary["allocation_p50_in_floors"] = summary["allocation_time_s"]["p50"] / floor
     return summary
+
+
+def _published_of(opts: BenchOptions, run: _Run) -> dict[str, Any]:
+    """A published trace's files and what its reader made of them, for the summary."""
+    if opts.trace_format == "megha":
+        return {}
+    return {"trace_files": list(opts.trace_files), "trace_read": run.read}
 
 
 def _reasons(failed: dict[TaskKey, str]) -> dict[str, int]:

@@ -33,20 +33,17 @@ from simulator.config import SimConfig, config_from_args
 from simulator.megha_sim import MeghaSimulation, SimResult, timing_of
 from simulator.records import RunRecords
 from simulator.sparrow import SparrowConfig, SparrowSimulation
-from workload.alibaba import AlibabaReplay
-from workload.google import GoogleReplay, read_google
+from workload import PUBLISHED
 from workload.jobs import Job
 from workload.priorities import iter_with_priorities, parse_classes
+from workload.published import TraceReader, published_jobs
 from workload.synthetic import (
     WorkloadSpec,
-    dags_from_trace,
     iter_jobs_from_trace,
     iter_synthetic_jobs,
 )
 from workload.tracefiles import rereadable
 from workload.traces import read_trace
-
-TraceReader = GoogleReplay | AlibabaReplay
 
 Progress = Callable[[float], None]
 """Told the virtual time as a simulation goes."""
@@ -54,7 +51,7 @@ Progress = Callable[[float], None]
 BASELINES = ("sparrow", "centralized")
 
 
-STREAMED = ("google2011", "google2019", "alibaba2018")
+STREAMED = PUBLISHED
 """Trace formats replayed as they are read (``stream_workload``)."""
 
 
@@ -143,14 +140,9 @@ def stream_workload(args: argparse.Namespace, users: Sequence[UserConfig]) -> Fe
         raise ConfigError(
             f"--trace-format {args.trace_format} needs the trace's FILEs", reason="missing_trace"
         )
-    jobs: Iterator[Job | DagJob]
-    reader: TraceReader
-    if args.trace_format == "alibaba2018":
-        reader = AlibabaReplay(files)
-        jobs = dags_from_trace(reader, spec, users, rng)
-    else:
-        reader = read_google(args.trace_format, files, args.trace_lookahead)
-        jobs = iter_jobs_from_trace(reader, spec, users, rng)
+    jobs, reader = published_jobs(
+        args.trace_format, files, spec, users, rng, lookahead=args.trace_lookahead
+    )
     if args.limit_jobs:
         jobs = itertools.islice(jobs, args.limit_jobs)
     return Feed(jobs, reader)

@@ -88,3 +88,55 @@ def test_a_job_file_that_does_not_fit_the_federation_is_refused_up_front(
     path.write_text(json.dumps(doc).replace('"demand": [1]', '"demand": [1, 1]'))
     with pytest.raises(ConfigError, match="resource types"):
         asyncio.run(run_bench(cfg, BenchOptions(jobs_file=str(path), progress=False), home))
+
+
+def test_an_alibaba_trace_replays_live_stage_by_stage(
+    make_federation: Callable[..., Federation], tmp_path: Path
+) -> None:
+    """``megha bench --trace-format alibaba2018``: the published ``batch_task`` rows (a
+    DAG named by its tasks: ``J3_1_2`` runs after stages 1 and 2), read as ``megha
+    simulate`` reads them, run on a live federation, every barrier held; a job of
+    more tasks than a job may hold is skipped and counted, not the run refused."""
+    from common.messages import MAX_JOB_TASKS
+    from tests.unit.test_trace_readers import batch_task, write
+
+    cfg, home = make_federation(
+        gms=2, lms=2, nodes_per_lm=4, heartbeat_s=0.5, worker_timeout_s=3.0,
+        queue_policy="carbyne",
+    )  # fmt: skip
+    rows = []
+    for j in range(4):  # seconds of the trace: x0.02 of it live
+        at = 1000 + 10 * j
+        rows += [
+            batch_task("M1", 2, f"j_{j}", "Terminated", at, at + 10),
+            batch_task("M2", 1, f"j_{j}", "Terminated", at, at + 5),
+            batch_task("J3_1_2", 2, f"j_{j}", "Terminated", at + 10, at + 12),
+        ]
+    rows.append(batch_task("M1", MAX_JOB_TASKS + 1, "j_big", "Terminated", 1001, 1100))
+    trace = write(tmp_path / "batch_task.csv", rows)
+    opts = BenchOptions(
+        trace_format="alibaba2018", trace_files=(str(trace),), time_scale=0.02,
+        duration_scale=0.02, out=str(tmp_path / "out"), floor_samples=20, timeout_s=60.0,
+        progress=False,
+    )  # fmt: skip
+    summary = asyncio.run(run_bench(cfg, opts, home))
+    assert summary["tasks"] == 20
+    assert summary["tasks_finished"] == 20
+    assert summary["unfinished_tasks"] == 0
+    assert summary["jobs_completed"] == 4
+    read = summary["workload"]["trace_read"]
+    assert read["format"] == "alibaba2018"
+    assert read["unsubmittable_jobs"] == 1
+    rows_out = [r.split(",") for r in (tmp_path / "out" / "tasks.csv").read_text().splitlines()]
+    col = {name: i for i, name in enumerate(rows_out[0])}
+    times = {
+        r[col["task_id"]]: (float(r[col["started_at"]]), float(r[col["finished_at"]]))
+        for r in rows_out[1:]
+    }
+    for tid, (start, _) in times.items():
+        job, stage, _ = tid.rsplit(".", 2)
+        if stage != "s3":
+            continue
+        for other, (_, end) in times.items():
+            if other.startswith(job + ".") and other.rsplit(".", 2)[1] in ("s1", "s2"):
+                assert start >= end, f"{tid} started before its parent {other} finished"
