@@ -12,6 +12,12 @@ Scenarios (issue 2, "How fast and how big"; issue 11, "under overload"):
          --tree DIR runs another checkout's code (the old arm) with the same commands.
   10m    a synthetic 10,000,000-task replay on 100,000 workers, 20 GMs x 100 LMs (100,000
          jobs of 100 tasks of 10 s at ~70% load), Megha alone; --timeout S bounds it.
+  backlog  a heavy-tailed trace in Google's 2011 ``task_events`` format, written seeded
+         beside the results (--trace-jobs jobs, one every 2 s, tasks per job and durations
+         lognormal, 5% evicted and resubmitted, random priorities and constraints: ~180%
+         of 2,000 workers, so queues stay deep), Megha alone via ``megha simulate
+         --trace-format google2011``; with --tree, that checkout alternating with this
+         one (--rounds pairs): CPU per task, wall, task CSVs compared.
   sweep  offered load 50-150% on YH1 and synthetic_FB, Megha vs Sparrow vs centralized
          (benchmarks/bench_sweep.py; --quick: 150 jobs per trace on 3,000 workers).
 Issue 12 (``benchmarks/sim_fidelity.py``): calibrate (live vs simulated allocation time),
@@ -23,6 +29,7 @@ Each of yh1 and big runs in a child process so its peak RSS is its own.  Writes 
     python benchmarks/bench_sim.py --scenario huge
     python benchmarks/bench_sim.py --scenario memory [--tasks 62500,250000] [--tree DIR]
     python benchmarks/bench_sim.py --scenario 10m --timeout 36000
+    python benchmarks/bench_sim.py --scenario backlog --trace-jobs 3000 --tree /work/wt/base
     python benchmarks/bench_sim.py --scenario sweep --quick
 """
 
@@ -140,16 +147,87 @@ def _ten_million(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def write_backlog_trace(path: Path, jobs: int, seed: int) -> int:
+    """A heavy-tailed ``task_events`` file (gzip) of ``jobs`` jobs; returns its rows."""
+    import gzip
+    import random
+
+    rng = random.Random(seed)
+    rows: list[tuple[int, int, int, int]] = []
+    t = 600 * 10**6  # the 2011 trace's first events are at 600 s (microseconds)
+    for job in range(jobs):
+        t += int(rng.expovariate(0.5) * 1e6)
+        jid = 6_000_000_000 + job
+        for i in range(min(20_000, max(1, int(rng.lognormvariate(1.5, 1.6))))):
+            start = t + int(rng.expovariate(1.0) * 1e6)
+            dur = int(min(rng.lognormvariate(4.5, 1.8), 200_000) * 1e6)
+            rows += [(t, jid, i, 0), (start, jid, i, 1)]
+            r = rng.random()
+            if r < 0.05:  # evicted a third of the way, resubmitted, run whole again
+                ev = start + dur // 3
+                rows += [(ev, jid, i, 2), (ev, jid, i, 0), (ev + 10**6, jid, i, 1)]
+                rows.append((ev + 10**6 + dur, jid, i, 4))
+            else:  # FAIL, KILL or FINISH
+                rows.append((start + dur, jid, i, 3 if r < 0.07 else 5 if r < 0.09 else 4))
+    rows.sort()
+    with gzip.open(path, "wt") as f:
+        for ts, jid, i, kind in rows:
+            machine = "" if kind == 0 else "4321"
+            f.write(
+                f"{ts},,{jid},{i},{machine},{kind},user{jid % 7}=,{rng.randrange(4)},"
+                f"{rng.randrange(12)},0.0125,0.0159,0.0004,0\n"
+            )
+    return len(rows)
+
+
+def _backlog(args: argparse.Namespace) -> dict[str, Any]:
+    """Megha's CPU per task on a deep backlog, this tree (and ``--tree``'s, alternating)."""
+    where = Path("results") / "bench_sim_backlog"
+    where.mkdir(parents=True, exist_ok=True)
+    trace = where / f"task_events_{args.trace_jobs}_{args.seed}.csv.gz"
+    events = write_backlog_trace(trace, args.trace_jobs, args.seed)
+    arms = {"this": None, **({"tree": args.tree} if args.tree else {})}
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    for r in range(args.rounds):
+        for arm, tree in arms.items() if r % 2 == 0 else reversed(arms.items()):
+            out = where / f"{arm}{r}"
+            cmd = [
+                "-m", "megha_cli.main", "simulate", "--trace-format", "google2011", str(trace),
+                "--workers", "2000", "--gms", "4", "--lms", "10", "--baselines", "",
+                "--cluster", "serial", "--quiet", "--seed", str(args.seed), "--out", str(out),
+            ]  # fmt: skip
+            figures = _own_child([sys.executable, *cmd], _tree_env(tree), args.timeout)
+            summary = json.loads((out / "summary.json").read_text())
+            figures["cpu_ms_per_task"] = round(figures["cpu_s"] * 1e3 / summary["tasks"], 3)
+            figures["tasks"] = summary["tasks"]
+            runs[arm].append(figures)
+            print(arm, json.dumps(figures), flush=True)
+    report: dict[str, Any] = {"scenario": "backlog", "jobs": args.trace_jobs, "events": events,
+                              "tree": args.tree, "loadavg": os.getloadavg(), "runs": runs}  # fmt: skip
+    medians = {a: sorted(x["cpu_ms_per_task"] for x in rs)[len(rs) // 2] for a, rs in runs.items()}
+    report["median_cpu_ms_per_task"] = medians
+    if args.tree:
+        report["this_over_tree"] = round(medians["this"] / medians["tree"], 3)
+        report["task_csvs_identical"] = all(
+            (where / f"this{r}" / "tasks-megha.csv").read_bytes()
+            == (where / f"tree{r}" / "tasks-megha.csv").read_bytes()
+            for r in range(args.rounds)
+        )
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--scenario",
-        choices=("yh1", *SYNTHETIC, "memory", "10m", "sweep", *fidelity.SCENARIOS),
+        choices=("yh1", *SYNTHETIC, "memory", "10m", "backlog", "sweep", *fidelity.SCENARIOS),
         required=True,
     )
     ap.add_argument("--tasks", default="62500,250000", help="memory: the sizes (tasks)")
-    ap.add_argument("--tree", default=None, help="memory, 10m: run this checkout's code")
-    ap.add_argument("--timeout", type=float, default=None, help="memory, 10m: s per run")
+    ap.add_argument("--tree", default=None, help="memory, 10m, backlog: run this checkout's code")
+    ap.add_argument("--timeout", type=float, default=None, help="memory, 10m, backlog: s per run")
+    ap.add_argument("--trace-jobs", type=int, default=3000, help="backlog: jobs of the trace")
+    ap.add_argument("--rounds", type=int, default=2, help="backlog: runs of each arm")
     ap.add_argument("--trace", default="../shared/traces/YH1_sub.tr")
     ap.add_argument(
         "--out", default=None, help="JSON file (default results/bench_sim_<scenario>.json)"
@@ -167,8 +245,8 @@ def main() -> None:
     if args.scenario in fidelity.SCENARIOS:  # issue 12: does the simulator predict live?
         print(json.dumps(fidelity.SCENARIOS[args.scenario](args), indent=2, default=float))
         return
-    if args.scenario in ("memory", "10m"):
-        report = _scaled(args) if args.scenario == "memory" else _ten_million(args)
+    if args.scenario in ("memory", "10m", "backlog"):
+        report = {"memory": _scaled, "10m": _ten_million, "backlog": _backlog}[args.scenario](args)
         out = Path(args.out or f"results/bench_sim_{args.scenario}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2))

@@ -173,6 +173,8 @@ def woken(
                     got = waiting.take(cls, k, users_first or ())
                     room = [x - d * len(got) for x, d in zip(room, demand, strict=True)]
                     out.extend(got)
+                    if skip_empty and 0 in room:
+                        break  # the node is full for every class: the rest fit none
                 if not waiting:
                     break
         freed.clear()
