@@ -609,7 +609,10 @@ def jobs_to_doc(jobs: Iterable[DagJob], names: Sequence[str]) -> dict[str, Any]:
                 if t.constraints:
                     entry["constraints"] = t.constraints
                 tasks.append(entry)
-            stages.append({"id": s.stage_id, "parents": list(s.parents), "tasks": tasks})
+            stage: dict[str, Any] = {"id": s.stage_id, "parents": list(s.parents), "tasks": tasks}
+            if s.gang:
+                stage.update(gang=True, min=s.gang)
+            stages.append(stage)
         entry = {"id": job.job_id, "user": job.user, "arrival": job.arrival, "stages": stages}
         priority = max((t.spec.priority for t in job.tasks), default=0)
         out.append({**entry, "priority": priority} if priority else entry)
