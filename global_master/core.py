@@ -147,7 +147,7 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         """Tasks of cancelled jobs not yet ended (``_on_cancel``): none is placed again."""
         self.book = book
         self.fairness = Fairness(users, overload)
-        self.classes = ClassPreemption(overload.class_preempt_grace_s)
+        self.classes = ClassPreemption(overload.class_preempt_grace_s, overload.preempt_period_s)
         self.revocations = Revocations()
         self.gang = Gangs(gm_id, gangs)
         self._gang_of = self.gang.member
@@ -349,14 +349,14 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
             self._settle(task, effects)
         self.ledger.end(key, finished=finished, reason=reason, job=(jk, rec))
 
-    def _forget(self, key: TaskKey) -> None:
+    def _forget(self, key: TaskKey, classes: bool = True) -> None:
         """Task ``key`` was placed, went back to its queue, or ended: no retries held,
-        no victims tried."""
+        no victims tried (and, with ``classes``, no LMs asked for lower classes)."""
         if self._retries:
             self.placer.forget(key)
         if self._tried:
             self.fairness.forget(key)
-        if self.classes.tried:
+        if classes and self.classes.tried:
             self.classes.forget(key)
 
     # -------------------------------------------------------------- deciding
@@ -490,8 +490,8 @@ class GlobalMaster(AdmissionSteps, Answers, Preemptions, UserRequests):
         ``wait`` and plain FIFO queues, into the waiting index until freed resources
         could fit it."""
         self.counters.requeues += 1
-        if self._retries or self._tried or self.classes.tried:  # (``_forget``: any held)
-            self._forget(task.key)
+        if self._retries or self._tried:  # (``_forget``'s, but the LMs asked for lower
+            self._forget(task.key, classes=False)  # classes: it still waits for them)
         task.mark(_QUEUEING, now)
         if wait and self._index:
             self.counters.waited += 1

@@ -32,6 +32,7 @@ from tests.conftest import (
     state,
     submit,
     sync_views,
+    task_of,
 )
 from tests.unit.test_gm_core import deliver
 
@@ -281,3 +282,31 @@ def test_one_waiting_class_is_ordered_without_asking_its_queues(
 
     monkeypatch.setattr(ClassedQueue, "head_key", asked)
     assert [c[0] for c in q.waiting.class_order()] == [2, 1, 3]
+
+
+def test_a_waiting_task_asks_each_lm_for_lower_classes_once_per_period() -> None:
+    """An LM's refusal (nothing of a lower class runs there) sends the task back to its
+    queue, and each change of the views decides it again: each decision asked every LM
+    again (91,441 requests for 402 tasks in a DAG run with classes).  The LMs asked stay
+    asked while it waits, for ``preempt_period_s``."""
+    lm = make_lm(nodes=[(2, 2)])
+    gm = classed_gm(OverloadPolicy(preempt_period_s=10.0))
+    sync_views(gm, lm)
+    running = spec(1, "a", cpu=2)
+    submit(gm, [running], 0.0)
+    deliver(lm, gm, decide(gm, 1.0), 1.0)
+    assert state(gm, running) is TaskState.PLACED
+    waiting = spec(1, "b", cpu=2, job="jb")
+    submit(gm, [waiting], 2.0)
+    effects = decide(gm, 3.0)
+    assert len(preempts(effects)) == 1
+    deliver(lm, gm, effects, 3.0)  # refused: its only task is of the same class
+    assert state(gm, waiting) is TaskState.QUEUED
+    decisions = task_of(gm, waiting).decisions
+    for now in (4.0, 6.0, 12.9):
+        sync_views(gm, lm)  # the views change: the task is decided again
+        assert preempts(decide(gm, now)) == []
+    assert task_of(gm, waiting).decisions == decisions + 3
+    sync_views(gm, lm)
+    assert len(preempts(decide(gm, 13.0))) == 1  # a period on: that LM is asked again
+    assert gm.counters.preemption_attempts == 2
