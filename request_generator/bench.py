@@ -139,13 +139,7 @@ def build_workload(
             limit_jobs=opts.limit_jobs,
         )
         return _submittable(_stamp_run(list(dags), opts), cfg)
-    spec = WorkloadSpec(
-        profile=cfg.profile,
-        constraints=cfg.constraints,
-        time_scale=opts.time_scale,
-        duration_scale=opts.duration_scale,
-    )
-    rng = random.Random(opts.seed)
+    spec, rng = _spec(cfg, opts), random.Random(opts.seed)
     jobs: list[Job]
     if opts.trace:
         trace = read_trace(opts.trace, limit_jobs=opts.limit_jobs)
@@ -163,6 +157,16 @@ def build_workload(
     return _submittable(_stamp_run(list(jobs), opts), cfg)
 
 
+def _spec(cfg: FederationConfig, opts: BenchOptions) -> WorkloadSpec:
+    """How a trace's or synthetic jobs become tasks on this federation."""
+    return WorkloadSpec(
+        profile=cfg.profile,
+        constraints=cfg.constraints,
+        time_scale=opts.time_scale,
+        duration_scale=opts.duration_scale,
+    )
+
+
 def _published_workload(
     cfg: FederationConfig, opts: BenchOptions, read: dict[str, Any]
 ) -> list[Job | DagJob]:
@@ -175,15 +179,13 @@ def _published_workload(
         raise ConfigError(
             f"--trace-format {opts.trace_format} needs the trace's FILEs", reason="missing_trace"
         )
-    spec = WorkloadSpec(
-        profile=cfg.profile,
-        constraints=cfg.constraints,
-        time_scale=opts.time_scale,
-        duration_scale=opts.duration_scale,
-    )
-    rng = random.Random(opts.seed)
     jobs, reader = published_jobs(
-        opts.trace_format, opts.trace_files, spec, cfg.user_configs, rng, opts.trace_lookahead
+        opts.trace_format,
+        opts.trace_files,
+        _spec(cfg, opts),
+        cfg.user_configs,
+        random.Random(opts.seed),
+        opts.trace_lookahead,
     )
     taken: list[Job | DagJob] = []
     skipped = 0

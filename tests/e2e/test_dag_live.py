@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,20 +49,31 @@ def test_dag_jobs_run_stage_by_stage_under_carbyne(
     }
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps(doc))
-    opts = BenchOptions(
-        jobs_file=str(path), out=str(tmp_path / "out"), floor_samples=20, timeout_s=60.0,
-        progress=False,
-    )  # fmt: skip
-    summary = asyncio.run(run_bench(cfg, opts, home))
-    assert summary["tasks"] == 42
-    assert summary["unfinished_tasks"] == 0
-    assert summary["tasks_finished"] == 42
-    assert summary["jobs_completed"] == 6
+    summary = run_whole(cfg, home, tmp_path / "out", 42, 6, jobs_file=str(path))
     assert summary["jct_s"]["mean"] > 0.45  # the critical path is 0.3 + 0.1 + 0.05 s
     assert summary["makespan_s"] >= summary["jct_s"]["max"] - 1e-6
     assert 0 < summary["jain"]["min"] <= summary["jain"]["max"] <= 1.0 + 1e-9
-    # barriers held: no task of a stage started before every parent task finished
-    rows = [r.split(",") for r in (tmp_path / "out" / "tasks.csv").read_text().splitlines()]
+    assert_barriers(tmp_path / "out" / "tasks.csv", {"s2": ("s0", "s1"), "s3": ("s2",)})
+
+
+def run_whole(
+    cfg: FederationConfig, home: Path, out: Path, tasks: int, jobs: int, **workload: Any
+) -> dict[str, Any]:
+    """``megha bench`` of ``workload`` (``BenchOptions``): every one of ``tasks`` finished,
+    every one of ``jobs`` completed; its summary."""
+    opts = BenchOptions(out=str(out), floor_samples=20, timeout_s=60.0, progress=False, **workload)
+    summary = asyncio.run(run_bench(cfg, opts, home))
+    assert summary["tasks"] == tasks
+    assert summary["tasks_finished"] == tasks
+    assert summary["unfinished_tasks"] == 0
+    assert summary["jobs_completed"] == jobs
+    return summary
+
+
+def assert_barriers(tasks_csv: Path, parents: dict[str, tuple[str, ...]]) -> None:
+    """No task of a stage (``job.stage.task`` ids) started before every task of its
+    ``parents`` stages in its job finished, by the bench's ``tasks.csv``."""
+    rows = [r.split(",") for r in tasks_csv.read_text().splitlines()]
     col = {name: i for i, name in enumerate(rows[0])}
     times: dict[str, tuple[float, float]] = {
         r[col["task_id"]]: (float(r[col["started_at"]]), float(r[col["finished_at"]]))
@@ -69,9 +81,9 @@ def test_dag_jobs_run_stage_by_stage_under_carbyne(
     }
     for tid, (start, _) in times.items():
         job, stage, _ = tid.rsplit(".", 2)
-        parents = {"s2": ("s0", "s1"), "s3": ("s2",)}.get(stage, ())
+        before = parents.get(stage, ())
         for other, (_, end) in times.items():
-            if other.startswith(job + ".") and other.rsplit(".", 2)[1] in parents:
+            if other.startswith(job + ".") and other.rsplit(".", 2)[1] in before:
                 assert start >= end, f"{tid} started before its parent {other} finished"
 
 
@@ -114,29 +126,11 @@ def test_an_alibaba_trace_replays_live_stage_by_stage(
         ]
     rows.append(batch_task("M1", MAX_JOB_TASKS + 1, "j_big", "Terminated", 1001, 1100))
     trace = write(tmp_path / "batch_task.csv", rows)
-    opts = BenchOptions(
-        trace_format="alibaba2018", trace_files=(str(trace),), time_scale=0.02,
-        duration_scale=0.02, out=str(tmp_path / "out"), floor_samples=20, timeout_s=60.0,
-        progress=False,
+    summary = run_whole(
+        cfg, home, tmp_path / "out", 20, 4, trace_format="alibaba2018",
+        trace_files=(str(trace),), time_scale=0.02, duration_scale=0.02,
     )  # fmt: skip
-    summary = asyncio.run(run_bench(cfg, opts, home))
-    assert summary["tasks"] == 20
-    assert summary["tasks_finished"] == 20
-    assert summary["unfinished_tasks"] == 0
-    assert summary["jobs_completed"] == 4
     read = summary["workload"]["trace_read"]
     assert read["format"] == "alibaba2018"
     assert read["unsubmittable_jobs"] == 1
-    rows_out = [r.split(",") for r in (tmp_path / "out" / "tasks.csv").read_text().splitlines()]
-    col = {name: i for i, name in enumerate(rows_out[0])}
-    times = {
-        r[col["task_id"]]: (float(r[col["started_at"]]), float(r[col["finished_at"]]))
-        for r in rows_out[1:]
-    }
-    for tid, (start, _) in times.items():
-        job, stage, _ = tid.rsplit(".", 2)
-        if stage != "s3":
-            continue
-        for other, (_, end) in times.items():
-            if other.startswith(job + ".") and other.rsplit(".", 2)[1] in ("s1", "s2"):
-                assert start >= end, f"{tid} started before its parent {other} finished"
+    assert_barriers(tmp_path / "out" / "tasks.csv", {"s3": ("s1", "s2")})
