@@ -285,7 +285,9 @@ def parse_job(doc: Any) -> JobDef:
 def _ordered(stages: list[StageDef]) -> tuple[StageDef, ...]:
     by_id = {s.stage_id: s for s in stages}
     if len(by_id) != len(stages):
-        raise _fail("job", "stage ids must be distinct")
+        ids = [s.stage_id for s in stages]
+        twice = next(i for k, i in enumerate(ids) if i in ids[:k])
+        raise _fail(f"job: stage {twice}", "stage ids must be distinct (this one is given twice)")
     if sum(len(s.tasks) for s in stages) > MAX_JOB_TASKS:
         raise _fail("job", f"more than {MAX_JOB_TASKS:,} tasks")
     for s in stages:

@@ -187,23 +187,37 @@ def with_arrivals(jobs: Sequence[DagJob], arrivals: str) -> list[DagJob]:
     return out
 
 
-def versus_best(schedulers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def versus_best(
+    schedulers: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, float | None]]:
     """Each policy against the best policy in each metric: average JCT and makespan as
-    a factor of the lowest (1.0 = the best), Jain's index as the gap to the highest."""
+    a factor of the lowest (1.0 = the best), Jain's index as the gap to the highest.  A
+    policy that completed no job has no average JCT (its 0 is not the best): its factor
+    is None, and it is not the others' best."""
     if not schedulers:
         return {}
-    jct = {p: s["jct_s"]["mean"] for p, s in schedulers.items()}
+    jct = {
+        p: s["jct_s"]["mean"] if s.get("jobs_completed", 1) else math.inf
+        for p, s in schedulers.items()
+    }
     span = {p: s["makespan_s"] for p, s in schedulers.items()}
     fair = {p: s["jain"]["mean"] for p, s in schedulers.items()}
     best_jct, best_span, best_fair = min(jct.values()), min(span.values()), max(fair.values())
     return {
         p: {
-            "jct_vs_best": jct[p] / best_jct if best_jct > 0 else 1.0,
+            "jct_vs_best": _factor(jct[p], best_jct),
             "makespan_vs_best": span[p] / best_span if best_span > 0 else 1.0,
             "jain_below_best": best_fair - fair[p],
         }
         for p in schedulers
     }
+
+
+def _factor(value: float, best: float) -> float | None:
+    """``value`` as a factor of ``best`` (1.0 when both are 0); None: no value."""
+    if value == math.inf:
+        return None
+    return value / best if best > 0 else 1.0
 
 
 def format_versus_best(modes: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
@@ -218,8 +232,10 @@ def format_versus_best(modes: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> 
         rel = versus_best(schedulers)
         for p, s in schedulers.items():
             r = rel[p]
+            factor = r["jct_vs_best"]
             rows.append(
-                f"| {mode} | {p} | {s['jct_s']['mean']:,.1f} | {r['jct_vs_best']:.2f}x "
+                f"| {mode} | {p} | {s['jct_s']['mean']:,.1f} | "
+                f"{'-' if factor is None else f'{factor:.2f}x'} "
                 f"| {s['makespan_s']:,.1f} | {r['makespan_vs_best']:.2f}x "
                 f"| {s['jain']['mean']:.3f} | {r['jain_below_best']:.3f} |"
             )

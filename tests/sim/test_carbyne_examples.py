@@ -233,3 +233,19 @@ def test_carbyne_offline_beats_drf_on_jct_and_makespan(seed: int) -> None:
     carbyne = _offline("carbyne", jobs, nodes)
     assert sum(carbyne.values()) < sum(drf.values())
     assert max(carbyne.values()) <= max(drf.values())
+
+
+def test_a_policy_that_completed_no_job_is_not_the_best_jct() -> None:
+    """Its average JCT of no job reads 0: it was the 'best', and every other policy's
+    factor to it 1.0.  It has none (None: strict JSON has no infinity)."""
+    from simulator.dag_run import versus_best
+
+    def figures(mean: float, completed: int) -> dict[str, object]:
+        jain = {"mean": 1.0}
+        return {"jct_s": {"mean": mean}, "jobs_completed": completed, "makespan_s": 9.0,
+                "jain": jain}  # fmt: skip
+
+    rel = versus_best({"a": figures(2.0, 3), "b": figures(4.0, 3), "none": figures(0.0, 0)})
+    assert rel["a"]["jct_vs_best"] == 1.0
+    assert rel["b"]["jct_vs_best"] == 2.0
+    assert rel["none"]["jct_vs_best"] is None

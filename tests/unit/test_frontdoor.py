@@ -272,6 +272,14 @@ def test_job_files_parse_strictly() -> None:
         assert err.value.reason == "bad_job_file"
 
 
+def test_a_stage_id_given_twice_is_named() -> None:
+    stage = {"count": 1, "demand": [1], "duration": 1}
+    doc = {"format": "megha-job/1", "stages": [{"id": 0, **stage}, {"id": 3, **stage},
+                                               {"id": 3, "parents": [0], **stage}]}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^job: stage 3: stage ids must be distinct"):
+        parse_job(doc)
+
+
 def test_one_id_sent_twice_at_once_is_taken_once(tmp_path: Path) -> None:
     """Two submissions of one id while the first waits for the broker: one 202, one
     409 (both were 202, and the GM dropped the second job as a duplicate, unsaid)."""
