@@ -34,7 +34,7 @@ def _job(job_id: str, user: str, arrival: float) -> dict[str, object]:
     }
 
 
-def test_dag_jobs_run_stage_by_stage_under_carbyne(
+def test_dag_jobs_of_a_file_and_of_an_alibaba_trace_run_stage_by_stage_under_carbyne(
     make_federation: Callable[..., Federation], tmp_path: Path
 ) -> None:
     cfg, home = make_federation(
@@ -54,6 +54,7 @@ def test_dag_jobs_run_stage_by_stage_under_carbyne(
     assert summary["makespan_s"] >= summary["jct_s"]["max"] - 1e-6
     assert 0 < summary["jain"]["min"] <= summary["jain"]["max"] <= 1.0 + 1e-9
     assert_barriers(tmp_path / "out" / "tasks.csv", {"s2": ("s0", "s1"), "s3": ("s2",)})
+    alibaba_replay(cfg, home, tmp_path / "alibaba")  # the same federation, a trace's DAGs
 
 
 def run_whole(
@@ -102,9 +103,7 @@ def test_a_job_file_that_does_not_fit_the_federation_is_refused_up_front(
         asyncio.run(run_bench(cfg, BenchOptions(jobs_file=str(path), progress=False), home))
 
 
-def test_an_alibaba_trace_replays_live_stage_by_stage(
-    make_federation: Callable[..., Federation], tmp_path: Path
-) -> None:
+def alibaba_replay(cfg: FederationConfig, home: Path, tmp_path: Path) -> None:
     """``megha bench --trace-format alibaba2018``: the published ``batch_task`` rows (a
     DAG named by its tasks: ``J3_1_2`` runs after stages 1 and 2), read as ``megha
     simulate`` reads them, run on a live federation, every barrier held; a job of
@@ -112,10 +111,7 @@ def test_an_alibaba_trace_replays_live_stage_by_stage(
     from common.messages import MAX_JOB_TASKS
     from tests.unit.test_trace_readers import batch_task, write
 
-    cfg, home = make_federation(
-        gms=2, lms=2, nodes_per_lm=4, heartbeat_s=0.5, worker_timeout_s=3.0,
-        queue_policy="carbyne",
-    )  # fmt: skip
+    tmp_path.mkdir()
     rows = []
     for j in range(4):  # seconds of the trace: x0.02 of it live
         at = 1000 + 10 * j
