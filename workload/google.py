@@ -25,7 +25,10 @@ may be submitted again).  A job is handed on, in arrival order, once each of its
 has ended; a task still open ``lookahead`` seconds after its job arrived is cut there
 (one running counts as having run until then: ``clipped``; the ends of tasks not held
 are ``unmatched``), so memory holds at most that span of the trace.  A SCHEDULE of a
-task never submitted (missing data) submits it then.  Tasks that never ran are dropped
+task never submitted (missing data) submits it then -- unless the task ended at that very
+timestamp: events of one timestamp come in any order, and a SCHEDULE listed after its own
+FINISH is not a new task running to the lookahead (``reordered``).  Tasks that never ran
+are dropped
 (``never_ran``; a FINISH with no SCHEDULE read: ``finished_unscheduled``); tasks
 running when the trace ends run to its last event (``unfinished``).
 The counts are ``stats``.
@@ -77,6 +80,8 @@ class ReplayStats:
     skipped_rows: int = 0
     unmatched: int = 0
     """Events of a task not held: ended or cut already, or never submitted."""
+    reordered: int = 0
+    """SCHEDULEs of a task that ended at the same timestamp (listed after its end)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +116,8 @@ class GoogleReplay:
         self._tasks: dict[tuple[str, int], _Task] = {}
         self._current: dict[str, _Slice] = {}
         self._queue: deque[_Slice] = deque()
+        self._ended_now: set[tuple[str, int]] = set()
+        """Tasks that ended at the timestamp being read (cleared as time moves on)."""
 
     @property
     def held_tasks(self) -> int:
@@ -131,6 +138,8 @@ class GoogleReplay:
                     "give the files in time order (sort an export by time)",
                     reason="bad_trace",
                 )
+            if t > now and self._ended_now:
+                self._ended_now.clear()
             now = t
             yield from self._hand_on(now)  # the jobs past the lookahead, before this row
             self._event(t, job, index, kind)
@@ -144,6 +153,9 @@ class GoogleReplay:
             self.stats.unmatched += kind != OTHER
             return
         if task is None:  # a SCHEDULE without a SUBMIT (missing data) arrives with it
+            if key in self._ended_now:  # ...or after its own end, in the same timestamp
+                self.stats.reordered += 1
+                return
             s = self._current.get(job)
             if s is None:
                 s = self._current[job] = _Slice(job, t)
@@ -168,6 +180,8 @@ class GoogleReplay:
             task.ran += now - task.start
         del self._tasks[key]
         del task.slice.open[key]
+        if now is None:
+            self._ended_now.add(key)
         if task.scheduled:
             task.slice.durations.append(task.ran)
         elif finished:

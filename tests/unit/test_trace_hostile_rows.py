@@ -98,3 +98,19 @@ def test_the_parents_dropped_are_those_of_jobs_replayed(tmp_path: Path) -> None:
     r = replay(tmp_path / "batch_task.csv", rows)
     assert [j.name for j in r] == ["j_2"]
     assert (r.stats.skipped_jobs, r.stats.dropped_parents) == (1, 1)
+
+
+def test_a_schedule_listed_after_its_own_finish_is_not_a_new_task(tmp_path: Path) -> None:
+    """Events of one timestamp come in any order: a SCHEDULE listed after its task's
+    FINISH at that time made a task of a new job, running to the lookahead (a day by
+    default); it is counted ``reordered`` instead."""
+    events = [(0, 1, 0), (2, 1, 1), (9, 1, 4), (3, 2, 0), (4, 2, 4), (4, 2, 1)]
+    events += [(5, 3, 0), (6, 3, 1), (8, 3, 4)]
+    events.sort(key=lambda e: e[0])  # (stable: at 4, job 2's FINISH stays first)
+    path = tmp_path / "task_events.csv"
+    path.write_text("".join(task_event(*e) + "\n" for e in events))
+    r = read_google("google2011", [path], lookahead=1000.0)
+    assert list(r) == [TraceJob(0.0, (7.0,)), TraceJob(5.0, (2.0,))]
+    assert r.stats.reordered == 1
+    assert r.stats.finished_unscheduled == 1
+    assert (r.stats.clipped, r.stats.unfinished) == (0, 0)
