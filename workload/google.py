@@ -164,6 +164,8 @@ class GoogleReplay:
         if kind in (SUBMIT, OTHER):
             return
         if kind == SCHEDULE:
+            if task.start is not None:  # scheduled again with no end read between (a
+                task.ran += t - task.start  # record missing): it ran until now, not lost
             task.start, task.scheduled = t, True
             return
         if task.start is not None:

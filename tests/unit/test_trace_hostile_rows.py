@@ -114,3 +114,12 @@ def test_a_schedule_listed_after_its_own_finish_is_not_a_new_task(tmp_path: Path
     assert r.stats.reordered == 1
     assert r.stats.finished_unscheduled == 1
     assert (r.stats.clipped, r.stats.unfinished) == (0, 0)
+
+
+def test_a_second_schedule_of_a_running_task_keeps_the_time_it_ran(tmp_path: Path) -> None:
+    """A SCHEDULE of a task already running (its end record missing) restarted its
+    clock: the time it had run was lost."""
+    events = [(0, 1, 0), (1, 1, 1), (3, 1, 1), (6, 1, 4)]
+    path = tmp_path / "task_events.csv"
+    path.write_text("".join(task_event(*e) + "\n" for e in events))
+    assert list(read_google("google2011", [path])) == [TraceJob(0.0, (5.0,))]
