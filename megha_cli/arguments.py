@@ -1,12 +1,16 @@
 """Argument types the sub-commands share, so one flag is checked alike everywhere
-(``megha simulate`` and ``megha bench`` / ``demo``: counts, scales; ports)."""
+(``megha simulate`` and ``megha bench`` / ``demo``: counts, scales; ports; a published
+trace's files and format)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from common.errors import ConfigError
+from workload import PUBLISHED
 
 Number = TypeVar("Number", int, float)
 
@@ -53,3 +57,44 @@ def port_number(text: str) -> int:
     if not low <= port <= high:
         raise argparse.ArgumentTypeError(f"a port is in {low}..{high}, got {text!r}")
     return port
+
+
+def published_trace_arguments(p: Any) -> None:
+    """``FILE...``, ``--trace-format`` and ``--trace-lookahead`` (a parser or a group of
+    one): a published trace, read as it is replayed (``workload.published``)."""
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="a published trace's files, in time order (with --trace-format; gzip, plain CSV "
+        "or a tar of them)",
+    )
+    p.add_argument(
+        "--trace-format",
+        choices=("megha", *PUBLISHED),
+        default="megha",
+        help="megha: --trace is a ../shared/traces file (read whole); google2011: "
+        "task_events; google2019: instance_events exported to CSV with its header; "
+        "alibaba2018: batch_task (DAG jobs); the last three are FILEs read as they are "
+        "replayed",
+    )
+    p.add_argument(
+        "--trace-lookahead",
+        type=positive_float,
+        default=86_400.0,
+        help="google2011/2019: a task still running this many trace seconds after its job "
+        "arrived is cut there (what the reader holds in memory is at most this span)",
+    )
+
+
+def check_trace_files(fmt: str, files: Sequence[str], trace: str | None) -> None:
+    """``ConfigError`` unless a published format comes with its FILEs and FILEs with
+    their format."""
+    if fmt != "megha" and not (files or trace):
+        raise ConfigError(f"--trace-format {fmt} needs the trace's FILEs", reason="missing_trace")
+    if files and fmt == "megha":
+        raise ConfigError(
+            "FILE arguments are a published trace's: give --trace-format "
+            f"({', '.join(PUBLISHED)}), or --trace FILE for the ../shared/traces format",
+            reason="missing_trace",
+        )

@@ -37,13 +37,19 @@ from federation.processes import (
     state_dir,
     stop_federation,
 )
-from megha_cli.arguments import port_number, positive_float, positive_int, ranged
+from megha_cli.arguments import (
+    check_trace_files,
+    port_number,
+    positive_float,
+    positive_int,
+    published_trace_arguments,
+    ranged,
+)
 from megha_cli.progress import Progress
 from megha_cli.terminal import INTERRUPTED, Section, percentile_cells, show
 from reporting.files import output_dir
 from runtime.retry import GiveUp
 from security.access import Access, tokens_dir
-from workload import PUBLISHED
 
 SHAPE_OPTIONS = (
     "gms", "lms", "nodes_per_lm", "base_port", "name", "profile", "users", "queue_policy",
@@ -166,16 +172,11 @@ def _bench_options(args: argparse.Namespace) -> Any:
         raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
     fmt = getattr(args, "trace_format", "megha")
     files = tuple(getattr(args, "files", None) or ())
-    if fmt != "megha" and (args.trace or args.jobs_file or not files):
+    check_trace_files(fmt, files, None)
+    if fmt != "megha" and (args.trace or args.jobs_file):
         raise ConfigError(
-            f"--trace-format {fmt} replays the trace's FILEs (not --trace or --jobs)",
-            reason="missing_trace" if not files else "two_workloads",
-        )
-    if files and fmt == "megha":
-        raise ConfigError(
-            "FILE arguments are a published trace's: give --trace-format "
-            f"({', '.join(PUBLISHED)}), or --trace FILE for the ../shared/traces format",
-            reason="missing_trace",
+            f"--trace-format {fmt} replays the trace's FILEs, not --trace or --jobs",
+            reason="two_workloads",
         )
     return BenchOptions(
         trace_format=fmt,
@@ -279,6 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     home = state_dir(args.state_dir)
     began = time.time()
     try:
+        _bench_options(args)  # the workload's flags first: a wrong one says so at once
         if args.config is None:  # the federation `megha up` recorded here, as status reads it
             recorded(home)
         cfg = _config_for(args, fresh=False)
@@ -371,34 +373,6 @@ def _shape(p: argparse.ArgumentParser) -> None:
 
 
 _seconds = ranged(float, "a finite number", zero=True)
-
-
-def _published_trace(p: argparse.ArgumentParser) -> None:
-    """``megha bench``'s published production traces, read as ``megha simulate`` reads
-    them (``workload.published``)."""
-    p.add_argument(
-        "files",
-        nargs="*",
-        metavar="FILE",
-        help="a published trace's files, in time order (with --trace-format; gzip, plain CSV "
-        "or a tar of them)",
-    )
-    p.add_argument(
-        "--trace-format",
-        choices=("megha", *PUBLISHED),
-        default="megha",
-        help="megha: --trace is a ../shared/traces file; google2011 (task_events), google2019 "
-        "(instance_events as CSV with its header), alibaba2018 (batch_task: DAG jobs): "
-        "FILEs read as they are replayed, the first --limit-jobs jobs a federation can take "
-        "(compress them with --time-scale and --duration-scale)",
-    )
-    p.add_argument(
-        "--trace-lookahead",
-        type=positive_float,
-        default=86_400.0,
-        help="google2011/2019: a task still running this many trace seconds after its job "
-        "arrived is cut there",
-    )
 
 
 def _workload(p: argparse.ArgumentParser, *, jobs: int, out: str) -> None:
@@ -530,7 +504,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             )
         if "bench" in extras:
             _workload(p, jobs=200, out="results/bench")
-            _published_trace(p)
+            published_trace_arguments(p)
         if "demo" in extras:
             _workload(p, jobs=100, out="results/demo")
         if "service" in extras:

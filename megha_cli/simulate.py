@@ -20,7 +20,12 @@ from common.errors import ConfigError
 from common.metrics import PERCENTILE_KEYS
 from global_master.policy import AGING_S
 from global_master.policy.srpt import SRPT_HALF_LIFE_S
-from megha_cli.arguments import positive_float, positive_int
+from megha_cli.arguments import (
+    check_trace_files,
+    positive_float,
+    positive_int,
+    published_trace_arguments,
+)
 from megha_cli.arguments import ranged as _ranged
 from megha_cli.progress import Progress
 from megha_cli.terminal import Section, percentile_cells, show
@@ -29,7 +34,7 @@ from simulator import dag_run
 from simulator.config import SimConfig
 from simulator.megha_sim import MeghaSimulation, SimResult
 from simulator.sweep import PointRun, PointsFailed, SweepWatch, run_points
-from simulator.trace_run import STREAMED, Runner, run_point
+from simulator.trace_run import Runner, run_point
 
 
 def _ints(text: str) -> list[int]:
@@ -76,27 +81,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     """``megha simulate``'s workload: a trace, synthetic jobs or DAG jobs, scaled."""
     src = p.add_argument_group("workload")
     src.add_argument("--trace", help="trace file (../shared/traces format)")
-    src.add_argument(
-        "files",
-        nargs="*",
-        metavar="FILE",
-        help="a published trace's files, in time order (with --trace-format; gzip or plain CSV)",
-    )
-    src.add_argument(
-        "--trace-format",
-        choices=("megha", *STREAMED),
-        default="megha",
-        help="megha: ../shared/traces (one file, read whole); google2011: task_events; "
-        "google2019: instance_events exported to CSV with its header; alibaba2018: "
-        "batch_task (DAG jobs); the last three are read as they are replayed",
-    )
-    src.add_argument(
-        "--trace-lookahead",
-        type=_positive_float,
-        default=86_400.0,
-        help="google2011/2019: a task still running this many trace seconds after its job "
-        "arrived is cut there (what the reader holds in memory is at most this span)",
-    )
+    published_trace_arguments(src)
     src.add_argument(
         "--workload",
         choices=("trace", "synthetic", "dag"),
@@ -372,16 +357,7 @@ def _workload_kind(args: argparse.Namespace) -> str:
     trace = args.trace or args.files
     if trace and args.jobs:
         raise ConfigError("give --trace or --jobs, not both", reason="two_workloads")
-    if args.trace_format != "megha" and not trace:
-        raise ConfigError(
-            f"--trace-format {args.trace_format} needs the trace's FILEs", reason="missing_trace"
-        )
-    if args.files and args.trace_format == "megha":
-        raise ConfigError(
-            "FILE arguments are a published trace's: give --trace-format "
-            f"({', '.join(STREAMED)}), or --trace FILE for the ../shared/traces format",
-            reason="missing_trace",
-        )
+    check_trace_files(args.trace_format, args.files, args.trace)
     implied = "dag" if args.jobs else "trace" if trace else None
     if implied and args.workload not in (None, implied):
         flag = "--jobs" if args.jobs else "--trace"
